@@ -1,0 +1,143 @@
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom {
+namespace {
+
+absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
+  int err = errno;
+  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  if (err == ENOSPC) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path);
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = ErrnoStatus("cannot read", path);
+      ::close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open directory", dir);
+  int rc = ::fsync(fd);
+  absl::Status s = rc == 0 ? absl::OkStatus() : ErrnoStatus("cannot fsync directory", dir);
+  ::close(fd);
+  return s;
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("MakeDirs: empty path");
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoStatus("cannot create directory", partial);
+    }
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
+  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("cannot create", tmp);
+  return AtomicFileWriter(path, tmp, fd);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      tmp_path_(std::move(other.tmp_path_)),
+      fd_(other.fd_),
+      bytes_written_(other.bytes_written_) {
+  other.fd_ = -1;
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_path_.c_str());
+  }
+}
+
+absl::Status AtomicFileWriter::Append(const void* data, size_t size_bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError("AtomicFileWriter already committed");
+  const char* p = static_cast<const char*>(data);
+  while (size_bytes > 0) {
+    ssize_t n = ::write(fd_, p, size_bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("cannot write", tmp_path_);
+    }
+    p += n;
+    size_bytes -= static_cast<size_t>(n);
+    bytes_written_ += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (fd_ < 0) return absl::FailedPreconditionError("AtomicFileWriter already committed");
+  if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync", tmp_path_);
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    return ErrnoStatus("cannot close", tmp_path_);
+  }
+  fd_ = -1;
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    absl::Status s = ErrnoStatus("cannot rename onto", path_);
+    ::unlink(tmp_path_.c_str());
+    return s;
+  }
+  return SyncDir(DirName(path_));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  auto writer = AtomicFileWriter::Open(path);
+  if (!writer.ok()) return writer.status();
+  absl::Status s = writer->Append(contents.data(), contents.size());
+  if (!s.ok()) return s;
+  return writer->Commit();
+}
+
+}  // namespace loom

@@ -1,0 +1,54 @@
+// Durable file helpers: whole-file reads and crash-safe writes.
+#ifndef LOOM_COMMON_FILE_UTIL_H_
+#define LOOM_COMMON_FILE_UTIL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace loom {
+
+// Reads the whole file. NOT_FOUND if it does not exist, INTERNAL on other I/O errors.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Writes `contents` to `path` crash-safely: writes `path.tmp.<pid>`, fsyncs it, renames it over
+// `path`, then fsyncs the directory. After a crash either the old file or the complete new one is
+// at `path`, never a partial one. Thread-compatible (distinct paths may be written concurrently).
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// A file written in pieces and published atomically on Commit() (same protocol as above).
+// Abandoned (not committed) writers remove their temporary file. Not thread-safe.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<AtomicFileWriter> Open(const std::string& path);
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& other) = delete;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  absl::Status Append(const void* data, size_t size_bytes);
+  // fsync, rename, fsync directory. The writer is unusable afterwards.
+  absl::Status Commit();
+  int64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp_path, int fd)
+      : path_(std::move(path)), tmp_path_(std::move(tmp_path)), fd_(fd) {}
+  std::string path_;
+  std::string tmp_path_;
+  int fd_ = -1;
+  int64_t bytes_written_ = 0;
+};
+
+// Creates `path` and its parents (mkdir -p). OK if it exists.
+absl::Status MakeDirs(const std::string& path);
+
+// fsyncs a directory so that renames inside it are durable.
+absl::Status SyncDir(const std::string& dir);
+
+}  // namespace loom
+
+#endif  // LOOM_COMMON_FILE_UTIL_H_

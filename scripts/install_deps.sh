@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every Debian package Loom needs to build, run, test and benchmark.
+# Idempotent: packages already present are skipped, so a second run costs one dpkg query.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  bazel-bootstrap bazel-rules-java g++ protobuf-compiler protobuf-compiler-grpc
+  libgrpc++-dev libprotobuf-dev libabsl-dev libsqlite3-dev prometheus-cpp-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libsentencepiece-dev
+  libtorch-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # runtime tools and data
+  sentencepiece fortunes fortunes-min
+  # tests: reference PyTorch for the independent export check
+  python3-torch python3-numpy
+  # logging facade used by the daemons
+  libgoogle-glog-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install_deps: done"

@@ -1,0 +1,207 @@
+#include "storage/checkpoint/shard_format.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace loom::storage {
+
+using nlohmann::json;
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step_%08d", step); }
+std::string ShardFileName(int32_t rank) { return absl::StrCat("rank_", rank, ".shard"); }
+std::string ManifestFileName(int32_t rank) { return absl::StrCat("rank_", rank, ".manifest.json"); }
+
+int64_t PartitionNumel(int64_t numel, int32_t world_size) {
+  return (numel + world_size - 1) / world_size;
+}
+
+void AssignPartitionLayout(ShardManifest& m) {
+  int64_t offset = 0;
+  for (ShardParam& p : m.params) {
+    p.partition_numel = PartitionNumel(p.numel, m.world_size);
+    p.partition_offset = offset;
+    offset += p.partition_numel;
+  }
+  m.section_numel = offset;
+}
+
+uint32_t Crc32(uint32_t crc, const void* data, size_t size_bytes) {
+  const Bytef* p = static_cast<const Bytef*>(data);
+  // zlib's crc32 takes a uInt length; feed large buffers in pieces.
+  while (size_bytes > 0) {
+    uInt chunk = static_cast<uInt>(std::min<size_t>(size_bytes, 1u << 30));
+    crc = static_cast<uint32_t>(::crc32(crc, p, chunk));
+    p += chunk;
+    size_bytes -= chunk;
+  }
+  return crc;
+}
+
+std::string ManifestToJson(const ShardManifest& m) {
+  json j;
+  j["format"] = m.format;
+  j["step"] = m.step;
+  j["rank"] = m.rank;
+  j["world_size"] = m.world_size;
+  j["zero_stage"] = m.zero_stage;
+  j["model_config"] = json::parse(m.model_config_json, nullptr, /*allow_exceptions=*/false);
+  j["tokenizer"] = m.tokenizer;
+  j["optimizer"] = {{"type", m.optimizer}, {"step", m.optimizer_step}};
+  j["sections"] = m.sections;
+  j["section_numel"] = m.section_numel;
+  j["shard_file"] = ShardFileName(m.rank);
+  j["shard_bytes"] = m.shard_bytes;
+  j["shard_crc32"] = m.shard_crc32;
+  json params = json::array();
+  for (const ShardParam& p : m.params) {
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"numel", p.numel},
+                      {"partition_numel", p.partition_numel},
+                      {"partition_offset", p.partition_offset}});
+  }
+  j["params"] = std::move(params);
+  return j.dump(1);
+}
+
+absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("manifest: not a JSON object");
+  }
+  ShardManifest m;
+  try {
+    m.format = j.at("format").get<std::string>();
+    if (m.format != kShardFormatVersion) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest.format: unsupported '", m.format, "', want ", kShardFormatVersion));
+    }
+    m.step = j.at("step").get<int64_t>();
+    m.rank = j.at("rank").get<int32_t>();
+    m.world_size = j.at("world_size").get<int32_t>();
+    m.zero_stage = j.at("zero_stage").get<int32_t>();
+    m.model_config_json = j.at("model_config").dump();
+    m.tokenizer = j.value("tokenizer", "byte");
+    m.optimizer = j.at("optimizer").at("type").get<std::string>();
+    m.optimizer_step = j.at("optimizer").at("step").get<int64_t>();
+    m.sections = j.at("sections").get<std::vector<std::string>>();
+    m.section_numel = j.at("section_numel").get<int64_t>();
+    m.shard_bytes = j.at("shard_bytes").get<int64_t>();
+    m.shard_crc32 = j.at("shard_crc32").get<uint32_t>();
+    for (const json& jp : j.at("params")) {
+      ShardParam p;
+      p.name = jp.at("name").get<std::string>();
+      p.shape = jp.at("shape").get<std::vector<int64_t>>();
+      p.numel = jp.at("numel").get<int64_t>();
+      p.partition_numel = jp.at("partition_numel").get<int64_t>();
+      p.partition_offset = jp.at("partition_offset").get<int64_t>();
+      m.params.push_back(std::move(p));
+    }
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
+  }
+  // Consistency: the layout must be exactly what AssignPartitionLayout produces.
+  if (m.world_size < 1) return absl::InvalidArgumentError("manifest.world_size: must be >= 1");
+  if (m.rank < 0 || m.rank >= m.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.rank: ", m.rank, " outside [0, ", m.world_size, ")"));
+  }
+  ShardManifest expected = m;
+  for (ShardParam& p : expected.params) {
+    int64_t numel = 1;
+    for (int64_t d : p.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("manifest.params[", p.name, "].shape: negative dim"));
+      numel *= d;
+    }
+    if (numel != p.numel) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest.params[", p.name, "].numel: ", p.numel, " != product of shape ", numel));
+    }
+  }
+  AssignPartitionLayout(expected);
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    if (m.params[i].partition_numel != expected.params[i].partition_numel ||
+        m.params[i].partition_offset != expected.params[i].partition_offset) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest.params[", m.params[i].name,
+                                                     "]: partition layout inconsistent with world_size ",
+                                                     m.world_size));
+    }
+  }
+  if (expected.section_numel != m.section_numel) {
+    return absl::InvalidArgumentError("manifest.section_numel: inconsistent with params");
+  }
+  if (m.shard_bytes != static_cast<int64_t>(m.sections.size()) * m.section_numel * 4) {
+    return absl::InvalidArgumentError("manifest.shard_bytes: != sections * section_numel * 4");
+  }
+  return m;
+}
+
+absl::Status WriteShard(const std::string& step_dir, ShardManifest m,
+                        absl::Span<const float* const> section_data) {
+  if (section_data.size() != m.sections.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteShard: ", section_data.size(),
+                                                   " section buffers for ", m.sections.size(),
+                                                   " sections"));
+  }
+  RETURN_IF_ERROR(MakeDirs(step_dir));
+  ASSIGN_OR_RETURN(AtomicFileWriter writer,
+                   AtomicFileWriter::Open(absl::StrCat(step_dir, "/", ShardFileName(m.rank))));
+  uint32_t crc = Crc32(0, nullptr, 0);
+  const size_t section_bytes = static_cast<size_t>(m.section_numel) * sizeof(float);
+  for (const float* data : section_data) {
+    RETURN_IF_ERROR(writer.Append(data, section_bytes));
+    crc = Crc32(crc, data, section_bytes);
+  }
+  m.shard_bytes = writer.bytes_written();
+  m.shard_crc32 = crc;
+  RETURN_IF_ERROR(writer.Commit());
+  return WriteFileAtomically(absl::StrCat(step_dir, "/", ManifestFileName(m.rank)),
+                             ManifestToJson(m));
+}
+
+absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank) {
+  std::string path = absl::StrCat(step_dir, "/", ManifestFileName(rank));
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  auto m = ManifestFromJson(text);
+  if (!m.ok()) {
+    return absl::Status(m.status().code(), absl::StrCat(path, ": ", m.status().message()));
+  }
+  if (m->rank != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": manifest.rank is ", m->rank));
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<float>> ReadShardVerified(const std::string& step_dir,
+                                                     const ShardManifest& m) {
+  std::string path = absl::StrCat(step_dir, "/", ShardFileName(m.rank));
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  if (static_cast<int64_t>(bytes.size()) != m.shard_bytes) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): ", bytes.size(),
+                                            " bytes, manifest says ", m.shard_bytes));
+  }
+  uint32_t crc = Crc32(Crc32(0, nullptr, 0), bytes.data(), bytes.size());
+  if (crc != m.shard_crc32) {
+    return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
+                                               path, m.rank, crc, m.shard_crc32));
+  }
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+absl::StatusOr<int64_t> SectionOffset(const ShardManifest& m, const std::string& section) {
+  for (size_t i = 0; i < m.sections.size(); ++i) {
+    if (m.sections[i] == section) return static_cast<int64_t>(i) * m.section_numel;
+  }
+  return absl::NotFoundError(absl::StrCat("shard has no section '", section, "'"));
+}
+
+}  // namespace loom::storage

@@ -1,0 +1,100 @@
+// The on-disk layout of one rank's ZeRO-3 checkpoint shard, shared by the trainer (writer) and
+// the checkpoint service (reader, consolidation). No LibTorch here: tensors are raw fp32 bytes.
+//
+// Layout of a checkpoint of step S with world size N under a job's checkpoint directory:
+//
+//   <checkpoint_dir>/step_<S, 8 digits>/rank_<r>.shard          raw little-endian fp32 sections
+//   <checkpoint_dir>/step_<S, 8 digits>/rank_<r>.manifest.json  ShardManifest as JSON
+//
+// The shard file is the concatenation of `sections` (e.g. "fp32_params", "exp_avg",
+// "exp_avg_sq"), each `section_numel` fp32 elements long. Inside every section, parameter i
+// occupies elements [params[i].partition_offset, + params[i].partition_numel): rank r's ZeRO-3
+// partition of the flattened parameter, i.e. flat elements [r*p, min((r+1)*p, n)) with
+// p = ceil(n/N), zero-padded to p (DeepSpeed partition_parameters.py; TECHNIQUES.md §1.3).
+//
+// Both files are written to a temporary name, fsynced and renamed; the manifest is written last,
+// so its presence means the rank has reported. A checkpoint is committed when all N manifests are
+// present and every shard's size and CRC-32 match its manifest.
+#ifndef LOOM_STORAGE_CHECKPOINT_SHARD_FORMAT_H_
+#define LOOM_STORAGE_CHECKPOINT_SHARD_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace loom::storage {
+
+inline constexpr char kShardFormatVersion[] = "loom-zero3-shard/v1";
+
+struct ShardParam {
+  // Hugging Face tensor name, e.g. "model.layers.0.self_attn.q_proj.weight".
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;            // product of shape
+  int64_t partition_numel = 0;  // p = ceil(numel / world_size)
+  int64_t partition_offset = 0; // element offset of this partition inside every section
+};
+
+struct ShardManifest {
+  std::string format = kShardFormatVersion;
+  int64_t step = 0;
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  int32_t zero_stage = 3;
+  // Hugging Face config.json of the model, as a JSON object text.
+  std::string model_config_json = "{}";
+  // Tokenizer used ("byte" or a path to a SentencePiece model copied next to the shards).
+  std::string tokenizer = "byte";
+  // Optimizer step counter (for bias correction on resume) and name ("adam" / "adamw").
+  int64_t optimizer_step = 0;
+  std::string optimizer = "adamw";
+  std::vector<ShardParam> params;
+  std::vector<std::string> sections = {"fp32_params"};
+  int64_t section_numel = 0;
+  // Filled by WriteShard: bytes of the shard file and its CRC-32 (zlib polynomial).
+  int64_t shard_bytes = 0;
+  uint32_t shard_crc32 = 0;
+};
+
+// "step_00000100".
+std::string StepDirName(int64_t step);
+std::string ShardFileName(int32_t rank);     // "rank_<r>.shard"
+std::string ManifestFileName(int32_t rank);  // "rank_<r>.manifest.json"
+
+// ceil(numel / world_size): DeepSpeed's stage-3 partition size.
+int64_t PartitionNumel(int64_t numel, int32_t world_size);
+
+// Fills partition_numel / partition_offset of every param and section_numel for `world_size`.
+void AssignPartitionLayout(ShardManifest& manifest);
+
+std::string ManifestToJson(const ShardManifest& manifest);
+// INVALID_ARGUMENT naming the field on malformed or inconsistent manifests.
+absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& json);
+
+// Writes rank_<r>.shard (sections in order, each section_numel floats) then the manifest into
+// `step_dir` (created if needed), each atomically. `section_data[i]` must hold section_numel
+// floats for manifest.sections[i]. INVALID_ARGUMENT on a count mismatch.
+absl::Status WriteShard(const std::string& step_dir, ShardManifest manifest,
+                        absl::Span<const float* const> section_data);
+
+// Reads and validates the manifest of `rank` in `step_dir`. NOT_FOUND if the rank has not reported.
+absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank);
+
+// Reads the whole shard of `rank` and checks its size and CRC-32 against the manifest.
+// DATA_LOSS naming the file and rank on mismatch. Returns the raw floats of every section.
+absl::StatusOr<std::vector<float>> ReadShardVerified(const std::string& step_dir,
+                                                     const ShardManifest& manifest);
+
+// Element offset of `section` (by name) inside the shard; NOT_FOUND if absent.
+absl::StatusOr<int64_t> SectionOffset(const ShardManifest& manifest, const std::string& section);
+
+// CRC-32 (zlib) of a byte range, chainable: crc = Crc32(crc, data, n).
+uint32_t Crc32(uint32_t crc, const void* data, size_t size_bytes);
+
+}  // namespace loom::storage
+
+#endif  // LOOM_STORAGE_CHECKPOINT_SHARD_FORMAT_H_
