@@ -1,0 +1,236 @@
+#include "worker/rank_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+
+extern char** environ;
+
+namespace loom::worker {
+namespace {
+
+// Last non-empty line of a file (the trainer's last stderr line), at most 1 KiB read back.
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  std::streamoff size = in.tellg();
+  std::streamoff start = std::max<std::streamoff>(0, size - 1024);
+  in.seekg(start);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines = absl::StrSplit(tail, '\n', absl::SkipWhitespace());
+  return lines.empty() ? "" : lines.back();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
+    const loom::v1::RankAssignment& a, const RankProcessOptions& options) {
+  if (a.job_id().empty() || a.world_size() < 1 || a.rank() < 0 || a.rank() >= a.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad assignment: job '", a.job_id(), "' rank ",
+                                                   a.rank(), " of ", a.world_size()));
+  }
+  RETURN_IF_ERROR(MakeDirs(options.run_dir));
+  std::string spec_json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  auto st = google::protobuf::util::MessageToJsonString(a.spec(), &spec_json, print);
+  if (!st.ok()) return absl::InternalError(absl::StrCat("cannot encode spec: ", st.ToString()));
+  std::string spec_path = absl::StrCat(options.run_dir, "/spec.json");
+  RETURN_IF_ERROR(WriteFileAtomically(spec_path, spec_json));
+
+  std::unique_ptr<RankProcess> p(new RankProcess());
+  p->stop_grace_ = options.stop_grace;
+  p->log_path_ = absl::StrCat(options.run_dir, "/rank_", a.rank(), ".log");
+  {
+    absl::MutexLock l(&p->mu_);
+    p->status_.set_job_id(a.job_id());
+    p->status_.set_attempt(a.attempt());
+    p->status_.set_rank(a.rank());
+    p->status_.set_state(loom::v1::RANK_STATE_STARTING);
+  }
+
+  std::vector<std::string> args = {
+      options.trainer_path,
+      absl::StrCat("--spec=", spec_path),
+      absl::StrCat("--rank=", a.rank()),
+      absl::StrCat("--world_size=", a.world_size()),
+      absl::StrCat("--master_addr=", a.master_addr().empty() ? "127.0.0.1" : a.master_addr()),
+      absl::StrCat("--master_port=", a.master_port()),
+      absl::StrCat("--checkpoint_dir=", a.checkpoint_dir()),
+      absl::StrCat("--job_id=", a.job_id()),
+  };
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e != nullptr; ++e) env_store.emplace_back(*e);
+  for (const std::string& e : options.extra_env) env_store.push_back(e);
+  std::vector<char*> envp;
+  for (std::string& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int out_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  int log_fd = ::open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return absl::InternalError(absl::StrCat("cannot open ", p->log_path_, ": ", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, log_fd, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // own process group: Stop() signals the whole group
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, options.trainer_path.c_str(), &actions, &attr, argv.data(),
+                         envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(out_pipe[1]);
+  ::close(log_fd);
+  if (rc != 0) {
+    ::close(out_pipe[0]);
+    return absl::InternalError(
+        absl::StrCat("cannot start ", options.trainer_path, ": ", std::strerror(rc)));
+  }
+  p->pid_ = pid;
+  LOG(INFO) << "started rank " << a.rank() << "/" << a.world_size() << " of " << a.job_id()
+            << " attempt " << a.attempt() << " pid " << pid << " log " << p->log_path_;
+  int read_fd = out_pipe[0];
+  RankProcess* raw = p.get();
+  p->reader_ = std::thread([raw, read_fd] { raw->ReadEvents(read_fd); });
+  return p;
+}
+
+RankProcess::~RankProcess() {
+  if (!Finished()) Stop();
+  if (reader_.joinable()) reader_.join();
+  if (killer_.joinable()) killer_.join();
+}
+
+loom::v1::RankStatus RankProcess::Status() const {
+  absl::MutexLock l(&mu_);
+  return status_;
+}
+
+bool RankProcess::Finished() const {
+  absl::MutexLock l(&mu_);
+  return finished_;
+}
+
+void RankProcess::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_ || stop_requested_) return;
+    stop_requested_ = true;
+  }
+  ::kill(-pid_, SIGTERM);
+  killer_ = std::thread([this] {
+    absl::MutexLock l(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), stop_grace_)) {
+      LOG(WARNING) << "rank process " << pid_ << " ignored SIGTERM; sending SIGKILL";
+      ::kill(-pid_, SIGKILL);
+    }
+  });
+}
+
+void RankProcess::HandleEvent(const std::string& line) {
+  nlohmann::json ev = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (ev.is_discarded() || !ev.is_object() || !ev.contains("event")) {
+    LOG(WARNING) << "trainer pid " << pid_ << " printed a non-event line: " << line;
+    return;
+  }
+  const std::string kind = ev.value("event", "");
+  absl::MutexLock l(&mu_);
+  loom::v1::Progress* prog = status_.mutable_progress();
+  if (kind == "rendezvous") {
+    status_.set_rendezvous_port(ev.value("port", 0));
+  } else if (kind == "started") {
+    status_.set_state(loom::v1::RANK_STATE_RUNNING);
+  } else if (kind == "step") {
+    status_.set_state(loom::v1::RANK_STATE_RUNNING);
+    prog->set_step(ev.value("step", int64_t{0}));
+    prog->set_loss(ev.value("loss", 0.0));
+    prog->set_tokens_per_second(ev.value("tokens_per_s", 0.0));
+  } else if (kind == "eval") {
+    if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.value("loss", 0.0));
+    prog->set_eval_loss(ev.value("loss", 0.0));
+    prog->set_has_eval_loss(true);
+  } else if (kind == "checkpoint") {
+    prog->set_last_checkpoint_step(ev.value("step", int64_t{0}));
+  } else if (kind == "done") {
+    saw_done_ = true;
+    if (ev.contains("initial_eval_loss")) prog->set_initial_eval_loss(ev["initial_eval_loss"].get<double>());
+    if (ev.contains("final_eval_loss")) {
+      prog->set_eval_loss(ev["final_eval_loss"].get<double>());
+      prog->set_has_eval_loss(true);
+    }
+  } else if (kind == "error") {
+    status_.set_error(ev.value("message", "unknown error"));
+  }
+}
+
+void RankProcess::ReadEvents(int fd) {
+  std::string buf;
+  char chunk[4096];
+  while (true) {
+    ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      std::string line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      if (!line.empty()) HandleEvent(line);
+    }
+  }
+  ::close(fd);
+  int wstatus = 0;
+  while (::waitpid(pid_, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  int exit_code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus)
+                                     : (WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : -1);
+  std::string last_line = LastLine(log_path_);
+  absl::MutexLock l(&mu_);
+  status_.set_exit_code(exit_code);
+  if (exit_code == 0 && saw_done_) {
+    status_.set_state(loom::v1::RANK_STATE_SUCCEEDED);
+  } else if (stop_requested_) {
+    status_.set_state(loom::v1::RANK_STATE_STOPPED);
+  } else {
+    status_.set_state(loom::v1::RANK_STATE_FAILED);
+    if (status_.error().empty()) {
+      status_.set_error(last_line.empty() ? absl::StrCat("trainer exited with code ", exit_code)
+                                          : last_line);
+    }
+  }
+  finished_ = true;
+  LOG(INFO) << "rank " << status_.rank() << " of " << status_.job_id() << " exited with code "
+            << exit_code << " (" << loom::v1::RankState_Name(status_.state()) << ")";
+}
+
+}  // namespace loom::worker

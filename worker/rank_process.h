@@ -1,0 +1,75 @@
+// Supervision of one loom-trainer process (one rank of one attempt of a job).
+//
+// The trainer speaks a line protocol on stdout: one JSON object per line, with an "event" field
+// ("rendezvous", "started", "eval", "step", "checkpoint", "done", "error"; see
+// worker/trainer/main.cc). Its stderr goes to a per-rank log file. RankProcess parses the events
+// into a loom.v1.RankStatus that the worker daemon reports in its heartbeats.
+#ifndef LOOM_WORKER_RANK_PROCESS_H_
+#define LOOM_WORKER_RANK_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/worker_service.pb.h"
+
+namespace loom::worker {
+
+struct RankProcessOptions {
+  // Path of the loom-trainer executable.
+  std::string trainer_path;
+  // Directory for this rank's files (spec.json, rank_<r>.log). Created if missing.
+  std::string run_dir;
+  // Time between SIGTERM and SIGKILL when stopping.
+  absl::Duration stop_grace = absl::Seconds(5);
+  // Extra environment entries ("KEY=VALUE") for the trainer.
+  std::vector<std::string> extra_env;
+};
+
+// One running (or finished) trainer process. Thread-safe.
+class RankProcess {
+ public:
+  // Writes the spec, spawns the trainer in its own process group and starts reading its events.
+  // INVALID_ARGUMENT if the assignment is malformed, INTERNAL if the process cannot start.
+  static absl::StatusOr<std::unique_ptr<RankProcess>> Start(const loom::v1::RankAssignment& a,
+                                                            const RankProcessOptions& options);
+  ~RankProcess();  // Stops the process (if running) and joins the reader thread.
+
+  RankProcess(const RankProcess&) = delete;
+  RankProcess& operator=(const RankProcess&) = delete;
+
+  // The latest status (state, progress, rendezvous port, exit code, error).
+  loom::v1::RankStatus Status() const;
+  bool Finished() const;
+  // SIGTERM to the process group, SIGKILL after stop_grace. Idempotent; does not block.
+  void Stop();
+  const std::string& log_path() const { return log_path_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  RankProcess() = default;
+  void ReadEvents(int fd);
+  void HandleEvent(const std::string& line);
+
+  pid_t pid_ = -1;
+  std::string log_path_;
+  absl::Duration stop_grace_;
+  std::thread reader_;
+  std::thread killer_;
+
+  mutable absl::Mutex mu_;
+  loom::v1::RankStatus status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool saw_done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace loom::worker
+
+#endif  // LOOM_WORKER_RANK_PROCESS_H_

@@ -1,0 +1,32 @@
+#!/bin/sh
+# A stand-in for loom-trainer used by the worker daemon's unit tests: it speaks the trainer's
+# stdout event protocol. Behaviour is chosen by the job spec's "name" field.
+spec=""; rank=0
+for a in "$@"; do
+  case "$a" in
+    --spec=*) spec="${a#--spec=}" ;;
+    --rank=*) rank="${a#--rank=}" ;;
+  esac
+done
+name=$(sed -n 's/.*"name": *"\([^"]*\)".*/\1/p' "$spec")
+echo '{"event":"rendezvous","port":43210}'
+echo "{\"event\":\"started\",\"rank\":$rank,\"world_size\":1}"
+echo '{"event":"eval","step":0,"loss":5.5}'
+case "$name" in
+  fail)
+    echo "fake trainer: about to fail" >&2
+    echo '{"event":"error","message":"CUDA out of memory (simulated)"}'
+    exit 3 ;;
+  crash)
+    echo "fake trainer: segfault-like crash on rank $rank" >&2
+    exit 139 ;;
+  hang)
+    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100}'
+    trap 'exit 143' TERM
+    while true; do sleep 0.05; done ;;
+esac
+echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100.5}'
+echo '{"event":"step","step":2,"loss":4.25,"tokens_per_s":120}'
+echo '{"event":"checkpoint","step":2,"dir":"/tmp/x"}'
+echo '{"event":"done","step":2,"initial_eval_loss":5.5,"final_eval_loss":4.5}'
+exit 0

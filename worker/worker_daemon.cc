@@ -1,0 +1,142 @@
+#include "worker/worker_daemon.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace loom::worker {
+
+absl::Status WorkerOptions::Validate() const {
+  if (node_id.empty()) return absl::InvalidArgumentError("node_id: required");
+  if (inventory.slots() < 1) return absl::InvalidArgumentError("inventory.slots: must be >= 1");
+  if (trainer_path.empty()) return absl::InvalidArgumentError("trainer_path: required");
+  if (work_dir.empty()) return absl::InvalidArgumentError("work_dir: required");
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat_interval: must be positive");
+  }
+  return absl::OkStatus();
+}
+
+WorkerDaemon::WorkerDaemon(WorkerOptions options, SchedulerClient* client, WorkerMetrics* metrics)
+    : options_(std::move(options)), client_(client), metrics_(metrics) {}
+
+WorkerDaemon::~WorkerDaemon() {
+  absl::MutexLock l(&mu_);
+  for (auto& [key, rank] : ranks_) rank.Stop();
+  ranks_.clear();  // destructors join the reader threads
+}
+
+absl::Status WorkerDaemon::Register() {
+  loom::v1::RegisterWorkerRequest req;
+  req.set_node_id(options_.node_id);
+  *req.mutable_inventory() = options_.inventory;
+  ASSIGN_OR_RETURN(auto resp, client_->RegisterWorker(req));
+  (void)resp;
+  absl::MutexLock l(&mu_);
+  if (!registered_) LOG(INFO) << "registered node " << options_.node_id << " with the scheduler";
+  registered_ = true;
+  return absl::OkStatus();
+}
+
+void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
+  RankKey key{a.job_id(), a.attempt(), a.rank()};
+  if (ranks_.count(key)) return;  // already running (assignments are re-sent until reported)
+  RankProcessOptions po;
+  po.trainer_path = options_.trainer_path;
+  po.run_dir = absl::StrCat(options_.work_dir, "/", a.job_id(), "/attempt_", a.attempt());
+  po.stop_grace = options_.stop_grace;
+  auto proc = RankProcess::Start(a, po);
+  if (!proc.ok()) {
+    LOG(ERROR) << "cannot start rank " << a.rank() << " of " << a.job_id() << ": "
+               << proc.status();
+    // Reported as a failed rank so that the scheduler fails the attempt.
+    loom::v1::RankStatus& st = ranks_[key].start_failure;
+    st.set_job_id(a.job_id());
+    st.set_attempt(a.attempt());
+    st.set_rank(a.rank());
+    st.set_state(loom::v1::RANK_STATE_FAILED);
+    st.set_exit_code(-1);
+    st.set_error(absl::StrCat("worker ", options_.node_id, " could not start the trainer: ",
+                              proc.status().message()));
+    return;
+  }
+  ranks_[key].process = std::move(*proc);
+}
+
+absl::Status WorkerDaemon::Tick() {
+  bool registered;
+  {
+    absl::MutexLock l(&mu_);
+    registered = registered_;
+  }
+  if (!registered) RETURN_IF_ERROR(Register());
+
+  loom::v1::HeartbeatRequest req;
+  req.set_node_id(options_.node_id);
+  std::vector<loom::v1::RankStatus> statuses;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [key, rank] : ranks_) {
+      statuses.push_back(rank.Status());
+      *req.add_ranks() = statuses.back();
+    }
+  }
+  if (metrics_ != nullptr) metrics_->RecordRanks(statuses, options_.inventory.slots());
+  absl::StatusOr<loom::v1::HeartbeatResponse> resp = client_->Heartbeat(req);
+  if (metrics_ != nullptr) metrics_->RecordHeartbeat(resp.ok());
+  if (!resp.ok()) {
+    if (absl::IsNotFound(resp.status())) {
+      absl::MutexLock l(&mu_);
+      registered_ = false;  // the scheduler lost us (e.g. restarted on a new DB): register again
+    }
+    return resp.status();
+  }
+  absl::MutexLock l(&mu_);
+  // Terminal ranks are reported a few times, then forgotten.
+  for (auto it = ranks_.begin(); it != ranks_.end();) {
+    if (it->second.Finished() &&
+        ++it->second.terminal_reports >= options_.terminal_reports) {
+      it = ranks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const loom::v1::RankAssignment& a : resp->stop()) {
+    for (auto& [key, rank] : ranks_) {
+      if (std::get<0>(key) == a.job_id() && std::get<1>(key) == a.attempt()) {
+        rank.Stop();
+      }
+    }
+  }
+  for (const loom::v1::RankAssignment& a : resp->start()) StartRank(a);
+  return absl::OkStatus();
+}
+
+int WorkerDaemon::RunningRanks() const {
+  absl::MutexLock l(&mu_);
+  int n = 0;
+  for (const auto& [key, rank] : ranks_) n += rank.Finished() ? 0 : 1;
+  return n;
+}
+
+void WorkerDaemon::Run() {
+  absl::Time last_error_log = absl::InfinitePast();
+  while (!shutdown_.HasBeenNotified()) {
+    absl::Status s = Tick();
+    if (!s.ok() && absl::Now() - last_error_log > absl::Seconds(10)) {
+      LOG(WARNING) << "heartbeat failed: " << s;
+      last_error_log = absl::Now();
+    }
+    shutdown_.WaitForNotificationWithTimeout(options_.heartbeat_interval);
+  }
+  absl::MutexLock l(&mu_);
+  for (auto& [key, rank] : ranks_) rank.Stop();
+}
+
+void WorkerDaemon::Shutdown() {
+  if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
+}
+
+}  // namespace loom::worker

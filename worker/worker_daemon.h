@@ -1,0 +1,80 @@
+// The worker daemon's core: registers the node's inventory, heartbeats rank status to the
+// scheduler, starts one loom-trainer per assigned rank and stops ranks the scheduler revokes.
+// No gRPC here: the scheduler is reached through SchedulerClient.
+#ifndef LOOM_WORKER_WORKER_DAEMON_H_
+#define LOOM_WORKER_WORKER_DAEMON_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/worker_service.pb.h"
+#include "worker/rank_process.h"
+#include "worker/scheduler_client.h"
+#include "worker/worker_metrics.h"
+
+namespace loom::worker {
+
+struct WorkerOptions {
+  std::string node_id;                  // required, unique in the cluster
+  loom::v1::NodeInventory inventory;    // slots >= 1 required
+  std::string trainer_path;             // loom-trainer executable, required
+  std::string work_dir;                 // per-rank run dirs and logs, required
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // A terminal rank status is reported this many times before the worker forgets the rank.
+  int terminal_reports = 5;
+  absl::Duration stop_grace = absl::Seconds(5);
+
+  // INVALID_ARGUMENT naming the field.
+  absl::Status Validate() const;
+};
+
+// Thread-safe. Run() blocks until Shutdown().
+class WorkerDaemon {
+ public:
+  WorkerDaemon(WorkerOptions options, SchedulerClient* client, WorkerMetrics* metrics);
+  ~WorkerDaemon();
+
+  // Loop: register (retrying), then heartbeat every interval. Returns after Shutdown(), having
+  // stopped every rank it started.
+  void Run();
+  void Shutdown();
+
+  // One heartbeat round; exposed for tests. Registers first if needed.
+  absl::Status Tick();
+  int RunningRanks() const;
+
+ private:
+  using RankKey = std::tuple<std::string, int, int>;  // job id, attempt, rank
+
+  absl::Status Register();
+  void StartRank(const loom::v1::RankAssignment& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerOptions options_;
+  SchedulerClient* const client_;
+  WorkerMetrics* const metrics_;
+  absl::Notification shutdown_;
+
+  mutable absl::Mutex mu_;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  struct Rank {
+    std::unique_ptr<RankProcess> process;  // null if the process could not be started
+    loom::v1::RankStatus start_failure;    // reported when process is null
+    int terminal_reports = 0;
+    loom::v1::RankStatus Status() const { return process ? process->Status() : start_failure; }
+    bool Finished() const { return process == nullptr || process->Finished(); }
+    void Stop() {
+      if (process) process->Stop();
+    }
+  };
+  std::map<RankKey, Rank> ranks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom::worker
+
+#endif  // LOOM_WORKER_WORKER_DAEMON_H_

@@ -1,0 +1,201 @@
+#include "worker/worker_daemon.h"
+
+#include <cstdlib>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace loom::worker {
+namespace {
+
+// Fake scheduler: records every request and replies with queued responses.
+class FakeSchedulerClient : public SchedulerClient {
+ public:
+  absl::StatusOr<loom::v1::RegisterWorkerResponse> RegisterWorker(
+      const loom::v1::RegisterWorkerRequest& request) override {
+    absl::MutexLock l(&mu_);
+    registrations.push_back(request);
+    return loom::v1::RegisterWorkerResponse();
+  }
+  absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(
+      const loom::v1::HeartbeatRequest& request) override {
+    absl::MutexLock l(&mu_);
+    heartbeats.push_back(request);
+    if (!next_status.ok()) {
+      absl::Status s = next_status;
+      next_status = absl::OkStatus();
+      return s;
+    }
+    if (replies.empty()) return loom::v1::HeartbeatResponse();
+    loom::v1::HeartbeatResponse r = replies.front();
+    replies.pop_front();
+    return r;
+  }
+  absl::Mutex mu_;
+  std::vector<loom::v1::RegisterWorkerRequest> registrations;
+  std::vector<loom::v1::HeartbeatRequest> heartbeats;
+  std::deque<loom::v1::HeartbeatResponse> replies;
+  absl::Status next_status;
+};
+
+std::string FakeTrainer() {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/loom/worker/testdata/fake_trainer.sh");
+}
+
+loom::v1::RankAssignment Assignment(const std::string& job, const std::string& name, int rank = 0) {
+  loom::v1::RankAssignment a;
+  a.set_job_id(job);
+  a.set_attempt(1);
+  a.set_rank(rank);
+  a.set_world_size(1);
+  a.set_master_addr("127.0.0.1");
+  a.mutable_spec()->set_name(name);
+  a.set_checkpoint_dir(absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt"));
+  return a;
+}
+
+class WorkerDaemonTest : public ::testing::Test {
+ protected:
+  WorkerOptions Options(const std::string& trainer) {
+    WorkerOptions o;
+    o.node_id = "node-a";
+    o.inventory.set_slots(2);
+    o.inventory.set_accelerator(loom::v1::ACCELERATOR_KIND_CPU);
+    o.trainer_path = trainer;
+    o.work_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/work");
+    o.stop_grace = absl::Seconds(2);
+    o.terminal_reports = 100;
+    return o;
+  }
+
+  // Ticks until the last heartbeat reports `job` in `state`, or fails after 10 s.
+  loom::v1::RankStatus TickUntil(WorkerDaemon& d, const std::string& job, loom::v1::RankState state) {
+    absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      EXPECT_TRUE(d.Tick().ok());
+      absl::MutexLock l(&client_.mu_);
+      for (const auto& r : client_.heartbeats.back().ranks()) {
+        if (r.job_id() == job && r.state() == state) return r;
+      }
+      client_.mu_.Unlock();
+      absl::SleepFor(absl::Milliseconds(20));
+      client_.mu_.Lock();
+    }
+    ADD_FAILURE() << "rank of " << job << " never reached " << loom::v1::RankState_Name(state);
+    return {};
+  }
+
+  FakeSchedulerClient client_;
+  prometheus::Registry registry_;
+  WorkerMetrics metrics_{registry_};
+};
+
+TEST_F(WorkerDaemonTest, OptionsValidateNamesField) {
+  WorkerOptions o = Options(FakeTrainer());
+  o.inventory.set_slots(0);
+  absl::Status s = o.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("inventory.slots"), std::string::npos) << s;
+}
+
+TEST_F(WorkerDaemonTest, RunsAssignedRankAndReportsProgressAndSuccess) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-ok", "ok");
+  client_.replies.push_back(start);
+  ASSERT_TRUE(d.Tick().ok());
+  ASSERT_EQ(client_.registrations.size(), 1u);
+  EXPECT_EQ(client_.registrations[0].inventory().slots(), 2);
+
+  loom::v1::RankStatus st = TickUntil(d, "job-ok", loom::v1::RANK_STATE_SUCCEEDED);
+  EXPECT_EQ(st.rendezvous_port(), 43210);
+  EXPECT_EQ(st.progress().step(), 2);
+  EXPECT_DOUBLE_EQ(st.progress().loss(), 4.25);
+  EXPECT_DOUBLE_EQ(st.progress().tokens_per_second(), 120);
+  EXPECT_DOUBLE_EQ(st.progress().initial_eval_loss(), 5.5);
+  EXPECT_DOUBLE_EQ(st.progress().eval_loss(), 4.5);
+  EXPECT_EQ(st.progress().last_checkpoint_step(), 2);
+  EXPECT_EQ(st.exit_code(), 0);
+  // The spec reached the trainer as JSON with proto field names.
+  auto spec = absl::StrCat(Options(FakeTrainer()).work_dir, "/job-ok/attempt_1/spec.json");
+  EXPECT_EQ(std::system(absl::StrCat("grep -q '\"name\"' ", spec).c_str()), 0);
+
+  // Metrics saw the heartbeats.
+  std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_NE(text.find("loom_worker_heartbeats_total{result=\"ok\"}"), std::string::npos) << text;
+}
+
+TEST_F(WorkerDaemonTest, FailedRankReportsTrainerError) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-fail", "fail");
+  client_.replies.push_back(start);
+  loom::v1::RankStatus st = TickUntil(d, "job-fail", loom::v1::RANK_STATE_FAILED);
+  EXPECT_EQ(st.exit_code(), 3);
+  EXPECT_EQ(st.error(), "CUDA out of memory (simulated)");
+}
+
+TEST_F(WorkerDaemonTest, CrashWithoutErrorEventReportsLastStderrLine) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-crash", "crash");
+  client_.replies.push_back(start);
+  loom::v1::RankStatus st = TickUntil(d, "job-crash", loom::v1::RANK_STATE_FAILED);
+  EXPECT_EQ(st.exit_code(), 139);
+  EXPECT_EQ(st.error(), "fake trainer: segfault-like crash on rank 0");
+}
+
+TEST_F(WorkerDaemonTest, StopRequestStopsRunningRank) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-hang", "hang");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-hang", loom::v1::RANK_STATE_RUNNING);
+  EXPECT_EQ(d.RunningRanks(), 1);
+  loom::v1::HeartbeatResponse stop;
+  *stop.add_stop() = Assignment("job-hang", "hang");
+  {
+    absl::MutexLock l(&client_.mu_);
+    client_.replies.push_back(stop);
+  }
+  loom::v1::RankStatus st = TickUntil(d, "job-hang", loom::v1::RANK_STATE_STOPPED);
+  EXPECT_EQ(st.exit_code(), 143);
+  EXPECT_EQ(d.RunningRanks(), 0);
+}
+
+TEST_F(WorkerDaemonTest, DuplicateAssignmentStartsOneProcess) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-hang", "hang");
+  client_.replies.push_back(start);
+  client_.replies.push_back(start);
+  ASSERT_TRUE(d.Tick().ok());
+  ASSERT_TRUE(d.Tick().ok());
+  EXPECT_EQ(d.RunningRanks(), 1);
+}
+
+TEST_F(WorkerDaemonTest, UnstartableTrainerIsReportedAsFailedRank) {
+  WorkerDaemon d(Options("/nonexistent/loom-trainer"), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-x", "ok");
+  client_.replies.push_back(start);
+  loom::v1::RankStatus st = TickUntil(d, "job-x", loom::v1::RANK_STATE_FAILED);
+  EXPECT_NE(st.error().find("could not start the trainer"), std::string::npos) << st.error();
+}
+
+TEST_F(WorkerDaemonTest, ReRegistersWhenSchedulerForgetsNode) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  ASSERT_TRUE(d.Tick().ok());
+  client_.next_status = absl::NotFoundError("unknown node");
+  EXPECT_EQ(d.Tick().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(d.Tick().ok());
+  EXPECT_EQ(client_.registrations.size(), 2u);
+}
+
+}  // namespace
+}  // namespace loom::worker

@@ -1,0 +1,61 @@
+#include "worker/worker_metrics.h"
+
+#include <string>
+
+namespace loom::worker {
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
+    : heartbeats_(prometheus::BuildCounter()
+                      .Name("loom_worker_heartbeats_total")
+                      .Help("Heartbeats sent to the scheduler, by result.")
+                      .Register(registry)),
+      ranks_(prometheus::BuildGauge()
+                 .Name("loom_worker_ranks")
+                 .Help("Rank processes known to this worker, by state.")
+                 .Register(registry)),
+      slots_(prometheus::BuildGauge()
+                 .Name("loom_worker_slots")
+                 .Help("Rank slots this worker offers.")
+                 .Register(registry)),
+      step_(prometheus::BuildGauge()
+                .Name("loom_trainer_step")
+                .Help("Last completed optimizer step of the rank running in this slot.")
+                .Register(registry)),
+      loss_(prometheus::BuildGauge()
+                .Name("loom_trainer_loss")
+                .Help("Training loss (nats per token) of the last step.")
+                .Register(registry)),
+      tokens_per_second_(prometheus::BuildGauge()
+                             .Name("loom_trainer_tokens_per_second")
+                             .Help("Training throughput of the job, in tokens per second.")
+                             .Register(registry)),
+      eval_loss_(prometheus::BuildGauge()
+                     .Name("loom_trainer_eval_loss")
+                     .Help("Most recent held-out loss (nats per token).")
+                     .Register(registry)) {
+  for (const char* r : {"ok", "error"}) heartbeats_.Add({{"result", r}});
+}
+
+void WorkerMetrics::RecordHeartbeat(bool ok) {
+  heartbeats_.Add({{"result", ok ? "ok" : "error"}}).Increment();
+}
+
+void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, int slots) {
+  slots_.Add({}).Set(slots);
+  std::map<std::string, int> by_state;
+  for (int s = loom::v1::RANK_STATE_STARTING; s <= loom::v1::RANK_STATE_STOPPED; ++s) {
+    by_state[loom::v1::RankState_Name(static_cast<loom::v1::RankState>(s))] = 0;
+  }
+  for (const loom::v1::RankStatus& r : ranks) {
+    by_state[loom::v1::RankState_Name(r.state())]++;
+    if (r.state() != loom::v1::RANK_STATE_RUNNING) continue;
+    prometheus::Labels labels = {{"rank", std::to_string(r.rank())}};
+    step_.Add(labels).Set(static_cast<double>(r.progress().step()));
+    loss_.Add(labels).Set(r.progress().loss());
+    tokens_per_second_.Add(labels).Set(r.progress().tokens_per_second());
+    if (r.progress().has_eval_loss()) eval_loss_.Add(labels).Set(r.progress().eval_loss());
+  }
+  for (const auto& [state, n] : by_state) ranks_.Add({{"state", state}}).Set(n);
+}
+
+}  // namespace loom::worker
