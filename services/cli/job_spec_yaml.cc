@@ -1,0 +1,164 @@
+#include "services/cli/job_spec_yaml.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace loom::cli {
+namespace {
+
+using nlohmann::json;
+
+// YAML scalars are untyped text; plain (unquoted) scalars that read as numbers, booleans or null
+// become those JSON types, quoted ones stay strings (YAML 1.2 core schema).
+json ScalarToJson(const YAML::Node& node) {
+  const std::string& s = node.Scalar();
+  if (node.Tag() == "!") return s;  // quoted
+  if (s == "null" || s == "~" || s.empty()) return nullptr;
+  if (s == "true" || s == "True") return true;
+  if (s == "false" || s == "False") return false;
+  int64_t i;
+  if (absl::SimpleAtoi(s, &i)) return i;
+  double d;
+  if (absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos) return d;
+  return s;
+}
+
+absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return json(nullptr);
+    case YAML::NodeType::Scalar:
+      return ScalarToJson(node);
+    case YAML::NodeType::Sequence: {
+      json arr = json::array();
+      for (size_t i = 0; i < node.size(); ++i) {
+        ASSIGN_OR_RETURN(json v, YamlToJson(node[i], absl::StrCat(path, "[", i, "]")));
+        arr.push_back(std::move(v));
+      }
+      return arr;
+    }
+    case YAML::NodeType::Map: {
+      json obj = json::object();
+      for (const auto& kv : node) {
+        if (!kv.first.IsScalar()) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ": keys must be scalars"));
+        }
+        std::string key = kv.first.Scalar();
+        std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
+        if (obj.contains(key)) {
+          return absl::InvalidArgumentError(absl::StrCat(child, ": duplicate key"));
+        }
+        ASSIGN_OR_RETURN(obj[key], YamlToJson(kv.second, child));
+      }
+      return obj;
+    }
+  }
+  return json(nullptr);
+}
+
+// Replaces a string value at obj[key] by the JSON object in that file.
+absl::Status InlineJsonFile(json& obj, const std::string& key, const std::string& field,
+                            const std::string& base_dir) {
+  if (!obj.contains(key) || !obj[key].is_string()) return absl::OkStatus();
+  std::string file = obj[key].get<std::string>();
+  std::string path = (!file.empty() && file[0] == '/') ? file : absl::StrCat(base_dir, "/", file);
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot read '", path, "': ", text.status().message()));
+  }
+  json parsed = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is not a JSON object"));
+  }
+  obj[key] = std::move(parsed);
+  return absl::OkStatus();
+}
+
+// Names the first key of `obj` that `desc` lacks, with its dotted path. Struct-typed fields
+// (free-form JSON) are not descended into.
+std::string FirstUnknownField(const json& obj, const google::protobuf::Descriptor* desc,
+                              const std::string& path) {
+  if (!obj.is_object()) return "";
+  for (const auto& [key, value] : obj.items()) {
+    const google::protobuf::FieldDescriptor* f = desc->FindFieldByName(key);
+    for (int i = 0; f == nullptr && i < desc->field_count(); ++i) {
+      if (desc->field(i)->json_name() == key) f = desc->field(i);  // lowerCamelCase spelling
+    }
+    std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
+    if (f == nullptr) {
+      return absl::StrCat(child, ": unknown field in ", desc->name());
+    }
+    if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE &&
+        f->message_type()->full_name() != "google.protobuf.Struct" && !f->is_repeated()) {
+      std::string inner = FirstUnknownField(value, f->message_type(), child);
+      if (!inner.empty()) return inner;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
+                                                  const std::string& base_dir,
+                                                  const std::string& file_name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": invalid YAML: ", e.what()));
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": a job spec must be a mapping"));
+  }
+  auto converted = YamlToJson(root, "");
+  if (!converted.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_name, ": ", converted.status().message()));
+  }
+  json j = std::move(*converted);
+  auto with_file = [&](absl::Status s) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", s.message()));
+  };
+  if (absl::Status s = InlineJsonFile(j, "deepspeed_config", "deepspeed_config", base_dir);
+      !s.ok()) {
+    return with_file(s);
+  }
+  if (j.contains("model") && j["model"].is_object()) {
+    if (absl::Status s = InlineJsonFile(j["model"], "config", "model.config", base_dir); !s.ok()) {
+      return with_file(s);
+    }
+  }
+  std::string unknown = FirstUnknownField(j, loom::v1::JobSpec::descriptor(), "");
+  if (!unknown.empty()) return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", unknown));
+
+  loom::v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  auto st = google::protobuf::util::JsonStringToMessage(j.dump(), &spec, opts);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", st.message().as_string()));
+  }
+  return spec;
+}
+
+absl::StatusOr<loom::v1::JobSpec> ReadJobSpecFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  return JobSpecFromYaml(text, dir, path);
+}
+
+}  // namespace loom::cli

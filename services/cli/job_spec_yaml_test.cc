@@ -1,0 +1,110 @@
+#include "services/cli/job_spec_yaml.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+
+namespace loom::cli {
+namespace {
+
+constexpr char kSpec[] = R"(
+name: tiny
+model:
+  config:
+    vocab_size: 256
+    hidden_size: 64
+    rms_norm_eps: 1.0e-5
+    tie_word_embeddings: true
+dataset:
+  name: fortunes
+  holdout_fraction: 0.05
+deepspeed_config:
+  train_micro_batch_size_per_gpu: 4
+  gradient_clipping: 1.0
+  optimizer:
+    type: AdamW
+    params: {lr: 0.001, betas: [0.9, 0.95]}
+  zero_optimization: {stage: 3}
+resources: {num_ranks: 2}
+training: {steps: 20, sequence_length: 64, seed: 7}
+checkpoint: {interval_steps: 10, consolidate_on_success: true}
+)";
+
+TEST(JobSpecYamlTest, ParsesEveryField) {
+  auto spec = JobSpecFromYaml(kSpec, ".");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "tiny");
+  EXPECT_EQ(spec->model().config().fields().at("vocab_size").number_value(), 256);
+  EXPECT_DOUBLE_EQ(spec->model().config().fields().at("rms_norm_eps").number_value(), 1e-5);
+  EXPECT_TRUE(spec->model().config().fields().at("tie_word_embeddings").bool_value());
+  EXPECT_EQ(spec->dataset().name(), "fortunes");
+  EXPECT_DOUBLE_EQ(spec->dataset().holdout_fraction(), 0.05);
+  const auto& ds = spec->deepspeed_config().fields();
+  EXPECT_EQ(ds.at("optimizer").struct_value().fields().at("type").string_value(), "AdamW");
+  EXPECT_EQ(ds.at("optimizer").struct_value().fields().at("params").struct_value().fields()
+                .at("betas").list_value().values(1).number_value(),
+            0.95);
+  EXPECT_EQ(ds.at("zero_optimization").struct_value().fields().at("stage").number_value(), 3);
+  EXPECT_EQ(spec->resources().num_ranks(), 2);
+  EXPECT_EQ(spec->training().steps(), 20);
+  EXPECT_EQ(spec->training().seed(), 7u);
+  EXPECT_EQ(spec->checkpoint().interval_steps(), 10);
+  EXPECT_TRUE(spec->checkpoint().consolidate_on_success());
+}
+
+TEST(JobSpecYamlTest, UnknownTopLevelFieldIsNamed) {
+  auto spec = JobSpecFromYaml(absl::StrCat(kSpec, "trainig: {steps: 3}\n"), ".", "job.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("job.yaml: trainig: unknown field in JobSpec"),
+            std::string::npos)
+      << spec.status();
+}
+
+TEST(JobSpecYamlTest, UnknownNestedFieldIsNamedWithPath) {
+  std::string text = kSpec;
+  text.replace(text.find("seed: 7"), 7, "seed: 7, stpes: 4");
+  auto spec = JobSpecFromYaml(text, ".");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("training.stpes: unknown field in TrainingSpec"),
+            std::string::npos)
+      << spec.status();
+}
+
+TEST(JobSpecYamlTest, WrongTypeIsInvalidArgument) {
+  std::string text = kSpec;
+  text.replace(text.find("steps: 20"), 9, "steps: many");
+  auto spec = JobSpecFromYaml(text, ".");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+}
+
+TEST(JobSpecYamlTest, MalformedYamlIsInvalidArgument) {
+  auto spec = JobSpecFromYaml("name: [unclosed\n", ".", "bad.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("bad.yaml: invalid YAML"), std::string::npos);
+}
+
+TEST(JobSpecYamlTest, DeepSpeedConfigFromJsonFile) {
+  std::string dir = std::getenv("TEST_TMPDIR");
+  ASSERT_TRUE(WriteFileAtomically(absl::StrCat(dir, "/ds_config.json"),
+                                  R"({"train_micro_batch_size_per_gpu": 8,
+                                      "zero_optimization": {"stage": 3}})")
+                  .ok());
+  auto spec = JobSpecFromYaml("name: x\ndeepspeed_config: ds_config.json\n", dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->deepspeed_config().fields().at("train_micro_batch_size_per_gpu").number_value(),
+            8);
+  auto missing = JobSpecFromYaml("name: x\ndeepspeed_config: nope.json\n", dir);
+  ASSERT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("deepspeed_config: cannot read"), std::string::npos);
+}
+
+TEST(JobSpecYamlTest, QuotedNumbersStayStrings) {
+  auto spec = JobSpecFromYaml("name: \"123\"\n", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "123");
+}
+
+}  // namespace
+}  // namespace loom::cli

@@ -1,0 +1,304 @@
+// loomctl: Loom's command-line client.
+//
+//   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id
+//   loomctl get JOB_ID [--json]           show one job
+//   loomctl list [--phase=RUNNING]        list jobs
+//   loomctl cancel JOB_ID                 cancel a job (stops its ranks)
+//   loomctl wait JOB_ID                   follow a job's step, loss and tokens/s until it ends
+//   loomctl checkpoints JOB_ID            list a job's checkpoints
+//   loomctl consolidate JOB_ID [--step=N] [--output_dir=D]
+//                                         write model.safetensors + config.json
+//
+// Addresses come from --scheduler / --checkpoint, else $LOOM_SCHEDULER / $LOOM_CHECKPOINT, else
+// the ready files of a local cluster in --cluster_dir (default .loom/cluster).
+// Exit status: 0 on success, the gRPC status code on an RPC error (3 = INVALID_ARGUMENT,
+// 5 = NOT_FOUND, 9 = FAILED_PRECONDITION, 14 = UNAVAILABLE), 1 for a job that ended unsuccessfully
+// under `wait`, 2 for a usage error.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/grpc_status.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/job_service.grpc.pb.h"
+#include "services/cli/job_spec_yaml.h"
+
+ABSL_FLAG(std::string, scheduler, "", "loom-scheduler address (host:port)");
+ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
+ABSL_FLAG(std::string, cluster_dir, ".loom/cluster", "local cluster directory with ready files");
+ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
+ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
+ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)");
+ABSL_FLAG(int64_t, step, 0, "consolidate: checkpoint step (0 = newest committed)");
+ABSL_FLAG(std::string, output_dir, "", "consolidate: output directory");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each RPC");
+ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
+
+namespace {
+
+using loom::v1::Job;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+  return static_cast<int>(s.code());
+}
+
+absl::StatusOr<std::string> Address(const std::string& flag_value, const char* env,
+                                     const std::string& ready_name) {
+  if (!flag_value.empty()) return flag_value;
+  if (const char* e = std::getenv(env); e != nullptr && *e != '\0') return std::string(e);
+  std::string path = absl::StrCat(absl::GetFlag(FLAGS_cluster_dir), "/", ready_name);
+  auto info = loom::ReadReadyFile(path);
+  if (!info.ok()) {
+    return absl::UnavailableError(absl::StrCat("no address: pass --", ready_name.substr(0, ready_name.find('.')),
+                                               ", set ", env, ", or start a local cluster (",
+                                               path, ": ", info.status().message(), ")"));
+  }
+  return info->grpc_address;
+}
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
+  return ctx;
+}
+
+std::string PhaseName(loom::v1::JobPhase p) {
+  std::string n = loom::v1::JobPhase_Name(p);
+  return n.substr(std::string("JOB_PHASE_").size());
+}
+
+bool Terminal(loom::v1::JobPhase p) {
+  return p == loom::v1::JOB_PHASE_SUCCEEDED || p == loom::v1::JOB_PHASE_FAILED ||
+         p == loom::v1::JOB_PHASE_CANCELLED;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+void PrintJob(const Job& job) {
+  const auto& p = job.progress();
+  std::printf("id:       %s\nname:     %s\nphase:    %s\n", job.id().c_str(),
+              job.spec().name().c_str(), PhaseName(job.phase()).c_str());
+  if (!job.reason().empty()) std::printf("reason:   %s\n", job.reason().c_str());
+  if (!job.message().empty()) std::printf("message:  %s\n", job.message().c_str());
+  std::printf("ranks:    %d", job.spec().resources().num_ranks());
+  for (int i = 0; i < job.rank_nodes_size(); ++i) {
+    std::printf("%s%d@%s", i == 0 ? " (" : ", ", i, job.rank_nodes(i).c_str());
+  }
+  std::printf("%s\nattempt:  %d\n", job.rank_nodes_size() > 0 ? ")" : "", job.attempt());
+  std::printf("step:     %lld/%lld  loss %.4f  tokens/s %.0f\n",
+              static_cast<long long>(p.step()), static_cast<long long>(job.spec().training().steps()),
+              p.loss(), p.tokens_per_second());
+  if (p.has_eval_loss()) {
+    std::printf("held-out: %.4f (before training: %.4f)\n", p.eval_loss(), p.initial_eval_loss());
+  }
+  std::printf("checkpoints: %s (last step %lld)\n", job.checkpoint_dir().c_str(),
+              static_cast<long long>(p.last_checkpoint_step()));
+}
+
+int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
+  absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_wait_timeout);
+  int64_t last_step = -1;
+  loom::v1::JobPhase last_phase = loom::v1::JOB_PHASE_UNSPECIFIED;
+  absl::Time last_error = absl::InfinitePast();
+  while (absl::Now() < deadline) {
+    loom::v1::GetJobRequest req;
+    req.set_job_id(id);
+    Job job;
+    grpc::Status s = stub.GetJob(Context().get(), req, &job);
+    if (!s.ok()) {
+      absl::Status st = loom::FromGrpcStatus(s);
+      if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) return Fail(st);
+      if (absl::Now() - last_error > absl::Seconds(10)) {
+        std::fprintf(stderr, "loomctl: scheduler unavailable, retrying: %s\n",
+                     s.error_message().c_str());
+        last_error = absl::Now();
+      }
+      absl::SleepFor(absl::Milliseconds(500));
+      continue;
+    }
+    if (job.phase() != last_phase) {
+      std::printf("[%s] %s %s%s%s\n", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
+                  id.c_str(), PhaseName(job.phase()).c_str(),
+                  job.message().empty() ? "" : ": ", job.message().c_str());
+      last_phase = job.phase();
+    }
+    const auto& p = job.progress();
+    if (p.step() != last_step && p.step() > 0) {
+      std::printf("  step %5lld/%lld  loss %.4f  tokens/s %8.0f%s\n",
+                  static_cast<long long>(p.step()),
+                  static_cast<long long>(job.spec().training().steps()), p.loss(),
+                  p.tokens_per_second(),
+                  p.has_eval_loss() ? absl::StrFormat("  held-out %.4f", p.eval_loss()).c_str() : "");
+      last_step = p.step();
+    }
+    std::fflush(stdout);
+    if (Terminal(job.phase())) {
+      if (p.has_eval_loss()) {
+        std::printf("held-out loss: before %.4f  after %.4f\n", p.initial_eval_loss(), p.eval_loss());
+      }
+      return job.phase() == loom::v1::JOB_PHASE_SUCCEEDED ? 0 : 1;
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " did not end in time")));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "loomctl <submit FILE.yaml|get ID|list|cancel ID|wait ID|checkpoints ID|consolidate ID> "
+      "[flags]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  const std::string cmd = args[1];
+  const std::string arg = args.size() > 2 ? args[2] : "";
+  auto need_arg = [&](const char* what) {
+    if (arg.empty()) {
+      std::fprintf(stderr, "loomctl %s: missing %s\n", cmd.c_str(), what);
+      return false;
+    }
+    return true;
+  };
+
+  if (cmd == "checkpoints" || cmd == "consolidate") {
+    if (!need_arg("JOB_ID")) return 2;
+    auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
+    if (!addr.ok()) return Fail(addr.status());
+    auto stub = loom::v1::CheckpointService::NewStub(
+        grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+    if (cmd == "checkpoints") {
+      loom::v1::ListCheckpointsRequest req;
+      req.set_job_id(arg);
+      loom::v1::ListCheckpointsResponse resp;
+      grpc::Status s = stub->ListCheckpoints(Context().get(), req, &resp);
+      if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+      std::printf("%-10s %-10s %-8s %-14s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES", "PATH");
+      for (const auto& c : resp.checkpoints()) {
+        std::printf("%-10lld %-10s %d/%-6d %-14lld %s\n", static_cast<long long>(c.step()),
+                    c.committed() ? "yes" : "no", c.ranks_reported(), c.world_size(),
+                    static_cast<long long>(c.total_bytes()), c.path().c_str());
+      }
+      return 0;
+    }
+    loom::v1::ConsolidateCheckpointRequest req;
+    req.set_job_id(arg);
+    req.set_step(absl::GetFlag(FLAGS_step));
+    req.set_output_dir(absl::GetFlag(FLAGS_output_dir));
+    loom::v1::ConsolidateCheckpointResponse resp;
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
+    grpc::Status s = stub->ConsolidateCheckpoint(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    std::printf("consolidated step %lld: %lld tensors, %lld bytes\nsafetensors: %s\nconfig:      %s\n",
+                static_cast<long long>(resp.step()), static_cast<long long>(resp.num_tensors()),
+                static_cast<long long>(resp.total_bytes()), resp.safetensors_path().c_str(),
+                resp.config_path().c_str());
+    return 0;
+  }
+
+  auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
+  if (!addr.ok()) return Fail(addr.status());
+  auto stub =
+      loom::v1::JobService::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+
+  if (cmd == "submit") {
+    if (!need_arg("JOB.yaml")) return 2;
+    auto spec = loom::cli::ReadJobSpecFile(arg);
+    if (!spec.ok()) {
+      return Fail(absl::IsNotFound(spec.status()) ? absl::InvalidArgumentError(spec.status().message())
+                                                  : spec.status());
+    }
+    loom::v1::SubmitJobRequest req;
+    *req.mutable_spec() = *spec;
+    loom::v1::SubmitJobResponse resp;
+    grpc::Status s = stub->SubmitJob(Context().get(), req, &resp);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    std::printf("%s\n", resp.job().id().c_str());
+    std::fflush(stdout);
+    if (absl::GetFlag(FLAGS_wait)) return Wait(*stub, resp.job().id());
+    return 0;
+  }
+  if (cmd == "get") {
+    if (!need_arg("JOB_ID")) return 2;
+    loom::v1::GetJobRequest req;
+    req.set_job_id(arg);
+    Job job;
+    grpc::Status s = stub->GetJob(Context().get(), req, &job);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", ToJson(job).c_str());
+    } else {
+      PrintJob(job);
+    }
+    return 0;
+  }
+  if (cmd == "list") {
+    loom::v1::ListJobsRequest req;
+    std::string phase = absl::GetFlag(FLAGS_phase);
+    if (!phase.empty()) {
+      loom::v1::JobPhase p;
+      if (!loom::v1::JobPhase_Parse(absl::StrCat("JOB_PHASE_", phase), &p)) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--phase: unknown phase '", phase, "'")));
+      }
+      req.set_phase(p);
+    }
+    loom::v1::ListJobsResponse resp;
+    grpc::Status s = stub->ListJobs(Context().get(), req, &resp);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", ToJson(resp).c_str());
+      return 0;
+    }
+    std::printf("%-16s %-20s %-10s %-6s %-12s %s\n", "ID", "NAME", "PHASE", "RANKS", "STEP", "LOSS");
+    for (const Job& j : resp.jobs()) {
+      std::printf("%-16s %-20s %-10s %-6d %-12s %.4f\n", j.id().c_str(), j.spec().name().c_str(),
+                  PhaseName(j.phase()).c_str(), j.spec().resources().num_ranks(),
+                  absl::StrCat(j.progress().step(), "/", j.spec().training().steps()).c_str(),
+                  j.progress().loss());
+    }
+    return 0;
+  }
+  if (cmd == "cancel") {
+    if (!need_arg("JOB_ID")) return 2;
+    loom::v1::CancelJobRequest req;
+    req.set_job_id(arg);
+    Job job;
+    grpc::Status s = stub->CancelJob(Context().get(), req, &job);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    std::printf("%s %s\n", job.id().c_str(), PhaseName(job.phase()).c_str());
+    return 0;
+  }
+  if (cmd == "wait") {
+    if (!need_arg("JOB_ID")) return 2;
+    return Wait(*stub, arg);
+  }
+  std::fprintf(stderr, "loomctl: unknown command '%s'\n%s\n", cmd.c_str(),
+               absl::ProgramUsageMessage().data());
+  return 2;
+}

@@ -1,0 +1,145 @@
+// loom-worker: one daemon per node. Registers the node's inventory with loom-scheduler,
+// heartbeats, and runs one loom-trainer process per assigned rank.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <memory>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "proto/worker_service.grpc.pb.h"
+#include "worker/worker_daemon.h"
+
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC address");
+ABSL_FLAG(std::string, node_id, "", "unique node id (default: hostname-pid)");
+ABSL_FLAG(int, slots, 1, "rank slots this node offers");
+ABSL_FLAG(std::string, accelerator, "cpu", "accelerator kind: cpu, h100, h200, gh200");
+ABSL_FLAG(std::string, address, "127.0.0.1",
+          "address other nodes use to reach this node's ranks (rendezvous host)");
+ABSL_FLAG(std::string, trainer, "", "path of the loom-trainer executable (required)");
+ABSL_FLAG(std::string, work_dir, "", "directory for rank specs and logs (required)");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbeat period");
+ABSL_FLAG(std::string, host, "127.0.0.1", "host for the /metrics endpoint");
+ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
+ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
+
+namespace {
+
+// SchedulerClient over gRPC. Every call carries a deadline.
+class GrpcSchedulerClient : public loom::worker::SchedulerClient {
+ public:
+  explicit GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel)
+      : stub_(loom::v1::WorkerService::NewStub(channel)) {}
+
+  absl::StatusOr<loom::v1::RegisterWorkerResponse> RegisterWorker(
+      const loom::v1::RegisterWorkerRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    loom::v1::RegisterWorkerResponse resp;
+    grpc::Status s = stub_->RegisterWorker(&ctx, request, &resp);
+    if (!s.ok()) return loom::FromGrpcStatus(s);
+    return resp;
+  }
+
+  absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(
+      const loom::v1::HeartbeatRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    loom::v1::HeartbeatResponse resp;
+    grpc::Status s = stub_->Heartbeat(&ctx, request, &resp);
+    if (!s.ok()) return loom::FromGrpcStatus(s);
+    return resp;
+  }
+
+ private:
+  std::unique_ptr<loom::v1::WorkerService::Stub> stub_;
+};
+
+absl::StatusOr<loom::v1::AcceleratorKind> ParseAccelerator(const std::string& s) {
+  if (s == "cpu") return loom::v1::ACCELERATOR_KIND_CPU;
+  if (s == "h100") return loom::v1::ACCELERATOR_KIND_H100;
+  if (s == "h200") return loom::v1::ACCELERATOR_KIND_H200;
+  if (s == "gh200") return loom::v1::ACCELERATOR_KIND_GH200;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--accelerator: unknown kind '", s, "' (want cpu, h100, h200 or gh200)"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // Block SIGTERM/SIGINT in every thread; a dedicated thread waits for them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  auto accelerator = ParseAccelerator(absl::GetFlag(FLAGS_accelerator));
+  if (!accelerator.ok()) {
+    LOG(ERROR) << accelerator.status();
+    return 2;
+  }
+  char hostname[256] = {0};
+  ::gethostname(hostname, sizeof(hostname) - 1);
+  loom::worker::WorkerOptions options;
+  options.node_id = absl::GetFlag(FLAGS_node_id);
+  if (options.node_id.empty()) options.node_id = absl::StrCat(hostname, "-", ::getpid());
+  options.inventory.set_accelerator(*accelerator);
+  options.inventory.set_slots(absl::GetFlag(FLAGS_slots));
+  options.inventory.set_hostname(hostname);
+  options.inventory.set_address(absl::GetFlag(FLAGS_address));
+  options.inventory.set_host_memory_bytes(static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                          ::sysconf(_SC_PAGE_SIZE));
+  options.trainer_path = absl::GetFlag(FLAGS_trainer);
+  options.work_dir = absl::GetFlag(FLAGS_work_dir);
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  if (absl::Status s = options.Validate(); !s.ok()) {
+    LOG(ERROR) << "invalid flags: " << s;
+    return 2;
+  }
+  if (::access(options.trainer_path.c_str(), X_OK) != 0) {
+    LOG(ERROR) << "--trainer: " << options.trainer_path << " is not an executable file";
+    return 2;
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  loom::worker::WorkerMetrics metrics(*registry);
+  auto endpoint = loom::MetricsEndpoint::Start(absl::GetFlag(FLAGS_host),
+                                               absl::GetFlag(FLAGS_metrics_port), registry);
+  if (!endpoint.ok()) {
+    LOG(ERROR) << endpoint.status();
+    return 1;
+  }
+  GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler),
+                                                 grpc::InsecureChannelCredentials()));
+  loom::worker::WorkerDaemon daemon(options, &client, &metrics);
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    LOG(INFO) << "signal " << sig << ": stopping ranks and shutting down";
+    daemon.Shutdown();
+  });
+  absl::Status ready = loom::AnnounceReady(
+      {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
+  if (!ready.ok()) {
+    LOG(ERROR) << ready;
+    return 1;
+  }
+  LOG(INFO) << "loom-worker " << options.node_id << " serving metrics at " << (*endpoint)->url()
+            << ", scheduler " << absl::GetFlag(FLAGS_scheduler);
+  daemon.Run();
+  // Run() returns only after Shutdown(), i.e. after the signal thread ran.
+  signal_thread.join();
+  return 0;
+}
