@@ -141,6 +141,13 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
       return with_file(s);
     }
   }
+  // Accelerator kinds may be written short ("cpu", "h200") as in the worker's --accelerator flag.
+  if (j.contains("resources") && j["resources"].is_object() &&
+      j["resources"].contains("accelerator") && j["resources"]["accelerator"].is_string()) {
+    std::string kind = absl::AsciiStrToUpper(j["resources"]["accelerator"].get<std::string>());
+    if (kind.rfind("ACCELERATOR_KIND_", 0) != 0) kind = absl::StrCat("ACCELERATOR_KIND_", kind);
+    j["resources"]["accelerator"] = kind;
+  }
   std::string unknown = FirstUnknownField(j, loom::v1::JobSpec::descriptor(), "");
   if (!unknown.empty()) return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", unknown));
 

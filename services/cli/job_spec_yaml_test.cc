@@ -27,7 +27,7 @@ deepspeed_config:
     type: AdamW
     params: {lr: 0.001, betas: [0.9, 0.95]}
   zero_optimization: {stage: 3}
-resources: {num_ranks: 2}
+resources: {num_ranks: 2, accelerator: cpu}
 training: {steps: 20, sequence_length: 64, seed: 7}
 checkpoint: {interval_steps: 10, consolidate_on_success: true}
 )";
@@ -48,6 +48,7 @@ TEST(JobSpecYamlTest, ParsesEveryField) {
             0.95);
   EXPECT_EQ(ds.at("zero_optimization").struct_value().fields().at("stage").number_value(), 3);
   EXPECT_EQ(spec->resources().num_ranks(), 2);
+  EXPECT_EQ(spec->resources().accelerator(), loom::v1::ACCELERATOR_KIND_CPU);
   EXPECT_EQ(spec->training().steps(), 20);
   EXPECT_EQ(spec->training().seed(), 7u);
   EXPECT_EQ(spec->checkpoint().interval_steps(), 10);
@@ -98,6 +99,22 @@ TEST(JobSpecYamlTest, DeepSpeedConfigFromJsonFile) {
   auto missing = JobSpecFromYaml("name: x\ndeepspeed_config: nope.json\n", dir);
   ASSERT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(missing.status().message().find("deepspeed_config: cannot read"), std::string::npos);
+}
+
+TEST(JobSpecYamlTest, UnknownAcceleratorIsInvalidArgument) {
+  auto spec = JobSpecFromYaml("resources: {accelerator: tpu}\n", ".");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+}
+
+TEST(JobSpecYamlTest, ExampleJobOfTheReadmeParses) {
+  auto spec = ReadJobSpecFile(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/loom/examples/fortunes-llama/job.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->resources().num_ranks(), 2);
+  EXPECT_EQ(spec->model().config().fields().at("hidden_size").number_value(), 384);
+  EXPECT_EQ(spec->deepspeed_config()
+                .fields().at("zero_optimization").struct_value().fields().at("stage").number_value(),
+            3);
 }
 
 TEST(JobSpecYamlTest, QuotedNumbersStayStrings) {

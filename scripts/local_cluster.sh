@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A local Loom cluster on loopback: loom-scheduler, loom-checkpoint and N loom-worker daemons,
+# each on OS-chosen ports. State lives under $LOOM_HOME (default ./.loom): SQLite file,
+# checkpoints, rank logs, daemon logs, ready files (cluster/*.json) that loomctl reads.
+#
+#   scripts/local_cluster.sh start [--workers N] [--slots S]   start (builds nothing; see README)
+#   scripts/local_cluster.sh status                             print daemons and metrics URLs
+#   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOOM_HOME="${LOOM_HOME:-$ROOT/.loom}"
+BIN="${LOOM_BIN:-$ROOT/bazel-bin}"
+CLUSTER="$LOOM_HOME/cluster"
+LOGS="$LOOM_HOME/logs"
+
+ready_field() {  # ready_field FILE FIELD
+  sed -n "s/.*\"$2\":\"\\([^\"]*\\)\".*/\\1/p" "$1"
+}
+
+wait_ready() {  # wait_ready NAME FILE PID
+  local deadline=$((SECONDS + 30))
+  while [ ! -s "$2" ]; do
+    if ! kill -0 "$3" 2>/dev/null; then
+      echo "local_cluster: $1 exited during startup; last log lines:" >&2
+      tail -n 20 "$LOGS/$1.log" >&2 || true
+      return 1
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      echo "local_cluster: $1 not ready after 30 s (see $LOGS/$1.log)" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+
+start_daemon() {  # start_daemon NAME BINARY ARGS...
+  local name=$1; shift
+  local bin=$1; shift
+  if [ ! -x "$bin" ]; then
+    echo "local_cluster: $bin is missing; build first: bazel build //services/... //worker/trainer:loom-trainer" >&2
+    return 1
+  fi
+  rm -f "$CLUSTER/$name.json"
+  setsid "$bin" "$@" --ready_file="$CLUSTER/$name.json" >"$LOGS/$name.log" 2>&1 < /dev/null &
+  local pid=$!
+  echo "$pid" > "$CLUSTER/$name.pid"
+  wait_ready "$name" "$CLUSTER/$name.json" "$pid"
+}
+
+cmd_start() {
+  local workers=2 slots=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --workers) workers=$2; shift 2 ;;
+      --slots) slots=$2; shift 2 ;;
+      *) echo "local_cluster: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  if ls "$CLUSTER"/*.pid >/dev/null 2>&1; then
+    echo "local_cluster: a cluster seems to be running already (use stop first)" >&2
+    exit 1
+  fi
+  mkdir -p "$CLUSTER" "$LOGS" "$LOOM_HOME/checkpoints" "$LOOM_HOME/work"
+  trap 'echo "local_cluster: startup failed, stopping what started" >&2; cmd_stop' ERR
+  start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
+    --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints"
+  local sched
+  sched=$(ready_field "$CLUSTER/scheduler.json" grpc_address)
+  start_daemon checkpoint "$BIN/services/checkpoint/loom-checkpoint" \
+    --checkpoint_root="$LOOM_HOME/checkpoints"
+  for i in $(seq 0 $((workers - 1))); do
+    start_daemon "worker-$i" "$BIN/services/worker/loom-worker" \
+      --scheduler="$sched" --node_id="worker-$i" --slots="$slots" \
+      --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$i"
+  done
+  trap - ERR
+  cmd_status
+}
+
+cmd_status() {
+  local any=0
+  for f in "$CLUSTER"/*.json; do
+    [ -e "$f" ] || continue
+    any=1
+    local name; name=$(basename "$f" .json)
+    local pid; pid=$(cat "$CLUSTER/$name.pid" 2>/dev/null || echo "?")
+    local grpc; grpc=$(ready_field "$f" grpc_address)
+    local state=running
+    kill -0 "$pid" 2>/dev/null || state=dead
+    printf '%-12s pid %-7s %-8s grpc %-22s %s\n' "$name" "$pid" "$state" "${grpc:--}" \
+      "$(ready_field "$f" metrics_url)"
+  done
+  [ $any -eq 1 ] || echo "local_cluster: no cluster under $LOOM_HOME"
+}
+
+cmd_stop() {
+  local pids=()
+  # Workers first (they stop their ranks), then the checkpoint service and the scheduler.
+  for f in "$CLUSTER"/worker-*.pid "$CLUSTER"/checkpoint.pid "$CLUSTER"/scheduler.pid; do
+    [ -e "$f" ] || continue
+    local pid; pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); fi
+  done
+  local deadline=$((SECONDS + 15))
+  for pid in "${pids[@]+"${pids[@]}"}"; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "local_cluster: pid $pid ignored SIGTERM; killing its process group" >&2
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
+  rm -f "$CLUSTER"/*.pid "$CLUSTER"/*.json
+  echo "local_cluster: stopped (${#pids[@]} daemons)"
+}
+
+case "${1:-}" in
+  start) shift; cmd_start "$@" ;;
+  status) cmd_status ;;
+  stop) cmd_stop ;;
+  *) echo "usage: $0 start [--workers N] [--slots S] | status | stop" >&2; exit 2 ;;
+esac
