@@ -1,0 +1,266 @@
+// End to end: the real loom-scheduler, loom-checkpoint and two loom-worker daemons on loopback
+// (OS-chosen ports), real loom-trainer rank processes doing ZeRO-3 over Gloo, a real SQLite file.
+// A small job goes client -> scheduler -> workers -> ranks -> checkpoint shards -> consolidated
+// safetensors, which an independent PyTorch script then checks against the trainer's logits.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <memory>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/job_service.grpc.pb.h"
+#include "services/cli/job_spec_yaml.h"
+#include "storage/safetensors/safetensors.h"
+#include "tests/testing/subprocess.h"
+
+namespace loom {
+namespace {
+
+using ::loom::testing::RunfilePath;
+using ::loom::testing::Subprocess;
+
+constexpr char kTinyJob[] = R"(
+name: e2e-tiny
+model:
+  config:
+    vocab_size: 256
+    hidden_size: 48
+    intermediate_size: 128
+    num_hidden_layers: 2
+    num_attention_heads: 4
+    num_key_value_heads: 2
+    max_position_embeddings: 64
+    rms_norm_eps: 1.0e-5
+    rope_theta: 10000
+    tie_word_embeddings: true
+dataset: {name: fortunes}
+deepspeed_config:
+  train_micro_batch_size_per_gpu: 4
+  gradient_accumulation_steps: 1
+  gradient_clipping: 1.0
+  optimizer: {type: AdamW, params: {lr: 0.003, betas: [0.9, 0.95], weight_decay: 0.01}}
+  zero_optimization: {stage: 3}
+resources: {num_ranks: 2, accelerator: cpu}
+training: {steps: 8, sequence_length: 32, seed: 5, eval_batches: 2}
+checkpoint: {interval_steps: 4}
+)";
+
+class ClusterE2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tmp_ = std::getenv("TEST_TMPDIR");
+    ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
+    ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
+    scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler",
+                             {absl::StrCat("--db=", tmp_, "/loom.db"),
+                              absl::StrCat("--checkpoint_root=", ckpt_root_)},
+                             &scheduler_info_);
+    checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
+                              {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
+    for (int i = 0; i < 2; ++i) {
+      ReadyInfo info;
+      workers_.push_back(StartDaemon(
+          absl::StrCat("worker-", i), "services/worker/loom-worker",
+          {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
+           absl::StrCat("--node_id=worker-", i), "--slots=1",
+           absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
+           absl::StrCat("--work_dir=", tmp_, "/work-", i), "--heartbeat_interval=200ms"},
+          &info));
+      worker_infos_.push_back(info);
+    }
+    jobs_ = loom::v1::JobService::NewStub(
+        grpc::CreateChannel(scheduler_info_.grpc_address, grpc::InsecureChannelCredentials()));
+    checkpoints_ = loom::v1::CheckpointService::NewStub(
+        grpc::CreateChannel(checkpoint_info_.grpc_address, grpc::InsecureChannelCredentials()));
+  }
+
+  std::unique_ptr<Subprocess> StartDaemon(const std::string& name, const std::string& binary,
+                                          std::vector<std::string> args, ReadyInfo* info) {
+    std::string ready = absl::StrCat(tmp_, "/", name, ".ready.json");
+    args.insert(args.begin(), RunfilePath(binary));
+    args.push_back(absl::StrCat("--ready_file=", ready));
+    auto p = Subprocess::Start(args, absl::StrCat(tmp_, "/", name, ".log"));
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return nullptr;
+    auto proc = std::make_unique<Subprocess>(std::move(*p));
+    auto r = testing::WaitReady(*proc, ready);
+    EXPECT_TRUE(r.ok()) << name << ": " << r.status();
+    if (r.ok()) *info = *r;
+    return proc;
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return ctx;
+  }
+
+  loom::v1::Job Submit(const std::string& yaml) {
+    auto spec = cli::JobSpecFromYaml(yaml, tmp_);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    loom::v1::SubmitJobRequest req;
+    *req.mutable_spec() = *spec;
+    loom::v1::SubmitJobResponse resp;
+    grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.job();
+  }
+
+  // Polls until the job reaches `phase` (or any terminal phase); fails after `timeout`.
+  loom::v1::Job WaitFor(const std::string& id, loom::v1::JobPhase phase,
+                        absl::Duration timeout = absl::Minutes(4)) {
+    absl::Time deadline = absl::Now() + timeout;
+    loom::v1::Job job;
+    while (absl::Now() < deadline) {
+      loom::v1::GetJobRequest req;
+      req.set_job_id(id);
+      grpc::Status s = jobs_->GetJob(Ctx().get(), req, &job);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      if (job.phase() == phase) return job;
+      if (job.phase() == loom::v1::JOB_PHASE_SUCCEEDED || job.phase() == loom::v1::JOB_PHASE_FAILED ||
+          job.phase() == loom::v1::JOB_PHASE_CANCELLED) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    ADD_FAILURE() << "job " << id << " is " << loom::v1::JobPhase_Name(job.phase()) << " ("
+                  << job.message() << "), wanted " << loom::v1::JobPhase_Name(phase)
+                  << "\nworker-0 log:\n" << testing::Tail(workers_[0]->log_path())
+                  << "\nscheduler log:\n" << testing::Tail(scheduler_->log_path());
+    return job;
+  }
+
+  std::string tmp_, ckpt_root_;
+  ReadyInfo scheduler_info_, checkpoint_info_;
+  std::vector<ReadyInfo> worker_infos_;
+  std::unique_ptr<Subprocess> scheduler_, checkpoint_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::unique_ptr<loom::v1::JobService::Stub> jobs_;
+  std::unique_ptr<loom::v1::CheckpointService::Stub> checkpoints_;
+};
+
+TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
+  loom::v1::Job job = Submit(kTinyJob);
+  ASSERT_FALSE(job.id().empty());
+  EXPECT_EQ(job.phase(), loom::v1::JOB_PHASE_PENDING);
+
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED);
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(job.progress().step(), 8);
+  EXPECT_GT(job.progress().tokens_per_second(), 0);
+  ASSERT_TRUE(job.progress().has_eval_loss());
+  // Byte-level model at initialisation: held-out loss near ln(256) = 5.545.
+  EXPECT_NEAR(job.progress().initial_eval_loss(), 5.545, 0.3);
+  EXPECT_LT(job.progress().eval_loss(), job.progress().initial_eval_loss());
+  // The gang spans both single-slot workers.
+  ASSERT_EQ(job.rank_nodes_size(), 2);
+  EXPECT_EQ(std::set<std::string>(job.rank_nodes().begin(), job.rank_nodes().end()).size(), 2u);
+
+  // Both checkpoints are committed.
+  loom::v1::ListCheckpointsRequest list_req;
+  list_req.set_job_id(job.id());
+  loom::v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok());
+  ASSERT_EQ(list.checkpoints_size(), 2);
+  EXPECT_EQ(list.checkpoints(0).step(), 4);
+  EXPECT_EQ(list.checkpoints(1).step(), 8);
+  for (const auto& c : list.checkpoints()) {
+    EXPECT_TRUE(c.committed());
+    EXPECT_EQ(c.world_size(), 2);
+  }
+
+  loom::v1::ConsolidateCheckpointRequest cons_req;
+  cons_req.set_job_id(job.id());
+  loom::v1::ConsolidateCheckpointResponse cons;
+  grpc::Status cs = checkpoints_->ConsolidateCheckpoint(Ctx().get(), cons_req, &cons);
+  ASSERT_TRUE(cs.ok()) << cs.error_message();
+  EXPECT_EQ(cons.step(), 8);
+
+  // The file passes the safetensors validator and holds the HF Llama tensors (tied: no lm_head).
+  auto file = storage::SafetensorsFile::Open(cons.safetensors_path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->metadata().at("format"), "pt");
+  const auto* embed = (*file)->Find("model.embed_tokens.weight");
+  ASSERT_NE(embed, nullptr);
+  EXPECT_EQ(embed->dtype, "F32");
+  EXPECT_EQ(embed->shape, (std::vector<int64_t>{256, 48}));
+  const auto* k = (*file)->Find("model.layers.1.self_attn.k_proj.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->shape, (std::vector<int64_t>{24, 48}));  // 2 KV heads x head_dim 12
+  EXPECT_EQ((*file)->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ((*file)->tensors().size(), 1u + 2u * 9u + 1u);
+
+  // Independent check with Debian's PyTorch: rebuild the model from the export and compare logits.
+  std::string model_dir = cons.safetensors_path().substr(0, cons.safetensors_path().rfind('/'));
+  std::string cmd = absl::StrCat("/usr/bin/python3 ", RunfilePath("tests/python/check_export.py"),
+                                 " --model_dir ", model_dir, " --logits ", job.checkpoint_dir(),
+                                 "/final_logits.json --atol 1e-4 > ", tmp_, "/check_export.log 2>&1");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::Tail(absl::StrCat(tmp_, "/check_export.log"));
+
+  // Every daemon serves Prometheus metrics, including the trainer's step, loss and tokens/s.
+  auto sched_metrics = testing::HttpGet(scheduler_info_.metrics_url);
+  ASSERT_TRUE(sched_metrics.ok()) << sched_metrics.status();
+  EXPECT_TRUE(absl::StrContains(*sched_metrics, "loom_jobs{phase=\"SUCCEEDED\"} 1"))
+      << *sched_metrics;
+  auto worker_metrics = testing::HttpGet(worker_infos_[0].metrics_url);
+  ASSERT_TRUE(worker_metrics.ok()) << worker_metrics.status();
+  for (const char* name : {"loom_trainer_step", "loom_trainer_loss", "loom_trainer_tokens_per_second",
+                           "loom_worker_heartbeats_total"}) {
+    EXPECT_TRUE(absl::StrContains(*worker_metrics, name)) << name << " missing:\n" << *worker_metrics;
+  }
+  auto ckpt_metrics = testing::HttpGet(checkpoint_info_.metrics_url);
+  ASSERT_TRUE(ckpt_metrics.ok()) << ckpt_metrics.status();
+  EXPECT_TRUE(absl::StrContains(*ckpt_metrics, "loom_checkpoint_consolidations_total"));
+}
+
+TEST_F(ClusterE2ETest, FailedRankFailsTheJobWithItsError) {
+  // A corpus file that exists (so admission accepts it) but is empty: every rank fails.
+  std::string empty = absl::StrCat(tmp_, "/empty.txt");
+  ASSERT_TRUE(WriteFileAtomically(empty, "").ok());
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("dataset: {name: fortunes}"), 25,
+               absl::StrCat("dataset: {name: custom, path: ", empty, "}"));
+  loom::v1::Job job = Submit(yaml);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_FAILED, absl::Minutes(2));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.message(), "rank")) << job.message();
+  EXPECT_TRUE(absl::StrContains(job.message(), "empty.txt")) << job.message();
+}
+
+TEST_F(ClusterE2ETest, CancelStopsRunningRanks) {
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 100000");
+  loom::v1::Job job = Submit(yaml);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
+  loom::v1::CancelJobRequest req;
+  req.set_job_id(job.id());
+  loom::v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), req, &cancelled).ok());
+  EXPECT_EQ(cancelled.phase(), loom::v1::JOB_PHASE_CANCELLED);
+  // The workers stop their ranks: no RUNNING rank left on either worker within 20 s.
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool stopped = false;
+  while (!stopped && absl::Now() < deadline) {
+    stopped = true;
+    for (const ReadyInfo& w : worker_infos_) {
+      auto m = testing::HttpGet(w.metrics_url);
+      ASSERT_TRUE(m.ok()) << m.status();
+      stopped &= absl::StrContains(*m, "loom_worker_ranks{state=\"RANK_STATE_RUNNING\"} 0");
+    }
+    if (!stopped) absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(stopped) << "ranks still running 20 s after cancel";
+  // A second cancel of an ended job is refused.
+  grpc::Status again = jobs_->CancelJob(Ctx().get(), req, &cancelled);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace loom
