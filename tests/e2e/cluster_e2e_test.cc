@@ -183,7 +183,7 @@ TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
   EXPECT_EQ(cons.step(), 8);
 
   // The file passes the safetensors validator and holds the HF Llama tensors (tied: no lm_head).
-  auto file = storage::SafetensorsFile::Open(cons.safetensors_path());
+  auto file = safetensors::Reader::Open(cons.safetensors_path());
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ((*file)->metadata().at("format"), "pt");
   const auto* embed = (*file)->Find("model.embed_tokens.weight");
