@@ -357,6 +357,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       JobRecord updated = job;
       if (st.rendezvous_port() > 0 && job.rendezvous_port == 0) {
         updated.rendezvous_port = st.rendezvous_port();
+        if (updated.phase == v1::JOB_PHASE_STARTING) {
+          updated.message = absl::StrCat("attempt ", job.attempt, ": rank 0 rendezvous at ",
+                                         NodeAddress(node_it->second), ":", st.rendezvous_port(),
+                                         "; waiting for every rank to run");
+        }
         LOG(INFO) << "job " << job.id << " attempt " << job.attempt << ": rank 0 rendezvous at "
                   << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
       }
@@ -366,7 +371,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
           updated.progress.set_total_steps(job.spec.training().steps());
         }
       }
-      if (updated.rendezvous_port != job.rendezvous_port ||
+      if (updated.rendezvous_port != job.rendezvous_port || updated.message != job.message ||
           !google::protobuf::util::MessageDifferencer::Equals(updated.progress, job.progress)) {
         RETURN_IF_ERROR(CommitJob(std::move(updated)));
       }
