@@ -472,6 +472,25 @@ TEST_F(SchedulerTest, SchedulingCycleIsTimed) {
   EXPECT_EQ(MetricValue(*registry_, "loom_scheduling_cycle_seconds"), 2);
 }
 
+TEST_F(SchedulerTest, EveryPhaseGaugeIsPresentFromTheStart) {
+  for (const char* phase : {"PENDING", "ADMITTED", "STARTING", "RUNNING", "RECOVERING",
+                            "STOPPING", "SUCCEEDED", "FAILED", "CANCELLED"}) {
+    EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", phase), 0) << phase;
+  }
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "live"), 0);
+  EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "free"), 0);
+  Register("node-a", 3);
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "live"), 1);
+  EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "free"), 3);
+  Job job = Submit(2);
+  Cycle();
+  EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "STARTING"), 1);
+  EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "PENDING"), 0);
+  EXPECT_EQ(MetricValue(*registry_, "loom_job_phase_transitions_total", "from", "PENDING"), 1);
+  EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "used"), 2);
+  EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "free"), 1);
+}
+
 TEST(SchedulerOptionsTest, Validate) {
   SchedulerOptions o;
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
