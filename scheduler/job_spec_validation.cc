@@ -1,0 +1,185 @@
+#include "scheduler/job_spec_validation.h"
+
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/engine/ds_config.h"
+#include "worker/engine/model_config.h"
+
+namespace loom {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+absl::Status Invalid(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Join(const std::string& prefix, absl::string_view field) {
+  return prefix.empty() ? std::string(field) : absl::StrCat(prefix, ".", field);
+}
+
+// Walks `msg` and its set sub-messages; the first message with unknown fields (fields a newer
+// client sent that this binary does not know) is reported with its path.
+absl::Status CheckNoUnknownFields(const Message& msg, const std::string& path) {
+  const Reflection* refl = msg.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = refl->GetUnknownFields(msg);
+  if (!unknown.empty()) {
+    std::vector<int> numbers;
+    for (int i = 0; i < unknown.field_count(); ++i) numbers.push_back(unknown.field(i).number());
+    return Invalid(path.empty() ? "spec" : path,
+                   absl::StrCat("unknown field number", numbers.size() > 1 ? "s " : " ",
+                                absl::StrJoin(numbers, ", "), " (", msg.GetTypeName(), ")"));
+  }
+  std::vector<const FieldDescriptor*> fields;
+  refl->ListFields(msg, &fields);
+  for (const FieldDescriptor* f : fields) {
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (f->is_repeated()) {
+      for (int i = 0; i < refl->FieldSize(msg, f); ++i) {
+        RETURN_IF_ERROR(CheckNoUnknownFields(refl->GetRepeatedMessage(msg, f, i),
+                                             absl::StrCat(Join(path, f->name()), "[", i, "]")));
+      }
+    } else {
+      RETURN_IF_ERROR(CheckNoUnknownFields(refl->GetMessage(msg, f), Join(path, f->name())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The engine's parsers already name fields "model.config.<field>"/"deepspeed_config.<key>";
+// anything that does not start with `prefix` gets it prepended so every error names its path.
+absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
+  if (s.ok() || absl::StartsWith(s.message(), prefix)) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
+}
+
+absl::StatusOr<std::string> StructToJson(const google::protobuf::Message& m,
+                                         absl::string_view path) {
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(m, &json);
+  if (!status.ok()) {
+    return Invalid(path, absl::StrCat("cannot convert to JSON: ", status.ToString()));
+  }
+  return json;
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const engine::LlamaConfig& model,
+                             const JobSpecValidationOptions& options) {
+  if (d.name().empty() && d.path().empty()) {
+    return Invalid("dataset", "dataset.name or dataset.path is required (e.g. name: fortunes)");
+  }
+  if (!d.path().empty()) {
+    if (!PathExists(d.path())) {
+      return Invalid("dataset.path", absl::StrCat("'", d.path(), "' does not exist"));
+    }
+  } else if (d.name() == "fortunes") {
+    if (!PathExists(options.fortunes_dir)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dataset.name: the built-in corpus 'fortunes' needs ", options.fortunes_dir,
+          ", which does not exist on the scheduler host (install Debian's fortunes package) or "
+          "set dataset.path"));
+    }
+  } else {
+    return Invalid("dataset.name", absl::StrCat("'", d.name(),
+                                                "' is not a built-in dataset (built-in: fortunes); "
+                                                "set dataset.path to its files"));
+  }
+  if (!d.tokenizer().empty() && d.tokenizer() != "byte") {
+    return Invalid("dataset.tokenizer",
+                   absl::StrCat("unknown tokenizer '", d.tokenizer(), "' (supported: byte)"));
+  }
+  if (model.vocab_size < 256) {
+    return Invalid("dataset.tokenizer",
+                   absl::StrCat("the byte tokenizer needs model.config.vocab_size >= 256, got ",
+                                model.vocab_size));
+  }
+  if (d.holdout_fraction() != 0.0 && !(d.holdout_fraction() > 0.0 && d.holdout_fraction() <= 0.5)) {
+    return Invalid("dataset.holdout_fraction",
+                   absl::StrCat("must be in (0, 0.5], got ", d.holdout_fraction()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTraining(const loom::v1::TrainingSpec& t, const engine::LlamaConfig& model) {
+  if (t.steps() < 1) return Invalid("training.steps", absl::StrCat("must be >= 1, got ", t.steps()));
+  if (t.sequence_length() < 2 || t.sequence_length() > model.max_position_embeddings) {
+    return Invalid("training.sequence_length",
+                   absl::StrCat("must be in [2, model.config.max_position_embeddings = ",
+                                model.max_position_embeddings, "], got ", t.sequence_length()));
+  }
+  if (t.eval_every_steps() < 0) {
+    return Invalid("training.eval_every_steps",
+                   absl::StrCat("must be >= 0, got ", t.eval_every_steps()));
+  }
+  if (t.eval_batches() < 0) {
+    return Invalid("training.eval_batches", absl::StrCat("must be >= 0, got ", t.eval_batches()));
+  }
+  if (t.threads_per_rank() < 0) {
+    return Invalid("training.threads_per_rank",
+                   absl::StrCat("must be >= 0, got ", t.threads_per_rank()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
+                             const JobSpecValidationOptions& options) {
+  RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
+
+  const loom::v1::ResourceSpec& r = spec.resources();
+  if (r.num_ranks() < 1) {
+    return Invalid("resources.num_ranks", absl::StrCat("must be >= 1, got ", r.num_ranks()));
+  }
+  if (!loom::v1::AcceleratorKind_IsValid(r.accelerator())) {
+    return Invalid("resources.accelerator", absl::StrCat("unknown kind ", r.accelerator()));
+  }
+
+  if (!spec.model().has_config()) {
+    return Invalid("model.config", "required (a Hugging Face Llama config.json object)");
+  }
+  ASSIGN_OR_RETURN(std::string model_json, StructToJson(spec.model().config(), "model.config"));
+  absl::StatusOr<engine::LlamaConfig> model = engine::ParseLlamaConfig(model_json);
+  if (!model.ok()) return WithPrefix(model.status(), "model.config");
+
+  RETURN_IF_ERROR(ValidateDataset(spec.dataset(), *model, options));
+  RETURN_IF_ERROR(ValidateTraining(spec.training(), *model));
+
+  if (!spec.has_deepspeed_config()) {
+    return Invalid("deepspeed_config",
+                   "required (a DeepSpeed ds_config.json object with at least "
+                   "train_micro_batch_size_per_gpu and optimizer)");
+  }
+  ASSIGN_OR_RETURN(std::string ds_json, StructToJson(spec.deepspeed_config(), "deepspeed_config"));
+  absl::StatusOr<engine::DeepSpeedConfig> ds = engine::ParseDeepSpeedConfig(ds_json, r.num_ranks());
+  if (!ds.ok()) return WithPrefix(ds.status(), "deepspeed_config");
+
+  if (spec.checkpoint().interval_steps() < 0) {
+    return Invalid("checkpoint.interval_steps",
+                   absl::StrCat("must be >= 0, got ", spec.checkpoint().interval_steps()));
+  }
+  if (spec.max_restarts() < 0) {
+    return Invalid("max_restarts", absl::StrCat("must be >= 0, got ", spec.max_restarts()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom

@@ -1,0 +1,47 @@
+// File: scheduler/job_spec_validation.h
+//
+// Admission-time validation of a JobSpec (DESIGN.md "A job's path", step 1): unknown fields and
+// inconsistent values are rejected with the offending field's path, before anything is
+// persisted. The model config and the DeepSpeed config are checked by the engine's own torch-free
+// parsers (//worker/engine:model_config, :ds_config), so the scheduler and the trainer agree on
+// what is valid.
+#ifndef LOOM_SCHEDULER_JOB_SPEC_VALIDATION_H_
+#define LOOM_SCHEDULER_JOB_SPEC_VALIDATION_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/common.pb.h"
+
+namespace loom {
+
+struct JobSpecValidationOptions {
+  // Where the built-in "fortunes" corpus lives when dataset.path is empty (Debian's `fortunes`
+  // package installs it here).
+  std::string fortunes_dir = "/usr/share/games/fortunes";
+};
+
+// Checks, in this order (the first failure is returned):
+//   * no unknown fields anywhere in the message ("<path>: unknown field number N");
+//   * resources.num_ranks >= 1; resources.accelerator a known kind;
+//   * model.config present and accepted by ParseLlamaConfig ("model.config.<field>: ...");
+//   * dataset.name or dataset.path present; a given path exists; name "fortunes" without a path
+//     needs options.fortunes_dir to exist (FAILED_PRECONDITION: a cluster setup problem, not
+//     the user's); other names need a path; tokenizer "" or "byte" (byte needs vocab_size >=
+//     256); holdout_fraction 0 (default) or in (0, 0.5];
+//   * training.steps >= 1; training.sequence_length in [2, max_position_embeddings];
+//     eval_every_steps, eval_batches, threads_per_rank >= 0;
+//   * deepspeed_config present and accepted by ParseDeepSpeedConfig for world size num_ranks
+//     ("deepspeed_config.<key>: ...");
+//   * checkpoint.interval_steps >= 0; max_restarts >= 0.
+// Errors: INVALID_ARGUMENT whose message starts with the field path, except the missing default
+// corpus above. Reads the file system (dataset paths). Thread-safe.
+absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
+                             const JobSpecValidationOptions& options);
+inline absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec) {
+  return ValidateJobSpec(spec, JobSpecValidationOptions());
+}
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_JOB_SPEC_VALIDATION_H_

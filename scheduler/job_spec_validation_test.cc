@@ -1,0 +1,212 @@
+#include "scheduler/job_spec_validation.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "scheduler/test_job_spec.h"
+
+namespace loom {
+namespace {
+
+using loom::v1::JobSpec;
+
+// Options whose fortunes corpus is a directory under $TEST_TMPDIR (hermetic: the test does not
+// depend on the host having the fortunes package).
+JobSpecValidationOptions TestOptions() {
+  JobSpecValidationOptions options;
+  options.fortunes_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/fortunes");
+  EXPECT_TRUE(MakeDirs(options.fortunes_dir).ok());
+  return options;
+}
+
+// Expects INVALID_ARGUMENT whose message starts with `path` and contains `detail`.
+void ExpectInvalid(const JobSpec& spec, const std::string& path, const std::string& detail = "") {
+  absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(std::string(s.message()).rfind(path, 0), 0u) << "want prefix '" << path << "': " << s;
+  EXPECT_NE(s.message().find(detail), std::string::npos) << "want '" << detail << "': " << s;
+}
+
+google::protobuf::Value Num(double v) {
+  google::protobuf::Value value;
+  value.set_number_value(v);
+  return value;
+}
+
+TEST(JobSpecValidationTest, ReferenceSpecIsValid) {
+  absl::Status s = ValidateJobSpec(ValidTestJobSpec(), TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(JobSpecValidationTest, ZeroRanks) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_num_ranks(0);
+  ExpectInvalid(spec, "resources.num_ranks", "got 0");
+}
+
+TEST(JobSpecValidationTest, UnknownAccelerator) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_accelerator(static_cast<loom::v1::AcceleratorKind>(99));
+  ExpectInvalid(spec, "resources.accelerator", "99");
+}
+
+TEST(JobSpecValidationTest, NegativeAndZeroSteps) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_training()->set_steps(-5);
+  ExpectInvalid(spec, "training.steps", "got -5");
+  spec.mutable_training()->set_steps(0);
+  ExpectInvalid(spec, "training.steps", "got 0");
+}
+
+TEST(JobSpecValidationTest, SequenceLengthBounds) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_training()->set_sequence_length(1);
+  ExpectInvalid(spec, "training.sequence_length", "got 1");
+  spec.mutable_training()->set_sequence_length(129);
+  ExpectInvalid(spec, "training.sequence_length", "max_position_embeddings = 128");
+  spec.mutable_training()->set_sequence_length(128);
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+  spec.mutable_training()->set_sequence_length(2);
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
+TEST(JobSpecValidationTest, OtherTrainingCounts) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_training()->set_eval_every_steps(-1);
+  ExpectInvalid(spec, "training.eval_every_steps");
+  spec = ValidTestJobSpec();
+  spec.mutable_training()->set_eval_batches(-1);
+  ExpectInvalid(spec, "training.eval_batches");
+  spec = ValidTestJobSpec();
+  spec.mutable_training()->set_threads_per_rank(-2);
+  ExpectInvalid(spec, "training.threads_per_rank");
+}
+
+TEST(JobSpecValidationTest, MissingDataset) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.clear_dataset();
+  ExpectInvalid(spec, "dataset", "dataset.name or dataset.path is required");
+}
+
+TEST(JobSpecValidationTest, DatasetPathMustExist) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_path(absl::StrCat(std::getenv("TEST_TMPDIR"), "/no-such-corpus"));
+  ExpectInvalid(spec, "dataset.path", "no-such-corpus' does not exist");
+  spec.mutable_dataset()->set_path(std::getenv("TEST_TMPDIR"));
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
+TEST(JobSpecValidationTest, FortunesWithoutItsDefaultDirectory) {
+  JobSpecValidationOptions options;
+  options.fortunes_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/not-installed");
+  absl::Status s = ValidateJobSpec(ValidTestJobSpec(), options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("dataset.name"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("not-installed"), std::string::npos) << s;
+}
+
+TEST(JobSpecValidationTest, UnknownBuiltInDatasetNeedsPath) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_name("wikitext");
+  ExpectInvalid(spec, "dataset.name", "'wikitext' is not a built-in dataset");
+}
+
+TEST(JobSpecValidationTest, TokenizerAndHoldout) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_tokenizer("bpe");
+  ExpectInvalid(spec, "dataset.tokenizer", "'bpe'");
+  spec = ValidTestJobSpec();
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["vocab_size"] = Num(100);
+  ExpectInvalid(spec, "dataset.tokenizer", "vocab_size >= 256, got 100");
+  spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_holdout_fraction(0.7);
+  ExpectInvalid(spec, "dataset.holdout_fraction", "(0, 0.5]");
+  spec.mutable_dataset()->set_holdout_fraction(0.5);
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
+TEST(JobSpecValidationTest, ModelConfigRequired) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.clear_model();
+  ExpectInvalid(spec, "model.config", "required");
+}
+
+TEST(JobSpecValidationTest, HeadsNotDivisibleByKvHeads) {
+  JobSpec spec = ValidTestJobSpec();
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["num_key_value_heads"] = Num(3);
+  ExpectInvalid(spec, "model.config.num_attention_heads", "num_key_value_heads");
+}
+
+TEST(JobSpecValidationTest, ModelConfigMissingField) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_model()->mutable_config()->mutable_fields()->erase("hidden_size");
+  ExpectInvalid(spec, "model.config.hidden_size");
+}
+
+TEST(JobSpecValidationTest, DeepSpeedConfigRequired) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.clear_deepspeed_config();
+  ExpectInvalid(spec, "deepspeed_config", "required");
+}
+
+TEST(JobSpecValidationTest, UnknownDeepSpeedKey) {
+  JobSpec spec = ValidTestJobSpec();
+  (*spec.mutable_deepspeed_config()->mutable_fields())["train_batch_sise"] = Num(8);
+  ExpectInvalid(spec, "deepspeed_config.train_batch_sise", "unknown");
+}
+
+TEST(JobSpecValidationTest, UnknownNestedDeepSpeedKey) {
+  JobSpec spec = ValidTestJobSpec();
+  auto& zero = (*spec.mutable_deepspeed_config()->mutable_fields())["zero_optimization"];
+  (*zero.mutable_struct_value()->mutable_fields())["stagee"] = Num(3);
+  ExpectInvalid(spec, "deepspeed_config.zero_optimization.stagee", "unknown");
+}
+
+TEST(JobSpecValidationTest, DeepSpeedBatchArithmeticUsesWorldSize) {
+  JobSpec spec = ValidTestJobSpec();
+  // 4 micro * 1 GAS * 2 ranks = 8, not 12.
+  (*spec.mutable_deepspeed_config()->mutable_fields())["train_batch_size"] = Num(12);
+  ExpectInvalid(spec, "deepspeed_config");
+  (*spec.mutable_deepspeed_config()->mutable_fields())["train_batch_size"] = Num(8);
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
+TEST(JobSpecValidationTest, NegativeCheckpointIntervalAndRestarts) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_checkpoint()->set_interval_steps(-1);
+  ExpectInvalid(spec, "checkpoint.interval_steps", "got -1");
+  spec = ValidTestJobSpec();
+  spec.set_max_restarts(-3);
+  ExpectInvalid(spec, "max_restarts", "got -3");
+  spec.set_max_restarts(2);
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
+TEST(JobSpecValidationTest, UnknownProtoFieldsAreNamed) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_training()->GetReflection()->MutableUnknownFields(spec.mutable_training())
+      ->AddVarint(99, 1);
+  ExpectInvalid(spec, "training", "unknown field number 99");
+
+  JobSpec top = ValidTestJobSpec();
+  top.GetReflection()->MutableUnknownFields(&top)->AddVarint(42, 7);
+  ExpectInvalid(top, "spec", "unknown field number 42");
+}
+
+TEST(JobSpecValidationTest, UnknownFieldsSurviveTheWire) {
+  // A newer client's field arrives as unknown bytes after parsing.
+  JobSpec spec = ValidTestJobSpec();
+  std::string wire = spec.SerializeAsString();
+  // Field 77 (varint) on the resources sub-message is easier to inject on the top level:
+  // tag = (77 << 3) | 0 = 616 -> varint 0xE8 0x04, value 1.
+  wire += std::string("\xE8\x04\x01", 3);
+  JobSpec parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire));
+  ExpectInvalid(parsed, "spec", "unknown field number 77");
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,45 @@
+// File: scheduler/job_state.h
+//
+// The job lifecycle state machine (DESIGN.md "Job model"). A job's user-facing phase is the proto
+// enum loom::v1::JobPhase; every phase change in the scheduler goes through Transition(), whose
+// allowed edges live in one table (job_state.cc). Terminal phases (SUCCEEDED, FAILED, CANCELLED)
+// are final: no edge leaves them.
+//
+//   UNSPECIFIED --submit--> PENDING
+//   PENDING    -> ADMITTED | STARTING | FAILED | CANCELLED
+//   ADMITTED   -> PENDING | STARTING | FAILED | CANCELLED
+//   STARTING   -> RUNNING | SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
+//   RUNNING    -> SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
+//   RECOVERING -> PENDING | STARTING | STOPPING | FAILED | CANCELLED
+//   STOPPING   -> FAILED | CANCELLED
+//
+// STARTING -> SUCCEEDED exists because a short job's ranks may finish before the scheduler has
+// seen all of them RUNNING. Self-edges are not transitions and are refused.
+#ifndef LOOM_SCHEDULER_JOB_STATE_H_
+#define LOOM_SCHEDULER_JOB_STATE_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/common.pb.h"
+
+namespace loom {
+
+// OK if `from` -> `to` is an allowed edge; FAILED_PRECONDITION naming both phases otherwise
+// (including every edge out of a terminal phase and every self-edge). Thread-safe (pure).
+absl::Status Transition(loom::v1::JobPhase from, loom::v1::JobPhase to);
+
+// True for SUCCEEDED, FAILED and CANCELLED.
+bool IsTerminal(loom::v1::JobPhase phase);
+
+// Short upper-case name without the prefix: "PENDING", "RUNNING", ... ("UNKNOWN" for values
+// outside the enum). Also used as the `phase` label of metrics.
+absl::string_view JobPhaseName(loom::v1::JobPhase phase);
+
+// Every phase of the enum except UNSPECIFIED, in enum order.
+const std::vector<loom::v1::JobPhase>& AllJobPhases();
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_JOB_STATE_H_

@@ -1,0 +1,166 @@
+// File: scheduler/scheduler.h
+//
+// Loom's scheduling core (DESIGN.md "A job's path", steps 2-6), plain C++ over a JobStore: no
+// gRPC, no LibTorch. The gRPC services (services/scheduler) are thin adapters over it.
+//
+//   * SubmitJob validates a spec (job_spec_validation.h), gives it an id "job-<8 hex>", and
+//     persists it PENDING in one store transaction before answering: an acknowledged job
+//     survives a restart.
+//   * RunSchedulingCycle (called by the daemon's loop every schedule interval) declares nodes
+//     lost whose last heartbeat is older than heartbeat_timeout, then walks PENDING jobs in
+//     submission order (FIFO per accelerator kind) and places each as a gang: all ranks at once
+//     or none, on live nodes of the job's accelerator kind with free slots, spreading ranks
+//     round-robin over nodes in node-id order. A job that cannot fit even on an empty cluster
+//     stays PENDING with reason "Unschedulable"; one that fits later blocks the jobs behind it
+//     of the same kind (no backfill, so big gangs do not starve).
+//   * Placement moves the job to STARTING and starts attempt + 1. Rendezvous: rank 0 is handed
+//     out at once with master_port 0 and master_addr = its node's inventory.address; rank 0
+//     reports the c10d TCPStore port it bound (RankStatus.rendezvous_port), which is persisted
+//     with the attempt; only then are ranks 1..N-1 handed out with that port. An assignment is
+//     re-sent in every heartbeat reply to its node until the worker reports that rank.
+//   * Heartbeat folds rank statuses into job state: all ranks RUNNING -> RUNNING; all
+//     SUCCEEDED -> SUCCEEDED; any rank FAILED (or stopped without being asked, or no longer
+//     reported by a worker that had reported it) -> FAILED with reason "RankFailed" and message
+//     "rank R on node X exited with code C: <error>"; the attempt's other ranks are told to
+//     stop. Rank 0's progress becomes the job's progress. A rank's slot is free again once the
+//     rank ended.
+//   * A lost node fails every job with a rank on it (class INFRA, reason "NodeLost").
+//     Restarting attempts from a checkpoint (max_restarts) is not implemented yet: failures are
+//     final.
+//   * Create() reloads every job and node from the store. Non-terminal jobs keep their
+//     placement; nodes get a fresh heartbeat_timeout of grace; workers re-report the ranks they
+//     run and are re-adopted. A heartbeat from an unknown or lost node is NOT_FOUND (the worker
+//     registers again).
+#ifndef LOOM_SCHEDULER_SCHEDULER_H_
+#define LOOM_SCHEDULER_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/common.pb.h"
+#include "proto/worker_service.pb.h"
+#include "scheduler/clock.h"
+#include "scheduler/job_spec_validation.h"
+#include "scheduler/scheduler_metrics.h"
+#include "storage/job_store.h"
+
+namespace loom {
+
+struct SchedulerOptions {
+  // Directory under which each job's checkpoints live (<checkpoint_root>/<job id>). Required.
+  std::string checkpoint_root;
+  // A node whose last heartbeat is older than this is declared lost. Default 10 s.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Heartbeat period the scheduler asks workers for (RegisterWorkerResponse). Must be shorter
+  // than heartbeat_timeout. Default 1 s.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  JobSpecValidationOptions validation;
+
+  // INVALID_ARGUMENT naming the field if the options are unusable.
+  absl::Status Validate() const;
+};
+
+// Thread-safe: every public method takes one internal mutex (store calls included).
+class Scheduler {
+ public:
+  // Loads every job and node from `store` (see the file comment for what recovery does).
+  // `store` and `clock` must outlive the scheduler; `metrics` may be null (no metrics) and
+  // must otherwise outlive it. INVALID_ARGUMENT for bad options; store errors as returned.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerOptions& options,
+                                                           JobStore* store, Clock* clock,
+                                                           SchedulerMetrics* metrics);
+
+  // Validates and persists a new PENDING job; returns it. INVALID_ARGUMENT (field path first)
+  // or FAILED_PRECONDITION from validation; store errors (e.g. UNAVAILABLE) as returned.
+  absl::StatusOr<loom::v1::Job> SubmitJob(const loom::v1::JobSpec& spec);
+
+  // NOT_FOUND if no such job.
+  absl::StatusOr<loom::v1::Job> GetJob(const std::string& job_id);
+
+  // Jobs in `phase` (UNSPECIFIED = all) in submission order.
+  absl::StatusOr<std::vector<loom::v1::Job>> ListJobs(loom::v1::JobPhase phase);
+
+  // Cancels a job: CANCELLED at once; its ranks are told to stop in their nodes' next heartbeat
+  // replies. NOT_FOUND if unknown; FAILED_PRECONDITION if the job already ended.
+  absl::StatusOr<loom::v1::Job> CancelJob(const std::string& job_id);
+
+  // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
+  // Returns the heartbeat interval. INVALID_ARGUMENT for an empty node id, slots < 1 or an
+  // unknown accelerator kind.
+  absl::StatusOr<absl::Duration> RegisterWorker(const std::string& node_id,
+                                                const loom::v1::NodeInventory& inventory);
+
+  // Records a node's heartbeat and rank statuses; returns the ranks it must start and stop.
+  // NOT_FOUND if the node is unknown or was declared lost (it must register again).
+  absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(const loom::v1::HeartbeatRequest& request);
+
+  // One scheduling pass: node liveness, then FIFO gang placement of PENDING jobs.
+  absl::Status RunSchedulingCycle();
+
+ private:
+  // What the scheduler knows of one rank of a job's current attempt. In memory only: rebuilt
+  // from the job's placement on restart and confirmed by the workers' next heartbeats.
+  struct RankRuntime {
+    int32_t attempt = 0;
+    std::string node_id;
+    loom::v1::RankState state = loom::v1::RANK_STATE_UNSPECIFIED;
+    bool reported = false;        // the worker has reported this rank at least once
+    bool stop_requested = false;  // the job ended; the worker must stop the rank
+  };
+  using RankKey = std::pair<std::string, int32_t>;  // (job id, rank)
+
+  Scheduler(SchedulerOptions options, JobStore* store, Clock* clock, SchedulerMetrics* metrics)
+      : options_(std::move(options)), store_(store), clock_(clock), metrics_(metrics) {}
+
+  absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persists `job` (checking its phase change against the state machine), then adopts it.
+  absl::Status CommitJob(JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `job_id` in `phase` (FAILED or CANCELLED) and asks its live ranks to stop.
+  absl::Status EndJob(const std::string& job_id, loom::v1::JobPhase phase,
+                      loom::v1::FailureClass failure_class, const std::string& reason,
+                      const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckNodeLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PlacePendingJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the job on when its ranks' states say so (RUNNING / SUCCEEDED).
+  absl::Status AdvanceJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets reason/message of a PENDING job, persisting only when they change.
+  absl::Status SetPendingReason(const std::string& job_id, const std::string& reason,
+                                const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slots in use on `node_id` (ranks that have not ended).
+  int UsedSlots(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewJobId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Immutable after construction.
+  const SchedulerOptions options_;
+  JobStore* const store_;
+  Clock* const clock_;
+  SchedulerMetrics* const metrics_;
+
+  // Guarded by mu_. jobs_ and nodes_ mirror the store (written through on every change).
+  absl::Mutex mu_;
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);         // by id
+  std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
+  std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
+  std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+};
+
+// The API view of a stored job.
+loom::v1::Job JobRecordToProto(const JobRecord& record);
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_SCHEDULER_H_

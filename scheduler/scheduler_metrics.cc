@@ -1,0 +1,83 @@
+#include "scheduler/scheduler_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <string>
+
+#include "scheduler/job_state.h"
+
+namespace loom {
+
+SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
+  auto& jobs = prometheus::BuildGauge()
+                   .Name("loom_jobs")
+                   .Help("Jobs known to the scheduler, by phase.")
+                   .Register(registry);
+  for (loom::v1::JobPhase phase : AllJobPhases()) {
+    jobs_by_phase_[phase] = &jobs.Add({{"phase", std::string(JobPhaseName(phase))}});
+  }
+  submitted_ = &prometheus::BuildCounter()
+                    .Name("loom_jobs_submitted_total")
+                    .Help("Jobs accepted by SubmitJob.")
+                    .Register(registry)
+                    .Add({});
+  transitions_family_ = &prometheus::BuildCounter()
+                             .Name("loom_job_phase_transitions_total")
+                             .Help("Job phase changes, by source and destination phase.")
+                             .Register(registry);
+  auto& nodes = prometheus::BuildGauge()
+                    .Name("loom_nodes")
+                    .Help("Registered worker nodes, by liveness.")
+                    .Register(registry);
+  nodes_live_ = &nodes.Add({{"state", "live"}});
+  nodes_lost_ = &nodes.Add({{"state", "lost"}});
+  cycle_seconds_ = &prometheus::BuildHistogram()
+                        .Name("loom_scheduling_cycle_seconds")
+                        .Help("Wall time of one scheduling cycle (liveness check + placement).")
+                        .Register(registry)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                     0.05, 0.1, 0.25, 0.5, 1.0});
+  auto& slots = prometheus::BuildGauge()
+                    .Name("loom_rank_slots")
+                    .Help("Rank slots on live worker nodes, by state.")
+                    .Register(registry);
+  slots_free_ = &slots.Add({{"state", "free"}});
+  slots_used_ = &slots.Add({{"state", "used"}});
+}
+
+void SchedulerMetrics::SetJobCounts(const std::map<loom::v1::JobPhase, int>& counts) {
+  for (auto& [phase, gauge] : jobs_by_phase_) {
+    auto it = counts.find(phase);
+    gauge->Set(it == counts.end() ? 0 : it->second);
+  }
+}
+
+void SchedulerMetrics::JobSubmitted() { submitted_->Increment(); }
+
+void SchedulerMetrics::PhaseTransition(loom::v1::JobPhase from, loom::v1::JobPhase to) {
+  // Family::Add is thread-safe and returns the existing series for known labels.
+  transitions_family_
+      ->Add({{"from", std::string(JobPhaseName(from))}, {"to", std::string(JobPhaseName(to))}})
+      .Increment();
+}
+
+void SchedulerMetrics::SetNodes(int live, int lost) {
+  nodes_live_->Set(live);
+  nodes_lost_->Set(lost);
+}
+
+void SchedulerMetrics::ObserveSchedulingCycle(absl::Duration duration) {
+  cycle_seconds_->Observe(absl::ToDoubleSeconds(duration));
+}
+
+void SchedulerMetrics::SetRankSlots(int free, int used) {
+  slots_free_->Set(free);
+  slots_used_->Set(used);
+}
+
+}  // namespace loom

@@ -1,0 +1,63 @@
+// File: scheduler/scheduler_metrics.h
+//
+// The scheduler's Prometheus metrics, built once from an injected registry (STYLE.md habit 17;
+// names follow CONTROL-PLANE.md §2.8: `loom_` prefix, `_total` counters, base units, bounded
+// labels, never a job id):
+//   loom_jobs{phase}                          gauge: jobs per phase (every phase always present)
+//   loom_jobs_submitted_total                 counter: accepted SubmitJob calls
+//   loom_job_phase_transitions_total{from,to} counter: phase changes (from "UNSPECIFIED" on submit)
+//   loom_nodes{state="live|lost"}             gauge: registered worker nodes
+//   loom_scheduling_cycle_seconds             histogram: duration of one scheduling cycle
+//   loom_rank_slots{state="free|used"}        gauge: rank slots on live nodes
+#ifndef LOOM_SCHEDULER_SCHEDULER_METRICS_H_
+#define LOOM_SCHEDULER_SCHEDULER_METRICS_H_
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/common.pb.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace loom {
+
+// Thread-safe. `registry` must outlive this object.
+class SchedulerMetrics {
+ public:
+  explicit SchedulerMetrics(prometheus::Registry& registry);
+  SchedulerMetrics(const SchedulerMetrics&) = delete;
+  SchedulerMetrics& operator=(const SchedulerMetrics&) = delete;
+
+  // Sets loom_jobs{phase} for every phase; phases missing from `counts` are set to 0.
+  void SetJobCounts(const std::map<loom::v1::JobPhase, int>& counts);
+  void JobSubmitted();
+  void PhaseTransition(loom::v1::JobPhase from, loom::v1::JobPhase to);
+  void SetNodes(int live, int lost);
+  void ObserveSchedulingCycle(absl::Duration duration);
+  void SetRankSlots(int free, int used);
+
+ private:
+  // Immutable after construction (the series themselves are thread-safe).
+  prometheus::Counter* submitted_;
+  prometheus::Family<prometheus::Counter>* transitions_family_;
+  prometheus::Gauge* nodes_live_;
+  prometheus::Gauge* nodes_lost_;
+  prometheus::Histogram* cycle_seconds_;
+  prometheus::Gauge* slots_free_;
+  prometheus::Gauge* slots_used_;
+  std::map<loom::v1::JobPhase, prometheus::Gauge*> jobs_by_phase_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_SCHEDULER_METRICS_H_

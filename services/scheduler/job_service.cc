@@ -1,0 +1,49 @@
+#include "services/scheduler/job_service.h"
+
+#include "services/scheduler/grpc_status.h"
+
+namespace loom {
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::SubmitJobRequest* request,
+                                                    loom::v1::SubmitJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<loom::v1::Job> job = scheduler_->SubmitJob(request->spec());
+  if (job.ok()) *response->mutable_job() = std::move(*job);
+  reactor->Finish(ToGrpcStatus(job.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
+                                                 const loom::v1::GetJobRequest* request,
+                                                 loom::v1::Job* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<loom::v1::Job> job = scheduler_->GetJob(request->job_id());
+  if (job.ok()) *response = std::move(*job);
+  reactor->Finish(ToGrpcStatus(job.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
+                                                   const loom::v1::ListJobsRequest* request,
+                                                   loom::v1::ListJobsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::vector<loom::v1::Job>> jobs = scheduler_->ListJobs(request->phase());
+  if (jobs.ok()) {
+    for (loom::v1::Job& job : *jobs) *response->add_jobs() = std::move(job);
+  }
+  reactor->Finish(ToGrpcStatus(jobs.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::CancelJobRequest* request,
+                                                    loom::v1::Job* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<loom::v1::Job> job = scheduler_->CancelJob(request->job_id());
+  if (job.ok()) *response = std::move(*job);
+  reactor->Finish(ToGrpcStatus(job.status()));
+  return reactor;
+}
+
+}  // namespace loom

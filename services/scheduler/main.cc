@@ -1,0 +1,77 @@
+// loom-scheduler: the Loom control plane's job and worker API (gRPC), scheduling loop, and
+// SQLite state. Flags -> SchedulerServerOptions -> SchedulerServer::Start -> wait for
+// SIGTERM/SIGINT -> graceful shutdown.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/logging.h"
+#include "services/scheduler/scheduler_server.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind gRPC and /metrics to.");
+ABSL_FLAG(int, port, 0, "gRPC port (0 = any free port, reported in the ready line/file).");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
+ABSL_FLAG(std::string, ready_file, "",
+          "If set, write {name, grpc_address, metrics_url, pid} here once serving.");
+ABSL_FLAG(std::string, db, "", "SQLite database file holding jobs and nodes (required).");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory under which each job's checkpoints live, <root>/<job id> (required).");
+ABSL_FLAG(int, heartbeat_timeout_s, 10,
+          "Seconds without a heartbeat after which a worker node is declared lost.");
+ABSL_FLAG(int, schedule_interval_ms, 200, "Period of the scheduling loop, in milliseconds.");
+ABSL_FLAG(std::string, fortunes_dir, "/usr/share/games/fortunes",
+          "Where the built-in 'fortunes' dataset lives (checked at submission).");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // Block the shutdown signals before any thread starts, so every thread inherits the mask and
+  // only sigwait() below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  loom::SchedulerServerOptions options;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.db_path = absl::GetFlag(FLAGS_db);
+  options.schedule_interval = absl::Milliseconds(absl::GetFlag(FLAGS_schedule_interval_ms));
+  options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.scheduler.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  // Ask for heartbeats well inside the timeout: a tenth of it, at most 1 s.
+  options.scheduler.heartbeat_interval =
+      std::min(absl::Seconds(1), options.scheduler.heartbeat_timeout / 10);
+  options.scheduler.validation.fortunes_dir = absl::GetFlag(FLAGS_fortunes_dir);
+
+  absl::StatusOr<std::unique_ptr<loom::SchedulerServer>> server =
+      loom::SchedulerServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "loom-scheduler: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  absl::Status ready = loom::AnnounceReady(
+      {"loom-scheduler", (*server)->grpc_address(), (*server)->metrics_url()},
+      absl::GetFlag(FLAGS_ready_file));
+  if (!ready.ok()) {
+    std::fprintf(stderr, "loom-scheduler: %s\n", ready.ToString().c_str());
+    return 1;
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "loom-scheduler: signal " << sig << ", shutting down";
+  (*server)->Shutdown(absl::Seconds(5));
+  server->reset();
+  return 0;
+}

@@ -1,0 +1,95 @@
+#include "services/scheduler/scheduler_server.h"
+
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+#include <prometheus/registry.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace loom {
+
+absl::Status SchedulerServerOptions::Validate() const {
+  if (db_path.empty()) return absl::InvalidArgumentError("db: required (SQLite file path)");
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port: must be in [0, 65535], got ", port));
+  }
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_port: must be in [0, 65535], got ", metrics_port));
+  }
+  if (schedule_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule_interval: must be > 0, got ", absl::FormatDuration(schedule_interval)));
+  }
+  return scheduler.Validate();
+}
+
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
+    const SchedulerServerOptions& options, Clock* clock) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<SchedulerServer> s(new SchedulerServer(options));
+  ASSIGN_OR_RETURN(s->store_, SqliteJobStore::Open(options.db_path));
+  s->registry_ = std::make_shared<prometheus::Registry>();
+  s->scheduler_metrics_ = std::make_unique<SchedulerMetrics>(*s->registry_);
+  ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(options.scheduler, s->store_.get(), clock,
+                                                    s->scheduler_metrics_.get()));
+  s->job_service_ = std::make_unique<JobServiceImpl>(s->scheduler_.get());
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->scheduler_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->job_service_.get());
+  builder.RegisterService(s->worker_service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", address));
+  }
+  ASSIGN_OR_RETURN(s->metrics_,
+                   MetricsEndpoint::Start(options.host, options.metrics_port, s->registry_));
+  s->loop_ = std::thread([server = s.get()] { server->LoopMain(); });
+  LOG(INFO) << "loom-scheduler serving on " << s->grpc_address() << ", metrics at "
+            << s->metrics_url() << ", database " << options.db_path;
+  return s;
+}
+
+std::string SchedulerServer::grpc_address() const {
+  return absl::StrCat(options_.host, ":", port_);
+}
+
+void SchedulerServer::LoopMain() {
+  int consecutive_errors = 0;
+  do {
+    absl::Status s = scheduler_->RunSchedulingCycle();
+    if (!s.ok()) {
+      // A store error (e.g. disk full) is retried next cycle; log the first and then sparsely.
+      if (consecutive_errors++ % 50 == 0) LOG(ERROR) << "scheduling cycle failed: " << s;
+    } else {
+      consecutive_errors = 0;
+    }
+  } while (!stop_loop_.WaitForNotificationWithTimeout(options_.schedule_interval));
+}
+
+void SchedulerServer::Shutdown(absl::Duration deadline) {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+    server_->Wait();
+  }
+  if (!stop_loop_.HasBeenNotified()) stop_loop_.Notify();
+  if (loop_.joinable()) loop_.join();
+  LOG(INFO) << "loom-scheduler on " << grpc_address() << " stopped";
+}
+
+SchedulerServer::~SchedulerServer() { Shutdown(absl::Seconds(5)); }
+
+}  // namespace loom

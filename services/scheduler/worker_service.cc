@@ -1,0 +1,28 @@
+#include "services/scheduler/worker_service.h"
+
+#include "services/scheduler/grpc_status.h"
+
+namespace loom {
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
+    grpc::CallbackServerContext* context, const loom::v1::RegisterWorkerRequest* request,
+    loom::v1::RegisterWorkerResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<absl::Duration> interval =
+      scheduler_->RegisterWorker(request->node_id(), request->inventory());
+  if (interval.ok()) response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(*interval));
+  reactor->Finish(ToGrpcStatus(interval.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* context,
+                                                       const loom::v1::HeartbeatRequest* request,
+                                                       loom::v1::HeartbeatResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<loom::v1::HeartbeatResponse> reply = scheduler_->Heartbeat(*request);
+  if (reply.ok()) *response = std::move(*reply);
+  reactor->Finish(ToGrpcStatus(reply.status()));
+  return reactor;
+}
+
+}  // namespace loom

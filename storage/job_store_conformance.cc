@@ -1,0 +1,228 @@
+#include "storage/job_store_conformance.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/file_util.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace loom {
+
+void JobStoreConformanceTest::SetUp() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  dir_ = absl::StrCat(tmp ? tmp : "/tmp", "/",
+                      absl::StrReplaceAll(std::string(info->test_suite_name()), {{"/", "_"}}),
+                      "_", absl::StrReplaceAll(std::string(info->name()), {{"/", "_"}}));
+  ASSERT_TRUE(MakeDirs(dir_).ok());
+  store_ = GetParam().make(dir_);
+  ASSERT_NE(store_, nullptr);
+}
+
+JobRecord SampleJob(const std::string& id, int64_t sequence) {
+  JobRecord job;
+  job.id = id;
+  job.sequence = sequence;
+  job.spec.set_name(absl::StrCat("name-", id));
+  job.spec.mutable_resources()->set_num_ranks(2);
+  job.spec.mutable_training()->set_steps(20);
+  (*job.spec.mutable_model()->mutable_config()->mutable_fields())["hidden_size"]
+      .set_number_value(64);
+  job.phase = loom::v1::JOB_PHASE_RUNNING;
+  job.failure_class = loom::v1::FAILURE_CLASS_INFRA;
+  job.reason = "SomeReason";
+  job.message = "some message with 'quotes' and \"double quotes\"";
+  job.create_time = absl::FromUnixMicros(1700000000123456);
+  job.start_time = absl::FromUnixMicros(1700000001000000);
+  job.end_time = absl::FromUnixMicros(1700000002000000);
+  job.attempt = 3;
+  job.progress.set_step(7);
+  job.progress.set_total_steps(20);
+  job.progress.set_loss(2.5);
+  job.checkpoint_dir = absl::StrCat("/ckpt/", id);
+  job.rendezvous_port = 29500;
+  return job;
+}
+
+NodeRecord SampleNode(const std::string& id, int slots) {
+  NodeRecord node;
+  node.id = id;
+  node.inventory.set_accelerator(loom::v1::ACCELERATOR_KIND_CPU);
+  node.inventory.set_slots(slots);
+  node.inventory.set_hostname(id);
+  node.inventory.set_address("127.0.0.1");
+  node.last_heartbeat_time = absl::FromUnixMicros(1700000003000000);
+  return node;
+}
+
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+void ExpectSameJob(const JobRecord& a, const JobRecord& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.sequence, b.sequence);
+  EXPECT_TRUE(MessageDifferencer::Equals(a.spec, b.spec)) << a.spec.DebugString() << " vs "
+                                                          << b.spec.DebugString();
+  EXPECT_EQ(a.phase, b.phase);
+  EXPECT_EQ(a.failure_class, b.failure_class);
+  EXPECT_EQ(a.reason, b.reason);
+  EXPECT_EQ(a.message, b.message);
+  EXPECT_EQ(a.create_time, b.create_time);
+  EXPECT_EQ(a.start_time, b.start_time);
+  EXPECT_EQ(a.end_time, b.end_time);
+  EXPECT_EQ(a.attempt, b.attempt);
+  EXPECT_TRUE(MessageDifferencer::Equals(a.progress, b.progress));
+  EXPECT_EQ(a.checkpoint_dir, b.checkpoint_dir);
+  EXPECT_EQ(a.rank_nodes, b.rank_nodes);
+  EXPECT_EQ(a.rendezvous_port, b.rendezvous_port);
+}
+
+TEST_P(JobStoreConformanceTest, CreateThenGetRoundTripsEveryField) {
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-a", 2)).ok());
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-b", 2)).ok());
+  JobRecord job = SampleJob("job-00000001", 1);
+  job.rank_nodes = {"node-b", "node-a"};
+  ASSERT_TRUE(store_->CreateJob(job).ok());
+  absl::StatusOr<JobRecord> got = store_->GetJob("job-00000001");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameJob(*got, job);
+}
+
+TEST_P(JobStoreConformanceTest, UnsetTimesStayUnset) {
+  JobRecord job = SampleJob("job-1", 1);
+  job.start_time = absl::InfinitePast();
+  job.end_time = absl::InfinitePast();
+  job.progress.Clear();
+  ASSERT_TRUE(store_->CreateJob(job).ok());
+  absl::StatusOr<JobRecord> got = store_->GetJob("job-1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->start_time, absl::InfinitePast());
+  EXPECT_EQ(got->end_time, absl::InfinitePast());
+  EXPECT_EQ(got->progress.step(), 0);
+}
+
+TEST_P(JobStoreConformanceTest, GetUnknownJobIsNotFound) {
+  EXPECT_EQ(store_->GetJob("job-nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(JobStoreConformanceTest, DuplicateIdOrSequenceIsAlreadyExists) {
+  ASSERT_TRUE(store_->CreateJob(SampleJob("job-1", 1)).ok());
+  EXPECT_EQ(store_->CreateJob(SampleJob("job-1", 2)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->CreateJob(SampleJob("job-2", 1)).code(), absl::StatusCode::kAlreadyExists);
+  absl::StatusOr<std::vector<JobRecord>> all = store_->ListJobs();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 1u);
+}
+
+TEST_P(JobStoreConformanceTest, UpdateReplacesFieldsAndPlacement) {
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-a", 2)).ok());
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-b", 2)).ok());
+  JobRecord job = SampleJob("job-1", 1);
+  job.rank_nodes = {"node-a", "node-a", "node-b"};
+  ASSERT_TRUE(store_->CreateJob(job).ok());
+
+  job.phase = loom::v1::JOB_PHASE_FAILED;
+  job.reason = "RankFailed";
+  job.message = "rank 1 on node node-a exited with code 3: boom";
+  job.attempt = 4;
+  job.progress.set_step(9);
+  job.rank_nodes = {"node-b"};
+  job.rendezvous_port = 0;
+  ASSERT_TRUE(store_->UpdateJob(job).ok());
+  absl::StatusOr<JobRecord> got = store_->GetJob("job-1");
+  ASSERT_TRUE(got.ok());
+  ExpectSameJob(*got, job);
+
+  job.rank_nodes.clear();
+  ASSERT_TRUE(store_->UpdateJob(job).ok());
+  got = store_->GetJob("job-1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->rank_nodes.empty());
+}
+
+TEST_P(JobStoreConformanceTest, UpdateUnknownJobIsNotFound) {
+  EXPECT_EQ(store_->UpdateJob(SampleJob("job-ghost", 5)).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(JobStoreConformanceTest, PlacementOnUnknownNodeIsRefusedAtomically) {
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-a", 2)).ok());
+  JobRecord job = SampleJob("job-1", 1);
+  job.rank_nodes = {"node-a"};
+  ASSERT_TRUE(store_->CreateJob(job).ok());
+
+  JobRecord bad = job;
+  bad.phase = loom::v1::JOB_PHASE_SUCCEEDED;
+  bad.rank_nodes = {"node-a", "node-missing"};
+  absl::Status s = store_->UpdateJob(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("node-missing"), std::string::npos) << s;
+  // Nothing of the failed update is visible: not the phase, not the first rank row.
+  absl::StatusOr<JobRecord> got = store_->GetJob("job-1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->phase, loom::v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(got->rank_nodes, std::vector<std::string>{"node-a"});
+
+  JobRecord bad_new = SampleJob("job-2", 2);
+  bad_new.rank_nodes = {"node-missing"};
+  EXPECT_EQ(store_->CreateJob(bad_new).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->GetJob("job-2").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(JobStoreConformanceTest, ListJobsOrdersBySequenceAndFiltersByPhase) {
+  JobRecord a = SampleJob("job-a", 30);
+  a.phase = loom::v1::JOB_PHASE_PENDING;
+  JobRecord b = SampleJob("job-b", 10);
+  b.phase = loom::v1::JOB_PHASE_SUCCEEDED;
+  JobRecord c = SampleJob("job-c", 20);
+  c.phase = loom::v1::JOB_PHASE_PENDING;
+  for (const JobRecord& j : {a, b, c}) ASSERT_TRUE(store_->CreateJob(j).ok());
+
+  absl::StatusOr<std::vector<JobRecord>> all = store_->ListJobs();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].id, "job-b");
+  EXPECT_EQ((*all)[1].id, "job-c");
+  EXPECT_EQ((*all)[2].id, "job-a");
+
+  absl::StatusOr<std::vector<JobRecord>> pending = store_->ListJobs(loom::v1::JOB_PHASE_PENDING);
+  ASSERT_TRUE(pending.ok());
+  ASSERT_EQ(pending->size(), 2u);
+  EXPECT_EQ((*pending)[0].id, "job-c");
+  EXPECT_EQ((*pending)[1].id, "job-a");
+
+  absl::StatusOr<std::vector<JobRecord>> failed = store_->ListJobs(loom::v1::JOB_PHASE_FAILED);
+  ASSERT_TRUE(failed.ok());
+  EXPECT_TRUE(failed->empty());
+}
+
+TEST_P(JobStoreConformanceTest, NodesUpsertGetAndListById) {
+  EXPECT_EQ(store_->GetNode("node-z").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-z", 1)).ok());
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-a", 4)).ok());
+  NodeRecord z = SampleNode("node-z", 8);
+  z.lost = true;
+  z.inventory.set_accelerator(loom::v1::ACCELERATOR_KIND_H100);
+  z.last_heartbeat_time = absl::FromUnixMicros(1800000000000001);
+  ASSERT_TRUE(store_->UpsertNode(z).ok());
+
+  absl::StatusOr<NodeRecord> got = store_->GetNode("node-z");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->inventory.slots(), 8);
+  EXPECT_EQ(got->inventory.accelerator(), loom::v1::ACCELERATOR_KIND_H100);
+  EXPECT_EQ(got->inventory.address(), "127.0.0.1");
+  EXPECT_EQ(got->last_heartbeat_time, absl::FromUnixMicros(1800000000000001));
+  EXPECT_TRUE(got->lost);
+
+  absl::StatusOr<std::vector<NodeRecord>> nodes = store_->ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_EQ((*nodes)[0].id, "node-a");
+  EXPECT_FALSE((*nodes)[0].lost);
+  EXPECT_EQ((*nodes)[1].id, "node-z");
+}
+
+}  // namespace
+}  // namespace loom

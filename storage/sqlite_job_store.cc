@@ -1,0 +1,306 @@
+#include "storage/sqlite_job_store.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace loom {
+namespace {
+
+// Migration i (0-based) takes the schema from user_version i to i + 1.
+const char* const kMigrations[] = {
+    // 0 -> 1: initial schema.
+    R"sql(
+CREATE TABLE jobs (
+  id TEXT PRIMARY KEY NOT NULL,
+  sequence INTEGER NOT NULL UNIQUE,
+  spec BLOB NOT NULL,
+  phase INTEGER NOT NULL,
+  failure_class INTEGER NOT NULL DEFAULT 0,
+  reason TEXT NOT NULL DEFAULT '',
+  message TEXT NOT NULL DEFAULT '',
+  create_time_us INTEGER,
+  start_time_us INTEGER,
+  end_time_us INTEGER,
+  attempt INTEGER NOT NULL DEFAULT 0,
+  progress BLOB NOT NULL,
+  checkpoint_dir TEXT NOT NULL DEFAULT '',
+  rendezvous_port INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX jobs_by_phase ON jobs(phase, sequence);
+CREATE TABLE nodes (
+  id TEXT PRIMARY KEY NOT NULL,
+  inventory BLOB NOT NULL,
+  last_heartbeat_us INTEGER,
+  lost INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE job_ranks (
+  job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+  rank INTEGER NOT NULL,
+  node_id TEXT NOT NULL REFERENCES nodes(id),
+  PRIMARY KEY (job_id, rank)
+);
+)sql",
+};
+constexpr int64_t kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
+static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,
+              "one migration per schema version");
+
+constexpr char kJobColumns[] =
+    "id, sequence, spec, phase, failure_class, reason, message, create_time_us, start_time_us, "
+    "end_time_us, attempt, progress, checkpoint_dir, rendezvous_port";
+
+absl::Status BindTime(SqliteStatement& stmt, int index, absl::Time t) {
+  if (t == absl::InfinitePast()) return stmt.BindNull(index);
+  return stmt.BindInt64(index, absl::ToUnixMicros(t));
+}
+
+absl::Time ColumnTime(const SqliteStatement& stmt, int col) {
+  if (stmt.ColumnIsNull(col)) return absl::InfinitePast();
+  return absl::FromUnixMicros(stmt.ColumnInt64(col));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(path));
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(std::move(db)));
+  {
+    absl::MutexLock lock(&store->mu_);
+    RETURN_IF_ERROR(store->Migrate());
+  }
+  return store;
+}
+
+absl::Status SqliteJobStore::Migrate() {
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  return db.InTransaction([&]() -> absl::Status {
+    ASSIGN_OR_RETURN(int64_t version, db.UserVersion());
+    if (version > kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          db.path(), ": database schema version ", version,
+          " is newer than this binary supports (", kSchemaVersion, ")"));
+    }
+    for (int64_t v = version; v < kSchemaVersion; ++v) {
+      RETURN_IF_ERROR(db.Exec(kMigrations[v]));
+    }
+    if (version != kSchemaVersion) RETURN_IF_ERROR(db.SetUserVersion(kSchemaVersion));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  return db.InTransaction([&]() -> absl::Status {
+    const std::string sql =
+        insert ? absl::StrCat("INSERT INTO jobs (", kJobColumns,
+                              ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
+                              "?14)")
+               : std::string(
+                     "UPDATE jobs SET sequence=?2, spec=?3, phase=?4, failure_class=?5, "
+                     "reason=?6, message=?7, create_time_us=?8, start_time_us=?9, "
+                     "end_time_us=?10, attempt=?11, progress=?12, checkpoint_dir=?13, "
+                     "rendezvous_port=?14 WHERE id=?1");
+    ASSIGN_OR_RETURN(SqliteStatement stmt, db.Prepare(sql));
+    RETURN_IF_ERROR(stmt.BindText(1, job.id));
+    RETURN_IF_ERROR(stmt.BindInt64(2, job.sequence));
+    RETURN_IF_ERROR(stmt.BindBlob(3, job.spec.SerializeAsString()));
+    RETURN_IF_ERROR(stmt.BindInt64(4, job.phase));
+    RETURN_IF_ERROR(stmt.BindInt64(5, job.failure_class));
+    RETURN_IF_ERROR(stmt.BindText(6, job.reason));
+    RETURN_IF_ERROR(stmt.BindText(7, job.message));
+    RETURN_IF_ERROR(BindTime(stmt, 8, job.create_time));
+    RETURN_IF_ERROR(BindTime(stmt, 9, job.start_time));
+    RETURN_IF_ERROR(BindTime(stmt, 10, job.end_time));
+    RETURN_IF_ERROR(stmt.BindInt64(11, job.attempt));
+    RETURN_IF_ERROR(stmt.BindBlob(12, job.progress.SerializeAsString()));
+    RETURN_IF_ERROR(stmt.BindText(13, job.checkpoint_dir));
+    RETURN_IF_ERROR(stmt.BindInt64(14, job.rendezvous_port));
+    absl::Status s = stmt.Run();
+    if (s.code() == absl::StatusCode::kAlreadyExists) {
+      return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " (sequence ", job.sequence,
+                                                   ") conflicts with a stored job: ",
+                                                   s.message()));
+    }
+    RETURN_IF_ERROR(s);
+    if (!insert) {
+      ASSIGN_OR_RETURN(SqliteStatement changes, db.Prepare("SELECT changes()"));
+      ASSIGN_OR_RETURN(bool row, changes.Step());
+      if (!row || changes.ColumnInt64(0) == 0) {
+        return absl::NotFoundError(absl::StrCat("job ", job.id, " not found"));
+      }
+      ASSIGN_OR_RETURN(SqliteStatement del, db.Prepare("DELETE FROM job_ranks WHERE job_id=?1"));
+      RETURN_IF_ERROR(del.BindText(1, job.id));
+      RETURN_IF_ERROR(del.Run());
+    }
+    for (size_t rank = 0; rank < job.rank_nodes.size(); ++rank) {
+      ASSIGN_OR_RETURN(SqliteStatement ins,
+                       db.Prepare("INSERT INTO job_ranks (job_id, rank, node_id) "
+                                    "VALUES (?1, ?2, ?3)"));
+      RETURN_IF_ERROR(ins.BindText(1, job.id));
+      RETURN_IF_ERROR(ins.BindInt64(2, static_cast<int64_t>(rank)));
+      RETURN_IF_ERROR(ins.BindText(3, job.rank_nodes[rank]));
+      absl::Status rs = ins.Run();
+      if (rs.code() == absl::StatusCode::kFailedPrecondition) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", job.id, " rank ", rank, ": unknown node '", job.rank_nodes[rank], "'"));
+      }
+      RETURN_IF_ERROR(rs);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SqliteJobStore::CreateJob(const JobRecord& job) {
+  absl::MutexLock lock(&mu_);
+  return WriteJob(job, /*insert=*/true);
+}
+
+absl::Status SqliteJobStore::UpdateJob(const JobRecord& job) {
+  absl::MutexLock lock(&mu_);
+  return WriteJob(job, /*insert=*/false);
+}
+
+absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::QueryJobs(const std::string& where_sql,
+                                                                 const std::string& text_param,
+                                                                 int64_t int_param) {
+  std::vector<JobRecord> jobs;
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  RETURN_IF_ERROR(db.InTransaction([&]() -> absl::Status {
+    // One read transaction so that jobs and their ranks are a consistent snapshot.
+    ASSIGN_OR_RETURN(SqliteStatement stmt,
+                     db.Prepare(absl::StrCat("SELECT ", kJobColumns, " FROM jobs ", where_sql,
+                                               " ORDER BY sequence")));
+    if (where_sql.find("?1") != std::string::npos) RETURN_IF_ERROR(stmt.BindText(1, text_param));
+    if (where_sql.find("?2") != std::string::npos) RETURN_IF_ERROR(stmt.BindInt64(2, int_param));
+    std::map<std::string, size_t> index;
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, stmt.Step());
+      if (!row) break;
+      JobRecord job;
+      job.id = stmt.ColumnText(0);
+      job.sequence = stmt.ColumnInt64(1);
+      if (!job.spec.ParseFromString(stmt.ColumnBlob(2))) {
+        return absl::DataLossError(
+            absl::StrCat(db.path(), ": job ", job.id, ": spec is not a valid JobSpec"));
+      }
+      job.phase = static_cast<loom::v1::JobPhase>(stmt.ColumnInt64(3));
+      job.failure_class = static_cast<loom::v1::FailureClass>(stmt.ColumnInt64(4));
+      job.reason = stmt.ColumnText(5);
+      job.message = stmt.ColumnText(6);
+      job.create_time = ColumnTime(stmt, 7);
+      job.start_time = ColumnTime(stmt, 8);
+      job.end_time = ColumnTime(stmt, 9);
+      job.attempt = static_cast<int32_t>(stmt.ColumnInt64(10));
+      if (!job.progress.ParseFromString(stmt.ColumnBlob(11))) {
+        return absl::DataLossError(
+            absl::StrCat(db.path(), ": job ", job.id, ": progress is not a valid Progress"));
+      }
+      job.checkpoint_dir = stmt.ColumnText(12);
+      job.rendezvous_port = static_cast<int32_t>(stmt.ColumnInt64(13));
+      index[job.id] = jobs.size();
+      jobs.push_back(std::move(job));
+    }
+    if (jobs.empty()) return absl::OkStatus();
+    // One job: only its ranks; a listing: all ranks (cheaper than a query per job).
+    const bool one_job = where_sql.find("?1") != std::string::npos;
+    ASSIGN_OR_RETURN(SqliteStatement ranks,
+                     db.Prepare(one_job ? "SELECT job_id, rank, node_id FROM job_ranks "
+                                          "WHERE job_id=?1 ORDER BY rank"
+                                        : "SELECT job_id, rank, node_id FROM job_ranks "
+                                          "ORDER BY job_id, rank"));
+    if (one_job) RETURN_IF_ERROR(ranks.BindText(1, text_param));
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, ranks.Step());
+      if (!row) break;
+      auto it = index.find(ranks.ColumnText(0));
+      if (it == index.end()) continue;
+      JobRecord& job = jobs[it->second];
+      int64_t rank = ranks.ColumnInt64(1);
+      if (rank != static_cast<int64_t>(job.rank_nodes.size())) {
+        return absl::DataLossError(absl::StrCat(db.path(), ": job ", job.id,
+                                                ": rank placement has a gap at rank ",
+                                                job.rank_nodes.size()));
+      }
+      job.rank_nodes.push_back(ranks.ColumnText(2));
+    }
+    return absl::OkStatus();
+  }));
+  return jobs;
+}
+
+absl::StatusOr<JobRecord> SqliteJobStore::GetJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, QueryJobs("WHERE id=?1", id, 0));
+  if (jobs.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  return std::move(jobs.front());
+}
+
+absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListJobs(loom::v1::JobPhase phase) {
+  absl::MutexLock lock(&mu_);
+  if (phase == loom::v1::JOB_PHASE_UNSPECIFIED) return QueryJobs("", "", 0);
+  return QueryJobs("WHERE phase=?2", "", phase);
+}
+
+absl::Status SqliteJobStore::UpsertNode(const NodeRecord& node) {
+  absl::MutexLock lock(&mu_);
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  return db.InTransaction([&]() -> absl::Status {
+    ASSIGN_OR_RETURN(
+        SqliteStatement stmt,
+        db.Prepare("INSERT INTO nodes (id, inventory, last_heartbeat_us, lost) "
+                     "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(id) DO UPDATE SET "
+                     "inventory=excluded.inventory, last_heartbeat_us=excluded.last_heartbeat_us, "
+                     "lost=excluded.lost"));
+    RETURN_IF_ERROR(stmt.BindText(1, node.id));
+    RETURN_IF_ERROR(stmt.BindBlob(2, node.inventory.SerializeAsString()));
+    RETURN_IF_ERROR(BindTime(stmt, 3, node.last_heartbeat_time));
+    RETURN_IF_ERROR(stmt.BindInt64(4, node.lost ? 1 : 0));
+    return stmt.Run();
+  });
+}
+
+namespace {
+
+absl::StatusOr<std::vector<NodeRecord>> ReadNodes(SqliteDb& db, SqliteStatement& stmt) {
+  std::vector<NodeRecord> nodes;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    NodeRecord node;
+    node.id = stmt.ColumnText(0);
+    if (!node.inventory.ParseFromString(stmt.ColumnBlob(1))) {
+      return absl::DataLossError(
+          absl::StrCat(db.path(), ": node ", node.id, ": inventory is not a valid NodeInventory"));
+    }
+    node.last_heartbeat_time = ColumnTime(stmt, 2);
+    node.lost = stmt.ColumnInt64(3) != 0;
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+}  // namespace
+
+absl::StatusOr<NodeRecord> SqliteJobStore::GetNode(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(SqliteStatement stmt,
+                   db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost FROM nodes "
+                                "WHERE id=?1"));
+  RETURN_IF_ERROR(stmt.BindText(1, id));
+  ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, ReadNodes(*db_, stmt));
+  if (nodes.empty()) return absl::NotFoundError(absl::StrCat("node ", id, " not found"));
+  return std::move(nodes.front());
+}
+
+absl::StatusOr<std::vector<NodeRecord>> SqliteJobStore::ListNodes() {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(SqliteStatement stmt,
+                   db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost FROM nodes "
+                                "ORDER BY id"));
+  return ReadNodes(*db_, stmt);
+}
+
+}  // namespace loom

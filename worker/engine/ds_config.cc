@@ -1,0 +1,522 @@
+#include "worker/engine/ds_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/engine/json_fields.h"
+
+namespace loom::engine {
+
+using nlohmann::json;
+using json_fields::Join;
+
+namespace {
+
+constexpr char kRoot[] = "deepspeed_config";
+
+absl::Status Invalid(const std::string& path, const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
+}
+
+absl::Status Unsupported(const std::string& path, const std::string& what) {
+  return Invalid(path, absl::StrCat(what, " is not supported yet"));
+}
+
+// Rejects keys of `obj` outside `known`.
+absl::Status CheckKeys(const json& obj, const std::string& path,
+                       const std::set<std::string>& known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (known.count(it.key()) == 0) return Invalid(Join(path, it.key()), "unknown key");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const json*> OptObject(const json& obj, const std::string& key,
+                                      const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return static_cast<const json*>(nullptr);
+  if (!it->is_object()) return Invalid(Join(path, key), "expected a JSON object");
+  return &*it;
+}
+
+template <typename T, typename R>
+absl::Status Read(R result, T* out) {
+  if (!result.ok()) return result.status();
+  if (result->has_value()) *out = static_cast<T>(**result);
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const json& o, const std::string& k, const std::string& p, int64_t* out) {
+  return Read(json_fields::OptInt(o, k, p), out);
+}
+absl::Status ReadDouble(const json& o, const std::string& k, const std::string& p, double* out) {
+  return Read(json_fields::OptDouble(o, k, p), out);
+}
+absl::Status ReadBool(const json& o, const std::string& k, const std::string& p, bool* out) {
+  return Read(json_fields::OptBool(o, k, p), out);
+}
+absl::Status ReadString(const json& o, const std::string& k, const std::string& p,
+                        std::string* out) {
+  return Read(json_fields::OptString(o, k, p), out);
+}
+
+// `{"enabled": ...}` sections whose enabled=true would change results.
+absl::Status RejectIfEnabled(const json& root, const std::string& key, const std::string& what,
+                             const std::set<std::string>& known_keys) {
+  ASSIGN_OR_RETURN(const json* sec, OptObject(root, key, kRoot));
+  if (sec == nullptr) return absl::OkStatus();
+  const std::string path = Join(kRoot, key);
+  RETURN_IF_ERROR(CheckKeys(*sec, path, known_keys));
+  bool enabled = false;
+  RETURN_IF_ERROR(ReadBool(*sec, "enabled", path, &enabled));
+  if (enabled) return Unsupported(Join(path, "enabled"), what);
+  return absl::OkStatus();
+}
+
+absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* opt, OptObject(root, "optimizer", kRoot));
+  const std::string path = Join(kRoot, "optimizer");
+  OptimizerConfig& o = c->optimizer;
+  if (opt == nullptr) {
+    // DeepSpeed without an optimizer section expects a client optimizer; a job spec has none.
+    return Invalid(path, "required section is missing (type Adam or AdamW)");
+  }
+  RETURN_IF_ERROR(CheckKeys(*opt, path, {"type", "params"}));
+  std::string type;
+  RETURN_IF_ERROR(ReadString(*opt, "type", path, &type));
+  const std::string lower = absl::AsciiStrToLower(type);
+  if (lower == "adam") {
+    o.type = OptimizerConfig::Type::kAdam;
+    o.weight_decay = 0.0;
+  } else if (lower == "adamw") {
+    o.type = OptimizerConfig::Type::kAdamW;
+    o.weight_decay = 0.01;
+  } else if (type.empty()) {
+    return Invalid(Join(path, "type"), "required field is missing (Adam or AdamW)");
+  } else {
+    return Unsupported(Join(path, "type"), absl::StrCat("optimizer \"", type, "\""));
+  }
+  ASSIGN_OR_RETURN(const json* params, OptObject(*opt, "params", path));
+  bool adam_w_mode = true;
+  if (params != nullptr) {
+    const std::string pp = Join(path, "params");
+    RETURN_IF_ERROR(CheckKeys(*params, pp,
+                              {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
+                               "bias_correction", "torch_adam", "amsgrad", "fused",
+                               "foreach", "capturable", "maximize", "set_grad_none"}));
+    RETURN_IF_ERROR(ReadDouble(*params, "lr", pp, &o.lr));
+    RETURN_IF_ERROR(ReadDouble(*params, "eps", pp, &o.eps));
+    RETURN_IF_ERROR(ReadDouble(*params, "weight_decay", pp, &o.weight_decay));
+    RETURN_IF_ERROR(ReadBool(*params, "adam_w_mode", pp, &adam_w_mode));
+    RETURN_IF_ERROR(ReadBool(*params, "bias_correction", pp, &o.bias_correction));
+    if (auto it = params->find("betas"); it != params->end() && !it->is_null()) {
+      if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() ||
+          !(*it)[1].is_number()) {
+        return Invalid(Join(pp, "betas"), "expected [beta1, beta2]");
+      }
+      o.beta1 = (*it)[0].get<double>();
+      o.beta2 = (*it)[1].get<double>();
+    }
+    bool flag = false;
+    RETURN_IF_ERROR(ReadBool(*params, "amsgrad", pp, &flag));
+    if (flag) return Unsupported(Join(pp, "amsgrad"), "AMSGrad");
+    flag = false;
+    RETURN_IF_ERROR(ReadBool(*params, "maximize", pp, &flag));
+    if (flag) return Unsupported(Join(pp, "maximize"), "maximize");
+    if (!(o.lr >= 0)) return Invalid(Join(pp, "lr"), "must be >= 0");
+    if (!(o.eps > 0)) return Invalid(Join(pp, "eps"), "must be positive");
+    if (!(o.weight_decay >= 0)) return Invalid(Join(pp, "weight_decay"), "must be >= 0");
+    if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) {
+      return Invalid(Join(pp, "betas"), "each beta must be in [0, 1)");
+    }
+  }
+  o.decoupled_weight_decay = o.type == OptimizerConfig::Type::kAdamW || adam_w_mode;
+  return absl::OkStatus();
+}
+
+absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* sch, OptObject(root, "scheduler", kRoot));
+  SchedulerConfig& s = c->scheduler;
+  if (sch == nullptr) return absl::OkStatus();
+  const std::string path = Join(kRoot, "scheduler");
+  RETURN_IF_ERROR(CheckKeys(*sch, path, {"type", "params"}));
+  std::string type;
+  RETURN_IF_ERROR(ReadString(*sch, "type", path, &type));
+  std::set<std::string> known = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                 "warmup_type", "last_batch_iteration"};
+  if (type == "WarmupLR") {
+    s.type = SchedulerConfig::Type::kWarmupLR;
+    s.warmup_max_lr = c->optimizer.lr;  // DeepSpeed: warmup_max_lr None -> optimizer lr
+  } else if (type == "WarmupDecayLR") {
+    s.type = SchedulerConfig::Type::kWarmupDecayLR;
+    s.warmup_max_lr = 0.001;
+    known.insert("total_num_steps");
+  } else if (type == "WarmupCosineLR") {
+    s.type = SchedulerConfig::Type::kWarmupCosineLR;
+    known = {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+             "warmup_type", "last_batch_iteration"};
+  } else if (type.empty()) {
+    return Invalid(Join(path, "type"), "required field is missing");
+  } else {
+    return Unsupported(Join(path, "type"), absl::StrCat("scheduler \"", type, "\""));
+  }
+  ASSIGN_OR_RETURN(const json* params, OptObject(*sch, "params", path));
+  if (params == nullptr) {
+    if (s.type != SchedulerConfig::Type::kWarmupLR) {
+      return Invalid(Join(path, "params.total_num_steps"), "required field is missing");
+    }
+    return absl::OkStatus();
+  }
+  const std::string pp = Join(path, "params");
+  RETURN_IF_ERROR(CheckKeys(*params, pp, known));
+  RETURN_IF_ERROR(ReadDouble(*params, "warmup_min_lr", pp, &s.warmup_min_lr));
+  RETURN_IF_ERROR(ReadDouble(*params, "warmup_max_lr", pp, &s.warmup_max_lr));
+  RETURN_IF_ERROR(ReadInt(*params, "warmup_num_steps", pp, &s.warmup_num_steps));
+  RETURN_IF_ERROR(ReadDouble(*params, "warmup_min_ratio", pp, &s.warmup_min_ratio));
+  RETURN_IF_ERROR(ReadDouble(*params, "cos_min_ratio", pp, &s.cos_min_ratio));
+  std::string warmup_type = "log";
+  RETURN_IF_ERROR(ReadString(*params, "warmup_type", pp, &warmup_type));
+  if (warmup_type != "log" && warmup_type != "linear") {
+    return Invalid(Join(pp, "warmup_type"),
+                   absl::StrCat("\"", warmup_type, "\" is not \"log\" or \"linear\""));
+  }
+  s.warmup_log = warmup_type == "log";
+  int64_t last = -1;
+  RETURN_IF_ERROR(ReadInt(*params, "last_batch_iteration", pp, &last));
+  if (last != -1) {
+    return Unsupported(Join(pp, "last_batch_iteration"),
+                       "a value other than -1 (resume restores the schedule from the step)");
+  }
+  if (s.warmup_num_steps < 0) return Invalid(Join(pp, "warmup_num_steps"), "must be >= 0");
+  if (s.type != SchedulerConfig::Type::kWarmupLR) {
+    std::optional<int64_t> total;
+    ASSIGN_OR_RETURN(total, json_fields::OptInt(*params, "total_num_steps", pp));
+    if (!total.has_value()) return Invalid(Join(pp, "total_num_steps"), "required field is missing");
+    if (*total <= 0) return Invalid(Join(pp, "total_num_steps"), "must be positive");
+    s.total_num_steps = *total;
+    if (s.type == SchedulerConfig::Type::kWarmupCosineLR &&
+        s.total_num_steps <= std::max<int64_t>(2, s.warmup_num_steps)) {
+      return Invalid(Join(pp, "total_num_steps"),
+                     "must exceed warmup_num_steps (the cosine phase divides by their difference)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOffload(const json& zero, const std::string& key, const std::string& zpath,
+                          OffloadConfig* o, bool is_param) {
+  o->buffer_count = is_param ? 5 : 4;
+  ASSIGN_OR_RETURN(const json* off, OptObject(zero, key, zpath));
+  if (off == nullptr) return absl::OkStatus();
+  const std::string path = Join(zpath, key);
+  RETURN_IF_ERROR(CheckKeys(*off, path,
+                            {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+                             "pin_memory", "pipeline_read", "pipeline_write", "fast_init",
+                             "ratio", "super_offload", "cpuadam_cores_perc", "pipeline"}));
+  RETURN_IF_ERROR(ReadString(*off, "device", path, &o->device));
+  RETURN_IF_ERROR(ReadString(*off, "nvme_path", path, &o->nvme_path));
+  RETURN_IF_ERROR(ReadInt(*off, "buffer_count", path, &o->buffer_count));
+  RETURN_IF_ERROR(ReadInt(*off, "buffer_size", path, &o->buffer_size));
+  RETURN_IF_ERROR(ReadInt(*off, "max_in_cpu", path, &o->max_in_cpu));
+  RETURN_IF_ERROR(ReadBool(*off, "pin_memory", path, &o->pin_memory));
+  RETURN_IF_ERROR(ReadBool(*off, "pipeline_read", path, &o->pipeline_read));
+  RETURN_IF_ERROR(ReadBool(*off, "pipeline_write", path, &o->pipeline_write));
+  RETURN_IF_ERROR(ReadBool(*off, "fast_init", path, &o->fast_init));
+  RETURN_IF_ERROR(ReadDouble(*off, "ratio", path, &o->ratio));
+  if (o->device != "none" && o->device != "cpu" && o->device != "nvme") {
+    return Invalid(Join(path, "device"),
+                   absl::StrCat("\"", o->device, "\" is not one of none, cpu, nvme"));
+  }
+  if (o->device != "none") {
+    return Unsupported(Join(path, "device"), absl::StrCat(key, " to ", o->device));
+  }
+  bool super = false;
+  RETURN_IF_ERROR(ReadBool(*off, "super_offload", path, &super));
+  if (super) return Unsupported(Join(path, "super_offload"), "SuperOffload");
+  return absl::OkStatus();
+}
+
+absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* z, OptObject(root, "zero_optimization", kRoot));
+  ZeroConfig& zc = c->zero;
+  const std::string path = Join(kRoot, "zero_optimization");
+  if (z != nullptr) {
+    RETURN_IF_ERROR(CheckKeys(
+        *z, path,
+        {"stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
+         "use_multi_rank_bucket_allreduce", "allgather_partitions", "allgather_bucket_size",
+         "overlap_comm", "load_from_fp32_weights", "sub_group_size",
+         "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+         "stage3_model_persistence_threshold", "stage3_max_live_parameters",
+         "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+         "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
+         "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
+         "round_robin_gradients", "ignore_unused_parameters", "offload_param",
+         "offload_optimizer", "zenflow", "zero_hpz_partition_size", "zero_quantized_weights",
+         "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "cpu_offload",
+         "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+         "memory_efficient_linear", "mics_shard_size", "mics_hierarchical_params_gather",
+         "log_trace_cache_warnings", "pipeline_loading_checkpoint", "override_module_apply",
+         "legacy_stage1", "reduce_bucket_size_in_elements"}));
+    int64_t stage = 0;
+    RETURN_IF_ERROR(ReadInt(*z, "stage", path, &stage));
+    zc.stage = static_cast<int>(stage);
+    RETURN_IF_ERROR(ReadBool(*z, "contiguous_gradients", path, &zc.contiguous_gradients));
+    RETURN_IF_ERROR(ReadBool(*z, "reduce_scatter", path, &zc.reduce_scatter));
+    RETURN_IF_ERROR(ReadInt(*z, "reduce_bucket_size", path, &zc.reduce_bucket_size));
+    RETURN_IF_ERROR(ReadBool(*z, "use_multi_rank_bucket_allreduce", path,
+                             &zc.use_multi_rank_bucket_allreduce));
+    RETURN_IF_ERROR(ReadBool(*z, "allgather_partitions", path, &zc.allgather_partitions));
+    RETURN_IF_ERROR(ReadInt(*z, "allgather_bucket_size", path, &zc.allgather_bucket_size));
+    ASSIGN_OR_RETURN(zc.overlap_comm, json_fields::OptBool(*z, "overlap_comm", path));
+    RETURN_IF_ERROR(ReadBool(*z, "load_from_fp32_weights", path, &zc.load_from_fp32_weights));
+    RETURN_IF_ERROR(ReadInt(*z, "sub_group_size", path, &zc.sub_group_size));
+    RETURN_IF_ERROR(ReadInt(*z, "stage3_prefetch_bucket_size", path,
+                            &zc.stage3_prefetch_bucket_size));
+    RETURN_IF_ERROR(ReadInt(*z, "stage3_param_persistence_threshold", path,
+                            &zc.stage3_param_persistence_threshold));
+    RETURN_IF_ERROR(ReadInt(*z, "stage3_model_persistence_threshold", path,
+                            &zc.stage3_model_persistence_threshold));
+    RETURN_IF_ERROR(ReadInt(*z, "stage3_max_live_parameters", path,
+                            &zc.stage3_max_live_parameters));
+    RETURN_IF_ERROR(ReadInt(*z, "stage3_max_reuse_distance", path,
+                            &zc.stage3_max_reuse_distance));
+    RETURN_IF_ERROR(ReadBool(*z, "stage3_gather_fp16_weights_on_model_save", path,
+                             &zc.stage3_gather_16bit_weights_on_model_save));
+    RETURN_IF_ERROR(ReadBool(*z, "stage3_gather_16bit_weights_on_model_save", path,
+                             &zc.stage3_gather_16bit_weights_on_model_save));
+    RETURN_IF_ERROR(ReadInt(*z, "stage3_module_granularity_threshold", path,
+                            &zc.stage3_module_granularity_threshold));
+    RETURN_IF_ERROR(ReadBool(*z, "stage3_use_all_reduce_for_fetch_params", path,
+                             &zc.stage3_use_all_reduce_for_fetch_params));
+    RETURN_IF_ERROR(ReadBool(*z, "stage3_allgather_sequential", path,
+                             &zc.stage3_allgather_sequential));
+    RETURN_IF_ERROR(ReadBool(*z, "round_robin_gradients", path, &zc.round_robin_gradients));
+    RETURN_IF_ERROR(
+        ReadBool(*z, "ignore_unused_parameters", path, &zc.ignore_unused_parameters));
+    RETURN_IF_ERROR(ParseOffload(*z, "offload_param", path, &zc.offload_param, true));
+    RETURN_IF_ERROR(ParseOffload(*z, "offload_optimizer", path, &zc.offload_optimizer, false));
+    if (auto it = z->find("zenflow"); it != z->end() && !it->is_null()) {
+      return Unsupported(Join(path, "zenflow"), "ZenFlow");
+    }
+    int64_t hpz = 1;
+    RETURN_IF_ERROR(ReadInt(*z, "zero_hpz_partition_size", path, &hpz));
+    if (hpz != 1) return Unsupported(Join(path, "zero_hpz_partition_size"), "ZeRO++ hpZ");
+    for (const char* key : {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
+                            "zero_quantized_gradients", "cpu_offload", "cpu_offload_param"}) {
+      bool on = false;
+      RETURN_IF_ERROR(ReadBool(*z, key, path, &on));
+      if (on) return Unsupported(Join(path, key), key);
+    }
+    int64_t mics = -1;
+    RETURN_IF_ERROR(ReadInt(*z, "mics_shard_size", path, &mics));
+    if (mics > 0) return Unsupported(Join(path, "mics_shard_size"), "MiCS sharding");
+  }
+  const std::string stage_path = Join(path, "stage");
+  if (zc.stage < 0 || zc.stage > 3) {
+    return Invalid(stage_path, absl::StrCat(zc.stage, " is not one of 0, 1, 2, 3"));
+  }
+  if (zc.stage == 1 || zc.stage == 2) {
+    return Unsupported(stage_path, absl::StrCat("ZeRO stage ", zc.stage, " (use stage 3)"));
+  }
+  if (zc.stage == 0 && world_size > 1) {
+    return Unsupported(stage_path,
+                       absl::StrCat("stage 0 (replicated data parallelism) with world size ",
+                                    world_size, " (use stage 3)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> tbs,
+                   json_fields::OptInt(root, "train_batch_size", kRoot));
+  ASSIGN_OR_RETURN(std::optional<int64_t> micro,
+                   json_fields::OptInt(root, "train_micro_batch_size_per_gpu", kRoot));
+  ASSIGN_OR_RETURN(std::optional<int64_t> gas,
+                   json_fields::OptInt(root, "gradient_accumulation_steps", kRoot));
+  const std::string tbs_path = Join(kRoot, "train_batch_size");
+  const std::string micro_path = Join(kRoot, "train_micro_batch_size_per_gpu");
+  const std::string gas_path = Join(kRoot, "gradient_accumulation_steps");
+  if (tbs && *tbs <= 0) return Invalid(tbs_path, "must be positive");
+  if (micro && *micro <= 0) return Invalid(micro_path, "must be positive");
+  if (gas && *gas <= 0) return Invalid(gas_path, "must be positive");
+  const int64_t w = world_size;
+  if (tbs && micro && gas) {
+    // all given: checked below
+  } else if (tbs && micro) {
+    if (*tbs % (*micro * w) != 0) {
+      return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by micro batch ", *micro,
+                                            " x world size ", w));
+    }
+    gas = *tbs / (*micro * w);
+  } else if (tbs && gas) {
+    if (*tbs % (*gas * w) != 0) {
+      return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by gradient accumulation ",
+                                            *gas, " x world size ", w));
+    }
+    micro = *tbs / (*gas * w);
+  } else if (micro) {
+    gas = gas.value_or(1);
+    tbs = *micro * *gas * w;
+  } else if (tbs) {
+    gas = 1;
+    if (*tbs % w != 0) {
+      return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by world size ", w));
+    }
+    micro = *tbs / w;
+  } else {
+    return Invalid(micro_path,
+                   "required: set train_micro_batch_size_per_gpu or train_batch_size");
+  }
+  if (*tbs != *micro * *gas * w) {
+    return Invalid(tbs_path, absl::StrCat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
+                                          " * gradient_accumulation_steps ", *gas,
+                                          " * world size ", w));
+  }
+  c->train_batch_size = *tbs;
+  c->train_micro_batch_size_per_gpu = *micro;
+  c->gradient_accumulation_steps = *gas;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
+                                                     int world_size) {
+  if (world_size < 1) return Invalid("world_size", absl::StrCat(world_size, " must be >= 1"));
+  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return Invalid(kRoot, "not a JSON object");
+  }
+  RETURN_IF_ERROR(CheckKeys(
+      root, kRoot,
+      {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+       "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
+       "zero_optimization", "bf16", "bfloat16", "fp16", "amp", "zero_allow_untested_optimizer",
+       "zero_force_ds_cpu_optimizer", "communication_data_type",
+       "seq_parallel_communication_data_type", "sequence_parallel_size", "aio",
+       "activation_checkpointing", "compile", "prescale_gradients", "gradient_predivide_factor",
+       "dump_state", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
+       "memory_breakdown", "checkpoint", "data_types", "elasticity", "curriculum_learning",
+       "data_efficiency", "disable_allgather", "sparse_gradients", "timers"}));
+  DeepSpeedConfig c;
+  RETURN_IF_ERROR(ParseBatch(root, world_size, &c));
+  RETURN_IF_ERROR(ReadDouble(root, "gradient_clipping", kRoot, &c.gradient_clipping));
+  if (!(c.gradient_clipping >= 0)) {
+    return Invalid(Join(kRoot, "gradient_clipping"), "must be >= 0");
+  }
+  RETURN_IF_ERROR(ReadInt(root, "steps_per_print", kRoot, &c.steps_per_print));
+  RETURN_IF_ERROR(ReadBool(root, "wall_clock_breakdown", kRoot, &c.wall_clock_breakdown));
+  RETURN_IF_ERROR(ParseOptimizer(root, &c));
+  RETURN_IF_ERROR(ParseScheduler(root, &c));
+  RETURN_IF_ERROR(ParseZero(root, world_size, &c));
+
+  RETURN_IF_ERROR(RejectIfEnabled(
+      root, "fp16", "fp16 training",
+      {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+       "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"}));
+  for (const char* key : {"bf16", "bfloat16"}) {
+    RETURN_IF_ERROR(RejectIfEnabled(
+        root, key, "bf16 training",
+        {"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+         "bf16_optimizer_states"}));
+  }
+  {
+    ASSIGN_OR_RETURN(const json* amp, OptObject(root, "amp", kRoot));
+    if (amp != nullptr) {
+      auto it = amp->find("enabled");
+      if (it != amp->end() && it->is_boolean() && it->get<bool>()) {
+        return Unsupported(Join(kRoot, "amp.enabled"), "Apex AMP");
+      }
+    }
+  }
+  for (const char* key : {"compile", "elasticity", "curriculum_learning"}) {
+    ASSIGN_OR_RETURN(const json* sec, OptObject(root, key, kRoot));
+    if (sec == nullptr) continue;
+    auto it = sec->find("enabled");
+    if (it != sec->end() && it->is_boolean() && it->get<bool>()) {
+      return Unsupported(Join(Join(kRoot, key), "enabled"), key);
+    }
+  }
+  for (const char* key : {"communication_data_type", "seq_parallel_communication_data_type"}) {
+    std::string dtype;
+    RETURN_IF_ERROR(ReadString(root, key, kRoot, &dtype));
+    if (!dtype.empty() && dtype != "fp32" && dtype != "float32") {
+      return Unsupported(Join(kRoot, key), absl::StrCat("communication dtype \"", dtype, "\""));
+    }
+  }
+  {
+    int64_t sp = 1;
+    RETURN_IF_ERROR(ReadInt(root, "sequence_parallel_size", kRoot, &sp));
+    if (sp != 1) return Unsupported(Join(kRoot, "sequence_parallel_size"), "sequence parallelism");
+  }
+  {
+    ASSIGN_OR_RETURN(const json* dt, OptObject(root, "data_types", kRoot));
+    if (dt != nullptr) {
+      const std::string path = Join(kRoot, "data_types");
+      RETURN_IF_ERROR(CheckKeys(*dt, path, {"grad_accum_dtype"}));
+      std::string g;
+      RETURN_IF_ERROR(ReadString(*dt, "grad_accum_dtype", path, &g));
+      if (!g.empty() && g != "fp32") {
+        return Unsupported(Join(path, "grad_accum_dtype"), absl::StrCat("\"", g, "\""));
+      }
+    }
+  }
+  {
+    bool sparse = false;
+    RETURN_IF_ERROR(ReadBool(root, "sparse_gradients", kRoot, &sparse));
+    if (sparse) return Unsupported(Join(kRoot, "sparse_gradients"), "sparse gradients");
+  }
+  return c;
+}
+
+double LearningRateAtStep(const DeepSpeedConfig& config, int64_t step) {
+  const SchedulerConfig& s = config.scheduler;
+  const int64_t it = step - 1;  // the scheduler's last_batch_iteration during this step
+  const double W = static_cast<double>(std::max<int64_t>(2, s.warmup_num_steps));
+  auto warmup_gamma = [&](int64_t i) {
+    return s.warmup_log ? std::log(static_cast<double>(i + 1)) / std::log(W)
+                        : static_cast<double>(i) / W;
+  };
+  switch (s.type) {
+    case SchedulerConfig::Type::kNone:
+      return config.optimizer.lr;
+    case SchedulerConfig::Type::kWarmupLR:
+    case SchedulerConfig::Type::kWarmupDecayLR: {
+      if (it < 0) return s.warmup_min_lr;
+      double gamma;
+      if (it < W) {
+        gamma = warmup_gamma(it);
+      } else if (s.type == SchedulerConfig::Type::kWarmupLR) {
+        gamma = 1.0;
+      } else {
+        gamma = std::max(0.0, static_cast<double>(s.total_num_steps - it) /
+                                  std::max(1.0, static_cast<double>(s.total_num_steps) - W));
+      }
+      return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
+    }
+    case SchedulerConfig::Type::kWarmupCosineLR: {
+      if (it < 0) return 0.0;
+      double ratio;
+      if (it < W) {
+        ratio = s.warmup_min_ratio + warmup_gamma(it) * (1.0 - s.warmup_min_ratio);
+      } else {
+        const double real_last = static_cast<double>(it) - W + 1;
+        const double real_total = static_cast<double>(s.total_num_steps) - W;
+        ratio = (1 + std::cos(M_PI * real_last / real_total)) / 2;
+        ratio = std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * ratio);
+      }
+      return config.optimizer.lr * ratio;
+    }
+  }
+  return config.optimizer.lr;
+}
+
+}  // namespace loom::engine

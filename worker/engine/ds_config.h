@@ -1,0 +1,129 @@
+// DeepSpeed JSON configuration (ds_config.json) as Loom's engine understands it: parsing with
+// DeepSpeed's code defaults (TECHNIQUES.md §0, §1.9; deepspeed/runtime/config.py,
+// zero/config.py, lr_schedules.py), batch-size arithmetic, validation, and the learning-rate
+// schedules. No LibTorch.
+//
+// Policy for keys: unknown keys are rejected with their path. Recognised keys that the engine
+// does not implement are accepted when ignoring them cannot change results (bucket sizes,
+// prefetch/persistence knobs, overlap_comm, logging knobs) and rejected with "<path>: ... is not
+// supported yet" when they would (fp16/bf16, offload, ZeRO stages 1/2, ZenFlow, ...).
+#ifndef LOOM_WORKER_ENGINE_DS_CONFIG_H_
+#define LOOM_WORKER_ENGINE_DS_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace loom::engine {
+
+struct OptimizerConfig {
+  enum class Type { kAdam, kAdamW };
+  Type type = Type::kAdamW;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  // Adam: 0; AdamW: 0.01 (torch.optim.AdamW's default).
+  double weight_decay = 0.0;
+  // Decoupled weight decay (AdamW, Loshchilov & Hutter) vs L2 added to the gradient (Adam).
+  // DeepSpeed builds FusedAdam with adam_w_mode = (type == AdamW) or params.adam_w_mode, and
+  // adam_w_mode defaults to true, so "Adam" also decays decoupled unless adam_w_mode is false.
+  bool decoupled_weight_decay = true;
+  bool bias_correction = true;
+  std::string name() const { return type == Type::kAdam ? "adam" : "adamw"; }
+};
+
+struct SchedulerConfig {
+  enum class Type { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+  Type type = Type::kNone;
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;  // WarmupLR: defaults to optimizer lr; WarmupDecayLR: 0.001
+  int64_t warmup_num_steps = 1000;
+  bool warmup_log = true;  // warmup_type "log" (default) or "linear"
+  int64_t total_num_steps = 0;  // WarmupDecayLR / WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
+  double cos_min_ratio = 0.0001;  // WarmupCosineLR
+};
+
+struct OffloadConfig {
+  std::string device = "none";  // none | cpu | nvme
+  std::string nvme_path;
+  int64_t buffer_count = 0;  // 5 (param) / 4 (optimizer)
+  int64_t buffer_size = 100000000;
+  int64_t max_in_cpu = 1000000000;
+  bool pin_memory = true;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;
+};
+
+// zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Only `stage` changes
+// what the skeleton engine does; the rest is stored for the planner and reporting.
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;
+  bool use_multi_rank_bucket_allreduce = true;
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500000000;
+  std::optional<bool> overlap_comm;  // null -> true iff stage 3
+  bool load_from_fp32_weights = true;
+  int64_t sub_group_size = 1000000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_model_persistence_threshold = INT64_MAX;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  int64_t stage3_module_granularity_threshold = 0;
+  bool stage3_use_all_reduce_for_fetch_params = false;
+  bool stage3_allgather_sequential = false;
+  bool round_robin_gradients = false;
+  bool ignore_unused_parameters = true;
+  OffloadConfig offload_param;
+  OffloadConfig offload_optimizer;
+  bool overlap_comm_effective() const { return overlap_comm.value_or(stage == 3); }
+};
+
+struct DeepSpeedConfig {
+  int64_t train_batch_size = 0;                // = micro * GAS * world (derived if absent)
+  int64_t train_micro_batch_size_per_gpu = 0;  // samples per rank per micro-step
+  int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;  // global-norm clip; 0 = off
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  bool fp16_enabled = false;
+  bool bf16_enabled = false;
+};
+
+// Parses `json_text` (a JSON object) for a job of `world_size` data-parallel ranks.
+// Batch sizes follow DeepSpeed's _set_batch_related_parameters: any two of train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps determine the third; all three
+// must satisfy train_batch_size == micro * GAS * world_size.
+// Errors: INVALID_ARGUMENT naming the key path, e.g.
+// "deepspeed_config.zero_optimization.foo: unknown key" or
+// "deepspeed_config.fp16.enabled: fp16 training is not supported yet".
+absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
+                                                     int world_size);
+
+// Learning rate used by optimizer step `step` (0-based: the first step is 0). DeepSpeed builds
+// the scheduler with last_batch_iteration = -1 (which sets the lr once) and calls
+// scheduler.step() after every optimizer step, so step s runs with last_batch_iteration = s - 1:
+//   WarmupLR:       s-1 < 0 -> warmup_min_lr; else min + (max - min) * gamma, gamma =
+//                   log(it+1)/log(W) (log) or it/W (linear) while it < W, else 1; W = max(2, n).
+//   WarmupDecayLR:  as WarmupLR in warm-up, then max(0, (T - it) / max(1, T - W)).
+//   WarmupCosineLR: lr * ratio; ratio 0 before the start, warm-up ratio from warmup_min_ratio,
+//                   then cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi*(it-W+1)/(T-W)))/2.
+//   none:           optimizer.lr.
+double LearningRateAtStep(const DeepSpeedConfig& config, int64_t step);
+
+}  // namespace loom::engine
+
+#endif  // LOOM_WORKER_ENGINE_DS_CONFIG_H_

@@ -1,0 +1,200 @@
+#include "worker/engine/ds_config.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr char kGood[] = R"({
+  "train_batch_size": 24, "train_micro_batch_size_per_gpu": 3,
+  "gradient_accumulation_steps": 2, "gradient_clipping": 1.0, "steps_per_print": 5,
+  "wall_clock_breakdown": false,
+  "optimizer": {"type": "adamw", "params": {"lr": 3e-4, "betas": [0.8, 0.95],
+                "eps": 1e-6, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-4,
+                "warmup_num_steps": 10, "total_num_steps": 100, "warmup_type": "linear"}},
+  "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true,
+                        "reduce_bucket_size": 1e6, "stage3_prefetch_bucket_size": 5e5,
+                        "stage3_param_persistence_threshold": 0,
+                        "offload_optimizer": {"device": "none"}},
+  "bf16": {"enabled": false}, "fp16": {"enabled": false}
+})";
+
+TEST(ParseDeepSpeedConfigTest, ParsesAGoodConfig) {
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(kGood, 4);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train_batch_size, 24);
+  EXPECT_EQ(c->train_micro_batch_size_per_gpu, 3);
+  EXPECT_EQ(c->gradient_accumulation_steps, 2);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, 1.0);
+  EXPECT_EQ(c->steps_per_print, 5);
+  EXPECT_EQ(c->optimizer.type, OptimizerConfig::Type::kAdamW);
+  EXPECT_EQ(c->optimizer.name(), "adamw");
+  EXPECT_DOUBLE_EQ(c->optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c->optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 0.1);
+  EXPECT_TRUE(c->optimizer.decoupled_weight_decay);
+  EXPECT_EQ(c->scheduler.type, SchedulerConfig::Type::kWarmupDecayLR);
+  EXPECT_EQ(c->scheduler.total_num_steps, 100);
+  EXPECT_FALSE(c->scheduler.warmup_log);
+  EXPECT_EQ(c->zero.stage, 3);
+  EXPECT_EQ(c->zero.reduce_bucket_size, 1000000);
+  EXPECT_EQ(c->zero.stage3_prefetch_bucket_size, 500000);
+  EXPECT_EQ(c->zero.stage3_param_persistence_threshold, 0);
+  // Untouched keys keep DeepSpeed's code defaults (TECHNIQUES.md §1.9).
+  EXPECT_EQ(c->zero.sub_group_size, 1000000000);
+  EXPECT_EQ(c->zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(c->zero.allgather_bucket_size, 500000000);
+  EXPECT_EQ(c->zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(c->zero.offload_optimizer.buffer_count, 4);
+}
+
+TEST(ParseDeepSpeedConfigTest, DefaultsAndBatchArithmetic) {
+  // Only micro batch: GAS 1, train_batch_size derived; Adam weight decay default 0.
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam"},
+          "zero_optimization": {"stage": 3}})", 3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gradient_accumulation_steps, 1);
+  EXPECT_EQ(c->train_batch_size, 6);
+  EXPECT_EQ(c->optimizer.type, OptimizerConfig::Type::kAdam);
+  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(c->optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c->optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, 0.0);
+  EXPECT_TRUE(c->zero.overlap_comm_effective());  // null -> true in stage 3
+
+  // train_batch_size + micro -> GAS; AdamW weight decay default 0.01.
+  c = ParseDeepSpeedConfig(R"({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3,
+      "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3}})", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gradient_accumulation_steps, 2);
+  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 0.01);
+
+  // train_batch_size + GAS -> micro.
+  c = ParseDeepSpeedConfig(R"({"train_batch_size": 12, "gradient_accumulation_steps": 3,
+      "optimizer": {"type": "adam", "params": {"adam_w_mode": false}},
+      "zero_optimization": {"stage": 3}})", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train_micro_batch_size_per_gpu, 2);
+  EXPECT_FALSE(c->optimizer.decoupled_weight_decay);
+
+  // Stage 0 with one rank is plain (unsharded) training.
+  c = ParseDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "adamw"}})", 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero.stage, 0);
+}
+
+void ExpectError(const std::string& json, int world, const std::string& needle) {
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(json, world);
+  ASSERT_FALSE(c.ok()) << json;
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(needle), std::string::npos)
+      << c.status().message() << " lacks " << needle;
+}
+
+TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
+  const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "foo": 1}})", 2,
+              "deepspeed_config.zero_optimization.foo: unknown key");
+  ExpectError("{" + ok + R"(, "bogus": 1, "zero_optimization": {"stage": 3}})", 2,
+              "deepspeed_config.bogus: unknown key");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "fp16": {"enabled": true}})", 2,
+              "deepspeed_config.fp16.enabled: fp16 training is not supported yet");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "bf16": {"enabled": true}})", 2,
+              "deepspeed_config.bf16.enabled: bf16 training is not supported yet");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}}})", 2,
+              "deepspeed_config.zero_optimization.offload_optimizer.device: offload_optimizer to "
+              "cpu is not supported yet");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/x"}}})", 2,
+              "deepspeed_config.zero_optimization.offload_param.device");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 2}})", 2,
+              "deepspeed_config.zero_optimization.stage: ZeRO stage 2");
+  ExpectError("{" + ok + R"(})", 2, "deepspeed_config.zero_optimization.stage: stage 0");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "zenflow": {}}})", 2,
+              "deepspeed_config.zero_optimization.zenflow: ZenFlow is not supported yet");
+  ExpectError(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 3}})", 2,
+              "deepspeed_config.train_batch_size: 10 != train_micro_batch_size_per_gpu 2");
+  ExpectError(R"({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3}})", 2,
+              "deepspeed_config.train_micro_batch_size_per_gpu: required");
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD"},
+      "zero_optimization": {"stage": 3}})", 2,
+              "deepspeed_config.optimizer.type: optimizer \"SGD\" is not supported yet");
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})", 2,
+              "deepspeed_config.optimizer: required");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}})", 2,
+              "deepspeed_config.scheduler.params.total_num_steps: required");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3},
+      "scheduler": {"type": "OneCycle"}})", 2,
+              "deepspeed_config.scheduler.type: scheduler \"OneCycle\" is not supported yet");
+  ExpectError(R"({"train_micro_batch_size_per_gpu": "auto", "optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 3}})", 2,
+              "deepspeed_config.train_micro_batch_size_per_gpu: expected an integer");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "gradient_clipping": -1})", 2,
+              "deepspeed_config.gradient_clipping: must be >= 0");
+}
+
+TEST(LearningRateAtStepTest, NoSchedulerIsConstant) {
+  DeepSpeedConfig c;
+  c.optimizer.lr = 0.5;
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 0), 0.5);
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 99), 0.5);
+}
+
+TEST(LearningRateAtStepTest, WarmupLRLogMatchesDeepSpeed) {
+  DeepSpeedConfig c;
+  c.scheduler.type = SchedulerConfig::Type::kWarmupLR;
+  c.scheduler.warmup_min_lr = 0.1;
+  c.scheduler.warmup_max_lr = 1.1;
+  c.scheduler.warmup_num_steps = 4;
+  // Step 0 runs with last_batch_iteration -1 -> min; step s with it = s-1.
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 0), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 1), 0.1);  // log(1) = 0
+  EXPECT_NEAR(LearningRateAtStep(c, 2), 0.1 + std::log(2.0) / std::log(4.0), 1e-15);
+  EXPECT_NEAR(LearningRateAtStep(c, 4), 0.1 + std::log(4.0) / std::log(4.0), 1e-15);
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 5), 1.1);
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 50), 1.1);
+}
+
+TEST(LearningRateAtStepTest, WarmupDecayLRLinear) {
+  DeepSpeedConfig c;
+  c.scheduler.type = SchedulerConfig::Type::kWarmupDecayLR;
+  c.scheduler.warmup_min_lr = 0.0;
+  c.scheduler.warmup_max_lr = 1.0;
+  c.scheduler.warmup_num_steps = 4;
+  c.scheduler.warmup_log = false;
+  c.scheduler.total_num_steps = 12;
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 0), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 3), 0.5);    // it 2: 2/4
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 5), 1.0);    // it 4: (12-4)/(12-4)
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 9), 0.5);    // it 8: 4/8
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 13), 0.0);   // it 12
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 20), 0.0);   // clamped at 0
+}
+
+TEST(LearningRateAtStepTest, WarmupCosineLR) {
+  DeepSpeedConfig c;
+  c.optimizer.lr = 2.0;
+  c.scheduler.type = SchedulerConfig::Type::kWarmupCosineLR;
+  c.scheduler.warmup_num_steps = 2;
+  c.scheduler.warmup_log = false;
+  c.scheduler.total_num_steps = 6;
+  c.scheduler.cos_min_ratio = 0.0;
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 0), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRateAtStep(c, 2), 1.0);  // it 1: ratio 1/2
+  // it 3: real_last 2, real_total 4 -> (1 + cos(pi/2))/2 = 0.5.
+  EXPECT_NEAR(LearningRateAtStep(c, 4), 1.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom::engine

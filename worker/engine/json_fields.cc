@@ -1,0 +1,76 @@
+#include "worker/engine/json_fields.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine::json_fields {
+
+using nlohmann::json;
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+namespace {
+absl::Status TypeError(const std::string& path, const std::string& key, const char* expected,
+                       const json& v) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Join(path, key), ": expected ", expected, ", got ", v.dump()));
+}
+}  // namespace
+
+absl::StatusOr<std::optional<int64_t>> OptInt(const json& obj, const std::string& key,
+                                              const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<int64_t>();
+  const json& v = *it;
+  if (v.is_number_integer()) return std::optional<int64_t>(v.get<int64_t>());
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) {
+      return std::optional<int64_t>(static_cast<int64_t>(d));
+    }
+    return TypeError(path, key, "an integer", v);
+  }
+  if (v.is_string()) {
+    int64_t out = 0;
+    if (absl::SimpleAtoi(v.get<std::string>(), &out)) return std::optional<int64_t>(out);
+  }
+  return TypeError(path, key, "an integer", v);
+}
+
+absl::StatusOr<std::optional<double>> OptDouble(const json& obj, const std::string& key,
+                                                const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<double>();
+  const json& v = *it;
+  if (v.is_number()) return std::optional<double>(v.get<double>());
+  if (v.is_string()) {
+    double out = 0;
+    if (absl::SimpleAtod(v.get<std::string>(), &out)) return std::optional<double>(out);
+  }
+  return TypeError(path, key, "a number", v);
+}
+
+absl::StatusOr<std::optional<bool>> OptBool(const json& obj, const std::string& key,
+                                            const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<bool>();
+  if (it->is_boolean()) return std::optional<bool>(it->get<bool>());
+  return TypeError(path, key, "a boolean", *it);
+}
+
+absl::StatusOr<std::optional<std::string>> OptString(const json& obj, const std::string& key,
+                                                     const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  return TypeError(path, key, "a string", *it);
+}
+
+}  // namespace loom::engine::json_fields

@@ -1,0 +1,173 @@
+#include "worker/engine/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/engine/json_fields.h"
+
+namespace loom::engine {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kPath[] = "model.config";
+
+absl::Status Field(const std::string& key, const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat(kPath, ".", key, ": ", msg));
+}
+
+absl::Status ReadRequiredPositive(const json& j, const std::string& key, int64_t* out) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> v, json_fields::OptInt(j, key, kPath));
+  if (!v.has_value()) return Field(key, "required field is missing");
+  if (*v <= 0) return Field(key, absl::StrCat(*v, " must be positive"));
+  *out = *v;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(kPath, ": not a JSON object"));
+  }
+  LlamaConfig c;
+  RETURN_IF_ERROR(ReadRequiredPositive(j, "vocab_size", &c.vocab_size));
+  RETURN_IF_ERROR(ReadRequiredPositive(j, "hidden_size", &c.hidden_size));
+  RETURN_IF_ERROR(ReadRequiredPositive(j, "intermediate_size", &c.intermediate_size));
+  RETURN_IF_ERROR(ReadRequiredPositive(j, "num_hidden_layers", &c.num_hidden_layers));
+  RETURN_IF_ERROR(ReadRequiredPositive(j, "num_attention_heads", &c.num_attention_heads));
+  RETURN_IF_ERROR(
+      ReadRequiredPositive(j, "max_position_embeddings", &c.max_position_embeddings));
+  ASSIGN_OR_RETURN(std::optional<int64_t> kv,
+                   json_fields::OptInt(j, "num_key_value_heads", kPath));
+  c.num_key_value_heads = kv.value_or(c.num_attention_heads);
+  if (c.num_key_value_heads <= 0) {
+    return Field("num_key_value_heads", absl::StrCat(c.num_key_value_heads, " must be positive"));
+  }
+  ASSIGN_OR_RETURN(std::optional<double> eps, json_fields::OptDouble(j, "rms_norm_eps", kPath));
+  if (eps.has_value()) c.rms_norm_eps = *eps;
+  if (!(c.rms_norm_eps > 0)) return Field("rms_norm_eps", "must be positive");
+  ASSIGN_OR_RETURN(std::optional<double> theta, json_fields::OptDouble(j, "rope_theta", kPath));
+  if (theta.has_value()) c.rope_theta = *theta;
+  if (!(c.rope_theta > 0)) return Field("rope_theta", "must be positive");
+  ASSIGN_OR_RETURN(std::optional<bool> tie,
+                   json_fields::OptBool(j, "tie_word_embeddings", kPath));
+  c.tie_word_embeddings = tie.value_or(false);
+  ASSIGN_OR_RETURN(std::optional<double> init,
+                   json_fields::OptDouble(j, "initializer_range", kPath));
+  if (init.has_value()) c.initializer_range = *init;
+  if (!(c.initializer_range >= 0)) return Field("initializer_range", "must be >= 0");
+  ASSIGN_OR_RETURN(std::optional<int64_t> bos, json_fields::OptInt(j, "bos_token_id", kPath));
+  if (bos.has_value()) c.bos_token_id = *bos;
+  ASSIGN_OR_RETURN(std::optional<int64_t> eos, json_fields::OptInt(j, "eos_token_id", kPath));
+  if (eos.has_value()) c.eos_token_id = *eos;
+
+  // Features this engine does not implement change the model's function: refuse them.
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    return Field("rope_scaling", "RoPE scaling is not supported yet");
+  }
+  if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
+    return Field("attention_bias", "attention biases are not supported yet");
+  }
+  if (auto it = j.find("mlp_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
+    return Field("mlp_bias", "MLP biases are not supported yet");
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>() != "silu") {
+      return Field("hidden_act", absl::StrCat(it->dump(), " is not supported (only \"silu\")"));
+    }
+  }
+  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null()) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> hd, json_fields::OptInt(j, "head_dim", kPath));
+    if (hd.has_value() && *hd != c.hidden_size / c.num_attention_heads) {
+      return Field("head_dim", absl::StrCat(*hd, " must equal hidden_size / num_attention_heads"));
+    }
+  }
+
+  if (c.hidden_size % c.num_attention_heads != 0) {
+    return Field("hidden_size", absl::StrCat(c.hidden_size, " is not divisible by "
+                                             "num_attention_heads ", c.num_attention_heads));
+  }
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return Field("num_attention_heads",
+                 absl::StrCat(c.num_attention_heads, " is not divisible by num_key_value_heads ",
+                              c.num_key_value_heads));
+  }
+  if (c.head_dim() % 2 != 0) {
+    return Field("hidden_size",
+                 absl::StrCat("head_dim = hidden_size / num_attention_heads = ", c.head_dim(),
+                              " must be even for rotary embeddings"));
+  }
+  return c;
+}
+
+std::string LlamaConfigToHfJson(const LlamaConfig& c) {
+  json j;
+  j["architectures"] = json::array({"LlamaForCausalLM"});
+  j["model_type"] = "llama";
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = "float32";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["mlp_bias"] = false;
+  j["pretraining_tp"] = 1;
+  j["rope_scaling"] = nullptr;
+  j["use_cache"] = true;
+  j["bos_token_id"] = c.bos_token_id;
+  j["eos_token_id"] = c.eos_token_id;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim();
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["initializer_range"] = c.initializer_range;
+  return j.dump(2);
+}
+
+std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
+  const int64_t V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t d = c.head_dim();
+  const int64_t q = c.num_attention_heads * d, kv = c.num_key_value_heads * d;
+  using K = ParamSpec::Kind;
+  std::vector<ParamSpec> out;
+  out.push_back({"model.embed_tokens.weight", {V, H}, K::kEmbedding});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    out.push_back({p + "input_layernorm.weight", {H}, K::kNorm});
+    out.push_back({p + "self_attn.q_proj.weight", {q, H}, K::kLinear});
+    out.push_back({p + "self_attn.k_proj.weight", {kv, H}, K::kLinear});
+    out.push_back({p + "self_attn.v_proj.weight", {kv, H}, K::kLinear});
+    out.push_back({p + "self_attn.o_proj.weight", {H, q}, K::kLinear});
+    out.push_back({p + "post_attention_layernorm.weight", {H}, K::kNorm});
+    out.push_back({p + "mlp.gate_proj.weight", {I, H}, K::kLinear});
+    out.push_back({p + "mlp.up_proj.weight", {I, H}, K::kLinear});
+    out.push_back({p + "mlp.down_proj.weight", {H, I}, K::kLinear});
+  }
+  out.push_back({"model.norm.weight", {H}, K::kNorm});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, H}, K::kLinear});
+  return out;
+}
+
+int64_t LlamaParamCount(const LlamaConfig& c) {
+  int64_t n = 0;
+  for (const ParamSpec& s : LlamaParamSpecs(c)) n += s.numel();
+  return n;
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,71 @@
+// Llama-style decoder configuration (a Hugging Face `config.json` for LlamaForCausalLM), its
+// validation, the exported config.json and the parameter list in Hugging Face order.
+//
+// No LibTorch here: the scheduler (memory planning), the checkpoint service (consolidation) and
+// the trainer all use this library.
+#ifndef LOOM_WORKER_ENGINE_MODEL_CONFIG_H_
+#define LOOM_WORKER_ENGINE_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace loom::engine {
+
+// Hyper-parameters of a Llama decoder (transformers' LlamaConfig field names and defaults).
+struct LlamaConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;              // H
+  int64_t intermediate_size = 0;        // I (SwiGLU MLP width)
+  int64_t num_hidden_layers = 0;        // L
+  int64_t num_attention_heads = 0;      // Hq
+  int64_t num_key_value_heads = 0;      // Hkv; defaults to Hq (no grouped-query attention)
+  int64_t max_position_embeddings = 0;  // longest sequence the model accepts
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;     // lm_head shares model.embed_tokens.weight
+  double initializer_range = 0.02;      // std of the normal init of linear/embedding weights
+  int64_t bos_token_id = 1;             // written to config.json only
+  int64_t eos_token_id = 2;             // written to config.json only
+
+  // d = H / Hq.
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+// Parses a config.json object. Required: vocab_size, hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads, max_position_embeddings. Other Hugging Face keys
+// (architectures, model_type, torch_dtype, ...) are accepted and ignored. Integer fields accept
+// JSON integers, integral floats (protobuf Struct numbers) and decimal strings.
+// Errors: INVALID_ARGUMENT naming the field as "model.config.<field>: ...", e.g.
+// "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4".
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text);
+
+// A complete Hugging Face config.json object (architectures ["LlamaForCausalLM"],
+// model_type "llama", hidden_act "silu", torch_dtype "float32", attention_bias false, ...).
+// ParseLlamaConfig(LlamaConfigToHfJson(c)) == c.
+std::string LlamaConfigToHfJson(const LlamaConfig& config);
+
+// One trainable tensor: Hugging Face name and shape (row-major).
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+  // What the tensor is; decides its initialisation (normal vs ones).
+  enum class Kind { kEmbedding, kLinear, kNorm } kind = Kind::kLinear;
+};
+
+// Every trainable tensor in model order: model.embed_tokens.weight [V,H]; per layer i
+// model.layers.{i}.input_layernorm.weight [H], self_attn.{q,k,v,o}_proj.weight
+// ([Hq*d,H], [Hkv*d,H], [Hkv*d,H], [H,Hq*d]), post_attention_layernorm.weight [H],
+// mlp.{gate,up,down}_proj.weight ([I,H], [I,H], [H,I]); model.norm.weight [H];
+// lm_head.weight [V,H] only when not tied.
+std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& config);
+
+// Ψ: total trainable parameters (sum of LlamaParamSpecs numels).
+int64_t LlamaParamCount(const LlamaConfig& config);
+
+}  // namespace loom::engine
+
+#endif  // LOOM_WORKER_ENGINE_MODEL_CONFIG_H_

@@ -1,0 +1,131 @@
+#include "worker/engine/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr char kTiny[] = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+  "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+  "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": true
+})";
+
+TEST(ParseLlamaConfigTest, ParsesFieldsAndIgnoresOtherHfKeys) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kTiny);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->vocab_size, 256);
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->intermediate_size, 128);
+  EXPECT_EQ(c->num_hidden_layers, 2);
+  EXPECT_EQ(c->num_attention_heads, 4);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_EQ(c->head_dim(), 16);
+  EXPECT_EQ(c->max_position_embeddings, 128);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c->initializer_range, 0.02);
+}
+
+TEST(ParseLlamaConfigTest, DefaultsKvHeadsAndAcceptsIntegralFloats) {
+  // google.protobuf.Struct carries numbers as doubles; proto3 JSON may quote int64.
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(R"({"vocab_size": 300.0,
+      "hidden_size": "32", "intermediate_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 16})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->vocab_size, 300);
+  EXPECT_EQ(c->hidden_size, 32);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_FALSE(c->tie_word_embeddings);
+}
+
+void ExpectError(const std::string& json, const std::string& needle) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(json);
+  ASSERT_FALSE(c.ok()) << json;
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(needle), std::string::npos)
+      << c.status().message() << " lacks " << needle;
+}
+
+TEST(ParseLlamaConfigTest, ErrorsNameTheField) {
+  const std::string base = R"("vocab_size": 256, "intermediate_size": 64,
+      "num_hidden_layers": 1, "max_position_embeddings": 16)";
+  ExpectError("{" + base + R"(, "hidden_size": 48, "num_attention_heads": 6,
+      "num_key_value_heads": 4})",
+              "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4");
+  ExpectError("{" + base + R"(, "num_attention_heads": 2})",
+              "model.config.hidden_size: required field is missing");
+  ExpectError("{" + base + R"(, "hidden_size": 0, "num_attention_heads": 2})",
+              "model.config.hidden_size: 0 must be positive");
+  ExpectError("{" + base + R"(, "hidden_size": 30, "num_attention_heads": 4})",
+              "model.config.hidden_size: 30 is not divisible by num_attention_heads 4");
+  ExpectError("{" + base + R"(, "hidden_size": 30, "num_attention_heads": 2})",
+              "must be even for rotary embeddings");
+  ExpectError("{" + base + R"(, "hidden_size": 32, "num_attention_heads": 2,
+      "num_key_value_heads": -1})",
+              "model.config.num_key_value_heads: -1 must be positive");
+  ExpectError("{" + base + R"(, "hidden_size": 32, "num_attention_heads": "two"})",
+              "model.config.num_attention_heads: expected an integer");
+  ExpectError("{" + base + R"(, "hidden_size": 32, "num_attention_heads": 2,
+      "hidden_act": "gelu"})",
+              "model.config.hidden_act");
+  ExpectError("[1]", "model.config: not a JSON object");
+}
+
+TEST(LlamaConfigToHfJsonTest, RoundTripsAndWritesHfKeys) {
+  LlamaConfig c = *ParseLlamaConfig(kTiny);
+  std::string text = LlamaConfigToHfJson(c);
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(j["model_type"], "llama");
+  EXPECT_EQ(j["hidden_act"], "silu");
+  EXPECT_EQ(j["torch_dtype"], "float32");
+  EXPECT_EQ(j["attention_bias"], false);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  absl::StatusOr<LlamaConfig> back = ParseLlamaConfig(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->vocab_size, c.vocab_size);
+  EXPECT_EQ(back->num_key_value_heads, c.num_key_value_heads);
+  EXPECT_DOUBLE_EQ(back->rope_theta, c.rope_theta);
+  EXPECT_EQ(back->tie_word_embeddings, c.tie_word_embeddings);
+}
+
+TEST(LlamaParamSpecsTest, NamesShapesAndCounts) {
+  LlamaConfig c = *ParseLlamaConfig(kTiny);  // V=256 H=64 I=128 L=2 Hq=4 Hkv=2 d=16
+  std::vector<ParamSpec> specs = LlamaParamSpecs(c);
+  ASSERT_EQ(specs.size(), 1u + 2u * 9u + 1u);  // tied: no lm_head
+  EXPECT_EQ(specs[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(specs[1].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(specs[2].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(specs[2].shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(specs[3].name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(specs[4].shape, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(specs[5].name, "model.layers.0.self_attn.o_proj.weight");
+  EXPECT_EQ(specs[6].name, "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(specs[7].name, "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(specs[7].shape, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(specs[9].name, "model.layers.0.mlp.down_proj.weight");
+  EXPECT_EQ(specs[9].shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(specs[10].name, "model.layers.1.input_layernorm.weight");
+  EXPECT_EQ(specs.back().name, "model.norm.weight");
+  // Per layer: 2*64 norms + 64*64 + 2*32*64 + 64*64 + 3*64*128 = 36992.
+  EXPECT_EQ(LlamaParamCount(c), 256 * 64 + 2 * 36992 + 64);
+
+  c.tie_word_embeddings = false;
+  specs = LlamaParamSpecs(c);
+  EXPECT_EQ(specs.back().name, "lm_head.weight");
+  EXPECT_EQ(specs.back().shape, (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(LlamaParamCount(c), 2 * 256 * 64 + 2 * 36992 + 64);
+}
+
+}  // namespace
+}  // namespace loom::engine
