@@ -1,6 +1,6 @@
 #include "services/scheduler/worker_service.h"
 
-#include "services/scheduler/grpc_status.h"
+#include "common/grpc_status.h"
 
 namespace loom {
 
