@@ -345,17 +345,19 @@ TEST(LoomCheckpointBinaryTest, ServesAndShutsDownOnSigterm) {
   ASSERT_TRUE(info.ok()) << info.status() << "\n" << ReadFile(log).value_or("");
   EXPECT_EQ(info->name, "loom-checkpoint");
 
-  auto stub = v1::CheckpointService::NewStub(
-      grpc::CreateChannel(info->grpc_address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::ConsolidateCheckpointRequest req;
-  req.set_job_id("job-b");
   v1::ConsolidateCheckpointResponse resp;
-  grpc::Status s = stub->ConsolidateCheckpoint(&ctx, req, &resp);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(resp.step(), 5);
-  EXPECT_EQ(resp.num_tensors(), 2);
+  {  // Scoped: the channel (held by stub and context) closes before SIGTERM.
+    auto stub = v1::CheckpointService::NewStub(
+        grpc::CreateChannel(info->grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("job-b");
+    grpc::Status s = stub->ConsolidateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.step(), 5);
+    EXPECT_EQ(resp.num_tensors(), 2);
+  }
 
   std::string metrics = HttpGet(info->metrics_url);
   EXPECT_NE(metrics.find("loom_checkpoint_consolidations_total{result=\"ok\"} 1"),

@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
     LOG(INFO) << "signal " << sig << ": shutting down";
     srv->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(grace));
+    LOG(INFO) << "gRPC server shut down";
   });
   srv->Wait();
   waiter.join();
