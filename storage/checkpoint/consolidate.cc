@@ -422,9 +422,10 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   RemoveDeadTemporaries(result.output_dir, {kSafetensorsName, kConfigName});
   result.safetensors_path = absl::StrCat(result.output_dir, "/", kSafetensorsName);
   result.config_path = absl::StrCat(result.output_dir, "/", kConfigName);
+  // config.json first: a model.safetensors at its final name then implies a complete output.
+  RETURN_IF_ERROR(WriteFileAtomically(result.config_path, config.dump(2) + "\n"));
   ASSIGN_OR_RETURN(result.safetensors_bytes,
                    safetensors::WriteFile(result.safetensors_path, std::move(specs), source));
-  RETURN_IF_ERROR(WriteFileAtomically(result.config_path, config.dump(2) + "\n"));
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return result;
 }

@@ -77,10 +77,11 @@ struct ConsolidateResult {
 std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t step);
 
 // Consolidates checkpoint `step` of `checkpoint_dir` (0 = the newest committed one) into
-// `output_dir` (created if needed; "" = DefaultConsolidationDir). Writes model.safetensors then
-// config.json (the manifest's model_config, pretty-printed), each atomically (temporary name,
-// fsync, rename): a killed run leaves nothing at the final names it had not finished, and a rerun
-// overwrites a previous output and removes temporaries of dead processes.
+// `output_dir` (created if needed; "" = DefaultConsolidationDir). Writes config.json (the
+// manifest's model_config, pretty-printed, indent 2) then model.safetensors, each atomically
+// (temporary name, fsync, rename): a killed run leaves nothing at the final names it had not
+// finished, so a model.safetensors at its final name means the output is complete. A rerun
+// overwrites a previous output and removes temporaries left by dead processes.
 // If model_config.tie_word_embeddings is true, "lm_head.weight" is not written (HF convention: the
 // embedding holds the tied tensor); every tensor is written under exactly one name.
 // Errors:
