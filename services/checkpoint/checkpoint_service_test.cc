@@ -218,7 +218,7 @@ TEST_F(CheckpointServiceTest, ErrorCodes) {
     EXPECT_NE(s.error_message().find("missing ranks 1"), std::string::npos) << s.error_message();
   }
   {  // Path escapes.
-    for (const std::string& bad : {"../job-2", "a/b", "..", ""}) {
+    for (const char* bad : {"../job-2", "a/b", "..", ""}) {
       grpc::ClientContext ctx;
       v1::ListCheckpointsRequest req;
       req.set_job_id(bad);
@@ -227,7 +227,7 @@ TEST_F(CheckpointServiceTest, ErrorCodes) {
                 grpc::StatusCode::INVALID_ARGUMENT)
           << bad;
     }
-    for (const std::string& bad : {"relative/out", "/tmp/../etc"}) {
+    for (const char* bad : {"relative/out", "/tmp/../etc"}) {
       grpc::ClientContext ctx;
       v1::ConsolidateCheckpointRequest req;
       req.set_job_id("job-2");
