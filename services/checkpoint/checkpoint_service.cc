@@ -1,0 +1,177 @@
+#include "services/checkpoint/checkpoint_service.h"
+
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+
+namespace loom {
+namespace {
+
+prometheus::Family<prometheus::Counter>& ConsolidationsFamily(prometheus::Registry& registry) {
+  return prometheus::BuildCounter()
+      .Name("loom_checkpoint_consolidations_total")
+      .Help("ConsolidateCheckpoint calls by result (ok or the lower-case canonical error code).")
+      .Register(registry);
+}
+
+prometheus::Histogram& SecondsHistogram(prometheus::Registry& registry) {
+  return prometheus::BuildHistogram()
+      .Name("loom_checkpoint_consolidation_seconds")
+      .Help("Wall time of ConsolidateCheckpoint calls, seconds.")
+      .Register(registry)
+      .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120,
+                                                       300, 600, 1800});
+}
+
+prometheus::Counter& BytesCounter(prometheus::Registry& registry) {
+  return prometheus::BuildCounter()
+      .Name("loom_checkpoint_consolidated_bytes_total")
+      .Help("Bytes of model.safetensors files written by consolidation.")
+      .Register(registry)
+      .Add({});
+}
+
+absl::Status ValidateOutputDir(const std::string& dir) {
+  if (dir.empty()) return absl::OkStatus();
+  if (dir.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output_dir: '", dir, "' is not an absolute path"));
+  }
+  for (absl::string_view part : absl::StrSplit(dir, '/')) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat("output_dir: '", dir, "' contains '..'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// NOT_FOUND naming the job if its checkpoint directory does not exist.
+absl::Status JobDirExists(const std::string& job_id, const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job_id, "' has no checkpoint directory (", dir, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,
+                                             const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  if (job_id == "." || absl::StrContains(job_id, "..") || absl::StrContains(job_id, '/') ||
+      absl::StrContains(job_id, '\0')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id: '", job_id, "' must not contain '/' or '..'"));
+  }
+  return absl::StrCat(checkpoint_root, "/", job_id);
+}
+
+CheckpointServiceImpl::CheckpointServiceImpl(CheckpointServiceOptions options,
+                                             prometheus::Registry& registry)
+    : options_(std::move(options)),
+      consolidations_(ConsolidationsFamily(registry)),
+      consolidation_seconds_(SecondsHistogram(registry)),
+      consolidated_bytes_(BytesCounter(registry)) {
+  consolidations_.Add({{"result", "ok"}});  // export the series at 0 before the first call
+}
+
+grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* /*context*/,
+                                                    const v1::ListCheckpointsRequest* req,
+                                                    v1::ListCheckpointsResponse* resp) {
+  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  if (!dir.ok()) return ToGrpcStatus(dir.status());
+  absl::Status exists = JobDirExists(req->job_id(), *dir);
+  if (!exists.ok()) return ToGrpcStatus(exists);
+  auto list = storage::ListCheckpoints(*dir);
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (const storage::CheckpointInfo& info : *list) {
+    v1::CheckpointInfo* out = resp->add_checkpoints();
+    out->set_step(info.step);
+    out->set_world_size(info.world_size);
+    out->set_committed(info.committed);
+    out->set_path(info.path);
+    out->set_ranks_reported(static_cast<int32_t>(info.ranks_reported.size()));
+    out->set_total_bytes(info.total_bytes);
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<storage::ConsolidateResult> CheckpointServiceImpl::DoConsolidate(
+    const v1::ConsolidateCheckpointRequest& req) {
+  auto dir = JobCheckpointDir(options_.checkpoint_root, req.job_id());
+  if (!dir.ok()) return dir.status();
+  absl::Status valid = ValidateOutputDir(req.output_dir());
+  if (!valid.ok()) return valid;
+  if (req.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", req.step(), " is negative"));
+  }
+  absl::Status exists = JobDirExists(req.job_id(), *dir);
+  if (!exists.ok()) return exists;
+  absl::MutexLock lock(&consolidate_mu_);
+  return storage::Consolidate(*dir, req.step(), req.output_dir(), options_.consolidate);
+}
+
+grpc::Status CheckpointServiceImpl::ConsolidateCheckpoint(
+    grpc::ServerContext* /*context*/, const v1::ConsolidateCheckpointRequest* req,
+    v1::ConsolidateCheckpointResponse* resp) {
+  const absl::Time start = absl::Now();
+  auto result = DoConsolidate(*req);
+  consolidation_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  const std::string label =
+      result.ok() ? "ok" : absl::AsciiStrToLower(absl::StatusCodeToString(result.status().code()));
+  consolidations_.Add({{"result", label}}).Increment();
+  if (!result.ok()) {
+    LOG(WARNING) << "ConsolidateCheckpoint job=" << req->job_id() << " step=" << req->step()
+                 << ": " << result.status();
+    return ToGrpcStatus(result.status());
+  }
+  consolidated_bytes_.Increment(static_cast<double>(result->safetensors_bytes));
+  LOG(INFO) << "consolidated job=" << req->job_id() << " step=" << result->step << " into "
+            << result->safetensors_path << " (" << result->num_tensors << " tensors, "
+            << result->safetensors_bytes << " bytes, " << result->seconds << " s)";
+  resp->set_step(result->step);
+  resp->set_safetensors_path(result->safetensors_path);
+  resp->set_config_path(result->config_path);
+  resp->set_num_tensors(result->num_tensors);
+  resp->set_total_bytes(result->safetensors_bytes);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(const std::string& host,
+                                                                    int port,
+                                                                    CheckpointServiceImpl* service,
+                                                                    int* bound_port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  *bound_port = 0;
+  const std::string address = absl::StrCat(host, ":", port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), bound_port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", address));
+  }
+  return server;
+}
+
+}  // namespace loom

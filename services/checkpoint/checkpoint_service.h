@@ -1,0 +1,83 @@
+// loom-checkpoint's gRPC adapter: loom.v1.CheckpointService (proto/checkpoint_service.proto) over
+// the storage/checkpoint core (ListCheckpoints, Consolidate). A job's checkpoint directory is
+// <checkpoint_root>/<job_id>. No LibTorch.
+#ifndef LOOM_SERVICES_CHECKPOINT_CHECKPOINT_SERVICE_H_
+#define LOOM_SERVICES_CHECKPOINT_CHECKPOINT_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "storage/checkpoint/consolidate.h"
+
+namespace prometheus {
+class Counter;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace loom {
+
+// absl::Status -> grpc::Status; the canonical codes are the same numbers, the message is kept.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// <checkpoint_root>/<job_id>. INVALID_ARGUMENT if job_id is empty, contains '/', a NUL byte or
+// "..", or is ".".
+absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,
+                                             const std::string& job_id);
+
+struct CheckpointServiceOptions {
+  // Directory holding one checkpoint directory per job. Required.
+  std::string checkpoint_root;
+  storage::ConsolidateOptions consolidate;
+};
+
+// The service. Metrics registered in the constructor on `registry`:
+//   loom_checkpoint_consolidations_total{result}   counter; result = "ok" or the lower-case
+//                                                  canonical code ("failed_precondition", ...)
+//   loom_checkpoint_consolidation_seconds          histogram of ConsolidateCheckpoint durations
+//   loom_checkpoint_consolidated_bytes_total       counter of model.safetensors bytes written
+// ConsolidateCheckpoint requests:
+//   output_dir "" = <checkpoint dir>/step_<N>/hf; otherwise it must be an absolute path without
+//   ".." components (INVALID_ARGUMENT), since the client and the service may not share a cwd.
+// Consolidations run one at a time (the core's temporary file names carry the process id).
+// Thread-safe.
+class CheckpointServiceImpl final : public v1::CheckpointService::Service {
+ public:
+  CheckpointServiceImpl(CheckpointServiceOptions options, prometheus::Registry& registry);
+
+  grpc::Status ListCheckpoints(grpc::ServerContext* context, const v1::ListCheckpointsRequest* req,
+                               v1::ListCheckpointsResponse* resp) override;
+  grpc::Status ConsolidateCheckpoint(grpc::ServerContext* context,
+                                     const v1::ConsolidateCheckpointRequest* req,
+                                     v1::ConsolidateCheckpointResponse* resp) override;
+
+ private:
+  absl::StatusOr<storage::ConsolidateResult> DoConsolidate(
+      const v1::ConsolidateCheckpointRequest& req);
+
+  const CheckpointServiceOptions options_;
+  prometheus::Family<prometheus::Counter>& consolidations_;
+  prometheus::Histogram& consolidation_seconds_;
+  prometheus::Counter& consolidated_bytes_;
+  absl::Mutex consolidate_mu_;  // held for the duration of one consolidation
+};
+
+// Builds and starts a gRPC server for `service` on host:port (port 0 = any free port) with the
+// gRPC default health service enabled. Returns the server; *bound_port receives the port.
+// UNAVAILABLE if the address cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(const std::string& host,
+                                                                    int port,
+                                                                    CheckpointServiceImpl* service,
+                                                                    int* bound_port);
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_CHECKPOINT_CHECKPOINT_SERVICE_H_

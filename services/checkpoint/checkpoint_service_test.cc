@@ -1,0 +1,394 @@
+#include "services/checkpoint/checkpoint_service.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <prometheus/registry.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/daemon.h"
+#include "common/file_util.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "storage/checkpoint/shard_format.h"
+#include "storage/safetensors/safetensors.h"
+
+namespace loom {
+namespace {
+
+std::string TmpDir(absl::string_view name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  return dir;
+}
+
+// A tiny model: "w" [3, 3] (9 elements, not divisible by 2) and "b" [1].
+const std::vector<float> kW = {1.5f, -2.0f, 3.25f, 0.0f, -0.5f, 6.0f, 7.0f, 8.125f, -9.0f};
+const std::vector<float> kB = {42.0f};
+
+void WriteTinyCheckpoint(const std::string& job_dir, int64_t step, int32_t n,
+                         const std::vector<int32_t>& ranks) {
+  const std::vector<std::pair<std::string, const std::vector<float>*>> params = {{"w", &kW},
+                                                                                 {"b", &kB}};
+  for (int32_t r : ranks) {
+    storage::ShardManifest m;
+    m.step = step;
+    m.rank = r;
+    m.world_size = n;
+    m.model_config_json = R"({"model_type":"llama","tie_word_embeddings":false})";
+    m.params.push_back({"w", {3, 3}, 9});
+    m.params.push_back({"b", {1}, 1});
+    storage::AssignPartitionLayout(m);
+    std::vector<float> section(m.section_numel, 0.0f);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const storage::ShardParam& p = m.params[i];
+      for (int64_t k = 0; k < p.partition_numel; ++k) {
+        int64_t flat = r * p.partition_numel + k;
+        if (flat < p.numel) section[p.partition_offset + k] = (*params[i].second)[flat];
+      }
+    }
+    const float* ptr = section.data();
+    ASSERT_TRUE(storage::WriteShard(absl::StrCat(job_dir, "/", storage::StepDirName(step)), m,
+                                    absl::MakeConstSpan(&ptr, 1))
+                    .ok());
+  }
+}
+
+std::vector<float> ReadFloats(const safetensors::Reader& r, const std::string& name) {
+  auto bytes = r.ReadTensor(name);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  std::vector<float> out(bytes.ok() ? bytes->size() / 4 : 0);
+  if (bytes.ok()) std::memcpy(out.data(), bytes->data(), bytes->size());
+  return out;
+}
+
+double MetricValue(prometheus::Registry& registry, const std::string& family,
+                   const std::string& label_value) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != family) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      bool match = label_value.empty();
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.value == label_value) match = true;
+      }
+      if (!match) continue;
+      if (f.type == prometheus::MetricType::Histogram) return m.histogram.sample_count;
+      return m.counter.value;
+    }
+  }
+  return -1;
+}
+
+class CheckpointServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    CheckpointServiceOptions options;
+    options.checkpoint_root = root_;
+    service_ = std::make_unique<CheckpointServiceImpl>(options, registry_);
+    int port = 0;
+    auto server = StartCheckpointServer("127.0.0.1", 0, service_.get(), &port);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_GT(port, 0);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::CheckpointService::NewStub(channel_);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+
+  std::string root_;
+  prometheus::Registry registry_;
+  std::unique_ptr<CheckpointServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CheckpointService::Stub> stub_;
+};
+
+TEST_F(CheckpointServiceTest, ListAndConsolidateOverGrpc) {
+  const std::string job_dir = root_ + "/job-1";
+  WriteTinyCheckpoint(job_dir, 100, 2, {0, 1});  // committed
+  WriteTinyCheckpoint(job_dir, 200, 3, {0, 2});  // partial: rank 1 missing
+
+  grpc::ClientContext list_ctx;
+  v1::ListCheckpointsRequest list_req;
+  list_req.set_job_id("job-1");
+  v1::ListCheckpointsResponse list_resp;
+  grpc::Status s = stub_->ListCheckpoints(&list_ctx, list_req, &list_resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(list_resp.checkpoints_size(), 2);
+  const v1::CheckpointInfo& a = list_resp.checkpoints(0);
+  EXPECT_EQ(a.step(), 100);
+  EXPECT_EQ(a.world_size(), 2);
+  EXPECT_TRUE(a.committed());
+  EXPECT_EQ(a.ranks_reported(), 2);
+  EXPECT_EQ(a.path(), job_dir + "/step_00000100");
+  EXPECT_GT(a.total_bytes(), 0);
+  const v1::CheckpointInfo& b = list_resp.checkpoints(1);
+  EXPECT_EQ(b.step(), 200);
+  EXPECT_EQ(b.world_size(), 3);
+  EXPECT_FALSE(b.committed());
+  EXPECT_EQ(b.ranks_reported(), 2);
+
+  // Step 0 = newest committed = 100, default output directory.
+  grpc::ClientContext ctx;
+  v1::ConsolidateCheckpointRequest req;
+  req.set_job_id("job-1");
+  v1::ConsolidateCheckpointResponse resp;
+  s = stub_->ConsolidateCheckpoint(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.step(), 100);
+  EXPECT_EQ(resp.safetensors_path(), job_dir + "/step_00000100/hf/model.safetensors");
+  EXPECT_EQ(resp.config_path(), job_dir + "/step_00000100/hf/config.json");
+  EXPECT_EQ(resp.num_tensors(), 2);
+  auto reader = safetensors::Reader::Open(resp.safetensors_path());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(resp.total_bytes(), (*reader)->file_bytes());
+  EXPECT_EQ((*reader)->Find("w")->shape, (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(ReadFloats(**reader, "w"), kW);
+  EXPECT_EQ(ReadFloats(**reader, "b"), kB);
+  auto config = ReadFile(resp.config_path());
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(*config, "{\n  \"model_type\": \"llama\",\n  \"tie_word_embeddings\": false\n}\n");
+
+  // Explicit step and absolute output directory.
+  grpc::ClientContext ctx2;
+  req.set_step(100);
+  req.set_output_dir(root_ + "/exports/job-1");
+  s = stub_->ConsolidateCheckpoint(&ctx2, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.safetensors_path(), root_ + "/exports/job-1/model.safetensors");
+
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidations_total", "ok"), 2);
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidation_seconds", ""), 2);
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidated_bytes_total", ""),
+            2.0 * static_cast<double>(resp.total_bytes()));
+}
+
+TEST_F(CheckpointServiceTest, ErrorCodes) {
+  const std::string job_dir = root_ + "/job-2";
+  WriteTinyCheckpoint(job_dir, 200, 3, {0, 2});
+
+  {  // Unknown job.
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsRequest req;
+    req.set_job_id("no-such-job");
+    v1::ListCheckpointsResponse resp;
+    grpc::Status s = stub_->ListCheckpoints(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(s.error_message().find("job 'no-such-job' has no checkpoint directory"),
+              std::string::npos)
+        << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("no-such-job");
+    v1::ConsolidateCheckpointResponse resp;
+    EXPECT_EQ(stub_->ConsolidateCheckpoint(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {  // Partial checkpoint.
+    grpc::ClientContext ctx;
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("job-2");
+    req.set_step(200);
+    v1::ConsolidateCheckpointResponse resp;
+    grpc::Status s = stub_->ConsolidateCheckpoint(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(s.error_message().find("missing ranks 1"), std::string::npos) << s.error_message();
+  }
+  {  // Path escapes.
+    for (const char* bad : {"../job-2", "a/b", "..", ""}) {
+      grpc::ClientContext ctx;
+      v1::ListCheckpointsRequest req;
+      req.set_job_id(bad);
+      v1::ListCheckpointsResponse resp;
+      EXPECT_EQ(stub_->ListCheckpoints(&ctx, req, &resp).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT)
+          << bad;
+    }
+    for (const char* bad : {"relative/out", "/tmp/../etc"}) {
+      grpc::ClientContext ctx;
+      v1::ConsolidateCheckpointRequest req;
+      req.set_job_id("job-2");
+      req.set_output_dir(bad);
+      v1::ConsolidateCheckpointResponse resp;
+      EXPECT_EQ(stub_->ConsolidateCheckpoint(&ctx, req, &resp).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT)
+          << bad;
+    }
+  }
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidations_total", "not_found"), 1);
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidations_total", "failed_precondition"),
+            1);
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidations_total", "invalid_argument"), 2);
+  EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidations_total", "ok"), 0);
+}
+
+// grpc.health.v1.Health/Check with an empty request (service ""), sent as raw bytes because the
+// health proto's generated code is not part of the build: SERVING is the response bytes 08 01.
+TEST_F(CheckpointServiceTest, DefaultHealthServiceReportsServing) {
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  grpc::Slice no_bytes{std::string()};
+  grpc::ByteBuffer request(&no_bytes, 1);  // an empty HealthCheckRequest (a valid, 0-byte message)
+  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+TEST(CheckpointServiceHelpersTest, JobDirAndStatusConversion) {
+  EXPECT_EQ(*JobCheckpointDir("/root", "job-7"), "/root/job-7");
+  EXPECT_EQ(JobCheckpointDir("/root", "a..b").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(JobCheckpointDir("/root", ".").status().code(), absl::StatusCode::kInvalidArgument);
+  grpc::Status g = ToGrpcStatus(absl::DataLossError("shard bad"));
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(g.error_message(), "shard bad");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  EXPECT_EQ(ToGrpcStatus(absl::FailedPreconditionError("x")).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Plain HTTP GET of a /metrics URL ("http://127.0.0.1:PORT/metrics").
+std::string HttpGet(const std::string& url) {
+  const std::string prefix = "http://127.0.0.1:";
+  if (url.rfind(prefix, 0) != 0) return "";
+  std::string rest = url.substr(prefix.size());
+  int port = 0;
+  if (!absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port)) return "";
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!::write(fd, request.data(), request.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// The real binary: flags, LOOM_READY/ready file, gRPC, /metrics, graceful SIGTERM.
+TEST(LoomCheckpointBinaryTest, ServesAndShutsDownOnSigterm) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  std::string binary = "services/checkpoint/loom-checkpoint";
+  if (srcdir != nullptr && ::access(absl::StrCat(srcdir, "/loom/", binary).c_str(), X_OK) == 0) {
+    binary = absl::StrCat(srcdir, "/loom/", binary);
+  }
+  ASSERT_EQ(::access(binary.c_str(), X_OK), 0) << binary;
+  const std::string root = TmpDir("binary_root");
+  const std::string ready = root + "/ready.json";
+  WriteTinyCheckpoint(root + "/job-b", 5, 2, {0, 1});
+  const std::string log = root + "/stdout.log";
+
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::string a1 = "--checkpoint_root=" + root, a2 = "--ready_file=" + ready;
+    ::execl(binary.c_str(), binary.c_str(), a1.c_str(), a2.c_str(), "--port=0",
+            "--metrics_port=0", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  absl::StatusOr<ReadyInfo> info = absl::NotFoundError("not yet");
+  for (int i = 0; i < 300 && !info.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    info = ReadReadyFile(ready);
+  }
+  ASSERT_TRUE(info.ok()) << info.status() << "\n" << ReadFile(log).value_or("");
+  EXPECT_EQ(info->name, "loom-checkpoint");
+
+  v1::ConsolidateCheckpointResponse resp;
+  {  // Scoped: the channel (held by stub and context) closes before SIGTERM.
+    auto stub = v1::CheckpointService::NewStub(
+        grpc::CreateChannel(info->grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("job-b");
+    grpc::Status s = stub->ConsolidateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.step(), 5);
+    EXPECT_EQ(resp.num_tensors(), 2);
+  }
+
+  std::string metrics = HttpGet(info->metrics_url);
+  EXPECT_NE(metrics.find("loom_checkpoint_consolidations_total{result=\"ok\"} 1"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("loom_checkpoint_consolidation_seconds_count 1"), std::string::npos);
+  EXPECT_NE(metrics.find(absl::StrCat("loom_checkpoint_consolidated_bytes_total ",
+                                      resp.total_bytes())),
+            std::string::npos);
+
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "loom-checkpoint did not exit within 10 s of SIGTERM";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  auto out = ReadFile(log);
+  ASSERT_TRUE(out.ok());
+  EXPECT_NE(out->find("LOOM_READY loom-checkpoint grpc=" + info->grpc_address +
+                      " metrics=" + info->metrics_url),
+            std::string::npos)
+      << *out;
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,99 @@
+// loom-checkpoint: lists committed checkpoints and consolidates ZeRO-3 rank shards into
+// Hugging Face model.safetensors + config.json (loom.v1.CheckpointService).
+//
+//   loom-checkpoint --checkpoint_root=/var/lib/loom/checkpoints [--host=127.0.0.1] [--port=0]
+//                   [--metrics_port=0] [--ready_file=PATH]
+//
+// Prints "LOOM_READY loom-checkpoint grpc=HOST:PORT metrics=URL" once serving (common/daemon.h)
+// and shuts down gracefully on SIGTERM or SIGINT.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <prometheus/registry.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/daemon.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "services/checkpoint/checkpoint_service.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind gRPC and /metrics to.");
+ABSL_FLAG(int, port, 0, "gRPC port (0 = any free port, reported on the LOOM_READY line).");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
+ABSL_FLAG(std::string, ready_file, "",
+          "If set, write {name, grpc_address, metrics_url, pid} JSON here once serving.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory holding one checkpoint directory per job (<root>/<job_id>). Required; "
+          "created if missing.");
+ABSL_FLAG(int, shutdown_grace_seconds, 10,
+          "On SIGTERM/SIGINT, how long in-flight RPCs may run before they are cancelled.");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  const std::string root = absl::GetFlag(FLAGS_checkpoint_root);
+  if (root.empty()) {
+    LOG(ERROR) << "--checkpoint_root is required";
+    return 2;
+  }
+  if (absl::Status s = loom::MakeDirs(root); !s.ok()) {
+    LOG(ERROR) << "--checkpoint_root: " << s;
+    return 2;
+  }
+
+  // Block the shutdown signals before any thread starts, so that only the waiter receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  loom::CheckpointServiceOptions options;
+  options.checkpoint_root = root;
+  loom::CheckpointServiceImpl service(options, *registry);
+
+  const std::string host = absl::GetFlag(FLAGS_host);
+  int port = 0;
+  auto server = loom::StartCheckpointServer(host, absl::GetFlag(FLAGS_port), &service, &port);
+  if (!server.ok()) {
+    LOG(ERROR) << server.status();
+    return 1;
+  }
+  auto metrics = loom::MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port), registry);
+  if (!metrics.ok()) {
+    LOG(ERROR) << metrics.status();
+    return 1;
+  }
+  absl::Status announced = loom::AnnounceReady(
+      {"loom-checkpoint", absl::StrCat(host, ":", port), (*metrics)->url()},
+      absl::GetFlag(FLAGS_ready_file));
+  if (!announced.ok()) {
+    LOG(ERROR) << "cannot announce readiness: " << announced;
+    return 1;
+  }
+  LOG(INFO) << "loom-checkpoint serving " << host << ":" << port << " over " << root;
+
+  grpc::Server* srv = server->get();
+  const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  std::thread waiter([&signals, srv, grace] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    LOG(INFO) << "signal " << sig << ": shutting down";
+    srv->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(grace));
+    LOG(INFO) << "gRPC server shut down";
+  });
+  srv->Wait();
+  waiter.join();
+  LOG(INFO) << "loom-checkpoint stopped";
+  return 0;
+}

@@ -1,0 +1,393 @@
+#include "storage/checkpoint/consolidate.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/file_util.h"
+#include "storage/checkpoint/shard_format.h"
+#include "storage/safetensors/safetensors.h"
+
+namespace loom::storage {
+namespace {
+
+struct FullParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // numel = product(shape)
+};
+
+std::string TmpDir(absl::string_view name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  return dir;
+}
+
+// Distinct, bit-pattern-rich values: negative zero, a denormal, a NaN with payload, infinities.
+std::vector<float> Values(int64_t n, float seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = seed + 0.37f * static_cast<float>(i) - 3.0f;
+  if (n > 1) v[1] = -0.0f;
+  if (n > 2) v[2] = std::numeric_limits<float>::denorm_min();
+  if (n > 3) {
+    uint32_t bits = 0x7fc01234u;
+    std::memcpy(&v[3], &bits, 4);
+  }
+  if (n > 4) v[4] = -std::numeric_limits<float>::infinity();
+  return v;
+}
+
+std::vector<FullParam> TestModel() {
+  return {{"model.embed_tokens.weight", {10}, Values(10, 1.0f)},
+          {"model.layers.0.self_attn.q_proj.weight", {7, 3}, Values(21, 2.0f)},
+          {"model.layers.0.mlp.up_proj.weight", {5, 5}, Values(25, 3.0f)},
+          {"model.norm.weight", {1}, Values(1, 4.0f)}};
+}
+
+const char kConfig[] =
+    R"({"architectures":["LlamaForCausalLM"],"hidden_size":8,"model_type":"llama","tie_word_embeddings":false,"vocab_size":256})";
+
+// Writes ranks `ranks` of a world-size-`n` ZeRO-3 checkpoint of `params` at `step`, exactly as the
+// trainer lays them out (shard_format.h): partition r = flat[r*p, min((r+1)*p, numel)) zero-padded.
+void WriteCheckpoint(const std::string& checkpoint_dir, int64_t step, int32_t n,
+                     const std::vector<FullParam>& params, const std::vector<int32_t>& ranks,
+                     const std::string& config = kConfig,
+                     std::vector<std::string> sections = {"fp32_params", "exp_avg", "exp_avg_sq"}) {
+  std::string step_dir = absl::StrCat(checkpoint_dir, "/", StepDirName(step));
+  for (int32_t r : ranks) {
+    ShardManifest m;
+    m.step = step;
+    m.rank = r;
+    m.world_size = n;
+    m.model_config_json = config;
+    m.optimizer_step = step;
+    m.sections = sections;
+    for (const FullParam& fp : params) {
+      ShardParam p;
+      p.name = fp.name;
+      p.shape = fp.shape;
+      p.numel = static_cast<int64_t>(fp.values.size());
+      m.params.push_back(p);
+    }
+    AssignPartitionLayout(m);
+    std::vector<std::vector<float>> data(sections.size(),
+                                         std::vector<float>(m.section_numel, 0.0f));
+    for (size_t s = 0; s < sections.size(); ++s) {
+      if (sections[s] != "fp32_params") {
+        std::fill(data[s].begin(), data[s].end(), -999.0f - static_cast<float>(s));
+        continue;
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        const ShardParam& p = m.params[i];
+        for (int64_t k = 0; k < p.partition_numel; ++k) {
+          int64_t flat = r * p.partition_numel + k;
+          data[s][p.partition_offset + k] = flat < p.numel ? params[i].values[flat] : 0.0f;
+        }
+      }
+    }
+    std::vector<const float*> ptrs;
+    for (const auto& d : data) ptrs.push_back(d.data());
+    ASSERT_TRUE(WriteShard(step_dir, m, ptrs).ok());
+  }
+}
+
+std::vector<int32_t> AllRanks(int32_t n) {
+  std::vector<int32_t> r;
+  for (int32_t i = 0; i < n; ++i) r.push_back(i);
+  return r;
+}
+
+bool HasTmpFiles(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool found = false;
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::string(e->d_name).find(".tmp.") != std::string::npos) found = true;
+  }
+  ::closedir(d);
+  return found;
+}
+
+void ExpectModelEquals(const std::string& safetensors_path, const std::vector<FullParam>& params) {
+  auto reader = safetensors::Reader::Open(safetensors_path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+  ASSERT_EQ((*reader)->tensors().size(), params.size());
+  for (const FullParam& p : params) {
+    const safetensors::TensorEntry* e = (*reader)->Find(p.name);
+    ASSERT_NE(e, nullptr) << p.name;
+    EXPECT_EQ(e->dtype, "F32");
+    EXPECT_EQ(e->shape, p.shape);
+    auto bytes = (*reader)->ReadTensor(p.name);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_EQ(bytes->size(), p.values.size() * 4) << p.name;
+    EXPECT_EQ(std::memcmp(bytes->data(), p.values.data(), bytes->size()), 0)
+        << p.name << " differs bitwise";
+  }
+}
+
+void ExpectStatus(const absl::Status& s, absl::StatusCode code, absl::string_view substring) {
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_NE(s.message().find(std::string(substring)), absl::string_view::npos)
+      << "message: " << s.message() << "\nwanted: " << substring;
+}
+
+class ConsolidateWorldSizeTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(ConsolidateWorldSizeTest, BitExactReconstruction) {
+  const int32_t n = GetParam();
+  std::string dir = TmpDir(absl::StrCat("ws", n));
+  std::vector<FullParam> model = TestModel();
+  WriteCheckpoint(dir, 100, n, model, AllRanks(n));
+  std::string out = absl::StrCat(dir, "/export");
+  auto result = Consolidate(dir, 100, out);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 100);
+  EXPECT_EQ(result->output_dir, out);
+  EXPECT_EQ(result->safetensors_path, out + "/model.safetensors");
+  EXPECT_EQ(result->config_path, out + "/config.json");
+  EXPECT_EQ(result->num_tensors, 4);
+  EXPECT_EQ(result->tensor_bytes, (10 + 21 + 25 + 1) * 4);
+  ExpectModelEquals(result->safetensors_path, model);
+  struct stat st;
+  ASSERT_EQ(::stat(result->safetensors_path.c_str(), &st), 0);
+  EXPECT_EQ(result->safetensors_bytes, st.st_size);
+  EXPECT_TRUE(result->skipped_tensors.empty());
+  EXPECT_GE(result->seconds, 0.0);
+  auto config = ReadFile(result->config_path);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(*config, nlohmann::json::parse(kConfig).dump(2) + "\n");
+  EXPECT_NE(config->find("\n  \"hidden_size\": 8,\n"), std::string::npos);
+  EXPECT_FALSE(HasTmpFiles(out));
+}
+
+TEST_P(ConsolidateWorldSizeTest, TinyIoBufferAndParamsSectionNotFirst) {
+  const int32_t n = GetParam();
+  std::string dir = TmpDir(absl::StrCat("tinybuf", n));
+  std::vector<FullParam> model = TestModel();
+  WriteCheckpoint(dir, 7, n, model, AllRanks(n), kConfig, {"exp_avg", "fp32_params", "exp_avg_sq"});
+  ConsolidateOptions options;
+  options.io_buffer_bytes = 4;  // one float per read: every chunk boundary is exercised
+  auto result = Consolidate(dir, 0, "", options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 7);
+  EXPECT_EQ(result->output_dir, dir + "/step_00000007/hf");
+  ExpectModelEquals(result->safetensors_path, model);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ConsolidateWorldSizeTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(ConsolidateTest, LargeTensorSpansManyBufferChunks) {
+  std::string dir = TmpDir("large");
+  std::vector<FullParam> model = {{"w", {1000, 3}, Values(3000, 0.5f)}, {"b", {3}, Values(3, 1.0f)}};
+  WriteCheckpoint(dir, 1, 3, model, AllRanks(3));
+  ConsolidateOptions options;
+  options.io_buffer_bytes = 4096;  // 3000 floats = 12000 bytes: several chunks per rank
+  auto result = Consolidate(dir, 1, dir + "/out", options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ExpectModelEquals(result->safetensors_path, model);
+}
+
+TEST(ConsolidateTest, MissingRankIsFailedPrecondition) {
+  std::string dir = TmpDir("missing");
+  WriteCheckpoint(dir, 100, 3, TestModel(), {0, 2});
+  auto result = Consolidate(dir, 100, dir + "/out");
+  ASSERT_FALSE(result.ok());
+  ExpectStatus(result.status(), absl::StatusCode::kFailedPrecondition,
+               "not committed: world_size 3, missing ranks 1 (reported: 0, 2)");
+  // Step 0 (newest committed) finds none.
+  ExpectStatus(Consolidate(dir, 0, dir + "/out").status(), absl::StatusCode::kFailedPrecondition,
+               "no committed checkpoint");
+  struct stat st;
+  EXPECT_NE(::stat((dir + "/out/model.safetensors").c_str(), &st), 0);
+}
+
+TEST(ConsolidateTest, FlippedByteIsDataLossNamingFileAndRank) {
+  std::string dir = TmpDir("flipped");
+  WriteCheckpoint(dir, 100, 2, TestModel(), AllRanks(2));
+  std::string shard = dir + "/step_00000100/rank_1.shard";
+  std::string bytes = *ReadFile(shard);
+  bytes[5] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  auto result = Consolidate(dir, 100, dir + "/out");
+  ASSERT_FALSE(result.ok());
+  ExpectStatus(result.status(), absl::StatusCode::kDataLoss, shard + " (rank 1): CRC-32");
+  struct stat st;
+  EXPECT_NE(::stat((dir + "/out/model.safetensors").c_str(), &st), 0);
+  EXPECT_FALSE(HasTmpFiles(dir + "/out"));
+}
+
+TEST(ConsolidateTest, TruncatedShardIsDataLoss) {
+  std::string dir = TmpDir("truncated");
+  WriteCheckpoint(dir, 100, 2, TestModel(), AllRanks(2));
+  std::string shard = dir + "/step_00000100/rank_0.shard";
+  std::string bytes = *ReadFile(shard);
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes.substr(0, bytes.size() - 4)).ok());
+  auto result = Consolidate(dir, 100, dir + "/out");
+  ASSERT_FALSE(result.ok());
+  ExpectStatus(result.status(), absl::StatusCode::kDataLoss,
+               absl::StrCat(shard, " (rank 0): ", bytes.size() - 4, " bytes, manifest says ",
+                            bytes.size()));
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_FALSE((*list)[0].committed);
+  EXPECT_EQ((*list)[0].commit_status.code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(ConsolidateTest, ManifestsDisagreeingOnWorldSize) {
+  std::string dir = TmpDir("disagree");
+  // Ranks 0-1 of a world of 2, plus a stale rank 2 of an earlier world of 3.
+  WriteCheckpoint(dir, 100, 2, TestModel(), AllRanks(2));
+  WriteCheckpoint(dir, 100, 3, TestModel(), {2});
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_FALSE((*list)[0].committed);
+  ExpectStatus((*list)[0].commit_status, absl::StatusCode::kFailedPrecondition,
+               "manifests disagree: rank 0 says world_size 2, rank 2 says 3");
+  ExpectStatus(Consolidate(dir, 100, dir + "/out").status(), absl::StatusCode::kFailedPrecondition,
+               "manifests disagree");
+}
+
+TEST(ConsolidateTest, ListShowsCommittedAndPartialAndIgnoresTemporaries) {
+  std::string dir = TmpDir("list");
+  WriteCheckpoint(dir, 200, 2, TestModel(), {0});      // partial
+  WriteCheckpoint(dir, 100, 2, TestModel(), AllRanks(2));  // committed
+  WriteCheckpoint(dir, 300, 4, TestModel(), AllRanks(4));  // committed
+  // Leftovers a crash could leave: a temporary manifest, a temporary step directory, stray files.
+  ASSERT_TRUE(WriteFileAtomically(dir + "/step_00000200/rank_1.manifest.json.tmp.4242", "{").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/step_00000200/rank_1.shard.tmp.4242", "xx").ok());
+  ASSERT_TRUE(MakeDirs(dir + "/step_00000400.tmp.17").ok());
+  ASSERT_TRUE(MakeDirs(dir + "/step_500").ok());  // not the canonical 8-digit name
+  ASSERT_TRUE(WriteFileAtomically(dir + "/latest", "300").ok());
+
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 3u);
+  const CheckpointInfo& a = (*list)[0];
+  const CheckpointInfo& b = (*list)[1];
+  const CheckpointInfo& c = (*list)[2];
+  EXPECT_EQ(a.step, 100);
+  EXPECT_TRUE(a.committed);
+  EXPECT_TRUE(a.commit_status.ok());
+  EXPECT_EQ(a.world_size, 2);
+  EXPECT_EQ(a.ranks_reported, (std::vector<int32_t>{0, 1}));
+  EXPECT_TRUE(a.missing_ranks.empty());
+  EXPECT_EQ(a.path, dir + "/step_00000100");
+  int64_t expected_bytes = 0;
+  for (int r = 0; r < 2; ++r) {
+    struct stat st;
+    ASSERT_EQ(::stat(absl::StrCat(a.path, "/", ShardFileName(r)).c_str(), &st), 0);
+    expected_bytes += st.st_size;
+    ASSERT_EQ(::stat(absl::StrCat(a.path, "/", ManifestFileName(r)).c_str(), &st), 0);
+    expected_bytes += st.st_size;
+  }
+  EXPECT_EQ(a.total_bytes, expected_bytes);
+
+  EXPECT_EQ(b.step, 200);
+  EXPECT_FALSE(b.committed);
+  EXPECT_EQ(b.world_size, 2);
+  EXPECT_EQ(b.ranks_reported, (std::vector<int32_t>{0}));
+  EXPECT_EQ(b.missing_ranks, (std::vector<int32_t>{1}));
+  ExpectStatus(b.commit_status, absl::StatusCode::kFailedPrecondition, "missing ranks 1");
+
+  EXPECT_EQ(c.step, 300);
+  EXPECT_TRUE(c.committed);
+  EXPECT_EQ(c.world_size, 4);
+
+  auto newest = NewestCommittedCheckpoint(dir);
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->step, 300);
+  auto consolidated = Consolidate(dir, 0, "");
+  ASSERT_TRUE(consolidated.ok()) << consolidated.status();
+  EXPECT_EQ(consolidated->step, 300);
+  // The default output lives inside the step directory and does not disturb listing.
+  auto again = ListCheckpoints(dir);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[2].total_bytes, c.total_bytes);
+  EXPECT_TRUE((*again)[2].committed);
+}
+
+TEST(ConsolidateTest, NotFoundCases) {
+  std::string dir = TmpDir("notfound");
+  ExpectStatus(ListCheckpoints(dir + "/nope").status(), absl::StatusCode::kNotFound, "nope");
+  ExpectStatus(Consolidate(dir + "/nope", 0, "").status(), absl::StatusCode::kNotFound, "nope");
+  ExpectStatus(Consolidate(dir, 0, "").status(), absl::StatusCode::kNotFound, "no checkpoints");
+  WriteCheckpoint(dir, 100, 1, TestModel(), {0});
+  ExpectStatus(Consolidate(dir, 99, "").status(), absl::StatusCode::kNotFound,
+               "no checkpoint of step 99");
+  EXPECT_TRUE(Consolidate(dir, 100, "").ok());
+}
+
+TEST(ConsolidateTest, TiedEmbeddingsStoreTheTensorOnce) {
+  std::string dir = TmpDir("tied");
+  std::vector<FullParam> model = TestModel();
+  model.push_back({"lm_head.weight", {10}, Values(10, 1.0f)});
+  const std::string tied =
+      R"({"hidden_size":8,"model_type":"llama","tie_word_embeddings":true,"vocab_size":256})";
+  WriteCheckpoint(dir, 5, 2, model, AllRanks(2), tied);
+  auto result = Consolidate(dir, 5, dir + "/out");
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->num_tensors, 4);
+  EXPECT_EQ(result->skipped_tensors, (std::vector<std::string>{"lm_head.weight"}));
+  model.pop_back();
+  ExpectModelEquals(result->safetensors_path, model);
+
+  // Untied: lm_head.weight is its own tensor and is written.
+  std::string dir2 = TmpDir("untied");
+  std::vector<FullParam> model2 = TestModel();
+  model2.push_back({"lm_head.weight", {10}, Values(10, 9.0f)});
+  WriteCheckpoint(dir2, 5, 2, model2, AllRanks(2));
+  auto result2 = Consolidate(dir2, 5, dir2 + "/out");
+  ASSERT_TRUE(result2.ok()) << result2.status();
+  EXPECT_EQ(result2->num_tensors, 5);
+  ExpectModelEquals(result2->safetensors_path, model2);
+}
+
+TEST(ConsolidateTest, RerunAfterPartialOutputLeavesCorrectFile) {
+  std::string dir = TmpDir("rerun");
+  std::vector<FullParam> model = TestModel();
+  WriteCheckpoint(dir, 100, 3, model, AllRanks(3));
+  std::string out = dir + "/out";
+  ASSERT_TRUE(MakeDirs(out).ok());
+  // What a killed run could have left: a temporary of a dead process, and an older, different
+  // output at the final name.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  const std::string stale = absl::StrCat(out, "/model.safetensors.tmp.", child);
+  ASSERT_TRUE(WriteFileAtomically(stale, std::string(1000, 'z')).ok());
+  ASSERT_TRUE(WriteFileAtomically(out + "/model.safetensors", "garbage").ok());
+  ASSERT_TRUE(WriteFileAtomically(out + "/config.json", "{").ok());
+
+  auto result = Consolidate(dir, 100, out);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ExpectModelEquals(result->safetensors_path, model);
+  EXPECT_EQ(*ReadFile(result->config_path), nlohmann::json::parse(kConfig).dump(2) + "\n");
+  EXPECT_FALSE(HasTmpFiles(out));
+
+  // A second run over a good output gives the same bytes.
+  std::string first = *ReadFile(result->safetensors_path);
+  ASSERT_TRUE(Consolidate(dir, 100, out).ok());
+  EXPECT_EQ(*ReadFile(result->safetensors_path), first);
+}
+
+}  // namespace
+}  // namespace loom::storage
