@@ -1,5 +1,7 @@
 #include "services/checkpoint/checkpoint_service.h"
 
+#include "common/grpc_status.h"
+
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
 #include <prometheus/counter.h>
@@ -69,11 +71,6 @@ absl::Status JobDirExists(const std::string& job_id, const std::string& dir) {
 }
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,
                                              const std::string& job_id) {

@@ -25,9 +25,6 @@ class Family;
 
 namespace loom {
 
-// absl::Status -> grpc::Status; the canonical codes are the same numbers, the message is kept.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 // <checkpoint_root>/<job_id>. INVALID_ARGUMENT if job_id is empty, contains '/', a NUL byte or
 // "..", or is ".".
 absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,

@@ -16,6 +16,8 @@
 // under `wait`, 2 for a usage error.
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -209,7 +211,13 @@ int main(int argc, char** argv) {
     loom::v1::ConsolidateCheckpointRequest req;
     req.set_job_id(arg);
     req.set_step(absl::GetFlag(FLAGS_step));
-    req.set_output_dir(absl::GetFlag(FLAGS_output_dir));
+    std::string out = absl::GetFlag(FLAGS_output_dir);
+    if (!out.empty() && out[0] != '/') {
+      // The service runs elsewhere; it takes absolute paths only.
+      char cwd[4096];
+      if (::getcwd(cwd, sizeof(cwd)) != nullptr) out = absl::StrCat(cwd, "/", out);
+    }
+    req.set_output_dir(out);
     loom::v1::ConsolidateCheckpointResponse resp;
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
