@@ -3,6 +3,7 @@
 // DeepSpeed LR schedules), held-out evaluation, checkpoint shards and resume.
 //
 // Header is torch-free so that binaries link the engine without compiling LibTorch headers.
+// RunTraining is not thread-safe: one call per process (it sets LibTorch's global thread count).
 #ifndef LOOM_WORKER_ENGINE_ENGINE_H_
 #define LOOM_WORKER_ENGINE_ENGINE_H_
 
