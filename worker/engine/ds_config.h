@@ -1,7 +1,7 @@
 // DeepSpeed JSON configuration (ds_config.json) as Loom's engine understands it: parsing with
 // DeepSpeed's code defaults (TECHNIQUES.md §0, §1.9; deepspeed/runtime/config.py,
 // zero/config.py, lr_schedules.py), batch-size arithmetic, validation, and the learning-rate
-// schedules. No LibTorch.
+// schedules. No LibTorch. All functions are pure and thread-safe.
 //
 // Policy for keys: unknown keys are rejected with their path. Recognised keys that the engine
 // does not implement are accepted when ignoring them cannot change results (bucket sizes,

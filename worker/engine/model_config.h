@@ -2,7 +2,7 @@
 // validation, the exported config.json and the parameter list in Hugging Face order.
 //
 // No LibTorch here: the scheduler (memory planning), the checkpoint service (consolidation) and
-// the trainer all use this library.
+// the trainer all use this library. All functions are pure and thread-safe.
 #ifndef LOOM_WORKER_ENGINE_MODEL_CONFIG_H_
 #define LOOM_WORKER_ENGINE_MODEL_CONFIG_H_
 

@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""Independent check of an exported Loom model against the trainer's own logits.
+
+Usage:
+  /usr/bin/python3 check_export.py --model_dir DIR --logits final_logits.json [--atol 1e-4]
+
+DIR holds model.safetensors (F32/F16/BF16/F64 tensors with Hugging Face Llama names) and
+config.json. final_logits.json is written by loom-trainer's rank 0 at the end of training:
+{"tokens": [t0, ..., t31], "logits": [[vocab floats] per position]}, computed by the live
+ZeRO-3 model. This script parses the safetensors file itself (8-byte little-endian header
+length, JSON header, raw little-endian data; TECHNIQUES.md §5.3), rebuilds the Llama forward
+pass in plain PyTorch (Hugging Face LlamaForCausalLM semantics, written independently of the
+C++ engine; tied embeddings when lm_head.weight is absent) in float64, runs it on the tokens
+and compares with the C++ logits. Prints the max absolute difference; exits 0 when it is
+<= atol, 1 on a mismatch, 2 on malformed input.
+
+Needs only Debian's python3-torch (1.13) and the standard library: no safetensors or
+transformers package.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class ExportError(Exception):
+    pass
+
+
+def read_safetensors(path):
+    """Returns {name: tensor} from a safetensors file, validating its layout."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ExportError(f"{path}: shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    if 8 + header_len > len(blob):
+        raise ExportError(f"{path}: header length {header_len} exceeds the file")
+    header_bytes = blob[8:8 + header_len]
+    if not header_bytes.startswith(b"{"):
+        raise ExportError(f"{path}: header does not start with '{{'")
+    header = json.loads(header_bytes.decode("utf-8"))
+    data = blob[8 + header_len:]
+    entries = sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                     key=lambda kv: kv[1]["data_offsets"][0])
+    tensors = {}
+    expected_begin = 0
+    for name, info in entries:
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ExportError(f"{path}: {name}: unsupported dtype {info['dtype']}")
+        begin, end = info["data_offsets"]
+        shape = list(info["shape"])
+        numel = math.prod(shape)
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        if begin != expected_begin or end - begin != numel * itemsize:
+            raise ExportError(f"{path}: {name}: data_offsets {begin},{end} are not contiguous "
+                              f"or do not match shape {shape} x {itemsize} bytes")
+        expected_begin = end
+        raw = bytearray(data[begin:end])
+        t = torch.frombuffer(raw, dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+        tensors[name] = t.reshape(shape).clone()
+    if expected_begin != len(data):
+        raise ExportError(f"{path}: {len(data) - expected_begin} trailing bytes after the data")
+    return tensors
+
+
+def expected_names(cfg, tied):
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
+        names += [p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+    if not tied:
+        names.append("lm_head.weight")
+    return set(names)
+
+
+def llama_logits(w, cfg, tokens):
+    """Hugging Face LlamaForCausalLM forward for one sequence; returns [T, vocab] float64."""
+    hidden = cfg["hidden_size"]
+    n_heads = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads") or n_heads
+    head_dim = cfg.get("head_dim") or hidden // n_heads
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    theta = cfg.get("rope_theta", 10000.0)
+    T = len(tokens)
+
+    def norm(x, weight):
+        variance = (x * x).mean(dim=-1, keepdim=True)
+        return weight * (x / torch.sqrt(variance + eps))
+
+    # Rotary angles: position m, pair i rotates by m * theta^(-2i/d); HF pairs i with i + d/2.
+    half = head_dim // 2
+    inv = torch.tensor([theta ** (-2.0 * i / head_dim) for i in range(half)], dtype=torch.float64)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]  # [T, d/2]
+    c, s = torch.cos(ang), torch.sin(ang)
+
+    def rotate(x):  # x: [heads, T, d]
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+
+    ids = torch.tensor(tokens, dtype=torch.long)
+    h = w["model.embed_tokens.weight"][ids]  # [T, H]
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    group = n_heads // n_kv
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        x = norm(h, w[p + "input_layernorm.weight"])
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(T, n_heads, head_dim).transpose(0, 1)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(T, n_kv, head_dim).transpose(0, 1)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(T, n_kv, head_dim).transpose(0, 1)
+        q, k = rotate(q), rotate(k)
+        heads = []
+        for hq in range(n_heads):
+            kv = hq // group  # query head hq reads key/value head hq // group
+            scores = (q[hq] @ k[kv].T) / math.sqrt(head_dim)
+            scores = scores.masked_fill(causal, float("-inf"))
+            heads.append(torch.softmax(scores, dim=-1) @ v[kv])
+        attn = torch.stack(heads, dim=1).reshape(T, n_heads * head_dim)
+        h = h + attn @ w[p + "self_attn.o_proj.weight"].T
+        x = norm(h, w[p + "post_attention_layernorm.weight"])
+        gate = x @ w[p + "mlp.gate_proj.weight"].T
+        up = x @ w[p + "mlp.up_proj.weight"].T
+        h = h + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    h = norm(h, w["model.norm.weight"])
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return h @ head.T
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model_dir", required=True)
+    ap.add_argument("--logits", required=True)
+    ap.add_argument("--atol", type=float, default=1e-4)
+    args = ap.parse_args(argv)
+    try:
+        with open(os.path.join(args.model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        weights = read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
+        tied = "lm_head.weight" not in weights
+        if tied and cfg.get("tie_word_embeddings") is False:
+            raise ExportError("lm_head.weight is missing but config.json has "
+                              "tie_word_embeddings false")
+        want = expected_names(cfg, tied)
+        missing, unexpected = want - set(weights), set(weights) - want
+        if missing or unexpected:
+            raise ExportError(f"missing tensors {sorted(missing)}, unexpected {sorted(unexpected)}")
+        weights = {k: v.to(torch.float64) for k, v in weights.items()}
+        with open(args.logits) as f:
+            ref = json.load(f)
+        tokens = ref["tokens"]
+        cpp = torch.tensor(ref["logits"], dtype=torch.float64)
+    except (OSError, ValueError, KeyError, ExportError) as e:
+        print(f"check_export: error: {e}", file=sys.stderr)
+        return 2
+    with torch.no_grad():
+        ours = llama_logits(weights, cfg, tokens)
+    if ours.shape != cpp.shape:
+        print(f"check_export: shape mismatch: python {tuple(ours.shape)} vs "
+              f"C++ {tuple(cpp.shape)}")
+        return 1
+    diff = (ours - cpp).abs().max().item()
+    ok = diff <= args.atol
+    print(f"check_export: {len(tokens)} tokens, vocab {cpp.shape[1]}, tied={tied}: "
+          f"max |python - C++| = {diff:.3e} (atol {args.atol:g}) -> {'OK' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

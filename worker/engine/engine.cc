@@ -1,0 +1,376 @@
+#include "worker/engine/engine.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "storage/checkpoint/shard_format.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/corpus.h"
+#include "worker/engine/zero_llama.h"
+
+namespace loom::engine {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kFinalLogitTokens = 32;
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw CollectiveError(s);
+}
+
+class Trainer {
+ public:
+  Trainer(const EngineOptions& o, Collectives& coll, const EventCallback& emit,
+          const std::atomic<bool>* stop)
+      : o_(o), coll_(coll), emit_(emit), stop_(stop) {}
+
+  absl::Status Run();
+
+ private:
+  void Emit(json j) { emit_(j.dump()); }
+  // [rows, seq+1] int64 windows of `stream` starting at `starts`.
+  at::Tensor Windows(const std::vector<uint8_t>& stream, const std::vector<int64_t>& starts);
+  double MeanAcrossRanks(double local);
+  double Evaluate();
+  // One optimizer step (0-based `step`): GAS micro-batches, clip, Adam. Returns the mean loss.
+  double TrainStep(int64_t step, double* grad_norm, double* lr);
+  void AdamStep(int64_t t, double lr);
+  absl::Status SaveCheckpoint(int64_t step);
+  absl::Status LoadCheckpoint(const std::string& step_dir, int64_t* step);
+  absl::Status WriteFinalLogits();
+  bool StopAgreed();
+
+  const EngineOptions& o_;
+  Collectives& coll_;
+  const EventCallback& emit_;
+  const std::atomic<bool>* stop_;
+  Corpus corpus_;
+  std::unique_ptr<ZeroLlama> model_;
+  int64_t optimizer_step_ = 0;
+};
+
+at::Tensor Trainer::Windows(const std::vector<uint8_t>& stream,
+                            const std::vector<int64_t>& starts) {
+  const int64_t w = o_.sequence_length + 1;
+  at::Tensor out = at::empty({static_cast<int64_t>(starts.size()), w}, at::kLong);
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < starts.size(); ++i) {
+    for (int64_t j = 0; j < w; ++j) dst[i * w + j] = stream[starts[i] + j];
+  }
+  return out;
+}
+
+double Trainer::MeanAcrossRanks(double local) {
+  at::Tensor t = at::full({1}, local, at::kDouble);
+  Check(coll_.AllReduce(t, ReduceOp::kSum));
+  return t.item<double>() / coll_.world_size();
+}
+
+bool Trainer::StopAgreed() {
+  at::Tensor flag = at::full({1}, (stop_ != nullptr && stop_->load()) ? 1.0 : 0.0, at::kDouble);
+  Check(coll_.AllReduce(flag, ReduceOp::kMax));
+  return flag.item<double>() > 0;
+}
+
+double Trainer::Evaluate() {
+  at::NoGradGuard no_grad;
+  const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
+  const int64_t n = coll_.world_size(), r = coll_.rank();
+  const int64_t total = o_.eval_batches * micro * n;  // same for any N at a fixed global batch
+  const int64_t len = corpus_.heldout.size(), w = o_.sequence_length + 1;
+  double sum = 0;
+  for (int64_t b = 0; b < o_.eval_batches; ++b) {
+    std::vector<int64_t> starts;
+    for (int64_t i = 0; i < micro; ++i) {
+      starts.push_back(EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
+    }
+    at::Tensor win = Windows(corpus_.heldout, starts);
+    at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length));
+    at::Tensor loss = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, o_.model.vocab_size}),
+        win.narrow(1, 1, o_.sequence_length).reshape({-1}));
+    sum += loss.item<double>();
+  }
+  return MeanAcrossRanks(sum / o_.eval_batches);
+}
+
+double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr) {
+  const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
+  const int64_t gas = o_.ds.gradient_accumulation_steps;
+  const int64_t r = coll_.rank();
+  const int64_t len = corpus_.train.size(), w = o_.sequence_length + 1;
+  double loss_sum = 0;
+  for (int64_t m = 0; m < gas; ++m) {
+    std::vector<int64_t> starts;
+    for (int64_t i = 0; i < micro; ++i) {
+      starts.push_back(TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
+    }
+    at::Tensor win = Windows(corpus_.train, starts);
+    at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length));
+    at::Tensor loss = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, o_.model.vocab_size}),
+        win.narrow(1, 1, o_.sequence_length).reshape({-1}));
+    loss_sum += loss.item<double>();
+    (loss / static_cast<double>(gas)).backward();
+  }
+  const double mean_loss = MeanAcrossRanks(loss_sum / gas);
+
+  at::NoGradGuard no_grad;
+  // Global norm = sqrt(all-reduce SUM of Σ local partition ||g||^2) (padding grads are zero).
+  double local_sq = 0;
+  for (ZeroParam& p : model_->params()) {
+    const at::Tensor& g = p.partition.grad();
+    if (g.defined()) local_sq += g.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  at::Tensor sq = at::full({1}, local_sq, at::kDouble);
+  Check(coll_.AllReduce(sq, ReduceOp::kSum));
+  const double norm = std::sqrt(sq.item<double>());
+  *grad_norm = norm;
+  // DeepSpeed ZeRO (fp32, loss_scale 1): clip = max(1, (norm + 1e-6) / max_norm); g /= clip.
+  if (o_.ds.gradient_clipping > 0) {
+    const double clip = (norm + 1e-6) / o_.ds.gradient_clipping;
+    if (clip > 1.0) {
+      for (ZeroParam& p : model_->params()) {
+        if (p.partition.grad().defined()) p.partition.mutable_grad().mul_(1.0 / clip);
+      }
+    }
+  }
+  *lr = LearningRateAtStep(o_.ds, step);
+  AdamStep(++optimizer_step_, *lr);
+  for (ZeroParam& p : model_->params()) p.partition.mutable_grad() = at::Tensor();
+  return mean_loss;
+}
+
+// torch.optim.Adam/AdamW (single-tensor path, PyTorch 1.13) on this rank's partitions.
+void Trainer::AdamStep(int64_t t, double lr) {
+  const OptimizerConfig& oc = o_.ds.optimizer;
+  const double bc1 = oc.bias_correction ? 1.0 - std::pow(oc.beta1, t) : 1.0;
+  const double bc2 = oc.bias_correction ? 1.0 - std::pow(oc.beta2, t) : 1.0;
+  const double step_size = lr / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  for (ZeroParam& p : model_->params()) {
+    at::Tensor param = p.partition;
+    at::Tensor grad = p.partition.grad();
+    if (!grad.defined()) grad = at::zeros_like(param);
+    if (oc.weight_decay != 0) {
+      if (oc.decoupled_weight_decay) {
+        param.mul_(1.0 - lr * oc.weight_decay);
+      } else {
+        grad = grad.add(param, oc.weight_decay);
+      }
+    }
+    p.exp_avg.mul_(oc.beta1).add_(grad, 1.0 - oc.beta1);
+    p.exp_avg_sq.mul_(oc.beta2).addcmul_(grad, grad, 1.0 - oc.beta2);
+    at::Tensor denom = (p.exp_avg_sq.sqrt() / bc2_sqrt).add_(oc.eps);
+    param.addcdiv_(p.exp_avg, denom, -step_size);
+  }
+}
+
+absl::Status Trainer::SaveCheckpoint(int64_t step) {
+  storage::ShardManifest m;
+  m.step = step;
+  m.rank = coll_.rank();
+  m.world_size = coll_.world_size();
+  m.zero_stage = 3;  // the stage-3 per-parameter layout (also for a 1-rank stage-0 run)
+  m.model_config_json = LlamaConfigToHfJson(o_.model);
+  m.tokenizer = o_.tokenizer;
+  m.optimizer_step = optimizer_step_;
+  m.optimizer = o_.ds.optimizer.name();
+  m.sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
+  std::vector<at::Tensor> fp, ea, eas;
+  for (ZeroParam& p : model_->params()) {
+    storage::ShardParam sp;
+    sp.name = p.spec.name;
+    sp.shape = p.spec.shape;
+    sp.numel = p.numel;
+    m.params.push_back(sp);
+    fp.push_back(p.partition.detach());
+    ea.push_back(p.exp_avg);
+    eas.push_back(p.exp_avg_sq);
+  }
+  storage::AssignPartitionLayout(m);
+  at::Tensor a = at::cat(fp).contiguous(), b = at::cat(ea).contiguous(),
+             c = at::cat(eas).contiguous();
+  const float* data[] = {a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>()};
+  const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
+  RETURN_IF_ERROR(storage::WriteShard(dir, m, absl::MakeConstSpan(data, 3)));
+  Emit({{"event", "checkpoint"}, {"step", step}, {"dir", dir}});
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
+  ASSIGN_OR_RETURN(storage::ShardManifest m0, storage::ReadManifest(dir, 0));
+  if (m0.world_size != coll_.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: ", dir, " was written with world size ", m0.world_size,
+        " but this run has world size ", coll_.world_size(),
+        " (ZeRO-3 shards cannot be resharded here; consolidate and restart instead)"));
+  }
+  ASSIGN_OR_RETURN(storage::ShardManifest m, storage::ReadManifest(dir, coll_.rank()));
+  std::vector<ZeroParam>& params = model_->params();
+  if (m.params.size() != params.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: ", dir, " has ", m.params.size(), " parameters, the model has ",
+        params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (m.params[i].name != params[i].spec.name || m.params[i].shape != params[i].spec.shape ||
+        m.params[i].partition_numel != params[i].slice.partition_numel) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resume_from: ", dir, " parameter ", i, " is ", m.params[i].name,
+          ", the model expects ", params[i].spec.name, " with the same shape"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<float> data, storage::ReadShardVerified(dir, m));
+  ASSIGN_OR_RETURN(int64_t off_p, storage::SectionOffset(m, "fp32_params"));
+  ASSIGN_OR_RETURN(int64_t off_a, storage::SectionOffset(m, "exp_avg"));
+  ASSIGN_OR_RETURN(int64_t off_s, storage::SectionOffset(m, "exp_avg_sq"));
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t off = m.params[i].partition_offset, n = m.params[i].partition_numel;
+    auto copy = [&](at::Tensor& dst, int64_t section) {
+      std::memcpy(dst.data_ptr<float>(), data.data() + section + off, n * sizeof(float));
+    };
+    copy(params[i].partition, off_p);
+    copy(params[i].exp_avg, off_a);
+    copy(params[i].exp_avg_sq, off_s);
+  }
+  optimizer_step_ = m.optimizer_step;
+  *step = m.step;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::WriteFinalLogits() {
+  at::NoGradGuard no_grad;
+  const int64_t n = std::min<int64_t>({kFinalLogitTokens, o_.model.max_position_embeddings,
+                                       static_cast<int64_t>(corpus_.heldout.size())});
+  std::vector<int64_t> tokens(corpus_.heldout.begin(), corpus_.heldout.begin() + n);
+  at::Tensor ids = at::tensor(tokens, at::kLong).view({1, n});
+  at::Tensor logits = model_->Forward(ids).squeeze(0).contiguous();  // all ranks gather
+  if (coll_.rank() != 0 || o_.checkpoint_dir.empty()) return absl::OkStatus();
+  json rows = json::array();
+  const float* p = logits.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    rows.push_back(std::vector<float>(p + i * o_.model.vocab_size,
+                                      p + (i + 1) * o_.model.vocab_size));
+  }
+  json out = {{"tokens", tokens}, {"logits", std::move(rows)}};
+  RETURN_IF_ERROR(MakeDirs(o_.checkpoint_dir));
+  return WriteFileAtomically(o_.checkpoint_dir + "/final_logits.json", out.dump());
+}
+
+absl::Status Trainer::Run() {
+  at::set_num_threads(o_.threads_per_rank);
+  ASSIGN_OR_RETURN(corpus_, LoadCorpus(o_.data));
+  const int64_t w = o_.sequence_length + 1;
+  if (static_cast<int64_t>(corpus_.train.size()) < w ||
+      static_cast<int64_t>(corpus_.heldout.size()) < w) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "training.sequence_length: ", o_.sequence_length, " + 1 tokens do not fit the corpus (",
+        corpus_.train.size(), " train, ", corpus_.heldout.size(), " held-out tokens)"));
+  }
+  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed));
+  int64_t start = 0;
+  if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
+  if (start > o_.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.steps: ", o_.steps, " is below the resumed checkpoint's step ", start));
+  }
+  Emit({{"event", "started"},
+        {"rank", coll_.rank()},
+        {"world_size", coll_.world_size()},
+        {"params", LlamaParamCount(o_.model)},
+        {"partition_bytes", model_->partition_bytes()},
+        {"start_step", start}});
+  LOG(INFO) << "rank " << coll_.rank() << "/" << coll_.world_size() << ": "
+            << LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
+            << " bytes, corpus " << corpus_.train.size() << "/" << corpus_.heldout.size()
+            << " tokens, start step " << start;
+
+  const double initial_eval = Evaluate();
+  Emit({{"event", "eval"}, {"step", start}, {"loss", initial_eval}});
+  double last_eval = initial_eval;
+  int64_t last_checkpoint = o_.resume_from.empty() ? -1 : start;
+  const int64_t global_tokens = o_.ds.train_batch_size * o_.sequence_length;
+
+  for (int64_t s = start; s < o_.steps; ++s) {
+    if (StopAgreed()) {
+      Emit({{"event", "stopped"}, {"step", s}});
+      return absl::CancelledError(absl::StrCat("stopped by signal before step ", s + 1));
+    }
+    model_->tracker().ResetPeak();
+    const auto t0 = std::chrono::steady_clock::now();
+    double grad_norm = 0, lr = 0;
+    const double loss = TrainStep(s, &grad_norm, &lr);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Emit({{"event", "step"},
+          {"step", s + 1},
+          {"loss", loss},
+          {"tokens_per_s", global_tokens / std::max(secs, 1e-9)},
+          {"step_time_s", secs},
+          {"lr", lr},
+          {"grad_norm", grad_norm},
+          {"gathered_bytes_between_steps", model_->tracker().current()},
+          {"peak_gathered_bytes", model_->tracker().peak()},
+          {"partition_bytes", model_->partition_bytes()}});
+    const bool last = s + 1 == o_.steps;
+    if (!last && o_.eval_every_steps > 0 && (s + 1) % o_.eval_every_steps == 0) {
+      last_eval = Evaluate();
+      Emit({{"event", "eval"}, {"step", s + 1}, {"loss", last_eval}});
+    }
+    if (!last && !o_.checkpoint_dir.empty() && o_.checkpoint_interval_steps > 0 &&
+        (s + 1) % o_.checkpoint_interval_steps == 0) {
+      RETURN_IF_ERROR(SaveCheckpoint(s + 1));
+      last_checkpoint = s + 1;
+    }
+  }
+  if (o_.steps > start) {
+    last_eval = Evaluate();
+    Emit({{"event", "eval"}, {"step", o_.steps}, {"loss", last_eval}});
+  }
+  if (!o_.checkpoint_dir.empty() && last_checkpoint != o_.steps) {
+    RETURN_IF_ERROR(SaveCheckpoint(o_.steps));
+  }
+  RETURN_IF_ERROR(WriteFinalLogits());
+  Check(coll_.Barrier());
+  Emit({{"event", "done"},
+        {"step", o_.steps},
+        {"initial_eval_loss", initial_eval},
+        {"final_eval_loss", last_eval}});
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunTraining(const EngineOptions& options, Collectives& collectives,
+                         const EventCallback& emit, const std::atomic<bool>* stop_requested) {
+  if (collectives.world_size() != options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size: collectives have ",
+                                                   collectives.world_size(), ", options ",
+                                                   options.world_size));
+  }
+  Trainer trainer(options, collectives, emit, stop_requested);
+  try {
+    return trainer.Run();
+  } catch (const CollectiveError& e) {
+    return e.status();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("engine: ", e.what()));
+  }
+}
+
+}  // namespace loom::engine

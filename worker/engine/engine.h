@@ -1,0 +1,40 @@
+// The training loop of one rank: ZeRO-3 Llama on the byte-level corpus with DeepSpeed
+// semantics (gradient accumulation, global-norm clipping, Adam/AdamW on the fp32 partition,
+// DeepSpeed LR schedules), held-out evaluation, checkpoint shards and resume.
+//
+// Header is torch-free so that binaries link the engine without compiling LibTorch headers.
+// RunTraining is not thread-safe: one call per process (it sets LibTorch's global thread count).
+#ifndef LOOM_WORKER_ENGINE_ENGINE_H_
+#define LOOM_WORKER_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/engine/engine_options.h"
+
+namespace loom::engine {
+
+class Collectives;
+
+// One progress event as a single-line JSON object, e.g.
+//   {"event":"step","step":3,"loss":5.1,...}. See worker/trainer/main.cc for the protocol.
+using EventCallback = std::function<void(const std::string& json_line)>;
+
+// Runs training for this rank (options.rank of options.world_size; `collectives` must match).
+// Emits, in order: started; eval (step 0 or the resume step); per step: step, then eval every
+// eval_every_steps and checkpoint every checkpoint_interval_steps; after the last step: eval,
+// checkpoint (when checkpoint_dir is set) and done. Rank 0 writes
+// <checkpoint_dir>/final_logits.json (32 held-out tokens and the model's logits for them).
+// `stop_requested` (may be null) is polled at each step boundary and agreed on by all ranks
+// (all-reduce MAX), so every rank stops after the same step.
+// Errors: CANCELLED when stopped; INVALID_ARGUMENT / FAILED_PRECONDITION for bad data or resume
+// checkpoints (naming the field or file); DEADLINE_EXCEEDED / UNAVAILABLE for collective
+// failures; INTERNAL for LibTorch errors. Never throws.
+absl::Status RunTraining(const EngineOptions& options, Collectives& collectives,
+                         const EventCallback& emit, const std::atomic<bool>* stop_requested);
+
+}  // namespace loom::engine
+
+#endif  // LOOM_WORKER_ENGINE_ENGINE_H_

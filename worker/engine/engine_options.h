@@ -1,0 +1,48 @@
+// Everything one training rank needs to know about its job, parsed from a JobSpec in protobuf's
+// JSON mapping (proto/common.proto, preserve_proto_field_names). Torch-free and proto-free: the
+// trainer reads the JSON with nlohmann json so the engine never links protobuf.
+#ifndef LOOM_WORKER_ENGINE_ENGINE_OPTIONS_H_
+#define LOOM_WORKER_ENGINE_ENGINE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/engine/corpus.h"
+#include "worker/engine/ds_config.h"
+#include "worker/engine/model_config.h"
+
+namespace loom::engine {
+
+struct EngineOptions {
+  LlamaConfig model;
+  std::string model_config_json;  // the spec's model.config object, as given
+  DeepSpeedConfig ds;
+  CorpusOptions data;
+  std::string tokenizer = "byte";
+  int64_t steps = 0;               // total optimizer steps (a resumed run continues up to it)
+  int64_t sequence_length = 0;     // tokens per sample (targets are shifted by one)
+  uint64_t seed = 0;
+  int64_t eval_every_steps = 0;    // 0: only before and after training
+  int64_t eval_batches = 8;        // held-out micro-batches per evaluation
+  int threads_per_rank = 1;        // intra-op threads
+  int64_t checkpoint_interval_steps = 0;  // 0: only at the end
+  // Run-time (from flags, not the spec).
+  int rank = 0;
+  int world_size = 1;
+  std::string checkpoint_dir;      // where step_<S>/rank_<r>.shard go; empty: no checkpoints
+  std::string resume_from;         // a step directory to resume from; empty: fresh start
+  std::string job_id;
+  absl::Duration collective_timeout = absl::Seconds(300);
+};
+
+// Parses a JobSpec JSON object (fields model.config, dataset, deepspeed_config, training,
+// checkpoint; others ignored) for `world_size` ranks. int64 fields may be JSON numbers or
+// strings. Errors: INVALID_ARGUMENT naming the field ("training.sequence_length: ..."),
+// "model.config.*" and "deepspeed_config.*" errors from the config parsers.
+absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int world_size);
+
+}  // namespace loom::engine
+
+#endif  // LOOM_WORKER_ENGINE_ENGINE_OPTIONS_H_

@@ -1,0 +1,68 @@
+#include "worker/engine/engine_options.h"
+
+#include "gtest/gtest.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr char kSpec[] = R"({
+  "name": "tiny",
+  "model": {"config": {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}},
+  "dataset": {"name": "fortunes", "tokenizer": "byte"},
+  "deepspeed_config": {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
+                       "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                       "zero_optimization": {"stage": 3}},
+  "resources": {"num_ranks": 2},
+  "training": {"steps": "12", "sequence_length": 32, "seed": "7", "eval_every_steps": "4"},
+  "checkpoint": {"interval_steps": "6", "consolidate_on_success": true}
+})";
+
+TEST(ParseJobSpecJsonTest, ReadsEveryFieldAndAcceptsInt64Strings) {
+  absl::StatusOr<EngineOptions> o = ParseJobSpecJson(kSpec, 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model.hidden_size, 64);
+  EXPECT_EQ(o->ds.train_batch_size, 12);
+  EXPECT_EQ(o->data.path, kFortunesPath);
+  EXPECT_DOUBLE_EQ(o->data.holdout_fraction, 0.05);
+  EXPECT_EQ(o->steps, 12);
+  EXPECT_EQ(o->sequence_length, 32);
+  EXPECT_EQ(o->seed, 7u);
+  EXPECT_EQ(o->eval_every_steps, 4);
+  EXPECT_EQ(o->eval_batches, 8);
+  EXPECT_EQ(o->threads_per_rank, 1);
+  EXPECT_EQ(o->checkpoint_interval_steps, 6);
+  EXPECT_EQ(o->world_size, 2);
+}
+
+TEST(ParseJobSpecJsonTest, ErrorsNameTheField) {
+  std::string spec = kSpec;
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = spec;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  absl::StatusOr<EngineOptions> o =
+      ParseJobSpecJson(with("\"sequence_length\": 32", "\"sequence_length\": 65"), 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("training.sequence_length: 65"), std::string::npos);
+  o = ParseJobSpecJson(with("\"steps\": \"12\"", "\"steps\": 0"), 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("training.steps"), std::string::npos);
+  o = ParseJobSpecJson(with("\"vocab_size\": 256", "\"vocab_size\": 100"), 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("model.config.vocab_size"), std::string::npos);
+  o = ParseJobSpecJson(with("\"tokenizer\": \"byte\"", "\"tokenizer\": \"bpe\""), 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("dataset.tokenizer"), std::string::npos);
+  o = ParseJobSpecJson(with("\"stage\": 3", "\"stage\": 3, \"foo\": 1"), 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("deepspeed_config.zero_optimization.foo: unknown key"),
+            std::string::npos);
+  o = ParseJobSpecJson(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 5"), 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("model.config.hidden_size"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom::engine

@@ -1,0 +1,144 @@
+// loom-trainer: one training rank of a Loom job (ZeRO-3 Llama over c10d Gloo).
+//
+//   loom-trainer --spec=job.json --rank=R --world_size=N [--master_addr=127.0.0.1]
+//                [--master_port=P] [--checkpoint_dir=DIR] [--job_id=ID]
+//                [--resume_from=DIR/step_00000006] [--collective_timeout_s=300]
+//
+// --spec is a loom.v1.JobSpec in protobuf's JSON mapping (preserve_proto_field_names); only
+// model.config, dataset, deepspeed_config, training and checkpoint are read. Rank 0 may use
+// --master_port=0: its TCPStore binds a free port and reports it in the rendezvous event; the
+// other ranks must then be started with that port.
+//
+// Protocol with the worker daemon: stdout carries only JSON lines, one event each, flushed:
+//   {"event":"rendezvous","port":P}                       rank 0, once its TCPStore listens
+//   {"event":"started","rank":r,"world_size":N,"params":Ψ,"partition_bytes":B,"start_step":s}
+//   {"event":"eval","step":s,"loss":x}                    before training (step 0 or resume
+//                                                          step), every eval_every_steps, at end
+//   {"event":"step","step":s,"loss":x,"tokens_per_s":t,"step_time_s":u,"lr":l,"grad_norm":g,
+//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B}
+//   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
+//   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b}
+//   {"event":"stopped","step":s}                          after SIGTERM/SIGINT (all ranks agree)
+//   {"event":"error","message":"..."}
+// Logs go to stderr. Exit codes: 0 done; 1 runtime error (collective failure, I/O, LibTorch);
+// 2 invalid flags/spec/config (INVALID_ARGUMENT); 143 stopped by SIGTERM/SIGINT at a step
+// boundary (a second signal exits 143 immediately). At the end rank 0 writes
+// <checkpoint_dir>/final_logits.json.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/engine_options.h"
+
+ABSL_FLAG(std::string, spec, "", "Path to the JobSpec JSON (protobuf JSON mapping).");
+ABSL_FLAG(int, rank, 0, "This process's rank in [0, world_size).");
+ABSL_FLAG(int, world_size, 1, "Number of ranks.");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1", "Address of rank 0's TCPStore.");
+ABSL_FLAG(int, master_port, 0, "Port of rank 0's TCPStore (0 on rank 0: let the OS choose).");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Directory for step_<S>/rank_<r>.shard and logits.");
+ABSL_FLAG(std::string, job_id, "", "Job id (for logs).");
+ABSL_FLAG(std::string, resume_from, "", "A checkpoint step directory to resume from.");
+ABSL_FLAG(int, collective_timeout_s, 300, "Timeout of rendezvous and every collective.");
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) {
+  if (g_stop.exchange(true)) _exit(143);  // second signal: give up at once
+}
+
+void EmitLine(const std::string& line) {
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+int Fail(const absl::Status& status, int code) {
+  LOG(ERROR) << status;
+  EmitLine(nlohmann::json({{"event", "error"}, {"message", std::string(status.message())}})
+               .dump());
+  return code;
+}
+
+int Main() {
+  using loom::engine::EngineOptions;
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int world = absl::GetFlag(FLAGS_world_size);
+  if (world < 1 || rank < 0 || rank >= world) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--rank=", rank, " is not in [0, --world_size=", world, ")")), 2);
+  }
+  if (absl::GetFlag(FLAGS_collective_timeout_s) <= 0) {
+    return Fail(absl::InvalidArgumentError("--collective_timeout_s must be positive"), 2);
+  }
+  absl::StatusOr<std::string> spec_text = loom::ReadFile(absl::GetFlag(FLAGS_spec));
+  if (!spec_text.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--spec: ", spec_text.status().message())),
+                2);
+  }
+  absl::StatusOr<EngineOptions> options = loom::engine::ParseJobSpecJson(*spec_text, world);
+  if (!options.ok()) return Fail(options.status(), 2);
+  options->rank = rank;
+  options->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options->resume_from = absl::GetFlag(FLAGS_resume_from);
+  options->job_id = absl::GetFlag(FLAGS_job_id);
+  options->collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
+
+  std::unique_ptr<loom::engine::Collectives> coll;
+  if (world == 1) {
+    coll = loom::engine::CreateLocalCollectives();
+  } else {
+    loom::engine::GlooOptions g;
+    g.rank = rank;
+    g.world_size = world;
+    g.master_addr = absl::GetFlag(FLAGS_master_addr);
+    g.master_port = absl::GetFlag(FLAGS_master_port);
+    g.timeout = options->collective_timeout;
+    g.on_listening = [](int port) {
+      EmitLine(nlohmann::json({{"event", "rendezvous"}, {"port", port}}).dump());
+    };
+    absl::StatusOr<std::unique_ptr<loom::engine::Collectives>> c =
+        loom::engine::CreateGlooCollectives(g);
+    if (!c.ok()) return Fail(c.status(), c.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    coll = std::move(*c);
+  }
+  LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
+  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitLine, &g_stop);
+  if (s.ok()) return 0;
+  if (s.code() == absl::StatusCode::kCancelled) {
+    LOG(WARNING) << s;
+    return 143;
+  }
+  return Fail(s, s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  try {
+    return Main();
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(e.what()), 1);
+  }
+}
