@@ -54,7 +54,10 @@ checkpoint: {interval_steps: 4}
 class ClusterE2ETest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tmp_ = std::getenv("TEST_TMPDIR");
+    // Each test gets its own directory: database, checkpoints, ready files, logs.
+    tmp_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(MakeDirs(tmp_).ok());
     ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
     ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
     scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler",
@@ -121,7 +124,10 @@ class ClusterE2ETest : public ::testing::Test {
       loom::v1::GetJobRequest req;
       req.set_job_id(id);
       grpc::Status s = jobs_->GetJob(Ctx().get(), req, &job);
-      EXPECT_TRUE(s.ok()) << s.error_message();
+      if (!s.ok()) {
+        ADD_FAILURE() << "GetJob " << id << ": " << s.error_message();
+        return job;
+      }
       if (job.phase() == phase) return job;
       if (job.phase() == loom::v1::JOB_PHASE_SUCCEEDED || job.phase() == loom::v1::JOB_PHASE_FAILED ||
           job.phase() == loom::v1::JOB_PHASE_CANCELLED) {
