@@ -92,12 +92,13 @@ absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
   std::string type;
   RETURN_IF_ERROR(ReadString(*opt, "type", path, &type));
   const std::string lower = absl::AsciiStrToLower(type);
+  // DeepSpeed builds FusedAdam (or DeepSpeedCPUAdam) for both names, whose weight_decay defaults
+  // to 0 (torch.optim.AdamW's 0.01 applies only with "torch_adam": true).
+  o.weight_decay = 0.0;
   if (lower == "adam") {
     o.type = OptimizerConfig::Type::kAdam;
-    o.weight_decay = 0.0;
   } else if (lower == "adamw") {
     o.type = OptimizerConfig::Type::kAdamW;
-    o.weight_decay = 0.01;
   } else if (type.empty()) {
     return Invalid(Join(path, "type"), "required field is missing (Adam or AdamW)");
   } else {

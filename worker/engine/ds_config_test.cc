@@ -68,12 +68,12 @@ TEST(ParseDeepSpeedConfigTest, DefaultsAndBatchArithmetic) {
   EXPECT_DOUBLE_EQ(c->gradient_clipping, 0.0);
   EXPECT_TRUE(c->zero.overlap_comm_effective());  // null -> true in stage 3
 
-  // train_batch_size + micro -> GAS; AdamW weight decay default 0.01.
+  // train_batch_size + micro -> GAS; AdamW weight decay default 0 (DeepSpeed's FusedAdam).
   c = ParseDeepSpeedConfig(R"({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3,
       "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3}})", 2);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->gradient_accumulation_steps, 2);
-  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 0.01);
+  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 0.0);
 
   // train_batch_size + GAS -> micro.
   c = ParseDeepSpeedConfig(R"({"train_batch_size": 12, "gradient_accumulation_steps": 3,
