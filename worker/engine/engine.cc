@@ -1,6 +1,7 @@
 #include "worker/engine/engine.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -270,8 +271,20 @@ absl::Status Trainer::WriteFinalLogits() {
   return WriteFileAtomically(o_.checkpoint_dir + "/final_logits.json", out.dump());
 }
 
+// Debian's LibTorch calls whatever BLAS the libblas.so.3 alternative provides (BLAS_INFO=generic),
+// so at::set_num_threads does not reach it. With OpenBLAS (libopenblas0-pthread, installed by
+// scripts/install_deps.sh; ~15x faster than the reference BLAS here) its own thread pool must be
+// capped too, or N ranks on N cores oversubscribe the machine. Looked up at run time because the
+// symbol exists only when the alternative is OpenBLAS.
+static void LimitBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set != nullptr) set(threads);
+}
+
 absl::Status Trainer::Run() {
   at::set_num_threads(o_.threads_per_rank);
+  LimitBlasThreads(o_.threads_per_rank);
   ASSIGN_OR_RETURN(corpus_, LoadCorpus(o_.data));
   const int64_t w = o_.sequence_length + 1;
   if (static_cast<int64_t>(corpus_.train.size()) < w ||
