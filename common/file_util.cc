@@ -12,15 +12,6 @@
 namespace loom {
 namespace {
 
-absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
-  int err = errno;
-  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  if (err == ENOSPC) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
-
 std::string DirName(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -30,16 +21,25 @@ std::string DirName(const std::string& path) {
 
 }  // namespace
 
+absl::Status ErrnoError(absl::string_view what, const std::string& path) {
+  int err = errno;
+  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  if (err == ENOSPC) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open", path);
+  if (fd < 0) return ErrnoError("cannot open", path);
   std::string out;
   char buf[1 << 16];
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
-      absl::Status s = ErrnoStatus("cannot read", path);
+      absl::Status s = ErrnoError("cannot read", path);
       ::close(fd);
       return s;
     }
@@ -52,9 +52,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::Status SyncDir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open directory", dir);
+  if (fd < 0) return ErrnoError("cannot open directory", dir);
   int rc = ::fsync(fd);
-  absl::Status s = rc == 0 ? absl::OkStatus() : ErrnoStatus("cannot fsync directory", dir);
+  absl::Status s = rc == 0 ? absl::OkStatus() : ErrnoError("cannot fsync directory", dir);
   ::close(fd);
   return s;
 }
@@ -68,7 +68,7 @@ absl::Status MakeDirs(const std::string& path) {
     partial = path.substr(0, pos);
     if (partial.empty()) continue;
     if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return ErrnoStatus("cannot create directory", partial);
+      return ErrnoError("cannot create directory", partial);
     }
   }
   struct stat st;
@@ -81,7 +81,7 @@ absl::Status MakeDirs(const std::string& path) {
 absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create", tmp);
+  if (fd < 0) return ErrnoError("cannot create", tmp);
   return AtomicFileWriter(path, tmp, fd);
 }
 
@@ -107,7 +107,7 @@ absl::Status AtomicFileWriter::Append(const void* data, size_t size_bytes) {
     ssize_t n = ::write(fd_, p, size_bytes);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus("cannot write", tmp_path_);
+      return ErrnoError("cannot write", tmp_path_);
     }
     p += n;
     size_bytes -= static_cast<size_t>(n);
@@ -118,14 +118,14 @@ absl::Status AtomicFileWriter::Append(const void* data, size_t size_bytes) {
 
 absl::Status AtomicFileWriter::Commit() {
   if (fd_ < 0) return absl::FailedPreconditionError("AtomicFileWriter already committed");
-  if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync", tmp_path_);
+  if (::fsync(fd_) != 0) return ErrnoError("cannot fsync", tmp_path_);
   if (::close(fd_) != 0) {
     fd_ = -1;
-    return ErrnoStatus("cannot close", tmp_path_);
+    return ErrnoError("cannot close", tmp_path_);
   }
   fd_ = -1;
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename onto", path_);
+    absl::Status s = ErrnoError("cannot rename onto", path_);
     ::unlink(tmp_path_.c_str());
     return s;
   }

@@ -11,6 +11,11 @@
 
 namespace loom {
 
+// The status for the current errno after a failed system call on `path`, message
+// "<what> <path>: <strerror>": NOT_FOUND (ENOENT), PERMISSION_DENIED (EACCES, EPERM),
+// RESOURCE_EXHAUSTED (ENOSPC), INTERNAL otherwise. Call it right after the failing call.
+absl::Status ErrnoError(absl::string_view what, const std::string& path);
+
 // Reads the whole file. NOT_FOUND if it does not exist, INTERNAL on other I/O errors.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 

@@ -36,14 +36,6 @@ constexpr char kSafetensorsName[] = "model.safetensors";
 constexpr char kConfigName[] = "config.json";
 constexpr char kParamsSection[] = "fp32_params";
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  int err = errno;
-  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  return absl::InternalError(msg);
-}
-
 class ScopedFd {
  public:
   ScopedFd() = default;

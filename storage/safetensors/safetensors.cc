@@ -42,14 +42,6 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  int err = errno;
-  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  return absl::InternalError(msg);
-}
-
 // Reads up to `size` bytes at `offset`; returns how many were read (fewer only at end of file).
 absl::StatusOr<size_t> PreadFully(int fd, void* dst, size_t size, int64_t offset,
                                   const std::string& path) {

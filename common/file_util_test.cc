@@ -1,0 +1,94 @@
+#include "common/file_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace loom {
+namespace {
+
+std::string TmpDir(const std::string& name) {
+  std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  return dir;
+}
+
+std::vector<std::string> List(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
+TEST(FileUtilTest, AtomicWriteRoundTripsAndLeavesNoTemporary) {
+  std::string dir = TmpDir("atomic");
+  std::string path = dir + "/f.json";
+  ASSERT_TRUE(WriteFileAtomically(path, "first").ok());
+  ASSERT_TRUE(WriteFileAtomically(path, std::string("se\0cond", 7)).ok());
+  auto text = ReadFile(path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, std::string("se\0cond", 7));
+  EXPECT_EQ(List(dir), std::vector<std::string>{"f.json"});
+}
+
+TEST(FileUtilTest, AbandonedWriterLeavesNothing) {
+  std::string dir = TmpDir("abandoned");
+  {
+    auto w = AtomicFileWriter::Open(dir + "/out.bin");
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->Append("abc", 3).ok());
+    EXPECT_EQ(w->bytes_written(), 3);
+  }
+  EXPECT_TRUE(List(dir).empty());
+}
+
+TEST(FileUtilTest, CommittedWriterPublishesAllPieces) {
+  std::string dir = TmpDir("pieces");
+  auto w = AtomicFileWriter::Open(dir + "/out.bin");
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->Append("ab", 2).ok());
+  ASSERT_TRUE(w->Append("cd", 2).ok());
+  ASSERT_TRUE(w->Commit().ok());
+  EXPECT_EQ(w->Commit().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadFile(dir + "/out.bin"), "abcd");
+}
+
+TEST(FileUtilTest, ErrorsCarryCodesAndPaths) {
+  auto missing = ReadFile("/nonexistent/dir/file");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/dir/file"), std::string::npos);
+  errno = ENOSPC;
+  EXPECT_EQ(ErrnoError("cannot write", "/x").code(), absl::StatusCode::kResourceExhausted);
+  errno = EACCES;
+  EXPECT_EQ(ErrnoError("cannot open", "/x").code(), absl::StatusCode::kPermissionDenied);
+  errno = EIO;
+  absl::Status io = ErrnoError("cannot read", "/x");
+  EXPECT_EQ(io.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(io.message(), "cannot read /x: Input/output error");
+}
+
+TEST(FileUtilTest, MakeDirsCreatesParentsAndRefusesFiles) {
+  std::string dir = TmpDir("mk");
+  ASSERT_TRUE(MakeDirs(dir + "/a/b/c").ok());
+  ASSERT_TRUE(MakeDirs(dir + "/a/b/c").ok());  // idempotent
+  struct stat st;
+  ASSERT_EQ(::stat((dir + "/a/b/c").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
+  EXPECT_FALSE(MakeDirs(dir + "/file").ok());
+}
+
+}  // namespace
+}  // namespace loom
