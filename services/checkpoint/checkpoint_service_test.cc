@@ -1,15 +1,9 @@
 #include "services/checkpoint/checkpoint_service.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <prometheus/registry.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,7 +11,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -28,6 +21,7 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/safetensors/safetensors.h"
+#include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
@@ -281,32 +275,6 @@ TEST(CheckpointServiceHelpersTest, JobDir) {
   EXPECT_EQ(JobCheckpointDir("/root", ".").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Plain HTTP GET of a /metrics URL ("http://127.0.0.1:PORT/metrics").
-std::string HttpGet(const std::string& url) {
-  const std::string prefix = "http://127.0.0.1:";
-  if (url.rfind(prefix, 0) != 0) return "";
-  std::string rest = url.substr(prefix.size());
-  int port = 0;
-  if (!absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port)) return "";
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
-}
-
 // The real binary: flags, LOOM_READY/ready file, gRPC, /metrics, graceful SIGTERM.
 TEST(LoomCheckpointBinaryTest, ServesAndShutsDownOnSigterm) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
@@ -320,23 +288,12 @@ TEST(LoomCheckpointBinaryTest, ServesAndShutsDownOnSigterm) {
   WriteTinyCheckpoint(root + "/job-b", 5, 2, {0, 1});
   const std::string log = root + "/stdout.log";
 
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::string a1 = "--checkpoint_root=" + root, a2 = "--ready_file=" + ready;
-    ::execl(binary.c_str(), binary.c_str(), a1.c_str(), a2.c_str(), "--port=0",
-            "--metrics_port=0", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  absl::StatusOr<ReadyInfo> info = absl::NotFoundError("not yet");
-  for (int i = 0; i < 300 && !info.ok(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    info = ReadReadyFile(ready);
-  }
-  ASSERT_TRUE(info.ok()) << info.status() << "\n" << ReadFile(log).value_or("");
+  auto proc = testing::Subprocess::Start({binary, "--checkpoint_root=" + root,
+                                          "--ready_file=" + ready, "--port=0", "--metrics_port=0"},
+                                         log);
+  ASSERT_TRUE(proc.ok()) << proc.status();
+  absl::StatusOr<ReadyInfo> info = testing::WaitReady(*proc, ready);
+  ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->name, "loom-checkpoint");
 
   v1::ConsolidateCheckpointResponse resp;
@@ -353,7 +310,9 @@ TEST(LoomCheckpointBinaryTest, ServesAndShutsDownOnSigterm) {
     EXPECT_EQ(resp.num_tensors(), 2);
   }
 
-  std::string metrics = HttpGet(info->metrics_url);
+  absl::StatusOr<std::string> scraped = testing::HttpGet(info->metrics_url);
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  const std::string& metrics = *scraped;
   EXPECT_NE(metrics.find("loom_checkpoint_consolidations_total{result=\"ok\"} 1"),
             std::string::npos)
       << metrics;
@@ -362,20 +321,7 @@ TEST(LoomCheckpointBinaryTest, ServesAndShutsDownOnSigterm) {
                                       resp.total_bytes())),
             std::string::npos);
 
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 200 && done == 0; ++i) {
-    done = ::waitpid(pid, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (done == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    FAIL() << "loom-checkpoint did not exit within 10 s of SIGTERM";
-  }
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(testing::ExitCode(proc->Stop(absl::Seconds(10))), 0);
   auto out = ReadFile(log);
   ASSERT_TRUE(out.ok());
   EXPECT_NE(out->find("LOOM_READY loom-checkpoint grpc=" + info->grpc_address +

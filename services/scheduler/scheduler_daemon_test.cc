@@ -1,9 +1,5 @@
 // Starts the real loom-scheduler binary: waits for its ready file, checks gRPC health, submits a
 // job, stops it with SIGTERM (exit code 0), restarts it on the same database and finds the job.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -20,6 +16,7 @@
 #include "proto/job_service.grpc.pb.h"
 #include "scheduler/test_job_spec.h"
 #include "services/scheduler/testdata/health.grpc.pb.h"
+#include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
@@ -35,69 +32,24 @@ class Daemon {
  public:
   explicit Daemon(const std::string& name) : ready_file_(TmpDir() + "/" + name + ".ready") {
     std::remove(ready_file_.c_str());
-    std::vector<std::string> args = {
-        BinaryPath(),
-        "--db=" + TmpDir() + "/daemon.db",
-        "--checkpoint_root=" + TmpDir() + "/checkpoints",
-        "--ready_file=" + ready_file_,
-        "--fortunes_dir=" + TmpDir() + "/fortunes",
-        "--schedule_interval_ms=20",
-    };
-    const std::string log = TmpDir() + "/" + name + ".log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    auto p = testing::Subprocess::Start({BinaryPath(), "--db=" + TmpDir() + "/daemon.db",
+                                         "--checkpoint_root=" + TmpDir() + "/checkpoints",
+                                         "--ready_file=" + ready_file_,
+                                         "--fortunes_dir=" + TmpDir() + "/fortunes",
+                                         "--schedule_interval_ms=20"},
+                                        TmpDir() + "/" + name + ".log");
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (p.ok()) process_ = std::make_unique<testing::Subprocess>(std::move(*p));
   }
 
-  ~Daemon() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
+  absl::StatusOr<ReadyInfo> WaitReady() { return testing::WaitReady(*process_, ready_file_); }
 
-  // Polls the ready file (at most 30 s). Fails if the child exits first.
-  absl::StatusOr<ReadyInfo> WaitReady() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      absl::StatusOr<ReadyInfo> info = ReadReadyFile(ready_file_);
-      if (info.ok()) return info;
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return absl::InternalError(absl::StrCat("loom-scheduler exited early, status ", status));
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return absl::DeadlineExceededError("no ready file within 30 s");
-  }
-
-  // SIGTERM, then waits (at most 20 s) and returns the exit code (-1 on timeout or signal).
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return -1;
-  }
+  // SIGTERM, then the exit code (-1 if it had to be killed).
+  int Terminate() { return testing::ExitCode(process_->Stop(absl::Seconds(20))); }
 
  private:
   std::string ready_file_;
-  pid_t pid_ = -1;
+  std::unique_ptr<testing::Subprocess> process_;
 };
 
 std::unique_ptr<grpc::ClientContext> Ctx() {
@@ -148,20 +100,10 @@ TEST(SchedulerDaemonTest, ServesHealthSurvivesRestartAndStopsOnSigterm) {
 }
 
 TEST(SchedulerDaemonTest, MissingRequiredFlagExitsNonZero) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open("/dev/null", O_WRONLY);
-    dup2(fd, 2);
-    std::string bin = BinaryPath();
-    std::string root = "--checkpoint_root=" + TmpDir();
-    char* argv[] = {bin.data(), root.data(), nullptr};
-    execv(argv[0], argv);
-    _exit(127);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1);  // --db is required
+  auto p = testing::Subprocess::Start({BinaryPath(), "--checkpoint_root=" + TmpDir()},
+                                      TmpDir() + "/missing_db.log");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(testing::ExitCode(p->Wait()), 1);  // --db is required
 }
 
 }  // namespace

@@ -101,6 +101,26 @@ int Subprocess::Stop(absl::Duration grace) {
   return status;
 }
 
+int Subprocess::Wait(absl::Duration timeout) {
+  if (pid_ < 0) return 0;
+  absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  while (::waitpid(pid_, &status, WNOHANG) != pid_) {
+    if (absl::Now() > deadline) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  pid_ = -1;
+  return status;
+}
+
+int ExitCode(int wait_status) {
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
+}
+
 void Subprocess::Kill() {
   if (pid_ < 0) return;
   ::kill(-pid_, SIGKILL);

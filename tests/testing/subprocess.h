@@ -31,6 +31,8 @@ class Subprocess {
   int Stop(absl::Duration grace = absl::Seconds(10));
   // SIGKILL the group at once (a crash), reaping it.
   void Kill();
+  // Blocks until the process exits (at most `timeout`, then SIGKILL); returns the waitpid status.
+  int Wait(absl::Duration timeout = absl::Seconds(60));
   bool Running();
   pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_path_; }
@@ -45,6 +47,9 @@ class Subprocess {
 // DEADLINE_EXCEEDED after `timeout`, with the log's tail in the message.
 absl::StatusOr<ReadyInfo> WaitReady(Subprocess& process, const std::string& ready_file,
                                     absl::Duration timeout = absl::Seconds(30));
+
+// The exit code in a waitpid status, or -1 if the process was killed by a signal.
+int ExitCode(int wait_status);
 
 // The last `max_bytes` of a file (for failure messages).
 std::string Tail(const std::string& path, size_t max_bytes = 4000);
