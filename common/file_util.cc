@@ -61,8 +61,9 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, S_ISDIR(st.st_mode) ? " is a directory" : " is not a regular file", ", not a file"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, S_ISDIR(st.st_mode) ? " is a directory, not a regular file"
+                                               : " is not a regular file (a FIFO, socket or device)"));
   }
   if (st.st_size > max_bytes) {
     ::close(fd);
