@@ -50,6 +50,49 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    absl::Status s = ErrnoError("cannot stat", path);
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, S_ISDIR(st.st_mode) ? " is a directory, not a regular file"
+                                               : " is not a regular file (a FIFO, socket or device)"));
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, " is ", st.st_size,
+                                                      " bytes, more than the limit of ",
+                                                      max_bytes));
+  }
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = ErrnoError("cannot read", path);
+      ::close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(out.size()) > max_bytes) {  // grew while being read
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is more than the limit of ", max_bytes, " bytes"));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
 absl::Status SyncDir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open directory", dir);

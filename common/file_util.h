@@ -19,6 +19,13 @@ absl::Status ErrnoError(absl::string_view what, const std::string& path);
 // Reads the whole file. NOT_FOUND if it does not exist, INTERNAL on other I/O errors.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// Reads a whole regular file of at most `max_bytes` bytes, for inputs that someone else controls
+// (job specs, checkpoint manifests). Never blocks on a FIFO and never reads an endless device:
+// the file is opened O_NONBLOCK and must be a regular file. NOT_FOUND if it does not exist;
+// FAILED_PRECONDITION naming the path if it is a directory or another non-regular file, or is
+// larger than `max_bytes`; INTERNAL on other I/O errors.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
+
 // Writes `contents` to `path` crash-safely: writes `path.tmp.<pid>`, fsyncs it, renames it over
 // `path`, then fsyncs the directory. After a crash either the old file or the complete new one is
 // at `path`, never a partial one. Thread-compatible (distinct paths may be written concurrently).

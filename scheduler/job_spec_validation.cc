@@ -132,9 +132,10 @@ absl::Status ValidateTraining(const loom::v1::TrainingSpec& t, const engine::Lla
   if (t.eval_batches() < 0) {
     return Invalid("training.eval_batches", absl::StrCat("must be >= 0, got ", t.eval_batches()));
   }
-  if (t.threads_per_rank() < 0) {
+  if (t.threads_per_rank() < 0 || t.threads_per_rank() > kMaxThreadsPerRank) {
     return Invalid("training.threads_per_rank",
-                   absl::StrCat("must be >= 0, got ", t.threads_per_rank()));
+                   absl::StrCat("must be in [0, ", kMaxThreadsPerRank, "], got ",
+                                t.threads_per_rank()));
   }
   return absl::OkStatus();
 }
@@ -146,8 +147,9 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
 
   const loom::v1::ResourceSpec& r = spec.resources();
-  if (r.num_ranks() < 1) {
-    return Invalid("resources.num_ranks", absl::StrCat("must be >= 1, got ", r.num_ranks()));
+  if (r.num_ranks() < 1 || r.num_ranks() > kMaxNumRanks) {
+    return Invalid("resources.num_ranks",
+                   absl::StrCat("must be in [1, ", kMaxNumRanks, "], got ", r.num_ranks()));
   }
   if (!loom::v1::AcceleratorKind_IsValid(r.accelerator())) {
     return Invalid("resources.accelerator", absl::StrCat("unknown kind ", r.accelerator()));

@@ -15,6 +15,11 @@
 
 namespace loom {
 
+// Upper bounds that keep admitted jobs placeable and the scheduler's per-rank bookkeeping small:
+// a gang larger than any real cluster, or more intra-op threads than any machine has, is a typo.
+inline constexpr int32_t kMaxNumRanks = 65536;
+inline constexpr int32_t kMaxThreadsPerRank = 1024;
+
 struct JobSpecValidationOptions {
   // Where the built-in "fortunes" corpus lives when dataset.path is empty (Debian's `fortunes`
   // package installs it here).
@@ -23,14 +28,14 @@ struct JobSpecValidationOptions {
 
 // Checks, in this order (the first failure is returned):
 //   * no unknown fields anywhere in the message ("<path>: unknown field number N");
-//   * resources.num_ranks >= 1; resources.accelerator a known kind;
+//   * resources.num_ranks in [1, kMaxNumRanks]; resources.accelerator a known kind;
 //   * model.config present and accepted by ParseLlamaConfig ("model.config.<field>: ...");
 //   * dataset.name or dataset.path present; a given path exists; name "fortunes" without a path
 //     needs options.fortunes_dir to exist (FAILED_PRECONDITION: a cluster setup problem, not
 //     the user's); other names need a path; tokenizer "" or "byte" (byte needs vocab_size >=
 //     256); holdout_fraction 0 (default) or in (0, 0.5];
 //   * training.steps >= 1; training.sequence_length in [2, max_position_embeddings];
-//     eval_every_steps, eval_batches, threads_per_rank >= 0;
+//     eval_every_steps, eval_batches >= 0; threads_per_rank in [0, kMaxThreadsPerRank];
 //   * deepspeed_config present and accepted by ParseDeepSpeedConfig for world size num_ranks
 //     ("deepspeed_config.<key>: ...");
 //   * checkpoint.interval_steps >= 0; max_restarts >= 0.

@@ -47,6 +47,23 @@ TEST(JobSpecValidationTest, ZeroRanks) {
   ExpectInvalid(spec, "resources.num_ranks", "got 0");
 }
 
+// Regression: num_ranks = 2^31-1 was admitted; once a node claimed that many slots, placement
+// built a 2^31-entry vector and the scheduler died of bad_alloc (and again after every restart).
+TEST(JobSpecValidationTest, AbsurdRankCountIsRefused) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_num_ranks(2147483647);
+  ExpectInvalid(spec, "resources.num_ranks", "must be in [1, 65536], got 2147483647");
+  spec.mutable_resources()->set_num_ranks(kMaxNumRanks + 1);
+  ExpectInvalid(spec, "resources.num_ranks", "got 65537");
+}
+
+// Regression: threads_per_rank 100000 was admitted and only failed (or thrashed) in the trainer.
+TEST(JobSpecValidationTest, AbsurdThreadCountIsRefused) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_training()->set_threads_per_rank(100000);
+  ExpectInvalid(spec, "training.threads_per_rank", "must be in [0, 1024], got 100000");
+}
+
 TEST(JobSpecValidationTest, UnknownAccelerator) {
   JobSpec spec = ValidTestJobSpec();
   spec.mutable_resources()->set_accelerator(static_cast<loom::v1::AcceleratorKind>(99));

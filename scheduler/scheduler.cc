@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,6 +73,14 @@ std::string RankExitMessage(int32_t rank, const std::string& node_id,
   if (st.state() == v1::RANK_STATE_STOPPED) absl::StrAppend(&msg, " (stopped unrequested)");
   if (!st.error().empty()) absl::StrAppend(&msg, ": ", st.error());
   return msg;
+}
+
+// INVALID_ARGUMENT for an id too long to be real (and to be echoed back in an error).
+absl::Status CheckIdLength(absl::string_view field, const std::string& id) {
+  if (id.size() <= kMaxIdBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", id.size(), " bytes, longer than ",
+                                                 kMaxIdBytes, " (starts with '",
+                                                 absl::CEscape(id.substr(0, 32)), "')"));
 }
 
 std::string NodeAddress(const NodeRecord& node) {
@@ -242,6 +251,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
@@ -261,6 +271,7 @@ absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
@@ -277,9 +288,10 @@ absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
 absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node_id,
                                                          const loom::v1::NodeInventory& inventory) {
   if (node_id.empty()) return absl::InvalidArgumentError("node_id: required");
-  if (inventory.slots() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inventory.slots: must be >= 1, got ", inventory.slots()));
+  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  if (inventory.slots() < 1 || inventory.slots() > kMaxSlotsPerNode) {
+    return absl::InvalidArgumentError(absl::StrCat("inventory.slots: must be in [1, ",
+                                                   kMaxSlotsPerNode, "], got ", inventory.slots()));
   }
   if (!loom::v1::AcceleratorKind_IsValid(inventory.accelerator())) {
     return absl::InvalidArgumentError(
@@ -306,6 +318,7 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
 
 absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     const loom::v1::HeartbeatRequest& request) {
+  RETURN_IF_ERROR(CheckIdLength("node_id", request.node_id()));
   absl::MutexLock lock(&mu_);
   const std::string& node_id = request.node_id();
   auto node_it = nodes_.find(node_id);
@@ -353,6 +366,14 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       continue;
     }
     JobRecord& job = job_it->second;
+    if (st.rank() == 0 && (st.rendezvous_port() < 0 || st.rendezvous_port() > 65535)) {
+      // A broken worker: handing ranks 1..N-1 this port would only fail their rendezvous later.
+      RETURN_IF_ERROR(EndJob(st.job_id(), v1::JOB_PHASE_FAILED, v1::FAILURE_CLASS_SETUP,
+                             "RendezvousFailed",
+                             absl::StrCat("rank 0 on node ", node_id, " reported rendezvous port ",
+                                          st.rendezvous_port(), ", outside [1, 65535]")));
+      continue;
+    }
     if (st.rank() == 0) {
       JobRecord updated = job;
       if (st.rendezvous_port() > 0 && job.rendezvous_port == 0) {
@@ -546,7 +567,7 @@ absl::Status Scheduler::SetPendingReason(const std::string& job_id, const std::s
 
 absl::Status Scheduler::PlacePendingJobs() {
   // Capacity of live nodes per accelerator kind.
-  std::map<AcceleratorKind, int> total_slots, live_nodes;
+  std::map<AcceleratorKind, int64_t> total_slots, live_nodes;
   std::map<std::string, int> free_slots;  // live nodes only, by id (deterministic order)
   for (const auto& [node_id, node] : nodes_) {
     if (node.lost) continue;
@@ -579,7 +600,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     }
     // Candidate nodes with free slots of the right kind, in node-id order.
     std::vector<std::string> candidates;
-    int free_total = 0;
+    int64_t free_total = 0;
     for (const auto& [node_id, free] : free_slots) {
       if (free > 0 && nodes_.at(node_id).inventory.accelerator() == kind) {
         candidates.push_back(node_id);

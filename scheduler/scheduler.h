@@ -55,6 +55,13 @@
 
 namespace loom {
 
+// Longest job or node id accepted in requests: ids are short ("job-1a2b3c4d", host names), and an
+// error message echoing a huge one would exceed gRPC's metadata limit (the caller would see
+// RESOURCE_EXHAUSTED instead of the real answer).
+inline constexpr size_t kMaxIdBytes = 256;
+// Most rank slots one node may offer (RegisterWorker); keeps slot arithmetic and placement small.
+inline constexpr int32_t kMaxSlotsPerNode = 1024;
+
 struct SchedulerOptions {
   // Directory under which each job's checkpoints live (<checkpoint_root>/<job id>). Required.
   std::string checkpoint_root;
@@ -83,24 +90,28 @@ class Scheduler {
   // or FAILED_PRECONDITION from validation; store errors (e.g. UNAVAILABLE) as returned.
   absl::StatusOr<loom::v1::Job> SubmitJob(const loom::v1::JobSpec& spec);
 
-  // NOT_FOUND if no such job.
+  // NOT_FOUND if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes (an error
+  // message echoing it would not fit in gRPC's metadata).
   absl::StatusOr<loom::v1::Job> GetJob(const std::string& job_id);
 
   // Jobs in `phase` (UNSPECIFIED = all) in submission order.
   absl::StatusOr<std::vector<loom::v1::Job>> ListJobs(loom::v1::JobPhase phase);
 
   // Cancels a job: CANCELLED at once; its ranks are told to stop in their nodes' next heartbeat
-  // replies. NOT_FOUND if unknown; FAILED_PRECONDITION if the job already ended.
+  // replies. NOT_FOUND if unknown; FAILED_PRECONDITION if the job already ended;
+  // INVALID_ARGUMENT for an id longer than kMaxIdBytes.
   absl::StatusOr<loom::v1::Job> CancelJob(const std::string& job_id);
 
   // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
-  // Returns the heartbeat interval. INVALID_ARGUMENT for an empty node id, slots < 1 or an
-  // unknown accelerator kind.
+  // Returns the heartbeat interval. INVALID_ARGUMENT for an empty node id or one longer than
+  // kMaxIdBytes, slots outside [1, kMaxSlotsPerNode] or an unknown accelerator kind.
   absl::StatusOr<absl::Duration> RegisterWorker(const std::string& node_id,
                                                 const loom::v1::NodeInventory& inventory);
 
   // Records a node's heartbeat and rank statuses; returns the ranks it must start and stop.
-  // NOT_FOUND if the node is unknown or was declared lost (it must register again).
+  // NOT_FOUND if the node is unknown or was declared lost (it must register again). A rank 0 that
+  // reports a rendezvous port outside [0, 65535] fails its job (class SETUP) rather than handing
+  // the other ranks an impossible port.
   absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(const loom::v1::HeartbeatRequest& request);
 
   // One scheduling pass: node liveness, then FIFO gang placement of PENDING jobs.

@@ -466,6 +466,76 @@ TEST_F(SchedulerTest, RegisterWorkerValidatesInventory) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Regression: slots = INT32_MAX was accepted; two such nodes overflowed the int slot totals, and
+// one was enough to make placing a huge gang allocate without bound.
+TEST_F(SchedulerTest, RegisterWorkerRefusesAbsurdSlotCounts) {
+  loom::v1::NodeInventory inv;
+  inv.set_slots(2147483647);
+  absl::Status s = scheduler_->RegisterWorker("node-a", inv).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("inventory.slots: must be in [1, 1024], got 2147483647"),
+            std::string::npos)
+      << s;
+  inv.set_slots(-5);
+  EXPECT_EQ(scheduler_->RegisterWorker("node-a", inv).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  inv.set_slots(kMaxSlotsPerNode);
+  EXPECT_TRUE(scheduler_->RegisterWorker("node-a", inv).ok());
+}
+
+// Regression: a 100 KB job id came back in the NOT_FOUND message, which exceeded gRPC's
+// metadata limit: the client saw RESOURCE_EXHAUSTED. Over-long ids are INVALID_ARGUMENT with a
+// short message; ids at the limit still get NOT_FOUND.
+TEST_F(SchedulerTest, OverlongIdsAreInvalidWithShortMessages) {
+  const std::string huge(100000, 'a');
+  for (absl::Status s : {scheduler_->GetJob(huge).status(), scheduler_->CancelJob(huge).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.message().substr(0, 100);
+    EXPECT_LT(s.message().size(), 200u);
+    EXPECT_NE(s.message().find("job_id: 100000 bytes"), std::string::npos) << s;
+  }
+  EXPECT_EQ(scheduler_->GetJob(std::string(kMaxIdBytes, 'a')).status().code(),
+            absl::StatusCode::kNotFound);
+  HeartbeatRequest req;
+  req.set_node_id(huge);
+  absl::Status hb = scheduler_->Heartbeat(req).status();
+  EXPECT_EQ(hb.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(hb.message().size(), 200u);
+  loom::v1::NodeInventory inv;
+  inv.set_slots(1);
+  EXPECT_EQ(scheduler_->RegisterWorker(huge, inv).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Regression: rank 0 reporting rendezvous port 70000 was persisted and handed to ranks 1..N-1.
+TEST_F(SchedulerTest, ImpossibleRendezvousPortFailsTheJob) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Job job = Submit(2);
+  Cycle();
+  job = Get(job.id());
+  HeartbeatResponse resp = Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_STARTING, 70000)});
+  job = Get(job.id());
+  EXPECT_EQ(job.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_EQ(job.failure_class(), loom::v1::FAILURE_CLASS_SETUP);
+  EXPECT_EQ(job.reason(), "RendezvousFailed");
+  EXPECT_NE(job.message().find("rendezvous port 70000"), std::string::npos) << job.message();
+  // Rank 1 is never started with the bad port; rank 0 is told to stop.
+  HeartbeatResponse b = Beat("node-b");
+  EXPECT_EQ(b.start_size(), 0);
+  resp = Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_STARTING, 70000)});
+  ASSERT_EQ(resp.stop_size(), 1);
+  EXPECT_EQ(resp.stop(0).job_id(), job.id());
+}
+
+TEST_F(SchedulerTest, NegativeRendezvousPortFailsTheJob) {
+  Register("node-a", 1);
+  Job job = Submit(1);
+  Cycle();
+  job = Get(job.id());
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_STARTING, -1)});
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_FAILED);
+}
+
 TEST_F(SchedulerTest, SchedulingCycleIsTimed) {
   Cycle();
   Cycle();

@@ -18,6 +18,62 @@ namespace {
 
 using nlohmann::json;
 
+// Spec files and the JSON files they name are small; a bigger one is a mistake (or /dev/zero).
+constexpr int64_t kMaxSpecFileBytes = 64 << 20;
+
+// Offset of the first byte of `s` that is not valid UTF-8, or npos. proto3 strings and JSON text
+// must be UTF-8, and yaml-cpp passes any bytes through.
+size_t FirstInvalidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t extra;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3;
+      cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + extra >= s.size()) return i;
+    for (size_t k = 1; k <= extra; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
+        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
+      return i;
+    }
+    i += extra + 1;
+  }
+  return std::string::npos;
+}
+
+// "line L, column C" (1-based) of byte `offset` of `s`.
+std::string LineAndColumn(const std::string& s, size_t offset) {
+  int line = 1, col = 1;
+  for (size_t i = 0; i < offset && i < s.size(); ++i) {
+    if (s[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return absl::StrCat("line ", line, ", column ", col);
+}
+
 // YAML scalars are untyped text; plain (unquoted) scalars that read as numbers, booleans or null
 // become those JSON types, quoted ones stay strings (YAML 1.2 core schema).
 json ScalarToJson(const YAML::Node& node) {
@@ -73,7 +129,7 @@ absl::Status InlineJsonFile(json& obj, const std::string& key, const std::string
   if (!obj.contains(key) || !obj[key].is_string()) return absl::OkStatus();
   std::string file = obj[key].get<std::string>();
   std::string path = (!file.empty() && file[0] == '/') ? file : absl::StrCat(base_dir, "/", file);
-  auto text = ReadFile(path);
+  auto text = ReadRegularFile(path, kMaxSpecFileBytes);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": cannot read '", path, "': ", text.status().message()));
@@ -114,6 +170,10 @@ std::string FirstUnknownField(const json& obj, const google::protobuf::Descripto
 absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
                                                   const std::string& base_dir,
                                                   const std::string& file_name) {
+  if (size_t bad = FirstInvalidUtf8(yaml_text); bad != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": not UTF-8 text (invalid byte at ",
+                                                   LineAndColumn(yaml_text, bad), ")"));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -154,7 +214,13 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
   loom::v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;
-  auto st = google::protobuf::util::JsonStringToMessage(j.dump(), &spec, opts);
+  std::string json_text;
+  try {
+    json_text = j.dump();
+  } catch (const json::exception& e) {  // e.g. invalid UTF-8 inside an inlined JSON file
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", e.what()));
+  }
+  auto st = google::protobuf::util::JsonStringToMessage(json_text, &spec, opts);
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", st.message().as_string()));
   }
@@ -162,10 +228,14 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
 }
 
 absl::StatusOr<loom::v1::JobSpec> ReadJobSpecFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxSpecFileBytes);
+  if (!text.ok()) {
+    // Whatever is wrong with the file (missing, a directory, too big), the argument is bad.
+    return absl::InvalidArgumentError(absl::StrCat("job spec ", text.status().message()));
+  }
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-  return JobSpecFromYaml(text, dir, path);
+  return JobSpecFromYaml(*text, dir, path);
 }
 
 }  // namespace loom::cli

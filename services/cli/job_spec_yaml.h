@@ -21,7 +21,9 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
                                                   const std::string& base_dir,
                                                   const std::string& file_name = "<spec>");
 
-// Reads and parses a YAML file. NOT_FOUND if it does not exist.
+// Reads and parses a YAML file. INVALID_ARGUMENT naming the file if it cannot be read (missing,
+// a directory, a FIFO or device, over 64 MiB) or is not UTF-8; files named by
+// `deepspeed_config` / `model.config` obey the same rules.
 absl::StatusOr<loom::v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
 }  // namespace loom::cli

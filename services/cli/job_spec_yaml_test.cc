@@ -1,5 +1,7 @@
 #include "services/cli/job_spec_yaml.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -120,6 +122,63 @@ TEST(JobSpecYamlTest, QuotedNumbersStayStrings) {
   auto spec = JobSpecFromYaml("name: \"123\"\n", ".");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->name(), "123");
+}
+
+// Regression: a non-UTF-8 byte used to reach nlohmann::json::dump(), which threw and aborted
+// loomctl (exit 134) instead of refusing the spec.
+TEST(JobSpecYamlTest, NonUtf8TextIsInvalidArgumentWithPosition) {
+  auto spec = JobSpecFromYaml("name: ok\ndataset: {name: \"a\xff\xfe\"}\n", ".", "job.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_NE(spec.status().message().find("job.yaml: not UTF-8 text (invalid byte at line 2, "
+                                         "column 19)"),
+            std::string::npos)
+      << spec.status();
+  // Overlong encodings and surrogates are not UTF-8 either; real multi-byte text is fine.
+  EXPECT_FALSE(JobSpecFromYaml("name: \"\xc0\xaf\"\n", ".").ok());
+  EXPECT_FALSE(JobSpecFromYaml("name: \"\xed\xa0\x80\"\n", ".").ok());
+  auto good = JobSpecFromYaml("name: \"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"\n", ".");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->name(), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+}
+
+// Regression: a directory given as the spec file was INTERNAL (loomctl exit 13), not
+// INVALID_ARGUMENT.
+TEST(JobSpecYamlTest, DirectoryAsSpecFileIsInvalidArgument) {
+  std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/spec_dir.yaml");
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  auto spec = ReadJobSpecFile(dir);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_NE(spec.status().message().find("spec_dir.yaml is a directory"), std::string::npos)
+      << spec.status();
+  auto missing = ReadJobSpecFile(absl::StrCat(dir, "/nope.yaml"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument) << missing.status();
+}
+
+// Regression: `deepspeed_config: /dev/zero` read forever (until out of memory) and a FIFO
+// blocked loomctl for good.
+TEST(JobSpecYamlTest, DeviceOrFifoAsJsonFileIsRefusedAtOnce) {
+  std::string dir = std::getenv("TEST_TMPDIR");
+  auto zero = JobSpecFromYaml("name: x\ndeepspeed_config: /dev/zero\n", dir, "job.yaml");
+  ASSERT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument) << zero.status();
+  EXPECT_NE(zero.status().message().find("job.yaml: deepspeed_config: cannot read '/dev/zero'"),
+            std::string::npos)
+      << zero.status();
+  ASSERT_EQ(::mkfifo(absl::StrCat(dir, "/config.fifo").c_str(), 0600), 0);
+  auto fifo = JobSpecFromYaml("name: x\nmodel: {config: config.fifo}\n", dir, "job.yaml");
+  ASSERT_EQ(fifo.status().code(), absl::StatusCode::kInvalidArgument) << fifo.status();
+  EXPECT_NE(fifo.status().message().find("not a regular file"), std::string::npos)
+      << fifo.status();
+}
+
+// Non-UTF-8 bytes inside an inlined JSON file are refused, not thrown.
+TEST(JobSpecYamlTest, NonUtf8InsideJsonFileIsInvalidArgument) {
+  std::string dir = std::getenv("TEST_TMPDIR");
+  ASSERT_TRUE(WriteFileAtomically(absl::StrCat(dir, "/bad_utf8.json"),
+                                  "{\"model_type\": \"\xff\"}")
+                  .ok());
+  auto spec = JobSpecFromYaml("name: x\nmodel: {config: bad_utf8.json}\n", dir, "job.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_NE(spec.status().message().find("model.config"), std::string::npos) << spec.status();
 }
 
 }  // namespace

@@ -115,7 +115,14 @@ absl::Status PreadExactly(int fd, char* dst, size_t size, int64_t offset, const 
   return absl::OkStatus();
 }
 
-std::string RankList(const std::vector<int32_t>& ranks) { return absl::StrJoin(ranks, ", "); }
+// "0, 1, 2" -- at most 16 ranks, then "... (N in total)": the list ends up in RPC error messages,
+// which must stay far below gRPC's metadata limit whatever a manifest claims.
+std::string RankList(const std::vector<int32_t>& ranks) {
+  constexpr size_t kMaxListed = 16;
+  if (ranks.size() <= kMaxListed) return absl::StrJoin(ranks, ", ");
+  return absl::StrCat(absl::StrJoin(ranks.begin(), ranks.begin() + kMaxListed, ", "), ", ... (",
+                      ranks.size(), " in total)");
+}
 
 // What two manifests of one checkpoint must agree on. Empty if they agree.
 std::string Disagreement(const ShardManifest& a, const ShardManifest& b) {
@@ -324,7 +331,8 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   for (int32_t r = 0; r < world_size; ++r) {
     const ShardManifest& m = scan.manifests.at(r);
     std::string path = absl::StrCat(info.path, "/", ShardFileName(r));
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO planted as a shard must not block the service (it is refused below).
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno == ENOENT) {
         return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): missing"));
@@ -335,6 +343,9 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
     shard_paths.push_back(path);
     struct stat st;
     if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): not a regular file"));
+    }
     if (st.st_size != m.shard_bytes) {
       return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): ", st.st_size,
                                               " bytes, manifest says ", m.shard_bytes));

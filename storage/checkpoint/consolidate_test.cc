@@ -389,5 +389,143 @@ TEST(ConsolidateTest, RerunAfterPartialOutputLeavesCorrectFile) {
   EXPECT_EQ(*ReadFile(result->safetensors_path), first);
 }
 
+// A manifest as JSON with the layout fields consistent for `world_size` and one param of `shape`
+// (numel and offsets computed without overflow checks: tests pass hostile values on purpose).
+nlohmann::json GarbageManifest(int64_t world_size, std::vector<int64_t> shape, int64_t rank = 0) {
+  __int128 numel = 1;
+  for (int64_t d : shape) numel *= d;
+  nlohmann::json p = {{"name", "w"},
+                      {"shape", shape},
+                      {"numel", static_cast<int64_t>(numel)},
+                      {"partition_numel", static_cast<int64_t>((numel + world_size - 1) / world_size)},
+                      {"partition_offset", 0}};
+  const int64_t section_numel = static_cast<int64_t>((numel + world_size - 1) / world_size);
+  return {{"format", kShardFormatVersion}, {"step", 1}, {"rank", rank},
+          {"world_size", world_size}, {"zero_stage", 3}, {"model_config", nlohmann::json::object()},
+          {"tokenizer", "byte"}, {"optimizer", {{"type", "adamw"}, {"step", 1}}},
+          {"sections", {"fp32_params"}}, {"section_numel", section_numel},
+          {"shard_file", "rank_0.shard"},
+          {"shard_bytes", static_cast<int64_t>(static_cast<uint64_t>(section_numel) * 4u)},
+          {"shard_crc32", 0}, {"params", nlohmann::json::array({p})}};
+}
+
+void PlantStep(const std::string& dir, const nlohmann::json& manifest, const std::string& shard) {
+  std::string step_dir = absl::StrCat(dir, "/", StepDirName(1));
+  ASSERT_TRUE(MakeDirs(step_dir).ok());
+  ASSERT_TRUE(WriteFileAtomically(absl::StrCat(step_dir, "/rank_0.manifest.json"),
+                                  manifest.dump()).ok());
+  ASSERT_TRUE(WriteFileAtomically(absl::StrCat(step_dir, "/rank_0.shard"), shard).ok());
+}
+
+// Regression: a manifest claiming world_size 1e9 made listing build a vector of ~1e9 missing
+// ranks and a multi-GB message (bad_alloc: the RPC answered UNKNOWN).
+TEST(ConsolidateGarbageTest, HugeWorldSizeIsRefusedWithoutAllocating) {
+  std::string dir = TmpDir("garbage_world");
+  nlohmann::json m = GarbageManifest(1000000000, {4});
+  PlantStep(dir, m, "");
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_FALSE((*list)[0].committed);
+  EXPECT_EQ((*list)[0].commit_status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE((*list)[0].commit_status.message().find("manifest.world_size: 1000000000 is not in"),
+            std::string::npos)
+      << (*list)[0].commit_status;
+  EXPECT_TRUE((*list)[0].missing_ranks.empty());
+}
+
+// A large but allowed world size with one rank present lists few ranks in the message.
+TEST(ConsolidateGarbageTest, ManyMissingRanksKeepTheMessageShort) {
+  std::string dir = TmpDir("garbage_many_missing");
+  nlohmann::json m = GarbageManifest(kMaxManifestWorldSize, {4});
+  PlantStep(dir, m, std::string(4, '\0'));
+  auto c = Consolidate(dir, 1, "", ConsolidateOptions());
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_LT(c.status().message().size(), 1000u);
+  EXPECT_NE(c.status().message().find("1, 2, 3"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("(1048575 in total)"), std::string::npos) << c.status();
+}
+
+// Regression: a 2^62-element tensor made sections * section_numel * 4 wrap to 0, so a manifest
+// with shard_bytes 0 and an empty shard was listed as committed.
+TEST(ConsolidateGarbageTest, ShardSizeOverflowIsNotCommitted) {
+  std::string dir = TmpDir("garbage_wrap");
+  nlohmann::json m = GarbageManifest(1, {int64_t{1} << 62});
+  m["shard_bytes"] = 0;
+  PlantStep(dir, m, "");
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_FALSE((*list)[0].committed);
+  EXPECT_NE((*list)[0].commit_status.message().find("shard size overflows"), std::string::npos)
+      << (*list)[0].commit_status;
+  EXPECT_FALSE(Consolidate(dir, 0, "", ConsolidateOptions()).ok());
+}
+
+// Regression: the shape product overflowed silently (undefined behaviour).
+TEST(ConsolidateGarbageTest, ShapeProductOverflowIsNamed) {
+  nlohmann::json m = GarbageManifest(1, {4});
+  m["params"][0]["shape"] = {int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31, 4};
+  auto parsed = ManifestFromJson(m.dump());
+  ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find("manifest.params[w].shape: element count overflows"),
+            std::string::npos)
+      << parsed.status();
+}
+
+// Regression: integers were read with get<int64_t>(), which converts 1e30 or 2^64 silently.
+TEST(ConsolidateGarbageTest, NonIntegerOrOutOfRangeNumbersAreRefused) {
+  for (const char* field : {"shard_bytes", "section_numel", "step"}) {
+    for (nlohmann::json bad : {nlohmann::json(1e30), nlohmann::json(18446744073709551615ull),
+                               nlohmann::json(2.5), nlohmann::json("4")}) {
+      nlohmann::json m = GarbageManifest(1, {4});
+      m[field] = bad;
+      auto parsed = ManifestFromJson(m.dump());
+      EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
+          << field << "=" << bad.dump();
+    }
+  }
+  nlohmann::json m = GarbageManifest(1, {4});
+  m["world_size"] = 4294967297;  // 2^32 + 1: was truncated to world_size 1
+  EXPECT_EQ(ManifestFromJson(m.dump()).status().code(), absl::StatusCode::kInvalidArgument);
+  m = GarbageManifest(1, {4});
+  m["shard_crc32"] = -1;
+  EXPECT_EQ(ManifestFromJson(m.dump()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ManifestFromJson(GarbageManifest(1, {4}).dump()).ok());
+}
+
+// Regression: a FIFO as manifest blocked ListCheckpoints forever, /dev/zero read until out of
+// memory. Both are now reported as unreadable manifests (DATA_LOSS), at once.
+TEST(ConsolidateGarbageTest, FifoOrDeviceManifestIsDataLossNotAHang) {
+  std::string dir = TmpDir("garbage_fifo");
+  std::string step_dir = absl::StrCat(dir, "/", StepDirName(1));
+  ASSERT_TRUE(MakeDirs(step_dir).ok());
+  ASSERT_EQ(::mkfifo(absl::StrCat(step_dir, "/rank_0.manifest.json").c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("/dev/zero", absl::StrCat(step_dir, "/rank_1.manifest.json").c_str()), 0);
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  const absl::Status& st = (*list)[0].commit_status;
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("rank_0.manifest.json is not a regular file"), std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("rank_1.manifest.json is not a regular file"), std::string::npos)
+      << st;
+}
+
+// A shard that is a FIFO (with a manifest claiming an empty shard) must not block Consolidate.
+TEST(ConsolidateGarbageTest, FifoShardIsDataLossNotAHang) {
+  std::string dir = TmpDir("garbage_fifo_shard");
+  nlohmann::json m = GarbageManifest(1, {0});
+  m["shard_crc32"] = 0;
+  PlantStep(dir, m, "");
+  std::string shard = absl::StrCat(dir, "/", StepDirName(1), "/rank_0.shard");
+  ASSERT_EQ(::unlink(shard.c_str()), 0);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  auto c = Consolidate(dir, 1, "", ConsolidateOptions());
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
+  EXPECT_NE(c.status().message().find("not a regular file"), std::string::npos) << c.status();
+}
+
 }  // namespace
 }  // namespace loom::storage

@@ -3,6 +3,8 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +73,30 @@ std::string ManifestToJson(const ShardManifest& m) {
   return j.dump(1);
 }
 
+namespace {
+
+// j[key] as an exact integer of type Int: nlohmann's get<Int>() silently converts floats and
+// wraps out-of-range values, so 1e30 or 2^64 would become arbitrary numbers.
+template <typename Int>
+Int ExactInt(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(std::numeric_limits<Int>::max())) return static_cast<Int>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    const bool fits = i < 0 ? i >= static_cast<int64_t>(std::numeric_limits<Int>::min())
+                            : static_cast<uint64_t>(i) <=
+                                  static_cast<uint64_t>(std::numeric_limits<Int>::max());
+    if (fits) return static_cast<Int>(i);
+  }
+  throw std::out_of_range(absl::StrCat("'", key, "' is ", v.dump(), ", not an integer in [",
+                                       std::numeric_limits<Int>::min(), ", ",
+                                       std::numeric_limits<Int>::max(), "]"));
+}
+
+}  // namespace
+
 absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -83,32 +109,42 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
       return absl::InvalidArgumentError(
           absl::StrCat("manifest.format: unsupported '", m.format, "', want ", kShardFormatVersion));
     }
-    m.step = j.at("step").get<int64_t>();
-    m.rank = j.at("rank").get<int32_t>();
-    m.world_size = j.at("world_size").get<int32_t>();
-    m.zero_stage = j.at("zero_stage").get<int32_t>();
+    m.step = ExactInt<int64_t>(j, "step");
+    m.rank = ExactInt<int32_t>(j, "rank");
+    m.world_size = ExactInt<int32_t>(j, "world_size");
+    m.zero_stage = ExactInt<int32_t>(j, "zero_stage");
     m.model_config_json = j.at("model_config").dump();
     m.tokenizer = j.value("tokenizer", "byte");
     m.optimizer = j.at("optimizer").at("type").get<std::string>();
-    m.optimizer_step = j.at("optimizer").at("step").get<int64_t>();
+    m.optimizer_step = ExactInt<int64_t>(j.at("optimizer"), "step");
     m.sections = j.at("sections").get<std::vector<std::string>>();
-    m.section_numel = j.at("section_numel").get<int64_t>();
-    m.shard_bytes = j.at("shard_bytes").get<int64_t>();
-    m.shard_crc32 = j.at("shard_crc32").get<uint32_t>();
+    m.section_numel = ExactInt<int64_t>(j, "section_numel");
+    m.shard_bytes = ExactInt<int64_t>(j, "shard_bytes");
+    m.shard_crc32 = ExactInt<uint32_t>(j, "shard_crc32");
     for (const json& jp : j.at("params")) {
       ShardParam p;
       p.name = jp.at("name").get<std::string>();
-      p.shape = jp.at("shape").get<std::vector<int64_t>>();
-      p.numel = jp.at("numel").get<int64_t>();
-      p.partition_numel = jp.at("partition_numel").get<int64_t>();
-      p.partition_offset = jp.at("partition_offset").get<int64_t>();
+      const json& shape = jp.at("shape");
+      if (!shape.is_array()) throw std::out_of_range(absl::StrCat("'shape' of ", p.name, " is not a list"));
+      for (const json& d : shape) {
+        json holder = {{"dim", d}};
+        p.shape.push_back(ExactInt<int64_t>(holder, "dim"));
+      }
+      p.numel = ExactInt<int64_t>(jp, "numel");
+      p.partition_numel = ExactInt<int64_t>(jp, "partition_numel");
+      p.partition_offset = ExactInt<int64_t>(jp, "partition_offset");
       m.params.push_back(std::move(p));
     }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
+  } catch (const std::out_of_range& e) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
   }
   // Consistency: the layout must be exactly what AssignPartitionLayout produces.
-  if (m.world_size < 1) return absl::InvalidArgumentError("manifest.world_size: must be >= 1");
+  if (m.world_size < 1 || m.world_size > kMaxManifestWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.world_size: ", m.world_size,
+                                                   " is not in [1, ", kMaxManifestWorldSize, "]"));
+  }
   if (m.rank < 0 || m.rank >= m.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("manifest.rank: ", m.rank, " outside [0, ", m.world_size, ")"));
@@ -118,12 +154,27 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
     int64_t numel = 1;
     for (int64_t d : p.shape) {
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat("manifest.params[", p.name, "].shape: negative dim"));
-      numel *= d;
+      if (__builtin_mul_overflow(numel, d, &numel)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest.params[", p.name, "].shape: element count overflows int64"));
+      }
     }
     if (numel != p.numel) {
       return absl::InvalidArgumentError(
           absl::StrCat("manifest.params[", p.name, "].numel: ", p.numel, " != product of shape ", numel));
     }
+  }
+  // The layout's offsets and the shard's byte count must not overflow either.
+  int64_t offset = 0;
+  for (const ShardParam& p : expected.params) {
+    if (__builtin_add_overflow(offset, PartitionNumel(p.numel, m.world_size), &offset)) {
+      return absl::InvalidArgumentError("manifest.params: total partition size overflows int64");
+    }
+  }
+  int64_t section_bytes = 0, shard_bytes = 0;
+  if (__builtin_mul_overflow(offset, int64_t{4}, &section_bytes) ||
+      __builtin_mul_overflow(section_bytes, static_cast<int64_t>(m.sections.size()), &shard_bytes)) {
+    return absl::InvalidArgumentError("manifest: shard size overflows int64");
   }
   AssignPartitionLayout(expected);
   for (size_t i = 0; i < m.params.size(); ++i) {
@@ -137,7 +188,7 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
   if (expected.section_numel != m.section_numel) {
     return absl::InvalidArgumentError("manifest.section_numel: inconsistent with params");
   }
-  if (m.shard_bytes != static_cast<int64_t>(m.sections.size()) * m.section_numel * 4) {
+  if (m.shard_bytes != shard_bytes) {
     return absl::InvalidArgumentError("manifest.shard_bytes: != sections * section_numel * 4");
   }
   return m;
@@ -168,7 +219,7 @@ absl::Status WriteShard(const std::string& step_dir, ShardManifest m,
 
 absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank) {
   std::string path = absl::StrCat(step_dir, "/", ManifestFileName(rank));
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, kMaxManifestBytes));
   auto m = ManifestFromJson(text);
   if (!m.ok()) {
     return absl::Status(m.status().code(), absl::StrCat(path, ": ", m.status().message()));

@@ -29,6 +29,10 @@
 namespace loom::storage {
 
 inline constexpr char kShardFormatVersion[] = "loom-zero3-shard/v1";
+// Largest world size a manifest may claim, and largest manifest file read; anything beyond is
+// garbage, not a checkpoint (and must not make readers allocate per claimed rank).
+inline constexpr int32_t kMaxManifestWorldSize = 1 << 20;
+inline constexpr int64_t kMaxManifestBytes = 64 << 20;
 
 struct ShardParam {
   // Hugging Face tensor name, e.g. "model.layers.0.self_attn.q_proj.weight".
@@ -72,7 +76,9 @@ int64_t PartitionNumel(int64_t numel, int32_t world_size);
 void AssignPartitionLayout(ShardManifest& manifest);
 
 std::string ManifestToJson(const ShardManifest& manifest);
-// INVALID_ARGUMENT naming the field on malformed or inconsistent manifests.
+// INVALID_ARGUMENT naming the field on malformed or inconsistent manifests: missing fields, wrong
+// types, integers that are not exact integers in range, world_size outside
+// [1, kMaxManifestWorldSize], negative dims, and sizes (numel, section bytes) that overflow int64.
 absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& json);
 
 // Writes rank_<r>.shard (sections in order, each section_numel floats) then the manifest into
@@ -81,7 +87,9 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& json);
 absl::Status WriteShard(const std::string& step_dir, ShardManifest manifest,
                         absl::Span<const float* const> section_data);
 
-// Reads and validates the manifest of `rank` in `step_dir`. NOT_FOUND if the rank has not reported.
+// Reads and validates the manifest of `rank` in `step_dir`. NOT_FOUND if the rank has not reported;
+// FAILED_PRECONDITION if the manifest is not a regular file (a FIFO, /dev/zero) or is larger
+// than kMaxManifestBytes.
 absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank);
 
 // Reads the whole shard of `rank` and checks its size and CRC-32 against the manifest.

@@ -348,6 +348,17 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
   if (tbs && *tbs <= 0) return Invalid(tbs_path, "must be positive");
   if (micro && *micro <= 0) return Invalid(micro_path, "must be positive");
   if (gas && *gas <= 0) return Invalid(gas_path, "must be positive");
+  // Bounded so that the batch arithmetic below cannot overflow (the products are 128-bit) and a
+  // typo does not become a step of 1e12 micro-batches.
+  constexpr int64_t kMaxBatch = 2147483647;
+  auto too_large = [&](const std::optional<int64_t>& v, const std::string& path) {
+    return v.has_value() && *v > kMaxBatch
+               ? Invalid(path, absl::StrCat(*v, " is larger than ", kMaxBatch))
+               : absl::OkStatus();
+  };
+  RETURN_IF_ERROR(too_large(tbs, tbs_path));
+  RETURN_IF_ERROR(too_large(micro, micro_path));
+  RETURN_IF_ERROR(too_large(gas, gas_path));
   const int64_t w = world_size;
   if (tbs && micro && gas) {
     // all given: checked below
@@ -365,7 +376,14 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
     micro = *tbs / (*gas * w);
   } else if (micro) {
     gas = gas.value_or(1);
-    tbs = *micro * *gas * w;
+    const __int128 product = static_cast<__int128>(*micro) * *gas * w;
+    if (product > kMaxBatch) {
+      return Invalid(micro_path,
+                     absl::StrCat("train_micro_batch_size_per_gpu ", *micro,
+                                  " * gradient_accumulation_steps ", *gas, " * world size ", w,
+                                  " is larger than ", kMaxBatch));
+    }
+    tbs = static_cast<int64_t>(product);
   } else if (tbs) {
     gas = 1;
     if (*tbs % w != 0) {
@@ -376,7 +394,7 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
     return Invalid(micro_path,
                    "required: set train_micro_batch_size_per_gpu or train_batch_size");
   }
-  if (*tbs != *micro * *gas * w) {
+  if (static_cast<__int128>(*tbs) != static_cast<__int128>(*micro) * *gas * w) {
     return Invalid(tbs_path, absl::StrCat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
                                           " * gradient_accumulation_steps ", *gas,
                                           " * world size ", w));

@@ -98,6 +98,25 @@ void ExpectError(const std::string& json, int world, const std::string& needle) 
       << c.status().message() << " lacks " << needle;
 }
 
+// Regression: micro * gas * world overflowed int64 (undefined behaviour), and a micro-batch or
+// accumulation count of 1e12 was accepted.
+TEST(ParseDeepSpeedConfigTest, AbsurdBatchSizesAreRefused) {
+  const std::string rest = R"(, "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3})";
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 1000000000000)" + rest + "}", 2,
+              "deepspeed_config.train_micro_batch_size_per_gpu: 1000000000000 is larger than "
+              "2147483647");
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 8,
+      "gradient_accumulation_steps": 1000000000000)" + rest + "}", 2,
+              "deepspeed_config.gradient_accumulation_steps: 1000000000000 is larger than");
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 2147483647,
+      "gradient_accumulation_steps": 2147483647)" + rest + "}", 4,
+              "deepspeed_config.train_micro_batch_size_per_gpu: train_micro_batch_size_per_gpu "
+              "2147483647 * gradient_accumulation_steps 2147483647 * world size 4 is larger");
+  ExpectError(R"({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2147483647,
+      "gradient_accumulation_steps": 2147483647)" + rest + "}", 2147483647,
+              "deepspeed_config.train_batch_size: 2 != train_micro_batch_size_per_gpu");
+}
+
 TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
   const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "foo": 1}})", 2,

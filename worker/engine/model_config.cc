@@ -108,6 +108,33 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
                  absl::StrCat("head_dim = hidden_size / num_attention_heads = ", c.head_dim(),
                               " must be even for rotary embeddings"));
   }
+  // Parameter count, overflow-checked: absurd dimensions (vocab 1e15, 1e9 layers) are refused
+  // here, not discovered by the trainer failing to allocate (or enumerating 9e9 tensors). Every
+  // dimension is at most the count itself, and heads <= hidden_size (checked above), so with
+  // each factor <= kMaxLlamaParams < 2^41 the 128-bit products below cannot overflow.
+  for (const auto& [key, value] :
+       {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+        {"hidden_size", c.hidden_size},
+        {"intermediate_size", c.intermediate_size},
+        {"num_hidden_layers", c.num_hidden_layers},
+        {"max_position_embeddings", c.max_position_embeddings}}) {
+    if (value > kMaxLlamaParams) {
+      return Field(key, absl::StrCat(value, " is larger than ", kMaxLlamaParams));
+    }
+  }
+  const __int128 V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size;
+  const __int128 d = c.head_dim();
+  const __int128 q = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
+  const __int128 per_layer = 2 * H + 2 * q * H + 2 * kv_dim * H + 3 * I * H;
+  const __int128 total =
+      V * H * (c.tie_word_embeddings ? 1 : 2) + H + per_layer * c.num_hidden_layers;
+  if (total > kMaxLlamaParams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kPath, ": the model would have more than ", kMaxLlamaParams,
+        " parameters (vocab_size ", c.vocab_size, ", hidden_size ", c.hidden_size,
+        ", intermediate_size ", c.intermediate_size, ", num_hidden_layers ",
+        c.num_hidden_layers, ")"));
+  }
   return c;
 }
 

@@ -15,6 +15,11 @@
 namespace loom::engine {
 
 // Hyper-parameters of a Llama decoder (transformers' LlamaConfig field names and defaults).
+// Largest model (parameters) and largest single dimension ParseLlamaConfig accepts: 2^40 (~1.1T
+// parameters), beyond anything this engine can hold, and small enough that size arithmetic on
+// accepted configs cannot overflow int64.
+inline constexpr int64_t kMaxLlamaParams = int64_t{1} << 40;
+
 struct LlamaConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;              // H
@@ -40,6 +45,7 @@ struct LlamaConfig {
 // JSON integers, integral floats (protobuf Struct numbers) and decimal strings.
 // Errors: INVALID_ARGUMENT naming the field as "model.config.<field>: ...", e.g.
 // "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4".
+// Also INVALID_ARGUMENT when a dimension or the parameter count exceeds kMaxLlamaParams.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text);
 
 // A complete Hugging Face config.json object (architectures ["LlamaForCausalLM"],

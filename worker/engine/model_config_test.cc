@@ -78,6 +78,34 @@ TEST(ParseLlamaConfigTest, ErrorsNameTheField) {
   ExpectError("[1]", "model.config: not a JSON object");
 }
 
+// Regression: vocab_size 1e15, 1e9 layers or hidden_size 2^40 were accepted; the trainer then
+// failed to allocate (or enumerated 9e9 tensor specs), and the parameter count overflowed int64.
+TEST(ParseLlamaConfigTest, AbsurdModelSizesAreRefused) {
+  const std::string tail = R"(, "num_attention_heads": 2, "max_position_embeddings": 16})";
+  ExpectError(R"({"vocab_size": 1000000000000000, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 1)" + tail,
+              "model.config.vocab_size: 1000000000000000 is larger than 1099511627776");
+  ExpectError(R"({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 1000000000)" + tail,
+              "model.config: the model would have more than 1099511627776 parameters");
+  ExpectError(R"({"vocab_size": 256, "hidden_size": 1099511627776, "intermediate_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 1048576, "max_position_embeddings": 16})",
+              "model.config: the model would have more than");
+  ExpectError(R"({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 2,
+      "max_position_embeddings": 1000000000000000})",
+              "model.config.max_position_embeddings: 1000000000000000 is larger than");
+  ExpectError(R"({"vocab_size": 256, "hidden_size": 32,
+      "intermediate_size": 9223372036854775807, "num_hidden_layers": 9223372036854775807)" + tail,
+              "model.config.intermediate_size: 9223372036854775807 is larger than 1099511627776");
+  // A large but sane model (Llama-2-70B shapes) is still accepted.
+  absl::StatusOr<LlamaConfig> big = ParseLlamaConfig(R"({"vocab_size": 32000,
+      "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+      "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 4096})");
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(LlamaParamCount(*big), 68976648192);
+}
+
 TEST(LlamaConfigToHfJsonTest, RoundTripsAndWritesHfKeys) {
   LlamaConfig c = *ParseLlamaConfig(kTiny);
   std::string text = LlamaConfigToHfJson(c);
