@@ -75,6 +75,10 @@ absl::StatusOr<std::vector<std::string>> ListCorpusFiles(const std::string& dir)
 
 }  // namespace
 
+// Raw corpora are read whole into memory; a FIFO, a device or a file over this size is refused
+// instead of blocking or exhausting memory.
+constexpr int64_t kMaxCorpusFileBytes = int64_t{4} << 30;
+
 absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options) {
   if (!(options.holdout_fraction > 0 && options.holdout_fraction <= 0.5)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,11 +92,11 @@ absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options) {
   if (S_ISDIR(st.st_mode)) {
     ASSIGN_OR_RETURN(std::vector<std::string> files, ListCorpusFiles(options.path));
     for (const std::string& f : files) {
-      ASSIGN_OR_RETURN(std::string text, ReadFile(f));
+      ASSIGN_OR_RETURN(std::string text, ReadRegularFile(f, kMaxCorpusFileBytes));
       for (std::string& r : SplitFortuneRecords(text)) docs.push_back(std::move(r));
     }
   } else {
-    ASSIGN_OR_RETURN(std::string text, ReadFile(options.path));
+    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(options.path, kMaxCorpusFileBytes));
     docs = HasFortuneSeparators(text) ? SplitFortuneRecords(text) : SplitParagraphs(text);
   }
   Corpus c;

@@ -1,5 +1,7 @@
 #include "worker/engine/corpus.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 
@@ -62,6 +64,18 @@ TEST(LoadCorpusTest, SingleTextFileAndErrors) {
   c = LoadCorpus(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CorpusTest, FifoOrDeviceAsDatasetIsRefusedWithoutBlocking) {
+  const std::string fifo = std::string(getenv("TEST_TMPDIR")) + "/corpus.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  CorpusOptions o;
+  o.path = fifo;  // ReadFile would block forever waiting for a writer
+  absl::StatusOr<Corpus> c = LoadCorpus(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  o.path = "/dev/zero";  // ReadFile would never return
+  c = LoadCorpus(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
 }
 
 TEST(WindowTest, TrainWindowsDependOnlyOnSeedStepAndGlobalIndex) {

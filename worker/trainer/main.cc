@@ -84,7 +84,8 @@ int Main() {
   if (absl::GetFlag(FLAGS_collective_timeout_s) <= 0) {
     return Fail(absl::InvalidArgumentError("--collective_timeout_s must be positive"), 2);
   }
-  absl::StatusOr<std::string> spec_text = loom::ReadFile(absl::GetFlag(FLAGS_spec));
+  absl::StatusOr<std::string> spec_text =
+      loom::ReadRegularFile(absl::GetFlag(FLAGS_spec), /*max_bytes=*/64 << 20);
   if (!spec_text.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--spec: ", spec_text.status().message())),
                 2);
