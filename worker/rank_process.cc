@@ -101,8 +101,20 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);  // own process group: Stop() signals the whole group
+  // Own process group (Stop() signals the whole group), and a clean signal state: the daemon
+  // blocks SIGTERM/SIGINT in all its threads for its sigwait thread, and a spawned child would
+  // otherwise inherit that mask and never see the SIGTERM that asks it to stop.
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t empty_mask, default_signals;
+  sigemptyset(&empty_mask);
+  posix_spawnattr_setsigmask(&attr, &empty_mask);
+  sigemptyset(&default_signals);
+  sigaddset(&default_signals, SIGTERM);
+  sigaddset(&default_signals, SIGINT);
+  sigaddset(&default_signals, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attr, &default_signals);
   pid_t pid = -1;
   int rc = ::posix_spawn(&pid, options.trainer_path.c_str(), &actions, &attr, argv.data(),
                          envp.data());

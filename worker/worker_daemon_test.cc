@@ -1,5 +1,8 @@
 #include "worker/worker_daemon.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <cstdlib>
 #include <deque>
 
@@ -166,6 +169,23 @@ TEST_F(WorkerDaemonTest, StopRequestStopsRunningRank) {
   loom::v1::RankStatus st = TickUntil(d, "job-hang", loom::v1::RANK_STATE_STOPPED);
   EXPECT_EQ(st.exit_code(), 143);
   EXPECT_EQ(d.RunningRanks(), 0);
+}
+
+// Regression: loom-worker blocks SIGTERM in every thread (a sigwait thread handles it); trainers
+// inherited that mask, ignored the worker's SIGTERM and were SIGKILLed after the grace period.
+TEST_F(WorkerDaemonTest, TrainerStartsWithNoBlockedSignalsEvenIfTheDaemonBlocksSigterm) {
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGINT);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &block, &old), 0);
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-mask", "sigmask");
+  client_.replies.push_back(start);
+  loom::v1::RankStatus st = TickUntil(d, "job-mask", loom::v1::RANK_STATE_FAILED);
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
+  EXPECT_EQ(st.error(), "SigBlk=0000000000000000");
 }
 
 TEST_F(WorkerDaemonTest, DuplicateAssignmentStartsOneProcess) {

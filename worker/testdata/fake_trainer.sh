@@ -20,6 +20,11 @@ case "$name" in
   crash)
     echo "fake trainer: segfault-like crash on rank $rank" >&2
     exit 139 ;;
+  sigmask)
+    # Reports the signal mask this process started with (SigBlk of /proc/self/status).
+    mask=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/self/status)
+    echo "{\"event\":\"error\",\"message\":\"SigBlk=$mask\"}"
+    exit 1 ;;
   hang)
     echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100}'
     trap 'exit 143' TERM
