@@ -160,6 +160,15 @@ absl::Status Scheduler::Load() {
         RankRuntime rt;
         rt.attempt = job.attempt;
         rt.node_id = job.rank_nodes[rank];
+        // Ranks known to have started (all of a RUNNING job, rank 0 once it published its
+        // rendezvous port) are re-adopted as running: a worker that no longer reports one lost
+        // it (RankLost), and it must not silently restart from step 0 under the same attempt.
+        // Ranks never acknowledged are handed out again.
+        if (job.phase == v1::JOB_PHASE_RUNNING || job.phase == v1::JOB_PHASE_STOPPING ||
+            (rank == 0 && job.rendezvous_port != 0)) {
+          rt.reported = true;
+          rt.state = v1::RANK_STATE_RUNNING;
+        }
         ranks_[{job.id, rank}] = rt;
         auto node = nodes_.find(rt.node_id);
         if (node == nodes_.end() || node->second.lost) orphaned.emplace_back(job.id, rt.node_id);

@@ -635,6 +635,26 @@ TEST_F(SchedulerTest, RestartRecoversJobsFromSqlite) {
   EXPECT_EQ(all->back().id(), later.id());
 }
 
+// Regression: after a restart of the whole cluster, the workers came back without the ranks of a
+// RUNNING job and the scheduler handed the same attempt out again, which restarted training
+// from step 0. A running rank that its worker no longer reports is lost.
+TEST_F(SchedulerTest, RestartDoesNotRestartRunningRanksThatTheirWorkersLost) {
+  Job running = RunTwoRankJob();
+  scheduler_.reset();
+  Start();
+  HeartbeatResponse a = Beat("node-a");  // node-a restarted too: it runs nothing
+  EXPECT_EQ(a.start_size(), 0);
+  Job j = Get(running.id());
+  EXPECT_EQ(j.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_EQ(j.failure_class(), loom::v1::FAILURE_CLASS_INFRA);
+  EXPECT_EQ(j.reason(), "RankLost");
+  // The other rank is told to stop.
+  HeartbeatResponse b = Beat("node-b", {Rank(j, 1, loom::v1::RANK_STATE_RUNNING)});
+  EXPECT_EQ(b.start_size(), 0);
+  ASSERT_EQ(b.stop_size(), 1);
+  EXPECT_EQ(b.stop(0).job_id(), running.id());
+}
+
 TEST_F(SchedulerTest, RestartResendsAssignmentsNotYetAcknowledged) {
   Register("node-a", 1);
   Register("node-b", 1);
