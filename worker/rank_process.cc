@@ -190,6 +190,7 @@ void RankProcess::HandleEvent(const std::string& line) {
   } else if (kind == "eval") {
     if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.value("loss", 0.0));
     prog->set_eval_loss(ev.value("loss", 0.0));
+    prog->set_eval_step(ev.value("step", int64_t{0}));
     prog->set_has_eval_loss(true);
   } else if (kind == "checkpoint") {
     prog->set_last_checkpoint_step(ev.value("step", int64_t{0}));
@@ -198,6 +199,7 @@ void RankProcess::HandleEvent(const std::string& line) {
     if (ev.contains("initial_eval_loss")) prog->set_initial_eval_loss(ev["initial_eval_loss"].get<double>());
     if (ev.contains("final_eval_loss")) {
       prog->set_eval_loss(ev["final_eval_loss"].get<double>());
+      prog->set_eval_step(ev.value("step", prog->step()));
       prog->set_has_eval_loss(true);
     }
   } else if (kind == "error") {

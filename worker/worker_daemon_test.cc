@@ -122,6 +122,7 @@ TEST_F(WorkerDaemonTest, RunsAssignedRankAndReportsProgressAndSuccess) {
   EXPECT_DOUBLE_EQ(st.progress().tokens_per_second(), 120);
   EXPECT_DOUBLE_EQ(st.progress().initial_eval_loss(), 5.5);
   EXPECT_DOUBLE_EQ(st.progress().eval_loss(), 4.5);
+  EXPECT_EQ(st.progress().eval_step(), 2);  // the final evaluation, after the last step
   EXPECT_EQ(st.progress().last_checkpoint_step(), 2);
   EXPECT_EQ(st.exit_code(), 0);
   // The spec reached the trainer as JSON with proto field names.

@@ -204,8 +204,15 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
   // Accelerator kinds may be written short ("cpu", "h200") as in the worker's --accelerator flag.
   if (j.contains("resources") && j["resources"].is_object() &&
       j["resources"].contains("accelerator") && j["resources"]["accelerator"].is_string()) {
-    std::string kind = absl::AsciiStrToUpper(j["resources"]["accelerator"].get<std::string>());
+    const std::string written = j["resources"]["accelerator"].get<std::string>();
+    std::string kind = absl::AsciiStrToUpper(written);
     if (kind.rfind("ACCELERATOR_KIND_", 0) != 0) kind = absl::StrCat("ACCELERATOR_KIND_", kind);
+    loom::v1::AcceleratorKind parsed;
+    if (!loom::v1::AcceleratorKind_Parse(kind, &parsed) ||
+        parsed == loom::v1::ACCELERATOR_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat(file_name, ": resources.accelerator: unknown kind '",
+                                                     written, "' (want cpu, h100, h200 or gh200)"));
+    }
     j["resources"]["accelerator"] = kind;
   }
   std::string unknown = FirstUnknownField(j, loom::v1::JobSpec::descriptor(), "");

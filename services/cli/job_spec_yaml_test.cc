@@ -103,8 +103,10 @@ TEST(JobSpecYamlTest, DeepSpeedConfigFromJsonFile) {
 }
 
 TEST(JobSpecYamlTest, UnknownAcceleratorIsInvalidArgument) {
-  auto spec = JobSpecFromYaml("resources: {accelerator: tpu}\n", ".");
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  auto spec = JobSpecFromYaml("resources: {accelerator: tpu}\n", ".", "j.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_EQ(spec.status().message(),
+            "j.yaml: resources.accelerator: unknown kind 'tpu' (want cpu, h100, h200 or gh200)");
 }
 
 TEST(JobSpecYamlTest, ExampleJobOfTheReadmeParses) {

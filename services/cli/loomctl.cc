@@ -10,7 +10,8 @@
 //                                         write model.safetensors + config.json
 //
 // Addresses come from --scheduler / --checkpoint, else $LOOM_SCHEDULER / $LOOM_CHECKPOINT, else
-// the ready files of a local cluster in --cluster_dir (default .loom/cluster).
+// the ready files of a local cluster in --cluster_dir (default $LOOM_HOME/cluster, else
+// .loom/cluster).
 // Exit status: 0 on success, the gRPC status code on an RPC error (3 = INVALID_ARGUMENT,
 // 5 = NOT_FOUND, 9 = FAILED_PRECONDITION, 14 = UNAVAILABLE), 1 for a job that ended unsuccessfully
 // under `wait`, 2 for a usage error.
@@ -39,7 +40,8 @@
 
 ABSL_FLAG(std::string, scheduler, "", "loom-scheduler address (host:port)");
 ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
-ABSL_FLAG(std::string, cluster_dir, ".loom/cluster", "local cluster directory with ready files");
+ABSL_FLAG(std::string, cluster_dir, "",
+          "local cluster directory with ready files (default: $LOOM_HOME/cluster, else .loom/cluster)");
 ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
 ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
 ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)");
@@ -62,7 +64,12 @@ absl::StatusOr<std::string> Address(const std::string& flag_value, const char* e
                                      const std::string& ready_name) {
   if (!flag_value.empty()) return flag_value;
   if (const char* e = std::getenv(env); e != nullptr && *e != '\0') return std::string(e);
-  std::string path = absl::StrCat(absl::GetFlag(FLAGS_cluster_dir), "/", ready_name);
+  std::string cluster_dir = absl::GetFlag(FLAGS_cluster_dir);
+  if (cluster_dir.empty()) {
+    const char* home = std::getenv("LOOM_HOME");
+    cluster_dir = (home != nullptr && *home != '\0') ? absl::StrCat(home, "/cluster") : ".loom/cluster";
+  }
+  std::string path = absl::StrCat(cluster_dir, "/", ready_name);
   auto info = loom::ReadReadyFile(path);
   if (!info.ok()) {
     return absl::UnavailableError(absl::StrCat("no address: pass --", ready_name.substr(0, ready_name.find('.')),
@@ -113,15 +120,21 @@ void PrintJob(const Job& job) {
               static_cast<long long>(p.step()), static_cast<long long>(job.spec().training().steps()),
               p.loss(), p.tokens_per_second());
   if (p.has_eval_loss()) {
-    std::printf("held-out: %.4f (before training: %.4f)\n", p.eval_loss(), p.initial_eval_loss());
+    std::printf("held-out: %.4f after step %lld (before training: %.4f)\n", p.eval_loss(),
+                static_cast<long long>(p.eval_step()), p.initial_eval_loss());
   }
-  std::printf("checkpoints: %s (last step %lld)\n", job.checkpoint_dir().c_str(),
-              static_cast<long long>(p.last_checkpoint_step()));
+  if (p.last_checkpoint_step() > 0) {
+    std::printf("checkpoints: %s (last at step %lld)\n", job.checkpoint_dir().c_str(),
+                static_cast<long long>(p.last_checkpoint_step()));
+  } else {
+    std::printf("checkpoints: none yet (will be written under %s)\n", job.checkpoint_dir().c_str());
+  }
 }
 
 int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
   absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_wait_timeout);
   int64_t last_step = -1;
+  int64_t last_eval_step = -1;
   loom::v1::JobPhase last_phase = loom::v1::JOB_PHASE_UNSPECIFIED;
   absl::Time last_error = absl::InfinitePast();
   while (absl::Now() < deadline) {
@@ -148,12 +161,15 @@ int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
     }
     const auto& p = job.progress();
     if (p.step() != last_step && p.step() > 0) {
-      std::printf("  step %5lld/%lld  loss %.4f  tokens/s %8.0f%s\n",
-                  static_cast<long long>(p.step()),
+      std::printf("  step %5lld/%lld  loss %.4f  tokens/s %8.0f\n", static_cast<long long>(p.step()),
                   static_cast<long long>(job.spec().training().steps()), p.loss(),
-                  p.tokens_per_second(),
-                  p.has_eval_loss() ? absl::StrFormat("  held-out %.4f", p.eval_loss()).c_str() : "");
+                  p.tokens_per_second());
       last_step = p.step();
+    }
+    if (p.has_eval_loss() && p.eval_step() != last_eval_step) {
+      std::printf("  held-out loss after step %lld: %.4f\n", static_cast<long long>(p.eval_step()),
+                  p.eval_loss());
+      last_eval_step = p.eval_step();
     }
     std::fflush(stdout);
     if (Terminal(job.phase())) {
@@ -199,6 +215,10 @@ int main(int argc, char** argv) {
       req.set_job_id(arg);
       loom::v1::ListCheckpointsResponse resp;
       grpc::Status s = stub->ListCheckpoints(Context().get(), req, &resp);
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        std::printf("job %s has no checkpoints (yet): %s\n", arg.c_str(), s.error_message().c_str());
+        return 0;
+      }
       if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
       std::printf("%-10s %-10s %-8s %-14s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES", "PATH");
       for (const auto& c : resp.checkpoints()) {

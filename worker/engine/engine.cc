@@ -338,6 +338,12 @@ absl::Status Trainer::Run() {
           {"gathered_bytes_between_steps", model_->tracker().current()},
           {"peak_gathered_bytes", model_->tracker().peak()},
           {"partition_bytes", model_->partition_bytes()}});
+    // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.
+    if (o_.ds.steps_per_print > 0 && ((s + 1) % o_.ds.steps_per_print == 0 || s == start)) {
+      LOG(INFO) << "step " << s + 1 << "/" << o_.steps << " loss " << loss << " lr " << lr
+                << " grad_norm " << grad_norm << " step_time " << secs << " s, "
+                << static_cast<int64_t>(global_tokens / std::max(secs, 1e-9)) << " tokens/s";
+    }
     const bool last = s + 1 == o_.steps;
     if (!last && o_.eval_every_steps > 0 && (s + 1) % o_.eval_every_steps == 0) {
       last_eval = Evaluate();
