@@ -13,9 +13,42 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "scheduler/job_state.h"
+#include "storage/checkpoint/consolidate.h"
 
 namespace loom {
 namespace {
+
+// The newest committed checkpoint of a job (the step directory every rank of a new attempt
+// resumes from), or "" if there is none yet. Committed = every rank's manifest present and
+// consistent (storage/checkpoint/consolidate.h); partial checkpoints are never used.
+std::string ResumeDir(const JobRecord& job) {
+  absl::StatusOr<storage::CheckpointInfo> newest =
+      storage::NewestCommittedCheckpoint(job.checkpoint_dir);
+  return newest.ok() ? newest->path : "";
+}
+
+// The job's progress once rank 0 of its current attempt reports `reported`. A new attempt's rank
+// starts with empty progress and, when it resumed, evaluates first at the resume step: the job
+// keeps its "before training" loss, and its last evaluation, checkpoint and step until the new
+// attempt reports newer ones.
+loom::v1::Progress MergeProgress(const loom::v1::Progress& job,
+                                 const loom::v1::Progress& reported) {
+  loom::v1::Progress merged = reported;
+  if (job.has_eval_loss()) {
+    merged.set_initial_eval_loss(job.initial_eval_loss());
+    if (!reported.has_eval_loss()) {
+      merged.set_has_eval_loss(true);
+      merged.set_eval_loss(job.eval_loss());
+      merged.set_eval_step(job.eval_step());
+    }
+  }
+  if (reported.step() == 0) {
+    merged.set_step(job.step());
+    merged.set_loss(job.loss());
+  }
+  merged.set_last_checkpoint_step(std::max(job.last_checkpoint_step(), reported.last_checkpoint_step()));
+  return merged;
+}
 
 using loom::v1::AcceleratorKind;
 using loom::v1::JobPhase;
@@ -180,8 +213,9 @@ absl::Status Scheduler::Load() {
             << " nodes, " << ranks_.size() << " ranks to re-adopt";
   for (const auto& [job_id, node_id] : orphaned) {
     if (IsTerminal(jobs_[job_id].phase)) continue;
-    RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_FAILED, v1::FAILURE_CLASS_INFRA, "NodeLost",
-                           absl::StrCat("node ", node_id, " was lost while the scheduler was down")));
+    RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost",
+                                absl::StrCat("node ", node_id, " was lost while the scheduler was down"),
+                                node_id));
   }
   return absl::OkStatus();
 }
@@ -223,6 +257,44 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
       it = ranks_.erase(it);  // its slot is free; nothing to stop
+    } else {
+      it->second.stop_requested = true;
+      ++it;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::FailAttempt(const std::string& job_id,
+                                    loom::v1::FailureClass failure_class,
+                                    const std::string& reason, const std::string& message,
+                                    const std::string& suspect_node) {
+  const JobRecord& job = jobs_.at(job_id);
+  if (IsTerminal(job.phase) || job.phase == v1::JOB_PHASE_RECOVERING) return absl::OkStatus();
+  const int32_t max_restarts = job.spec.max_restarts();
+  const int32_t restarts_used = std::max(0, job.attempt - 1);
+  if (restarts_used >= max_restarts) {
+    std::string final_message = message;
+    if (max_restarts > 0) {
+      final_message = absl::StrCat(message, " (attempt ", job.attempt, "; all ", max_restarts,
+                                   " restarts used)");
+    }
+    return EndJob(job_id, v1::JOB_PHASE_FAILED, failure_class, reason, final_message);
+  }
+  JobRecord updated = job;
+  updated.phase = v1::JOB_PHASE_RECOVERING;
+  updated.failure_class = failure_class;
+  updated.reason = reason;
+  updated.message = absl::StrCat("attempt ", job.attempt, " failed: ", message,
+                                 "; restarting from the newest committed checkpoint (restart ",
+                                 restarts_used + 1, " of ", max_restarts, ")");
+  RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
+  if (!suspect_node.empty()) suspects_[job_id].insert(suspect_node);
+  for (auto it = ranks_.lower_bound({job_id, 0});
+       it != ranks_.end() && it->first.first == job_id;) {
+    if (RankEnded(it->second.state)) {
+      it = ranks_.erase(it);
     } else {
       it->second.stop_requested = true;
       ++it;
@@ -377,10 +449,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     JobRecord& job = job_it->second;
     if (st.rank() == 0 && (st.rendezvous_port() < 0 || st.rendezvous_port() > 65535)) {
       // A broken worker: handing ranks 1..N-1 this port would only fail their rendezvous later.
-      RETURN_IF_ERROR(EndJob(st.job_id(), v1::JOB_PHASE_FAILED, v1::FAILURE_CLASS_SETUP,
-                             "RendezvousFailed",
-                             absl::StrCat("rank 0 on node ", node_id, " reported rendezvous port ",
-                                          st.rendezvous_port(), ", outside [1, 65535]")));
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), v1::FAILURE_CLASS_SETUP, "RendezvousFailed",
+                                  absl::StrCat("rank 0 on node ", node_id,
+                                               " reported rendezvous port ", st.rendezvous_port(),
+                                               ", outside [1, 65535]"),
+                                  node_id));
       continue;
     }
     if (st.rank() == 0) {
@@ -396,7 +469,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
                   << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
       }
       if (st.has_progress()) {
-        updated.progress = st.progress();
+        updated.progress = MergeProgress(job.progress, st.progress());
         if (updated.progress.total_steps() == 0) {
           updated.progress.set_total_steps(job.spec.training().steps());
         }
@@ -408,8 +481,8 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     }
     if (st.state() == v1::RANK_STATE_FAILED || st.state() == v1::RANK_STATE_STOPPED) {
       const bool had_run = previous == v1::RANK_STATE_RUNNING;
-      RETURN_IF_ERROR(EndJob(st.job_id(), v1::JOB_PHASE_FAILED, ClassifyRankFailure(st, had_run),
-                             "RankFailed", RankExitMessage(st.rank(), node_id, st)));
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), ClassifyRankFailure(st, had_run), "RankFailed",
+                                  RankExitMessage(st.rank(), node_id, st), node_id));
       continue;
     }
     touched_jobs.insert(st.job_id());
@@ -431,9 +504,10 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       const std::string job_id = it->first.first;
       const int32_t rank = it->first.second;
       ++it;  // EndJob may erase entries of this job; resume from a fresh lookup below
-      RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_FAILED, v1::FAILURE_CLASS_INFRA, "RankLost",
-                             absl::StrCat("rank ", rank, " on node ", node_id,
-                                          " is no longer reported by its worker")));
+      RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "RankLost",
+                                  absl::StrCat("rank ", rank, " on node ", node_id,
+                                               " is no longer reported by its worker"),
+                                  node_id));
       touched_jobs.erase(job_id);
       it = ranks_.upper_bound({job_id, rank});
       continue;
@@ -475,6 +549,7 @@ loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_
   a.set_master_addr(node == nodes_.end() ? job.rank_nodes.at(0) : NodeAddress(node->second));
   a.set_master_port(job.rendezvous_port);
   a.set_checkpoint_dir(job.checkpoint_dir);
+  if (job.attempt > 1) a.set_resume_from(ResumeDir(job));
   return a;
 }
 
@@ -556,9 +631,7 @@ absl::Status Scheduler::CheckNodeLiveness() {
       }
     }
     for (const std::string& job_id : affected) {
-      if (IsTerminal(jobs_.at(job_id).phase)) continue;
-      RETURN_IF_ERROR(
-          EndJob(job_id, v1::JOB_PHASE_FAILED, v1::FAILURE_CLASS_INFRA, "NodeLost", message));
+      RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost", message, node_id));
     }
   }
   return absl::OkStatus();
@@ -590,7 +663,14 @@ absl::Status Scheduler::PlacePendingJobs() {
   const std::map<int64_t, std::string> order = job_order_;
   for (const auto& [seq, job_id] : order) {
     const JobRecord& job = jobs_.at(job_id);
-    if (job.phase != v1::JOB_PHASE_PENDING) continue;
+    const bool recovering = job.phase == v1::JOB_PHASE_RECOVERING;
+    if (job.phase != v1::JOB_PHASE_PENDING && !recovering) continue;
+    if (recovering) {
+      // The failed attempt's ranks must all have ended (or their node been declared lost)
+      // before the next attempt starts: two incarnations of one rank never run at once.
+      auto r = ranks_.lower_bound({job_id, 0});
+      if (r != ranks_.end() && r->first.first == job_id) continue;
+    }
     const AcceleratorKind kind = KindOf(job.spec);
     const int need = job.spec.resources().num_ranks();
     const std::string kind_name = KindName(kind);
@@ -624,6 +704,10 @@ absl::Status Scheduler::PlacePendingJobs() {
                        total_slots[kind], " are free")));
       continue;
     }
+    // Nodes suspected in this job's earlier failed attempts go last.
+    const std::set<std::string>& suspects = suspects_[job_id];
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [&](const std::string& n) { return suspects.count(n) == 0; });
     // Spread: one rank per node per round, nodes in id order, until the gang is placed.
     std::map<std::string, int> free_copy = free_slots;
     std::vector<std::string> placement;
@@ -641,8 +725,14 @@ absl::Status Scheduler::PlacePendingJobs() {
     updated.rank_nodes = placement;
     updated.rendezvous_port = 0;
     updated.reason = "Starting";
+    updated.failure_class = v1::FAILURE_CLASS_UNSPECIFIED;
     updated.message = absl::StrCat("attempt ", updated.attempt, ": ", need,
                                    " ranks placed; waiting for rank 0's rendezvous port");
+    if (updated.attempt > 1) {
+      const std::string resume = ResumeDir(updated);
+      absl::StrAppend(&updated.message, resume.empty() ? " (no committed checkpoint: starting over)"
+                                                       : absl::StrCat(" (resuming from ", resume, ")"));
+    }
     if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();
     RETURN_IF_ERROR(CommitJob(std::move(updated)));
     free_slots = std::move(free_copy);

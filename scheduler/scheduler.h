@@ -25,8 +25,14 @@
 //     stop. Rank 0's progress becomes the job's progress. A rank's slot is free again once the
 //     rank ended.
 //   * A lost node fails every job with a rank on it (class INFRA, reason "NodeLost").
-//     Restarting attempts from a checkpoint (max_restarts) is not implemented yet: failures are
-//     final.
+//   * Recovery: a failed attempt (rank failure, lost rank or node, bad rendezvous) of a job with
+//     restarts left (spec.max_restarts, one budget for every failure class) moves the job to
+//     RECOVERING instead of FAILED: every rank of the attempt is told to stop, and once all of
+//     them have ended (or their node was declared lost) the job is placed again as attempt + 1,
+//     preferring nodes that were not suspects of earlier failures (the failed rank's node, the
+//     lost node). Every rank of the new attempt resumes from the newest committed checkpoint
+//     (RankAssignment.resume_from; storage/checkpoint), or starts over if there is none. When
+//     no restart is left the job is FAILED with the last failure.
 //   * Create() reloads every job and node from the store. Non-terminal jobs keep their
 //     placement; nodes get a fresh heartbeat_timeout of grace; workers re-report the ranks they
 //     run and are re-adopted. A heartbeat from an unknown or lost node is NOT_FOUND (the worker
@@ -36,6 +42,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -135,6 +142,12 @@ class Scheduler {
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists `job` (checking its phase change against the state machine), then adopts it.
   absl::Status CommitJob(JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the current attempt of `job_id` on a failure: RECOVERING if restarts are left (the
+  // attempt's ranks are told to stop; `suspect_node` is avoided by later placements), else FAILED
+  // through EndJob. A job already RECOVERING or terminal is left alone.
+  absl::Status FailAttempt(const std::string& job_id, loom::v1::FailureClass failure_class,
+                           const std::string& reason, const std::string& message,
+                           const std::string& suspect_node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job_id` in `phase` (FAILED or CANCELLED) and asks its live ranks to stop.
   absl::Status EndJob(const std::string& job_id, loom::v1::JobPhase phase,
                       loom::v1::FailureClass failure_class, const std::string& reason,
@@ -165,6 +178,9 @@ class Scheduler {
   std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
   std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
+  // Nodes suspected in a job's failed attempts, avoided when it is placed again. In memory only:
+  // a scheduler restart forgets them (placement then just follows node order).
+  std::map<std::string, std::set<std::string>> suspects_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

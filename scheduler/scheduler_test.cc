@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/fake_clock.h"
 #include "scheduler/test_job_spec.h"
+#include "storage/checkpoint/shard_format.h"
 #include "storage/in_memory_job_store.h"
 #include "storage/sqlite_job_store.h"
 
@@ -88,8 +89,10 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_EQ(*interval, absl::Seconds(1));
   }
 
-  Job Submit(int ranks) {
-    absl::StatusOr<Job> job = scheduler_->SubmitJob(TestJobSpecWithRanks(ranks));
+  Job Submit(int ranks, int max_restarts = 0) {
+    loom::v1::JobSpec spec = TestJobSpecWithRanks(ranks);
+    spec.set_max_restarts(max_restarts);
+    absl::StatusOr<Job> job = scheduler_->SubmitJob(spec);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : Job();
   }
@@ -653,6 +656,157 @@ TEST_F(SchedulerTest, RestartDoesNotRestartRunningRanksThatTheirWorkersLost) {
   EXPECT_EQ(b.start_size(), 0);
   ASSERT_EQ(b.stop_size(), 1);
   EXPECT_EQ(b.stop(0).job_id(), running.id());
+}
+
+// Writes a committed checkpoint of `step` (every rank's shard + manifest) for `job`.
+void WriteCommittedCheckpoint(const Job& job, int64_t step, int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    storage::ShardManifest m;
+    m.step = step;
+    m.rank = r;
+    m.world_size = world_size;
+    m.params.push_back({"w", {4}, 4, 0, 0});
+    storage::AssignPartitionLayout(m);
+    std::vector<float> data(m.section_numel, 1.0f);
+    const float* sections[] = {data.data()};
+    ASSERT_TRUE(storage::WriteShard(absl::StrCat(job.checkpoint_dir(), "/",
+                                                 storage::StepDirName(step)),
+                                    m, sections)
+                    .ok());
+  }
+}
+
+TEST_F(SchedulerTest, FailedAttemptWithRestartsLeftResumesFromNewestCommittedCheckpoint) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Register("node-c", 1);
+  Job job = Submit(2, /*max_restarts=*/1);
+  Cycle();
+  job = Get(job.id());
+  ASSERT_EQ(job.rank_nodes(0), "node-a");
+  ASSERT_EQ(job.rank_nodes(1), "node-b");
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  WriteCommittedCheckpoint(job, 10, 2);
+  // A partial newer checkpoint (rank 1 never reported) must not be used.
+  {
+    storage::ShardManifest m;
+    m.step = 20;
+    m.world_size = 2;
+    m.params.push_back({"w", {4}, 4, 0, 0});
+    storage::AssignPartitionLayout(m);
+    std::vector<float> data(m.section_numel, 2.0f);
+    const float* sections[] = {data.data()};
+    ASSERT_TRUE(storage::WriteShard(job.checkpoint_dir() + "/" + storage::StepDirName(20), m,
+                                    sections)
+                    .ok());
+  }
+
+  // Rank 1 crashes on node-b: the attempt ends, the job is RECOVERING, rank 0 is told to stop.
+  RankStatus crash = Rank(job, 1, loom::v1::RANK_STATE_FAILED);
+  crash.set_exit_code(139);
+  crash.set_error("Segmentation fault");
+  Beat("node-b", {crash});
+  Job recovering = Get(job.id());
+  EXPECT_EQ(recovering.phase(), loom::v1::JOB_PHASE_RECOVERING);
+  EXPECT_EQ(recovering.reason(), "RankFailed");
+  EXPECT_NE(recovering.message().find("restart 1 of 1"), std::string::npos) << recovering.message();
+  HeartbeatResponse a = Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
+  ASSERT_EQ(a.stop_size(), 1);
+  // Not placed again while rank 0 of attempt 1 still runs.
+  Cycle();
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RECOVERING);
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_STOPPED)});
+  Cycle();
+  Job second = Get(job.id());
+  EXPECT_EQ(second.phase(), loom::v1::JOB_PHASE_STARTING);
+  EXPECT_EQ(second.attempt(), 2);
+  // node-b (the suspect) is avoided: node-a and node-c take the gang.
+  EXPECT_EQ(second.rank_nodes(0), "node-a");
+  EXPECT_EQ(second.rank_nodes(1), "node-c");
+  const std::string step10 = job.checkpoint_dir() + "/" + storage::StepDirName(10);
+  HeartbeatResponse start0 = Beat("node-a");
+  ASSERT_EQ(start0.start_size(), 1);
+  EXPECT_EQ(start0.start(0).attempt(), 2);
+  EXPECT_EQ(start0.start(0).resume_from(), step10);
+  Beat("node-a", {Rank(second, 0, loom::v1::RANK_STATE_RUNNING, 29600)});
+  HeartbeatResponse start1 = Beat("node-c");
+  ASSERT_EQ(start1.start_size(), 1);
+  EXPECT_EQ(start1.start(0).resume_from(), step10);
+  EXPECT_EQ(start1.start(0).master_port(), 29600);
+
+  // The second failure uses up the budget: FAILED with the last error.
+  RankStatus again = Rank(second, 1, loom::v1::RANK_STATE_FAILED);
+  again.set_exit_code(1);
+  again.set_error("boom");
+  Beat("node-c", {again});
+  Job failed = Get(job.id());
+  EXPECT_EQ(failed.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_NE(failed.message().find("all 1 restarts used"), std::string::npos) << failed.message();
+}
+
+TEST_F(SchedulerTest, LostNodeWithRestartsLeftRecoversOnTheOtherNodes) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Register("node-c", 1);
+  Job job = Submit(2, /*max_restarts=*/2);
+  Cycle();
+  job = Get(job.id());
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  Beat("node-c");
+  // node-b goes silent; node-a and node-c keep heartbeating.
+  clock_.Advance(absl::Seconds(6));
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
+  Beat("node-c");
+  clock_.Advance(absl::Seconds(6));
+  HeartbeatResponse a = Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
+  Beat("node-c");
+  Cycle();  // node-b declared lost
+  Job recovering = Get(job.id());
+  EXPECT_EQ(recovering.phase(), loom::v1::JOB_PHASE_RECOVERING);
+  EXPECT_EQ(recovering.reason(), "NodeLost");
+  EXPECT_EQ(recovering.failure_class(), loom::v1::FAILURE_CLASS_INFRA);
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_STOPPED)});
+  Cycle();
+  Job second = Get(job.id());
+  EXPECT_EQ(second.phase(), loom::v1::JOB_PHASE_STARTING);
+  EXPECT_EQ(second.attempt(), 2);
+  EXPECT_EQ(second.rank_nodes(0), "node-a");
+  EXPECT_EQ(second.rank_nodes(1), "node-c");
+  // No checkpoint was committed: the new attempt starts over.
+  HeartbeatResponse start0 = Beat("node-a");
+  ASSERT_EQ(start0.start_size(), 1);
+  EXPECT_EQ(start0.start(0).resume_from(), "");
+}
+
+TEST_F(SchedulerTest, ResumedAttemptKeepsTheJobsInitialEvalLoss) {
+  Register("node-a", 1);
+  Job job = Submit(1, /*max_restarts=*/1);
+  Cycle();
+  job = Get(job.id());
+  RankStatus st = Rank(job, 0, loom::v1::RANK_STATE_RUNNING);
+  st.mutable_progress()->set_has_eval_loss(true);
+  st.mutable_progress()->set_initial_eval_loss(5.5);
+  st.mutable_progress()->set_eval_loss(5.5);
+  Beat("node-a", {st});
+  st.set_state(loom::v1::RANK_STATE_FAILED);
+  st.set_exit_code(1);
+  Beat("node-a", {st});
+  Cycle();
+  Job second = Get(job.id());
+  ASSERT_EQ(second.attempt(), 2);
+  // The new rank's first heartbeat carries no progress yet: the job keeps what it had.
+  Beat("node-a", {Rank(second, 0, loom::v1::RANK_STATE_STARTING)});
+  EXPECT_TRUE(Get(job.id()).progress().has_eval_loss());
+  EXPECT_DOUBLE_EQ(Get(job.id()).progress().initial_eval_loss(), 5.5);
+  RankStatus resumed = Rank(second, 0, loom::v1::RANK_STATE_RUNNING);
+  resumed.mutable_progress()->set_has_eval_loss(true);
+  resumed.mutable_progress()->set_initial_eval_loss(3.0);  // first eval of the resumed attempt
+  resumed.mutable_progress()->set_eval_loss(3.0);
+  Beat("node-a", {resumed});
+  EXPECT_DOUBLE_EQ(Get(job.id()).progress().initial_eval_loss(), 5.5);
+  EXPECT_DOUBLE_EQ(Get(job.id()).progress().eval_loss(), 3.0);
 }
 
 TEST_F(SchedulerTest, RestartResendsAssignmentsNotYetAcknowledged) {

@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
       absl::StrCat("--checkpoint_dir=", a.checkpoint_dir()),
       absl::StrCat("--job_id=", a.job_id()),
   };
+  if (!a.resume_from().empty()) args.push_back(absl::StrCat("--resume_from=", a.resume_from()));
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);

@@ -53,6 +53,9 @@ checkpoint: {interval_steps: 4}
 
 class ClusterE2ETest : public ::testing::Test {
  protected:
+  virtual int NumWorkers() const { return 2; }
+  virtual std::vector<std::string> ExtraSchedulerArgs() const { return {}; }
+
   void SetUp() override {
     // Each test gets its own directory: database, checkpoints, ready files, logs.
     tmp_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
@@ -60,13 +63,14 @@ class ClusterE2ETest : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(tmp_).ok());
     ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
     ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
-    scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler",
-                             {absl::StrCat("--db=", tmp_, "/loom.db"),
-                              absl::StrCat("--checkpoint_root=", ckpt_root_)},
+    std::vector<std::string> scheduler_args = {absl::StrCat("--db=", tmp_, "/loom.db"),
+                                               absl::StrCat("--checkpoint_root=", ckpt_root_)};
+    for (const std::string& a : ExtraSchedulerArgs()) scheduler_args.push_back(a);
+    scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler", scheduler_args,
                              &scheduler_info_);
     checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
                               {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < NumWorkers(); ++i) {
       ReadyInfo info;
       workers_.push_back(StartDaemon(
           absl::StrCat("worker-", i), "services/worker/loom-worker",
@@ -266,6 +270,61 @@ TEST_F(ClusterE2ETest, CancelStopsRunningRanks) {
   // A second cancel of an ended job is refused.
   grpc::Status again = jobs_->CancelJob(Ctx().get(), req, &cancelled);
   EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Recovery: three single-slot workers; the scheduler declares a silent node lost after 3 s.
+class ClusterRecoveryE2ETest : public ClusterE2ETest {
+ protected:
+  int NumWorkers() const override { return 3; }
+  std::vector<std::string> ExtraSchedulerArgs() const override {
+    return {"--heartbeat_timeout_s=3"};
+  }
+};
+
+TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMatchesUninterrupted) {
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 120");
+  yaml.replace(yaml.find("interval_steps: 4"), 17, "interval_steps: 20");
+  // The reference: the same job, uninterrupted.
+  loom::v1::Job reference = WaitFor(Submit(yaml).id(), loom::v1::JOB_PHASE_SUCCEEDED);
+  ASSERT_EQ(reference.phase(), loom::v1::JOB_PHASE_SUCCEEDED);
+  ASSERT_EQ(reference.attempt(), 1);
+
+  loom::v1::Job job = Submit(absl::StrCat(yaml, "max_restarts: 2\n"));
+  // Wait for a committed checkpoint, then kill -9 the worker of rank 1 (its trainer gets
+  // SIGTERM through its parent-death signal: the node is gone).
+  absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (absl::Now() < deadline) {
+    job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+    if (job.progress().last_checkpoint_step() >= 20) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(job.progress().last_checkpoint_step(), 20);
+  ASSERT_LT(job.progress().step(), 120) << "the job ended before the worker could be killed";
+  const std::string victim = job.rank_nodes(1);
+  const int victim_index = victim.back() - '0';
+  workers_[victim_index]->Kill();
+
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(3));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.progress().step(), 120);
+  for (const std::string& node : job.rank_nodes()) EXPECT_NE(node, victim);
+  // The second attempt resumed from a committed checkpoint, not from step 0.
+  bool resumed = false;
+  for (int i = 0; i < NumWorkers(); ++i) {
+    auto log = ReadFile(absl::StrCat(tmp_, "/work-", i, "/", job.id(), "/attempt_2/rank_0.log"));
+    if (log.ok() && absl::StrContains(*log, "start step ") &&
+        !absl::StrContains(*log, "start step 0\n")) {
+      resumed = true;
+    }
+  }
+  EXPECT_TRUE(resumed) << "attempt 2 did not resume from a checkpoint";
+  // Same data order, same optimizer state: the resumed run ends where the uninterrupted one did.
+  // fp32 on CPU, same world size: the trainer's resume is bit-exact (trainer_test); allow 1e-5.
+  EXPECT_NEAR(job.progress().eval_loss(), reference.progress().eval_loss(), 1e-5);
+  EXPECT_NEAR(job.progress().loss(), reference.progress().loss(), 1e-5);
+  EXPECT_DOUBLE_EQ(job.progress().initial_eval_loss(), reference.progress().initial_eval_loss());
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 // boundary (a second signal exits 143 immediately). At the end rank 0 writes
 // <checkpoint_dir>/final_logits.json.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -137,6 +138,11 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // A rank outlives nothing: if the process that started it (the worker daemon) dies, the rank
+  // is asked to stop like on cancel, instead of training on unreported and unsupervised.
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::raise(SIGTERM);  // the parent died before prctl took effect
   try {
     return Main();
   } catch (const std::exception& e) {
