@@ -128,6 +128,10 @@ class ClusterE2ETest : public ::testing::Test {
       loom::v1::GetJobRequest req;
       req.set_job_id(id);
       grpc::Status s = jobs_->GetJob(Ctx().get(), req, &job);
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {  // e.g. a restarting scheduler
+        absl::SleepFor(absl::Milliseconds(200));
+        continue;
+      }
       if (!s.ok()) {
         ADD_FAILURE() << "GetJob " << id << ": " << s.error_message();
         return job;
@@ -270,6 +274,33 @@ TEST_F(ClusterE2ETest, CancelStopsRunningRanks) {
   // A second cancel of an ended job is refused.
   grpc::Status again = jobs_->CancelJob(Ctx().get(), req, &cancelled);
   EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(ClusterE2ETest, SchedulerKilledMidRunRestartsAndTheJobCompletes) {
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 80");
+  loom::v1::Job job = Submit(yaml);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
+
+  // kill -9 the scheduler, then start it again on the same database and port (the workers
+  // keep dialing that address).
+  scheduler_->Kill();
+  const std::string port = scheduler_info_.grpc_address.substr(
+      scheduler_info_.grpc_address.rfind(':') + 1);
+  ReadyInfo restarted;
+  scheduler_ = StartDaemon("scheduler-2", "services/scheduler/loom-scheduler",
+                           {absl::StrCat("--db=", tmp_, "/loom.db"),
+                            absl::StrCat("--checkpoint_root=", ckpt_root_),
+                            absl::StrCat("--port=", port)},
+                           &restarted);
+  ASSERT_EQ(restarted.grpc_address, scheduler_info_.grpc_address);
+
+  // The acknowledged job is still there, its ranks were re-adopted (same attempt) and it ends.
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(3));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.progress().step(), 80);
 }
 
 // Recovery: three single-slot workers; the scheduler declares a silent node lost after 3 s.
