@@ -30,24 +30,40 @@ absl::Status ErrnoError(absl::string_view what, const std::string& path) {
   return absl::InternalError(msg);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("cannot open", path);
+namespace {
+
+// Reads `fd` to its end and closes it. FAILED_PRECONDITION once more than `max_bytes` (if >= 0)
+// arrive: a file can grow while it is read.
+absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path, int64_t max_bytes) {
   std::string out;
   char buf[1 << 16];
+  absl::Status status;
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
-      absl::Status s = ErrnoError("cannot read", path);
-      ::close(fd);
-      return s;
+      status = ErrnoError("cannot read", path);
+      break;
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (max_bytes >= 0 && static_cast<int64_t>(out.size()) > max_bytes) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat(path, " is more than the limit of ", max_bytes, " bytes"));
+      break;
+    }
   }
   ::close(fd);
+  if (!status.ok()) return status;
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  return ReadAndClose(fd, path, /*max_bytes=*/-1);
 }
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
@@ -71,26 +87,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
                                                       " bytes, more than the limit of ",
                                                       max_bytes));
   }
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = ErrnoError("cannot read", path);
-      ::close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (static_cast<int64_t>(out.size()) > max_bytes) {  // grew while being read
-      ::close(fd);
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " is more than the limit of ", max_bytes, " bytes"));
-    }
-  }
-  ::close(fd);
-  return out;
+  return ReadAndClose(fd, path, max_bytes);
 }
 
 absl::Status SyncDir(const std::string& dir) {
