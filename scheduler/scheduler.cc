@@ -144,6 +144,7 @@ absl::Status SchedulerOptions::Validate() const {
 loom::v1::Job JobRecordToProto(const JobRecord& r) {
   loom::v1::Job job;
   job.set_id(r.id);
+  job.set_request_id(r.request_id);
   *job.mutable_spec() = r.spec;
   job.set_phase(r.phase);
   job.set_failure_class(r.failure_class);
@@ -186,6 +187,7 @@ absl::Status Scheduler::Load() {
   for (JobRecord& job : jobs) {
     next_sequence_ = std::max(next_sequence_, job.sequence + 1);
     job_order_[job.sequence] = job.id;
+    if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;
     const bool placed = job.phase == v1::JOB_PHASE_STARTING || job.phase == v1::JOB_PHASE_RUNNING ||
                         job.phase == v1::JOB_PHASE_STOPPING;
     if (placed && job.attempt > 0) {
@@ -303,11 +305,35 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   return absl::OkStatus();
 }
 
-absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec) {
+absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec,
+                                                    const std::string& request_id,
+                                                    bool* deduplicated) {
+  if (deduplicated != nullptr) *deduplicated = false;
+  RETURN_IF_ERROR(CheckIdLength("request_id", request_id));
+  {
+    absl::MutexLock lock(&mu_);
+    auto known = job_by_request_.find(request_id);
+    if (!request_id.empty() && known != job_by_request_.end()) {
+      const JobRecord& earlier = jobs_.at(known->second);
+      if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec, spec)) {
+        return absl::AlreadyExistsError(absl::StrCat("request_id ", request_id,
+                                                     " was already used for job ", earlier.id,
+                                                     " with a different spec"));
+      }
+      if (deduplicated != nullptr) *deduplicated = true;
+      return JobRecordToProto(earlier);
+    }
+  }
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
   absl::MutexLock lock(&mu_);
+  if (!request_id.empty() && job_by_request_.count(request_id)) {
+    // A concurrent retry created it between the check above and validation.
+    if (deduplicated != nullptr) *deduplicated = true;
+    return JobRecordToProto(jobs_.at(job_by_request_.at(request_id)));
+  }
   JobRecord job;
   job.id = NewJobId();
+  job.request_id = request_id;
   job.sequence = next_sequence_;
   job.spec = spec;
   RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));
@@ -320,6 +346,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
   RETURN_IF_ERROR(store_->CreateJob(job));
   ++next_sequence_;
   job_order_[job.sequence] = job.id;
+  if (!request_id.empty()) job_by_request_[request_id] = job.id;
   jobs_[job.id] = job;
   if (metrics_ != nullptr) {
     metrics_->JobSubmitted();

@@ -95,7 +95,13 @@ class Scheduler {
 
   // Validates and persists a new PENDING job; returns it. INVALID_ARGUMENT (field path first)
   // or FAILED_PRECONDITION from validation; store errors (e.g. UNAVAILABLE) as returned.
-  absl::StatusOr<loom::v1::Job> SubmitJob(const loom::v1::JobSpec& spec);
+  // A non-empty `request_id` makes the call idempotent: if a job was already submitted with it
+  // and the same spec, that job is returned (`*deduplicated` = true when non-null) and nothing is
+  // created; with a different spec, ALREADY_EXISTS naming that job. INVALID_ARGUMENT if
+  // request_id is longer than kMaxIdBytes.
+  absl::StatusOr<loom::v1::Job> SubmitJob(const loom::v1::JobSpec& spec,
+                                          const std::string& request_id = "",
+                                          bool* deduplicated = nullptr);
 
   // NOT_FOUND if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes (an error
   // message echoing it would not fit in gRPC's metadata).
@@ -176,6 +182,7 @@ class Scheduler {
   absl::Mutex mu_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);         // by id
   std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
+  std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
   std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
   // Nodes suspected in a job's failed attempts, avoided when it is placed again. In memory only:

@@ -163,6 +163,41 @@ TEST_F(SchedulerTest, InvalidSpecIsRejectedAndNotStored) {
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs_submitted_total"), 0);
 }
 
+TEST_F(SchedulerTest, SubmissionWithARequestIdIsIdempotent) {
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  bool dedup = true;
+  absl::StatusOr<Job> first = scheduler_->SubmitJob(spec, "client-7", &dedup);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(dedup);
+  EXPECT_EQ(first->request_id(), "client-7");
+  absl::StatusOr<Job> retry = scheduler_->SubmitJob(spec, "client-7", &dedup);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(dedup);
+  EXPECT_EQ(retry->id(), first->id());
+  // The same id with another spec is a client bug, not a retry.
+  loom::v1::JobSpec other = spec;
+  other.mutable_training()->set_steps(spec.training().steps() + 1);
+  absl::StatusOr<Job> clash = scheduler_->SubmitJob(other, "client-7");
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(clash.status().message().find(first->id()), std::string::npos) << clash.status();
+  // Without a request id every call creates a job.
+  absl::StatusOr<Job> a = scheduler_->SubmitJob(spec), b = scheduler_->SubmitJob(spec);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->id(), b->id());
+  absl::StatusOr<std::vector<Job>> all = scheduler_->ListJobs(loom::v1::JOB_PHASE_UNSPECIFIED);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 3u);
+  // A retry after a restart still finds the job (the id is persisted with it).
+  scheduler_.reset();
+  Start();
+  absl::StatusOr<Job> after = scheduler_->SubmitJob(spec, "client-7", &dedup);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(dedup);
+  EXPECT_EQ(after->id(), first->id());
+  EXPECT_EQ(scheduler_->SubmitJob(spec, std::string(300, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(SchedulerTest, GetAndCancelUnknownJobAreNotFound) {
   EXPECT_EQ(scheduler_->GetJob("job-nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(scheduler_->CancelJob("job-nope").status().code(), absl::StatusCode::kNotFound);

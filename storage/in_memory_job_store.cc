@@ -25,6 +25,10 @@ absl::Status InMemoryJobStore::CreateJob(const JobRecord& job) {
       return absl::AlreadyExistsError(
           absl::StrCat("job sequence ", job.sequence, " is taken by job ", id));
     }
+    if (!job.request_id.empty() && other.request_id == job.request_id) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request id ", job.request_id, " is taken by job ", id));
+    }
   }
   absl::Status s = CheckRankNodes(job);
   if (!s.ok()) return s;

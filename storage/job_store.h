@@ -44,6 +44,8 @@ struct JobRecord {
   std::vector<std::string> rank_nodes;
   // The current attempt's c10d rendezvous port reported by rank 0 (0 = not yet known).
   int32_t rendezvous_port = 0;
+  // The client's request id of the submission ("" = none); unique among jobs that have one.
+  std::string request_id;
 };
 
 // One worker node as persisted.
@@ -61,7 +63,7 @@ class JobStore {
  public:
   virtual ~JobStore() = default;
 
-  // Inserts a new job. ALREADY_EXISTS if the id or the sequence is taken; FAILED_PRECONDITION if
+  // Inserts a new job. ALREADY_EXISTS if the id, the sequence or a non-empty request_id is taken; FAILED_PRECONDITION if
   // a rank_nodes entry names an unknown node.
   virtual absl::Status CreateJob(const JobRecord& job) = 0;
 

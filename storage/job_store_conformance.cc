@@ -43,6 +43,7 @@ JobRecord SampleJob(const std::string& id, int64_t sequence) {
   job.progress.set_loss(2.5);
   job.checkpoint_dir = absl::StrCat("/ckpt/", id);
   job.rendezvous_port = 29500;
+  job.request_id = absl::StrCat("req-", id);
   return job;
 }
 
@@ -78,6 +79,7 @@ void ExpectSameJob(const JobRecord& a, const JobRecord& b) {
   EXPECT_EQ(a.checkpoint_dir, b.checkpoint_dir);
   EXPECT_EQ(a.rank_nodes, b.rank_nodes);
   EXPECT_EQ(a.rendezvous_port, b.rendezvous_port);
+  EXPECT_EQ(a.request_id, b.request_id);
 }
 
 TEST_P(JobStoreConformanceTest, CreateThenGetRoundTripsEveryField) {
@@ -115,6 +117,20 @@ TEST_P(JobStoreConformanceTest, DuplicateIdOrSequenceIsAlreadyExists) {
   absl::StatusOr<std::vector<JobRecord>> all = store_->ListJobs();
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), 1u);
+}
+
+TEST_P(JobStoreConformanceTest, RequestIdIsUniqueUnlessEmpty) {
+  JobRecord first = SampleJob("job-1", 1);
+  first.request_id = "client-42";
+  ASSERT_TRUE(store_->CreateJob(first).ok());
+  JobRecord same_request = SampleJob("job-2", 2);
+  same_request.request_id = "client-42";
+  EXPECT_EQ(store_->CreateJob(same_request).code(), absl::StatusCode::kAlreadyExists);
+  JobRecord none_a = SampleJob("job-3", 3), none_b = SampleJob("job-4", 4);
+  none_a.request_id.clear();
+  none_b.request_id.clear();
+  EXPECT_TRUE(store_->CreateJob(none_a).ok());
+  EXPECT_TRUE(store_->CreateJob(none_b).ok());
 }
 
 TEST_P(JobStoreConformanceTest, UpdateReplacesFieldsAndPlacement) {

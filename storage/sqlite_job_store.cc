@@ -43,6 +43,11 @@ CREATE TABLE job_ranks (
   PRIMARY KEY (job_id, rank)
 );
 )sql",
+    // 1 -> 2: client request ids make submission idempotent (empty = none given).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN request_id TEXT NOT NULL DEFAULT '';
+CREATE UNIQUE INDEX jobs_by_request_id ON jobs(request_id) WHERE request_id != '';
+)sql",
 };
 constexpr int64_t kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,
@@ -50,7 +55,7 @@ static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,
 
 constexpr char kJobColumns[] =
     "id, sequence, spec, phase, failure_class, reason, message, create_time_us, start_time_us, "
-    "end_time_us, attempt, progress, checkpoint_dir, rendezvous_port";
+    "end_time_us, attempt, progress, checkpoint_dir, rendezvous_port, request_id";
 
 absl::Status BindTime(SqliteStatement& stmt, int index, absl::Time t) {
   if (t == absl::InfinitePast()) return stmt.BindNull(index);
@@ -97,12 +102,12 @@ absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
     const std::string sql =
         insert ? absl::StrCat("INSERT INTO jobs (", kJobColumns,
                               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
-                              "?14)")
+                              "?14, ?15)")
                : std::string(
                      "UPDATE jobs SET sequence=?2, spec=?3, phase=?4, failure_class=?5, "
                      "reason=?6, message=?7, create_time_us=?8, start_time_us=?9, "
                      "end_time_us=?10, attempt=?11, progress=?12, checkpoint_dir=?13, "
-                     "rendezvous_port=?14 WHERE id=?1");
+                     "rendezvous_port=?14, request_id=?15 WHERE id=?1");
     ASSIGN_OR_RETURN(SqliteStatement stmt, db.Prepare(sql));
     RETURN_IF_ERROR(stmt.BindText(1, job.id));
     RETURN_IF_ERROR(stmt.BindInt64(2, job.sequence));
@@ -118,6 +123,7 @@ absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
     RETURN_IF_ERROR(stmt.BindBlob(12, job.progress.SerializeAsString()));
     RETURN_IF_ERROR(stmt.BindText(13, job.checkpoint_dir));
     RETURN_IF_ERROR(stmt.BindInt64(14, job.rendezvous_port));
+    RETURN_IF_ERROR(stmt.BindText(15, job.request_id));
     absl::Status s = stmt.Run();
     if (s.code() == absl::StatusCode::kAlreadyExists) {
       return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " (sequence ", job.sequence,
@@ -200,6 +206,7 @@ absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::QueryJobs(const std::stri
       }
       job.checkpoint_dir = stmt.ColumnText(12);
       job.rendezvous_port = static_cast<int32_t>(stmt.ColumnInt64(13));
+      job.request_id = stmt.ColumnText(14);
       index[job.id] = jobs.size();
       jobs.push_back(std::move(job));
     }

@@ -91,6 +91,42 @@ TEST(SqliteJobStoreTest, RefusesANewerSchema) {
   EXPECT_NE(store.status().message().find("newer"), std::string::npos) << store.status();
 }
 
+// A database written by the first release (schema version 1, no request ids) opens, is migrated
+// to the current version, and keeps its jobs.
+TEST(SqliteJobStoreTest, MigratesAVersion1Database) {
+  const std::string path = TestDir("v1") + "/loom.db";
+  {
+    absl::StatusOr<std::unique_ptr<SqliteDb>> db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec(R"sql(
+CREATE TABLE jobs (
+  id TEXT PRIMARY KEY NOT NULL, sequence INTEGER NOT NULL UNIQUE, spec BLOB NOT NULL,
+  phase INTEGER NOT NULL, failure_class INTEGER NOT NULL DEFAULT 0,
+  reason TEXT NOT NULL DEFAULT '', message TEXT NOT NULL DEFAULT '', create_time_us INTEGER,
+  start_time_us INTEGER, end_time_us INTEGER, attempt INTEGER NOT NULL DEFAULT 0,
+  progress BLOB NOT NULL, checkpoint_dir TEXT NOT NULL DEFAULT '',
+  rendezvous_port INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX jobs_by_phase ON jobs(phase, sequence);
+CREATE TABLE nodes (id TEXT PRIMARY KEY NOT NULL, inventory BLOB NOT NULL,
+  last_heartbeat_us INTEGER, lost INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE job_ranks (job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+  rank INTEGER NOT NULL, node_id TEXT NOT NULL REFERENCES nodes(id), PRIMARY KEY (job_id, rank));
+INSERT INTO jobs (id, sequence, spec, phase, progress) VALUES ('job-old', 1, x'', 1, x'');
+)sql")
+                    .ok());
+    ASSERT_TRUE((*db)->SetUserVersion(1).ok());
+  }
+  absl::StatusOr<std::unique_ptr<SqliteJobStore>> store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<JobRecord> job = (*store)->GetJob("job-old");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->phase, loom::v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(job->request_id, "");
+  JobRecord next = SampleJob("job-new", 2);
+  next.request_id = "client-1";
+  EXPECT_TRUE((*store)->CreateJob(next).ok());
+}
+
 TEST(SqliteJobStoreTest, UnopenablePathIsUnavailable) {
   absl::StatusOr<std::unique_ptr<SqliteJobStore>> store =
       SqliteJobStore::Open(TestDir("unopenable") + "/no/such/dir/loom.db");

@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -43,6 +44,8 @@ ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
 ABSL_FLAG(std::string, cluster_dir, "",
           "local cluster directory with ready files (default: $LOOM_HOME/cluster, else .loom/cluster)");
 ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
+ABSL_FLAG(std::string, request_id, "",
+          "submit: idempotency key (default: a random one per invocation, reused by its retries)");
 ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
 ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)");
 ABSL_FLAG(int64_t, step, 0, "consolidate: checkpoint step (0 = newest committed)");
@@ -264,9 +267,30 @@ int main(int argc, char** argv) {
     }
     loom::v1::SubmitJobRequest req;
     *req.mutable_spec() = *spec;
+    std::string request_id = absl::GetFlag(FLAGS_request_id);
+    if (request_id.empty()) {
+      absl::BitGen gen;
+      request_id = absl::StrFormat("loomctl-%016x%016x", absl::Uniform<uint64_t>(gen),
+                                   absl::Uniform<uint64_t>(gen));
+    }
+    req.set_request_id(request_id);
+    // Retries of an unanswered call carry the same request id, so the scheduler creates the job
+    // at most once.
     loom::v1::SubmitJobResponse resp;
-    grpc::Status s = stub->SubmitJob(Context().get(), req, &resp);
+    grpc::Status s;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(200) * (1 << attempt));
+      s = stub->SubmitJob(Context().get(), req, &resp);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        break;
+      }
+    }
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    if (resp.deduplicated()) {
+      std::fprintf(stderr, "loomctl: request %s was already submitted as %s\n", request_id.c_str(),
+                   resp.job().id().c_str());
+    }
     std::printf("%s\n", resp.job().id().c_str());
     std::fflush(stdout);
     if (absl::GetFlag(FLAGS_wait)) return Wait(*stub, resp.job().id());

@@ -8,8 +8,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                                     const loom::v1::SubmitJobRequest* request,
                                                     loom::v1::SubmitJobResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::Job> job = scheduler_->SubmitJob(request->spec());
-  if (job.ok()) *response->mutable_job() = std::move(*job);
+  bool deduplicated = false;
+  absl::StatusOr<loom::v1::Job> job =
+      scheduler_->SubmitJob(request->spec(), request->request_id(), &deduplicated);
+  if (job.ok()) {
+    *response->mutable_job() = std::move(*job);
+    response->set_deduplicated(deduplicated);
+  }
   reactor->Finish(ToGrpcStatus(job.status()));
   return reactor;
 }

@@ -278,5 +278,24 @@ TEST_F(SchedulerServiceTest, CancelPendingJobAndListByPhase) {
   EXPECT_EQ(listed.jobs(0).id(), b.id());
 }
 
+TEST_F(SchedulerServiceTest, RetriedSubmissionWithTheSameRequestIdCreatesOneJob) {
+  loom::v1::SubmitJobRequest req;
+  *req.mutable_spec() = ValidTestJobSpec();
+  req.set_request_id("retry-me");
+  loom::v1::SubmitJobResponse first, second;
+  ASSERT_TRUE(jobs_->SubmitJob(Ctx().get(), req, &first).ok());
+  ASSERT_TRUE(jobs_->SubmitJob(Ctx().get(), req, &second).ok());
+  EXPECT_FALSE(first.deduplicated());
+  EXPECT_TRUE(second.deduplicated());
+  EXPECT_EQ(second.job().id(), first.job().id());
+  req.mutable_spec()->set_name("something else");
+  loom::v1::SubmitJobResponse clash;
+  EXPECT_EQ(jobs_->SubmitJob(Ctx().get(), req, &clash).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  loom::v1::ListJobsResponse listed;
+  ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), loom::v1::ListJobsRequest(), &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 1);
+}
+
 }  // namespace
 }  // namespace loom
