@@ -496,6 +496,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
                   << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
       }
       if (st.has_progress()) {
+        if (st.progress().step() > job.progress.step()) last_step_advance_[job.id] = clock_->Now();
         updated.progress = MergeProgress(job.progress, st.progress());
         if (updated.progress.total_steps() == 0) {
           updated.progress.set_total_steps(job.spec.training().steps());
@@ -639,6 +640,26 @@ absl::Status Scheduler::CheckNodeLiveness() {
   const absl::Time now = clock_->Now();
   for (auto& [node_id, node] : nodes_) {
     if (node.lost || now - node.last_heartbeat_time <= options_.heartbeat_timeout) continue;
+    // Missed heartbeats alone do not make a node lost while a job with a rank on it is still
+    // stepping (its rank 0, reporting through another node, advanced within the timeout): the
+    // gang's collectives cannot progress without that node's ranks, so they are alive.
+    std::string stepping_job;
+    for (const auto& [key, rt] : ranks_) {
+      if (rt.node_id != node_id) continue;
+      auto advanced = last_step_advance_.find(key.first);
+      if (advanced != last_step_advance_.end() &&
+          now - advanced->second <= options_.heartbeat_timeout) {
+        stepping_job = key.first;
+        break;
+      }
+    }
+    if (!stepping_job.empty()) {
+      LOG_EVERY_N(WARNING, 20) << "node " << node_id << " has not heartbeated for "
+                               << absl::FormatDuration(now - node.last_heartbeat_time)
+                               << " but job " << stepping_job
+                               << " on it is still stepping; not declaring it lost";
+      continue;
+    }
     NodeRecord updated = node;
     updated.lost = true;
     RETURN_IF_ERROR(store_->UpsertNode(updated));

@@ -24,7 +24,10 @@
 //     "rank R on node X exited with code C: <error>"; the attempt's other ranks are told to
 //     stop. Rank 0's progress becomes the job's progress. A rank's slot is free again once the
 //     rank ended.
-//   * A lost node fails every job with a rank on it (class INFRA, reason "NodeLost").
+//   * A node is lost when it missed heartbeats for heartbeat_timeout AND no job with a rank on it
+//     advanced its step within that time (a late heartbeat alone never kills a job that is
+//     still stepping). A lost node fails every job with a rank on it (class INFRA, reason
+//     "NodeLost").
 //   * Recovery: a failed attempt (rank failure, lost rank or node, bad rendezvous) of a job with
 //     restarts left (spec.max_restarts, one budget for every failure class) moves the job to
 //     RECOVERING instead of FAILED: every rank of the attempt is told to stop, and once all of
@@ -188,6 +191,8 @@ class Scheduler {
   // Nodes suspected in a job's failed attempts, avoided when it is placed again. In memory only:
   // a scheduler restart forgets them (placement then just follows node order).
   std::map<std::string, std::set<std::string>> suspects_ ABSL_GUARDED_BY(mu_);
+  // When each job's reported step last advanced (rank 0's progress). In memory only.
+  std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

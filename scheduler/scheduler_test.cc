@@ -815,6 +815,30 @@ TEST_F(SchedulerTest, LostNodeWithRestartsLeftRecoversOnTheOtherNodes) {
   EXPECT_EQ(start0.start(0).resume_from(), "");
 }
 
+TEST_F(SchedulerTest, SilentNodeWhoseJobKeepsSteppingIsNotLost) {
+  Job job = RunTwoRankJob();  // rank 0 on node-a, rank 1 on node-b
+  // node-b stops heartbeating; rank 0 (node-a) keeps reporting new steps.
+  for (int step = 1; step <= 30; ++step) {
+    clock_.Advance(absl::Seconds(1));
+    RankStatus st = Rank(job, 0, loom::v1::RANK_STATE_RUNNING);
+    st.mutable_progress()->set_step(step);
+    Beat("node-a", {st});
+    Cycle();
+  }
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "lost"), 0);
+  // Once the steps stop too, the silent node is lost and takes the job with it.
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
+    Cycle();
+  }
+  Job lost = Get(job.id());
+  EXPECT_EQ(lost.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_EQ(lost.reason(), "NodeLost");
+  EXPECT_NE(lost.message().find("node-b"), std::string::npos) << lost.message();
+}
+
 TEST_F(SchedulerTest, ResumedAttemptKeepsTheJobsInitialEvalLoss) {
   Register("node-a", 1);
   Job job = Submit(1, /*max_restarts=*/1);

@@ -4,6 +4,8 @@
 // safetensors, which an independent PyTorch script then checks against the trainer's logits.
 #include <grpcpp/grpcpp.h>
 
+#include <signal.h>
+
 #include <cstdlib>
 #include <memory>
 #include <set>
@@ -356,6 +358,25 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
   EXPECT_NEAR(job.progress().eval_loss(), reference.progress().eval_loss(), 1e-5);
   EXPECT_NEAR(job.progress().loss(), reference.progress().loss(), 1e-5);
   EXPECT_DOUBLE_EQ(job.progress().initial_eval_loss(), reference.progress().initial_eval_loss());
+}
+
+TEST_F(ClusterRecoveryE2ETest, WorkerThatStopsHeartbeatingWhileItsRankStepsKeepsItsJob) {
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 150");
+  yaml.replace(yaml.find("interval_steps: 4"), 17, "interval_steps: 50");
+  loom::v1::Job job = Submit(yaml);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
+  // Freeze (SIGSTOP) the worker daemon of rank 1 for twice the heartbeat timeout: it sends no
+  // heartbeats, while its trainer process keeps stepping with rank 0.
+  Subprocess& frozen = *workers_[job.rank_nodes(1).back() - '0'];
+  ASSERT_EQ(::kill(frozen.pid(), SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(7));
+  ASSERT_EQ(::kill(frozen.pid(), SIGCONT), 0);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(3));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
+  EXPECT_EQ(job.attempt(), 1);  // never torn down
+  EXPECT_EQ(job.progress().step(), 150);
 }
 
 }  // namespace
