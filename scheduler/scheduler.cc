@@ -132,6 +132,13 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("heartbeat_timeout: must be > 0, got ", absl::FormatDuration(heartbeat_timeout)));
   }
+  if (!(hang_step_time_factor >= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hang_step_time_factor: must be >= 1, got ", hang_step_time_factor));
+  }
+  if (hang_min_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("hang_min_timeout: must be > 0");
+  }
   if (heartbeat_interval <= absl::ZeroDuration() || heartbeat_interval >= heartbeat_timeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat_interval: must be in (0, heartbeat_timeout = ",
@@ -255,6 +262,8 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   job.end_time = clock_->Now();
   RETURN_IF_ERROR(CommitJob(std::move(job)));
   LOG(INFO) << "job " << job_id << " " << JobPhaseName(phase) << ": " << message;
+  last_step_advance_.erase(job_id);
+  step_seconds_.erase(job_id);
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
@@ -292,6 +301,7 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                  restarts_used + 1, " of ", max_restarts, ")");
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
+  last_step_advance_.erase(job_id);
   if (!suspect_node.empty()) suspects_[job_id].insert(suspect_node);
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
@@ -496,7 +506,9 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
                   << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
       }
       if (st.has_progress()) {
-        if (st.progress().step() > job.progress.step()) last_step_advance_[job.id] = clock_->Now();
+        if (st.progress().step() > job.progress.step()) {
+          RecordStepAdvance(job.id, job.progress.step(), st.progress().step());
+        }
         updated.progress = MergeProgress(job.progress, st.progress());
         if (updated.progress.total_steps() == 0) {
           updated.progress.set_total_steps(job.spec.training().steps());
@@ -606,6 +618,8 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
       it = ranks_.erase(it);
     }
     LOG(INFO) << "job " << job_id << " SUCCEEDED";
+    last_step_advance_.erase(job_id);
+    step_seconds_.erase(job_id);
     return absl::OkStatus();
   }
   if (running_or_done == total && job.phase == v1::JOB_PHASE_STARTING) {
@@ -630,9 +644,59 @@ absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckNodeLiveness());
+  RETURN_IF_ERROR(CheckHangs());
   RETURN_IF_ERROR(PlacePendingJobs());
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
+  return absl::OkStatus();
+}
+
+void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
+                                  int64_t to_step) {
+  const absl::Time now = clock_->Now();
+  auto last = last_step_advance_.find(job_id);
+  // The first report of an attempt (from_step may be a resumed or stale step) gives no interval.
+  if (last != last_step_advance_.end() && from_step > 0 && to_step > from_step) {
+    std::deque<double>& window = step_seconds_[job_id];
+    window.push_back(absl::ToDoubleSeconds(now - last->second) /
+                     static_cast<double>(to_step - from_step));
+    if (window.size() > 32) window.pop_front();
+  }
+  last_step_advance_[job_id] = now;
+}
+
+absl::Status Scheduler::CheckHangs() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::pair<std::string, std::string>> hung;  // (job id, message)
+  for (const auto& [job_id, job] : jobs_) {
+    if (job.phase != v1::JOB_PHASE_RUNNING) continue;
+    auto last = last_step_advance_.find(job_id);
+    auto window = step_seconds_.find(job_id);
+    if (last == last_step_advance_.end() || window == step_seconds_.end() ||
+        window->second.size() < 3) {
+      continue;
+    }
+    std::vector<double> sorted(window->second.begin(), window->second.end());
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    const double median_s = sorted[sorted.size() / 2];
+    const absl::Duration threshold =
+        std::max(options_.hang_min_timeout, absl::Seconds(options_.hang_step_time_factor * median_s));
+    const absl::Duration idle = now - last->second;
+    if (idle > threshold) {
+      hung.emplace_back(job_id, absl::StrCat("no step progress for ",
+                                             absl::FormatDuration(absl::Trunc(idle, absl::Seconds(1))),
+                                             " after step ", job.progress.step(), " (limit ",
+                                             absl::FormatDuration(absl::Trunc(threshold, absl::Seconds(1))),
+                                             ", median step time ", absl::StrFormat("%.3f", median_s),
+                                             " s)"));
+    }
+  }
+  for (const auto& [job_id, message] : hung) {
+    LOG(WARNING) << "job " << job_id << " hung: " << message;
+    last_step_advance_.erase(job_id);
+    step_seconds_.erase(job_id);
+    RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "Hang", message, ""));
+  }
   return absl::OkStatus();
 }
 
@@ -783,6 +847,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     }
     if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();
     RETURN_IF_ERROR(CommitJob(std::move(updated)));
+    last_step_advance_.erase(job_id);  // the new attempt's first report gives no interval
     free_slots = std::move(free_copy);
     const JobRecord& placed = jobs_.at(job_id);
     for (int32_t rank = 0; rank < need; ++rank) {

@@ -24,6 +24,8 @@
 //     "rank R on node X exited with code C: <error>"; the attempt's other ranks are told to
 //     stop. Rank 0's progress becomes the job's progress. A rank's slot is free again once the
 //     rank ended.
+//   * A RUNNING job whose step stops advancing for hang_step_time_factor x its median step time
+//     (at least hang_min_timeout) is hung: its attempt ends (reason "Hang", class INFRA).
 //   * A node is lost when it missed heartbeats for heartbeat_timeout AND no job with a rank on it
 //     advanced its step within that time (a late heartbeat alone never kills a job that is
 //     still stepping). A lost node fails every job with a rank on it (class INFRA, reason
@@ -44,6 +46,7 @@
 #define LOOM_SCHEDULER_SCHEDULER_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <set>
 #include <memory>
@@ -80,6 +83,12 @@ struct SchedulerOptions {
   // Heartbeat period the scheduler asks workers for (RegisterWorkerResponse). Must be shorter
   // than heartbeat_timeout. Default 1 s.
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Hang detection: a RUNNING job whose step has not advanced for
+  // max(hang_min_timeout, hang_step_time_factor x its median step time) ends its attempt
+  // (reason "Hang", class INFRA). The median is over the last 32 step intervals and needs at
+  // least 3 of them; evaluation and checkpoint pauses must fit under the threshold.
+  double hang_step_time_factor = 20;
+  absl::Duration hang_min_timeout = absl::Minutes(2);
   JobSpecValidationOptions validation;
 
   // INVALID_ARGUMENT naming the field if the options are unusable.
@@ -162,6 +171,11 @@ class Scheduler {
                       loom::v1::FailureClass failure_class, const std::string& reason,
                       const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckNodeLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the attempt of RUNNING jobs whose steps stopped (see SchedulerOptions, hang_*).
+  absl::Status CheckHangs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `job_id`'s reported step moved from `from_step` to `to_step` now.
+  void RecordStepAdvance(const std::string& job_id, int64_t from_step, int64_t to_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PlacePendingJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job on when its ranks' states say so (RUNNING / SUCCEEDED).
   absl::Status AdvanceJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,8 +205,10 @@ class Scheduler {
   // Nodes suspected in a job's failed attempts, avoided when it is placed again. In memory only:
   // a scheduler restart forgets them (placement then just follows node order).
   std::map<std::string, std::set<std::string>> suspects_ ABSL_GUARDED_BY(mu_);
-  // When each job's reported step last advanced (rank 0's progress). In memory only.
+  // When each job's reported step last advanced (rank 0's progress), and the recent seconds per
+  // step (at most 32, oldest first). In memory only.
   std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::deque<double>> step_seconds_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

@@ -839,6 +839,51 @@ TEST_F(SchedulerTest, SilentNodeWhoseJobKeepsSteppingIsNotLost) {
   EXPECT_NE(lost.message().find("node-b"), std::string::npos) << lost.message();
 }
 
+TEST_F(SchedulerTest, JobWhoseStepsStopIsHungAndItsAttemptEnds) {
+  options_.hang_step_time_factor = 10;
+  options_.hang_min_timeout = absl::Seconds(30);
+  scheduler_.reset();
+  Start();
+  Job job = RunTwoRankJob();
+  auto step_to = [&](int step) {
+    RankStatus st = Rank(job, 0, loom::v1::RANK_STATE_RUNNING);
+    st.mutable_progress()->set_step(step);
+    Beat("node-a", {st});
+    Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  };
+  // Steps every 5 s: median step time 5 s -> limit max(30 s, 10 x 5 s) = 50 s.
+  for (int step = 1; step <= 6; ++step) {
+    clock_.Advance(absl::Seconds(5));
+    step_to(step);
+    Cycle();
+  }
+  // A pause shorter than the limit (an evaluation, a checkpoint) is fine.
+  for (int i = 0; i < 9; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
+    Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+    Cycle();
+  }
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RUNNING);
+  step_to(7);
+  // Heartbeats go on, steps do not: after 50 s the job is hung.
+  for (int i = 0; i < 11; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
+    Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+    Cycle();
+  }
+  Job hung = Get(job.id());
+  EXPECT_EQ(hung.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_EQ(hung.reason(), "Hang");
+  EXPECT_EQ(hung.failure_class(), loom::v1::FAILURE_CLASS_INFRA);
+  EXPECT_NE(hung.message().find("no step progress for 55s after step 7"), std::string::npos)
+      << hung.message();
+  // Both ranks are told to stop.
+  EXPECT_EQ(Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)}).stop_size(), 1);
+  EXPECT_EQ(Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)}).stop_size(), 1);
+}
+
 TEST_F(SchedulerTest, ResumedAttemptKeepsTheJobsInitialEvalLoss) {
   Register("node-a", 1);
   Job job = Submit(1, /*max_restarts=*/1);

@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 ABSL_FLAG(int, heartbeat_timeout_s, 10,
           "Seconds without a heartbeat after which a worker node is declared lost.");
 ABSL_FLAG(int, schedule_interval_ms, 200, "Period of the scheduling loop, in milliseconds.");
+ABSL_FLAG(double, hang_step_time_factor, 20,
+          "A running job is hung when its step has not advanced for this many median step times "
+          "(and at least --hang_min_timeout_s).");
+ABSL_FLAG(int, hang_min_timeout_s, 120, "Shortest stall, in seconds, that counts as a hang.");
 ABSL_FLAG(std::string, fortunes_dir, "/usr/share/games/fortunes",
           "Where the built-in 'fortunes' dataset lives (checked at submission).");
 
@@ -49,6 +53,8 @@ int main(int argc, char** argv) {
   options.schedule_interval = absl::Milliseconds(absl::GetFlag(FLAGS_schedule_interval_ms));
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.scheduler.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  options.scheduler.hang_step_time_factor = absl::GetFlag(FLAGS_hang_step_time_factor);
+  options.scheduler.hang_min_timeout = absl::Seconds(absl::GetFlag(FLAGS_hang_min_timeout_s));
   // Ask for heartbeats well inside the timeout: a tenth of it, at most 1 s.
   options.scheduler.heartbeat_interval =
       std::min(absl::Seconds(1), options.scheduler.heartbeat_timeout / 10);
