@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
@@ -385,6 +386,68 @@ absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
       out.push_back(JobRecordToProto(job));
     }
   }
+  return out;
+}
+
+absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
+    const loom::v1::ListJobsRequest& request) {
+  constexpr int kDefaultPageSize = 100, kMaxPageSize = 1000;
+  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size: must be in [0, ", kMaxPageSize,
+                                                   "], got ", request.page_size()));
+  }
+  const int page_size = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  // Token: web-safe base64 of "after:<sequence>".
+  int64_t after = 0;
+  if (!request.page_token().empty()) {
+    std::string decoded;
+    if (!absl::WebSafeBase64Unescape(request.page_token(), &decoded) ||
+        !absl::StartsWith(decoded, "after:") ||
+        !absl::SimpleAtoi(decoded.substr(6), &after) || after < 0) {
+      return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  loom::v1::ListJobsResponse page;
+  for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
+    const JobRecord& job = jobs_.at(it->second);
+    if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
+    if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
+    if (page.jobs_size() == page_size) {
+      page.set_next_page_token(
+          absl::WebSafeBase64Escape(absl::StrCat("after:", jobs_.at(page.jobs(page_size - 1).id()).sequence)));
+      break;
+    }
+    *page.add_jobs() = JobRecordToProto(job);
+  }
+  return page;
+}
+
+absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
+    const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  const JobRecord& job = it->second;
+  loom::v1::ExplainPendingResponse out;
+  out.set_phase(job.phase);
+  out.set_reason(job.reason);
+  out.set_message(job.message);
+  const bool waiting = job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
+  if (!waiting) return out;
+  const AcceleratorKind kind = KindOf(job.spec);
+  int position = 0;
+  for (const auto& [seq, id] : job_order_) {
+    const JobRecord& other = jobs_.at(id);
+    const bool other_waiting =
+        other.phase == v1::JOB_PHASE_PENDING || other.phase == v1::JOB_PHASE_RECOVERING;
+    if (!other_waiting || KindOf(other.spec) != kind) continue;
+    ++position;
+    if (id == job_id) break;
+    out.add_jobs_ahead(id);
+  }
+  out.set_queue_position(position);
   return out;
 }
 

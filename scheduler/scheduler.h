@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/common.pb.h"
+#include "proto/job_service.pb.h"
 #include "proto/worker_service.pb.h"
 #include "scheduler/clock.h"
 #include "scheduler/job_spec_validation.h"
@@ -121,6 +122,15 @@ class Scheduler {
 
   // Jobs in `phase` (UNSPECIFIED = all) in submission order.
   absl::StatusOr<std::vector<loom::v1::Job>> ListJobs(loom::v1::JobPhase phase);
+
+  // One page of jobs in submission order, filtered by phase (UNSPECIFIED = all) and name prefix.
+  // page_size 0 means 100; INVALID_ARGUMENT for page_size outside [0, 1000] or a page_token
+  // that this scheduler did not issue. Tokens stay valid across restarts (they carry the
+  // submission sequence to continue after).
+  absl::StatusOr<loom::v1::ListJobsResponse> ListJobsPage(const loom::v1::ListJobsRequest& request);
+
+  // Why `job_id` is not running (see ExplainPendingResponse). NOT_FOUND if unknown.
+  absl::StatusOr<loom::v1::ExplainPendingResponse> ExplainPending(const std::string& job_id);
 
   // Cancels a job: CANCELLED at once; its ranks are told to stop in their nodes' next heartbeat
   // replies. NOT_FOUND if unknown; FAILED_PRECONDITION if the job already ended;

@@ -198,6 +198,71 @@ TEST_F(SchedulerTest, SubmissionWithARequestIdIsIdempotent) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(SchedulerTest, ListJobsPagesWithTokensAndFilters) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    loom::v1::JobSpec spec = TestJobSpecWithRanks(1);
+    spec.set_name(i % 2 == 0 ? absl::StrCat("sweep-", i) : absl::StrCat("other-", i));
+    absl::StatusOr<Job> job = scheduler_->SubmitJob(spec);
+    ASSERT_TRUE(job.ok());
+    ids.push_back(job->id());
+  }
+  loom::v1::ListJobsRequest req;
+  req.set_page_size(2);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    absl::StatusOr<loom::v1::ListJobsResponse> resp = scheduler_->ListJobsPage(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_LE(resp->jobs_size(), 2);
+    for (const Job& j : resp->jobs()) seen.push_back(j.id());
+    if (resp->next_page_token().empty()) break;
+    req.set_page_token(resp->next_page_token());
+  }
+  EXPECT_EQ(seen, ids);  // every job once, in submission order
+  loom::v1::ListJobsRequest sweeps;
+  sweeps.set_name_prefix("sweep-");
+  absl::StatusOr<loom::v1::ListJobsResponse> only = scheduler_->ListJobsPage(sweeps);
+  ASSERT_TRUE(only.ok());
+  ASSERT_EQ(only->jobs_size(), 3);
+  EXPECT_EQ(only->jobs(2).id(), ids[4]);
+  EXPECT_TRUE(only->next_page_token().empty());
+  loom::v1::ListJobsRequest bad;
+  bad.set_page_token("not-a-token");
+  EXPECT_EQ(scheduler_->ListJobsPage(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.set_page_token("");
+  bad.set_page_size(5000);
+  EXPECT_EQ(scheduler_->ListJobsPage(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, ExplainPendingGivesReasonPositionAndBlockers) {
+  Register("node-a", 1);
+  Job running = Submit(1);
+  Job second = Submit(1);
+  Job third = Submit(1);
+  loom::v1::JobSpec h200 = TestJobSpecWithRanks(8);
+  h200.mutable_resources()->set_accelerator(loom::v1::ACCELERATOR_KIND_H200);
+  absl::StatusOr<Job> big = scheduler_->SubmitJob(h200);
+  ASSERT_TRUE(big.ok());
+  Cycle();
+  absl::StatusOr<loom::v1::ExplainPendingResponse> e = scheduler_->ExplainPending(third.id());
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->phase(), loom::v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(e->queue_position(), 2);
+  ASSERT_EQ(e->jobs_ahead_size(), 1);
+  EXPECT_EQ(e->jobs_ahead(0), second.id());
+  EXPECT_EQ(e->reason(), "Queued");
+  e = scheduler_->ExplainPending(big->id());
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->reason(), "Unschedulable");
+  EXPECT_EQ(e->queue_position(), 1);
+  EXPECT_NE(e->message().find("needs 8 h200 rank slots"), std::string::npos) << e->message();
+  e = scheduler_->ExplainPending(running.id());
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->phase(), loom::v1::JOB_PHASE_STARTING);
+  EXPECT_EQ(e->queue_position(), 0);
+  EXPECT_EQ(scheduler_->ExplainPending("job-nope").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(SchedulerTest, GetAndCancelUnknownJobAreNotFound) {
   EXPECT_EQ(scheduler_->GetJob("job-nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(scheduler_->CancelJob("job-nope").status().code(), absl::StatusCode::kNotFound);

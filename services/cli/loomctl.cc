@@ -5,6 +5,7 @@
 //   loomctl list [--phase=RUNNING]        list jobs
 //   loomctl cancel JOB_ID                 cancel a job (stops its ranks)
 //   loomctl wait JOB_ID                   follow a job's step, loss and tokens/s until it ends
+//   loomctl explain JOB_ID                why a job is not running: reason, queue position
 //   loomctl checkpoints JOB_ID            list a job's checkpoints
 //   loomctl consolidate JOB_ID [--step=N] [--output_dir=D]
 //                                         write model.safetensors + config.json
@@ -48,6 +49,7 @@ ABSL_FLAG(std::string, request_id, "",
           "submit: idempotency key (default: a random one per invocation, reused by its retries)");
 ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
 ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)");
+ABSL_FLAG(std::string, name_prefix, "", "list: only jobs whose name starts with this");
 ABSL_FLAG(int64_t, step, 0, "consolidate: checkpoint step (0 = newest committed)");
 ABSL_FLAG(std::string, output_dir, "", "consolidate: output directory");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each RPC");
@@ -190,7 +192,8 @@ int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loomctl <submit FILE.yaml|get ID|list|cancel ID|wait ID|checkpoints ID|consolidate ID> "
+      "loomctl <submit FILE.yaml|get ID|list|cancel ID|wait ID|explain ID|checkpoints ID|"
+      "consolidate ID> "
       "[flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
@@ -320,9 +323,16 @@ int main(int argc, char** argv) {
       }
       req.set_phase(p);
     }
+    req.set_name_prefix(absl::GetFlag(FLAGS_name_prefix));
     loom::v1::ListJobsResponse resp;
-    grpc::Status s = stub->ListJobs(Context().get(), req, &resp);
-    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    while (true) {  // every page
+      loom::v1::ListJobsResponse page;
+      grpc::Status s = stub->ListJobs(Context().get(), req, &page);
+      if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+      for (loom::v1::Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
+      if (page.next_page_token().empty()) break;
+      req.set_page_token(page.next_page_token());
+    }
     if (absl::GetFlag(FLAGS_json)) {
       std::printf("%s\n", ToJson(resp).c_str());
       return 0;
@@ -344,6 +354,24 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->CancelJob(Context().get(), req, &job);
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     std::printf("%s %s\n", job.id().c_str(), PhaseName(job.phase()).c_str());
+    return 0;
+  }
+  if (cmd == "explain") {
+    if (!need_arg("JOB_ID")) return 2;
+    loom::v1::ExplainPendingRequest req;
+    req.set_job_id(arg);
+    loom::v1::ExplainPendingResponse resp;
+    grpc::Status s = stub->ExplainPending(Context().get(), req, &resp);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    std::printf("phase:    %s\nreason:   %s\nmessage:  %s\n", PhaseName(resp.phase()).c_str(),
+                resp.reason().c_str(), resp.message().c_str());
+    if (resp.queue_position() > 0) {
+      std::printf("position: %d in its queue", resp.queue_position());
+      for (int i = 0; i < resp.jobs_ahead_size(); ++i) {
+        std::printf("%s%s", i == 0 ? " (behind " : ", ", resp.jobs_ahead(i).c_str());
+      }
+      std::printf("%s\n", resp.jobs_ahead_size() > 0 ? ")" : "");
+    }
     return 0;
   }
   if (cmd == "wait") {

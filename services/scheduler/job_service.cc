@@ -33,11 +33,20 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
                                                    const loom::v1::ListJobsRequest* request,
                                                    loom::v1::ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<std::vector<loom::v1::Job>> jobs = scheduler_->ListJobs(request->phase());
-  if (jobs.ok()) {
-    for (loom::v1::Job& job : *jobs) *response->add_jobs() = std::move(job);
-  }
-  reactor->Finish(ToGrpcStatus(jobs.status()));
+  absl::StatusOr<loom::v1::ListJobsResponse> page = scheduler_->ListJobsPage(*request);
+  if (page.ok()) *response = std::move(*page);
+  reactor->Finish(ToGrpcStatus(page.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ExplainPending(
+    grpc::CallbackServerContext* context, const loom::v1::ExplainPendingRequest* request,
+    loom::v1::ExplainPendingResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<loom::v1::ExplainPendingResponse> out =
+      scheduler_->ExplainPending(request->job_id());
+  if (out.ok()) *response = std::move(*out);
+  reactor->Finish(ToGrpcStatus(out.status()));
   return reactor;
 }
 
