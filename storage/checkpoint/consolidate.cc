@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -360,9 +362,8 @@ struct OpenShards {
   std::vector<std::string> paths;
 };
 
-// Opens every rank's shard, checks its size and (if `verify_checksums`) its streamed CRC-32.
-absl::StatusOr<OpenShards> OpenAndCheckShards(const StepScan& scan, bool verify_checksums,
-                                              std::vector<char>& buffer) {
+// Opens every rank's shard and checks its size against the manifest.
+absl::StatusOr<OpenShards> OpenShardFiles(const StepScan& scan) {
   OpenShards out;
   const int32_t world_size = scan.manifests.begin()->second.world_size;
   for (int32_t r = 0; r < world_size; ++r) {
@@ -383,20 +384,35 @@ absl::StatusOr<OpenShards> OpenAndCheckShards(const StepScan& scan, bool verify_
       return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): ", st.st_size,
                                               " bytes, manifest says ", m.shard_bytes));
     }
-    if (!verify_checksums) continue;
+  }
+  return out;
+}
+
+// Streams every shard through CRC-32 and compares with its manifest; DATA_LOSS naming the file
+// and rank on a mismatch. Stops early (CANCELLED) once `stop` is set. pread only: may run on
+// another thread while the same fds are read elsewhere.
+absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards,
+                             std::vector<char>& buffer, const std::atomic<bool>* stop) {
+  for (size_t r = 0; r < shards.fds.size(); ++r) {
+    const ShardManifest& m = scan.manifests.at(static_cast<int32_t>(r));
     uint32_t crc = Crc32(0, nullptr, 0);
     for (int64_t off = 0; off < m.shard_bytes;) {
+      if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
+        return absl::CancelledError("checksum verification stopped");
+      }
       size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), m.shard_bytes - off));
-      RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, off, path, r));
+      RETURN_IF_ERROR(PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r],
+                                   static_cast<int32_t>(r)));
       crc = Crc32(crc, buffer.data(), n);
       off += static_cast<int64_t>(n);
     }
     if (crc != m.shard_crc32) {
       return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
-                                                 path, r, crc, m.shard_crc32));
+                                                 shards.paths[r], static_cast<int>(r), crc,
+                                                 m.shard_crc32));
     }
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -510,10 +526,37 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   const ShardManifest& ref = scan.manifests.begin()->second;
   const int32_t world_size = ref.world_size;
 
-  // Open every shard once; check its size and (streamed) CRC-32 before writing anything.
+  // Open every shard once and check its size. The CRC-32s are checked on a second thread while
+  // the output is written to the staging directory; nothing is published unless they match.
   std::vector<char> buffer(BufferSize(options.io_buffer_bytes));
   std::vector<uint16_t> converted(bf16 ? buffer.size() / sizeof(float) : 0);
-  ASSIGN_OR_RETURN(OpenShards shards, OpenAndCheckShards(scan, options.verify_checksums, buffer));
+  ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
+  std::atomic<bool> crc_failed{false};
+  std::atomic<bool> stop_crc{false};
+  absl::Status crc_status;
+  std::thread crc_thread;
+  // Allocated here, not on the thread: a first malloc on a new thread makes glibc reserve a
+  // 64 MiB arena of address space.
+  std::vector<char> crc_buffer(options.verify_checksums ? buffer.size() : 0);
+  if (options.verify_checksums) {
+    crc_thread = std::thread([&] {
+      crc_status = VerifyShardCrcs(scan, shards, crc_buffer, &stop_crc);
+      if (!crc_status.ok()) crc_failed.store(true);
+    });
+  }
+  // Joins the checksum thread on every path out of this function.
+  struct CrcJoiner {
+    std::thread& t;
+    std::atomic<bool>& stop;
+    ~CrcJoiner() {
+      stop.store(true);
+      if (t.joinable()) t.join();
+    }
+  } crc_joiner{crc_thread, stop_crc};
+  auto finish_crc = [&]() -> absl::Status {
+    if (crc_thread.joinable()) crc_thread.join();
+    return crc_status;
+  };
 
   // config.json and the tie.
   json config = json::parse(ref.model_config_json, nullptr, /*allow_exceptions=*/false);
@@ -556,6 +599,7 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   // Shards and safetensors are both little-endian, so F32 bytes are copied unchanged.
   auto source = [&](const safetensors::TensorEntry& e,
                     const safetensors::ByteSink& sink) -> absl::Status {
+    if (crc_failed.load(std::memory_order_relaxed)) return finish_crc();
     const ShardParam& p = *by_name.at(e.name);
     int64_t remaining = p.numel;
     for (int32_t r = 0; r < world_size && remaining > 0; ++r) {
@@ -591,11 +635,11 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   RemoveDeadTemporaries(result.output_dir);
   const std::string staging =
       absl::StrCat(result.output_dir, "/", kStagingPrefix, ::getpid());
-  RemoveTree(staging);  // a previous failed run of this very process
+  (void)RemoveTree(staging);  // a previous failed run of this very process
   RETURN_IF_ERROR(MakeDirs(staging));
   struct StagingCleanup {
     std::string dir;
-    ~StagingCleanup() { RemoveTree(dir); }
+    ~StagingCleanup() { (void)RemoveTree(dir); }
   } cleanup{staging};
 
   // 1. Everything into the staging directory, each file fsynced.
@@ -618,7 +662,10 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
         WriteFileAtomically(absl::StrCat(staging, "/", kIndexName), index.dump(2) + "\n"));
   }
 
-  // 2. Retire the previous output (its completion markers first), then publish, marker last.
+  // 2. The checksums must have matched.
+  RETURN_IF_ERROR(finish_crc());
+
+  // 3. Retire the previous output (its completion markers first), then publish, marker last.
   RETURN_IF_ERROR(RemovePreviousOutputs(result.output_dir));
   auto publish = [&](const std::string& name) -> absl::Status {
     const std::string from = absl::StrCat(staging, "/", name);
@@ -667,7 +714,8 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
   ASSIGN_OR_RETURN(StepScan scan, ScanStep(dir, step));
   if (!scan.info.committed) return scan.info.commit_status;
   std::vector<char> buffer(BufferSize(io_buffer_bytes));
-  RETURN_IF_ERROR(OpenAndCheckShards(scan, /*verify_checksums=*/true, buffer).status());
+  ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
+  RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, nullptr));
   return std::move(scan.info);
 }
 

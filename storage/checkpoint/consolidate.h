@@ -11,6 +11,7 @@
 // streamed straight from the shards (pread) to the output, so memory stays at one I/O buffer per
 // call regardless of model size.
 //
+// Memory: two I/O buffers (the copy and the concurrent checksum pass) plus the writer's buffer.
 // Thread-compatible: distinct checkpoint/output directories may be processed concurrently; two
 // consolidations into the same output directory from one process must be serialised by the
 // caller (temporary file names carry the process id).
@@ -57,7 +58,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& c
 absl::StatusOr<CheckpointInfo> NewestCommittedCheckpoint(const std::string& checkpoint_dir);
 
 struct ConsolidateOptions {
-  // Check every shard's CRC-32 (streamed) before writing anything.
+  // Check every shard's CRC-32 (streamed, on a second thread while the output is written to the
+  // staging directory); on a mismatch nothing is published and the staging files are removed.
   bool verify_checksums = true;
   // Size of the single read buffer used for checksums and tensor copies (rounded up to a
   // multiple of 4 bytes).
