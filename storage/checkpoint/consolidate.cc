@@ -537,8 +537,12 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   std::thread crc_thread;
   // Allocated here, not on the thread: a first malloc on a new thread makes glibc reserve a
   // 64 MiB arena of address space.
-  std::vector<char> crc_buffer(options.verify_checksums ? buffer.size() : 0);
-  if (options.verify_checksums) {
+  const bool concurrent = options.verify_checksums && options.concurrent_checksums;
+  if (options.verify_checksums && !concurrent) {
+    RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, nullptr));
+  }
+  std::vector<char> crc_buffer(concurrent ? buffer.size() : 0);
+  if (concurrent) {
     crc_thread = std::thread([&] {
       crc_status = VerifyShardCrcs(scan, shards, crc_buffer, &stop_crc);
       if (!crc_status.ok()) crc_failed.store(true);

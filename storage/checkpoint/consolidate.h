@@ -11,7 +11,8 @@
 // streamed straight from the shards (pread) to the output, so memory stays at one I/O buffer per
 // call regardless of model size.
 //
-// Memory: two I/O buffers (the copy and the concurrent checksum pass) plus the writer's buffer.
+// Memory: one I/O buffer (two with concurrent_checksums, half more for BF16) plus the writer's
+// 1 MiB buffer.
 // Thread-compatible: distinct checkpoint/output directories may be processed concurrently; two
 // consolidations into the same output directory from one process must be serialised by the
 // caller (temporary file names carry the process id).
@@ -58,9 +59,13 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& c
 absl::StatusOr<CheckpointInfo> NewestCommittedCheckpoint(const std::string& checkpoint_dir);
 
 struct ConsolidateOptions {
-  // Check every shard's CRC-32 (streamed, on a second thread while the output is written to the
-  // staging directory); on a mismatch nothing is published and the staging files are removed.
+  // Check every shard's CRC-32 (streamed); on a mismatch nothing is published.
   bool verify_checksums = true;
+  // Run the checksum pass on a second thread while the output is written to the staging directory
+  // (true; on a mismatch the staging files are removed), or before writing anything on the calling
+  // thread (false, the default: on the 2-core benchmark machine under load the overlap cost more
+  // system time than it saved, see docs/benchmarks.md).
+  bool concurrent_checksums = false;
   // Size of the single read buffer used for checksums and tensor copies (rounded up to a
   // multiple of 4 bytes).
   int64_t io_buffer_bytes = 4 << 20;

@@ -29,6 +29,8 @@ ABSL_FLAG(std::string, max_shard_size, "", "Split into shards of at most this si
 ABSL_FLAG(std::string, dtype, "fp32", "Output dtype: fp32 or bf16.");
 ABSL_FLAG(int64_t, io_buffer_bytes, 4 << 20, "Read buffer size in bytes.");
 ABSL_FLAG(bool, verify_checksums, true, "Check every shard's CRC-32 before writing.");
+ABSL_FLAG(bool, concurrent_checksums, false,
+          "Check CRC-32s on a second thread while writing (false: before writing).");
 ABSL_FLAG(bool, report_memory, false, "Add vm_peak_bytes / rss_peak_bytes to the output line.");
 
 namespace {
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   loom::storage::ConsolidateOptions options;
   options.io_buffer_bytes = absl::GetFlag(FLAGS_io_buffer_bytes);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
+  options.concurrent_checksums = absl::GetFlag(FLAGS_concurrent_checksums);
   auto dtype = loom::storage::NormalizeOutputDtype(absl::GetFlag(FLAGS_dtype));
   auto shard = loom::storage::ParseShardSize(absl::GetFlag(FLAGS_max_shard_size));
   if (!dtype.ok() || !shard.ok()) {

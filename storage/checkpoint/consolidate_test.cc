@@ -231,6 +231,29 @@ TEST(ConsolidateTest, FlippedByteIsDataLossNamingFileAndRank) {
   EXPECT_FALSE(HasTmpFiles(dir + "/out"));
 }
 
+TEST(ConsolidateTest, ConcurrentChecksumsPublishNothingOnMismatch) {
+  std::string dir = TmpDir("concurrent");
+  std::vector<FullParam> model = TestModel();
+  WriteCheckpoint(dir, 100, 2, model, AllRanks(2));
+  ConsolidateOptions options;
+  options.concurrent_checksums = true;
+  options.io_buffer_bytes = 8;
+  auto good = Consolidate(dir, 100, dir + "/good", options);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ExpectModelEquals(good->safetensors_path, model);
+  EXPECT_FALSE(HasTmpFiles(dir + "/good"));
+
+  std::string shard = dir + "/step_00000100/rank_0.shard";
+  std::string bytes = *ReadFile(shard);
+  bytes[bytes.size() - 1] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  auto result = Consolidate(dir, 100, dir + "/out", options);
+  ExpectStatus(result.status(), absl::StatusCode::kDataLoss, shard + " (rank 0): CRC-32");
+  EXPECT_NE(::access((dir + "/out/model.safetensors").c_str(), F_OK), 0);
+  EXPECT_NE(::access((dir + "/out/config.json").c_str(), F_OK), 0);
+  EXPECT_FALSE(HasTmpFiles(dir + "/out"));
+}
+
 TEST(ConsolidateTest, TruncatedShardIsDataLoss) {
   std::string dir = TmpDir("truncated");
   WriteCheckpoint(dir, 100, 2, TestModel(), AllRanks(2));
