@@ -8,15 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
-#include <thread>
 #include <nlohmann/json.hpp>
 #include <utility>
+#include <zlib.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -357,6 +356,13 @@ size_t BufferSize(int64_t io_buffer_bytes) {
   return static_cast<size_t>((n + 3) / 4 * 4);
 }
 
+// A byte range of a shard whose CRC-32 is known.
+struct CrcPiece {
+  int64_t offset = 0;
+  int64_t size = 0;
+  uint32_t crc = 0;
+};
+
 struct OpenShards {
   std::vector<ScopedFd> fds;
   std::vector<std::string> paths;
@@ -388,28 +394,53 @@ absl::StatusOr<OpenShards> OpenShardFiles(const StepScan& scan) {
   return out;
 }
 
-// Streams every shard through CRC-32 and compares with its manifest; DATA_LOSS naming the file
-// and rank on a mismatch. Stops early (CANCELLED) once `stop` is set. pread only: may run on
-// another thread while the same fds are read elsewhere.
+// CRC-32 of `size` bytes of `fd` at `offset`, chained onto `crc`.
+absl::StatusOr<uint32_t> CrcRange(int fd, uint32_t crc, int64_t offset, int64_t size,
+                                  std::vector<char>& buffer, const std::string& path,
+                                  int32_t rank) {
+  while (size > 0) {
+    size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), size));
+    RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, offset, path, rank));
+    crc = Crc32(crc, buffer.data(), n);
+    offset += static_cast<int64_t>(n);
+    size -= static_cast<int64_t>(n);
+  }
+  return crc;
+}
+
+// Checks every shard's CRC-32 against its manifest; DATA_LOSS naming the file and rank on a
+// mismatch. With `known`, (*known)[r] are byte ranges of rank r whose CRC-32s are already known
+// (the copy read them): only the bytes between them are read, and the pieces are combined in
+// file order with zlib's crc32_combine. Overlapping pieces (a malformed layout) fall back to a
+// full pass for that rank.
 absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards,
-                             std::vector<char>& buffer, const std::atomic<bool>* stop) {
+                             std::vector<char>& buffer,
+                             std::vector<std::vector<CrcPiece>>* known = nullptr) {
   for (size_t r = 0; r < shards.fds.size(); ++r) {
-    const ShardManifest& m = scan.manifests.at(static_cast<int32_t>(r));
-    uint32_t crc = Crc32(0, nullptr, 0);
-    for (int64_t off = 0; off < m.shard_bytes;) {
-      if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
-        return absl::CancelledError("checksum verification stopped");
-      }
-      size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), m.shard_bytes - off));
-      RETURN_IF_ERROR(PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r],
-                                   static_cast<int32_t>(r)));
-      crc = Crc32(crc, buffer.data(), n);
-      off += static_cast<int64_t>(n);
+    const int32_t rank = static_cast<int32_t>(r);
+    const ShardManifest& m = scan.manifests.at(rank);
+    const int fd = shards.fds[r].get();
+    std::vector<CrcPiece> pieces;
+    if (known != nullptr) pieces = (*known)[r];
+    std::sort(pieces.begin(), pieces.end(),
+              [](const CrcPiece& a, const CrcPiece& b) { return a.offset < b.offset; });
+    bool overlapping = false;
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      if (pieces[i].offset < pieces[i - 1].offset + pieces[i - 1].size) overlapping = true;
     }
+    if (overlapping) pieces.clear();
+    uint32_t crc = Crc32(0, nullptr, 0);
+    int64_t pos = 0;
+    for (const CrcPiece& p : pieces) {
+      if (p.size == 0) continue;
+      ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, p.offset - pos, buffer, shards.paths[r], rank));
+      crc = static_cast<uint32_t>(crc32_combine64(crc, p.crc, p.size));
+      pos = p.offset + p.size;
+    }
+    ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, m.shard_bytes - pos, buffer, shards.paths[r], rank));
     if (crc != m.shard_crc32) {
       return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
-                                                 shards.paths[r], static_cast<int>(r), crc,
-                                                 m.shard_crc32));
+                                                 shards.paths[r], rank, crc, m.shard_crc32));
     }
   }
   return absl::OkStatus();
@@ -526,41 +557,18 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   const ShardManifest& ref = scan.manifests.begin()->second;
   const int32_t world_size = ref.world_size;
 
-  // Open every shard once and check its size. The CRC-32s are checked on a second thread while
-  // the output is written to the staging directory; nothing is published unless they match.
+  // Open every shard once and check its size. CRC-32s: either a full pass before writing
+  // anything, or (default) computed on the bytes the copy reads anyway, the rest of each shard
+  // (other sections, padding, skipped tensors) read afterwards, the pieces combined in file order
+  // (crc32_combine) and compared before anything is published.
   std::vector<char> buffer(BufferSize(options.io_buffer_bytes));
   std::vector<uint16_t> converted(bf16 ? buffer.size() / sizeof(float) : 0);
   ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
-  std::atomic<bool> crc_failed{false};
-  std::atomic<bool> stop_crc{false};
-  absl::Status crc_status;
-  std::thread crc_thread;
-  // Allocated here, not on the thread: a first malloc on a new thread makes glibc reserve a
-  // 64 MiB arena of address space.
-  const bool concurrent = options.verify_checksums && options.concurrent_checksums;
-  if (options.verify_checksums && !concurrent) {
-    RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, nullptr));
+  const bool fused_crc = options.verify_checksums && !options.checksum_before_writing;
+  if (options.verify_checksums && !fused_crc) {
+    RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer));
   }
-  std::vector<char> crc_buffer(concurrent ? buffer.size() : 0);
-  if (concurrent) {
-    crc_thread = std::thread([&] {
-      crc_status = VerifyShardCrcs(scan, shards, crc_buffer, &stop_crc);
-      if (!crc_status.ok()) crc_failed.store(true);
-    });
-  }
-  // Joins the checksum thread on every path out of this function.
-  struct CrcJoiner {
-    std::thread& t;
-    std::atomic<bool>& stop;
-    ~CrcJoiner() {
-      stop.store(true);
-      if (t.joinable()) t.join();
-    }
-  } crc_joiner{crc_thread, stop_crc};
-  auto finish_crc = [&]() -> absl::Status {
-    if (crc_thread.joinable()) crc_thread.join();
-    return crc_status;
-  };
+  std::vector<std::vector<CrcPiece>> pieces(static_cast<size_t>(world_size));
 
   // config.json and the tie.
   json config = json::parse(ref.model_config_json, nullptr, /*allow_exceptions=*/false);
@@ -603,17 +611,18 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   // Shards and safetensors are both little-endian, so F32 bytes are copied unchanged.
   auto source = [&](const safetensors::TensorEntry& e,
                     const safetensors::ByteSink& sink) -> absl::Status {
-    if (crc_failed.load(std::memory_order_relaxed)) return finish_crc();
     const ShardParam& p = *by_name.at(e.name);
     int64_t remaining = p.numel;
     for (int32_t r = 0; r < world_size && remaining > 0; ++r) {
       const int64_t take = std::min(p.partition_numel, remaining);
       int64_t off = (section_offset + p.partition_offset) * static_cast<int64_t>(sizeof(float));
       int64_t left = take * static_cast<int64_t>(sizeof(float));
+      CrcPiece piece{off, left, Crc32(0, nullptr, 0)};
       while (left > 0) {
         size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), left));
         RETURN_IF_ERROR(
             PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r], r));
+        if (fused_crc) piece.crc = Crc32(piece.crc, buffer.data(), n);
         if (bf16) {
           const size_t count = n / sizeof(float);
           for (size_t i = 0; i < count; ++i) {
@@ -628,6 +637,7 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
         off += static_cast<int64_t>(n);
         left -= static_cast<int64_t>(n);
       }
+      if (fused_crc) pieces[static_cast<size_t>(r)].push_back(piece);
       remaining -= take;
     }
     return absl::OkStatus();
@@ -666,8 +676,8 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
         WriteFileAtomically(absl::StrCat(staging, "/", kIndexName), index.dump(2) + "\n"));
   }
 
-  // 2. The checksums must have matched.
-  RETURN_IF_ERROR(finish_crc());
+  // 2. The checksums must match.
+  if (fused_crc) RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, &pieces));
 
   // 3. Retire the previous output (its completion markers first), then publish, marker last.
   RETURN_IF_ERROR(RemovePreviousOutputs(result.output_dir));
@@ -719,7 +729,7 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
   if (!scan.info.committed) return scan.info.commit_status;
   std::vector<char> buffer(BufferSize(io_buffer_bytes));
   ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
-  RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, nullptr));
+  RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer));
   return std::move(scan.info);
 }
 

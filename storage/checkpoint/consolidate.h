@@ -11,8 +11,8 @@
 // streamed straight from the shards (pread) to the output, so memory stays at one I/O buffer per
 // call regardless of model size.
 //
-// Memory: one I/O buffer (two with concurrent_checksums, half more for BF16) plus the writer's
-// 1 MiB buffer.
+// Memory: one I/O buffer (half more for BF16), the writer's 1 MiB buffer, and 20 bytes per
+// (tensor, rank) of checksum bookkeeping.
 // Thread-compatible: distinct checkpoint/output directories may be processed concurrently; two
 // consolidations into the same output directory from one process must be serialised by the
 // caller (temporary file names carry the process id).
@@ -61,11 +61,11 @@ absl::StatusOr<CheckpointInfo> NewestCommittedCheckpoint(const std::string& chec
 struct ConsolidateOptions {
   // Check every shard's CRC-32 (streamed); on a mismatch nothing is published.
   bool verify_checksums = true;
-  // Run the checksum pass on a second thread while the output is written to the staging directory
-  // (true; on a mismatch the staging files are removed), or before writing anything on the calling
-  // thread (false, the default: on the 2-core benchmark machine under load the overlap cost more
-  // system time than it saved, see docs/benchmarks.md).
-  bool concurrent_checksums = false;
+  // false (default): each byte the copy reads is checksummed as it passes, the rest of each shard
+  // (optimizer sections, padding, skipped tensors) is read afterwards, and the pieces are
+  // combined in file order (zlib crc32_combine) before anything is published; the parameters are
+  // read once. true: a full checksum pass before writing anything (reads them twice).
+  bool checksum_before_writing = false;
   // Size of the single read buffer used for checksums and tensor copies (rounded up to a
   // multiple of 4 bytes).
   int64_t io_buffer_bytes = 4 << 20;

@@ -3,7 +3,7 @@
 // shard layout (storage::WriteShard, 2 ranks, Llama-like tensor shapes). Not a test.
 //
 //   bazel run -c opt //storage/checkpoint:consolidate_bench -- [--work_dir=/tmp/loom_cbench]
-//       [--layout=trainer|params] [--layers=N] [--repeats=2] [--keep]
+//       [--layout=trainer|params] [--layers=N] [--repeats=5] [--keep]
 //
 // --layout=trainer (default): sections fp32_params, exp_avg, exp_avg_sq, as loom-trainer writes
 //   them; --layout=params: fp32_params only (output bytes = checkpoint bytes, the harder case).
@@ -41,7 +41,7 @@
 ABSL_FLAG(std::string, work_dir, "/tmp/loom_consolidate_bench", "Scratch directory (removed).");
 ABSL_FLAG(std::string, layout, "trainer", "trainer (params + Adam moments) or params (params only)");
 ABSL_FLAG(int, layers, 0, "Decoder layers (0 = enough for >= 2 GB in the chosen layout)");
-ABSL_FLAG(int, repeats, 2, "Runs per path; the best is reported");
+ABSL_FLAG(int, repeats, 5, "Runs per path; the best is reported");
 ABSL_FLAG(bool, keep, false, "Keep the work directory");
 ABSL_FLAG(std::string, consolidate_binary, "", "loom-consolidate (default: next to this binary)");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch and numpy");

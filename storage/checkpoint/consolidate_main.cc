@@ -9,8 +9,6 @@
 // Prints one JSON line {"step", "files", "num_tensors", "safetensors_bytes", "seconds"} on success
 // (plus "vm_peak_bytes" and "rss_peak_bytes" from /proc/self/status with --report_memory).
 // Exit status: 0 OK, 2 usage error, otherwise the absl::StatusCode of the failure.
-#include <malloc.h>
-
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,8 +27,8 @@ ABSL_FLAG(std::string, max_shard_size, "", "Split into shards of at most this si
 ABSL_FLAG(std::string, dtype, "fp32", "Output dtype: fp32 or bf16.");
 ABSL_FLAG(int64_t, io_buffer_bytes, 4 << 20, "Read buffer size in bytes.");
 ABSL_FLAG(bool, verify_checksums, true, "Check every shard's CRC-32 before writing.");
-ABSL_FLAG(bool, concurrent_checksums, false,
-          "Check CRC-32s on a second thread while writing (false: before writing).");
+ABSL_FLAG(bool, checksum_before_writing, false,
+          "Full CRC-32 pass before writing (default: checksum the bytes as they are copied).");
 ABSL_FLAG(bool, report_memory, false, "Add vm_peak_bytes / rss_peak_bytes to the output line.");
 
 namespace {
@@ -52,9 +50,6 @@ int64_t ProcStatusBytes(const std::string& key) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One malloc arena: a second thread (the checksum pass) would otherwise make glibc reserve a
-  // fresh arena of 64 MiB (transiently 128 MiB) of address space, which matters under RLIMIT_AS.
-  mallopt(M_ARENA_MAX, 1);
   absl::ParseCommandLine(argc, argv);
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (dir.empty()) {
@@ -64,7 +59,7 @@ int main(int argc, char** argv) {
   loom::storage::ConsolidateOptions options;
   options.io_buffer_bytes = absl::GetFlag(FLAGS_io_buffer_bytes);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
-  options.concurrent_checksums = absl::GetFlag(FLAGS_concurrent_checksums);
+  options.checksum_before_writing = absl::GetFlag(FLAGS_checksum_before_writing);
   auto dtype = loom::storage::NormalizeOutputDtype(absl::GetFlag(FLAGS_dtype));
   auto shard = loom::storage::ParseShardSize(absl::GetFlag(FLAGS_max_shard_size));
   if (!dtype.ok() || !shard.ok()) {

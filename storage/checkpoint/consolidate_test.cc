@@ -231,12 +231,14 @@ TEST(ConsolidateTest, FlippedByteIsDataLossNamingFileAndRank) {
   EXPECT_FALSE(HasTmpFiles(dir + "/out"));
 }
 
-TEST(ConsolidateTest, ConcurrentChecksumsPublishNothingOnMismatch) {
-  std::string dir = TmpDir("concurrent");
+// Both checksum modes: fused with the copy (default, tested elsewhere too) and a pass first.
+TEST(ConsolidateTest, ChecksumModesPublishNothingOnMismatch) {
+  for (bool before : {false, true}) {
+  std::string dir = TmpDir(before ? "crc_before" : "crc_fused");
   std::vector<FullParam> model = TestModel();
   WriteCheckpoint(dir, 100, 2, model, AllRanks(2));
   ConsolidateOptions options;
-  options.concurrent_checksums = true;
+  options.checksum_before_writing = before;
   options.io_buffer_bytes = 8;
   auto good = Consolidate(dir, 100, dir + "/good", options);
   ASSERT_TRUE(good.ok()) << good.status();
@@ -251,6 +253,35 @@ TEST(ConsolidateTest, ConcurrentChecksumsPublishNothingOnMismatch) {
   ExpectStatus(result.status(), absl::StatusCode::kDataLoss, shard + " (rank 0): CRC-32");
   EXPECT_NE(::access((dir + "/out/model.safetensors").c_str(), F_OK), 0);
   EXPECT_NE(::access((dir + "/out/config.json").c_str(), F_OK), 0);
+  EXPECT_FALSE(HasTmpFiles(dir + "/out"));
+  }
+}
+
+// The fused checksum covers every byte: copied parameter bytes, zero padding of the last rank,
+// optimizer sections and the skipped tied lm_head are all caught.
+TEST(ConsolidateTest, FusedChecksumCatchesAFlipAnywhereInTheShard) {
+  std::string dir = TmpDir("fused_every_byte");
+  std::vector<FullParam> model = TestModel();
+  model.push_back({"lm_head.weight", {10}, Values(10, 1.0f)});
+  const std::string tied =
+      R"({"hidden_size":8,"model_type":"llama","tie_word_embeddings":true,"vocab_size":256})";
+  WriteCheckpoint(dir, 1, 3, model, AllRanks(3), tied);
+  const std::string shard = dir + "/step_00000001/rank_2.shard";
+  const std::string good = *ReadFile(shard);
+  ConsolidateOptions options;
+  options.io_buffer_bytes = 12;
+  int checked = 0;
+  for (size_t i = 0; i < good.size(); i += 5) {
+    std::string bad = good;
+    bad[i] ^= 0x20;
+    ASSERT_TRUE(WriteFileAtomically(shard, bad).ok());
+    auto result = Consolidate(dir, 1, dir + "/out", options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 40);
+  ASSERT_TRUE(WriteFileAtomically(shard, good).ok());
+  EXPECT_TRUE(Consolidate(dir, 1, dir + "/out", options).ok());
   EXPECT_FALSE(HasTmpFiles(dir + "/out"));
 }
 
