@@ -66,6 +66,9 @@ struct ConsolidateOptions {
   // combined in file order (zlib crc32_combine) before anything is published; the parameters are
   // read once. true: a full checksum pass before writing anything (reads them twice).
   bool checksum_before_writing = false;
+  // Start asynchronous writeback of the output every this many bytes (sync_file_range), so the
+  // disk writes while the copy goes on and the final fsync has little left; 0 = only the fsync.
+  int64_t writeback_bytes = 32 << 20;
   // Size of the single read buffer used for checksums and tensor copies (rounded up to a
   // multiple of 4 bytes).
   int64_t io_buffer_bytes = 4 << 20;

@@ -29,6 +29,8 @@ ABSL_FLAG(int64_t, io_buffer_bytes, 4 << 20, "Read buffer size in bytes.");
 ABSL_FLAG(bool, verify_checksums, true, "Check every shard's CRC-32 before writing.");
 ABSL_FLAG(bool, checksum_before_writing, false,
           "Full CRC-32 pass before writing (default: checksum the bytes as they are copied).");
+ABSL_FLAG(int64_t, writeback_bytes, 32 << 20,
+          "Start writeback of the output every this many bytes (0 = only the final fsync).");
 ABSL_FLAG(bool, report_memory, false, "Add vm_peak_bytes / rss_peak_bytes to the output line.");
 
 namespace {
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
   options.io_buffer_bytes = absl::GetFlag(FLAGS_io_buffer_bytes);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   options.checksum_before_writing = absl::GetFlag(FLAGS_checksum_before_writing);
+  options.writeback_bytes = absl::GetFlag(FLAGS_writeback_bytes);
   auto dtype = loom::storage::NormalizeOutputDtype(absl::GetFlag(FLAGS_dtype));
   auto shard = loom::storage::ParseShardSize(absl::GetFlag(FLAGS_max_shard_size));
   if (!dtype.ok() || !shard.ok()) {

@@ -182,6 +182,7 @@ TEST_P(ConsolidateWorldSizeTest, TinyIoBufferAndParamsSectionNotFirst) {
   WriteCheckpoint(dir, 7, n, model, AllRanks(n), kConfig, {"exp_avg", "fp32_params", "exp_avg_sq"});
   ConsolidateOptions options;
   options.io_buffer_bytes = 4;  // one float per read: every chunk boundary is exercised
+  options.writeback_bytes = 8;  // writeback started every other read
   auto result = Consolidate(dir, 0, "", options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->step, 7);
