@@ -10,6 +10,7 @@
 #include <prometheus/registry.h>
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -124,8 +125,15 @@ absl::StatusOr<storage::ConsolidateResult> CheckpointServiceImpl::DoConsolidate(
   }
   absl::Status exists = JobDirExists(req.job_id(), *dir);
   if (!exists.ok()) return exists;
+  storage::ConsolidateOptions options = options_.consolidate;
+  auto shard = storage::ParseShardSize(req.max_shard_size());
+  if (!shard.ok()) return shard.status();
+  options.max_shard_size_bytes = *shard;
+  auto dtype = storage::NormalizeOutputDtype(req.dtype());
+  if (!dtype.ok()) return dtype.status();
+  options.dtype = *dtype;
   absl::MutexLock lock(&consolidate_mu_);
-  return storage::Consolidate(*dir, req.step(), req.output_dir(), options_.consolidate);
+  return storage::Consolidate(*dir, req.step(), req.output_dir(), options);
 }
 
 grpc::Status CheckpointServiceImpl::ConsolidateCheckpoint(
@@ -151,6 +159,49 @@ grpc::Status CheckpointServiceImpl::ConsolidateCheckpoint(
   resp->set_config_path(result->config_path);
   resp->set_num_tensors(result->num_tensors);
   resp->set_total_bytes(result->safetensors_bytes);
+  for (const std::string& f : result->files) resp->add_files(f);
+  resp->set_index_path(result->index_path);
+  resp->set_dtype(result->dtype);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*context*/,
+                                                     const v1::DeleteCheckpointRequest* req,
+                                                     v1::DeleteCheckpointResponse* resp) {
+  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  if (!dir.ok()) return ToGrpcStatus(dir.status());
+  absl::Status exists = JobDirExists(req->job_id(), *dir);
+  if (!exists.ok()) return ToGrpcStatus(exists);
+  std::vector<int64_t> protected_steps(req->protected_steps().begin(),
+                                       req->protected_steps().end());
+  absl::MutexLock lock(&consolidate_mu_);
+  auto result = storage::DeleteCheckpoint(*dir, req->step(), protected_steps);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  if (result->deleted) {
+    LOG(INFO) << "deleted checkpoint job=" << req->job_id() << " step=" << req->step();
+  }
+  resp->set_deleted(result->deleted);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* /*context*/,
+                                                   const v1::ApplyRetentionRequest* req,
+                                                   v1::ApplyRetentionResponse* resp) {
+  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  if (!dir.ok()) return ToGrpcStatus(dir.status());
+  absl::Status exists = JobDirExists(req->job_id(), *dir);
+  if (!exists.ok()) return ToGrpcStatus(exists);
+  std::vector<int64_t> protected_steps(req->protected_steps().begin(),
+                                       req->protected_steps().end());
+  absl::MutexLock lock(&consolidate_mu_);
+  auto result = storage::ApplyRetention(*dir, {req->keep_last()}, protected_steps);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  for (int64_t s : result->deleted_steps) resp->add_deleted_steps(s);
+  for (int64_t s : result->kept_steps) resp->add_kept_steps(s);
+  if (!result->deleted_steps.empty()) {
+    LOG(INFO) << "retention job=" << req->job_id() << " keep_last=" << req->keep_last()
+              << " deleted " << result->deleted_steps.size() << " checkpoints";
+  }
   return grpc::Status::OK;
 }
 

@@ -44,7 +44,12 @@ struct CheckpointServiceOptions {
 // ConsolidateCheckpoint requests:
 //   output_dir "" = <checkpoint dir>/step_<N>/hf; otherwise it must be an absolute path without
 //   ".." components (INVALID_ARGUMENT), since the client and the service may not share a cwd.
-// Consolidations run one at a time (the core's temporary file names carry the process id).
+//   max_shard_size / dtype as ConsolidateOptions (ParseShardSize, NormalizeOutputDtype);
+//   INVALID_ARGUMENT naming the field on a bad value.
+// DeleteCheckpoint / ApplyRetention: storage::DeleteCheckpoint / ApplyRetention on the job's
+// directory; NOT_FOUND if the job has no checkpoint directory.
+// Consolidations and deletions run one at a time (the core's temporary file names carry the
+// process id, and a deletion must not race a consolidation of the same step).
 // Thread-safe.
 class CheckpointServiceImpl final : public v1::CheckpointService::Service {
  public:
@@ -55,6 +60,11 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
   grpc::Status ConsolidateCheckpoint(grpc::ServerContext* context,
                                      const v1::ConsolidateCheckpointRequest* req,
                                      v1::ConsolidateCheckpointResponse* resp) override;
+  grpc::Status DeleteCheckpoint(grpc::ServerContext* context,
+                                const v1::DeleteCheckpointRequest* req,
+                                v1::DeleteCheckpointResponse* resp) override;
+  grpc::Status ApplyRetention(grpc::ServerContext* context, const v1::ApplyRetentionRequest* req,
+                              v1::ApplyRetentionResponse* resp) override;
 
  private:
   absl::StatusOr<storage::ConsolidateResult> DoConsolidate(

@@ -239,6 +239,77 @@ TEST_F(CheckpointServiceTest, ErrorCodes) {
   EXPECT_EQ(MetricValue(registry_, "loom_checkpoint_consolidations_total", "ok"), 0);
 }
 
+TEST_F(CheckpointServiceTest, ShardedBf16ConsolidationDeleteAndRetentionOverGrpc) {
+  const std::string job_dir = root_ + "/job-3";
+  for (int64_t step : {10, 20, 30}) WriteTinyCheckpoint(job_dir, step, 2, {0, 1});
+  {
+    grpc::ClientContext ctx;
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("job-3");
+    req.set_max_shard_size("10B");  // w: 18 bytes (own shard), b: 2 bytes
+    req.set_dtype("bf16");
+    req.set_output_dir(job_dir + "/export");
+    v1::ConsolidateCheckpointResponse resp;
+    grpc::Status s = stub_->ConsolidateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.step(), 30);
+    EXPECT_EQ(resp.dtype(), "BF16");
+    ASSERT_EQ(resp.files_size(), 2);
+    EXPECT_EQ(resp.files(0), job_dir + "/export/model-00001-of-00002.safetensors");
+    EXPECT_EQ(resp.index_path(), job_dir + "/export/model.safetensors.index.json");
+    auto reader = safetensors::Reader::Open(resp.files(0));
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_NE((*reader)->Find("w"), nullptr);
+    EXPECT_EQ((*reader)->Find("w")->dtype, "BF16");
+    auto w = (*reader)->ReadTensor("w");
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(w->substr(0, 2), std::string("\xc0\x3f", 2));  // 1.5f = 0x3fc00000 -> 0x3fc0
+  }
+  for (const char* field : {"max_shard_size", "dtype"}) {
+    grpc::ClientContext ctx;
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("job-3");
+    if (std::string(field) == "dtype") req.set_dtype("int4"); else req.set_max_shard_size("5XB");
+    v1::ConsolidateCheckpointResponse resp;
+    grpc::Status s = stub_->ConsolidateCheckpoint(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find(field), std::string::npos) << s.error_message();
+  }
+  auto del = [&](int64_t step, v1::DeleteCheckpointResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::DeleteCheckpointRequest req;
+    req.set_job_id("job-3");
+    req.set_step(step);
+    return stub_->DeleteCheckpoint(&ctx, req, resp);
+  };
+  v1::DeleteCheckpointResponse d;
+  ASSERT_TRUE(del(10, &d).ok());
+  EXPECT_TRUE(d.deleted());
+  ASSERT_TRUE(del(10, &d).ok());
+  EXPECT_FALSE(d.deleted());
+  EXPECT_EQ(del(30, &d).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  {
+    grpc::ClientContext ctx;
+    v1::ApplyRetentionRequest req;
+    req.set_job_id("job-3");
+    req.set_keep_last(1);
+    v1::ApplyRetentionResponse resp;
+    ASSERT_TRUE(stub_->ApplyRetention(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.deleted_steps_size(), 1);
+    EXPECT_EQ(resp.deleted_steps(0), 20);
+    ASSERT_EQ(resp.kept_steps_size(), 1);
+    EXPECT_EQ(resp.kept_steps(0), 30);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ApplyRetentionRequest req;
+    req.set_job_id("no-such-job");
+    req.set_keep_last(1);
+    v1::ApplyRetentionResponse resp;
+    EXPECT_EQ(stub_->ApplyRetention(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
 // grpc.health.v1.Health/Check with an empty request (service ""), sent as raw bytes because the
 // health proto's generated code is not part of the build: SERVING is the response bytes 08 01.
 TEST_F(CheckpointServiceTest, DefaultHealthServiceReportsServing) {

@@ -7,8 +7,16 @@
 //   loomctl wait JOB_ID                   follow a job's step, loss and tokens/s until it ends
 //   loomctl explain JOB_ID                why a job is not running: reason, queue position
 //   loomctl checkpoints JOB_ID            list a job's checkpoints
-//   loomctl consolidate JOB_ID [--step=N] [--output_dir=D]
-//                                         write model.safetensors + config.json
+//   loomctl consolidate JOB_ID [--step=N] [--output_dir=D] [--max_shard_size=5GB] [--dtype=bf16]
+//                                         write model.safetensors (or shards + index) + config.json
+//   loomctl checkpoint verify PATH        offline (no service): check a safetensors file, an export
+//                                         directory (single or sharded) or a Loom step_* directory;
+//                                         exit 0 valid, 3 invalid (first problem on stderr),
+//                                         5 nothing there
+//   loomctl checkpoint delete JOB_ID --step=N [--protect=S,..]
+//                                         delete one checkpoint (idempotent)
+//   loomctl checkpoint retain JOB_ID --keep_last=K [--protect=S,..]
+//                                         keep the newest K committed checkpoints
 //
 // Addresses come from --scheduler / --checkpoint, else $LOOM_SCHEDULER / $LOOM_CHECKPOINT, else
 // the ready files of a local cluster in --cluster_dir (default $LOOM_HOME/cluster, else
@@ -29,7 +37,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/random/random.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -39,6 +49,7 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/job_spec_yaml.h"
+#include "storage/checkpoint/verify.h"
 
 ABSL_FLAG(std::string, scheduler, "", "loom-scheduler address (host:port)");
 ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
@@ -52,6 +63,13 @@ ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)"
 ABSL_FLAG(std::string, name_prefix, "", "list: only jobs whose name starts with this");
 ABSL_FLAG(int64_t, step, 0, "consolidate: checkpoint step (0 = newest committed)");
 ABSL_FLAG(std::string, output_dir, "", "consolidate: output directory");
+ABSL_FLAG(std::string, max_shard_size, "",
+          "consolidate: split into model-0000k-of-0000n.safetensors of at most this size "
+          "(\"5GB\", \"500MB\", bytes); empty = one model.safetensors");
+ABSL_FLAG(std::string, dtype, "fp32", "consolidate: output dtype, fp32 or bf16");
+ABSL_FLAG(int32_t, keep_last, 0, "checkpoint retain: committed checkpoints to keep");
+ABSL_FLAG(std::vector<std::string>, protect, {},
+          "checkpoint delete/retain: steps that must not be deleted");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each RPC");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
 
@@ -188,13 +206,40 @@ int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
   return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " did not end in time")));
 }
 
+// `loomctl checkpoint verify PATH`: offline, through the library.
+int Verify(const std::string& path) {
+  auto report = loom::storage::VerifyPath(path);
+  if (!report.ok()) {
+    std::fprintf(stderr, "loomctl: INVALID %s: %s\n",
+                 absl::StatusCodeToString(report.status().code()).c_str(),
+                 std::string(report.status().message()).c_str());
+    return absl::IsNotFound(report.status()) ? 5 : 3;
+  }
+  std::printf("OK %s: %s, %lld files, %lld tensors, %lld bytes\n", path.c_str(),
+              report->kind.c_str(), static_cast<long long>(report->files.size()),
+              static_cast<long long>(report->num_tensors),
+              static_cast<long long>(report->tensor_bytes));
+  return 0;
+}
+
+absl::StatusOr<std::vector<int64_t>> ProtectedSteps() {
+  std::vector<int64_t> out;
+  for (const std::string& s : absl::GetFlag(FLAGS_protect)) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(s, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("--protect: '", s, "' is not a step"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "loomctl <submit FILE.yaml|get ID|list|cancel ID|wait ID|explain ID|checkpoints ID|"
-      "consolidate ID> "
-      "[flags]");
+      "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID> [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -209,6 +254,49 @@ int main(int argc, char** argv) {
     }
     return true;
   };
+
+  if (cmd == "checkpoint") {
+    const std::string sub = arg;
+    const std::string target = args.size() > 3 ? args[3] : "";
+    if (sub != "verify" && sub != "delete" && sub != "retain") {
+      std::fprintf(stderr, "loomctl checkpoint: want verify PATH | delete JOB_ID | retain JOB_ID\n");
+      return 2;
+    }
+    if (target.empty()) {
+      std::fprintf(stderr, "loomctl checkpoint %s: missing %s\n", sub.c_str(),
+                   sub == "verify" ? "PATH" : "JOB_ID");
+      return 2;
+    }
+    if (sub == "verify") return Verify(target);
+    auto protect = ProtectedSteps();
+    if (!protect.ok()) return Fail(protect.status());
+    auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
+    if (!addr.ok()) return Fail(addr.status());
+    auto stub = loom::v1::CheckpointService::NewStub(
+        grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+    if (sub == "delete") {
+      loom::v1::DeleteCheckpointRequest req;
+      req.set_job_id(target);
+      req.set_step(absl::GetFlag(FLAGS_step));
+      for (int64_t p : *protect) req.add_protected_steps(p);
+      loom::v1::DeleteCheckpointResponse resp;
+      grpc::Status s = stub->DeleteCheckpoint(Context().get(), req, &resp);
+      if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+      std::printf("step %lld %s\n", static_cast<long long>(req.step()),
+                  resp.deleted() ? "deleted" : "was already gone");
+      return 0;
+    }
+    loom::v1::ApplyRetentionRequest req;
+    req.set_job_id(target);
+    req.set_keep_last(absl::GetFlag(FLAGS_keep_last));
+    for (int64_t p : *protect) req.add_protected_steps(p);
+    loom::v1::ApplyRetentionResponse resp;
+    grpc::Status s = stub->ApplyRetention(Context().get(), req, &resp);
+    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+    std::printf("deleted: %s\nkept:    %s\n", absl::StrJoin(resp.deleted_steps(), " ").c_str(),
+                absl::StrJoin(resp.kept_steps(), " ").c_str());
+    return 0;
+  }
 
   if (cmd == "checkpoints" || cmd == "consolidate") {
     if (!need_arg("JOB_ID")) return 2;
@@ -244,15 +332,20 @@ int main(int argc, char** argv) {
       if (::getcwd(cwd, sizeof(cwd)) != nullptr) out = absl::StrCat(cwd, "/", out);
     }
     req.set_output_dir(out);
+    req.set_max_shard_size(absl::GetFlag(FLAGS_max_shard_size));
+    req.set_dtype(absl::GetFlag(FLAGS_dtype));
     loom::v1::ConsolidateCheckpointResponse resp;
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
     grpc::Status s = stub->ConsolidateCheckpoint(ctx.get(), req, &resp);
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-    std::printf("consolidated step %lld: %lld tensors, %lld bytes\nsafetensors: %s\nconfig:      %s\n",
+    std::printf("consolidated step %lld: %lld tensors, %lld bytes, %s\nsafetensors: %s\nconfig:      %s\n",
                 static_cast<long long>(resp.step()), static_cast<long long>(resp.num_tensors()),
-                static_cast<long long>(resp.total_bytes()), resp.safetensors_path().c_str(),
-                resp.config_path().c_str());
+                static_cast<long long>(resp.total_bytes()), resp.dtype().c_str(),
+                resp.safetensors_path().c_str(), resp.config_path().c_str());
+    if (!resp.index_path().empty()) {
+      for (const std::string& f : resp.files()) std::printf("shard:       %s\n", f.c_str());
+    }
     return 0;
   }
 

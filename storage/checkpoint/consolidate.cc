@@ -2,16 +2,20 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <utility>
+#include <zlib.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -35,6 +39,9 @@ constexpr char kManifestSuffix[] = ".manifest.json";
 constexpr char kSafetensorsName[] = "model.safetensors";
 constexpr char kConfigName[] = "config.json";
 constexpr char kParamsSection[] = "fp32_params";
+constexpr char kIndexName[] = "model.safetensors.index.json";
+constexpr char kStagingPrefix[] = ".consolidate.tmp.";
+constexpr char kDeletingPrefix[] = ".deleting.";
 
 class ScopedFd {
  public:
@@ -280,22 +287,290 @@ absl::StatusOr<StepScan> SelectStep(const std::string& checkpoint_dir, int64_t s
   return absl::NotFoundError(absl::StrCat("no checkpoint of step ", step, " in ", checkpoint_dir));
 }
 
-// Removes "<name>.tmp.<pid>" files in `dir` left by processes that no longer exist.
-void RemoveDeadTemporaries(const std::string& dir, const std::vector<std::string>& finals) {
+bool ProcessIsDead(int pid) {
+  return pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+int RemoveEntry(const char* path, const struct stat* /*st*/, int /*type*/, struct FTW* /*ftw*/) {
+  return ::remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+// rm -r `path`; OK if it does not exist.
+absl::Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoError("cannot stat", path);
+  }
+  if (::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    return ErrnoError("cannot remove", path);
+  }
+  return absl::OkStatus();
+}
+
+// Removes, in `dir`, "<file>.tmp.<pid>" files and ".consolidate.tmp.<pid>" staging directories
+// left by processes that no longer exist.
+void RemoveDeadTemporaries(const std::string& dir) {
   auto names = ListDir(dir);
   if (!names.ok()) return;
   for (const std::string& n : *names) {
-    for (const std::string& f : finals) {
-      std::string prefix = absl::StrCat(f, ".tmp.");
-      int pid = 0;
-      if (!absl::StartsWith(n, prefix) || !absl::SimpleAtoi(n.substr(prefix.size()), &pid)) continue;
-      if (pid <= 0 || pid == ::getpid()) continue;
-      if (::kill(pid, 0) != 0 && errno == ESRCH) ::unlink(absl::StrCat(dir, "/", n).c_str());
-    }
+    size_t pos = n.rfind(".tmp.");
+    if (pos == std::string::npos) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(n.substr(pos + 5), &pid)) continue;
+    if (ProcessIsDead(pid)) (void)RemoveTree(absl::StrCat(dir, "/", n));
   }
 }
 
+// Removes ".deleting.step_*.<pid>" directories of dead processes (deletions cut short by a crash).
+void RemoveInterruptedDeletions(const std::string& checkpoint_dir) {
+  auto names = ListDir(checkpoint_dir);
+  if (!names.ok()) return;
+  for (const std::string& n : *names) {
+    if (!absl::StartsWith(n, kDeletingPrefix)) continue;
+    int pid = 0;
+    size_t dot = n.rfind('.');
+    if (!absl::SimpleAtoi(n.substr(dot + 1), &pid)) continue;
+    if (ProcessIsDead(pid)) (void)RemoveTree(absl::StrCat(checkpoint_dir, "/", n));
+  }
+}
+
+bool IsOutputFile(const std::string& name) {
+  if (name == kSafetensorsName || name == kIndexName) return true;
+  // model-00001-of-00002.safetensors
+  return absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors") &&
+         absl::StrContains(name, "-of-");
+}
+
+// Removes a previous export in `dir`: completion markers first, so that an interrupted removal
+// never leaves a complete-looking mixture.
+absl::Status RemovePreviousOutputs(const std::string& dir) {
+  for (const char* marker : {kIndexName, kSafetensorsName}) {
+    std::string path = absl::StrCat(dir, "/", marker);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("cannot remove", path);
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir));
+  for (const std::string& n : names) {
+    if (!IsOutputFile(n)) continue;
+    std::string path = absl::StrCat(dir, "/", n);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("cannot remove", path);
+  }
+  return absl::OkStatus();
+}
+
+size_t BufferSize(int64_t io_buffer_bytes) {
+  int64_t n = std::max<int64_t>(io_buffer_bytes, 4);
+  return static_cast<size_t>((n + 3) / 4 * 4);
+}
+
+// Starts writeback of a file being written every `every` bytes (sync_file_range
+// SYNC_FILE_RANGE_WRITE: asynchronous), so that the final fsync finds little left to write and
+// the disk works while the copy goes on. The file is AtomicFileWriter's temporary
+// ("<path>.tmp.<pid>", common/file_util.h), opened read-only by name; best effort.
+class Writeback {
+ public:
+  explicit Writeback(int64_t every) : every_(every) {}
+  ~Writeback() { Close(); }
+  void Reset(const std::string& tmp_path) {
+    Close();
+    path_ = tmp_path;
+    pending_ = 0;
+  }
+  void Wrote(int64_t bytes) {
+    if (every_ <= 0) return;
+    pending_ += bytes;
+    if (pending_ < every_) return;
+    pending_ = 0;
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ >= 0) (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+  }
+
+ private:
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int64_t every_;
+  std::string path_;
+  int64_t pending_ = 0;
+  int fd_ = -1;
+};
+
+// A byte range of a shard whose CRC-32 is known.
+struct CrcPiece {
+  int64_t offset = 0;
+  int64_t size = 0;
+  uint32_t crc = 0;
+};
+
+struct OpenShards {
+  std::vector<ScopedFd> fds;
+  std::vector<std::string> paths;
+};
+
+// Opens every rank's shard and checks its size against the manifest.
+absl::StatusOr<OpenShards> OpenShardFiles(const StepScan& scan) {
+  OpenShards out;
+  const int32_t world_size = scan.manifests.begin()->second.world_size;
+  for (int32_t r = 0; r < world_size; ++r) {
+    const ShardManifest& m = scan.manifests.at(r);
+    std::string path = absl::StrCat(scan.info.path, "/", ShardFileName(r));
+    // O_NONBLOCK: a FIFO planted as a shard must not block the service (it is refused below).
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      if (errno == ENOENT) {
+        return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): missing"));
+      }
+      return ErrnoError(absl::StrCat("cannot open (rank ", r, ")"), path);
+    }
+    out.fds.emplace_back(fd);
+    out.paths.push_back(path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): not a regular file"));
+    }
+    if (st.st_size != m.shard_bytes) {
+      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): ", st.st_size,
+                                              " bytes, manifest says ", m.shard_bytes));
+    }
+  }
+  return out;
+}
+
+// CRC-32 of `size` bytes of `fd` at `offset`, chained onto `crc`.
+absl::StatusOr<uint32_t> CrcRange(int fd, uint32_t crc, int64_t offset, int64_t size,
+                                  std::vector<char>& buffer, const std::string& path,
+                                  int32_t rank) {
+  while (size > 0) {
+    size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), size));
+    RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, offset, path, rank));
+    crc = Crc32(crc, buffer.data(), n);
+    offset += static_cast<int64_t>(n);
+    size -= static_cast<int64_t>(n);
+  }
+  return crc;
+}
+
+// Checks every shard's CRC-32 against its manifest; DATA_LOSS naming the file and rank on a
+// mismatch. With `known`, (*known)[r] are byte ranges of rank r whose CRC-32s are already known
+// (the copy read them): only the bytes between them are read, and the pieces are combined in
+// file order with zlib's crc32_combine. Overlapping pieces (a malformed layout) fall back to a
+// full pass for that rank.
+absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards,
+                             std::vector<char>& buffer,
+                             std::vector<std::vector<CrcPiece>>* known = nullptr) {
+  for (size_t r = 0; r < shards.fds.size(); ++r) {
+    const int32_t rank = static_cast<int32_t>(r);
+    const ShardManifest& m = scan.manifests.at(rank);
+    const int fd = shards.fds[r].get();
+    std::vector<CrcPiece> pieces;
+    if (known != nullptr) pieces = (*known)[r];
+    std::sort(pieces.begin(), pieces.end(),
+              [](const CrcPiece& a, const CrcPiece& b) { return a.offset < b.offset; });
+    bool overlapping = false;
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      if (pieces[i].offset < pieces[i - 1].offset + pieces[i - 1].size) overlapping = true;
+    }
+    if (overlapping) pieces.clear();
+    uint32_t crc = Crc32(0, nullptr, 0);
+    int64_t pos = 0;
+    for (const CrcPiece& p : pieces) {
+      if (p.size == 0) continue;
+      ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, p.offset - pos, buffer, shards.paths[r], rank));
+      crc = static_cast<uint32_t>(crc32_combine64(crc, p.crc, p.size));
+      pos = p.offset + p.size;
+    }
+    ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, m.shard_bytes - pos, buffer, shards.paths[r], rank));
+    if (crc != m.shard_crc32) {
+      return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
+                                                 shards.paths[r], rank, crc, m.shard_crc32));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<int64_t> ParseShardSize(absl::string_view text) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  if (t.empty()) return 0;
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_shard_size: '", text, "' is not a size (e.g. \"5GB\", \"500MB\", \"1.5GiB\", bytes)"));
+  };
+  size_t i = 0;
+  while (i < t.size() && (absl::ascii_isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
+  const std::string number = t.substr(0, i);
+  const std::string unit = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(t.substr(i)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},          {"B", 1},           {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12},       {"KIB", 1024.0},    {"MIB", 1048576.0},
+      {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  auto u = kUnits.find(unit);
+  if (number.empty() || u == kUnits.end() || std::count(number.begin(), number.end(), '.') > 1) {
+    return bad();
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !std::isfinite(value)) return bad();
+  const double bytes = value * u->second;
+  if (bytes >= 9.2e18) return bad();
+  if (value > 0 && bytes < 1) return bad();
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<std::string> NormalizeOutputDtype(absl::string_view text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t.empty() || t == "f32" || t == "fp32" || t == "float32") return std::string("F32");
+  if (t == "bf16" || t == "bfloat16") return std::string("BF16");
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype: '", text, "' is not an output dtype (fp32 or bf16)"));
+}
+
+uint16_t Fp32ToBf16(float value) {
+  if (std::isnan(value)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint32_t rounding_bias = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+std::vector<ShardPlanFile> PlanShards(const std::vector<std::pair<std::string, int64_t>>& tensors,
+                                      int64_t max_shard_size_bytes) {
+  std::vector<ShardPlanFile> shards;
+  if (max_shard_size_bytes <= 0) {
+    ShardPlanFile one;
+    for (const auto& [name, bytes] : tensors) {
+      one.tensors.push_back(name);
+      one.tensor_bytes += bytes;
+    }
+    shards.push_back(std::move(one));
+  } else {
+    ShardPlanFile current;
+    for (const auto& [name, bytes] : tensors) {
+      if (bytes > max_shard_size_bytes) {
+        shards.push_back({"", {name}, bytes});
+        continue;
+      }
+      if (current.tensor_bytes + bytes > max_shard_size_bytes) {
+        shards.push_back(std::move(current));
+        current = ShardPlanFile();
+      }
+      current.tensors.push_back(name);
+      current.tensor_bytes += bytes;
+    }
+    if (!current.tensors.empty() || shards.empty()) shards.push_back(std::move(current));
+  }
+  if (shards.size() == 1) {
+    shards[0].file_name = kSafetensorsName;
+  } else {
+    for (size_t k = 0; k < shards.size(); ++k) {
+      shards[k].file_name =
+          absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, shards.size());
+    }
+  }
+  return shards;
+}
 
 absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& checkpoint_dir) {
   ASSIGN_OR_RETURN(std::vector<StepScan> scans, ScanAll(checkpoint_dir));
@@ -319,50 +594,25 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
                                               const ConsolidateOptions& options) {
   const absl::Time start = absl::Now();
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
+  ASSIGN_OR_RETURN(const std::string dtype, NormalizeOutputDtype(options.dtype));
+  const bool bf16 = dtype == "BF16";
   ASSIGN_OR_RETURN(StepScan scan, SelectStep(checkpoint_dir, step));
   const CheckpointInfo& info = scan.info;
   const ShardManifest& ref = scan.manifests.begin()->second;
   const int32_t world_size = ref.world_size;
 
-  // Open every shard once; check its size and (streamed) CRC-32 before writing anything.
-  std::vector<char> buffer(static_cast<size_t>(std::max<int64_t>(options.io_buffer_bytes, 1)));
-  std::vector<ScopedFd> fds;
-  std::vector<std::string> shard_paths;
-  for (int32_t r = 0; r < world_size; ++r) {
-    const ShardManifest& m = scan.manifests.at(r);
-    std::string path = absl::StrCat(info.path, "/", ShardFileName(r));
-    // O_NONBLOCK: a FIFO planted as a shard must not block the service (it is refused below).
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-      if (errno == ENOENT) {
-        return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): missing"));
-      }
-      return ErrnoError(absl::StrCat("cannot open (rank ", r, ")"), path);
-    }
-    fds.emplace_back(fd);
-    shard_paths.push_back(path);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
-    if (!S_ISREG(st.st_mode)) {
-      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): not a regular file"));
-    }
-    if (st.st_size != m.shard_bytes) {
-      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): ", st.st_size,
-                                              " bytes, manifest says ", m.shard_bytes));
-    }
-    if (!options.verify_checksums) continue;
-    uint32_t crc = Crc32(0, nullptr, 0);
-    for (int64_t off = 0; off < m.shard_bytes;) {
-      size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), m.shard_bytes - off));
-      RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, off, path, r));
-      crc = Crc32(crc, buffer.data(), n);
-      off += static_cast<int64_t>(n);
-    }
-    if (crc != m.shard_crc32) {
-      return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
-                                                 path, r, crc, m.shard_crc32));
-    }
+  // Open every shard once and check its size. CRC-32s: either a full pass before writing
+  // anything, or (default) computed on the bytes the copy reads anyway, the rest of each shard
+  // (other sections, padding, skipped tensors) read afterwards, the pieces combined in file order
+  // (crc32_combine) and compared before anything is published.
+  std::vector<char> buffer(BufferSize(options.io_buffer_bytes));
+  std::vector<uint16_t> converted(bf16 ? buffer.size() / sizeof(float) : 0);
+  ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
+  const bool fused_crc = options.verify_checksums && !options.checksum_before_writing;
+  if (options.verify_checksums && !fused_crc) {
+    RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer));
   }
+  std::vector<std::vector<CrcPiece>> pieces(static_cast<size_t>(world_size));
 
   // config.json and the tie.
   json config = json::parse(ref.model_config_json, nullptr, /*allow_exceptions=*/false);
@@ -381,7 +631,9 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
 
   ConsolidateResult result;
   result.step = info.step;
-  std::vector<safetensors::TensorSpec> specs;
+  result.dtype = dtype;
+  const int64_t out_elem_bytes = bf16 ? 2 : 4;
+  std::vector<std::pair<std::string, int64_t>> sizes;
   std::map<std::string, const ShardParam*> by_name;
   for (const ShardParam& p : ref.params) {
     if (tied && p.name == "lm_head.weight") {
@@ -392,13 +644,16 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
       return absl::InvalidArgumentError(
           absl::StrCat(info.path, ": parameter '", p.name, "' appears twice in the manifest"));
     }
-    specs.push_back({p.name, "F32", p.shape});
-    result.tensor_bytes += p.numel * static_cast<int64_t>(sizeof(float));
+    sizes.emplace_back(p.name, p.numel * out_elem_bytes);
+    result.tensor_bytes += p.numel * out_elem_bytes;
   }
-  result.num_tensors = static_cast<int64_t>(specs.size());
+  result.num_tensors = static_cast<int64_t>(sizes.size());
+  const std::vector<ShardPlanFile> plan = PlanShards(sizes, options.max_shard_size_bytes);
+  const bool sharded = plan.size() > 1;
 
+  Writeback writeback(options.writeback_bytes);
   // zero_to_fp32 stage 3: full = cat_r rank_r[offset : offset + p], first numel elements.
-  // Shards and safetensors are both little-endian fp32, so bytes are copied unchanged.
+  // Shards and safetensors are both little-endian, so F32 bytes are copied unchanged.
   auto source = [&](const safetensors::TensorEntry& e,
                     const safetensors::ByteSink& sink) -> absl::Status {
     const ShardParam& p = *by_name.at(e.name);
@@ -407,13 +662,28 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
       const int64_t take = std::min(p.partition_numel, remaining);
       int64_t off = (section_offset + p.partition_offset) * static_cast<int64_t>(sizeof(float));
       int64_t left = take * static_cast<int64_t>(sizeof(float));
+      CrcPiece piece{off, left, Crc32(0, nullptr, 0)};
       while (left > 0) {
         size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), left));
-        RETURN_IF_ERROR(PreadExactly(fds[r].get(), buffer.data(), n, off, shard_paths[r], r));
-        RETURN_IF_ERROR(sink(buffer.data(), n));
+        RETURN_IF_ERROR(
+            PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r], r));
+        if (fused_crc) piece.crc = Crc32(piece.crc, buffer.data(), n);
+        if (bf16) {
+          const size_t count = n / sizeof(float);
+          for (size_t i = 0; i < count; ++i) {
+            float f;
+            std::memcpy(&f, buffer.data() + i * sizeof(float), sizeof(float));
+            converted[i] = Fp32ToBf16(f);
+          }
+          RETURN_IF_ERROR(sink(converted.data(), count * sizeof(uint16_t)));
+        } else {
+          RETURN_IF_ERROR(sink(buffer.data(), n));
+        }
+        writeback.Wrote(bf16 ? n / 2 : n);
         off += static_cast<int64_t>(n);
         left -= static_cast<int64_t>(n);
       }
+      if (fused_crc) pieces[static_cast<size_t>(r)].push_back(piece);
       remaining -= take;
     }
     return absl::OkStatus();
@@ -422,14 +692,161 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   result.output_dir = output_dir.empty() ? DefaultConsolidationDir(checkpoint_dir, info.step)
                                          : output_dir;
   RETURN_IF_ERROR(MakeDirs(result.output_dir));
-  RemoveDeadTemporaries(result.output_dir, {kSafetensorsName, kConfigName});
-  result.safetensors_path = absl::StrCat(result.output_dir, "/", kSafetensorsName);
+  RemoveDeadTemporaries(result.output_dir);
+  const std::string staging =
+      absl::StrCat(result.output_dir, "/", kStagingPrefix, ::getpid());
+  (void)RemoveTree(staging);  // a previous failed run of this very process
+  RETURN_IF_ERROR(MakeDirs(staging));
+  struct StagingCleanup {
+    std::string dir;
+    ~StagingCleanup() { (void)RemoveTree(dir); }
+  } cleanup{staging};
+
+  // 1. Everything into the staging directory, each file fsynced.
+  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(staging, "/", kConfigName), config.dump(2) + "\n"));
+  json weight_map = json::object();
+  for (const ShardPlanFile& f : plan) {
+    writeback.Reset(absl::StrCat(staging, "/", f.file_name, ".tmp.", ::getpid()));
+    std::vector<safetensors::TensorSpec> specs;
+    for (const std::string& name : f.tensors) {
+      const ShardParam& p = *by_name.at(name);
+      specs.push_back({p.name, dtype, p.shape});
+      weight_map[name] = f.file_name;
+    }
+    ASSIGN_OR_RETURN(int64_t bytes, safetensors::WriteFile(absl::StrCat(staging, "/", f.file_name),
+                                                           std::move(specs), source));
+    result.safetensors_bytes += bytes;
+  }
+  if (sharded) {
+    json index = {{"metadata", {{"total_size", result.tensor_bytes}}}, {"weight_map", weight_map}};
+    RETURN_IF_ERROR(
+        WriteFileAtomically(absl::StrCat(staging, "/", kIndexName), index.dump(2) + "\n"));
+  }
+
+  // 2. The checksums must match.
+  if (fused_crc) RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, &pieces));
+
+  // 3. Retire the previous output (its completion markers first), then publish, marker last.
+  RETURN_IF_ERROR(RemovePreviousOutputs(result.output_dir));
+  auto publish = [&](const std::string& name) -> absl::Status {
+    const std::string from = absl::StrCat(staging, "/", name);
+    const std::string to = absl::StrCat(result.output_dir, "/", name);
+    if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("cannot rename into place", to);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(publish(kConfigName));
+  for (const ShardPlanFile& f : plan) {
+    if (sharded) RETURN_IF_ERROR(publish(f.file_name));
+  }
+  if (sharded) {
+    RETURN_IF_ERROR(SyncDir(result.output_dir));  // the shards are durable before the marker
+    RETURN_IF_ERROR(publish(kIndexName));
+  } else {
+    RETURN_IF_ERROR(publish(kSafetensorsName));
+  }
+  RETURN_IF_ERROR(SyncDir(result.output_dir));
+
   result.config_path = absl::StrCat(result.output_dir, "/", kConfigName);
-  // config.json first: a model.safetensors at its final name then implies a complete output.
-  RETURN_IF_ERROR(WriteFileAtomically(result.config_path, config.dump(2) + "\n"));
-  ASSIGN_OR_RETURN(result.safetensors_bytes,
-                   safetensors::WriteFile(result.safetensors_path, std::move(specs), source));
+  for (const ShardPlanFile& f : plan) {
+    result.files.push_back(absl::StrCat(result.output_dir, "/", f.file_name));
+  }
+  if (sharded) {
+    result.index_path = absl::StrCat(result.output_dir, "/", kIndexName);
+    result.safetensors_path = result.index_path;
+  } else {
+    result.safetensors_path = result.files.front();
+  }
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return result;
+}
+
+absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
+                                                   int64_t io_buffer_bytes) {
+  std::string dir = step_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  const std::string base = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  int64_t step = 0;
+  if (!ParseNumbered<int64_t>(base, "step_", "", StepDirName, &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_dir, ": not a checkpoint step directory (step_<8 digits>)"));
+  }
+  if (!IsDir(dir)) return absl::NotFoundError(absl::StrCat("no directory ", step_dir));
+  ASSIGN_OR_RETURN(StepScan scan, ScanStep(dir, step));
+  if (!scan.info.committed) return scan.info.commit_status;
+  std::vector<char> buffer(BufferSize(io_buffer_bytes));
+  ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
+  RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer));
+  return std::move(scan.info);
+}
+
+absl::StatusOr<DeleteResult> DeleteCheckpoint(const std::string& checkpoint_dir, int64_t step,
+                                              const std::vector<int64_t>& protected_steps) {
+  if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
+  ASSIGN_OR_RETURN(std::vector<StepScan> scans, ScanAll(checkpoint_dir));
+  RemoveInterruptedDeletions(checkpoint_dir);
+  DeleteResult result;
+  const StepScan* target = nullptr;
+  const StepScan* newest_committed = nullptr;
+  for (const StepScan& s : scans) {
+    if (s.info.step == step) target = &s;
+    if (s.info.committed) newest_committed = &s;
+  }
+  if (target == nullptr) return result;  // already gone: idempotent
+  if (newest_committed == target) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " is the newest committed checkpoint of ", checkpoint_dir,
+        " and is never deleted"));
+  }
+  if (std::find(protected_steps.begin(), protected_steps.end(), step) != protected_steps.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of ", checkpoint_dir, " is protected (in use)"));
+  }
+  const std::string doomed = absl::StrCat(checkpoint_dir, "/", kDeletingPrefix,
+                                          StepDirName(step), ".", ::getpid());
+  if (::rename(target->info.path.c_str(), doomed.c_str()) != 0) {
+    if (errno == ENOENT) return result;  // deleted concurrently
+    return ErrnoError("cannot move aside for deletion", target->info.path);
+  }
+  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
+  RETURN_IF_ERROR(RemoveTree(doomed));
+  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
+  result.deleted = true;
+  return result;
+}
+
+absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir,
+                                               const RetentionPolicy& policy,
+                                               const std::vector<int64_t>& protected_steps) {
+  if (policy.keep_last < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_last: ", policy.keep_last, " (must be at least 1)"));
+  }
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> list, ListCheckpoints(checkpoint_dir));
+  RetentionResult result;
+  std::vector<int64_t> committed;
+  for (const CheckpointInfo& c : list) {
+    if (c.committed) committed.push_back(c.step);
+  }
+  if (committed.empty()) {
+    for (const CheckpointInfo& c : list) result.kept_steps.push_back(c.step);
+    return result;
+  }
+  const int64_t newest = committed.back();
+  const size_t keep_from =
+      committed.size() > static_cast<size_t>(policy.keep_last)
+          ? committed.size() - static_cast<size_t>(policy.keep_last)
+          : 0;
+  std::set<int64_t> keep(committed.begin() + static_cast<std::ptrdiff_t>(keep_from), committed.end());
+  keep.insert(protected_steps.begin(), protected_steps.end());
+  for (const CheckpointInfo& c : list) {
+    if (c.step >= newest || keep.count(c.step) > 0) {
+      result.kept_steps.push_back(c.step);
+      continue;
+    }
+    ASSIGN_OR_RETURN(DeleteResult d, DeleteCheckpoint(checkpoint_dir, c.step, protected_steps));
+    if (d.deleted) result.deleted_steps.push_back(c.step);
+  }
   return result;
 }
 

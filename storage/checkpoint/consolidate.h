@@ -1,6 +1,7 @@
 // Checkpoint commit detection and consolidation of ZeRO-3 rank shards (shard_format.h) into a
-// Hugging Face model directory: model.safetensors (F32, HF tensor names, __metadata__
-// {"format": "pt"}) + config.json. No LibTorch, no gRPC.
+// Hugging Face model directory: model.safetensors, or model-0000k-of-0000n.safetensors shards +
+// model.safetensors.index.json (F32 or BF16, HF tensor names, __metadata__ {"format": "pt"}) +
+// config.json. Also checkpoint verification and deletion. No LibTorch, no gRPC.
 //
 // Reconstruction follows DeepSpeed's zero_to_fp32.py for stage 3 (TECHNIQUES.md §5.2 step 4):
 // for a parameter of numel n and shape S with p = ceil(n / N),
@@ -10,6 +11,8 @@
 // streamed straight from the shards (pread) to the output, so memory stays at one I/O buffer per
 // call regardless of model size.
 //
+// Memory: one I/O buffer (half more for BF16), the writer's 1 MiB buffer, and 20 bytes per
+// (tensor, rank) of checksum bookkeeping.
 // Thread-compatible: distinct checkpoint/output directories may be processed concurrently; two
 // consolidations into the same output directory from one process must be serialised by the
 // caller (temporary file names carry the process id).
@@ -18,10 +21,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace loom::storage {
 
@@ -54,19 +59,72 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& c
 absl::StatusOr<CheckpointInfo> NewestCommittedCheckpoint(const std::string& checkpoint_dir);
 
 struct ConsolidateOptions {
-  // Check every shard's CRC-32 (streamed) before writing anything.
+  // Check every shard's CRC-32 (streamed); on a mismatch nothing is published.
   bool verify_checksums = true;
-  // Size of the single read buffer used for checksums and tensor copies.
+  // false (default): each byte the copy reads is checksummed as it passes, the rest of each shard
+  // (optimizer sections, padding, skipped tensors) is read afterwards, and the pieces are
+  // combined in file order (zlib crc32_combine) before anything is published; the parameters are
+  // read once. true: a full checksum pass before writing anything (reads them twice).
+  bool checksum_before_writing = false;
+  // Start asynchronous writeback of the output every this many bytes (sync_file_range), so the
+  // disk writes while the copy goes on and the final fsync has little left; 0 = only the fsync.
+  int64_t writeback_bytes = 32 << 20;
+  // Size of the single read buffer used for checksums and tensor copies (rounded up to a
+  // multiple of 4 bytes).
   int64_t io_buffer_bytes = 4 << 20;
+  // Output dtype: "F32" (bit-exact copy of the fp32 master weights) or "BF16" (round to nearest
+  // even, Fp32ToBf16).
+  std::string dtype = "F32";
+  // 0 = one model.safetensors. Otherwise split as huggingface_hub's
+  // split_torch_state_dict_into_shards does with this max_shard_size (bytes of tensor data per
+  // file; a tensor larger than it gets a file of its own); more than one shard gives
+  // model-0000k-of-0000n.safetensors + model.safetensors.index.json. See ParseShardSize.
+  int64_t max_shard_size_bytes = 0;
 };
+
+// "5GB" -> 5'000'000'000. Accepts a non-negative decimal number (fractions allowed: "1.5GB") with
+// an optional unit B, KB, MB, GB, TB (decimal, powers of 1000, case-insensitive, as
+// huggingface_hub.parse_size_to_int), or KiB, MiB, GiB, TiB (powers of 1024); a plain integer is
+// bytes. "" = 0 (no sharding). INVALID_ARGUMENT otherwise, or for a positive value under 1 byte.
+absl::StatusOr<int64_t> ParseShardSize(absl::string_view text);
+
+// "F32"/"fp32"/"float32" -> "F32", "BF16"/"bf16"/"bfloat16" -> "BF16", "" -> "F32".
+// INVALID_ARGUMENT naming the value otherwise.
+absl::StatusOr<std::string> NormalizeOutputDtype(absl::string_view text);
+
+// fp32 -> bfloat16 bits with round-to-nearest-even, as PyTorch's c10::round_to_nearest_even:
+// NaN -> 0x7FC0; otherwise (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 (so values past the
+// largest bf16 round to infinity). Thread-safe.
+uint16_t Fp32ToBf16(float value);
+
+// One output file of a sharded export: tensor names (in state-dict order) and tensor bytes.
+struct ShardPlanFile {
+  std::string file_name;  // "model.safetensors" or "model-00001-of-00003.safetensors"
+  std::vector<std::string> tensors;
+  int64_t tensor_bytes = 0;
+};
+
+// huggingface_hub.split_torch_state_dict_into_shards (serialization/_base.py) over
+// (name, bytes) in state-dict order: a tensor larger than `max_shard_size_bytes` is a shard of its
+// own (appended at once); otherwise a new shard starts when the current one would exceed the
+// limit. One shard -> "model.safetensors"; else "model-%05d-of-%05d.safetensors" in list order.
+// max_shard_size_bytes <= 0 means one file.
+std::vector<ShardPlanFile> PlanShards(const std::vector<std::pair<std::string, int64_t>>& tensors,
+                                      int64_t max_shard_size_bytes);
 
 struct ConsolidateResult {
   int64_t step = 0;
   std::string output_dir;
-  std::string safetensors_path;  // <output_dir>/model.safetensors
+  // <output_dir>/model.safetensors for one file; the index path for a sharded export.
+  std::string safetensors_path;
   std::string config_path;       // <output_dir>/config.json
+  // Every safetensors file written, in shard order (full paths).
+  std::vector<std::string> files;
+  // <output_dir>/model.safetensors.index.json when sharded, else "".
+  std::string index_path;
+  std::string dtype;             // "F32" or "BF16"
   int64_t num_tensors = 0;
-  int64_t safetensors_bytes = 0;  // size of model.safetensors
+  int64_t safetensors_bytes = 0;  // total size of the safetensors files
   int64_t tensor_bytes = 0;       // bytes of tensor data in it
   // Parameters present in the shards but not written (lm_head.weight under tied embeddings).
   std::vector<std::string> skipped_tensors;
@@ -77,11 +135,16 @@ struct ConsolidateResult {
 std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t step);
 
 // Consolidates checkpoint `step` of `checkpoint_dir` (0 = the newest committed one) into
-// `output_dir` (created if needed; "" = DefaultConsolidationDir). Writes config.json (the
-// manifest's model_config, pretty-printed, indent 2) then model.safetensors, each atomically
-// (temporary name, fsync, rename): a killed run leaves nothing at the final names it had not
-// finished, so a model.safetensors at its final name means the output is complete. A rerun
-// overwrites a previous output and removes temporaries left by dead processes.
+// `output_dir` (created if needed; "" = DefaultConsolidationDir). Streams tensor by tensor: memory
+// is one I/O buffer (plus half of it for BF16) and the writer's buffer, independent of model size.
+// Crash safety: every file (config.json: the manifest's model_config, indent 2; the safetensors
+// files; the index) is first written and fsynced inside a staging directory
+// <output_dir>/.consolidate.tmp.<pid>; only when all are complete are the previous outputs
+// removed and the new files renamed into place, the completion marker last
+// (model.safetensors.index.json when sharded, else model.safetensors). So a run killed while
+// writing leaves nothing at the final names, and a marker at its final name means the output is
+// complete. A rerun overwrites a previous output and removes staging directories and temporaries
+// left by dead processes.
 // If model_config.tie_word_embeddings is true, "lm_head.weight" is not written (HF convention: the
 // embedding holds the tied tensor); every tensor is written under exactly one name.
 // Errors:
@@ -96,6 +159,47 @@ std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t s
 absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir, int64_t step,
                                               const std::string& output_dir,
                                               const ConsolidateOptions& options = {});
+
+// Verifies one step directory: the commit rules of ListCheckpoints plus every shard's CRC-32
+// (streamed). OK with the CheckpointInfo when valid; otherwise the first problem: NOT_FOUND if the
+// directory does not exist, FAILED_PRECONDITION (missing ranks, disagreeing manifests),
+// DATA_LOSS naming the file and rank (unreadable manifest, wrong size, CRC-32 mismatch).
+// `step_dir` must be named step_<8 digits>.
+absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
+                                                   int64_t io_buffer_bytes = 4 << 20);
+
+struct DeleteResult {
+  bool deleted = false;  // false if the step did not exist (deletion is idempotent)
+};
+
+// Deletes checkpoint `step` of `checkpoint_dir` (the whole step directory, with any consolidated
+// output inside it): renames it to .deleting.step_<S>.<pid> (atomic: it leaves listings at once),
+// fsyncs the directory, then removes the tree. Idempotent: OK with deleted = false when the step
+// is absent. FAILED_PRECONDITION, deleting nothing, if `step` is the newest committed checkpoint
+// or is in `protected_steps` (e.g. one an attempt is resuming from). Also removes leftovers of
+// deletions interrupted by a crash.
+absl::StatusOr<DeleteResult> DeleteCheckpoint(const std::string& checkpoint_dir, int64_t step,
+                                              const std::vector<int64_t>& protected_steps = {});
+
+// Retention: keep the newest `keep_last` committed checkpoints. (Keep-best-by-metric is not
+// offered: shard manifests record no metric.)
+struct RetentionPolicy {
+  int32_t keep_last = 1;  // >= 1
+};
+
+struct RetentionResult {
+  std::vector<int64_t> deleted_steps;  // ascending
+  std::vector<int64_t> kept_steps;     // ascending, committed and partial
+};
+
+// Applies `policy` to `checkpoint_dir`: deletes committed checkpoints older than the newest
+// `keep_last` committed ones, and partial checkpoints older than the newest committed one (a partial
+// one newer than it may still be being written and is kept). Never deletes the newest committed
+// checkpoint or a step in `protected_steps`. With no committed checkpoint, deletes nothing.
+// INVALID_ARGUMENT if keep_last < 1; errors of ListCheckpoints / DeleteCheckpoint.
+absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir,
+                                               const RetentionPolicy& policy,
+                                               const std::vector<int64_t>& protected_steps = {});
 
 }  // namespace loom::storage
 

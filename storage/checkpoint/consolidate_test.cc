@@ -182,6 +182,7 @@ TEST_P(ConsolidateWorldSizeTest, TinyIoBufferAndParamsSectionNotFirst) {
   WriteCheckpoint(dir, 7, n, model, AllRanks(n), kConfig, {"exp_avg", "fp32_params", "exp_avg_sq"});
   ConsolidateOptions options;
   options.io_buffer_bytes = 4;  // one float per read: every chunk boundary is exercised
+  options.writeback_bytes = 8;  // writeback started every other read
   auto result = Consolidate(dir, 0, "", options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->step, 7);
@@ -228,6 +229,60 @@ TEST(ConsolidateTest, FlippedByteIsDataLossNamingFileAndRank) {
   ExpectStatus(result.status(), absl::StatusCode::kDataLoss, shard + " (rank 1): CRC-32");
   struct stat st;
   EXPECT_NE(::stat((dir + "/out/model.safetensors").c_str(), &st), 0);
+  EXPECT_FALSE(HasTmpFiles(dir + "/out"));
+}
+
+// Both checksum modes: fused with the copy (default, tested elsewhere too) and a pass first.
+TEST(ConsolidateTest, ChecksumModesPublishNothingOnMismatch) {
+  for (bool before : {false, true}) {
+  std::string dir = TmpDir(before ? "crc_before" : "crc_fused");
+  std::vector<FullParam> model = TestModel();
+  WriteCheckpoint(dir, 100, 2, model, AllRanks(2));
+  ConsolidateOptions options;
+  options.checksum_before_writing = before;
+  options.io_buffer_bytes = 8;
+  auto good = Consolidate(dir, 100, dir + "/good", options);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ExpectModelEquals(good->safetensors_path, model);
+  EXPECT_FALSE(HasTmpFiles(dir + "/good"));
+
+  std::string shard = dir + "/step_00000100/rank_0.shard";
+  std::string bytes = *ReadFile(shard);
+  bytes[bytes.size() - 1] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  auto result = Consolidate(dir, 100, dir + "/out", options);
+  ExpectStatus(result.status(), absl::StatusCode::kDataLoss, shard + " (rank 0): CRC-32");
+  EXPECT_NE(::access((dir + "/out/model.safetensors").c_str(), F_OK), 0);
+  EXPECT_NE(::access((dir + "/out/config.json").c_str(), F_OK), 0);
+  EXPECT_FALSE(HasTmpFiles(dir + "/out"));
+  }
+}
+
+// The fused checksum covers every byte: copied parameter bytes, zero padding of the last rank,
+// optimizer sections and the skipped tied lm_head are all caught.
+TEST(ConsolidateTest, FusedChecksumCatchesAFlipAnywhereInTheShard) {
+  std::string dir = TmpDir("fused_every_byte");
+  std::vector<FullParam> model = TestModel();
+  model.push_back({"lm_head.weight", {10}, Values(10, 1.0f)});
+  const std::string tied =
+      R"({"hidden_size":8,"model_type":"llama","tie_word_embeddings":true,"vocab_size":256})";
+  WriteCheckpoint(dir, 1, 3, model, AllRanks(3), tied);
+  const std::string shard = dir + "/step_00000001/rank_2.shard";
+  const std::string good = *ReadFile(shard);
+  ConsolidateOptions options;
+  options.io_buffer_bytes = 12;
+  int checked = 0;
+  for (size_t i = 0; i < good.size(); i += 5) {
+    std::string bad = good;
+    bad[i] ^= 0x20;
+    ASSERT_TRUE(WriteFileAtomically(shard, bad).ok());
+    auto result = Consolidate(dir, 1, dir + "/out", options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 40);
+  ASSERT_TRUE(WriteFileAtomically(shard, good).ok());
+  EXPECT_TRUE(Consolidate(dir, 1, dir + "/out", options).ok());
   EXPECT_FALSE(HasTmpFiles(dir + "/out"));
 }
 
@@ -525,6 +580,271 @@ TEST(ConsolidateGarbageTest, FifoShardIsDataLossNotAHang) {
   auto c = Consolidate(dir, 1, "", ConsolidateOptions());
   ASSERT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
   EXPECT_NE(c.status().message().find("not a regular file"), std::string::npos) << c.status();
+}
+
+TEST(Bf16Test, RoundToNearestEvenKnownBitPatterns) {
+  auto bf = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return Fp32ToBf16(f);
+  };
+  EXPECT_EQ(bf(0x3f800000u), 0x3f80);  // 1.0
+  EXPECT_EQ(bf(0xbf800000u), 0xbf80);  // -1.0
+  EXPECT_EQ(bf(0x3f808000u), 0x3f80);  // exactly halfway, even below: stays
+  EXPECT_EQ(bf(0x3f818000u), 0x3f82);  // exactly halfway, odd below: rounds up to even
+  EXPECT_EQ(bf(0x3f808001u), 0x3f81);  // just above halfway: up
+  EXPECT_EQ(bf(0x3f807fffu), 0x3f80);  // just below halfway: down
+  EXPECT_EQ(bf(0x40490fdbu), 0x4049);  // pi -> 3.140625
+  EXPECT_EQ(bf(0x00000000u), 0x0000);  // +0
+  EXPECT_EQ(bf(0x80000000u), 0x8000);  // -0
+  EXPECT_EQ(bf(0x00000001u), 0x0000);  // smallest denormal rounds to 0
+  EXPECT_EQ(bf(0x00018000u), 0x0002);  // denormal tie to even
+  EXPECT_EQ(bf(0x7f800000u), 0x7f80);  // +inf
+  EXPECT_EQ(bf(0xff800000u), 0xff80);  // -inf
+  EXPECT_EQ(bf(0x7f7fffffu), 0x7f80);  // FLT_MAX overflows to +inf
+  EXPECT_EQ(bf(0x7f7f7fffu), 0x7f7f);  // largest value that stays finite
+  EXPECT_EQ(bf(0x7fc01234u), 0x7fc0);  // NaN -> canonical quiet NaN
+  EXPECT_EQ(bf(0xffc00001u), 0x7fc0);
+  EXPECT_EQ(bf(0x7f800001u), 0x7fc0);  // signalling NaN (would round to inf) stays NaN
+}
+
+TEST(ShardSizeTest, ParsesDecimalAndBinaryUnits) {
+  EXPECT_EQ(*ParseShardSize("5GB"), 5'000'000'000);
+  EXPECT_EQ(*ParseShardSize("500MB"), 500'000'000);
+  EXPECT_EQ(*ParseShardSize("1.5gb"), 1'500'000'000);
+  EXPECT_EQ(*ParseShardSize("10KB"), 10'000);
+  EXPECT_EQ(*ParseShardSize("2TB"), 2'000'000'000'000);
+  EXPECT_EQ(*ParseShardSize("1GiB"), 1073741824);
+  EXPECT_EQ(*ParseShardSize("123"), 123);
+  EXPECT_EQ(*ParseShardSize("123B"), 123);
+  EXPECT_EQ(*ParseShardSize(" 7 MB "), 7'000'000);
+  EXPECT_EQ(*ParseShardSize(""), 0);
+  for (const char* bad : {"GB", "5XB", "-5GB", "1.2.3GB", "abc", "0.1B", "99999999999TB"}) {
+    auto s = ParseShardSize(bad);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.status().message().find("max_shard_size"), absl::string_view::npos) << bad;
+  }
+}
+
+TEST(ShardSizeTest, OutputDtypeNames) {
+  EXPECT_EQ(*NormalizeOutputDtype("bf16"), "BF16");
+  EXPECT_EQ(*NormalizeOutputDtype("BF16"), "BF16");
+  EXPECT_EQ(*NormalizeOutputDtype("bfloat16"), "BF16");
+  EXPECT_EQ(*NormalizeOutputDtype("fp32"), "F32");
+  EXPECT_EQ(*NormalizeOutputDtype(""), "F32");
+  EXPECT_EQ(NormalizeOutputDtype("fp16").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// huggingface_hub.split_torch_state_dict_into_shards on the same sizes (computed by hand from its
+// algorithm): limit 10; a=4, b=5 fit (9); c=3 tips over -> new shard; big=12 > 10 is appended on
+// its own at once, before the current shard is closed; d=7 joins c (10, not over).
+TEST(PlanShardsTest, MatchesHuggingFaceSplit) {
+  std::vector<std::pair<std::string, int64_t>> t = {{"a", 4}, {"b", 5}, {"c", 3}, {"big", 12},
+                                                    {"d", 7}, {"e", 1}};
+  std::vector<ShardPlanFile> plan = PlanShards(t, 10);
+  ASSERT_EQ(plan.size(), 4u);
+  EXPECT_EQ(plan[0].tensors, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(plan[1].tensors, (std::vector<std::string>{"big"}));
+  EXPECT_EQ(plan[2].tensors, (std::vector<std::string>{"c", "d"}));
+  EXPECT_EQ(plan[3].tensors, (std::vector<std::string>{"e"}));
+  EXPECT_EQ(plan[0].file_name, "model-00001-of-00004.safetensors");
+  EXPECT_EQ(plan[3].file_name, "model-00004-of-00004.safetensors");
+  EXPECT_EQ(plan[2].tensor_bytes, 10);
+
+  std::vector<ShardPlanFile> one = PlanShards(t, 1000);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].file_name, "model.safetensors");
+  EXPECT_EQ(one[0].tensor_bytes, 32);
+  EXPECT_EQ(PlanShards(t, 0).size(), 1u);
+  ASSERT_EQ(PlanShards({}, 10).size(), 1u);
+}
+
+TEST(ConsolidateTest, ShardedOutputWithIndex) {
+  std::string dir = TmpDir("sharded");
+  std::vector<FullParam> model = TestModel();  // 40, 84, 100, 4 bytes
+  model.push_back({"lm_head.weight", {10}, Values(10, 5.0f)});
+  const std::string tied =
+      R"({"hidden_size":8,"model_type":"llama","tie_word_embeddings":true,"vocab_size":256})";
+  WriteCheckpoint(dir, 3, 2, model, AllRanks(2), tied);
+  model.pop_back();
+  ConsolidateOptions options;
+  options.max_shard_size_bytes = 90;
+  std::string out = dir + "/out";
+  // A previous single-file export in the same directory is replaced.
+  ASSERT_TRUE(Consolidate(dir, 3, out).ok());
+  ASSERT_EQ(::access((out + "/model.safetensors").c_str(), F_OK), 0);
+  auto result = Consolidate(dir, 3, out, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(::access((out + "/model.safetensors").c_str(), F_OK), -1);
+  // embed 40 + q 84 > 90 -> [embed] closed; up 100 > 90 -> a shard of its own at once; q 84 +
+  // norm 4 = 88 <= 90 -> [q, norm] last.
+  ASSERT_EQ(result->files.size(), 3u);
+  EXPECT_EQ(result->files[0], out + "/model-00001-of-00003.safetensors");
+  EXPECT_EQ(result->index_path, out + "/model.safetensors.index.json");
+  EXPECT_EQ(result->safetensors_path, result->index_path);
+  EXPECT_EQ(result->skipped_tensors, (std::vector<std::string>{"lm_head.weight"}));
+  auto index_text = ReadFile(result->index_path);
+  ASSERT_TRUE(index_text.ok());
+  const std::string expected_index = R"({
+  "metadata": {
+    "total_size": 228
+  },
+  "weight_map": {
+    "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
+    "model.layers.0.mlp.up_proj.weight": "model-00002-of-00003.safetensors",
+    "model.layers.0.self_attn.q_proj.weight": "model-00003-of-00003.safetensors",
+    "model.norm.weight": "model-00003-of-00003.safetensors"
+  }
+}
+)";
+  EXPECT_EQ(*index_text, expected_index);
+  // Every tensor, bit-exact, in the file the index names.
+  nlohmann::json index = nlohmann::json::parse(*index_text);
+  for (const FullParam& p : model) {
+    std::string file = out + "/" + index["weight_map"][p.name].get<std::string>();
+    auto reader = safetensors::Reader::Open(file);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ((*reader)->metadata().at("format"), "pt");
+    auto bytes = (*reader)->ReadTensor(p.name);
+    ASSERT_TRUE(bytes.ok()) << p.name;
+    EXPECT_EQ(std::memcmp(bytes->data(), p.values.data(), bytes->size()), 0) << p.name;
+  }
+  EXPECT_FALSE(HasTmpFiles(out));
+
+  // Back to a single file: the shards and the index of the sharded export go.
+  ASSERT_TRUE(Consolidate(dir, 3, out).ok());
+  EXPECT_EQ(::access(result->index_path.c_str(), F_OK), -1);
+  EXPECT_EQ(::access(result->files[0].c_str(), F_OK), -1);
+  ExpectModelEquals(out + "/model.safetensors", model);
+}
+
+TEST(ConsolidateTest, Bf16OutputIsRoundedMasterWeights) {
+  std::string dir = TmpDir("bf16");
+  std::vector<FullParam> model = TestModel();
+  WriteCheckpoint(dir, 9, 3, model, AllRanks(3));
+  ConsolidateOptions options;
+  options.dtype = "bf16";
+  options.io_buffer_bytes = 6;  // rounded to 8: two floats per read
+  auto result = Consolidate(dir, 9, dir + "/out", options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->dtype, "BF16");
+  EXPECT_EQ(result->tensor_bytes, (10 + 21 + 25 + 1) * 2);
+  auto reader = safetensors::Reader::Open(result->safetensors_path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (const FullParam& p : model) {
+    const safetensors::TensorEntry* e = (*reader)->Find(p.name);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->dtype, "BF16");
+    EXPECT_EQ(e->shape, p.shape);
+    auto bytes = (*reader)->ReadTensor(p.name);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_EQ(bytes->size(), p.values.size() * 2);
+    for (size_t i = 0; i < p.values.size(); ++i) {
+      uint16_t got;
+      std::memcpy(&got, bytes->data() + 2 * i, 2);
+      EXPECT_EQ(got, Fp32ToBf16(p.values[i])) << p.name << "[" << i << "]";
+    }
+  }
+  // A concrete value: model.norm.weight = {4.0 + 0 - 3.0} = 1.0 -> 0x3f80.
+  auto norm = (*reader)->ReadTensor("model.norm.weight");
+  ASSERT_TRUE(norm.ok());
+  EXPECT_EQ(static_cast<unsigned char>((*norm)[0]), 0x80);
+  EXPECT_EQ(static_cast<unsigned char>((*norm)[1]), 0x3f);
+  ConsolidateOptions bad;
+  bad.dtype = "int8";
+  EXPECT_EQ(Consolidate(dir, 9, dir + "/out2", bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(VerifyCheckpointDirTest, CommittedPartialAndCorrupt) {
+  std::string dir = TmpDir("verifydir");
+  WriteCheckpoint(dir, 10, 2, TestModel(), AllRanks(2));
+  auto ok = VerifyCheckpointDir(dir + "/step_00000010/");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->world_size, 2);
+  WriteCheckpoint(dir, 20, 2, TestModel(), {1});
+  ExpectStatus(VerifyCheckpointDir(dir + "/step_00000020").status(),
+               absl::StatusCode::kFailedPrecondition, "missing ranks 0");
+  // Flip one byte of rank 1's shard (same size): only the CRC catches it.
+  std::string shard = dir + "/step_00000010/rank_1.shard";
+  std::string bytes = *ReadFile(shard);
+  bytes[bytes.size() / 2] ^= 0x10;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  ExpectStatus(VerifyCheckpointDir(dir + "/step_00000010").status(), absl::StatusCode::kDataLoss,
+               "rank_1.shard (rank 1): CRC-32");
+  ExpectStatus(VerifyCheckpointDir(dir + "/step_00000099").status(), absl::StatusCode::kNotFound,
+               "step_00000099");
+  EXPECT_EQ(VerifyCheckpointDir(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+TEST(RetentionTest, DeleteIsIdempotentAndNeverRemovesNewestCommitted) {
+  std::string dir = TmpDir("delete");
+  for (int64_t step : {100, 200, 300}) WriteCheckpoint(dir, step, 2, TestModel(), AllRanks(2));
+  WriteCheckpoint(dir, 400, 2, TestModel(), {0});  // partial, newer than the newest committed
+  ASSERT_TRUE(Consolidate(dir, 100, "").ok());     // output inside the step dir goes with it
+
+  auto d = DeleteCheckpoint(dir, 100);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->deleted);
+  EXPECT_FALSE(Exists(dir + "/step_00000100"));
+  auto again = DeleteCheckpoint(dir, 100);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->deleted);
+
+  ExpectStatus(DeleteCheckpoint(dir, 300).status(), absl::StatusCode::kFailedPrecondition,
+               "newest committed");
+  EXPECT_TRUE(Exists(dir + "/step_00000300/rank_0.shard"));
+  ExpectStatus(DeleteCheckpoint(dir, 200, {200}).status(), absl::StatusCode::kFailedPrecondition,
+               "protected");
+  EXPECT_TRUE(Exists(dir + "/step_00000200"));
+  EXPECT_EQ(DeleteCheckpoint(dir, 0).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A deletion interrupted by a crash (moved aside by a dead process) is cleaned up later.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int ws = 0;
+  ASSERT_EQ(::waitpid(child, &ws, 0), child);
+  const std::string leftover = absl::StrCat(dir, "/.deleting.step_00000050.", child);
+  ASSERT_TRUE(MakeDirs(leftover + "/hf").ok());
+  ASSERT_TRUE(DeleteCheckpoint(dir, 200).ok());
+  EXPECT_FALSE(Exists(leftover));
+  EXPECT_FALSE(Exists(dir + "/step_00000200"));
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].step, 300);
+  EXPECT_EQ((*list)[1].step, 400);
+}
+
+TEST(RetentionTest, KeepLastK) {
+  std::string dir = TmpDir("retention");
+  for (int64_t step : {10, 20, 30, 40, 50}) WriteCheckpoint(dir, step, 2, TestModel(), AllRanks(2));
+  WriteCheckpoint(dir, 25, 2, TestModel(), {1});  // partial, older than the newest committed
+  WriteCheckpoint(dir, 60, 2, TestModel(), {0});  // partial, maybe still being written
+  auto r = ApplyRetention(dir, {2}, /*protected_steps=*/{20});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{10, 25, 30}));
+  EXPECT_EQ(r->kept_steps, (std::vector<int64_t>{20, 40, 50, 60}));
+  auto again = ApplyRetention(dir, {2}, {20});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->deleted_steps.empty());
+  auto one = ApplyRetention(dir, {1});
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->deleted_steps, (std::vector<int64_t>{20, 40}));
+  EXPECT_EQ(one->kept_steps, (std::vector<int64_t>{50, 60}));
+  EXPECT_TRUE(NewestCommittedCheckpoint(dir).ok());
+  EXPECT_EQ(ApplyRetention(dir, {0}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Nothing committed: nothing is deleted.
+  std::string dir2 = TmpDir("retention_none");
+  WriteCheckpoint(dir2, 5, 2, TestModel(), {0});
+  auto none = ApplyRetention(dir2, {1});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->deleted_steps.empty());
+  EXPECT_EQ(none->kept_steps, (std::vector<int64_t>{5}));
 }
 
 }  // namespace
