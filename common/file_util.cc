@@ -118,18 +118,21 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path,
+                                                        Options options) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", tmp);
-  return AtomicFileWriter(path, tmp, fd);
+  return AtomicFileWriter(path, tmp, fd, options);
 }
 
 AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
     : path_(std::move(other.path_)),
       tmp_path_(std::move(other.tmp_path_)),
       fd_(other.fd_),
-      bytes_written_(other.bytes_written_) {
+      options_(other.options_),
+      bytes_written_(other.bytes_written_),
+      unsynced_bytes_(other.unsynced_bytes_) {
   other.fd_ = -1;
 }
 
@@ -152,6 +155,11 @@ absl::Status AtomicFileWriter::Append(const void* data, size_t size_bytes) {
     p += n;
     size_bytes -= static_cast<size_t>(n);
     bytes_written_ += n;
+    unsynced_bytes_ += n;
+  }
+  if (options_.writeback_bytes > 0 && unsynced_bytes_ >= options_.writeback_bytes) {
+    unsynced_bytes_ = 0;
+    (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);  // a hint: errors surface in fsync
   }
   return absl::OkStatus();
 }

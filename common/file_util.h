@@ -35,7 +35,16 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 // Abandoned (not committed) writers remove their temporary file. Not thread-safe.
 class AtomicFileWriter {
  public:
-  static absl::StatusOr<AtomicFileWriter> Open(const std::string& path);
+  struct Options {
+    // Every this many appended bytes, start asynchronous writeback of what was written
+    // (sync_file_range SYNC_FILE_RANGE_WRITE), so the disk works while the writer goes on and
+    // Commit()'s fsync finds little left. 0 = leave it all to Commit().
+    int64_t writeback_bytes = 0;
+  };
+  static absl::StatusOr<AtomicFileWriter> Open(const std::string& path, Options options);
+  static absl::StatusOr<AtomicFileWriter> Open(const std::string& path) {
+    return Open(path, Options());
+  }
   AtomicFileWriter(AtomicFileWriter&& other) noexcept;
   AtomicFileWriter& operator=(AtomicFileWriter&& other) = delete;
   AtomicFileWriter(const AtomicFileWriter&) = delete;
@@ -47,12 +56,14 @@ class AtomicFileWriter {
   int64_t bytes_written() const { return bytes_written_; }
 
  private:
-  AtomicFileWriter(std::string path, std::string tmp_path, int fd)
-      : path_(std::move(path)), tmp_path_(std::move(tmp_path)), fd_(fd) {}
+  AtomicFileWriter(std::string path, std::string tmp_path, int fd, Options options)
+      : path_(std::move(path)), tmp_path_(std::move(tmp_path)), fd_(fd), options_(options) {}
   std::string path_;
   std::string tmp_path_;
   int fd_ = -1;
+  Options options_;
   int64_t bytes_written_ = 0;
+  int64_t unsynced_bytes_ = 0;
 };
 
 // Creates `path` and its parents (mkdir -p). OK if it exists.

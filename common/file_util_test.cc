@@ -65,6 +65,22 @@ TEST(FileUtilTest, CommittedWriterPublishesAllPieces) {
   EXPECT_EQ(*ReadFile(dir + "/out.bin"), "abcd");
 }
 
+TEST(FileUtilTest, WritebackWhileWritingKeepsEveryByte) {
+  std::string dir = TmpDir("writeback");
+  AtomicFileWriter::Options options;
+  options.writeback_bytes = 4096;
+  auto w = AtomicFileWriter::Open(dir + "/big.bin", options);
+  ASSERT_TRUE(w.ok());
+  std::string expected;
+  for (int i = 0; i < 100; ++i) {
+    std::string chunk(1000, static_cast<char>('a' + i % 26));
+    ASSERT_TRUE(w->Append(chunk.data(), chunk.size()).ok());
+    expected += chunk;
+  }
+  ASSERT_TRUE(w->Commit().ok());
+  EXPECT_EQ(*ReadFile(dir + "/big.bin"), expected);
+}
+
 TEST(FileUtilTest, ErrorsCarryCodesAndPaths) {
   auto missing = ReadFile("/nonexistent/dir/file");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);

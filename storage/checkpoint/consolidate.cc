@@ -363,39 +363,6 @@ size_t BufferSize(int64_t io_buffer_bytes) {
   return static_cast<size_t>((n + 3) / 4 * 4);
 }
 
-// Starts writeback of a file being written every `every` bytes (sync_file_range
-// SYNC_FILE_RANGE_WRITE: asynchronous), so that the final fsync finds little left to write and
-// the disk works while the copy goes on. The file is AtomicFileWriter's temporary
-// ("<path>.tmp.<pid>", common/file_util.h), opened read-only by name; best effort.
-class Writeback {
- public:
-  explicit Writeback(int64_t every) : every_(every) {}
-  ~Writeback() { Close(); }
-  void Reset(const std::string& tmp_path) {
-    Close();
-    path_ = tmp_path;
-    pending_ = 0;
-  }
-  void Wrote(int64_t bytes) {
-    if (every_ <= 0) return;
-    pending_ += bytes;
-    if (pending_ < every_) return;
-    pending_ = 0;
-    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ >= 0) (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
-  }
-
- private:
-  void Close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int64_t every_;
-  std::string path_;
-  int64_t pending_ = 0;
-  int fd_ = -1;
-};
-
 // A byte range of a shard whose CRC-32 is known.
 struct CrcPiece {
   int64_t offset = 0;
@@ -651,7 +618,6 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   const std::vector<ShardPlanFile> plan = PlanShards(sizes, options.max_shard_size_bytes);
   const bool sharded = plan.size() > 1;
 
-  Writeback writeback(options.writeback_bytes);
   // zero_to_fp32 stage 3: full = cat_r rank_r[offset : offset + p], first numel elements.
   // Shards and safetensors are both little-endian, so F32 bytes are copied unchanged.
   auto source = [&](const safetensors::TensorEntry& e,
@@ -679,7 +645,6 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
         } else {
           RETURN_IF_ERROR(sink(buffer.data(), n));
         }
-        writeback.Wrote(bf16 ? n / 2 : n);
         off += static_cast<int64_t>(n);
         left -= static_cast<int64_t>(n);
       }
@@ -706,15 +671,16 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(staging, "/", kConfigName), config.dump(2) + "\n"));
   json weight_map = json::object();
   for (const ShardPlanFile& f : plan) {
-    writeback.Reset(absl::StrCat(staging, "/", f.file_name, ".tmp.", ::getpid()));
     std::vector<safetensors::TensorSpec> specs;
     for (const std::string& name : f.tensors) {
       const ShardParam& p = *by_name.at(name);
       specs.push_back({p.name, dtype, p.shape});
       weight_map[name] = f.file_name;
     }
+    safetensors::WriterOptions writer_options;
+    writer_options.writeback_bytes = options.writeback_bytes;
     ASSIGN_OR_RETURN(int64_t bytes, safetensors::WriteFile(absl::StrCat(staging, "/", f.file_name),
-                                                           std::move(specs), source));
+                                                           std::move(specs), source, writer_options));
     result.safetensors_bytes += bytes;
   }
   if (sharded) {

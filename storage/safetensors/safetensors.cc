@@ -225,7 +225,9 @@ absl::StatusOr<int64_t> WriteFile(const std::string& path, std::vector<TensorSpe
   }
   const Header& header = *planned;
   ASSIGN_OR_RETURN(std::string text, SerializeHeader(header));
-  ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Open(path));
+  AtomicFileWriter::Options writer_options;
+  writer_options.writeback_bytes = options.writeback_bytes;
+  ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Open(path, writer_options));
   BufferedWriter out(writer);
   uint64_t n = text.size();
   unsigned char prefix[8];

@@ -98,6 +98,8 @@ struct WriterOptions {
   // Written as `__metadata__`. {"format": "pt"} by default because some transformers releases
   // refuse files without it (TECHNIQUES.md §5.2 step 7). Empty = no `__metadata__` key at all.
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  // Start writeback every this many bytes (AtomicFileWriter::Options); 0 = only at the end.
+  int64_t writeback_bytes = 0;
 };
 
 // Orders `specs` as the reference writer does and assigns contiguous offsets from 0.
