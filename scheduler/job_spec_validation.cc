@@ -161,6 +161,20 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   ASSIGN_OR_RETURN(std::string model_json, StructToJson(spec.model().config(), "model.config"));
   absl::StatusOr<engine::LlamaConfig> model = engine::ParseLlamaConfig(model_json);
   if (!model.ok()) return WithPrefix(model.status(), "model.config");
+  if (!spec.model().init_from().empty()) {
+    const std::string& dir = spec.model().init_from();
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Invalid("model.init_from", absl::StrCat("'", dir, "' is not a directory"));
+    }
+    if (::access(absl::StrCat(dir, "/model.safetensors").c_str(), R_OK) != 0 &&
+        ::access(absl::StrCat(dir, "/model.safetensors.index.json").c_str(), R_OK) != 0) {
+      return Invalid("model.init_from",
+                     absl::StrCat("'", dir,
+                                  "' holds neither model.safetensors nor "
+                                  "model.safetensors.index.json (use loomctl consolidate)"));
+    }
+  }
 
   RETURN_IF_ERROR(ValidateDataset(spec.dataset(), *model, options));
   RETURN_IF_ERROR(ValidateTraining(spec.training(), *model));

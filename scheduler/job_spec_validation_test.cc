@@ -41,6 +41,18 @@ TEST(JobSpecValidationTest, ReferenceSpecIsValid) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST(JobSpecValidationTest, InitFromMustBeAnExportDirectory) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_model()->set_init_from("/nonexistent/export");
+  ExpectInvalid(spec, "model.init_from", "is not a directory");
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/empty_export";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  spec.mutable_model()->set_init_from(dir);
+  ExpectInvalid(spec, "model.init_from", "holds neither model.safetensors");
+  ASSERT_TRUE(WriteFileAtomically(dir + "/model.safetensors", "x").ok());
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
 TEST(JobSpecValidationTest, ZeroRanks) {
   JobSpec spec = ValidTestJobSpec();
   spec.mutable_resources()->set_num_ranks(0);

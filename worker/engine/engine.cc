@@ -293,7 +293,11 @@ absl::Status Trainer::Run() {
         "training.sequence_length: ", o_.sequence_length, " + 1 tokens do not fit the corpus (",
         corpus_.train.size(), " train, ", corpus_.heldout.size(), " held-out tokens)"));
   }
-  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed));
+  std::unique_ptr<HfWeights> init;
+  if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights
+    ASSIGN_OR_RETURN(init, HfWeights::Open(o_.init_from));
+  }
+  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get()));
   int64_t start = 0;
   if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
   if (start > o_.steps) {

@@ -38,6 +38,10 @@ absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int
     return Invalid("model.config", "required object is missing");
   }
   o.model_config_json = cfg->dump();
+  if (auto init = model.find("init_from"); init != model.end()) {
+    if (!init->is_string()) return Invalid("model.init_from", "must be a string (a directory)");
+    o.init_from = init->get<std::string>();
+  }
   ASSIGN_OR_RETURN(o.model, ParseLlamaConfig(o.model_config_json));
 
   auto ds = root.find("deepspeed_config");

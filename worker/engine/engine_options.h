@@ -18,6 +18,7 @@ namespace loom::engine {
 struct EngineOptions {
   LlamaConfig model;
   std::string model_config_json;  // the spec's model.config object, as given
+  std::string init_from;          // model.init_from: a Hugging Face export directory, or empty
   DeepSpeedConfig ds;
   CorpusOptions data;
   std::string tokenizer = "byte";

@@ -187,7 +187,8 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
 
 absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& config,
                                                              Collectives* collectives,
-                                                             uint64_t seed) {
+                                                             uint64_t seed,
+                                                             const HfWeights* init) {
   std::unique_ptr<ZeroLlama> m(new ZeroLlama(config, collectives));
   m->runtime_ = Runtime{collectives, &m->tracker_};
   const int64_t n_ranks = collectives->world_size();
@@ -201,6 +202,17 @@ absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& 
       p.spec = specs[i];
       p.numel = specs[i].numel();
       p.slice = ComputePartition(p.numel, n_ranks, rank);
+      if (init != nullptr) {  // fine-tuning: this rank reads only its own slice of the export
+        at::Tensor part = at::zeros({p.slice.partition_numel}, at::kFloat);
+        absl::Status s = init->ReadRange(p.spec.name, p.spec.shape, p.slice.begin,
+                                         p.slice.valid(), part.data_ptr<float>());
+        if (!s.ok()) return s;
+        p.partition = part.set_requires_grad(true);
+        p.exp_avg = at::zeros_like(part);
+        p.exp_avg_sq = at::zeros_like(part);
+        m->params_.push_back(std::move(p));
+        continue;
+      }
       at::Tensor full;
       if (p.spec.kind == ParamSpec::Kind::kNorm) {
         full = at::ones({p.numel}, at::kFloat);

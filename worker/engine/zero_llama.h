@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/hf_weights.h"
 #include "worker/engine/model_config.h"
 #include "worker/engine/partition.h"
 
@@ -74,10 +75,13 @@ class ZeroLlama {
   // Builds the partitions. Parameter i's full tensor is drawn from a CPU generator seeded with
   // Mix64(seed ^ Mix64(i + 1)) — normal(0, initializer_range) for linear/embedding weights,
   // ones for norm weights — identically for every world size; this rank keeps its slice.
-  // `collectives` must outlive the model.
+  // `collectives` must outlive the model. With `init` (fine-tuning), every parameter's slice is
+  // read from that Hugging Face export instead (its errors returned as they are: NOT_FOUND for a
+  // missing tensor, INVALID_ARGUMENT for a shape or dtype mismatch).
   static absl::StatusOr<std::unique_ptr<ZeroLlama>> Create(const LlamaConfig& config,
                                                            Collectives* collectives,
-                                                           uint64_t seed);
+                                                           uint64_t seed,
+                                                           const HfWeights* init = nullptr);
 
   // ids: [batch, seq] int64 token ids (seq <= max_position_embeddings).
   // Returns logits [batch, seq, vocab] fp32. Throws CollectiveError / c10::Error.

@@ -5,6 +5,7 @@
 //     rank shards).
 //   * Memory accounting: gathered bytes are 0 between steps; partition bytes = Σ ceil(n/N)*4.
 //   * Resume: 2 ranks resumed from step 6 reproduce the uninterrupted run bit-exactly.
+//   * Fine-tuning: a consolidated export initialises a 3-rank job with the same logits.
 //   * Errors: resume with another world size, invalid config (exit 2), SIGTERM (exit 143).
 // Every child has a deadline; on expiry all children are killed and the test fails.
 #include <fcntl.h>
@@ -21,12 +22,14 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint/consolidate.h"
 #include "storage/checkpoint/shard_format.h"
 
 extern char** environ;
@@ -233,6 +236,15 @@ std::map<std::string, std::vector<float>> Reassemble(const std::string& step_dir
   return out;
 }
 
+std::optional<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return std::nullopt;
+  }
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 std::vector<double> Losses(const GangResult& r, const std::string& type) {
   std::vector<double> out;
   for (const json& e : r.Of(0, type)) out.push_back(e["loss"].get<double>());
@@ -381,6 +393,49 @@ TEST_F(TrainerTest, ResumeFromStepSixEqualsUninterruptedRun) {
   EXPECT_EQ(m->optimizer_step, 12);
   EXPECT_EQ(m->optimizer, "adamw");
   EXPECT_EQ(m->params[0].name, "model.embed_tokens.weight");
+}
+
+// Fine-tuning from an export: the step-12 checkpoint of the 2-rank run, consolidated into a
+// Hugging Face directory, initialises a 3-rank job; trained one step with lr 0 (no change), it
+// computes the logits the 2-rank trainer computed, and a wrong shape is refused by name.
+TEST_F(TrainerTest, InitialisesFromAConsolidatedExport) {
+  ExpectSuccess(*two_, "two");
+  const std::string export_dir = TmpDir() + "/export_two";
+  auto consolidated = loom::storage::Consolidate(Dir("two"), 12, export_dir);
+  ASSERT_TRUE(consolidated.ok()) << consolidated.status();
+
+  json spec = json::parse(*ReadText(WriteSpec("finetune", 2, 1)));
+  spec["model"]["init_from"] = export_dir;
+  spec["deepspeed_config"]["optimizer"]["params"]["lr"] = 0.0;
+  spec["deepspeed_config"].erase("scheduler");
+  const std::string spec_path = TmpDir() + "/finetune.lr0.spec.json";
+  std::ofstream(spec_path) << spec.dump(2);
+  GangResult r = RunGang("finetune", spec_path, 3, {"--checkpoint_dir=" + Dir("finetune")});
+  ExpectSuccess(r, "finetune");
+  json want = json::parse(*ReadText(Dir("two") + "/final_logits.json"));
+  json got = json::parse(*ReadText(Dir("finetune") + "/final_logits.json"));
+  ASSERT_EQ(want["tokens"], got["tokens"]);
+  double max_diff = 0;
+  for (size_t i = 0; i < want["logits"].size(); ++i) {
+    for (size_t v = 0; v < want["logits"][i].size(); ++v) {
+      max_diff = std::max(max_diff, std::abs(want["logits"][i][v].get<double>() -
+                                             got["logits"][i][v].get<double>()));
+    }
+  }
+  EXPECT_LT(max_diff, 1e-5) << "logits of the fine-tuning start differ from the exported model's";
+
+  json wrong = spec;
+  wrong["model"]["config"]["intermediate_size"] = 128;  // the export has 160
+  const std::string wrong_path = TmpDir() + "/finetune.wrong.spec.json";
+  std::ofstream(wrong_path) << wrong.dump(2);
+  GangResult bad = RunGang("finetune_wrong", wrong_path, 1, {});
+  EXPECT_NE(bad.exit_codes[0], 0);
+  std::vector<json> errors = bad.Of(0, "error");
+  ASSERT_EQ(errors.size(), 1u);
+  const std::string msg = errors[0]["message"];
+  EXPECT_NE(msg.find("model.init_from: model.layers.0.mlp.gate_proj.weight has shape [160,64]"),
+            std::string::npos)
+      << msg;
 }
 
 TEST_F(TrainerTest, ResumeWithAnotherWorldSizeIsRefused) {
