@@ -192,6 +192,20 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
     return Invalid("checkpoint.interval_steps",
                    absl::StrCat("must be >= 0, got ", spec.checkpoint().interval_steps()));
   }
+  if (spec.checkpoint().keep_last() < 0) {
+    return Invalid("checkpoint.keep_last",
+                   absl::StrCat("must be >= 0 (0 keeps every checkpoint), got ",
+                                spec.checkpoint().keep_last()));
+  }
+  if (spec.checkpoint().keep_best() < 0) {
+    return Invalid("checkpoint.keep_best",
+                   absl::StrCat("must be >= 0, got ", spec.checkpoint().keep_best()));
+  }
+  const std::string& metric = spec.checkpoint().best_metric();
+  if (!metric.empty() && metric != "eval_loss" && metric != "train_loss") {
+    return Invalid("checkpoint.best_metric",
+                   absl::StrCat("'", metric, "' is not recorded (eval_loss or train_loss)"));
+  }
   if (spec.max_restarts() < 0) {
     return Invalid("max_restarts", absl::StrCat("must be >= 0, got ", spec.max_restarts()));
   }

@@ -53,6 +53,20 @@ TEST(JobSpecValidationTest, InitFromMustBeAnExportDirectory) {
   EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
 }
 
+TEST(JobSpecValidationTest, RetentionFields) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_checkpoint()->set_keep_last(-1);
+  ExpectInvalid(spec, "checkpoint.keep_last", "got -1");
+  spec.mutable_checkpoint()->set_keep_last(2);
+  spec.mutable_checkpoint()->set_keep_best(-2);
+  ExpectInvalid(spec, "checkpoint.keep_best", "got -2");
+  spec.mutable_checkpoint()->set_keep_best(1);
+  spec.mutable_checkpoint()->set_best_metric("accuracy");
+  ExpectInvalid(spec, "checkpoint.best_metric", "is not recorded");
+  spec.mutable_checkpoint()->set_best_metric("train_loss");
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+}
+
 TEST(JobSpecValidationTest, ZeroRanks) {
   JobSpec spec = ValidTestJobSpec();
   spec.mutable_resources()->set_num_ranks(0);

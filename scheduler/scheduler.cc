@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -569,6 +570,9 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
                   << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
       }
       if (st.has_progress()) {
+        if (st.progress().last_checkpoint_step() > job.progress.last_checkpoint_step()) {
+          ApplyRetention(job);
+        }
         if (st.progress().step() > job.progress.step()) {
           RecordStepAdvance(job.id, job.progress.step(), st.progress().step());
         }
@@ -712,6 +716,27 @@ absl::Status Scheduler::RunSchedulingCycle() {
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
   return absl::OkStatus();
+}
+
+void Scheduler::ApplyRetention(const JobRecord& job) {
+  const loom::v1::CheckpointPolicy& policy = job.spec.checkpoint();
+  if (policy.keep_last() <= 0) return;  // keep everything
+  storage::RetentionPolicy retention;
+  retention.keep_last = policy.keep_last();
+  retention.keep_best = policy.keep_best();
+  if (!policy.best_metric().empty()) retention.best_metric = policy.best_metric();
+  std::vector<int64_t> protected_steps;
+  if (auto r = resume_step_.find(job.id); r != resume_step_.end()) {
+    protected_steps.push_back(r->second);  // the current attempt may still need it
+  }
+  absl::StatusOr<storage::RetentionResult> result =
+      storage::ApplyRetention(job.checkpoint_dir, retention, protected_steps);
+  if (!result.ok()) {
+    LOG(WARNING) << "job " << job.id << ": checkpoint retention failed: " << result.status();
+  } else if (!result->deleted_steps.empty()) {
+    LOG(INFO) << "job " << job.id << ": retention deleted checkpoints of steps "
+              << absl::StrJoin(result->deleted_steps, ", ");
+  }
 }
 
 void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
@@ -903,7 +928,11 @@ absl::Status Scheduler::PlacePendingJobs() {
     updated.failure_class = v1::FAILURE_CLASS_UNSPECIFIED;
     updated.message = absl::StrCat("attempt ", updated.attempt, ": ", need,
                                    " ranks placed; waiting for rank 0's rendezvous port");
+    resume_step_.erase(job_id);
     if (updated.attempt > 1) {
+      absl::StatusOr<storage::CheckpointInfo> newest =
+          storage::NewestCommittedCheckpoint(updated.checkpoint_dir);
+      if (newest.ok()) resume_step_[job_id] = newest->step;
       const std::string resume = ResumeDir(updated);
       absl::StrAppend(&updated.message, resume.empty() ? " (no committed checkpoint: starting over)"
                                                        : absl::StrCat(" (resuming from ", resume, ")"));

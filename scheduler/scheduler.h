@@ -24,6 +24,9 @@
 //     "rank R on node X exited with code C: <error>"; the attempt's other ranks are told to
 //     stop. Rank 0's progress becomes the job's progress. A rank's slot is free again once the
 //     rank ended.
+//   * Retention: each time rank 0 reports a newer checkpoint, the job's checkpoint policy
+//     (keep_last / keep_best) deletes older checkpoints (storage/checkpoint ApplyRetention),
+//     never the newest committed one nor the one the current attempt resumed from.
 //   * A RUNNING job whose step stops advancing for hang_step_time_factor x its median step time
 //     (at least hang_min_timeout) is hung: its attempt ends (reason "Hang", class INFRA).
 //   * A node is lost when it missed heartbeats for heartbeat_timeout AND no job with a rank on it
@@ -183,6 +186,10 @@ class Scheduler {
   absl::Status CheckNodeLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt of RUNNING jobs whose steps stopped (see SchedulerOptions, hang_*).
   absl::Status CheckHangs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the job's checkpoint retention policy (spec.checkpoint.keep_*), protecting the
+  // step its current attempt resumed from. Failures are logged, not returned: retention must not
+  // fail the job.
+  void ApplyRetention(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records that `job_id`'s reported step moved from `from_step` to `to_step` now.
   void RecordStepAdvance(const std::string& job_id, int64_t from_step, int64_t to_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,6 +226,8 @@ class Scheduler {
   // step (at most 32, oldest first). In memory only.
   std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::deque<double>> step_seconds_ ABSL_GUARDED_BY(mu_);
+  // The checkpoint step each job's current attempt resumed from (protected from retention).
+  std::map<std::string, int64_t> resume_step_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

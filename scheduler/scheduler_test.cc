@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <prometheus/registry.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <memory>
@@ -843,6 +844,48 @@ TEST_F(SchedulerTest, FailedAttemptWithRestartsLeftResumesFromNewestCommittedChe
   Job failed = Get(job.id());
   EXPECT_EQ(failed.phase(), loom::v1::JOB_PHASE_FAILED);
   EXPECT_NE(failed.message().find("all 1 restarts used"), std::string::npos) << failed.message();
+}
+
+TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
+  Register("node-a", 1);
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(1);
+  spec.set_max_restarts(1);
+  spec.mutable_checkpoint()->set_keep_last(1);
+  absl::StatusOr<Job> submitted = scheduler_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok());
+  Cycle();
+  Job job = Get(submitted->id());
+  auto exists = [&](int64_t step) {
+    struct stat st;
+    return ::stat(absl::StrCat(job.checkpoint_dir(), "/", storage::StepDirName(step)).c_str(),
+                  &st) == 0;
+  };
+  auto report = [&](const Job& attempt, int64_t step) {
+    RankStatus st = Rank(attempt, 0, loom::v1::RANK_STATE_RUNNING);
+    st.mutable_progress()->set_step(step);
+    st.mutable_progress()->set_last_checkpoint_step(step);
+    Beat("node-a", {st});
+  };
+  WriteCommittedCheckpoint(job, 10, 1);
+  report(job, 10);
+  WriteCommittedCheckpoint(job, 20, 1);
+  report(job, 20);
+  EXPECT_FALSE(exists(10));
+  EXPECT_TRUE(exists(20));
+  // Attempt 2 resumes from step 20; it stays protected while newer checkpoints come and go.
+  RankStatus crash = Rank(job, 0, loom::v1::RANK_STATE_FAILED);
+  crash.set_exit_code(1);
+  Beat("node-a", {crash});
+  Cycle();
+  Job second = Get(job.id());
+  ASSERT_EQ(second.attempt(), 2);
+  for (int64_t step : {30, 40}) {
+    WriteCommittedCheckpoint(job, step, 1);
+    report(second, step);
+  }
+  EXPECT_TRUE(exists(20));
+  EXPECT_FALSE(exists(30));
+  EXPECT_TRUE(exists(40));
 }
 
 TEST_F(SchedulerTest, LostNodeWithRestartsLeftRecoversOnTheOtherNodes) {

@@ -194,6 +194,7 @@ absl::StatusOr<StepScan> ScanStep(const std::string& step_dir, int64_t step) {
   if (!scan.manifests.empty()) {
     const ShardManifest& ref = scan.manifests.begin()->second;
     info.world_size = ref.world_size;
+    info.metrics = ref.metrics;
     for (const auto& [rank, m] : scan.manifests) {
       if (disagreement.empty()) disagreement = Disagreement(ref, m);
       if (disagreement.empty() && m.step != step) {
@@ -788,12 +789,21 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir
     return absl::InvalidArgumentError(
         absl::StrCat("keep_last: ", policy.keep_last, " (must be at least 1)"));
   }
+  if (policy.keep_best < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_best: ", policy.keep_best, " (must be at least 0)"));
+  }
   ASSIGN_OR_RETURN(std::vector<CheckpointInfo> list, ListCheckpoints(checkpoint_dir));
   RetentionResult result;
   std::vector<int64_t> committed;
+  std::vector<std::pair<double, int64_t>> ranked;  // (metric, step), committed ones that have it
   for (const CheckpointInfo& c : list) {
-    if (c.committed) committed.push_back(c.step);
+    if (!c.committed) continue;
+    committed.push_back(c.step);
+    auto metric = c.metrics.find(policy.best_metric);
+    if (metric != c.metrics.end()) ranked.emplace_back(metric->second, c.step);
   }
+  std::sort(ranked.begin(), ranked.end());
   if (committed.empty()) {
     for (const CheckpointInfo& c : list) result.kept_steps.push_back(c.step);
     return result;
@@ -805,6 +815,9 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir
           : 0;
   std::set<int64_t> keep(committed.begin() + static_cast<std::ptrdiff_t>(keep_from), committed.end());
   keep.insert(protected_steps.begin(), protected_steps.end());
+  for (size_t i = 0; i < ranked.size() && i < static_cast<size_t>(policy.keep_best); ++i) {
+    keep.insert(ranked[i].second);
+  }
   for (const CheckpointInfo& c : list) {
     if (c.step >= newest || keep.count(c.step) > 0) {
       result.kept_steps.push_back(c.step);

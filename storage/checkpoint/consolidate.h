@@ -20,6 +20,7 @@
 #define LOOM_STORAGE_CHECKPOINT_CONSOLIDATE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,8 @@ struct CheckpointInfo {
   std::vector<int32_t> missing_ranks;   // ranks in [0, world_size) without a manifest
   // Bytes of the rank shard and manifest files present (not of temporaries or outputs).
   int64_t total_bytes = 0;
+  // The training metrics recorded with the checkpoint (lowest-ranked readable manifest).
+  std::map<std::string, double> metrics;
   // True when all world_size manifests are present, readable and consistent (same format, step,
   // world size, params, sections), and every shard file has the size its manifest records.
   // (CRC-32s are checked by Consolidate, not here: listing does not read shard contents.)
@@ -181,10 +184,13 @@ struct DeleteResult {
 absl::StatusOr<DeleteResult> DeleteCheckpoint(const std::string& checkpoint_dir, int64_t step,
                                               const std::vector<int64_t>& protected_steps = {});
 
-// Retention: keep the newest `keep_last` committed checkpoints. (Keep-best-by-metric is not
-// offered: shard manifests record no metric.)
+// Retention: keep the newest `keep_last` committed checkpoints, and also the `keep_best`
+// committed ones with the lowest `best_metric` (a metric the trainer recorded in the manifests,
+// e.g. "eval_loss"; checkpoints without it do not compete).
 struct RetentionPolicy {
   int32_t keep_last = 1;  // >= 1
+  int32_t keep_best = 0;  // >= 0
+  std::string best_metric = "eval_loss";
 };
 
 struct RetentionResult {
@@ -196,7 +202,8 @@ struct RetentionResult {
 // `keep_last` committed ones, and partial checkpoints older than the newest committed one (a partial
 // one newer than it may still be being written and is kept). Never deletes the newest committed
 // checkpoint or a step in `protected_steps`. With no committed checkpoint, deletes nothing.
-// INVALID_ARGUMENT if keep_last < 1; errors of ListCheckpoints / DeleteCheckpoint.
+// INVALID_ARGUMENT if keep_last < 1 or keep_best < 0; errors of ListCheckpoints /
+// DeleteCheckpoint.
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir,
                                                const RetentionPolicy& policy,
                                                const std::vector<int64_t>& protected_steps = {});

@@ -66,10 +66,12 @@ const char kConfig[] =
 void WriteCheckpoint(const std::string& checkpoint_dir, int64_t step, int32_t n,
                      const std::vector<FullParam>& params, const std::vector<int32_t>& ranks,
                      const std::string& config = kConfig,
-                     std::vector<std::string> sections = {"fp32_params", "exp_avg", "exp_avg_sq"}) {
+                     std::vector<std::string> sections = {"fp32_params", "exp_avg", "exp_avg_sq"},
+                     const std::map<std::string, double>& metrics = {}) {
   std::string step_dir = absl::StrCat(checkpoint_dir, "/", StepDirName(step));
   for (int32_t r : ranks) {
     ShardManifest m;
+    m.metrics = metrics;
     m.step = step;
     m.rank = r;
     m.world_size = n;
@@ -817,6 +819,31 @@ TEST(RetentionTest, DeleteIsIdempotentAndNeverRemovesNewestCommitted) {
   ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].step, 300);
   EXPECT_EQ((*list)[1].step, 400);
+}
+
+TEST(RetentionTest, KeepBestByMetricAlongsideTheLast) {
+  std::string dir = TmpDir("retention_best");
+  const std::vector<std::string> sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
+  // eval_loss per step: the best two are steps 20 (1.5) and 40 (1.7); step 30 has no eval.
+  const std::map<int64_t, double> eval = {{10, 2.0}, {20, 1.5}, {40, 1.7}, {50, 1.9}, {60, 1.8}};
+  for (int64_t step : {10, 20, 30, 40, 50, 60}) {
+    std::map<std::string, double> metrics = {{"train_loss", 3.0 - step / 100.0}};
+    if (eval.count(step)) metrics["eval_loss"] = eval.at(step);
+    WriteCheckpoint(dir, step, 2, TestModel(), AllRanks(2), kConfig, sections, metrics);
+  }
+  auto listed = ListCheckpoints(dir);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_DOUBLE_EQ((*listed)[1].metrics.at("eval_loss"), 1.5);
+  EXPECT_EQ((*listed)[2].metrics.count("eval_loss"), 0u);
+  RetentionPolicy policy;
+  policy.keep_last = 1;
+  policy.keep_best = 2;
+  auto r = ApplyRetention(dir, policy);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kept_steps, (std::vector<int64_t>{20, 40, 60}));
+  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{10, 30, 50}));
+  policy.keep_best = -1;
+  EXPECT_EQ(ApplyRetention(dir, policy).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RetentionTest, KeepLastK) {

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -56,6 +57,7 @@ std::string ManifestToJson(const ShardManifest& m) {
   j["model_config"] = json::parse(m.model_config_json, nullptr, /*allow_exceptions=*/false);
   j["tokenizer"] = m.tokenizer;
   j["optimizer"] = {{"type", m.optimizer}, {"step", m.optimizer_step}};
+  if (!m.metrics.empty()) j["metrics"] = m.metrics;
   j["sections"] = m.sections;
   j["section_numel"] = m.section_numel;
   j["shard_file"] = ShardFileName(m.rank);
@@ -118,6 +120,19 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
     m.optimizer = j.at("optimizer").at("type").get<std::string>();
     m.optimizer_step = ExactInt<int64_t>(j.at("optimizer"), "step");
     m.sections = j.at("sections").get<std::vector<std::string>>();
+    if (j.contains("metrics")) {
+      const json& metrics = j.at("metrics");
+      if (!metrics.is_object()) {
+        return absl::InvalidArgumentError("manifest.metrics: not an object");
+      }
+      for (const auto& [name, value] : metrics.items()) {
+        if (!value.is_number() || !std::isfinite(value.get<double>())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("manifest.metrics.", name, ": not a finite number"));
+        }
+        m.metrics[name] = value.get<double>();
+      }
+    }
     m.section_numel = ExactInt<int64_t>(j, "section_numel");
     m.shard_bytes = ExactInt<int64_t>(j, "shard_bytes");
     m.shard_crc32 = ExactInt<uint32_t>(j, "shard_crc32");

@@ -19,6 +19,7 @@
 #define LOOM_STORAGE_CHECKPOINT_SHARD_FORMAT_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ struct ShardManifest {
   // Optimizer step counter (for bias correction on resume) and name ("adam" / "adamw").
   int64_t optimizer_step = 0;
   std::string optimizer = "adamw";
+  // Training metrics at this step (e.g. "train_loss", "eval_loss"; lower is better), the same on
+  // every rank. Optional in the JSON ("metrics" object of finite numbers); used by retention.
+  std::map<std::string, double> metrics;
   std::vector<ShardParam> params;
   std::vector<std::string> sections = {"fp32_params"};
   int64_t section_numel = 0;

@@ -48,6 +48,9 @@ class Trainer {
   double TrainStep(int64_t step, double* grad_norm, double* lr);
   void AdamStep(int64_t t, double lr);
   absl::Status SaveCheckpoint(int64_t step);
+  // (step, value) of the latest training loss and held-out loss, for checkpoint metrics.
+  std::pair<int64_t, double> metric_step_loss_{-1, 0};
+  std::pair<int64_t, double> metric_eval_loss_{-1, 0};
   absl::Status LoadCheckpoint(const std::string& step_dir, int64_t* step);
   absl::Status WriteFinalLogits();
   bool StopAgreed();
@@ -189,6 +192,10 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   m.optimizer_step = optimizer_step_;
   m.optimizer = o_.ds.optimizer.name();
   m.sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
+  // Recorded for retention (keep the best by eval_loss): identical on every rank, since both
+  // losses are all-reduced means.
+  if (metric_step_loss_.first == step) m.metrics["train_loss"] = metric_step_loss_.second;
+  if (metric_eval_loss_.first == step) m.metrics["eval_loss"] = metric_eval_loss_.second;
   std::vector<at::Tensor> fp, ea, eas;
   for (ZeroParam& p : model_->params()) {
     storage::ShardParam sp;
@@ -348,9 +355,11 @@ absl::Status Trainer::Run() {
                 << " grad_norm " << grad_norm << " step_time " << secs << " s, "
                 << static_cast<int64_t>(global_tokens / std::max(secs, 1e-9)) << " tokens/s";
     }
+    metric_step_loss_ = {s + 1, loss};
     const bool last = s + 1 == o_.steps;
     if (!last && o_.eval_every_steps > 0 && (s + 1) % o_.eval_every_steps == 0) {
       last_eval = Evaluate();
+      metric_eval_loss_ = {s + 1, last_eval};
       Emit({{"event", "eval"}, {"step", s + 1}, {"loss", last_eval}});
     }
     if (!last && !o_.checkpoint_dir.empty() && o_.checkpoint_interval_steps > 0 &&
@@ -361,6 +370,7 @@ absl::Status Trainer::Run() {
   }
   if (o_.steps > start) {
     last_eval = Evaluate();
+    metric_eval_loss_ = {o_.steps, last_eval};
     Emit({{"event", "eval"}, {"step", o_.steps}, {"loss", last_eval}});
   }
   if (!o_.checkpoint_dir.empty() && last_checkpoint != o_.steps) {

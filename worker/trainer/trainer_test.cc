@@ -393,6 +393,11 @@ TEST_F(TrainerTest, ResumeFromStepSixEqualsUninterruptedRun) {
   EXPECT_EQ(m->optimizer_step, 12);
   EXPECT_EQ(m->optimizer, "adamw");
   EXPECT_EQ(m->params[0].name, "model.embed_tokens.weight");
+  // The checkpoint records the step's training loss and the held-out loss measured at it.
+  ASSERT_EQ(m->metrics.count("train_loss"), 1u);
+  EXPECT_DOUBLE_EQ(m->metrics.at("train_loss"), full[11]);
+  ASSERT_EQ(m->metrics.count("eval_loss"), 1u);
+  EXPECT_DOUBLE_EQ(m->metrics.at("eval_loss"), Losses(*two_, "eval").back());
 }
 
 // Fine-tuning from an export: the step-12 checkpoint of the 2-rank run, consolidated into a
