@@ -21,7 +21,8 @@ case "$name" in
     echo "fake trainer: segfault-like crash on rank $rank" >&2
     exit 139 ;;
   hang)
-    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100}'
+    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":4096,"peak_gathered_bytes":16384}'
+    echo '{"event":"checkpoint","step":1,"dir":"/tmp/x"}'
     trap 'exit 143' TERM
     while true; do sleep 0.05; done ;;
 esac
