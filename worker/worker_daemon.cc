@@ -87,9 +87,10 @@ absl::Status WorkerDaemon::Tick() {
   }
   if (metrics_ != nullptr) {
     metrics_->RecordRanks(statuses, options_.inventory.slots());
-    for (size_t i = 0; i < statuses.size(); ++i) {
-      if (statuses[i].state() == loom::v1::RANK_STATE_RUNNING) {
-        metrics_->RecordRankStats(statuses[i].rank(), stats[i]);
+    // As RecordRanks: a succeeded rank's final numbers, then running ranks' (which win).
+    for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        if (statuses[i].state() == state) metrics_->RecordRankStats(statuses[i].rank(), stats[i]);
       }
     }
   }

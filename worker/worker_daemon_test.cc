@@ -128,6 +128,10 @@ TEST_F(WorkerDaemonTest, RunsAssignedRankAndReportsProgressAndSuccess) {
   // Metrics saw the heartbeats.
   std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_NE(text.find("loom_worker_heartbeats_total{result=\"ok\"}"), std::string::npos) << text;
+  // The trainer gauges hold the succeeded rank's final step and loss, not the last running tick.
+  EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_loss{rank=\"0\"} 4.25\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 2\n"), std::string::npos) << text;
 }
 
 TEST_F(WorkerDaemonTest, FailedRankReportsTrainerError) {

@@ -71,15 +71,19 @@ void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, 
   for (int s = loom::v1::RANK_STATE_STARTING; s <= loom::v1::RANK_STATE_STOPPED; ++s) {
     by_state[loom::v1::RankState_Name(static_cast<loom::v1::RankState>(s))] = 0;
   }
-  for (const loom::v1::RankStatus& r : ranks) {
-    by_state[loom::v1::RankState_Name(r.state())]++;
-    if (r.state() != loom::v1::RANK_STATE_RUNNING) continue;
-    prometheus::Labels labels = {{"rank", std::to_string(r.rank())}};
-    step_.Add(labels).Set(static_cast<double>(r.progress().step()));
-    loss_.Add(labels).Set(r.progress().loss());
-    tokens_per_second_.Add(labels).Set(r.progress().tokens_per_second());
-    if (r.progress().has_eval_loss()) eval_loss_.Add(labels).Set(r.progress().eval_loss());
-    last_checkpoint_step_.Add(labels).Set(static_cast<double>(r.progress().last_checkpoint_step()));
+  for (const loom::v1::RankStatus& r : ranks) by_state[loom::v1::RankState_Name(r.state())]++;
+  // Succeeded ranks first (their final step), then running ones, which win on a shared label.
+  for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
+    for (const loom::v1::RankStatus& r : ranks) {
+      if (r.state() != state) continue;
+      prometheus::Labels labels = {{"rank", std::to_string(r.rank())}};
+      step_.Add(labels).Set(static_cast<double>(r.progress().step()));
+      loss_.Add(labels).Set(r.progress().loss());
+      tokens_per_second_.Add(labels).Set(r.progress().tokens_per_second());
+      if (r.progress().has_eval_loss()) eval_loss_.Add(labels).Set(r.progress().eval_loss());
+      last_checkpoint_step_.Add(labels).Set(
+          static_cast<double>(r.progress().last_checkpoint_step()));
+    }
   }
   for (const auto& [state, n] : by_state) ranks_.Add({{"state", state}}).Set(n);
 }

@@ -18,8 +18,8 @@
 //   loom_trainer_last_checkpoint_step{rank}              gauge: step of the last checkpoint written
 //   loom_trainer_last_checkpoint_timestamp_seconds{rank} gauge: Unix time of that checkpoint (or of
 //                                                        the rank's start before the first one)
-// The per-rank gauges keep the last values of a rank after it ends; join them with
-// loom_worker_ranks{state="RANK_STATE_RUNNING"} to look at running ranks only.
+// The per-rank gauges keep the last (for a succeeded rank, final) values of a rank after it ends;
+// join them with loom_worker_ranks{state="RANK_STATE_RUNNING"} to look at running ranks only.
 #ifndef LOOM_WORKER_WORKER_METRICS_H_
 #define LOOM_WORKER_WORKER_METRICS_H_
 
@@ -41,9 +41,11 @@ class WorkerMetrics {
   explicit WorkerMetrics(prometheus::Registry& registry);
 
   void RecordHeartbeat(bool ok);
-  // Updates the ranks-by-state gauge and the per-rank trainer gauges of running ranks.
+  // Updates the ranks-by-state gauge and the per-rank trainer gauges of running and succeeded
+  // ranks (a succeeded rank's final step; a running rank wins over a succeeded one with the same
+  // rank number).
   void RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, int slots);
-  // Updates the per-step gauges (step time, memory, step and checkpoint times) of a running rank.
+  // Updates the per-step gauges (step time, memory, step and checkpoint times) of a rank.
   void RecordRankStats(int rank, const RankStats& stats);
 
  private:
