@@ -253,6 +253,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   WaitForValue("loom_nodes{state=\"lost\"} == 0");
   WaitForValue("loom_rank_slots{state=\"free\"} == 1");
   WaitForValue("loom_scheduling_cycle_seconds_count > 0");
+  WaitForValue("loom_job_queue_wait_seconds_count == 1");
   // Worker and its trainer rank. The rank ran (the worker forgets ended ranks after a few
   // heartbeats, so look back).
   WaitForValue("loom_worker_slots == 1");
