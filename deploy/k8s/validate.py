@@ -189,7 +189,9 @@ def affinity_values(pod, key):
 def check_overlay_claims(c, name, ns, by_kind):
   workers = by_kind.get("DaemonSet", [])
   control = by_kind.get("StatefulSet", []) + by_kind.get("Deployment", [])
-  c.expect(len(control) == 2, "want scheduler StatefulSet + checkpoint Deployment, got %d" % len(control))
+  names = sorted(o["metadata"]["name"] for o in control)
+  c.expect(names == ["loom-checkpoint", "loom-gateway", "loom-scheduler"],
+           "control plane workloads %s" % names)
   sts = by_kind.get("StatefulSet", [])
   c.expect(sts and sts[0]["spec"].get("volumeClaimTemplates"), "scheduler has no PVC template for SQLite")
   if name == "cpu-dev":
