@@ -18,7 +18,7 @@ PACKAGES=(
   # logging facade used by the daemons
   libgoogle-glog-dev
   # observability and deployment tests: a real Prometheus (+ promtool), kustomize, YAML in Python
-  prometheus kubectl python3-yaml
+  prometheus kubectl python3-yaml sqlite3
 )
 
 missing=()
