@@ -203,6 +203,8 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
     double t = std::strtod(text.c_str() + at + name.size(), nullptr);
     EXPECT_NEAR(t, before, 60) << name;
   }
+  EXPECT_NE(text.find("loom_worker_rank_info{attempt=\"1\",job_id=\"job-hang\",rank=\"0\"} 1"),
+            std::string::npos) << text;
   loom::v1::HeartbeatResponse stop;
   *stop.add_stop() = Assignment("job-hang", "hang");
   {
@@ -210,6 +212,10 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
     client_.replies.push_back(stop);
   }
   TickUntil(d, "job-hang", loom::v1::RANK_STATE_STOPPED);
+  // The info series goes away with the rank (the gauges of the last values stay).
+  text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_EQ(text.find("loom_worker_rank_info{"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 1"), std::string::npos) << text;
 }
 
 TEST_F(WorkerDaemonTest, DuplicateAssignmentStartsOneProcess) {

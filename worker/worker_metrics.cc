@@ -1,6 +1,8 @@
 #include "worker/worker_metrics.h"
 
+#include <set>
 #include <string>
+#include <tuple>
 
 namespace loom::worker {
 
@@ -56,7 +58,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
       last_checkpoint_time_(prometheus::BuildGauge()
                  .Name("loom_trainer_last_checkpoint_timestamp_seconds")
                  .Help("Unix time of the rank's last checkpoint (or of its start before the first one).")
-                 .Register(registry)) {
+                 .Register(registry)),
+      rank_info_(prometheus::BuildGauge()
+                     .Name("loom_worker_rank_info")
+                     .Help("1 for each rank process this worker runs (starting or running), "
+                           "labelled with its job, attempt and rank.")
+                     .Register(registry)) {
   for (const char* r : {"ok", "error"}) heartbeats_.Add({{"result", r}});
 }
 
@@ -86,6 +93,31 @@ void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, 
     }
   }
   for (const auto& [state, n] : by_state) ranks_.Add({{"state", state}}).Set(n);
+
+  // The info series follow the set of starting and running ranks exactly.
+  std::set<std::tuple<std::string, int, int>> live;
+  for (const loom::v1::RankStatus& r : ranks) {
+    if (r.state() == loom::v1::RANK_STATE_STARTING || r.state() == loom::v1::RANK_STATE_RUNNING) {
+      live.insert({r.job_id(), r.attempt(), r.rank()});
+    }
+  }
+  absl::MutexLock l(&mu_);
+  for (auto it = info_.begin(); it != info_.end();) {
+    if (live.count(it->first) == 0) {
+      rank_info_.Remove(it->second);
+      it = info_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& key : live) {
+    if (info_.count(key) > 0) continue;
+    const auto& [job_id, attempt, rank] = key;
+    prometheus::Gauge& g = rank_info_.Add(
+        {{"job_id", job_id}, {"attempt", std::to_string(attempt)}, {"rank", std::to_string(rank)}});
+    g.Set(1);
+    info_[key] = &g;
+  }
 }
 
 void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {

@@ -18,6 +18,11 @@
 //   loom_trainer_last_checkpoint_step{rank}              gauge: step of the last checkpoint written
 //   loom_trainer_last_checkpoint_timestamp_seconds{rank} gauge: Unix time of that checkpoint (or of
 //                                                        the rank's start before the first one)
+//   loom_worker_rank_info{job_id,attempt,rank}          gauge: 1 per rank process this worker runs
+//                                                        (STARTING or RUNNING); the series goes
+//                                                        away when the rank ends. An info metric
+//                                                        for joins (job -> worker instance, rank),
+//                                                        e.g. with DCGM's per-host GPU series.
 // The per-rank gauges keep the last (for a succeeded rank, final) values of a rank after it ends;
 // join them with loom_worker_ranks{state="RANK_STATE_RUNNING"} to look at running ranks only.
 #ifndef LOOM_WORKER_WORKER_METRICS_H_
@@ -28,7 +33,11 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
+#include <map>
+#include <tuple>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 #include "proto/worker_service.pb.h"
 #include "worker/rank_process.h"
@@ -62,6 +71,10 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& last_step_time_;
   prometheus::Family<prometheus::Gauge>& last_checkpoint_step_;
   prometheus::Family<prometheus::Gauge>& last_checkpoint_time_;
+  prometheus::Family<prometheus::Gauge>& rank_info_;
+  absl::Mutex mu_;
+  // (job id, attempt, rank) -> its loom_worker_rank_info series.
+  std::map<std::tuple<std::string, int, int>, prometheus::Gauge*> info_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom::worker

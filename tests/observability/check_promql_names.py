@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """Checks that every metric name in Grafana dashboards and Prometheus rule files is exported.
 
-Usage: check_promql_names.py --metrics NAMES_FILE FILE...
+Usage: check_promql_names.py --metrics NAMES_FILE [--prometheus URL] FILE...
   NAMES_FILE  one metric name per line (e.g. Prometheus' /api/v1/label/__name__/values)
+  URL         a running Prometheus (http://127.0.0.1:PORT): every expression, with Grafana's
+              variables substituted ($__rate_interval -> 1m, $var -> .*), must evaluate there
+              without error (so it parses and its operands match, e.g. no many-to-many joins)
   FILE        a Grafana dashboard (.json: panels[].targets[].expr, nested rows included, and
               templating query variables) or a Prometheus rule file (.yml: groups[].rules[].expr)
 
@@ -17,6 +20,9 @@ import argparse
 import json
 import re
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 
 KEYWORDS = {
     "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
@@ -108,9 +114,29 @@ def rule_queries(path):
   return out
 
 
+def substitute_grafana_variables(expr):
+  expr = re.sub(r"\$\{?__(rate_)?interval\}?", "1m", expr)
+  expr = re.sub(r"\$\{?__range\}?", "1h", expr)
+  return _GRAFANA_VAR.sub(".*", expr)
+
+
+def evaluation_error(prometheus, expr):
+  """None if `expr` evaluates on the Prometheus at `prometheus`, else its error message."""
+  url = "%s/api/v1/query?%s" % (prometheus, urllib.parse.urlencode({"query": expr}))
+  try:
+    with urllib.request.urlopen(url, timeout=10) as r:
+      body = json.load(r)
+  except urllib.error.HTTPError as e:
+    body = json.load(e)
+  except (urllib.error.URLError, ValueError) as e:
+    return "cannot query %s: %s" % (prometheus, e)
+  return None if body.get("status") == "success" else body.get("error", str(body))
+
+
 def main(argv):
   ap = argparse.ArgumentParser()
   ap.add_argument("--metrics", required=True)
+  ap.add_argument("--prometheus", default="")
   ap.add_argument("files", nargs="+")
   args = ap.parse_args(argv)
   with open(args.metrics) as f:
@@ -126,6 +152,10 @@ def main(argv):
       problems.append(str(e))
       continue
     for where, expr, extract in queries:
+      if args.prometheus and extract is metric_names:
+        err = evaluation_error(args.prometheus, substitute_grafana_variables(expr))
+        if err:
+          problems.append("%s: %s does not evaluate: %s\n  %s" % (path, where, err, expr))
       names = extract(expr)
       if not names:
         problems.append("%s: %s reads no metric: %s" % (path, where, expr))

@@ -42,6 +42,14 @@ class MetricNamesTest(unittest.TestCase):
     self.assertEqual(c.template_metric_names("label_values(instance)"), [])
 
 
+class GrafanaVariablesTest(unittest.TestCase):
+
+  def test_substitution(self):
+    self.assertEqual(
+        c.substitute_grafana_variables('rate(x{a=~"$job", b=~"${rank}"}[$__rate_interval])'),
+        'rate(x{a=~".*", b=~".*"}[1m])')
+
+
 class FileCheckTest(unittest.TestCase):
 
   def run_check(self, dashboard, names):

@@ -258,6 +258,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   // heartbeats, so look back).
   WaitForValue("loom_worker_slots == 1");
   WaitForValue("max_over_time(loom_worker_ranks{state=\"RANK_STATE_RUNNING\"}[5m]) == 1");
+  WaitForValue("max_over_time(loom_worker_rank_info{rank=\"0\",attempt=\"1\"}[5m]) == 1");
   WaitForValue("loom_trainer_step{rank=\"0\"} == 3000");
   // Byte-level model: the loss starts near ln(256) = 5.55 and falls.
   double loss = WaitForValue("loom_trainer_loss{rank=\"0\"} > 0");
@@ -290,7 +291,8 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   }
   EXPECT_GE(rules, 5);
 
-  // Every metric name the dashboards and alerts use is exported by this cluster.
+  // Every metric name the dashboards and alerts use is exported by this cluster, and every
+  // expression evaluates in this Prometheus.
   json names = PromApi("label/__name__/values");
   ASSERT_TRUE(names.is_array());
   std::vector<std::string> name_list;
@@ -300,7 +302,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   std::string dashboards = RunfilePath("deploy/grafana");
   std::string cmd = absl::StrCat(
       "/usr/bin/python3 ", RunfilePath("tests/observability/check_promql_names.py"),
-      " --metrics ", names_path, " ", dashboards, "/cluster-overview.json ", dashboards,
+      " --metrics ", names_path, " --prometheus http://127.0.0.1:", prom_port_, " ", dashboards, "/cluster-overview.json ", dashboards,
       "/job-detail.json ", dashboards, "/queues-fairness.json ", dashboards, "/checkpoints.json ",
       RunfilePath("deploy/prometheus/alerts.yml"), " > ", tmp_, "/check_names.log 2>&1");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::Tail(absl::StrCat(tmp_, "/check_names.log"));
