@@ -125,6 +125,11 @@ TEST(GatewayE2ETest, RestRoundTripThroughTheRealScheduler) {
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_NE(metrics->find("loom_gateway_requests_total{code=\"400\",method=\"POST\"}"), std::string::npos)
       << *metrics;
+  ASSERT_TRUE(WriteFileAtomically(tmp + "/gateway.metrics", *metrics).ok());
+  EXPECT_EQ(std::system(("/usr/bin/promtool check metrics < " + tmp + "/gateway.metrics > " + tmp +
+                         "/promtool.log 2>&1").c_str()),
+            0)
+      << testing::Tail(tmp + "/promtool.log");
 
   EXPECT_EQ(testing::ExitCode(gw->Stop()), 0) << testing::Tail(gw->log_path());
   EXPECT_EQ(testing::ExitCode(sched->Stop()), 0);
