@@ -247,7 +247,12 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   if (from != job.phase) {
     VLOG(1) << "job " << job.id << ": " << JobPhaseName(from) << " -> " << JobPhaseName(job.phase)
             << (job.message.empty() ? "" : ": ") << job.message;
-    if (metrics_ != nullptr) metrics_->PhaseTransition(from, job.phase);
+    if (metrics_ != nullptr) {
+      metrics_->PhaseTransition(from, job.phase);
+      if (from == v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_CANCELLED) {
+        metrics_->ObserveQueueWait(clock_->Now() - job.create_time);
+      }
+    }
   }
   it->second = std::move(job);
   return absl::OkStatus();

@@ -42,6 +42,13 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                         .Add({}, prometheus::Histogram::BucketBoundaries{
                                      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                      0.05, 0.1, 0.25, 0.5, 1.0});
+  queue_wait_seconds_ = &prometheus::BuildHistogram()
+                             .Name("loom_job_queue_wait_seconds")
+                             .Help("Time from submission to placement of a job (leaving PENDING).")
+                             .Register(registry)
+                             .Add({}, prometheus::Histogram::BucketBoundaries{
+                                          1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200,
+                                          21600, 86400});
   auto& slots = prometheus::BuildGauge()
                     .Name("loom_rank_slots")
                     .Help("Rank slots on live worker nodes, by state.")
@@ -64,6 +71,10 @@ void SchedulerMetrics::PhaseTransition(loom::v1::JobPhase from, loom::v1::JobPha
   transitions_family_
       ->Add({{"from", std::string(JobPhaseName(from))}, {"to", std::string(JobPhaseName(to))}})
       .Increment();
+}
+
+void SchedulerMetrics::ObserveQueueWait(absl::Duration wait) {
+  queue_wait_seconds_->Observe(absl::ToDoubleSeconds(wait));
 }
 
 void SchedulerMetrics::SetNodes(int live, int lost) {

@@ -9,6 +9,8 @@
 //   loom_nodes{state="live|lost"}             gauge: registered worker nodes
 //   loom_scheduling_cycle_seconds             histogram: duration of one scheduling cycle
 //   loom_rank_slots{state="free|used"}        gauge: rank slots on live nodes
+//   loom_job_queue_wait_seconds               histogram: submission to placement (a job leaving
+//                                             PENDING for anything but CANCELLED)
 #ifndef LOOM_SCHEDULER_SCHEDULER_METRICS_H_
 #define LOOM_SCHEDULER_SCHEDULER_METRICS_H_
 
@@ -42,6 +44,8 @@ class SchedulerMetrics {
   void SetJobCounts(const std::map<loom::v1::JobPhase, int>& counts);
   void JobSubmitted();
   void PhaseTransition(loom::v1::JobPhase from, loom::v1::JobPhase to);
+  // A job left the queue after waiting `wait` since its submission.
+  void ObserveQueueWait(absl::Duration wait);
   void SetNodes(int live, int lost);
   void ObserveSchedulingCycle(absl::Duration duration);
   void SetRankSlots(int free, int used);
@@ -53,6 +57,7 @@ class SchedulerMetrics {
   prometheus::Gauge* nodes_live_;
   prometheus::Gauge* nodes_lost_;
   prometheus::Histogram* cycle_seconds_;
+  prometheus::Histogram* queue_wait_seconds_;
   prometheus::Gauge* slots_free_;
   prometheus::Gauge* slots_used_;
   std::map<loom::v1::JobPhase, prometheus::Gauge*> jobs_by_phase_;

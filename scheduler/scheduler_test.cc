@@ -640,6 +640,41 @@ TEST_F(SchedulerTest, NegativeRendezvousPortFailsTheJob) {
   EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_FAILED);
 }
 
+TEST_F(SchedulerTest, QueueWaitIsObservedWhenAJobIsPlaced) {
+  Register("node-a", 1);
+  Job a = Submit(1);
+  Job b = Submit(1);
+  // Let time pass in 8 s steps with heartbeats, so that node-a stays live.
+  auto wait = [this](int steps) {
+    for (int i = 0; i < steps; ++i) {
+      clock_.Advance(absl::Seconds(8));
+      Beat("node-a");
+    }
+  };
+  wait(5);
+  Cycle();  // a is placed after 40 s; b waits
+  EXPECT_EQ(MetricValue(*registry_, "loom_job_queue_wait_seconds"), 1);
+  a = Get(a.id());
+  Beat("node-a", {Rank(a, 0, loom::v1::RANK_STATE_SUCCEEDED, 1234)});
+  wait(15);
+  Cycle();  // b is placed after 160 s
+  EXPECT_EQ(Get(b.id()).phase(), loom::v1::JOB_PHASE_STARTING);
+  EXPECT_EQ(MetricValue(*registry_, "loom_job_queue_wait_seconds"), 2);
+  for (const prometheus::MetricFamily& f : registry_->Collect()) {
+    if (f.name != "loom_job_queue_wait_seconds") continue;
+    EXPECT_DOUBLE_EQ(f.metric[0].histogram.sample_sum, 200);
+    // Buckets 1 5 15 30 60 120 300 ...: 40 s lands in le=60, 160 s in le=300.
+    EXPECT_EQ(f.metric[0].histogram.bucket[3].cumulative_count, 0u);  // le=30
+    EXPECT_EQ(f.metric[0].histogram.bucket[4].cumulative_count, 1u);  // le=60
+    EXPECT_EQ(f.metric[0].histogram.bucket[5].cumulative_count, 1u);  // le=120
+    EXPECT_EQ(f.metric[0].histogram.bucket[6].cumulative_count, 2u);  // le=300
+  }
+  // A job cancelled while pending did not wait for placement: not observed.
+  Job c = Submit(1);
+  ASSERT_TRUE(scheduler_->CancelJob(c.id()).ok());
+  EXPECT_EQ(MetricValue(*registry_, "loom_job_queue_wait_seconds"), 2);
+}
+
 TEST_F(SchedulerTest, SchedulingCycleIsTimed) {
   Cycle();
   Cycle();

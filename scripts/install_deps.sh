@@ -17,6 +17,8 @@ PACKAGES=(
   python3-torch python3-numpy
   # logging facade used by the daemons
   libgoogle-glog-dev
+  # observability and deployment tests: a real Prometheus (+ promtool), kustomize, YAML in Python
+  prometheus kubectl python3-yaml sqlite3
 )
 
 missing=()

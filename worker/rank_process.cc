@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -148,6 +149,11 @@ loom::v1::RankStatus RankProcess::Status() const {
   return status_;
 }
 
+RankStats RankProcess::Stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
 bool RankProcess::Finished() const {
   absl::MutexLock l(&mu_);
   return finished_;
@@ -183,11 +189,19 @@ void RankProcess::HandleEvent(const std::string& line) {
     status_.set_rendezvous_port(ev.value("port", 0));
   } else if (kind == "started") {
     status_.set_state(loom::v1::RANK_STATE_RUNNING);
+    // Step and checkpoint ages count from the rank's start until the first of each arrives.
+    stats_.partition_bytes = ev.value("partition_bytes", 0.0);
+    stats_.last_step_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    stats_.last_checkpoint_unix_seconds = stats_.last_step_unix_seconds;
   } else if (kind == "step") {
     status_.set_state(loom::v1::RANK_STATE_RUNNING);
     prog->set_step(ev.value("step", int64_t{0}));
     prog->set_loss(ev.value("loss", 0.0));
     prog->set_tokens_per_second(ev.value("tokens_per_s", 0.0));
+    stats_.step_seconds = ev.value("step_time_s", 0.0);
+    stats_.partition_bytes = ev.value("partition_bytes", 0.0);
+    stats_.peak_gathered_bytes = ev.value("peak_gathered_bytes", 0.0);
+    stats_.last_step_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   } else if (kind == "eval") {
     if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.value("loss", 0.0));
     prog->set_eval_loss(ev.value("loss", 0.0));
@@ -195,6 +209,7 @@ void RankProcess::HandleEvent(const std::string& line) {
     prog->set_has_eval_loss(true);
   } else if (kind == "checkpoint") {
     prog->set_last_checkpoint_step(ev.value("step", int64_t{0}));
+    stats_.last_checkpoint_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   } else if (kind == "done") {
     saw_done_ = true;
     if (ev.contains("initial_eval_loss")) prog->set_initial_eval_loss(ev["initial_eval_loss"].get<double>());

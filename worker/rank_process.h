@@ -32,6 +32,18 @@ struct RankProcessOptions {
   std::vector<std::string> extra_env;
 };
 
+// Per-step numbers of a rank that the heartbeat does not carry; the worker exports them as
+// Prometheus gauges (worker/worker_metrics.h). Zero until the rank reports "started".
+struct RankStats {
+  double step_seconds = 0;         // wall time of the last optimizer step ("step_time_s")
+  double partition_bytes = 0;      // this rank's ZeRO-3 parameter partition ("partition_bytes")
+  double peak_gathered_bytes = 0;  // peak all-gathered parameter bytes in the last step
+  // Unix time of the last "step" / "checkpoint" event, or of the "started" event before the
+  // first one, so that their age measures lack of progress of this attempt.
+  double last_step_unix_seconds = 0;
+  double last_checkpoint_unix_seconds = 0;
+};
+
 // One running (or finished) trainer process. Thread-safe.
 class RankProcess {
  public:
@@ -46,6 +58,7 @@ class RankProcess {
 
   // The latest status (state, progress, rendezvous port, exit code, error).
   loom::v1::RankStatus Status() const;
+  RankStats Stats() const;
   bool Finished() const;
   // SIGTERM to the process group, SIGKILL after stop_grace. Idempotent; does not block.
   void Stop();
@@ -65,6 +78,7 @@ class RankProcess {
 
   mutable absl::Mutex mu_;
   loom::v1::RankStatus status_ ABSL_GUARDED_BY(mu_);
+  RankStats stats_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool saw_done_ ABSL_GUARDED_BY(mu_) = false;

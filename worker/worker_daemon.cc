@@ -76,14 +76,24 @@ absl::Status WorkerDaemon::Tick() {
   loom::v1::HeartbeatRequest req;
   req.set_node_id(options_.node_id);
   std::vector<loom::v1::RankStatus> statuses;
+  std::vector<RankStats> stats;
   {
     absl::MutexLock l(&mu_);
     for (auto& [key, rank] : ranks_) {
       statuses.push_back(rank.Status());
+      stats.push_back(rank.Stats());
       *req.add_ranks() = statuses.back();
     }
   }
-  if (metrics_ != nullptr) metrics_->RecordRanks(statuses, options_.inventory.slots());
+  if (metrics_ != nullptr) {
+    metrics_->RecordRanks(statuses, options_.inventory.slots());
+    // As RecordRanks: a succeeded rank's final numbers, then running ranks' (which win).
+    for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        if (statuses[i].state() == state) metrics_->RecordRankStats(statuses[i].rank(), stats[i]);
+      }
+    }
+  }
   absl::StatusOr<loom::v1::HeartbeatResponse> resp = client_->Heartbeat(req);
   if (metrics_ != nullptr) metrics_->RecordHeartbeat(resp.ok());
   if (!resp.ok()) {

@@ -67,6 +67,7 @@ class WorkerDaemon {
     loom::v1::RankStatus start_failure;    // reported when process is null
     int terminal_reports = 0;
     loom::v1::RankStatus Status() const { return process ? process->Status() : start_failure; }
+    RankStats Stats() const { return process ? process->Stats() : RankStats{}; }
     bool Finished() const { return process == nullptr || process->Finished(); }
     void Stop() {
       if (process) process->Stop();

@@ -132,6 +132,10 @@ TEST_F(WorkerDaemonTest, RunsAssignedRankAndReportsProgressAndSuccess) {
   // Metrics saw the heartbeats.
   std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_NE(text.find("loom_worker_heartbeats_total{result=\"ok\"}"), std::string::npos) << text;
+  // The trainer gauges hold the succeeded rank's final step and loss, not the last running tick.
+  EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_loss{rank=\"0\"} 4.25\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 2\n"), std::string::npos) << text;
 }
 
 TEST_F(WorkerDaemonTest, FailedRankReportsTrainerError) {
@@ -187,6 +191,52 @@ TEST_F(WorkerDaemonTest, TrainerStartsWithNoBlockedSignalsEvenIfTheDaemonBlocksS
   loom::v1::RankStatus st = TickUntil(d, "job-mask", loom::v1::RANK_STATE_FAILED);
   ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
   EXPECT_EQ(st.error(), "SigBlk=0000000000000000");
+}
+
+TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-hang", "hang");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-hang", loom::v1::RANK_STATE_RUNNING);
+  const double before = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  // The fake trainer's step and checkpoint events arrive shortly after "started".
+  std::string text;
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    ASSERT_TRUE(d.Tick().ok());
+    text = prometheus::TextSerializer().Serialize(registry_.Collect());
+    if (text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 1") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (const char* line : {"loom_trainer_step_seconds{rank=\"0\"} 0.25",
+                           "loom_trainer_memory_bytes{kind=\"partition\",rank=\"0\"} 4096",
+                           "loom_trainer_memory_bytes{kind=\"peak_gathered\",rank=\"0\"} 16384",
+                           "loom_trainer_last_checkpoint_step{rank=\"0\"} 1"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
+  }
+  // The step and checkpoint timestamps are current Unix times (within a minute of the test).
+  for (const std::string name : {"loom_trainer_last_step_timestamp_seconds{rank=\"0\"} ",
+                                 "loom_trainer_last_checkpoint_timestamp_seconds{rank=\"0\"} ",
+                                 "\nloom_worker_last_heartbeat_timestamp_seconds "}) {
+    size_t at = text.find(name);
+    ASSERT_NE(at, std::string::npos) << name << " missing:\n" << text;
+    double t = std::strtod(text.c_str() + at + name.size(), nullptr);
+    EXPECT_NEAR(t, before, 60) << name;
+  }
+  EXPECT_NE(text.find("loom_worker_rank_info{attempt=\"1\",job_id=\"job-hang\",rank=\"0\"} 1"),
+            std::string::npos) << text;
+  loom::v1::HeartbeatResponse stop;
+  *stop.add_stop() = Assignment("job-hang", "hang");
+  {
+    absl::MutexLock l(&client_.mu_);
+    client_.replies.push_back(stop);
+  }
+  TickUntil(d, "job-hang", loom::v1::RANK_STATE_STOPPED);
+  // The info series goes away with the rank (the gauges of the last values stay).
+  text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_EQ(text.find("loom_worker_rank_info{"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 1"), std::string::npos) << text;
 }
 
 TEST_F(WorkerDaemonTest, DuplicateAssignmentStartsOneProcess) {

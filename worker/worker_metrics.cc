@@ -1,6 +1,8 @@
 #include "worker/worker_metrics.h"
 
+#include <set>
 #include <string>
+#include <tuple>
 
 namespace loom::worker {
 
@@ -9,6 +11,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                       .Name("loom_worker_heartbeats_total")
                       .Help("Heartbeats sent to the scheduler, by result.")
                       .Register(registry)),
+      last_heartbeat_(prometheus::BuildGauge()
+                 .Name("loom_worker_last_heartbeat_timestamp_seconds")
+                 .Help("Unix time of the last heartbeat the scheduler accepted.")
+                 .Register(registry)),
       ranks_(prometheus::BuildGauge()
                  .Name("loom_worker_ranks")
                  .Help("Rank processes known to this worker, by state.")
@@ -32,12 +38,38 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
       eval_loss_(prometheus::BuildGauge()
                      .Name("loom_trainer_eval_loss")
                      .Help("Most recent held-out loss (nats per token).")
+                     .Register(registry)),
+      step_seconds_(prometheus::BuildGauge()
+                 .Name("loom_trainer_step_seconds")
+                 .Help("Wall time of the last optimizer step of the rank.")
+                 .Register(registry)),
+      memory_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_memory_bytes")
+                 .Help("Trainer memory by kind: partition = this rank's ZeRO-3 parameter shard, peak_gathered = peak all-gathered parameters in the last step.")
+                 .Register(registry)),
+      last_step_time_(prometheus::BuildGauge()
+                 .Name("loom_trainer_last_step_timestamp_seconds")
+                 .Help("Unix time of the rank's last step (or of its start before the first step).")
+                 .Register(registry)),
+      last_checkpoint_step_(prometheus::BuildGauge()
+                 .Name("loom_trainer_last_checkpoint_step")
+                 .Help("Step of the last checkpoint the rank wrote.")
+                 .Register(registry)),
+      last_checkpoint_time_(prometheus::BuildGauge()
+                 .Name("loom_trainer_last_checkpoint_timestamp_seconds")
+                 .Help("Unix time of the rank's last checkpoint (or of its start before the first one).")
+                 .Register(registry)),
+      rank_info_(prometheus::BuildGauge()
+                     .Name("loom_worker_rank_info")
+                     .Help("1 for each rank process this worker runs (starting or running), "
+                           "labelled with its job, attempt and rank.")
                      .Register(registry)) {
   for (const char* r : {"ok", "error"}) heartbeats_.Add({{"result", r}});
 }
 
 void WorkerMetrics::RecordHeartbeat(bool ok) {
   heartbeats_.Add({{"result", ok ? "ok" : "error"}}).Increment();
+  if (ok) last_heartbeat_.Add({}).SetToCurrentTime();
 }
 
 void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, int slots) {
@@ -46,16 +78,59 @@ void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, 
   for (int s = loom::v1::RANK_STATE_STARTING; s <= loom::v1::RANK_STATE_STOPPED; ++s) {
     by_state[loom::v1::RankState_Name(static_cast<loom::v1::RankState>(s))] = 0;
   }
-  for (const loom::v1::RankStatus& r : ranks) {
-    by_state[loom::v1::RankState_Name(r.state())]++;
-    if (r.state() != loom::v1::RANK_STATE_RUNNING) continue;
-    prometheus::Labels labels = {{"rank", std::to_string(r.rank())}};
-    step_.Add(labels).Set(static_cast<double>(r.progress().step()));
-    loss_.Add(labels).Set(r.progress().loss());
-    tokens_per_second_.Add(labels).Set(r.progress().tokens_per_second());
-    if (r.progress().has_eval_loss()) eval_loss_.Add(labels).Set(r.progress().eval_loss());
+  for (const loom::v1::RankStatus& r : ranks) by_state[loom::v1::RankState_Name(r.state())]++;
+  // Succeeded ranks first (their final step), then running ones, which win on a shared label.
+  for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
+    for (const loom::v1::RankStatus& r : ranks) {
+      if (r.state() != state) continue;
+      prometheus::Labels labels = {{"rank", std::to_string(r.rank())}};
+      step_.Add(labels).Set(static_cast<double>(r.progress().step()));
+      loss_.Add(labels).Set(r.progress().loss());
+      tokens_per_second_.Add(labels).Set(r.progress().tokens_per_second());
+      if (r.progress().has_eval_loss()) eval_loss_.Add(labels).Set(r.progress().eval_loss());
+      last_checkpoint_step_.Add(labels).Set(
+          static_cast<double>(r.progress().last_checkpoint_step()));
+    }
   }
   for (const auto& [state, n] : by_state) ranks_.Add({{"state", state}}).Set(n);
+
+  // The info series follow the set of starting and running ranks exactly.
+  std::set<std::tuple<std::string, int, int>> live;
+  for (const loom::v1::RankStatus& r : ranks) {
+    if (r.state() == loom::v1::RANK_STATE_STARTING || r.state() == loom::v1::RANK_STATE_RUNNING) {
+      live.insert({r.job_id(), r.attempt(), r.rank()});
+    }
+  }
+  absl::MutexLock l(&mu_);
+  for (auto it = info_.begin(); it != info_.end();) {
+    if (live.count(it->first) == 0) {
+      rank_info_.Remove(it->second);
+      it = info_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& key : live) {
+    if (info_.count(key) > 0) continue;
+    const auto& [job_id, attempt, rank] = key;
+    prometheus::Gauge& g = rank_info_.Add(
+        {{"job_id", job_id}, {"attempt", std::to_string(attempt)}, {"rank", std::to_string(rank)}});
+    g.Set(1);
+    info_[key] = &g;
+  }
+}
+
+void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
+  prometheus::Labels labels = {{"rank", std::to_string(rank)}};
+  step_seconds_.Add(labels).Set(stats.step_seconds);
+  memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", "partition"}})
+      .Set(stats.partition_bytes);
+  memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", "peak_gathered"}})
+      .Set(stats.peak_gathered_bytes);
+  if (stats.last_step_unix_seconds > 0) last_step_time_.Add(labels).Set(stats.last_step_unix_seconds);
+  if (stats.last_checkpoint_unix_seconds > 0) {
+    last_checkpoint_time_.Add(labels).Set(stats.last_checkpoint_unix_seconds);
+  }
 }
 
 }  // namespace loom::worker

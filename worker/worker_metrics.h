@@ -1,5 +1,30 @@
 // Prometheus metrics of a worker daemon and of the trainer ranks it runs. Built once from an
-// injected registry. Labels are bounded: rank (< slots) and state; never a job id.
+// injected registry. Labels are bounded: rank (< world size), state and kind; never a job id.
+//   loom_worker_heartbeats_total{result}                 counter: heartbeats, "ok" / "error"
+//   loom_worker_last_heartbeat_timestamp_seconds         gauge: Unix time of the last ok heartbeat
+//   loom_worker_ranks{state}                             gauge: rank processes by RankState name
+//   loom_worker_slots                                    gauge: rank slots this node offers
+//   loom_trainer_step{rank}                              gauge: last completed optimizer step
+//   loom_trainer_loss{rank}                              gauge: training loss (nats per token)
+//   loom_trainer_tokens_per_second{rank}                 gauge: global training throughput
+//   loom_trainer_eval_loss{rank}                         gauge: last held-out loss
+//   loom_trainer_step_seconds{rank}                      gauge: wall time of the last step
+//   loom_trainer_memory_bytes{rank,kind}                 gauge: kind = "partition" (this rank's
+//                                                        ZeRO-3 parameter shard) or
+//                                                        "peak_gathered" (peak all-gathered
+//                                                        parameters during the last step)
+//   loom_trainer_last_step_timestamp_seconds{rank}       gauge: Unix time of the last step (or of
+//                                                        the rank's start before its first step)
+//   loom_trainer_last_checkpoint_step{rank}              gauge: step of the last checkpoint written
+//   loom_trainer_last_checkpoint_timestamp_seconds{rank} gauge: Unix time of that checkpoint (or of
+//                                                        the rank's start before the first one)
+//   loom_worker_rank_info{job_id,attempt,rank}          gauge: 1 per rank process this worker runs
+//                                                        (STARTING or RUNNING); the series goes
+//                                                        away when the rank ends. An info metric
+//                                                        for joins (job -> worker instance, rank),
+//                                                        e.g. with DCGM's per-host GPU series.
+// The per-rank gauges keep the last (for a succeeded rank, final) values of a rank after it ends;
+// join them with loom_worker_ranks{state="RANK_STATE_RUNNING"} to look at running ranks only.
 #ifndef LOOM_WORKER_WORKER_METRICS_H_
 #define LOOM_WORKER_WORKER_METRICS_H_
 
@@ -8,7 +33,14 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
 #include "proto/worker_service.pb.h"
+#include "worker/rank_process.h"
 
 namespace loom::worker {
 
@@ -18,17 +50,31 @@ class WorkerMetrics {
   explicit WorkerMetrics(prometheus::Registry& registry);
 
   void RecordHeartbeat(bool ok);
-  // Updates the ranks-by-state gauge and the per-rank trainer gauges.
+  // Updates the ranks-by-state gauge and the per-rank trainer gauges of running and succeeded
+  // ranks (a succeeded rank's final step; a running rank wins over a succeeded one with the same
+  // rank number).
   void RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, int slots);
+  // Updates the per-step gauges (step time, memory, step and checkpoint times) of a rank.
+  void RecordRankStats(int rank, const RankStats& stats);
 
  private:
   prometheus::Family<prometheus::Counter>& heartbeats_;
+  prometheus::Family<prometheus::Gauge>& last_heartbeat_;
   prometheus::Family<prometheus::Gauge>& ranks_;
   prometheus::Family<prometheus::Gauge>& slots_;
   prometheus::Family<prometheus::Gauge>& step_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
+  prometheus::Family<prometheus::Gauge>& step_seconds_;
+  prometheus::Family<prometheus::Gauge>& memory_bytes_;
+  prometheus::Family<prometheus::Gauge>& last_step_time_;
+  prometheus::Family<prometheus::Gauge>& last_checkpoint_step_;
+  prometheus::Family<prometheus::Gauge>& last_checkpoint_time_;
+  prometheus::Family<prometheus::Gauge>& rank_info_;
+  absl::Mutex mu_;
+  // (job id, attempt, rank) -> its loom_worker_rank_info series.
+  std::map<std::tuple<std::string, int, int>, prometheus::Gauge*> info_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom::worker

@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Generates the Grafana dashboards in deploy/grafana/*.json (the checked-in JSON is its output).
+
+Usage: generate_dashboards.py [OUT_DIR]   (default: the directory of this script)
+
+Edit the panels here and rerun; //deploy:dashboards_test fails when the JSON files and this
+script disagree, and //tests/observability:prometheus_scrape_test checks every query against a
+live cluster and Prometheus. Grafana schema 37 (Grafana 9+); the data source is the
+`datasource` variable, so the files import into any Grafana with a Prometheus data source.
+"""
+import json
+import os
+import sys
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+def templ(extra=()):
+    lst = [{"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus",
+            "current": {}, "hide": 0}]
+    for name, q, label in extra:
+        lst.append({"name": name, "type": "query", "datasource": DS, "label": label,
+                    "query": {"query": q, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+                    "definition": q, "refresh": 2, "includeAll": True, "multi": True,
+                    "allValue": ".*", "current": {"text": "All", "value": "$__all"}, "sort": 1})
+    return {"list": lst}
+
+class Dash:
+    def __init__(self):
+        self.panels = []; self.y = 0; self.x = 0; self.id = 1; self.rowh = 0
+    def row(self, title):
+        if self.x: self.y += self.rowh; self.x = 0
+        self.panels.append({"id": self.id, "type": "row", "title": title, "collapsed": False,
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []})
+        self.id += 1; self.y += 1
+    def panel(self, title, targets, kind="timeseries", unit=None, w=12, h=8, desc=""):
+        if self.x + w > 24: self.y += self.rowh; self.x = 0
+        p = {"id": self.id, "type": kind, "title": title, "datasource": DS,
+             "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
+             "targets": [{"refId": chr(65 + i), "expr": e, "legendFormat": l, "datasource": DS}
+                         for i, (e, l) in enumerate(targets)],
+             "fieldConfig": {"defaults": {"unit": unit or "short"}, "overrides": []},
+             "options": {}}
+        if desc: p["description"] = desc
+        if kind == "timeseries":
+            p["options"] = {"legend": {"displayMode": "list", "placement": "bottom"},
+                            "tooltip": {"mode": "multi"}}
+        if kind == "stat":
+            p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                            "colorMode": "value", "graphMode": "area"}
+        self.panels.append(p); self.id += 1; self.x += w; self.rowh = h
+    def write(self, fname, uid, title, desc, variables=(), tags=("loom",)):
+        d = {"uid": uid, "title": title, "description": desc, "tags": list(tags),
+             "editable": True, "schemaVersion": 37, "version": 1, "time": {"from": "now-6h", "to": "now"},
+             "refresh": "30s", "timezone": "", "templating": templ(variables),
+             "annotations": {"list": []}, "panels": self.panels,
+             "links": [{"type": "dashboards", "tags": ["loom"], "asDropdown": True, "title": "Loom"}]}
+        with open(os.path.join(OUT, fname), "w") as f:
+            json.dump(d, f, indent=2); f.write("\n")
+
+RI = "$__rate_interval"
+# 1. Cluster overview
+d = Dash()
+d.row("Jobs and nodes")
+d.panel("Running jobs", [('sum(loom_jobs{phase="RUNNING"})', "running")], "stat", w=4, h=4)
+d.panel("Pending jobs", [('sum(loom_jobs{phase="PENDING"})', "pending")], "stat", w=4, h=4)
+d.panel("Failed jobs", [('sum(loom_jobs{phase="FAILED"})', "failed")], "stat", w=4, h=4)
+d.panel("Live nodes", [('sum(loom_nodes{state="live"})', "live")], "stat", w=4, h=4)
+d.panel("Lost nodes", [('sum(loom_nodes{state="lost"})', "lost")], "stat", w=4, h=4)
+d.panel("Slot utilisation", [('sum(loom_rank_slots{state="used"}) / clamp_min(sum(loom_rank_slots), 1)', "used")],
+        "stat", unit="percentunit", w=4, h=4)
+d.panel("Jobs by phase", [("sum by (phase) (loom_jobs)", "{{phase}}")])
+d.panel("Rank slots (live nodes)", [("sum by (state) (loom_rank_slots)", "{{state}}")])
+d.row("Scheduler")
+d.panel("Phase transitions per minute", [(f"sum by (to) (rate(loom_job_phase_transitions_total[{RI}])) * 60", "to {{to}}")])
+d.panel("Scheduling cycle duration", [
+    (f"histogram_quantile(0.5, sum by (le) (rate(loom_scheduling_cycle_seconds_bucket[{RI}])))", "p50"),
+    (f"histogram_quantile(0.99, sum by (le) (rate(loom_scheduling_cycle_seconds_bucket[{RI}])))", "p99")], unit="s")
+d.row("Workers and daemons")
+d.panel("Ranks by state", [("sum by (state) (loom_worker_ranks)", "{{state}}")])
+d.panel("Heartbeats per second", [(f"sum by (instance, result) (rate(loom_worker_heartbeats_total[{RI}]))", "{{instance}} {{result}}")], unit="reqps")
+d.panel("Heartbeat age", [("time() - loom_worker_last_heartbeat_timestamp_seconds", "{{instance}}")], unit="s",
+        desc="Seconds since the scheduler last accepted the worker's heartbeat.")
+d.panel("Daemons up", [('up{job=~"loom-.*"}', "{{job}} {{instance}}")])
+d.write("cluster-overview.json", "loom-cluster-overview", "Loom / Cluster overview",
+        "Jobs by phase, nodes, slots, scheduler and worker health.")
+
+# 2. Job detail (metrics carry no job id: rank series are selected through loom_worker_rank_info)
+d = Dash()
+J = ' and on (instance, rank) loom_worker_rank_info{job_id=~"$job"}'
+sel = '{instance=~"$instance", rank=~"$rank"}'
+d.row("Ranks")
+d.panel("Ranks of the job", [('loom_worker_rank_info{job_id=~"$job"}', "{{job_id}} attempt {{attempt}} rank {{rank}} on {{instance}}")],
+        "table", w=24, h=5, desc="Running (or starting) ranks of the selected job(s): worker instance, attempt and rank. Ended ranks leave this table and the panels below.")
+d.row("Progress")
+d.panel("Step", [(f"loom_trainer_step{sel}{J}", "{{instance}} rank {{rank}}")])
+d.panel("Loss", [(f"loom_trainer_loss{sel}{J}", "train {{instance}} rank {{rank}}"),
+                 (f"loom_trainer_eval_loss{sel}{J}", "held-out {{instance}} rank {{rank}}")],
+        desc="Nats per token.")
+d.panel("Throughput", [(f"loom_trainer_tokens_per_second{sel}{J}", "{{instance}} rank {{rank}}")], unit="short",
+        desc="Global training tokens per second as seen by each rank.")
+d.panel("Step time", [(f"loom_trainer_step_seconds{sel}{J}", "{{instance}} rank {{rank}}")], unit="s")
+d.row("Memory")
+d.panel("Trainer memory by kind", [(f"loom_trainer_memory_bytes{sel}{J}", "{{kind}} {{instance}} rank {{rank}}")],
+        unit="bytes", desc="partition: this rank's ZeRO-3 parameter shard; peak_gathered: peak all-gathered parameters during the last step.")
+d.panel("Gathered / partition ratio", [(f'(loom_trainer_memory_bytes{{kind="peak_gathered", instance=~"$instance", rank=~"$rank"}} / ignoring(kind) loom_trainer_memory_bytes{{kind="partition", instance=~"$instance", rank=~"$rank"}}){J}', "{{instance}} rank {{rank}}")],
+        desc="How much of the full model a rank gathers at its peak relative to its shard.")
+d.row("Stalls and communication")
+d.panel("Stall: time since last step", [(f"(time() - loom_trainer_last_step_timestamp_seconds{sel}){J}", "{{instance}} rank {{rank}}")],
+        unit="s", desc="Grows while a rank waits (collectives, data, a stuck peer); the LoomNoStepProgress alert fires above 10 minutes.")
+d.panel("Step time vs. median (communication and stragglers)", [(f'(loom_trainer_step_seconds{sel} / scalar(quantile(0.5, loom_trainer_step_seconds{{instance=~"$instance", rank=~"$rank"}}{J}))){J}', "{{instance}} rank {{rank}}")],
+        desc="Ranks of one job step in lock-step (ZeRO-3 collectives), so a rank far above 1 is waiting on communication or is a straggler. The trainer does not yet report communication seconds separately.")
+d.write("job-detail.json", "loom-job-detail", "Loom / Job detail",
+        "Per-rank training progress of running jobs: loss, throughput, step time, memory, stalls. Pick a job (from loom_worker_rank_info), optionally narrow to workers and ranks.",
+        variables=[("job", "label_values(loom_worker_rank_info, job_id)", "Job"),
+                   ("instance", "label_values(loom_trainer_step, instance)", "Worker"),
+                   ("rank", "label_values(loom_trainer_step, rank)", "Rank")])
+
+# 3. Queues and fairness
+d = Dash()
+d.row("Queue")
+d.panel("Pending jobs", [('sum(loom_jobs{phase="PENDING"})', "pending"), ('sum(loom_jobs{phase="ADMITTED"})', "admitted"), ('sum(loom_jobs{phase="STARTING"})', "starting")])
+d.panel("Submissions and admissions per minute", [
+    (f"sum(rate(loom_jobs_submitted_total[{RI}])) * 60", "submitted"),
+    (f'sum(rate(loom_job_phase_transitions_total{{from="PENDING"}}[{RI}])) * 60', "left PENDING"),
+    (f'sum(rate(loom_job_phase_transitions_total{{to=~"SUCCEEDED|FAILED|CANCELLED"}}[{RI}])) * 60', "finished")])
+d.panel("Queue wait (submission to placement)", [
+    (f"histogram_quantile(0.5, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p50"),
+    (f"histogram_quantile(0.9, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p90"),
+    (f"histogram_quantile(0.99, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p99")], unit="s")
+d.panel("Outcomes", [(f'sum by (to) (increase(loom_job_phase_transitions_total{{to=~"SUCCEEDED|FAILED|CANCELLED"}}[1h]))', "{{to}}")],
+        desc="Jobs that ended in the last hour, by final phase.")
+d.panel("Restarts (RECOVERING) per hour", [(f'sum(increase(loom_job_phase_transitions_total{{to="RECOVERING"}}[1h]))', "restarts")])
+d.row("Capacity")
+d.panel("Slot utilisation", [('sum(loom_rank_slots{state="used"}) / clamp_min(sum(loom_rank_slots), 1)', "used")], unit="percentunit")
+d.panel("Slots per worker and running ranks", [("loom_worker_slots", "slots {{instance}}"), ('loom_worker_ranks{state="RANK_STATE_RUNNING"}', "running {{instance}}")])
+d.write("queues-fairness.json", "loom-queues-fairness", "Loom / Queues and fairness",
+        "Queue depth, admission and completion rates, restarts and slot use. Per-tenant series come with tenancy (issue 6).")
+
+# 4. Checkpoints
+d = Dash()
+d.row("Trainer checkpoints")
+d.panel("Checkpoint age", [('time() - loom_trainer_last_checkpoint_timestamp_seconds and on (instance) loom_worker_ranks{state="RANK_STATE_RUNNING"} > 0', "{{instance}} rank {{rank}}")],
+        unit="s", desc="Seconds since each running rank's newest checkpoint (or its start). LoomCheckpointTooOld fires above 2 h.")
+d.panel("Steps since last checkpoint", [("loom_trainer_step - loom_trainer_last_checkpoint_step", "{{instance}} rank {{rank}}")],
+        desc="Training that a failure now would repeat.")
+d.panel("Last checkpoint step", [("loom_trainer_last_checkpoint_step", "{{instance}} rank {{rank}}")])
+d.row("Consolidation (loom-checkpoint)")
+d.panel("Consolidations per hour", [(f"sum by (result) (increase(loom_checkpoint_consolidations_total[1h]))", "{{result}}")])
+d.panel("Consolidation duration", [
+    (f"histogram_quantile(0.5, sum by (le) (rate(loom_checkpoint_consolidation_seconds_bucket[{RI}])))", "p50"),
+    (f"histogram_quantile(0.99, sum by (le) (rate(loom_checkpoint_consolidation_seconds_bucket[{RI}])))", "p99"),
+    (f"sum(rate(loom_checkpoint_consolidation_seconds_sum[{RI}])) / sum(rate(loom_checkpoint_consolidation_seconds_count[{RI}]))", "mean")], unit="s")
+d.panel("Safetensors bytes written", [(f"sum(rate(loom_checkpoint_consolidated_bytes_total[{RI}]))", "bytes/s")], unit="Bps")
+d.write("checkpoints.json", "loom-checkpoints", "Loom / Checkpoints",
+        "Checkpoint freshness per running rank and the checkpoint service's consolidations.")

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Renders every overlay in deploy/k8s with `kubectl kustomize` (offline) and validates the
+# objects with validate.py; then checks that the validator rejects broken manifests.
+set -euo pipefail
+export HOME="$TEST_TMPDIR"  # kubectl wants a home for its cache; nothing is contacted
+VALIDATE=deploy/k8s/validate.py
+# kustomize refuses files that are symlinks out of its root, which runfiles are: use a real copy.
+cp -rL deploy/k8s "$TEST_TMPDIR/good"
+/usr/bin/python3 "$VALIDATE" "$TEST_TMPDIR/good"
+
+# Mutations the validator must catch: copy the tree (dereferencing runfiles symlinks) and break it.
+expect_failure() {  # expect_failure NAME SED_EXPR FILE PATTERN
+  local dir="$TEST_TMPDIR/$1"
+  rm -rf "$dir"; mkdir -p "$dir"; cp -rL deploy/k8s "$dir/"
+  sed -i "$2" "$dir/k8s/$3"
+  if out=$(/usr/bin/python3 "$VALIDATE" "$dir/k8s" 2>&1); then
+    echo "FAIL: $1 was not rejected:"; echo "$out"; exit 1
+  fi
+  if ! echo "$out" | grep -q "$4"; then
+    echo "FAIL: $1 rejected without '$4':"; echo "$out"; exit 1
+  fi
+  echo "ok: $1 rejected"
+}
+expect_failure gpu_count_vs_slots 's/nvidia.com\/gpu: 8/nvidia.com\/gpu: 4/' \
+  overlays/gpu-h100-h200/h200/worker-gpu.yaml "GPUs 4/4 vs slots 8"
+expect_failure probe_port 's/port: 50052/port: 50099/' base/checkpoint.yaml \
+  "readinessProbe port 50099 is not a declared container port"
+expect_failure arm64 's/kubernetes.io\/arch: arm64/kubernetes.io\/arch: amd64/' \
+  overlays/gh200/worker-gh200.yaml "is not pinned to arm64"
+expect_failure scrape_port 's/prometheus.io\/port: "9100"/prometheus.io\/port: "9999"/' \
+  base/worker/worker.yaml "is not its metrics port"
+echo "k8s_test: PASS"

@@ -1,0 +1,169 @@
+#include "services/gateway/gateway.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+#include <grpcpp/client_context.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace loom::gateway {
+namespace {
+
+constexpr char kJson[] = "application/json";
+
+// Canonical upper-case name of a gRPC code ("NOT_FOUND").
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  int c = static_cast<int>(code);
+  return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
+}
+
+void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message) {
+  res.status = HttpStatusFromGrpc(code);
+  nlohmann::json body = {{"code", static_cast<int>(code)}, {"status", CodeName(code)},
+                         {"message", message}};
+  res.set_content(body.dump(), kJson);
+}
+
+void WriteMessage(httplib::Response& res, const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  std::string out;
+  auto st = google::protobuf::util::MessageToJsonString(m, &out, print);
+  if (!st.ok()) {
+    WriteError(res, grpc::StatusCode::INTERNAL,
+               absl::StrCat("cannot encode the response as JSON: ", st.message().as_string()));
+    return;
+  }
+  res.status = 200;
+  res.set_content(out, kJson);
+}
+
+// Parses `json` into `m` (unknown fields are an error); on failure answers 400 and returns false.
+bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res) {
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  auto st = google::protobuf::util::JsonStringToMessage(json.empty() ? "{}" : json, m, opts);
+  if (!st.ok()) {
+    WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+               absl::StrCat("request body is not a valid ", m->GetDescriptor()->full_name(),
+                            " in JSON: ", st.message().as_string()));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int HttpStatusFromGrpc(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return 200;
+    case grpc::StatusCode::CANCELLED: return 499;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE: return 400;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return 504;
+    case grpc::StatusCode::NOT_FOUND: return 404;
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::ABORTED: return 409;
+    case grpc::StatusCode::PERMISSION_DENIED: return 403;
+    case grpc::StatusCode::UNAUTHENTICATED: return 401;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return 429;
+    case grpc::StatusCode::UNIMPLEMENTED: return 501;
+    case grpc::StatusCode::UNAVAILABLE: return 503;
+    default: return 500;
+  }
+}
+
+JobGateway::JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions options)
+    : stub_(stub), options_(std::move(options)) {}
+
+void JobGateway::Register(httplib::Server& server) {
+  auto context = [this] {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      absl::ToChronoMilliseconds(options_.rpc_timeout));
+    return ctx;
+  };
+  // Answers with `resp` or the RPC's error.
+  auto reply = [](httplib::Response& res, const grpc::Status& s,
+                  const google::protobuf::Message& resp) {
+    if (s.ok()) {
+      WriteMessage(res, resp);
+    } else {
+      WriteError(res, s.error_code(), s.error_message());
+    }
+  };
+
+  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server.Get("/v1/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(options_.openapi_json, kJson);
+  });
+  server.Get("/v1/jobs", [this, context, reply](const httplib::Request& req,
+                                                httplib::Response& res) {
+    // Query parameters are request fields; the JSON parser converts "JOB_PHASE_RUNNING" etc.
+    nlohmann::json fields = nlohmann::json::object();
+    for (const auto& [key, value] : req.params) fields[key] = value;
+    loom::v1::ListJobsRequest request;
+    if (!ParseBody(fields.dump(), &request, res)) return;
+    loom::v1::ListJobsResponse response;
+    reply(res, stub_->ListJobs(context().get(), request, &response), response);
+  });
+  server.Post("/v1/jobs", [this, context, reply](const httplib::Request& req,
+                                                 httplib::Response& res) {
+    loom::v1::SubmitJobRequest request;
+    if (!ParseBody(req.body, &request, res)) return;
+    loom::v1::SubmitJobResponse response;
+    reply(res, stub_->SubmitJob(context().get(), request, &response), response);
+  });
+  server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)",
+              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
+                loom::v1::CancelJobRequest request;
+                request.set_job_id(req.matches[1]);
+                loom::v1::Job response;
+                reply(res, stub_->CancelJob(context().get(), request, &response), response);
+              });
+  server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+))",
+             [this, context, reply](const httplib::Request& req, httplib::Response& res) {
+               loom::v1::GetJobRequest request;
+               request.set_job_id(req.matches[1]);
+               loom::v1::Job response;
+               reply(res, stub_->GetJob(context().get(), request, &response), response);
+             });
+  if (options_.registry != nullptr) {
+    auto* requests = &prometheus::BuildCounter()
+                          .Name("loom_gateway_requests_total")
+                          .Help("HTTP requests answered by the gateway, by method and status.")
+                          .Register(*options_.registry);
+    server.set_logger([requests](const httplib::Request& req, const httplib::Response& res) {
+      requests->Add({{"method", req.method}, {"code", std::to_string(res.status)}}).Increment();
+    });
+  }
+  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler already wrote its error
+    if (res.status == 404) {
+      WriteError(res, grpc::StatusCode::NOT_FOUND, absl::StrCat("no route for ", req.method, " ", req.path));
+      return;
+    }
+    nlohmann::json body = {{"code", static_cast<int>(grpc::StatusCode::UNKNOWN)},
+                           {"status", "UNKNOWN"},
+                           {"message", absl::StrCat("HTTP ", res.status)}};
+    res.set_content(body.dump(), kJson);
+  });
+}
+
+}  // namespace loom::gateway

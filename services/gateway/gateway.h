@@ -1,0 +1,63 @@
+// loom-gateway's core: JobService over HTTP/JSON (REST), using protobuf's canonical JSON mapping
+// (proto3 JSON: lowerCamelCase names on output, both names accepted on input, enums by name).
+//
+//   GET  /v1/jobs[?phase=JOB_PHASE_RUNNING]   -> ListJobs        200 ListJobsResponse
+//   GET  /v1/jobs/{id}                         -> GetJob          200 Job
+//   POST /v1/jobs        body SubmitJobRequest -> SubmitJob       200 SubmitJobResponse
+//   POST /v1/jobs/{id}:cancel                  -> CancelJob       200 Job
+//   GET  /v1/openapi.json                      the OpenAPI 3 document of these routes
+//   GET  /healthz                              200 "ok" (the gateway itself; not the scheduler)
+// Query parameters of GET /v1/jobs are fields of ListJobsRequest. Errors (from the scheduler or
+// the gateway) answer {"code": <gRPC code number>, "status": "NOT_FOUND", "message": "..."} with
+// the HTTP status of HttpStatusFromGrpc (the mapping of google.rpc.Code / grpc-gateway). The
+// RPCs carry a deadline of `rpc_timeout`. No authentication yet.
+#ifndef LOOM_SERVICES_GATEWAY_GATEWAY_H_
+#define LOOM_SERVICES_GATEWAY_GATEWAY_H_
+
+#include <grpcpp/support/status.h>
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "proto/job_service.grpc.pb.h"
+
+namespace httplib {
+class Server;
+}  // namespace httplib
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace loom::gateway {
+
+struct GatewayOptions {
+  // Deadline of each RPC to the scheduler.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Served at /v1/openapi.json (the text of services/gateway/openapi.json).
+  std::string openapi_json;
+  // If set, Register adds loom_gateway_requests_total{method,code} (HTTP method and status) here.
+  prometheus::Registry* registry = nullptr;
+};
+
+// The HTTP status for a gRPC status code: OK 200, INVALID_ARGUMENT / FAILED_PRECONDITION /
+// OUT_OF_RANGE 400, UNAUTHENTICATED 401, PERMISSION_DENIED 403, NOT_FOUND 404, ALREADY_EXISTS /
+// ABORTED 409, RESOURCE_EXHAUSTED 429, CANCELLED 499, UNIMPLEMENTED 501, UNAVAILABLE 503,
+// DEADLINE_EXCEEDED 504, anything else 500.
+int HttpStatusFromGrpc(grpc::StatusCode code);
+
+// Routes the REST API onto `stub`. Thread-safe (httplib runs handlers on a thread pool; gRPC
+// stubs are thread-safe). `stub` must outlive the server the routes are registered on.
+class JobGateway {
+ public:
+  JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions options);
+  void Register(httplib::Server& server);
+
+ private:
+  loom::v1::JobService::StubInterface* stub_;
+  const GatewayOptions options_;
+};
+
+}  // namespace loom::gateway
+
+#endif  // LOOM_SERVICES_GATEWAY_GATEWAY_H_

@@ -1,0 +1,87 @@
+// loom-gateway: the REST/JSON gateway to loom-scheduler's JobService (services/gateway/gateway.h).
+//
+//   loom-gateway --scheduler=HOST:PORT [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
+//                [--rpc_timeout=30s] [--ready_file=PATH]
+//
+// Prints "LOOM_READY loom-gateway grpc= metrics=URL" once serving HTTP on --host:--port
+// (common/daemon.h) and stops on SIGTERM or SIGINT. No authentication or TLS yet.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/logging.h"
+#include "services/gateway/gateway.h"
+
+extern const char kLoomOpenApiJson[];  // services/gateway/openapi.json, embedded by a genrule
+
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC address");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind HTTP and /metrics to.");
+ABSL_FLAG(int, port, 8080, "HTTP port of the REST API (0 = any free port, logged).");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(30), "Deadline of each RPC to the scheduler.");
+ABSL_FLAG(std::string, ready_file, "", "Write {name, metrics_url} here once serving.");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), grpc::InsecureChannelCredentials());
+  auto stub = loom::v1::JobService::NewStub(channel);
+  auto registry = std::make_shared<prometheus::Registry>();
+  loom::gateway::GatewayOptions options;
+  options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  options.openapi_json = kLoomOpenApiJson;
+  options.registry = registry.get();
+  loom::gateway::JobGateway gateway(stub.get(), options);
+
+  httplib::Server server;
+  gateway.Register(server);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  int port = absl::GetFlag(FLAGS_port);
+  bool bound = port == 0 ? (port = server.bind_to_any_port(host)) > 0 : server.bind_to_port(host, port);
+  if (!bound) {
+    LOG(ERROR) << "cannot bind HTTP to " << host << ":" << absl::GetFlag(FLAGS_port);
+    return 1;
+  }
+  auto metrics = loom::MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port), registry);
+  if (!metrics.ok()) {
+    LOG(ERROR) << metrics.status();
+    return 1;
+  }
+  std::thread listener([&server] { server.listen_after_bind(); });
+  absl::Status announced =
+      loom::AnnounceReady({"loom-gateway", "", (*metrics)->url()}, absl::GetFlag(FLAGS_ready_file));
+  if (!announced.ok()) {
+    LOG(ERROR) << "cannot announce readiness: " << announced;
+    server.stop();
+    listener.join();
+    return 1;
+  }
+  LOG(INFO) << "loom-gateway serving http://" << host << ":" << port << " for scheduler "
+            << absl::GetFlag(FLAGS_scheduler);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  server.stop();
+  listener.join();
+  LOG(INFO) << "loom-gateway stopped";
+  return 0;
+}

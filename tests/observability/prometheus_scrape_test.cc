@@ -1,0 +1,329 @@
+// A real Prometheus (Debian's /usr/bin/prometheus) scrapes a local Loom cluster — the real
+// loom-scheduler, loom-checkpoint and one single-slot loom-worker on loopback, OS-chosen ports —
+// while it trains a one-rank job; the test then asks Prometheus' HTTP API (/api/v1/query) for the
+// key series and checks their values. It also checks that `promtool check metrics` accepts every
+// daemon's /metrics text, that Prometheus loads deploy/prometheus/alerts.yml and evaluates every
+// rule without error, and that every metric name the Grafana dashboards and the alert rules use
+// is one this cluster exports (names taken live from Prometheus' __name__ values).
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/job_service.grpc.pb.h"
+#include "services/cli/job_spec_yaml.h"
+#include "tests/testing/subprocess.h"
+
+namespace loom {
+namespace {
+
+using ::loom::testing::RunfilePath;
+using ::loom::testing::Subprocess;
+using json = nlohmann::json;
+
+// One rank of a tiny model, two checkpoints: a job that moves every series and runs for a few
+// seconds (several 1 s scrapes see the rank RUNNING).
+constexpr char kJob[] = R"(
+name: prometheus-scrape
+model:
+  config:
+    vocab_size: 256
+    hidden_size: 32
+    intermediate_size: 64
+    num_hidden_layers: 1
+    num_attention_heads: 2
+    num_key_value_heads: 1
+    max_position_embeddings: 32
+    rms_norm_eps: 1.0e-5
+    rope_theta: 10000
+    tie_word_embeddings: true
+dataset: {name: fortunes}
+deepspeed_config:
+  train_micro_batch_size_per_gpu: 2
+  gradient_accumulation_steps: 1
+  optimizer: {type: AdamW, params: {lr: 0.003}}
+  zero_optimization: {stage: 3}
+resources: {num_ranks: 1, accelerator: cpu}
+training: {steps: 3000, sequence_length: 16, seed: 3, eval_batches: 1}
+checkpoint: {interval_steps: 1500}
+)";
+
+// A TCP port that was free a moment ago (bind port 0 on loopback, read it back, close).
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// "http://127.0.0.1:1234/metrics" -> "127.0.0.1:1234".
+std::string HostPort(const std::string& url) {
+  std::string rest = url.substr(std::string("http://").size());
+  return rest.substr(0, rest.find('/'));
+}
+
+class PrometheusScrapeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Each test gets its own directory: database, checkpoints, ready files, logs.
+    tmp_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(MakeDirs(tmp_).ok());
+    ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
+    ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
+    scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler",
+                             {absl::StrCat("--db=", tmp_, "/loom.db"),
+                              absl::StrCat("--checkpoint_root=", ckpt_root_)},
+                             &scheduler_info_);
+    checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
+                              {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
+    worker_ = StartDaemon("worker-0", "services/worker/loom-worker",
+                          {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
+                           "--node_id=worker-0", "--slots=1",
+                           absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
+                           absl::StrCat("--work_dir=", tmp_, "/work-0"),
+                           "--heartbeat_interval=200ms"},
+                          &worker_info_);
+  }
+
+  std::unique_ptr<Subprocess> StartDaemon(const std::string& name, const std::string& binary,
+                                          std::vector<std::string> args, ReadyInfo* info) {
+    std::string ready = absl::StrCat(tmp_, "/", name, ".ready.json");
+    args.insert(args.begin(), RunfilePath(binary));
+    args.push_back(absl::StrCat("--ready_file=", ready));
+    auto p = Subprocess::Start(args, absl::StrCat(tmp_, "/", name, ".log"));
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return nullptr;
+    auto proc = std::make_unique<Subprocess>(std::move(*p));
+    auto r = testing::WaitReady(*proc, ready);
+    EXPECT_TRUE(r.ok()) << name << ": " << r.status();
+    if (r.ok()) *info = *r;
+    return proc;
+  }
+
+  // Writes prometheus.yml (1 s scrapes of the three daemons, the checked-in alert rules) and
+  // starts Prometheus on a free loopback port with its TSDB under TEST_TMPDIR.
+  void StartPrometheus() {
+    prom_port_ = FreePort();
+    ASSERT_GT(prom_port_, 0);
+    std::string config = absl::StrCat(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "rule_files:\n  - ", RunfilePath("deploy/prometheus/alerts.yml"), "\n"
+        "scrape_configs:\n"
+        "  - job_name: loom-scheduler\n    static_configs:\n      - targets: ['",
+        HostPort(scheduler_info_.metrics_url), "']\n"
+        "  - job_name: loom-checkpoint\n    static_configs:\n      - targets: ['",
+        HostPort(checkpoint_info_.metrics_url), "']\n"
+        "  - job_name: loom-worker\n    static_configs:\n      - targets: ['",
+        HostPort(worker_info_.metrics_url), "']\n");
+    std::string config_path = absl::StrCat(tmp_, "/prometheus.yml");
+    ASSERT_TRUE(WriteFileAtomically(config_path, config).ok());
+    auto p = Subprocess::Start(
+        {"/usr/bin/prometheus", absl::StrCat("--config.file=", config_path),
+         absl::StrCat("--storage.tsdb.path=", tmp_, "/prometheus-data"),
+         absl::StrCat("--web.listen-address=127.0.0.1:", prom_port_)},
+        absl::StrCat(tmp_, "/prometheus.log"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    prometheus_ = std::make_unique<Subprocess>(std::move(*p));
+    absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      if (testing::HttpGet(absl::StrCat("http://127.0.0.1:", prom_port_, "/-/ready")).ok()) return;
+      ASSERT_TRUE(prometheus_->Running()) << testing::Tail(prometheus_->log_path());
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    FAIL() << "prometheus not ready after 30 s:\n" << testing::Tail(prometheus_->log_path());
+  }
+
+  // GET /api/v1/<endpoint> with `params`; returns the "data" member of a "success" answer.
+  json PromApi(const std::string& endpoint, const httplib::Params& params = {}) {
+    httplib::Client client("127.0.0.1", prom_port_);
+    client.set_read_timeout(10);
+    auto res = client.Get(absl::StrCat("/api/v1/", endpoint).c_str(), params, httplib::Headers());
+    EXPECT_TRUE(res) << "GET /api/v1/" << endpoint << " failed";
+    if (!res) return json();
+    json body = json::parse(res->body, nullptr, false);
+    EXPECT_EQ(body.value("status", ""), "success") << res->body;
+    return body.is_object() ? body["data"] : json();
+  }
+
+  // The instant-query result vector of `promql`.
+  json Query(const std::string& promql) { return PromApi("query", {{"query", promql}})["result"]; }
+
+  // Waits until `promql` returns at least one sample (fails the test after `timeout`); returns the
+  // first sample's value. Put the expected value into the query ("x == 1").
+  double WaitForValue(const std::string& promql, absl::Duration timeout = absl::Seconds(20)) {
+    absl::Time deadline = absl::Now() + timeout;
+    json result;
+    while (absl::Now() < deadline) {
+      result = Query(promql);
+      if (result.is_array() && !result.empty()) {
+        return std::stod(result[0]["value"][1].get<std::string>());
+      }
+      absl::SleepFor(absl::Milliseconds(250));
+    }
+    ADD_FAILURE() << "no sample for " << promql << " after " << timeout << "; worker metrics:\n"
+                  << testing::HttpGet(worker_info_.metrics_url).value_or("(unreachable)");
+    return std::nan("");
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return ctx;
+  }
+
+  // Submits kJob, waits for SUCCEEDED and consolidates its last checkpoint.
+  void RunJob() {
+    auto jobs = loom::v1::JobService::NewStub(
+        grpc::CreateChannel(scheduler_info_.grpc_address, grpc::InsecureChannelCredentials()));
+    auto spec = cli::JobSpecFromYaml(kJob, tmp_);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    loom::v1::SubmitJobRequest req;
+    *req.mutable_spec() = *spec;
+    loom::v1::SubmitJobResponse resp;
+    grpc::Status s = jobs->SubmitJob(Ctx().get(), req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    loom::v1::Job job;
+    absl::Time deadline = absl::Now() + absl::Minutes(2);
+    while (absl::Now() < deadline) {
+      loom::v1::GetJobRequest get;
+      get.set_job_id(resp.job().id());
+      ASSERT_TRUE(jobs->GetJob(Ctx().get(), get, &job).ok());
+      if (job.phase() == loom::v1::JOB_PHASE_SUCCEEDED || job.phase() == loom::v1::JOB_PHASE_FAILED ||
+          job.phase() == loom::v1::JOB_PHASE_CANCELLED) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED)
+        << job.message() << "\n" << testing::Tail(worker_->log_path());
+    auto ckpt = loom::v1::CheckpointService::NewStub(
+        grpc::CreateChannel(checkpoint_info_.grpc_address, grpc::InsecureChannelCredentials()));
+    loom::v1::ConsolidateCheckpointRequest cons_req;
+    cons_req.set_job_id(job.id());
+    loom::v1::ConsolidateCheckpointResponse cons;
+    grpc::Status cs = ckpt->ConsolidateCheckpoint(Ctx().get(), cons_req, &cons);
+    ASSERT_TRUE(cs.ok()) << cs.error_message();
+    EXPECT_EQ(cons.step(), 3000);
+  }
+
+  std::string tmp_, ckpt_root_;
+  ReadyInfo scheduler_info_, checkpoint_info_, worker_info_;
+  std::unique_ptr<Subprocess> scheduler_, checkpoint_, worker_, prometheus_;
+  int prom_port_ = 0;
+};
+
+TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
+  ASSERT_NO_FATAL_FAILURE(StartPrometheus());
+  // All three targets are scraped and up before the job starts, so that its run is recorded.
+  EXPECT_EQ(WaitForValue("count(up == 1) == 3"), 3) << Query("up").dump();
+  for (const char* job : {"loom-scheduler", "loom-checkpoint", "loom-worker"}) {
+    EXPECT_EQ(WaitForValue(absl::StrCat("up{job=\"", job, "\"}")), 1) << job;
+  }
+  ASSERT_NO_FATAL_FAILURE(RunJob());
+
+  // Each query states the value it expects, so that it waits for a fresh enough scrape.
+  // Scheduler: the job's lifecycle, one live node with its slot free again.
+  WaitForValue("loom_jobs{phase=\"SUCCEEDED\"} == 1");
+  WaitForValue("loom_jobs{phase=\"PENDING\"} == 0");
+  WaitForValue("loom_jobs_submitted_total == 1");
+  WaitForValue("loom_job_phase_transitions_total{from=\"RUNNING\",to=\"SUCCEEDED\"} == 1");
+  WaitForValue("loom_nodes{state=\"live\"} == 1");
+  WaitForValue("loom_nodes{state=\"lost\"} == 0");
+  WaitForValue("loom_rank_slots{state=\"free\"} == 1");
+  WaitForValue("loom_scheduling_cycle_seconds_count > 0");
+  WaitForValue("loom_job_queue_wait_seconds_count == 1");
+  // Worker and its trainer rank. The rank ran (the worker forgets ended ranks after a few
+  // heartbeats, so look back).
+  WaitForValue("loom_worker_slots == 1");
+  WaitForValue("max_over_time(loom_worker_ranks{state=\"RANK_STATE_RUNNING\"}[5m]) == 1");
+  WaitForValue("max_over_time(loom_worker_rank_info{rank=\"0\",attempt=\"1\"}[5m]) == 1");
+  WaitForValue("loom_trainer_step{rank=\"0\"} == 3000");
+  // Byte-level model: the loss starts near ln(256) = 5.55 and falls.
+  double loss = WaitForValue("loom_trainer_loss{rank=\"0\"} > 0");
+  EXPECT_LT(loss, 7.0);
+  WaitForValue("loom_trainer_eval_loss{rank=\"0\"} > 0");
+  WaitForValue("loom_trainer_tokens_per_second{rank=\"0\"} > 0");
+  WaitForValue("loom_trainer_step_seconds{rank=\"0\"} > 0");
+  WaitForValue("loom_trainer_memory_bytes{rank=\"0\",kind=\"partition\"} > 1000");
+  WaitForValue("loom_trainer_memory_bytes{rank=\"0\",kind=\"peak_gathered\"} > 1000");
+  WaitForValue("loom_trainer_last_checkpoint_step{rank=\"0\"} == 3000");
+  WaitForValue("time() - loom_trainer_last_checkpoint_timestamp_seconds < 300");
+  WaitForValue("time() - loom_trainer_last_step_timestamp_seconds < 300");
+  WaitForValue("time() - loom_worker_last_heartbeat_timestamp_seconds < 30");
+  WaitForValue("loom_worker_heartbeats_total{result=\"ok\"} > 1");
+  // Checkpoint service: the consolidation.
+  WaitForValue("loom_checkpoint_consolidations_total{result=\"ok\"} == 1");
+  WaitForValue("loom_checkpoint_consolidated_bytes_total > 1000");
+  WaitForValue("loom_checkpoint_consolidation_seconds_count == 1");
+
+  // The alert rules loaded and evaluate without error; none fires on this healthy cluster.
+  json groups = PromApi("rules")["groups"];
+  ASSERT_TRUE(groups.is_array() && !groups.empty()) << groups.dump();
+  int rules = 0;
+  for (const json& g : groups) {
+    for (const json& r : g["rules"]) {
+      ++rules;
+      EXPECT_EQ(r.value("health", ""), "ok") << r.dump();
+      if (r.value("type", "") == "alerting") EXPECT_EQ(r.value("state", ""), "inactive") << r.dump();
+    }
+  }
+  EXPECT_GE(rules, 5);
+
+  // Every metric name the dashboards and alerts use is exported by this cluster, and every
+  // expression evaluates in this Prometheus.
+  json names = PromApi("label/__name__/values");
+  ASSERT_TRUE(names.is_array());
+  std::vector<std::string> name_list;
+  for (const json& n : names) name_list.push_back(n.get<std::string>());
+  std::string names_path = absl::StrCat(tmp_, "/exported_metric_names.txt");
+  ASSERT_TRUE(WriteFileAtomically(names_path, absl::StrJoin(name_list, "\n") + "\n").ok());
+  std::string dashboards = RunfilePath("deploy/grafana");
+  std::string cmd = absl::StrCat(
+      "/usr/bin/python3 ", RunfilePath("tests/observability/check_promql_names.py"),
+      " --metrics ", names_path, " --prometheus http://127.0.0.1:", prom_port_, " ", dashboards, "/cluster-overview.json ", dashboards,
+      "/job-detail.json ", dashboards, "/queues-fairness.json ", dashboards, "/checkpoints.json ",
+      RunfilePath("deploy/prometheus/alerts.yml"), " > ", tmp_, "/check_names.log 2>&1");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::Tail(absl::StrCat(tmp_, "/check_names.log"));
+}
+
+// `promtool check metrics` accepts every daemon's /metrics text, taken after the job so that the
+// worker's per-rank trainer series are in it.
+TEST_F(PrometheusScrapeTest, PromtoolAcceptsEveryDaemonsMetrics) {
+  ASSERT_NO_FATAL_FAILURE(RunJob());
+  for (const ReadyInfo* info : {&scheduler_info_, &checkpoint_info_, &worker_info_}) {
+    auto text = testing::HttpGet(info->metrics_url);
+    ASSERT_TRUE(text.ok()) << text.status();
+    std::string path = absl::StrCat(tmp_, "/", info->name, ".metrics.txt");
+    ASSERT_TRUE(WriteFileAtomically(path, *text).ok());
+    std::string log = absl::StrCat(path, ".promtool.log");
+    // promtool exits 0 when the text parses and passes its lint (names, units, _total, help).
+    std::string cmd = absl::StrCat("/usr/bin/promtool check metrics < ", path, " > ", log, " 2>&1");
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << info->name << ":\n" << testing::Tail(log) << "\n"
+                                           << *text;
+  }
+}
+
+}  // namespace
+}  // namespace loom
