@@ -836,6 +836,28 @@ absl::Status Scheduler::CheckNodeLiveness() {
       }
     }
     for (const std::string& job_id : affected) {
+      // Rank 0 reports SUCCEEDED only after the trainers' final barrier, which every rank
+      // reaches after writing its last checkpoint shard: the lost node's ranks had finished.
+      auto rank0 = ranks_.find({job_id, 0});
+      if (rank0 != ranks_.end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
+          !IsTerminal(jobs_.at(job_id).phase)) {
+        JobRecord updated = jobs_.at(job_id);
+        updated.phase = v1::JOB_PHASE_SUCCEEDED;
+        updated.reason = "Succeeded";
+        updated.message = absl::StrCat("training completed (rank 0 passed the final barrier of all ",
+                                       updated.rank_nodes.size(), " ranks); ", message,
+                                       " afterwards");
+        updated.end_time = now;
+        RETURN_IF_ERROR(CommitJob(std::move(updated)));
+        for (auto it = ranks_.lower_bound({job_id, 0});
+             it != ranks_.end() && it->first.first == job_id;) {
+          it = ranks_.erase(it);
+        }
+        last_step_advance_.erase(job_id);
+        step_seconds_.erase(job_id);
+        LOG(INFO) << "job " << job_id << " SUCCEEDED: " << jobs_.at(job_id).message;
+        continue;
+      }
       RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost", message, node_id));
     }
   }

@@ -982,6 +982,22 @@ TEST_F(SchedulerTest, SilentNodeWhoseJobKeepsSteppingIsNotLost) {
   EXPECT_NE(lost.message().find("node-b"), std::string::npos) << lost.message();
 }
 
+// Regression: a node went silent while the job finished; rank 0 (elsewhere) SUCCEEDED, the silent
+// node's rank could not report, and the node's loss then FAILED a job whose training had completed.
+TEST_F(SchedulerTest, NodeLostAfterRankZeroSucceededCompletesTheJob) {
+  Job job = RunTwoRankJob();
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_SUCCEEDED)});
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RUNNING);  // rank 1 has not reported yet
+  for (int i = 0; i < 12; ++i) {  // node-b stays silent past the 10 s timeout
+    clock_.Advance(absl::Seconds(1));
+    Beat("node-a");
+    Cycle();
+  }
+  Job done = Get(job.id());
+  EXPECT_EQ(done.phase(), loom::v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_NE(done.message().find("node node-b lost"), std::string::npos) << done.message();
+}
+
 TEST_F(SchedulerTest, JobWhoseStepsStopIsHungAndItsAttemptEnds) {
   options_.hang_step_time_factor = 10;
   options_.hang_min_timeout = absl::Seconds(30);

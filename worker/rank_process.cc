@@ -90,6 +90,10 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
+  // A trainer blocks when its event pipe is full, and its peers then stall in their collectives.
+  // 1 MiB (Linux's default pipe-max-size; 64 KiB otherwise) holds thousands of step events, so a
+  // worker that is briefly unresponsive (paused, swapping) does not stall the gang.
+  (void)::fcntl(out_pipe[1], F_SETPIPE_SZ, 1 << 20);
   int log_fd = ::open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) {
     ::close(out_pipe[0]);

@@ -362,11 +362,20 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
 
 TEST_F(ClusterRecoveryE2ETest, WorkerThatStopsHeartbeatingWhileItsRankStepsKeepsItsJob) {
   std::string yaml = kTinyJob;
-  yaml.replace(yaml.find("steps: 8"), 8, "steps: 150");
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 800");
   yaml.replace(yaml.find("interval_steps: 4"), 17, "interval_steps: 50");
   loom::v1::Job job = Submit(yaml);
-  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+  // Wait until the job is stepping (RUNNING comes before the first step, and "no step progress
+  // yet" is exactly what makes a silent node lost).
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  do {
+    job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+    if (job.progress().step() >= 5) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
+  ASSERT_GE(job.progress().step(), 5);
+  ASSERT_LT(job.progress().step(), 200) << "too far along to freeze a worker for 7 s";
   // Freeze (SIGSTOP) the worker daemon of rank 1 for twice the heartbeat timeout: it sends no
   // heartbeats, while its trainer process keeps stepping with rank 0.
   Subprocess& frozen = *workers_[job.rank_nodes(1).back() - '0'];
@@ -376,7 +385,7 @@ TEST_F(ClusterRecoveryE2ETest, WorkerThatStopsHeartbeatingWhileItsRankStepsKeeps
   job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(3));
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
   EXPECT_EQ(job.attempt(), 1);  // never torn down
-  EXPECT_EQ(job.progress().step(), 150);
+  EXPECT_EQ(job.progress().step(), 800);
 }
 
 }  // namespace
