@@ -1,6 +1,8 @@
 #include "services/checkpoint/checkpoint_service.h"
 
 #include "common/grpc_status.h"
+#include "storage/checkpoint/shard_format.h"
+#include "storage/checkpoint/verify.h"
 
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
@@ -84,6 +86,20 @@ absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,
   return absl::StrCat(checkpoint_root, "/", job_id);
 }
 
+namespace {
+
+void ToProto(const storage::CheckpointInfo& info, v1::CheckpointInfo* out) {
+  out->set_step(info.step);
+  out->set_world_size(info.world_size);
+  out->set_committed(info.committed);
+  out->set_path(info.path);
+  out->set_ranks_reported(static_cast<int32_t>(info.ranks_reported.size()));
+  out->set_total_bytes(info.total_bytes);
+  for (const auto& [name, value] : info.metrics) (*out->mutable_metrics())[name] = value;
+}
+
+}  // namespace
+
 CheckpointServiceImpl::CheckpointServiceImpl(CheckpointServiceOptions options,
                                              prometheus::Registry& registry)
     : options_(std::move(options)),
@@ -102,15 +118,53 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* /*conte
   if (!exists.ok()) return ToGrpcStatus(exists);
   auto list = storage::ListCheckpoints(*dir);
   if (!list.ok()) return ToGrpcStatus(list.status());
+  for (const storage::CheckpointInfo& info : *list) ToProto(info, resp->add_checkpoints());
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointServiceImpl::GetCheckpoint(grpc::ServerContext* /*context*/,
+                                                  const v1::GetCheckpointRequest* req,
+                                                  v1::CheckpointInfo* resp) {
+  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  if (!dir.ok()) return ToGrpcStatus(dir.status());
+  absl::Status exists = JobDirExists(req->job_id(), *dir);
+  if (!exists.ok()) return ToGrpcStatus(exists);
+  auto list = storage::ListCheckpoints(*dir);
+  if (!list.ok()) return ToGrpcStatus(list.status());
   for (const storage::CheckpointInfo& info : *list) {
-    v1::CheckpointInfo* out = resp->add_checkpoints();
-    out->set_step(info.step);
-    out->set_world_size(info.world_size);
-    out->set_committed(info.committed);
-    out->set_path(info.path);
-    out->set_ranks_reported(static_cast<int32_t>(info.ranks_reported.size()));
-    out->set_total_bytes(info.total_bytes);
+    if (info.step != req->step()) continue;
+    ToProto(info, resp);
+    return grpc::Status::OK;
   }
+  return ToGrpcStatus(absl::NotFoundError(
+      absl::StrCat("job '", req->job_id(), "' has no checkpoint of step ", req->step())));
+}
+
+grpc::Status CheckpointServiceImpl::VerifyCheckpoint(grpc::ServerContext* /*context*/,
+                                                     const v1::VerifyCheckpointRequest* req,
+                                                     v1::VerifyCheckpointResponse* resp) {
+  std::string path = req->path();
+  if (!path.empty()) {
+    // Only what lies under the checkpoint root; no "..", so a caller cannot probe the host.
+    const std::string root = options_.checkpoint_root + "/";
+    if (path.rfind(root, 0) != 0 || absl::StrContains(path, "..")) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("path: '", path, "' is not under the checkpoint root ", root)));
+    }
+  } else {
+    auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+    if (!dir.ok()) return ToGrpcStatus(dir.status());
+    if (req->step() <= 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError("step: required (or path)"));
+    }
+    path = absl::StrCat(*dir, "/", storage::StepDirName(req->step()));
+  }
+  absl::StatusOr<storage::VerifyReport> report = storage::VerifyPath(path);
+  if (!report.ok()) return ToGrpcStatus(report.status());
+  resp->set_kind(report->kind);
+  for (const std::string& f : report->files) resp->add_files(f);
+  resp->set_num_tensors(report->num_tensors);
+  resp->set_tensor_bytes(report->tensor_bytes);
   return grpc::Status::OK;
 }
 
@@ -194,7 +248,11 @@ grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* /*contex
   std::vector<int64_t> protected_steps(req->protected_steps().begin(),
                                        req->protected_steps().end());
   absl::MutexLock lock(&consolidate_mu_);
-  auto result = storage::ApplyRetention(*dir, {req->keep_last()}, protected_steps);
+  storage::RetentionPolicy policy;
+  policy.keep_last = req->keep_last();
+  policy.keep_best = req->keep_best();
+  if (!req->best_metric().empty()) policy.best_metric = req->best_metric();
+  auto result = storage::ApplyRetention(*dir, policy, protected_steps);
   if (!result.ok()) return ToGrpcStatus(result.status());
   for (int64_t s : result->deleted_steps) resp->add_deleted_steps(s);
   for (int64_t s : result->kept_steps) resp->add_kept_steps(s);

@@ -65,6 +65,11 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
                                 v1::DeleteCheckpointResponse* resp) override;
   grpc::Status ApplyRetention(grpc::ServerContext* context, const v1::ApplyRetentionRequest* req,
                               v1::ApplyRetentionResponse* resp) override;
+  grpc::Status GetCheckpoint(grpc::ServerContext* context, const v1::GetCheckpointRequest* req,
+                             v1::CheckpointInfo* resp) override;
+  grpc::Status VerifyCheckpoint(grpc::ServerContext* context,
+                                const v1::VerifyCheckpointRequest* req,
+                                v1::VerifyCheckpointResponse* resp) override;
 
  private:
   absl::StatusOr<storage::ConsolidateResult> DoConsolidate(

@@ -312,6 +312,65 @@ TEST_F(CheckpointServiceTest, ShardedBf16ConsolidationDeleteAndRetentionOverGrpc
 
 // grpc.health.v1.Health/Check with an empty request (service ""), sent as raw bytes because the
 // health proto's generated code is not part of the build: SERVING is the response bytes 08 01.
+TEST_F(CheckpointServiceTest, GetAndVerifyOverGrpc) {
+  const std::string job_dir = root_ + "/job-v";
+  WriteTinyCheckpoint(job_dir, 100, 2, {0, 1});
+  WriteTinyCheckpoint(job_dir, 200, 3, {0, 2});  // partial
+  {
+    grpc::ClientContext ctx;
+    v1::GetCheckpointRequest req;
+    req.set_job_id("job-v");
+    req.set_step(100);
+    v1::CheckpointInfo info;
+    ASSERT_TRUE(stub_->GetCheckpoint(&ctx, req, &info).ok());
+    EXPECT_EQ(info.step(), 100);
+    EXPECT_TRUE(info.committed());
+    EXPECT_EQ(info.world_size(), 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetCheckpointRequest req;
+    req.set_job_id("job-v");
+    req.set_step(150);
+    v1::CheckpointInfo info;
+    EXPECT_EQ(stub_->GetCheckpoint(&ctx, req, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::VerifyCheckpointRequest req;
+    req.set_job_id("job-v");
+    req.set_step(100);
+    v1::VerifyCheckpointResponse resp;
+    grpc::Status s = stub_->VerifyCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.files_size(), 2);  // both rank shards, checked against their manifests
+    EXPECT_EQ(resp.kind(), "loom checkpoint") << resp.kind();
+  }
+  // A flipped byte in a shard is DATA_LOSS naming the file and rank.
+  const std::string shard = job_dir + "/step_00000100/rank_1.shard";
+  std::string bytes = *ReadFile(shard);
+  bytes[bytes.size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  {
+    grpc::ClientContext ctx;
+    v1::VerifyCheckpointRequest req;
+    req.set_job_id("job-v");
+    req.set_step(100);
+    v1::VerifyCheckpointResponse resp;
+    grpc::Status s = stub_->VerifyCheckpoint(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+    EXPECT_NE(s.error_message().find("rank_1.shard"), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::VerifyCheckpointRequest req;
+    req.set_path("/etc/passwd");
+    v1::VerifyCheckpointResponse resp;
+    EXPECT_EQ(stub_->VerifyCheckpoint(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
 TEST_F(CheckpointServiceTest, DefaultHealthServiceReportsServing) {
   grpc::GenericStub generic(channel_);
   grpc::CompletionQueue cq;

@@ -314,11 +314,15 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-      std::printf("%-10s %-10s %-8s %-14s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES", "PATH");
+      std::printf("%-10s %-10s %-8s %-14s %-10s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES",
+                  "EVAL_LOSS", "PATH");
       for (const auto& c : resp.checkpoints()) {
-        std::printf("%-10lld %-10s %d/%-6d %-14lld %s\n", static_cast<long long>(c.step()),
+        auto eval = c.metrics().find("eval_loss");
+        std::printf("%-10lld %-10s %d/%-6d %-14lld %-10s %s\n", static_cast<long long>(c.step()),
                     c.committed() ? "yes" : "no", c.ranks_reported(), c.world_size(),
-                    static_cast<long long>(c.total_bytes()), c.path().c_str());
+                    static_cast<long long>(c.total_bytes()),
+                    eval == c.metrics().end() ? "-" : absl::StrFormat("%.4f", eval->second).c_str(),
+                    c.path().c_str());
       }
       return 0;
     }
