@@ -100,6 +100,14 @@ void ToProto(const storage::CheckpointInfo& info, v1::CheckpointInfo* out) {
 
 }  // namespace
 
+absl::StatusOr<std::string> CheckpointServiceImpl::ExistingJobDir(const std::string& job_id) const {
+  absl::StatusOr<std::string> dir = JobCheckpointDir(options_.checkpoint_root, job_id);
+  if (!dir.ok()) return dir.status();
+  absl::Status exists = JobDirExists(job_id, *dir);
+  if (!exists.ok()) return exists;
+  return dir;
+}
+
 CheckpointServiceImpl::CheckpointServiceImpl(CheckpointServiceOptions options,
                                              prometheus::Registry& registry)
     : options_(std::move(options)),
@@ -112,10 +120,8 @@ CheckpointServiceImpl::CheckpointServiceImpl(CheckpointServiceOptions options,
 grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* /*context*/,
                                                     const v1::ListCheckpointsRequest* req,
                                                     v1::ListCheckpointsResponse* resp) {
-  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
-  absl::Status exists = JobDirExists(req->job_id(), *dir);
-  if (!exists.ok()) return ToGrpcStatus(exists);
   auto list = storage::ListCheckpoints(*dir);
   if (!list.ok()) return ToGrpcStatus(list.status());
   for (const storage::CheckpointInfo& info : *list) ToProto(info, resp->add_checkpoints());
@@ -125,10 +131,8 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* /*conte
 grpc::Status CheckpointServiceImpl::GetCheckpoint(grpc::ServerContext* /*context*/,
                                                   const v1::GetCheckpointRequest* req,
                                                   v1::CheckpointInfo* resp) {
-  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
-  absl::Status exists = JobDirExists(req->job_id(), *dir);
-  if (!exists.ok()) return ToGrpcStatus(exists);
   auto list = storage::ListCheckpoints(*dir);
   if (!list.ok()) return ToGrpcStatus(list.status());
   for (const storage::CheckpointInfo& info : *list) {
@@ -222,10 +226,8 @@ grpc::Status CheckpointServiceImpl::ConsolidateCheckpoint(
 grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*context*/,
                                                      const v1::DeleteCheckpointRequest* req,
                                                      v1::DeleteCheckpointResponse* resp) {
-  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
-  absl::Status exists = JobDirExists(req->job_id(), *dir);
-  if (!exists.ok()) return ToGrpcStatus(exists);
   std::vector<int64_t> protected_steps(req->protected_steps().begin(),
                                        req->protected_steps().end());
   absl::MutexLock lock(&consolidate_mu_);
@@ -241,10 +243,8 @@ grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*cont
 grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* /*context*/,
                                                    const v1::ApplyRetentionRequest* req,
                                                    v1::ApplyRetentionResponse* resp) {
-  auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
+  absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
-  absl::Status exists = JobDirExists(req->job_id(), *dir);
-  if (!exists.ok()) return ToGrpcStatus(exists);
   std::vector<int64_t> protected_steps(req->protected_steps().begin(),
                                        req->protected_steps().end());
   absl::MutexLock lock(&consolidate_mu_);

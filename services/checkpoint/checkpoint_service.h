@@ -72,6 +72,8 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
                                 v1::VerifyCheckpointResponse* resp) override;
 
  private:
+  // The job's checkpoint directory: INVALID_ARGUMENT for a bad id, NOT_FOUND if it is absent.
+  absl::StatusOr<std::string> ExistingJobDir(const std::string& job_id) const;
   absl::StatusOr<storage::ConsolidateResult> DoConsolidate(
       const v1::ConsolidateCheckpointRequest& req);
 

@@ -109,17 +109,9 @@ class PrometheusScrapeTest : public ::testing::Test {
 
   std::unique_ptr<Subprocess> StartDaemon(const std::string& name, const std::string& binary,
                                           std::vector<std::string> args, ReadyInfo* info) {
-    std::string ready = absl::StrCat(tmp_, "/", name, ".ready.json");
-    args.insert(args.begin(), RunfilePath(binary));
-    args.push_back(absl::StrCat("--ready_file=", ready));
-    auto p = Subprocess::Start(args, absl::StrCat(tmp_, "/", name, ".log"));
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return nullptr;
-    auto proc = std::make_unique<Subprocess>(std::move(*p));
-    auto r = testing::WaitReady(*proc, ready);
-    EXPECT_TRUE(r.ok()) << name << ": " << r.status();
-    if (r.ok()) *info = *r;
-    return proc;
+    auto daemon = testing::StartDaemon(tmp_, name, binary, std::move(args), info);
+    EXPECT_TRUE(daemon.ok()) << daemon.status();
+    return daemon.ok() ? std::move(*daemon) : nullptr;
   }
 
   // Writes prometheus.yml (1 s scrapes of the three daemons, the checked-in alert rules) and

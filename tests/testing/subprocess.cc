@@ -117,6 +117,27 @@ int Subprocess::Wait(absl::Duration timeout) {
   return status;
 }
 
+absl::StatusOr<std::unique_ptr<Subprocess>> StartDaemon(const std::string& dir,
+                                                        const std::string& name,
+                                                        const std::string& binary,
+                                                        std::vector<std::string> args,
+                                                        ReadyInfo* info) {
+  const std::string ready = absl::StrCat(dir, "/", name, ".ready.json");
+  ::unlink(ready.c_str());  // a stale file from an earlier daemon must not count as ready
+  args.insert(args.begin(), RunfilePath(binary));
+  args.push_back(absl::StrCat("--ready_file=", ready));
+  auto started = Subprocess::Start(args, absl::StrCat(dir, "/", name, ".log"));
+  if (!started.ok()) return started.status();
+  auto process = std::make_unique<Subprocess>(std::move(*started));
+  absl::StatusOr<ReadyInfo> ready_info = WaitReady(*process, ready);
+  if (!ready_info.ok()) {
+    return absl::Status(ready_info.status().code(),
+                        absl::StrCat(name, ": ", ready_info.status().message()));
+  }
+  *info = *ready_info;
+  return process;
+}
+
 int ExitCode(int wait_status) {
   return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
 }

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,15 @@ class Subprocess {
 // DEADLINE_EXCEEDED after `timeout`, with the log's tail in the message.
 absl::StatusOr<ReadyInfo> WaitReady(Subprocess& process, const std::string& ready_file,
                                     absl::Duration timeout = absl::Seconds(30));
+
+// Starts the daemon `binary` (a runfiles path such as "services/scheduler/loom-scheduler") with
+// `args` plus --ready_file=<dir>/<name>.ready.json, logging to <dir>/<name>.log, and waits until
+// it is ready. The daemon's ReadyInfo is stored in `*info`.
+absl::StatusOr<std::unique_ptr<Subprocess>> StartDaemon(const std::string& dir,
+                                                        const std::string& name,
+                                                        const std::string& binary,
+                                                        std::vector<std::string> args,
+                                                        ReadyInfo* info);
 
 // The exit code in a waitpid status, or -1 if the process was killed by a signal.
 int ExitCode(int wait_status);
