@@ -4,6 +4,7 @@
 # checkpoints, rank logs, daemon logs, ready files (cluster/*.json) that loomctl reads.
 #
 #   scripts/local_cluster.sh start [--workers N] [--slots S]   start (builds nothing; see README)
+#   scripts/local_cluster.sh add-worker [--slots S]             one more worker (e.g. to replace one)
 #   scripts/local_cluster.sh status                             print daemons and metrics URLs
 #   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
 set -euo pipefail
@@ -65,16 +66,38 @@ cmd_start() {
   trap 'echo "local_cluster: startup failed, stopping what started" >&2; cmd_stop' ERR
   start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
     --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints"
-  local sched
-  sched=$(ready_field "$CLUSTER/scheduler.json" grpc_address)
   start_daemon checkpoint "$BIN/services/checkpoint/loom-checkpoint" \
     --checkpoint_root="$LOOM_HOME/checkpoints"
   for i in $(seq 0 $((workers - 1))); do
-    start_daemon "worker-$i" "$BIN/services/worker/loom-worker" \
-      --scheduler="$sched" --node_id="worker-$i" --slots="$slots" \
-      --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$i"
+    start_worker "$i" "$slots"
   done
   trap - ERR
+  cmd_status
+}
+
+start_worker() {  # start_worker INDEX SLOTS
+  local sched
+  sched=$(ready_field "$CLUSTER/scheduler.json" grpc_address)
+  start_daemon "worker-$1" "$BIN/services/worker/loom-worker" \
+    --scheduler="$sched" --node_id="worker-$1" --slots="$2" \
+    --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$1"
+}
+
+cmd_add_worker() {
+  local slots=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --slots) slots=$2; shift 2 ;;
+      *) echo "local_cluster: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  if [ ! -s "$CLUSTER/scheduler.json" ]; then
+    echo "local_cluster: no running cluster under $LOOM_HOME (start one first)" >&2
+    exit 1
+  fi
+  local i=0
+  while [ -e "$CLUSTER/worker-$i.pid" ] || [ -e "$LOOM_HOME/work/worker-$i" ]; do i=$((i + 1)); done
+  start_worker "$i" "$slots"
   cmd_status
 }
 
@@ -116,7 +139,9 @@ cmd_stop() {
 
 case "${1:-}" in
   start) shift; cmd_start "$@" ;;
+  add-worker) shift; cmd_add_worker "$@" ;;
   status) cmd_status ;;
   stop) cmd_stop ;;
-  *) echo "usage: $0 start [--workers N] [--slots S] | status | stop" >&2; exit 2 ;;
+  *) echo "usage: $0 start [--workers N] [--slots S] | add-worker [--slots S] | status | stop" >&2
+     exit 2 ;;
 esac
