@@ -593,8 +593,25 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     }
     if (st.state() == v1::RANK_STATE_FAILED || st.state() == v1::RANK_STATE_STOPPED) {
       const bool had_run = previous == v1::RANK_STATE_RUNNING;
+      // A rank that lost a peer fails with a collective error ("connection reset"); the peer's
+      // node, gone silent, is the likely cause and the better suspect.
+      std::string suspect = node_id;
+      std::string message = RankExitMessage(st.rank(), node_id, st);
+      const absl::Time now = clock_->Now();
+      for (const std::string& peer : job.rank_nodes) {
+        auto n = nodes_.find(peer);
+        if (peer == node_id || n == nodes_.end()) continue;
+        const absl::Duration silent = now - n->second.last_heartbeat_time;
+        if (silent > 2 * options_.heartbeat_interval) {
+          suspect = peer;
+          absl::StrAppend(&message, " (node ", peer, ", with another rank of this job, has not "
+                          "heartbeated for ", absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
+                          ": likely the cause)");
+          break;
+        }
+      }
       RETURN_IF_ERROR(FailAttempt(st.job_id(), ClassifyRankFailure(st, had_run), "RankFailed",
-                                  RankExitMessage(st.rank(), node_id, st), node_id));
+                                  message, suspect));
       continue;
     }
     touched_jobs.insert(st.job_id());
@@ -858,6 +875,15 @@ absl::Status Scheduler::CheckNodeLiveness() {
         LOG(INFO) << "job " << job_id << " SUCCEEDED: " << jobs_.at(job_id).message;
         continue;
       }
+      if (jobs_.at(job_id).phase == v1::JOB_PHASE_RECOVERING) {
+        // The attempt already ended (typically a peer rank failing with a collective error when
+        // this node died): name the lost node in the job's message and avoid it.
+        JobRecord updated = jobs_.at(job_id);
+        absl::StrAppend(&updated.message, "; then ", message, ": likely the cause");
+        RETURN_IF_ERROR(CommitJob(std::move(updated)));
+        suspects_[job_id].insert(node_id);
+        continue;
+      }
       RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost", message, node_id));
     }
   }
@@ -963,6 +989,9 @@ absl::Status Scheduler::PlacePendingJobs() {
       const std::string resume = ResumeDir(updated);
       absl::StrAppend(&updated.message, resume.empty() ? " (no committed checkpoint: starting over)"
                                                        : absl::StrCat(" (resuming from ", resume, ")"));
+      if (job.phase == v1::JOB_PHASE_RECOVERING) {
+        absl::StrAppend(&updated.message, ". Previously: ", job.message);  // why it restarted
+      }
     }
     if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();
     RETURN_IF_ERROR(CommitJob(std::move(updated)));

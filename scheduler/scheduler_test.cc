@@ -923,6 +923,66 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
   EXPECT_TRUE(exists(40));
 }
 
+// A rank failing with a collective error while its peer's node has gone silent: the silent node
+// is named as the likely cause and avoided by the next attempt.
+TEST_F(SchedulerTest, RankFailureNamesASilentPeerNodeAsTheLikelyCause) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Register("node-c", 1);
+  Job job = Submit(2, /*max_restarts=*/1);
+  Cycle();
+  job = Get(job.id());
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  Beat("node-c");
+  clock_.Advance(absl::Seconds(5));  // node-b goes silent (its worker died)
+  Beat("node-c");
+  RankStatus reset = Rank(job, 0, loom::v1::RANK_STATE_FAILED);
+  reset.set_exit_code(1);
+  reset.set_error("allgather: Read error: Connection reset by peer");
+  Beat("node-a", {reset});
+  Job recovering = Get(job.id());
+  EXPECT_EQ(recovering.phase(), loom::v1::JOB_PHASE_RECOVERING);
+  EXPECT_NE(recovering.message().find("node node-b, with another rank of this job, has not "
+                                      "heartbeated for 5s: likely the cause"),
+            std::string::npos)
+      << recovering.message();
+}
+
+// The peer's failure can arrive before its node looks silent; when the node is then declared
+// lost, the recovering job's message names it.
+TEST_F(SchedulerTest, NodeLostWhileRecoveringIsNamedInTheJobMessage) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Register("node-c", 1);
+  Job job = Submit(2, /*max_restarts=*/1);
+  Cycle();
+  job = Get(job.id());
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  RankStatus reset = Rank(job, 0, loom::v1::RANK_STATE_FAILED);
+  reset.set_exit_code(1);
+  reset.set_error("Connection reset by peer");
+  Beat("node-a", {reset});
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RECOVERING);
+  for (int i = 0; i < 11; ++i) {  // node-b never heartbeats again
+    clock_.Advance(absl::Seconds(1));
+    Beat("node-a");
+    Beat("node-c");
+    Cycle();
+  }
+  Job placed = Get(job.id());
+  EXPECT_EQ(placed.attempt(), 2);
+  EXPECT_NE(placed.message().find("Previously: attempt 1 failed: rank 0 on node node-a"),
+            std::string::npos)
+      << placed.message();
+  EXPECT_NE(placed.message().find("then node node-b lost: no heartbeat for 11s (timeout 10s): "
+                                  "likely the cause"),
+            std::string::npos)
+      << placed.message();
+  for (const std::string& n : placed.rank_nodes()) EXPECT_NE(n, "node-b");
+}
+
 TEST_F(SchedulerTest, LostNodeWithRestartsLeftRecoversOnTheOtherNodes) {
   Register("node-a", 1);
   Register("node-b", 1);

@@ -436,10 +436,11 @@ int main(int argc, char** argv) {
     }
     std::printf("%-16s %-20s %-10s %-6s %-12s %s\n", "ID", "NAME", "PHASE", "RANKS", "STEP", "LOSS");
     for (const Job& j : resp.jobs()) {
-      std::printf("%-16s %-20s %-10s %-6d %-12s %.4f\n", j.id().c_str(), j.spec().name().c_str(),
+      std::printf("%-16s %-20s %-10s %-6d %-12s %s\n", j.id().c_str(), j.spec().name().c_str(),
                   PhaseName(j.phase()).c_str(), j.spec().resources().num_ranks(),
                   absl::StrCat(j.progress().step(), "/", j.spec().training().steps()).c_str(),
-                  j.progress().loss());
+                  j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()).c_str()
+                                          : "-");
     }
     return 0;
   }

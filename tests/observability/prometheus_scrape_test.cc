@@ -278,7 +278,9 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
     for (const json& r : g["rules"]) {
       ++rules;
       EXPECT_EQ(r.value("health", ""), "ok") << r.dump();
-      if (r.value("type", "") == "alerting") EXPECT_EQ(r.value("state", ""), "inactive") << r.dump();
+      if (r.value("type", "") == "alerting") {
+        EXPECT_EQ(r.value("state", ""), "inactive") << r.dump();
+      }
     }
   }
   EXPECT_GE(rules, 5);
