@@ -20,15 +20,6 @@
 namespace loom {
 namespace {
 
-// The newest committed checkpoint of a job (the step directory every rank of a new attempt
-// resumes from), or "" if there is none yet. Committed = every rank's manifest present and
-// consistent (storage/checkpoint/consolidate.h); partial checkpoints are never used.
-std::string ResumeDir(const JobRecord& job) {
-  absl::StatusOr<storage::CheckpointInfo> newest =
-      storage::NewestCommittedCheckpoint(job.checkpoint_dir);
-  return newest.ok() ? newest->path : "";
-}
-
 // The job's progress once rank 0 of its current attempt reports `reported`. A new attempt's rank
 // starts with empty progress and, when it resumed, evaluates first at the resume step: the job
 // keeps its "before training" loss, and its last evaluation, checkpoint and step until the new
@@ -171,12 +162,14 @@ loom::v1::Job JobRecordToProto(const JobRecord& r) {
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& options,
                                                              JobStore* store, Clock* clock,
-                                                             SchedulerMetrics* metrics) {
+                                                             SchedulerMetrics* metrics,
+                                                             CheckpointCatalog* checkpoints) {
   RETURN_IF_ERROR(options.Validate());
   if (store == nullptr || clock == nullptr) {
     return absl::InvalidArgumentError("Scheduler::Create: store and clock are required");
   }
-  std::unique_ptr<Scheduler> scheduler(new Scheduler(options, store, clock, metrics));
+  std::unique_ptr<Scheduler> scheduler(
+      new Scheduler(options, store, clock, metrics, checkpoints));
   absl::MutexLock lock(&scheduler->mu_);
   RETURN_IF_ERROR(scheduler->Load());
   scheduler->UpdateGauges();
@@ -216,6 +209,18 @@ absl::Status Scheduler::Load() {
         ranks_[{job.id, rank}] = rt;
         auto node = nodes_.find(rt.node_id);
         if (node == nodes_.end() || node->second.lost) orphaned.emplace_back(job.id, rt.node_id);
+      }
+    }
+    if (placed && job.attempt > 1) {
+      // The attempt resumed from the newest committed checkpoint at its placement; unless it has
+      // written newer ones since, that is still the newest. Ranks handed out again get it.
+      absl::StatusOr<CommittedCheckpoint> newest =
+          checkpoints_->NewestCommitted(job.id, job.checkpoint_dir);
+      if (newest.ok()) {
+        resume_from_[job.id] = *newest;
+      } else if (!absl::IsNotFound(newest.status())) {
+        LOG(WARNING) << "job " << job.id << ": cannot find its resume checkpoint: "
+                     << newest.status();
       }
     }
     jobs_[job.id] = std::move(job);
@@ -678,7 +683,10 @@ loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_
   a.set_master_addr(node == nodes_.end() ? job.rank_nodes.at(0) : NodeAddress(node->second));
   a.set_master_port(job.rendezvous_port);
   a.set_checkpoint_dir(job.checkpoint_dir);
-  if (job.attempt > 1) a.set_resume_from(ResumeDir(job));
+  if (job.attempt > 1) {
+    auto r = resume_from_.find(job.id);
+    if (r != resume_from_.end()) a.set_resume_from(r->second.path);
+  }
   return a;
 }
 
@@ -709,6 +717,10 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
     LOG(INFO) << "job " << job_id << " SUCCEEDED";
     last_step_advance_.erase(job_id);
     step_seconds_.erase(job_id);
+    // Nothing resumes from the attempt's starting checkpoint any more: apply the policy once
+    // more without protecting it.
+    resume_from_.erase(job_id);
+    ApplyRetention(jobs_.at(job_id));
     return absl::OkStatus();
   }
   if (running_or_done == total && job.phase == v1::JOB_PHASE_STARTING) {
@@ -743,21 +755,17 @@ absl::Status Scheduler::RunSchedulingCycle() {
 void Scheduler::ApplyRetention(const JobRecord& job) {
   const loom::v1::CheckpointPolicy& policy = job.spec.checkpoint();
   if (policy.keep_last() <= 0) return;  // keep everything
-  storage::RetentionPolicy retention;
-  retention.keep_last = policy.keep_last();
-  retention.keep_best = policy.keep_best();
-  if (!policy.best_metric().empty()) retention.best_metric = policy.best_metric();
   std::vector<int64_t> protected_steps;
-  if (auto r = resume_step_.find(job.id); r != resume_step_.end()) {
-    protected_steps.push_back(r->second);  // the current attempt may still need it
+  if (auto r = resume_from_.find(job.id); r != resume_from_.end()) {
+    protected_steps.push_back(r->second.step);  // the current attempt may still need it
   }
-  absl::StatusOr<storage::RetentionResult> result =
-      storage::ApplyRetention(job.checkpoint_dir, retention, protected_steps);
-  if (!result.ok()) {
-    LOG(WARNING) << "job " << job.id << ": checkpoint retention failed: " << result.status();
-  } else if (!result->deleted_steps.empty()) {
+  absl::StatusOr<std::vector<int64_t>> deleted =
+      checkpoints_->ApplyRetention(job.id, job.checkpoint_dir, policy, protected_steps);
+  if (!deleted.ok()) {
+    LOG(WARNING) << "job " << job.id << ": checkpoint retention failed: " << deleted.status();
+  } else if (!deleted->empty()) {
     LOG(INFO) << "job " << job.id << ": retention deleted checkpoints of steps "
-              << absl::StrJoin(result->deleted_steps, ", ");
+              << absl::StrJoin(*deleted, ", ");
   }
 }
 
@@ -981,14 +989,22 @@ absl::Status Scheduler::PlacePendingJobs() {
     updated.failure_class = v1::FAILURE_CLASS_UNSPECIFIED;
     updated.message = absl::StrCat("attempt ", updated.attempt, ": ", need,
                                    " ranks placed; waiting for rank 0's rendezvous port");
-    resume_step_.erase(job_id);
+    resume_from_.erase(job_id);
     if (updated.attempt > 1) {
-      absl::StatusOr<storage::CheckpointInfo> newest =
-          storage::NewestCommittedCheckpoint(updated.checkpoint_dir);
-      if (newest.ok()) resume_step_[job_id] = newest->step;
-      const std::string resume = ResumeDir(updated);
-      absl::StrAppend(&updated.message, resume.empty() ? " (no committed checkpoint: starting over)"
-                                                       : absl::StrCat(" (resuming from ", resume, ")"));
+      absl::StatusOr<CommittedCheckpoint> newest =
+          checkpoints_->NewestCommitted(job_id, updated.checkpoint_dir);
+      if (!newest.ok() && !absl::IsNotFound(newest.status())) {
+        // Never restart from scratch because the catalog could not answer: try next cycle.
+        RETURN_IF_ERROR(SetPendingReason(
+            job_id, "CheckpointsUnavailable",
+            absl::StrCat("cannot find the newest committed checkpoint to resume from: ",
+                         newest.status().message())));
+        continue;
+      }
+      if (newest.ok()) resume_from_[job_id] = *newest;
+      absl::StrAppend(&updated.message,
+                      newest.ok() ? absl::StrCat(" (resuming from ", newest->path, ")")
+                                  : std::string(" (no committed checkpoint: starting over)"));
       if (job.phase == v1::JOB_PHASE_RECOVERING) {
         absl::StrAppend(&updated.message, ". Previously: ", job.message);  // why it restarted
       }

@@ -65,6 +65,7 @@
 #include "proto/common.pb.h"
 #include "proto/job_service.pb.h"
 #include "proto/worker_service.pb.h"
+#include "scheduler/checkpoint_catalog.h"
 #include "scheduler/clock.h"
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/scheduler_metrics.h"
@@ -105,9 +106,12 @@ class Scheduler {
   // Loads every job and node from `store` (see the file comment for what recovery does).
   // `store` and `clock` must outlive the scheduler; `metrics` may be null (no metrics) and
   // must otherwise outlive it. INVALID_ARGUMENT for bad options; store errors as returned.
+  // `checkpoints` (may be null: the storage library on the job's checkpoint_dir) must outlive
+  // the scheduler.
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerOptions& options,
                                                            JobStore* store, Clock* clock,
-                                                           SchedulerMetrics* metrics);
+                                                           SchedulerMetrics* metrics,
+                                                           CheckpointCatalog* checkpoints = nullptr);
 
   // Validates and persists a new PENDING job; returns it. INVALID_ARGUMENT (field path first)
   // or FAILED_PRECONDITION from validation; store errors (e.g. UNAVAILABLE) as returned.
@@ -167,8 +171,13 @@ class Scheduler {
   };
   using RankKey = std::pair<std::string, int32_t>;  // (job id, rank)
 
-  Scheduler(SchedulerOptions options, JobStore* store, Clock* clock, SchedulerMetrics* metrics)
-      : options_(std::move(options)), store_(store), clock_(clock), metrics_(metrics) {}
+  Scheduler(SchedulerOptions options, JobStore* store, Clock* clock, SchedulerMetrics* metrics,
+            CheckpointCatalog* checkpoints)
+      : options_(std::move(options)),
+        store_(store),
+        clock_(clock),
+        metrics_(metrics),
+        checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_) {}
 
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists `job` (checking its phase change against the state machine), then adopts it.
@@ -211,6 +220,8 @@ class Scheduler {
   JobStore* const store_;
   Clock* const clock_;
   SchedulerMetrics* const metrics_;
+  LocalCheckpointCatalog local_checkpoints_;
+  CheckpointCatalog* const checkpoints_;
 
   // Guarded by mu_. jobs_ and nodes_ mirror the store (written through on every change).
   absl::Mutex mu_;
@@ -226,8 +237,9 @@ class Scheduler {
   // step (at most 32, oldest first). In memory only.
   std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::deque<double>> step_seconds_ ABSL_GUARDED_BY(mu_);
-  // The checkpoint step each job's current attempt resumed from (protected from retention).
-  std::map<std::string, int64_t> resume_step_ ABSL_GUARDED_BY(mu_);
+  // The checkpoint each job's current attempt resumes from (protected from retention); absent
+  // when it starts over. Rebuilt lazily after a restart.
+  std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

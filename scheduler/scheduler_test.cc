@@ -921,6 +921,14 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
   EXPECT_TRUE(exists(20));
   EXPECT_FALSE(exists(30));
   EXPECT_TRUE(exists(40));
+  // Once the job succeeds, the resume checkpoint is no longer protected.
+  RankStatus done = Rank(second, 0, loom::v1::RANK_STATE_SUCCEEDED);
+  done.mutable_progress()->set_step(40);
+  done.mutable_progress()->set_last_checkpoint_step(40);
+  Beat("node-a", {done});
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_FALSE(exists(20));
+  EXPECT_TRUE(exists(40));
 }
 
 // A rank failing with a collective error while its peer's node has gone silent: the silent node

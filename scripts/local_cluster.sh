@@ -64,10 +64,12 @@ cmd_start() {
   fi
   mkdir -p "$CLUSTER" "$LOGS" "$LOOM_HOME/checkpoints" "$LOOM_HOME/work"
   trap 'echo "local_cluster: startup failed, stopping what started" >&2; cmd_stop' ERR
-  start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
-    --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints"
   start_daemon checkpoint "$BIN/services/checkpoint/loom-checkpoint" \
     --checkpoint_root="$LOOM_HOME/checkpoints"
+  # The scheduler finds resume checkpoints and applies retention through loom-checkpoint.
+  start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
+    --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints" \
+    --checkpoint_service="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)"
   for i in $(seq 0 $((workers - 1))); do
     start_worker "$i" "$slots"
   done

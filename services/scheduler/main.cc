@@ -29,6 +29,9 @@ ABSL_FLAG(double, hang_step_time_factor, 20,
           "A running job is hung when its step has not advanced for this many median step times "
           "(and at least --hang_min_timeout_s).");
 ABSL_FLAG(int, hang_min_timeout_s, 120, "Shortest stall, in seconds, that counts as a hang.");
+ABSL_FLAG(std::string, checkpoint_service, "",
+          "loom-checkpoint address (host:port) used to find resume checkpoints and apply "
+          "retention; empty = read --checkpoint_root directly");
 ABSL_FLAG(std::string, fortunes_dir, "/usr/share/games/fortunes",
           "Where the built-in 'fortunes' dataset lives (checked at submission).");
 
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.db_path = absl::GetFlag(FLAGS_db);
   options.schedule_interval = absl::Milliseconds(absl::GetFlag(FLAGS_schedule_interval_ms));
+  options.checkpoint_service = absl::GetFlag(FLAGS_checkpoint_service);
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.scheduler.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.scheduler.hang_step_time_factor = absl::GetFlag(FLAGS_hang_step_time_factor);

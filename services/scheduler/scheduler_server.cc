@@ -1,5 +1,7 @@
 #include "services/scheduler/scheduler_server.h"
 
+#include "services/scheduler/grpc_checkpoint_catalog.h"
+
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
@@ -36,8 +38,14 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   ASSIGN_OR_RETURN(s->store_, SqliteJobStore::Open(options.db_path));
   s->registry_ = std::make_shared<prometheus::Registry>();
   s->scheduler_metrics_ = std::make_unique<SchedulerMetrics>(*s->registry_);
+  if (!options.checkpoint_service.empty()) {
+    s->checkpoints_ = std::make_unique<GrpcCheckpointCatalog>(
+        grpc::CreateChannel(options.checkpoint_service, grpc::InsecureChannelCredentials()),
+        absl::Seconds(10));
+  }
   ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(options.scheduler, s->store_.get(), clock,
-                                                    s->scheduler_metrics_.get()));
+                                                    s->scheduler_metrics_.get(),
+                                                    s->checkpoints_.get()));
   s->job_service_ = std::make_unique<JobServiceImpl>(s->scheduler_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->scheduler_.get());
 

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "scheduler/checkpoint_catalog.h"
 #include "scheduler/clock.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
@@ -38,6 +39,9 @@ struct SchedulerServerOptions {
   int metrics_port = 0;            // /metrics port; 0 = any free port
   std::string db_path;             // SQLite file; required (created if absent)
   absl::Duration schedule_interval = absl::Milliseconds(200);  // scheduling loop period
+  // loom-checkpoint's address (host:port) for resume lookups and retention; empty = read the
+  // checkpoint root directly with the storage library.
+  std::string checkpoint_service;
   SchedulerOptions scheduler;
 
   // INVALID_ARGUMENT naming the field.
@@ -65,6 +69,7 @@ class SchedulerServer {
   Scheduler& scheduler() { return *scheduler_; }
 
  private:
+  std::unique_ptr<CheckpointCatalog> checkpoints_;  // before scheduler_, which uses it
   explicit SchedulerServer(SchedulerServerOptions options) : options_(std::move(options)) {}
   void LoopMain();
 

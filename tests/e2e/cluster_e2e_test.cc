@@ -65,13 +65,15 @@ class ClusterE2ETest : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(tmp_).ok());
     ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
     ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
-    std::vector<std::string> scheduler_args = {absl::StrCat("--db=", tmp_, "/loom.db"),
-                                               absl::StrCat("--checkpoint_root=", ckpt_root_)};
+    checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
+                              {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
+    // As in the local cluster: resume lookups and retention go through loom-checkpoint.
+    std::vector<std::string> scheduler_args = {
+        absl::StrCat("--db=", tmp_, "/loom.db"), absl::StrCat("--checkpoint_root=", ckpt_root_),
+        absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address)};
     for (const std::string& a : ExtraSchedulerArgs()) scheduler_args.push_back(a);
     scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler", scheduler_args,
                              &scheduler_info_);
-    checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
-                              {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
     for (int i = 0; i < NumWorkers(); ++i) {
       ReadyInfo info;
       workers_.push_back(StartDaemon(
@@ -286,6 +288,7 @@ TEST_F(ClusterE2ETest, SchedulerKilledMidRunRestartsAndTheJobCompletes) {
   scheduler_ = StartDaemon("scheduler-2", "services/scheduler/loom-scheduler",
                            {absl::StrCat("--db=", tmp_, "/loom.db"),
                             absl::StrCat("--checkpoint_root=", ckpt_root_),
+                            absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address),
                             absl::StrCat("--port=", port)},
                            &restarted);
   ASSERT_EQ(restarted.grpc_address, scheduler_info_.grpc_address);
@@ -315,7 +318,12 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
   ASSERT_EQ(reference.phase(), loom::v1::JOB_PHASE_SUCCEEDED);
   ASSERT_EQ(reference.attempt(), 1);
 
-  loom::v1::Job job = Submit(absl::StrCat(yaml, "max_restarts: 2\n"));
+  // keep_last 1: retention runs through loom-checkpoint on every checkpoint, and must keep
+  // the newest committed one the recovery resumes from.
+  std::string with_retention = yaml;
+  with_retention.replace(with_retention.find("interval_steps: 20"), 18,
+                         "interval_steps: 20, keep_last: 1");
+  loom::v1::Job job = Submit(absl::StrCat(with_retention, "max_restarts: 2\n"));
   // Wait for a committed checkpoint, then kill -9 the worker of rank 1 (its trainer gets
   // SIGTERM through its parent-death signal: the node is gone).
   absl::Time deadline = absl::Now() + absl::Minutes(2);
@@ -350,6 +358,13 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
   EXPECT_NEAR(job.progress().eval_loss(), reference.progress().eval_loss(), 1e-5);
   EXPECT_NEAR(job.progress().loss(), reference.progress().loss(), 1e-5);
   EXPECT_DOUBLE_EQ(job.progress().initial_eval_loss(), reference.progress().initial_eval_loss());
+  // Retention (keep_last 1) left only the final checkpoint.
+  loom::v1::ListCheckpointsRequest list_req;
+  list_req.set_job_id(job.id());
+  loom::v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok());
+  ASSERT_EQ(list.checkpoints_size(), 1);
+  EXPECT_EQ(list.checkpoints(0).step(), 120);
 }
 
 TEST_F(ClusterRecoveryE2ETest, WorkerThatStopsHeartbeatingWhileItsRankStepsKeepsItsJob) {

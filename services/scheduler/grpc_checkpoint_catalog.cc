@@ -1,0 +1,40 @@
+#include "services/scheduler/grpc_checkpoint_catalog.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace loom {
+
+absl::StatusOr<CommittedCheckpoint> GrpcCheckpointCatalog::NewestCommitted(
+    const std::string& job_id, const std::string& /*checkpoint_dir*/) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
+  v1::ListCheckpointsRequest req;
+  req.set_job_id(job_id);
+  v1::ListCheckpointsResponse resp;
+  grpc::Status s = stub_->ListCheckpoints(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);  // NOT_FOUND: the job has no checkpoint directory
+  for (auto it = resp.checkpoints().rbegin(); it != resp.checkpoints().rend(); ++it) {
+    if (it->committed()) return CommittedCheckpoint{it->step(), it->path()};
+  }
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " has no committed checkpoint"));
+}
+
+absl::StatusOr<std::vector<int64_t>> GrpcCheckpointCatalog::ApplyRetention(
+    const std::string& job_id, const std::string& /*checkpoint_dir*/,
+    const loom::v1::CheckpointPolicy& policy, const std::vector<int64_t>& protected_steps) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
+  v1::ApplyRetentionRequest req;
+  req.set_job_id(job_id);
+  req.set_keep_last(policy.keep_last());
+  req.set_keep_best(policy.keep_best());
+  req.set_best_metric(policy.best_metric());
+  for (int64_t step : protected_steps) req.add_protected_steps(step);
+  v1::ApplyRetentionResponse resp;
+  grpc::Status s = stub_->ApplyRetention(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<int64_t>(resp.deleted_steps().begin(), resp.deleted_steps().end());
+}
+
+}  // namespace loom
