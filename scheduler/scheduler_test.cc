@@ -115,11 +115,13 @@ class SchedulerTest : public ::testing::Test {
     return resp.ok() ? *resp : HeartbeatResponse();
   }
 
-  // Places a 2-rank job on node-a/node-b and drives it to RUNNING (rank 0 port 29500).
-  Job RunTwoRankJob() {
+  // Places a 2-rank job on node-a/node-b and drives it to RUNNING (rank 0 port 29500). With
+  // `spare_node`, an idle node-c is registered too (somewhere to recover to).
+  Job RunTwoRankJob(int max_restarts = 0, bool spare_node = false) {
     Register("node-a", 1);
     Register("node-b", 1);
-    Job job = Submit(2);
+    if (spare_node) Register("node-c", 1);
+    Job job = Submit(2, max_restarts);
     Cycle();
     job = Get(job.id());
     Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
@@ -934,14 +936,7 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
 // A rank failing with a collective error while its peer's node has gone silent: the silent node
 // is named as the likely cause and avoided by the next attempt.
 TEST_F(SchedulerTest, RankFailureNamesASilentPeerNodeAsTheLikelyCause) {
-  Register("node-a", 1);
-  Register("node-b", 1);
-  Register("node-c", 1);
-  Job job = Submit(2, /*max_restarts=*/1);
-  Cycle();
-  job = Get(job.id());
-  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
-  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  Job job = RunTwoRankJob(/*max_restarts=*/1, /*spare_node=*/true);
   Beat("node-c");
   clock_.Advance(absl::Seconds(5));  // node-b goes silent (its worker died)
   Beat("node-c");
@@ -960,14 +955,7 @@ TEST_F(SchedulerTest, RankFailureNamesASilentPeerNodeAsTheLikelyCause) {
 // The peer's failure can arrive before its node looks silent; when the node is then declared
 // lost, the recovering job's message names it.
 TEST_F(SchedulerTest, NodeLostWhileRecoveringIsNamedInTheJobMessage) {
-  Register("node-a", 1);
-  Register("node-b", 1);
-  Register("node-c", 1);
-  Job job = Submit(2, /*max_restarts=*/1);
-  Cycle();
-  job = Get(job.id());
-  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
-  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  Job job = RunTwoRankJob(/*max_restarts=*/1, /*spare_node=*/true);
   RankStatus reset = Rank(job, 0, loom::v1::RANK_STATE_FAILED);
   reset.set_exit_code(1);
   reset.set_error("Connection reset by peer");
@@ -992,14 +980,7 @@ TEST_F(SchedulerTest, NodeLostWhileRecoveringIsNamedInTheJobMessage) {
 }
 
 TEST_F(SchedulerTest, LostNodeWithRestartsLeftRecoversOnTheOtherNodes) {
-  Register("node-a", 1);
-  Register("node-b", 1);
-  Register("node-c", 1);
-  Job job = Submit(2, /*max_restarts=*/2);
-  Cycle();
-  job = Get(job.id());
-  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
-  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  Job job = RunTwoRankJob(/*max_restarts=*/2, /*spare_node=*/true);
   Beat("node-c");
   // node-b goes silent; node-a and node-c keep heartbeating.
   clock_.Advance(absl::Seconds(6));
