@@ -145,6 +145,10 @@ loom::v1::Job JobRecordToProto(const JobRecord& r) {
   loom::v1::Job job;
   job.set_id(r.id);
   job.set_request_id(r.request_id);
+  job.set_tenant(r.tenant);
+  job.set_user_restarts(r.state.user_restarts());
+  job.set_infra_restarts(r.state.infra_restarts());
+  job.set_preemptions(r.state.preemptions());
   *job.mutable_spec() = r.spec;
   job.set_phase(r.phase);
   job.set_failure_class(r.failure_class);
@@ -328,8 +332,9 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec,
-                                                    const std::string& request_id,
-                                                    bool* deduplicated) {
+                                                   const std::string& request_id,
+                                                   bool* deduplicated,
+                                                   const std::string& tenant) {
   if (deduplicated != nullptr) *deduplicated = false;
   RETURN_IF_ERROR(CheckIdLength("request_id", request_id));
   {
@@ -337,6 +342,11 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
     auto known = job_by_request_.find(request_id);
     if (!request_id.empty() && known != job_by_request_.end()) {
       const JobRecord& earlier = jobs_.at(known->second);
+      if (earlier.tenant != tenant) {
+        // Request ids are unique across tenants; do not reveal the other tenant's job.
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id ", request_id, " was already used by another tenant"));
+      }
       if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec, spec)) {
         return absl::AlreadyExistsError(absl::StrCat("request_id ", request_id,
                                                      " was already used for job ", earlier.id,
@@ -356,6 +366,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
   JobRecord job;
   job.id = NewJobId();
   job.request_id = request_id;
+  job.tenant = tenant.empty() ? "default" : tenant;
   job.sequence = next_sequence_;
   job.spec = spec;
   RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));

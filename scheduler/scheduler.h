@@ -119,9 +119,12 @@ class Scheduler {
   // and the same spec, that job is returned (`*deduplicated` = true when non-null) and nothing is
   // created; with a different spec, ALREADY_EXISTS naming that job. INVALID_ARGUMENT if
   // request_id is longer than kMaxIdBytes.
+  // `tenant` owns the job (Job.tenant; "" means "default"); a request_id reused by another
+  // tenant is ALREADY_EXISTS without naming the other job.
   absl::StatusOr<loom::v1::Job> SubmitJob(const loom::v1::JobSpec& spec,
                                           const std::string& request_id = "",
-                                          bool* deduplicated = nullptr);
+                                          bool* deduplicated = nullptr,
+                                          const std::string& tenant = "default");
 
   // NOT_FOUND if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes (an error
   // message echoing it would not fit in gRPC's metadata).

@@ -11,6 +11,8 @@ PACKAGES=(
   libtorch-dev libgloo-dev
   # Debian's LibTorch uses the system BLAS; OpenBLAS is ~15x faster than the reference one
   libopenblas0-pthread libgtest-dev libgmock-dev libbenchmark-dev
+  # ZeRO-Infinity NVMe offload: asynchronous file I/O through io_uring
+  liburing-dev
   # runtime tools and data
   sentencepiece fortunes fortunes-min
   # tests: reference PyTorch for the independent export check

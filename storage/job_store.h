@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/common.pb.h"
+#include "proto/scheduler_state.pb.h"
 #include "proto/worker_service.pb.h"
 
 namespace loom {
@@ -46,6 +47,10 @@ struct JobRecord {
   int32_t rendezvous_port = 0;
   // The client's request id of the submission ("" = none); unique among jobs that have one.
   std::string request_id;
+  // Tenant owning the job ("default" when the scheduler runs without authentication).
+  std::string tenant = "default";
+  // Restart budgets, backoff, preemptions, ... (persisted as serialized proto bytes).
+  loom::internal::JobSchedulingState state;
 };
 
 // One worker node as persisted.
@@ -56,6 +61,8 @@ struct NodeRecord {
   // True once the scheduler declared the node lost (missed heartbeats); a new registration
   // clears it.
   bool lost = false;
+  // Cordon / drain (persisted as serialized proto bytes).
+  loom::internal::NodeAdminState admin;
 };
 
 // Persistent store of jobs and nodes. Implementations are thread-safe.

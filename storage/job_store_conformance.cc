@@ -44,6 +44,11 @@ JobRecord SampleJob(const std::string& id, int64_t sequence) {
   job.checkpoint_dir = absl::StrCat("/ckpt/", id);
   job.rendezvous_port = 29500;
   job.request_id = absl::StrCat("req-", id);
+  job.tenant = "team-a";
+  job.state.set_user_restarts(1);
+  job.state.set_infra_restarts(2);
+  job.state.set_not_before_us(1700000009000000);
+  job.state.add_suspect_nodes("node-x");
   return job;
 }
 
@@ -55,6 +60,8 @@ NodeRecord SampleNode(const std::string& id, int slots) {
   node.inventory.set_hostname(id);
   node.inventory.set_address("127.0.0.1");
   node.last_heartbeat_time = absl::FromUnixMicros(1700000003000000);
+  node.inventory.set_topology_domain("rack-1");
+  (*node.inventory.mutable_labels())["zone"] = "a";
   return node;
 }
 
@@ -80,6 +87,9 @@ void ExpectSameJob(const JobRecord& a, const JobRecord& b) {
   EXPECT_EQ(a.rank_nodes, b.rank_nodes);
   EXPECT_EQ(a.rendezvous_port, b.rendezvous_port);
   EXPECT_EQ(a.request_id, b.request_id);
+  EXPECT_EQ(a.tenant, b.tenant);
+  EXPECT_TRUE(MessageDifferencer::Equals(a.state, b.state)) << a.state.DebugString() << " vs "
+                                                            << b.state.DebugString();
 }
 
 TEST_P(JobStoreConformanceTest, CreateThenGetRoundTripsEveryField) {
@@ -222,6 +232,8 @@ TEST_P(JobStoreConformanceTest, NodesUpsertGetAndListById) {
   z.lost = true;
   z.inventory.set_accelerator(loom::v1::ACCELERATOR_KIND_H100);
   z.last_heartbeat_time = absl::FromUnixMicros(1800000000000001);
+  z.admin.set_cordoned(true);
+  z.admin.set_reason("disk replacement");
   ASSERT_TRUE(store_->UpsertNode(z).ok());
 
   absl::StatusOr<NodeRecord> got = store_->GetNode("node-z");
@@ -231,6 +243,10 @@ TEST_P(JobStoreConformanceTest, NodesUpsertGetAndListById) {
   EXPECT_EQ(got->inventory.address(), "127.0.0.1");
   EXPECT_EQ(got->last_heartbeat_time, absl::FromUnixMicros(1800000000000001));
   EXPECT_TRUE(got->lost);
+  EXPECT_TRUE(got->admin.cordoned());
+  EXPECT_EQ(got->admin.reason(), "disk replacement");
+  EXPECT_EQ(got->inventory.topology_domain(), "rack-1");
+  EXPECT_EQ(got->inventory.labels().at("zone"), "a");
 
   absl::StatusOr<std::vector<NodeRecord>> nodes = store_->ListNodes();
   ASSERT_TRUE(nodes.ok());

@@ -48,6 +48,14 @@ CREATE TABLE job_ranks (
 ALTER TABLE jobs ADD COLUMN request_id TEXT NOT NULL DEFAULT '';
 CREATE UNIQUE INDEX jobs_by_request_id ON jobs(request_id) WHERE request_id != '';
 )sql",
+    // 2 -> 3: tenants, and extensible scheduling state for jobs (restart budgets, backoff,
+    // preemptions) and nodes (cordon / drain) as serialized protos (proto/scheduler_state.proto).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE jobs ADD COLUMN state BLOB NOT NULL DEFAULT x'';
+ALTER TABLE nodes ADD COLUMN admin BLOB NOT NULL DEFAULT x'';
+CREATE INDEX jobs_by_tenant ON jobs(tenant, sequence);
+)sql",
 };
 constexpr int64_t kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,
@@ -55,7 +63,7 @@ static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,
 
 constexpr char kJobColumns[] =
     "id, sequence, spec, phase, failure_class, reason, message, create_time_us, start_time_us, "
-    "end_time_us, attempt, progress, checkpoint_dir, rendezvous_port, request_id";
+    "end_time_us, attempt, progress, checkpoint_dir, rendezvous_port, request_id, tenant, state";
 
 absl::Status BindTime(SqliteStatement& stmt, int index, absl::Time t) {
   if (t == absl::InfinitePast()) return stmt.BindNull(index);
@@ -102,12 +110,12 @@ absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
     const std::string sql =
         insert ? absl::StrCat("INSERT INTO jobs (", kJobColumns,
                               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
-                              "?14, ?15)")
+                              "?14, ?15, ?16, ?17)")
                : std::string(
                      "UPDATE jobs SET sequence=?2, spec=?3, phase=?4, failure_class=?5, "
                      "reason=?6, message=?7, create_time_us=?8, start_time_us=?9, "
                      "end_time_us=?10, attempt=?11, progress=?12, checkpoint_dir=?13, "
-                     "rendezvous_port=?14, request_id=?15 WHERE id=?1");
+                     "rendezvous_port=?14, request_id=?15, tenant=?16, state=?17 WHERE id=?1");
     ASSIGN_OR_RETURN(SqliteStatement stmt, db.Prepare(sql));
     RETURN_IF_ERROR(stmt.BindText(1, job.id));
     RETURN_IF_ERROR(stmt.BindInt64(2, job.sequence));
@@ -124,6 +132,8 @@ absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
     RETURN_IF_ERROR(stmt.BindText(13, job.checkpoint_dir));
     RETURN_IF_ERROR(stmt.BindInt64(14, job.rendezvous_port));
     RETURN_IF_ERROR(stmt.BindText(15, job.request_id));
+    RETURN_IF_ERROR(stmt.BindText(16, job.tenant));
+    RETURN_IF_ERROR(stmt.BindBlob(17, job.state.SerializeAsString()));
     absl::Status s = stmt.Run();
     if (s.code() == absl::StatusCode::kAlreadyExists) {
       return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " (sequence ", job.sequence,
@@ -207,6 +217,11 @@ absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::QueryJobs(const std::stri
       job.checkpoint_dir = stmt.ColumnText(12);
       job.rendezvous_port = static_cast<int32_t>(stmt.ColumnInt64(13));
       job.request_id = stmt.ColumnText(14);
+      job.tenant = stmt.ColumnText(15);
+      if (!job.state.ParseFromString(stmt.ColumnBlob(16))) {
+        return absl::DataLossError(absl::StrCat(
+            db.path(), ": job ", job.id, ": state is not a valid JobSchedulingState"));
+      }
       index[job.id] = jobs.size();
       jobs.push_back(std::move(job));
     }
@@ -257,14 +272,15 @@ absl::Status SqliteJobStore::UpsertNode(const NodeRecord& node) {
   return db.InTransaction([&]() -> absl::Status {
     ASSIGN_OR_RETURN(
         SqliteStatement stmt,
-        db.Prepare("INSERT INTO nodes (id, inventory, last_heartbeat_us, lost) "
-                     "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(id) DO UPDATE SET "
+        db.Prepare("INSERT INTO nodes (id, inventory, last_heartbeat_us, lost, admin) "
+                     "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(id) DO UPDATE SET "
                      "inventory=excluded.inventory, last_heartbeat_us=excluded.last_heartbeat_us, "
-                     "lost=excluded.lost"));
+                     "lost=excluded.lost, admin=excluded.admin"));
     RETURN_IF_ERROR(stmt.BindText(1, node.id));
     RETURN_IF_ERROR(stmt.BindBlob(2, node.inventory.SerializeAsString()));
     RETURN_IF_ERROR(BindTime(stmt, 3, node.last_heartbeat_time));
     RETURN_IF_ERROR(stmt.BindInt64(4, node.lost ? 1 : 0));
+    RETURN_IF_ERROR(stmt.BindBlob(5, node.admin.SerializeAsString()));
     return stmt.Run();
   });
 }
@@ -284,6 +300,10 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(SqliteDb& db, SqliteStatement&
     }
     node.last_heartbeat_time = ColumnTime(stmt, 2);
     node.lost = stmt.ColumnInt64(3) != 0;
+    if (!node.admin.ParseFromString(stmt.ColumnBlob(4))) {
+      return absl::DataLossError(
+          absl::StrCat(db.path(), ": node ", node.id, ": admin is not a valid NodeAdminState"));
+    }
     nodes.push_back(std::move(node));
   }
   return nodes;
@@ -294,7 +314,7 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(SqliteDb& db, SqliteStatement&
 absl::StatusOr<NodeRecord> SqliteJobStore::GetNode(const std::string& id) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(SqliteStatement stmt,
-                   db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost FROM nodes "
+                   db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost, admin FROM nodes "
                                 "WHERE id=?1"));
   RETURN_IF_ERROR(stmt.BindText(1, id));
   ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, ReadNodes(*db_, stmt));
@@ -305,7 +325,7 @@ absl::StatusOr<NodeRecord> SqliteJobStore::GetNode(const std::string& id) {
 absl::StatusOr<std::vector<NodeRecord>> SqliteJobStore::ListNodes() {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(SqliteStatement stmt,
-                   db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost FROM nodes "
+                   db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost, admin FROM nodes "
                                 "ORDER BY id"));
   return ReadNodes(*db_, stmt);
 }
