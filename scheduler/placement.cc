@@ -1,0 +1,223 @@
+#include "scheduler/placement.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "scheduler/queues.h"
+
+namespace loom {
+
+NodePool::NodePool(std::vector<PoolNode> nodes) : nodes_(std::move(nodes)) {
+  std::set<std::string> names;
+  for (const PoolNode& n : nodes_) {
+    names.insert(n.inventory.topology_domain().empty() ? "node:" + n.id
+                                                       : n.inventory.topology_domain());
+  }
+  domain_names_.assign(names.begin(), names.end());
+  std::map<std::string, int> dense;
+  for (int d = 0; d < static_cast<int>(domain_names_.size()); ++d) dense[domain_names_[d]] = d;
+  domain_of_.reserve(nodes_.size());
+  for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) {
+    const PoolNode& n = nodes_[i];
+    domain_of_.push_back(dense.at(n.inventory.topology_domain().empty()
+                                      ? "node:" + n.id
+                                      : n.inventory.topology_domain()));
+    index_[n.id] = i;
+  }
+}
+
+int NodePool::Find(const std::string& id) const {
+  auto it = index_.find(id);
+  return it == index_.end() ? -1 : it->second;
+}
+
+loom::v1::AcceleratorKind KindOf(const loom::v1::ResourceSpec& resources) {
+  return resources.accelerator() == v1::ACCELERATOR_KIND_UNSPECIFIED ? v1::ACCELERATOR_KIND_CPU
+                                                                      : resources.accelerator();
+}
+
+namespace {
+
+bool SelectorMatches(const loom::v1::NodeInventory& inv, const loom::v1::ResourceSpec& r) {
+  for (const auto& [key, value] : r.node_selector()) {
+    auto it = inv.labels().find(key);
+    if (it == inv.labels().end() || it->second != value) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool NodeMatches(const PoolNode& n, const loom::v1::ResourceSpec& r) {
+  const loom::v1::NodeInventory& inv = n.inventory;
+  return n.schedulable && inv.accelerator() == KindOf(r) &&
+         inv.accelerator_memory_bytes() >= r.accelerator_memory_bytes() &&
+         inv.host_memory_bytes() >= r.host_memory_bytes() &&
+         (r.cpu_arch().empty() || inv.cpu_arch() == r.cpu_arch()) && SelectorMatches(inv, r);
+}
+
+std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
+  loom::v1::ResourceSpec key = resources;
+  key.set_num_ranks(0);
+  key.set_accelerator(KindOf(resources));
+  std::string out;
+  // Deterministic: the map is serialized in key order.
+  std::vector<std::string> labels;
+  for (const auto& [k, v] : key.node_selector()) labels.push_back(absl::StrCat(k, "=", v));
+  std::sort(labels.begin(), labels.end());
+  key.clear_node_selector();
+  key.SerializeToString(&out);
+  return absl::StrCat(out, "|", absl::StrJoin(labels, ","));
+}
+
+Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& r) {
+  Eligibility e;
+  e.kind = KindOf(r);
+  e.require_single_domain = r.require_single_domain();
+  e.member.assign(pool.size(), 0);
+  std::map<int, std::vector<int>> by_domain;
+  std::map<int, int64_t> domain_capacity;
+  // Funnel counts for the explanation.
+  int live = 0, uncordoned = 0, accel_mem = 0, host_mem = 0, arch = 0, selector = 0;
+  for (int i = 0; i < pool.size(); ++i) {
+    const PoolNode& n = pool.node(i);
+    const loom::v1::NodeInventory& inv = n.inventory;
+    if (!n.live || inv.accelerator() != e.kind) continue;
+    ++live;
+    e.live_slots_of_kind += inv.slots();
+    if (n.cordoned) continue;
+    ++uncordoned;
+    if (inv.accelerator_memory_bytes() < r.accelerator_memory_bytes()) continue;
+    ++accel_mem;
+    if (inv.host_memory_bytes() < r.host_memory_bytes()) continue;
+    ++host_mem;
+    if (!r.cpu_arch().empty() && inv.cpu_arch() != r.cpu_arch()) continue;
+    ++arch;
+    if (!SelectorMatches(inv, r)) continue;
+    ++selector;
+    if (!NodeMatches(n, r)) continue;
+    e.member[i] = 1;
+    by_domain[pool.domain(i)].push_back(i);
+    domain_capacity[pool.domain(i)] += inv.slots();
+    e.capacity += inv.slots();
+  }
+  for (auto& [d, nodes] : by_domain) {
+    e.max_domain_capacity = std::max(e.max_domain_capacity, domain_capacity[d]);
+    e.groups.emplace_back(d, std::move(nodes));
+  }
+  e.live_nodes_of_kind = live;
+  const std::string kind = AcceleratorKindName(e.kind);
+  if (uncordoned < live) {
+    e.narrowed_by = absl::StrCat(live - uncordoned, " of ", live, " live ", kind,
+                                 " nodes are cordoned");
+  }
+  auto note = [&](int before, int after, const std::string& what) {
+    if (after == before) return;
+    absl::StrAppend(&e.narrowed_by, e.narrowed_by.empty() ? "" : "; ",
+                    after == 0 ? absl::StrCat(what, " matches no node")
+                               : absl::StrCat(what, " matches ", after, " of ", before, " nodes"));
+  };
+  note(uncordoned, accel_mem, absl::StrCat("accelerator_memory_bytes >= ", r.accelerator_memory_bytes()));
+  note(accel_mem, host_mem, absl::StrCat("host_memory_bytes >= ", r.host_memory_bytes()));
+  note(host_mem, arch, absl::StrCat("cpu_arch ", r.cpu_arch()));
+  if (selector < arch) {
+    std::vector<std::string> labels;
+    for (const auto& [k, v] : r.node_selector()) labels.push_back(absl::StrCat(k, "=", v));
+    std::sort(labels.begin(), labels.end());
+    note(arch, selector, absl::StrCat("node_selector ", absl::StrJoin(labels, ",")));
+  }
+  return e;
+}
+
+int64_t EligibleFree(const Eligibility& e, const std::vector<int>& free, int64_t* max_domain_free) {
+  int64_t total = 0, best = 0;
+  for (const auto& [d, nodes] : e.groups) {
+    int64_t sum = 0;
+    for (int i : nodes) sum += std::max(0, free[i]);
+    total += sum;
+    best = std::max(best, sum);
+  }
+  if (max_domain_free != nullptr) *max_domain_free = best;
+  return total;
+}
+
+namespace {
+
+std::vector<int> PlaceOnce(const NodePool& pool, const Eligibility& e, const std::vector<int>& free,
+                           int need, const std::vector<char>& avoid) {
+  auto usable = [&](int i) {
+    return free[i] > 0 && (avoid.empty() || avoid[i] == 0);
+  };
+  struct Group {
+    int domain;
+    int64_t free;
+    const std::vector<int>* nodes;
+  };
+  std::vector<Group> groups;
+  int64_t total = 0;
+  for (const auto& [d, nodes] : e.groups) {
+    int64_t sum = 0;
+    for (int i : nodes) {
+      if (usable(i)) sum += free[i];
+    }
+    if (sum > 0) groups.push_back({d, sum, &nodes});
+    total += sum;
+  }
+  if (total < need) return {};
+  // groups are in domain-name order (dense indices are assigned in sorted name order).
+  std::vector<const Group*> chosen;
+  const Group* best = nullptr;
+  for (const Group& g : groups) {
+    if (g.free >= need && (best == nullptr || g.free < best->free)) best = &g;
+  }
+  if (best != nullptr) {
+    chosen.push_back(best);
+  } else {
+    if (e.require_single_domain) return {};
+    std::vector<const Group*> order;
+    for (const Group& g : groups) order.push_back(&g);
+    std::stable_sort(order.begin(), order.end(),
+                     [](const Group* a, const Group* b) { return a->free > b->free; });
+    int64_t sum = 0;
+    for (const Group* g : order) {
+      chosen.push_back(g);
+      sum += g->free;
+      if (sum >= need) break;
+    }
+  }
+  std::vector<int> nodes;
+  for (const Group* g : chosen) {
+    for (int i : *g->nodes) {
+      if (usable(i)) nodes.push_back(i);
+    }
+  }
+  std::sort(nodes.begin(), nodes.end());  // id order
+  std::vector<int> left(nodes.size());
+  for (size_t k = 0; k < nodes.size(); ++k) left[k] = free[nodes[k]];
+  std::vector<int> placement;
+  placement.reserve(need);
+  while (static_cast<int>(placement.size()) < need) {
+    for (size_t k = 0; k < nodes.size() && static_cast<int>(placement.size()) < need; ++k) {
+      if (left[k] == 0) continue;
+      --left[k];
+      placement.push_back(nodes[k]);
+    }
+  }
+  return placement;
+}
+
+}  // namespace
+
+std::vector<int> PlaceGang(const NodePool& pool, const Eligibility& e, const std::vector<int>& free,
+                           int need, const std::vector<char>& avoid) {
+  if (need <= 0) return {};
+  if (!avoid.empty()) {
+    std::vector<int> p = PlaceOnce(pool, e, free, need, avoid);
+    if (!p.empty()) return p;
+  }
+  return PlaceOnce(pool, e, free, need, {});
+}
+
+}  // namespace loom

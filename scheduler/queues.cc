@@ -1,0 +1,256 @@
+#include "scheduler/queues.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace loom {
+namespace {
+
+using loom::v1::AcceleratorKind;
+
+absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
+                       const std::set<std::string>& allowed) {
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (allowed.count(key) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, path.empty() ? "" : ".", key,
+                                                     ": unknown key"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseKindMap(const YAML::Node& node, const std::string& path,
+                          std::map<AcceleratorKind, int64_t>* out) {
+  if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    absl::StatusOr<AcceleratorKind> kind = ParseAcceleratorKind(key);
+    if (!kind.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".", key, ": ", kind.status().message()));
+    }
+    int64_t value = 0;
+    try {
+      value = kv.second.as<int64_t>();
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".", key, ": must be an integer"));
+    }
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".", key, ": must be >= 0, got ", value));
+    }
+    (*out)[*kind] = value;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string AcceleratorKindName(AcceleratorKind kind) {
+  std::string name = loom::v1::AcceleratorKind_Name(kind);
+  absl::string_view prefix = "ACCELERATOR_KIND_";
+  if (absl::StartsWith(name, prefix)) name = name.substr(prefix.size());
+  return absl::AsciiStrToLower(name);
+}
+
+absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(const std::string& name) {
+  for (AcceleratorKind kind : {v1::ACCELERATOR_KIND_CPU, v1::ACCELERATOR_KIND_H100,
+                               v1::ACCELERATOR_KIND_H200, v1::ACCELERATOR_KIND_GH200}) {
+    if (AcceleratorKindName(kind) == absl::AsciiStrToLower(name)) return kind;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown accelerator kind '", name, "' (cpu, h100, h200, gh200)"));
+}
+
+int64_t QueueConfig::Nominal(AcceleratorKind kind) const {
+  auto it = nominal.find(kind);
+  return it == nominal.end() ? 0 : it->second;
+}
+
+int64_t QueueConfig::BorrowingLimit(AcceleratorKind kind) const {
+  auto it = borrowing_limit.find(kind);
+  return it == borrowing_limit.end() ? 0 : it->second;
+}
+
+QueuesConfig QueuesConfig::Default() {
+  QueuesConfig config;
+  QueueConfig q;
+  q.name = "default";
+  config.queues.push_back(q);
+  return config;
+}
+
+const QueueConfig* QueuesConfig::Find(const std::string& name) const {
+  for (const QueueConfig& q : queues) {
+    if (q.name == name) return &q;
+  }
+  return nullptr;
+}
+
+double QueuesConfig::Weight(const std::string& tenant) const {
+  auto it = tenant_weights.find(tenant);
+  return it == tenant_weights.end() ? 1.0 : it->second;
+}
+
+absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not valid YAML: ", e.what()));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("top level: must be a map");
+  RETURN_IF_ERROR(CheckKeys(root, "", {"tenants", "queues"}));
+  QueuesConfig config;
+  try {
+    if (root["tenants"]) {
+      if (!root["tenants"].IsMap()) return absl::InvalidArgumentError("tenants: must be a map");
+      for (const auto& kv : root["tenants"]) {
+        const std::string tenant = kv.first.as<std::string>();
+        const std::string path = absl::StrCat("tenants.", tenant);
+        if (!kv.second.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
+        RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight"}));
+        double weight = 1;
+        if (kv.second["weight"]) weight = kv.second["weight"].as<double>();
+        if (!(weight > 0)) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ".weight: must be > 0, got ", weight));
+        }
+        config.tenant_weights[tenant] = weight;
+      }
+    }
+    const YAML::Node queues = root["queues"];
+    if (!queues || !queues.IsSequence() || queues.size() == 0) {
+      return absl::InvalidArgumentError("queues: must be a non-empty list");
+    }
+    std::set<std::string> names;
+    for (size_t i = 0; i < queues.size(); ++i) {
+      const YAML::Node q = queues[i];
+      const std::string path = absl::StrCat("queues[", i, "]");
+      if (!q.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
+      RETURN_IF_ERROR(CheckKeys(q, path, {"name", "tenant", "quota", "borrowing_limit"}));
+      QueueConfig queue;
+      if (!q["name"] || q["name"].as<std::string>().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ".name: required"));
+      }
+      queue.name = q["name"].as<std::string>();
+      if (!names.insert(queue.name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ".name: queue ", queue.name, " is defined twice"));
+      }
+      if (q["tenant"]) queue.tenant = q["tenant"].as<std::string>();
+      if (q["quota"]) {
+        queue.has_quota = true;
+        RETURN_IF_ERROR(ParseKindMap(q["quota"], path + ".quota", &queue.nominal));
+      }
+      if (q["borrowing_limit"]) {
+        if (!queue.has_quota) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ".borrowing_limit: needs a quota (an unlimited queue never borrows)"));
+        }
+        RETURN_IF_ERROR(ParseKindMap(q["borrowing_limit"], path + ".borrowing_limit",
+                                     &queue.borrowing_limit));
+      }
+      config.queues.push_back(std::move(queue));
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("bad value: ", e.what()));
+  }
+  return config;
+}
+
+absl::StatusOr<QueuesConfig> LoadQueuesConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<QueuesConfig> config = ParseQueuesConfig(text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::StatusOr<const QueueConfig*> ResolveQueue(const QueuesConfig& config,
+                                                const std::string& queue_name,
+                                                const std::string& tenant) {
+  const std::string name = queue_name.empty() ? "default" : queue_name;
+  const QueueConfig* queue = config.Find(name);
+  if (queue == nullptr) {
+    std::string known;
+    for (const QueueConfig& q : config.queues) absl::StrAppend(&known, known.empty() ? "" : ", ", q.name);
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.queue: queue ", name, " does not exist (queues: ", known, ")"));
+  }
+  if (!queue->tenant.empty() && queue->tenant != tenant) {
+    return absl::PermissionDeniedError(absl::StrCat("spec.queue: queue ", name,
+                                                    " belongs to tenant ", queue->tenant,
+                                                    ", not to ", tenant));
+  }
+  return queue;
+}
+
+void QuotaLedger::Add(const std::string& queue, AcceleratorKind kind, int64_t slots) {
+  used_[{queue, kind}] += slots;
+}
+
+int64_t QuotaLedger::Used(const std::string& queue, AcceleratorKind kind) const {
+  auto it = used_.find({queue, kind});
+  return it == used_.end() ? 0 : it->second;
+}
+
+QuotaLedger::Check QuotaLedger::Fits(const QueueConfig& queue, AcceleratorKind kind,
+                                     int64_t need) const {
+  Check check;
+  if (!queue.has_quota) {
+    check.ok = true;
+    return check;
+  }
+  const std::string kind_name = AcceleratorKindName(kind);
+  const int64_t used = Used(queue.name, kind);
+  const int64_t nominal = queue.Nominal(kind);
+  if (used + need <= nominal) {
+    check.ok = true;
+    return check;
+  }
+  const int64_t limit = queue.BorrowingLimit(kind);
+  check.message = absl::StrCat("queue ", queue.name, " quota for ", kind_name, " is ", nominal,
+                               ", ", used, " in use, job needs ", need);
+  if (limit == 0) return check;
+  if (used + need > nominal + limit) {
+    absl::StrAppend(&check.message, " (borrowing limit ", limit, ")");
+    return check;
+  }
+  // Idle quota of the cohort: summed nominal minus summed usage over queues with a quota.
+  int64_t cohort_nominal = 0, cohort_used = 0;
+  for (const QueueConfig& q : config_->queues) {
+    if (!q.has_quota) continue;
+    cohort_nominal += q.Nominal(kind);
+    cohort_used += Used(q.name, kind);
+  }
+  if (cohort_used + need > cohort_nominal) {
+    absl::StrAppend(&check.message, "; no idle ", kind_name, " quota to borrow (cohort uses ",
+                    cohort_used, " of ", cohort_nominal, ")");
+    return check;
+  }
+  check.ok = true;
+  check.borrows = true;
+  check.message.clear();
+  return check;
+}
+
+double DominantShare(const std::map<AcceleratorKind, int64_t>& used,
+                     const std::map<AcceleratorKind, int64_t>& capacity, double weight) {
+  double share = 0;
+  for (const auto& [kind, n] : used) {
+    auto cap = capacity.find(kind);
+    if (cap == capacity.end() || cap->second <= 0) continue;
+    share = std::max(share, static_cast<double>(n) / static_cast<double>(cap->second));
+  }
+  return weight > 0 ? share / weight : share;
+}
+
+}  // namespace loom
