@@ -25,6 +25,10 @@ const std::set<std::pair<JobPhase, JobPhase>>& AllowedEdges() {
       {v1::JOB_PHASE_ADMITTED, v1::JOB_PHASE_FAILED},
       {v1::JOB_PHASE_ADMITTED, v1::JOB_PHASE_CANCELLED},
 
+      // Requeued without a failure: preempted by a higher-priority job, or its node drained.
+      {v1::JOB_PHASE_STARTING, v1::JOB_PHASE_PENDING},
+      {v1::JOB_PHASE_RUNNING, v1::JOB_PHASE_PENDING},
+
       {v1::JOB_PHASE_STARTING, v1::JOB_PHASE_RUNNING},
       {v1::JOB_PHASE_STARTING, v1::JOB_PHASE_SUCCEEDED},
       {v1::JOB_PHASE_STARTING, v1::JOB_PHASE_RECOVERING},

@@ -8,11 +8,12 @@
 //   UNSPECIFIED --submit--> PENDING
 //   PENDING    -> ADMITTED | STARTING | FAILED | CANCELLED
 //   ADMITTED   -> PENDING | STARTING | FAILED | CANCELLED
-//   STARTING   -> RUNNING | SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
-//   RUNNING    -> SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
+//   STARTING   -> PENDING | RUNNING | SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
+//   RUNNING    -> PENDING | SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
 //   RECOVERING -> PENDING | STARTING | STOPPING | FAILED | CANCELLED
 //   STOPPING   -> FAILED | CANCELLED
 //
+// STARTING/RUNNING -> PENDING requeue a job that did not fail (preemption, node drain).
 // STARTING -> SUCCEEDED exists because a short job's ranks may finish before the scheduler has
 // seen all of them RUNNING. Self-edges are not transitions and are refused.
 #ifndef LOOM_SCHEDULER_JOB_STATE_H_

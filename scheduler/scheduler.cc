@@ -15,6 +15,8 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "scheduler/job_state.h"
+#include "scheduler/placement.h"
+#include "scheduler/preemption.h"
 #include "storage/checkpoint/consolidate.h"
 
 namespace loom {
@@ -52,17 +54,28 @@ bool RankEnded(RankState s) {
          s == v1::RANK_STATE_STOPPED;
 }
 
-AcceleratorKind KindOf(const loom::v1::JobSpec& spec) {
-  return spec.resources().accelerator() == v1::ACCELERATOR_KIND_UNSPECIFIED
-             ? v1::ACCELERATOR_KIND_CPU
-             : spec.resources().accelerator();
+AcceleratorKind KindOf(const loom::v1::JobSpec& spec) { return loom::KindOf(spec.resources()); }
+
+std::string KindName(AcceleratorKind kind) { return AcceleratorKindName(kind); }
+
+bool IsInfraClass(loom::v1::FailureClass c) {
+  return c == v1::FAILURE_CLASS_INFRA || c == v1::FAILURE_CLASS_SETUP;
 }
 
-std::string KindName(AcceleratorKind kind) {
-  std::string name = loom::v1::AcceleratorKind_Name(kind);
-  absl::string_view prefix = "ACCELERATOR_KIND_";
-  if (absl::StartsWith(name, prefix)) name = name.substr(prefix.size());
-  return absl::AsciiStrToLower(name);
+void AddSuspect(JobRecord* job, const std::string& node_id) {
+  if (node_id.empty()) return;
+  for (const std::string& n : job->state.suspect_nodes()) {
+    if (n == node_id) return;
+  }
+  job->state.add_suspect_nodes(node_id);
+}
+
+bool Waiting(const JobRecord& job) {
+  return job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
+}
+
+std::string Utc(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
 }
 
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* ts) {
@@ -137,6 +150,18 @@ absl::Status SchedulerOptions::Validate() const {
         "heartbeat_interval: must be in (0, heartbeat_timeout = ",
         absl::FormatDuration(heartbeat_timeout), "), got ",
         absl::FormatDuration(heartbeat_interval)));
+  }
+  if (queues.queues.empty()) return absl::InvalidArgumentError("queues: at least one queue");
+  if (default_max_infra_restarts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("default_max_infra_restarts: must be >= 0, got ",
+                                                   default_max_infra_restarts));
+  }
+  if (ready_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ready_timeout: must be > 0");
+  }
+  if (ready_backoff_base <= absl::ZeroDuration() || ready_backoff_cap < ready_backoff_base) {
+    return absl::InvalidArgumentError(
+        "ready_backoff_base: must be > 0 and at most ready_backoff_cap");
   }
   return absl::OkStatus();
 }
@@ -298,13 +323,20 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                     const std::string& suspect_node) {
   const JobRecord& job = jobs_.at(job_id);
   if (IsTerminal(job.phase) || job.phase == v1::JOB_PHASE_RECOVERING) return absl::OkStatus();
-  const int32_t max_restarts = job.spec.max_restarts();
-  const int32_t restarts_used = std::max(0, job.attempt - 1);
+  // Two budgets (docs/scheduling.md "Restart budgets"): infrastructure failures (lost node or
+  // rank, hang, setup/rendezvous, gang-ready timeout) and the job's own failures.
+  const bool infra = IsInfraClass(failure_class);
+  const int32_t max_restarts =
+      infra ? (job.spec.max_infra_restarts() < 0 ? options_.default_max_infra_restarts
+                                                 : job.spec.max_infra_restarts())
+            : job.spec.max_restarts();
+  const int32_t restarts_used = infra ? job.state.infra_restarts() : job.state.user_restarts();
+  const char* budget = infra ? "infra" : "user";
   if (restarts_used >= max_restarts) {
     std::string final_message = message;
     if (max_restarts > 0) {
       final_message = absl::StrCat(message, " (attempt ", job.attempt, "; all ", max_restarts,
-                                   " restarts used)");
+                                   " ", budget, " restarts used)");
     }
     return EndJob(job_id, v1::JOB_PHASE_FAILED, failure_class, reason, final_message);
   }
@@ -312,13 +344,18 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   updated.phase = v1::JOB_PHASE_RECOVERING;
   updated.failure_class = failure_class;
   updated.reason = reason;
+  if (infra) {
+    updated.state.set_infra_restarts(restarts_used + 1);
+  } else {
+    updated.state.set_user_restarts(restarts_used + 1);
+  }
+  AddSuspect(&updated, suspect_node);
   updated.message = absl::StrCat("attempt ", job.attempt, " failed: ", message,
-                                 "; restarting from the newest committed checkpoint (restart ",
-                                 restarts_used + 1, " of ", max_restarts, ")");
+                                 "; restarting from the newest committed checkpoint (", budget,
+                                 " restart ", restarts_used + 1, " of ", max_restarts, ")");
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
   last_step_advance_.erase(job_id);
-  if (!suspect_node.empty()) suspects_[job_id].insert(suspect_node);
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
@@ -357,6 +394,8 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
     }
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
+  RETURN_IF_ERROR(
+      ResolveQueue(options_.queues, spec.queue(), tenant.empty() ? "default" : tenant).status());
   absl::MutexLock lock(&mu_);
   if (!request_id.empty() && job_by_request_.count(request_id)) {
     // A concurrent retry created it between the check above and validation.
@@ -459,6 +498,20 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
   const bool waiting = job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
   if (!waiting) return out;
   const AcceleratorKind kind = KindOf(job.spec);
+  if (auto pos = queue_position_.find(job_id); pos != queue_position_.end()) {
+    // The order of the last scheduling cycle (priority, fair share, age); at most
+    // kMaxJobsAhead of the jobs ahead are named.
+    constexpr int kMaxJobsAhead = 100;
+    out.set_queue_position(pos->second);
+    const std::vector<std::string>& order = queue_order_[kind];
+    for (int i = 0; i + 1 < pos->second && i < kMaxJobsAhead &&
+                    i < static_cast<int>(order.size());
+         ++i) {
+      out.add_jobs_ahead(order[i]);
+    }
+    return out;
+  }
+  // Not yet seen by a cycle: submission order among waiting jobs of its kind.
   int position = 0;
   for (const auto& [seq, id] : job_order_) {
     const JobRecord& other = jobs_.at(id);
@@ -500,9 +553,29 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
     return absl::InvalidArgumentError(
         absl::StrCat("inventory.accelerator: unknown kind ", inventory.accelerator()));
   }
+  if (inventory.accelerator_memory_bytes() < 0 || inventory.host_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inventory.accelerator_memory_bytes / host_memory_bytes: must be >= 0, got ",
+        inventory.accelerator_memory_bytes(), " / ", inventory.host_memory_bytes()));
+  }
+  if (!inventory.cpu_arch().empty() && inventory.cpu_arch() != "x86_64" &&
+      inventory.cpu_arch() != "aarch64") {
+    return absl::InvalidArgumentError(absl::StrCat("inventory.cpu_arch: must be x86_64 or aarch64, got '",
+                                                   absl::CEscape(inventory.cpu_arch().substr(0, 32)), "'"));
+  }
+  for (const auto& [key, value] : inventory.labels()) {
+    if (key.empty() || key.size() > 63 || value.size() > 63) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "inventory.labels: keys must be 1-63 bytes and values at most 63 bytes (key '",
+          absl::CEscape(key.substr(0, 32)), "')"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   NodeRecord node;
   node.id = node_id;
+  if (auto known = nodes_.find(node_id); known != nodes_.end()) {
+    node.admin = known->second.admin;  // cordon/drain survive re-registration
+  }
   node.inventory = inventory;
   if (node.inventory.accelerator() == v1::ACCELERATOR_KIND_UNSPECIFIED) {
     node.inventory.set_accelerator(v1::ACCELERATOR_KIND_CPU);
@@ -737,6 +810,7 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
   if (running_or_done == total && job.phase == v1::JOB_PHASE_STARTING) {
     JobRecord updated = job;
     updated.phase = v1::JOB_PHASE_RUNNING;
+    updated.state.set_ready_timeouts(0);  // the gang came up: backoff starts over
     updated.reason = "Running";
     updated.message = absl::StrCat("all ", total, " ranks running");
     RETURN_IF_ERROR(CommitJob(std::move(updated)));
@@ -757,6 +831,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckNodeLiveness());
   RETURN_IF_ERROR(CheckHangs());
+  RETURN_IF_ERROR(CheckReadyTimeouts());
   RETURN_IF_ERROR(PlacePendingJobs());
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
@@ -899,8 +974,8 @@ absl::Status Scheduler::CheckNodeLiveness() {
         // this node died): name the lost node in the job's message and avoid it.
         JobRecord updated = jobs_.at(job_id);
         absl::StrAppend(&updated.message, "; then ", message, ": likely the cause");
+        AddSuspect(&updated, node_id);
         RETURN_IF_ERROR(CommitJob(std::move(updated)));
-        suspects_[job_id].insert(node_id);
         continue;
       }
       RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost", message, node_id));
@@ -911,131 +986,480 @@ absl::Status Scheduler::CheckNodeLiveness() {
 
 absl::Status Scheduler::SetPendingReason(const std::string& job_id, const std::string& reason,
                                          const std::string& message) {
-  const JobRecord& job = jobs_.at(job_id);
+  JobRecord& job = jobs_.at(job_id);
   if (job.reason == reason && job.message == message) return absl::OkStatus();
+  if (job.reason == reason) {
+    // Same reason, new details (free slot counts, positions): kept in memory only, so a cycle
+    // over thousands of waiting jobs does not rewrite them all. The stored message is at most
+    // one cycle stale after a restart.
+    job.message = message;
+    return absl::OkStatus();
+  }
   JobRecord updated = job;
   updated.reason = reason;
   updated.message = message;
   return CommitJob(std::move(updated));
 }
 
-absl::Status Scheduler::PlacePendingJobs() {
-  // Capacity of live nodes per accelerator kind.
-  std::map<AcceleratorKind, int64_t> total_slots, live_nodes;
-  std::map<std::string, int> free_slots;  // live nodes only, by id (deterministic order)
-  for (const auto& [node_id, node] : nodes_) {
-    if (node.lost) continue;
-    total_slots[node.inventory.accelerator()] += node.inventory.slots();
-    live_nodes[node.inventory.accelerator()] += 1;
-    free_slots[node_id] = std::max(0, node.inventory.slots() - UsedSlots(node_id));
-  }
-  std::map<AcceleratorKind, std::string> blocked_by;  // kind -> first job that did not fit
+std::string Scheduler::QueueOf(const loom::v1::JobSpec& spec) {
+  return spec.queue().empty() ? "default" : spec.queue();
+}
 
-  // Copy the order: committing jobs below does not change it, but keep iteration obvious.
-  const std::map<int64_t, std::string> order = job_order_;
-  for (const auto& [seq, job_id] : order) {
-    const JobRecord& job = jobs_.at(job_id);
-    const bool recovering = job.phase == v1::JOB_PHASE_RECOVERING;
-    if (job.phase != v1::JOB_PHASE_PENDING && !recovering) continue;
-    if (recovering) {
-      // The failed attempt's ranks must all have ended (or their node been declared lost)
-      // before the next attempt starts: two incarnations of one rank never run at once.
-      auto r = ranks_.lower_bound({job_id, 0});
-      if (r != ranks_.end() && r->first.first == job_id) continue;
+double Scheduler::MedianStepSeconds(const std::string& job_id) const {
+  auto window = step_seconds_.find(job_id);
+  if (window == step_seconds_.end() || window->second.size() < 3) return 0;
+  std::vector<double> sorted(window->second.begin(), window->second.end());
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
+absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string& reason,
+                                   const std::string& message, bool preempted) {
+  const JobRecord& job = jobs_.at(job_id);
+  if (job.phase != v1::JOB_PHASE_STARTING && job.phase != v1::JOB_PHASE_RUNNING) {
+    return absl::OkStatus();
+  }
+  JobRecord updated = job;
+  updated.phase = v1::JOB_PHASE_PENDING;
+  updated.reason = reason;
+  updated.message = message;
+  updated.failure_class = preempted ? v1::FAILURE_CLASS_PREEMPTED : v1::FAILURE_CLASS_UNSPECIFIED;
+  if (preempted) updated.state.set_preemptions(updated.state.preemptions() + 1);
+  updated.state.set_attempt_start_us(0);
+  RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
+  last_step_advance_.erase(job_id);
+  for (auto it = ranks_.lower_bound({job_id, 0});
+       it != ranks_.end() && it->first.first == job_id;) {
+    if (RankEnded(it->second.state)) {
+      it = ranks_.erase(it);
+    } else {
+      it->second.stop_requested = true;
+      ++it;
     }
-    const AcceleratorKind kind = KindOf(job.spec);
-    const int need = job.spec.resources().num_ranks();
-    const std::string kind_name = KindName(kind);
-    if (need > total_slots[kind]) {
-      RETURN_IF_ERROR(SetPendingReason(
-          job_id, "Unschedulable",
-          absl::StrCat("needs ", need, " ", kind_name, " rank slots; the ", live_nodes[kind],
-                       " live ", kind_name, " nodes offer ", total_slots[kind],
-                       " in total (register more workers)")));
-      continue;
-    }
-    if (blocked_by.count(kind)) {
-      RETURN_IF_ERROR(SetPendingReason(
-          job_id, "Queued", absl::StrCat("waiting behind job ", blocked_by[kind])));
-      continue;
-    }
-    // Candidate nodes with free slots of the right kind, in node-id order.
-    std::vector<std::string> candidates;
-    int64_t free_total = 0;
-    for (const auto& [node_id, free] : free_slots) {
-      if (free > 0 && nodes_.at(node_id).inventory.accelerator() == kind) {
-        candidates.push_back(node_id);
-        free_total += free;
-      }
-    }
-    if (free_total < need) {
-      blocked_by[kind] = job_id;
-      RETURN_IF_ERROR(SetPendingReason(
-          job_id, "WaitingForSlots",
-          absl::StrCat("needs ", need, " ", kind_name, " rank slots; ", free_total, " of ",
-                       total_slots[kind], " are free")));
-      continue;
-    }
-    // Nodes suspected in this job's earlier failed attempts go last.
-    const std::set<std::string>& suspects = suspects_[job_id];
-    std::stable_partition(candidates.begin(), candidates.end(),
-                          [&](const std::string& n) { return suspects.count(n) == 0; });
-    // Spread: one rank per node per round, nodes in id order, until the gang is placed.
-    std::map<std::string, int> free_copy = free_slots;
-    std::vector<std::string> placement;
-    while (static_cast<int>(placement.size()) < need) {
-      for (const std::string& node_id : candidates) {
-        if (static_cast<int>(placement.size()) == need) break;
-        if (free_copy[node_id] == 0) continue;
-        --free_copy[node_id];
-        placement.push_back(node_id);
-      }
-    }
-    JobRecord updated = job;
-    updated.phase = v1::JOB_PHASE_STARTING;
-    updated.attempt = job.attempt + 1;
-    updated.rank_nodes = placement;
-    updated.rendezvous_port = 0;
-    updated.reason = "Starting";
-    updated.failure_class = v1::FAILURE_CLASS_UNSPECIFIED;
-    updated.message = absl::StrCat("attempt ", updated.attempt, ": ", need,
-                                   " ranks placed; waiting for rank 0's rendezvous port");
-    resume_from_.erase(job_id);
-    if (updated.attempt > 1) {
-      absl::StatusOr<CommittedCheckpoint> newest =
-          checkpoints_->NewestCommitted(job_id, updated.checkpoint_dir);
-      if (!newest.ok() && !absl::IsNotFound(newest.status())) {
-        // Never restart from scratch because the catalog could not answer: try next cycle.
-        RETURN_IF_ERROR(SetPendingReason(
-            job_id, "CheckpointsUnavailable",
-            absl::StrCat("cannot find the newest committed checkpoint to resume from: ",
-                         newest.status().message())));
-        continue;
-      }
-      if (newest.ok()) resume_from_[job_id] = *newest;
-      absl::StrAppend(&updated.message,
-                      newest.ok() ? absl::StrCat(" (resuming from ", newest->path, ")")
-                                  : std::string(" (no committed checkpoint: starting over)"));
-      if (job.phase == v1::JOB_PHASE_RECOVERING) {
-        absl::StrAppend(&updated.message, ". Previously: ", job.message);  // why it restarted
-      }
-    }
-    if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();
-    RETURN_IF_ERROR(CommitJob(std::move(updated)));
-    last_step_advance_.erase(job_id);  // the new attempt's first report gives no interval
-    free_slots = std::move(free_copy);
-    const JobRecord& placed = jobs_.at(job_id);
-    for (int32_t rank = 0; rank < need; ++rank) {
-      RankRuntime rt;
-      rt.attempt = placed.attempt;
-      rt.node_id = placement[rank];
-      ranks_[{job_id, rank}] = rt;
-    }
-    LOG(INFO) << "job " << job_id << " attempt " << placed.attempt << " placed: rank 0 on "
-              << placement[0] << ", " << need << " ranks on " << candidates.size()
-              << " candidate nodes";
   }
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::CheckReadyTimeouts() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> expired;
+  for (const auto& [job_id, job] : jobs_) {
+    if (job.phase != v1::JOB_PHASE_STARTING || job.state.attempt_start_us() <= 0) continue;
+    if (now - absl::FromUnixMicros(job.state.attempt_start_us()) > options_.ready_timeout) {
+      expired.push_back(job_id);
+    }
+  }
+  for (const std::string& job_id : expired) {
+    JobRecord& job = jobs_.at(job_id);
+    const int32_t k = job.state.ready_timeouts() + 1;
+    absl::Duration backoff = options_.ready_backoff_base;
+    for (int32_t i = 1; i < k && backoff < options_.ready_backoff_cap; ++i) backoff *= 2;
+    backoff = std::min(backoff, options_.ready_backoff_cap);
+    // Persisted by FailAttempt's commit below.
+    job.state.set_ready_timeouts(k);
+    job.state.set_not_before_us(absl::ToUnixMicros(now + backoff));
+    int running = 0;
+    std::string suspect;
+    std::vector<std::string> not_running;
+    for (auto it = ranks_.lower_bound({job_id, 0}); it != ranks_.end() && it->first.first == job_id;
+         ++it) {
+      if (it->second.state == v1::RANK_STATE_RUNNING ||
+          it->second.state == v1::RANK_STATE_SUCCEEDED) {
+        ++running;
+      } else {
+        if (suspect.empty()) suspect = it->second.node_id;
+        if (not_running.size() < 4) {
+          not_running.push_back(absl::StrCat("rank ", it->first.second, " on ", it->second.node_id));
+        }
+      }
+    }
+    const std::string message = absl::StrCat(
+        "only ", running, " of ", job.rank_nodes.size(), " ranks running ",
+        absl::FormatDuration(options_.ready_timeout), " after placement (not running: ",
+        absl::StrJoin(not_running, ", "), "); gang-ready timeout ", k, ", next attempt not before ",
+        Utc(now + backoff), " (backoff ", absl::FormatDuration(backoff), ")");
+    LOG(WARNING) << "job " << job_id << ": " << message;
+    RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "ReadyTimeout", message, suspect));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+std::string UnschedulableMessage(const Eligibility& e, int need, const std::string& kind) {
+  if (e.require_single_domain && need <= e.capacity) {
+    return absl::StrCat("needs ", need, " ", kind,
+                        " rank slots in one topology domain (require_single_domain); the largest "
+                        "domain offers ",
+                        e.max_domain_capacity, e.narrowed_by.empty() ? "" : "; ", e.narrowed_by);
+  }
+  if (e.narrowed_by.empty()) {
+    return absl::StrCat("needs ", need, " ", kind, " rank slots; the ", e.live_nodes_of_kind,
+                        " live ", kind, " nodes offer ", e.capacity,
+                        " in total (register more workers)");
+  }
+  return absl::StrCat("needs ", need, " ", kind, " rank slots; the nodes that qualify offer ",
+                      e.capacity, " (", e.live_nodes_of_kind, " live ", kind, " nodes with ",
+                      e.live_slots_of_kind, " slots; ", e.narrowed_by, ")");
+}
+
+}  // namespace
+
+absl::Status Scheduler::PlacePendingJobs() {
+  const absl::Time now = clock_->Now();
+  // Snapshot of the nodes (id order).
+  std::vector<PoolNode> pool_nodes;
+  pool_nodes.reserve(nodes_.size());
+  for (const auto& [node_id, node] : nodes_) {
+    PoolNode p;
+    p.id = node_id;
+    p.inventory = node.inventory;
+    p.live = !node.lost;
+    p.cordoned = node.admin.cordoned() || node.admin.draining();
+    p.schedulable = p.live && !p.cordoned;
+    pool_nodes.push_back(std::move(p));
+  }
+  const NodePool pool(std::move(pool_nodes));
+  const int n = pool.size();
+
+  // One pass over the ranks: slots in use and being released per node, slots each placed job
+  // holds, and which jobs still have ranks of an earlier attempt.
+  std::vector<int> used(n, 0), releasing(n, 0);
+  std::map<std::string, std::map<int, int>> held;  // job -> node -> slots (not asked to stop)
+  std::map<std::string, int> live_ranks;           // job -> ranks not ended
+  std::set<std::string> has_ranks;
+  for (const auto& [key, rt] : ranks_) {
+    has_ranks.insert(key.first);
+    if (RankEnded(rt.state)) continue;
+    ++live_ranks[key.first];
+    const int i = pool.Find(rt.node_id);
+    if (i < 0) continue;
+    ++used[i];
+    if (rt.stop_requested) {
+      ++releasing[i];
+    } else {
+      ++held[key.first][i];
+    }
+  }
+  std::vector<int> avail(n, 0);
+  std::map<AcceleratorKind, int64_t> kind_avail, capacity;
+  for (int i = 0; i < n; ++i) {
+    const PoolNode& p = pool.node(i);
+    if (!p.live) continue;
+    capacity[p.inventory.accelerator()] += p.inventory.slots();
+    if (!p.schedulable) {
+      releasing[i] = 0;
+      continue;
+    }
+    avail[i] = std::max(0, p.inventory.slots() - used[i]);
+    kind_avail[p.inventory.accelerator()] += avail[i];
+  }
+  QuotaLedger ledger(&options_.queues);
+  std::map<std::string, std::map<AcceleratorKind, int64_t>> tenant_used;
+  for (const auto& [job_id, count] : live_ranks) {
+    auto j = jobs_.find(job_id);
+    if (j == jobs_.end()) continue;
+    ledger.Add(QueueOf(j->second.spec), KindOf(j->second.spec), count);
+    tenant_used[j->second.tenant][KindOf(j->second.spec)] += count;
+  }
+
+  // Waiting jobs per tenant, each list by priority (highest first), then submission order.
+  std::map<std::string, std::vector<const JobRecord*>> by_tenant;
+  for (const auto& [seq, job_id] : job_order_) {
+    const JobRecord& job = jobs_.at(job_id);
+    if (Waiting(job)) by_tenant[job.tenant].push_back(&job);
+  }
+  struct Cursor {
+    std::string tenant;
+    std::vector<const JobRecord*>* jobs;
+    size_t next = 0;
+    double share = 0;
+  };
+  std::vector<Cursor> cursors;
+  for (auto& [tenant, jobs] : by_tenant) {
+    std::stable_sort(jobs.begin(), jobs.end(), [](const JobRecord* a, const JobRecord* b) {
+      return a->spec.priority() > b->spec.priority();
+    });
+    cursors.push_back({tenant, &jobs, 0,
+                       DominantShare(tenant_used[tenant], capacity, options_.queues.Weight(tenant))});
+  }
+  // Next job: highest priority, then the tenant with the lowest weighted dominant share, then
+  // the oldest.
+  auto before = [](const Cursor& a, const Cursor& b) {
+    const JobRecord* x = (*a.jobs)[a.next];
+    const JobRecord* y = (*b.jobs)[b.next];
+    if (x->spec.priority() != y->spec.priority()) return x->spec.priority() > y->spec.priority();
+    if (a.share != b.share) return a.share < b.share;
+    return x->sequence < y->sequence;
+  };
+
+  queue_position_.clear();
+  queue_order_.clear();
+  std::map<AcceleratorKind, int> position;
+  std::map<AcceleratorKind, std::string> head;  // kind -> the blocked job holding a reservation
+  std::map<std::string, Eligibility> eligibility_cache;
+  while (true) {
+    Cursor* cursor = nullptr;
+    for (Cursor& c : cursors) {
+      if (c.next < c.jobs->size() && (cursor == nullptr || before(c, *cursor))) cursor = &c;
+    }
+    if (cursor == nullptr) break;
+    const JobRecord* record = (*cursor->jobs)[cursor->next++];
+    const std::string job_id = record->id;
+    const loom::v1::JobSpec& spec = record->spec;
+    const AcceleratorKind kind = KindOf(spec);
+    const int need = spec.resources().num_ranks();
+    const std::string kind_name = KindName(kind);
+    queue_position_[job_id] = ++position[kind];
+    queue_order_[kind].push_back(job_id);
+
+    // The previous attempt's ranks must all have ended (or their node been declared lost)
+    // before the next attempt starts: two incarnations of one rank never run at once.
+    if (has_ranks.count(job_id)) continue;
+    if (record->state.not_before_us() > 0 &&
+        now < absl::FromUnixMicros(record->state.not_before_us())) {
+      RETURN_IF_ERROR(SetPendingReason(
+          job_id, "Backoff",
+          absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(record->state.not_before_us())),
+                       " after ", record->state.ready_timeouts(),
+                       " consecutive gang-ready timeout(s)")));
+      continue;
+    }
+    const QueueConfig* queue = options_.queues.Find(QueueOf(spec));
+    if (queue == nullptr) {
+      RETURN_IF_ERROR(SetPendingReason(
+          job_id, "UnknownQueue",
+          absl::StrCat("queue ", QueueOf(spec), " is not configured (--queues_config)")));
+      continue;
+    }
+    auto [e_it, inserted] = eligibility_cache.try_emplace(EligibilityKey(spec.resources()));
+    if (inserted) e_it->second = ComputeEligibility(pool, spec.resources());
+    const Eligibility& e = e_it->second;
+    if (need > e.capacity || (e.require_single_domain && need > e.max_domain_capacity)) {
+      RETURN_IF_ERROR(SetPendingReason(job_id, "Unschedulable",
+                                       UnschedulableMessage(e, need, kind_name)));
+      continue;
+    }
+    const QuotaLedger::Check quota = ledger.Fits(*queue, kind, need);
+    if (!quota.ok) {
+      RETURN_IF_ERROR(SetPendingReason(job_id, "WaitingForQuota", quota.message));
+      continue;
+    }
+    auto h = head.find(kind);
+    if (h != head.end() && !options_.enable_backfill) {
+      RETURN_IF_ERROR(SetPendingReason(job_id, "Queued", absl::StrCat("waiting behind job ", h->second)));
+      continue;
+    }
+    std::vector<char> avoid;
+    if (record->state.suspect_nodes_size() > 0) {
+      avoid.assign(n, 0);
+      for (const std::string& s : record->state.suspect_nodes()) {
+        const int i = pool.Find(s);
+        if (i >= 0) avoid[i] = 1;
+      }
+    }
+    std::vector<int> placement;
+    if (need <= kind_avail[kind]) placement = PlaceGang(pool, e, avail, need, avoid);
+    if (!placement.empty()) {
+      const std::string tenant = record->tenant;
+      std::vector<std::string> nodes;
+      nodes.reserve(placement.size());
+      for (int i : placement) nodes.push_back(pool.node(i).id);
+      absl::StatusOr<bool> started = StartAttempt(job_id, nodes);
+      RETURN_IF_ERROR(started.status());
+      if (!*started) continue;
+      for (int i : placement) --avail[i];
+      kind_avail[kind] -= need;
+      // Placed: no longer waiting, so it takes no queue position.
+      queue_position_.erase(job_id);
+      queue_order_[kind].pop_back();
+      --position[kind];
+      ledger.Add(queue->name, kind, need);
+      tenant_used[tenant][kind] += need;
+      cursor->share = DominantShare(tenant_used[tenant], capacity, options_.queues.Weight(tenant));
+      continue;
+    }
+    if (h != head.end()) {
+      RETURN_IF_ERROR(SetPendingReason(
+          job_id, "Queued",
+          absl::StrCat("waiting behind job ", h->second,
+                       " (it holds a reservation; starting now would delay it)")));
+      continue;
+    }
+
+    // The first job of its kind that does not fit: the head. It may preempt, and it reserves
+    // the slots it will start on so that later jobs only backfill around it.
+    int64_t max_domain_free = 0;
+    const int64_t free_now = EligibleFree(e, avail, &max_domain_free);
+    std::vector<int> later = avail;  // free slots once stopping ranks are gone
+    for (int i = 0; i < n; ++i) later[i] += releasing[i];
+    std::vector<int> plan = PlaceGang(pool, e, later, need, {});
+    std::string reason = "WaitingForSlots";
+    std::string message = absl::StrCat("needs ", need, " ", kind_name, " rank slots");
+    if (e.require_single_domain) absl::StrAppend(&message, " in one topology domain");
+    absl::StrAppend(&message, "; ", free_now, " of ", e.capacity, " are free");
+    if (e.require_single_domain && free_now >= need) {
+      absl::StrAppend(&message, " (the largest free domain has ", max_domain_free, ")");
+    }
+    if (!plan.empty()) {
+      absl::StrAppend(&message, "; the rest are being released by stopping ranks");
+    }
+    if (plan.empty() && options_.enable_preemption) {
+      std::vector<VictimCandidate> candidates;
+      for (const auto& [other_id, slots] : held) {
+        const JobRecord& other = jobs_.at(other_id);
+        if ((other.phase != v1::JOB_PHASE_STARTING && other.phase != v1::JOB_PHASE_RUNNING) ||
+            KindOf(other.spec) != kind || other.spec.priority() >= spec.priority()) {
+          continue;
+        }
+        VictimCandidate c;
+        c.job_id = other_id;
+        c.priority = other.spec.priority();
+        c.sequence = other.sequence;
+        c.lost_work = LostWork(other.progress.step(), other.progress.last_checkpoint_step(),
+                               static_cast<int>(other.rank_nodes.size()));
+        for (const auto& [i, k] : slots) {
+          if (pool.node(i).schedulable) c.slots.emplace_back(i, k);
+        }
+        if (!c.slots.empty()) candidates.push_back(std::move(c));
+      }
+      std::vector<int> trial(n);
+      const std::vector<size_t> victims =
+          candidates.empty() ? std::vector<size_t>{}
+                             : ChooseVictims(candidates, n, [&](const std::vector<int>& extra) {
+                                 for (int i = 0; i < n; ++i) trial[i] = later[i] + extra[i];
+                                 return !PlaceGang(pool, e, trial, need, {}).empty();
+                               });
+      if (!victims.empty()) {
+        std::vector<std::string> names;
+        for (size_t v : victims) {
+          const VictimCandidate& c = candidates[v];
+          RETURN_IF_ERROR(RequeueJob(
+              c.job_id, "Preempted",
+              absl::StrCat("preempted by job ", job_id, " (priority ", spec.priority(), " > ",
+                           c.priority, "); resumes from its newest committed checkpoint (",
+                           c.lost_work, " rank-steps since it are lost)"),
+              /*preempted=*/true));
+          for (const auto& [i, k] : c.slots) later[i] += k;
+          names.push_back(absl::StrCat(c.job_id, " (priority ", c.priority, ", loses ",
+                                       c.lost_work, " rank-steps)"));
+        }
+        plan = PlaceGang(pool, e, later, need, {});
+        reason = "WaitingForPreemption";
+        absl::StrAppend(&message, "; preempted ", absl::StrJoin(names, ", "),
+                        "; waiting for their ranks to stop");
+      }
+    }
+    if (plan.empty()) {
+      // EASY backfill: walk the running jobs by expected end (remaining steps x median step
+      // time) until the gang fits; jobs without an estimate never end for this purpose.
+      std::vector<std::pair<absl::Time, std::string>> ends;
+      for (const auto& [other_id, slots] : held) {
+        const JobRecord& other = jobs_.at(other_id);
+        if (other.phase != v1::JOB_PHASE_RUNNING || KindOf(other.spec) != kind) continue;
+        const double median = MedianStepSeconds(other_id);
+        if (median <= 0) continue;
+        const int64_t remaining =
+            std::max<int64_t>(0, other.spec.training().steps() - other.progress.step());
+        ends.emplace_back(now + absl::Seconds(median * static_cast<double>(remaining)), other_id);
+      }
+      std::sort(ends.begin(), ends.end());
+      int64_t future_free = EligibleFree(e, later);
+      for (const auto& [end, other_id] : ends) {
+        int64_t added = 0;
+        for (const auto& [i, k] : held.at(other_id)) {
+          if (!pool.node(i).schedulable) continue;
+          later[i] += k;
+          if (e.member[i]) added += k;
+        }
+        if (added == 0) continue;
+        future_free += added;
+        if (future_free < need) continue;
+        plan = PlaceGang(pool, e, later, need, {});
+        if (!plan.empty()) {
+          absl::StrAppend(&message, "; expected to start in about ",
+                          absl::FormatDuration(absl::Trunc(end - now, absl::Seconds(1))),
+                          " when running jobs finish (slots reserved; smaller jobs may backfill "
+                          "around it)");
+          break;
+        }
+      }
+    }
+    if (!plan.empty()) {
+      // Reserve the part of the plan that must come from slots free now.
+      std::map<int, int> per_node;
+      for (int i : plan) ++per_node[i];
+      for (const auto& [i, k] : per_node) {
+        const int freed_by_then = later[i] - avail[i];
+        const int r = std::max(0, std::min(avail[i], k - freed_by_then));
+        avail[i] -= r;
+        kind_avail[kind] -= r;
+      }
+    } else {
+      // No estimate: every free slot it could use is reserved (nothing backfills onto them).
+      for (const auto& [d, nodes] : e.groups) {
+        for (int i : nodes) {
+          kind_avail[kind] -= avail[i];
+          avail[i] = 0;
+        }
+      }
+    }
+    head[kind] = job_id;
+    RETURN_IF_ERROR(SetPendingReason(job_id, reason, message));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
+                                             const std::vector<std::string>& placement) {
+  const JobRecord& job = jobs_.at(job_id);
+  const int need = static_cast<int>(placement.size());
+  JobRecord updated = job;
+  updated.phase = v1::JOB_PHASE_STARTING;
+  updated.attempt = job.attempt + 1;
+  updated.rank_nodes = placement;
+  updated.rendezvous_port = 0;
+  updated.reason = "Starting";
+  updated.failure_class = v1::FAILURE_CLASS_UNSPECIFIED;
+  updated.state.set_attempt_start_us(absl::ToUnixMicros(clock_->Now()));
+  updated.state.set_not_before_us(0);
+  updated.message = absl::StrCat("attempt ", updated.attempt, ": ", need,
+                                 " ranks placed; waiting for rank 0's rendezvous port");
+  resume_from_.erase(job_id);
+  if (updated.attempt > 1) {
+    absl::StatusOr<CommittedCheckpoint> newest =
+        checkpoints_->NewestCommitted(job_id, updated.checkpoint_dir);
+    if (!newest.ok() && !absl::IsNotFound(newest.status())) {
+      // Never restart from scratch because the catalog could not answer: try next cycle.
+      RETURN_IF_ERROR(SetPendingReason(
+          job_id, "CheckpointsUnavailable",
+          absl::StrCat("cannot find the newest committed checkpoint to resume from: ",
+                       newest.status().message())));
+      return false;
+    }
+    if (newest.ok()) resume_from_[job_id] = *newest;
+    absl::StrAppend(&updated.message,
+                    newest.ok() ? absl::StrCat(" (resuming from ", newest->path, ")")
+                                : std::string(" (no committed checkpoint: starting over)"));
+    if (job.phase == v1::JOB_PHASE_RECOVERING || job.reason == "Preempted" ||
+        job.reason == "Drained") {
+      absl::StrAppend(&updated.message, ". Previously: ", job.message);  // why it restarted
+    }
+  }
+  if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();
+  RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  last_step_advance_.erase(job_id);  // the new attempt's first report gives no interval
+  const JobRecord& placed = jobs_.at(job_id);
+  for (int32_t rank = 0; rank < need; ++rank) {
+    RankRuntime rt;
+    rt.attempt = placed.attempt;
+    rt.node_id = placement[rank];
+    ranks_[{job_id, rank}] = rt;
+  }
+  VLOG(1) << "job " << job_id << " attempt " << placed.attempt << " placed: rank 0 on "
+          << placement[0] << ", " << need << " ranks";
+  return true;
 }
 
 void Scheduler::UpdateGauges() {
@@ -1044,18 +1468,156 @@ void Scheduler::UpdateGauges() {
   for (const auto& [id, job] : jobs_) ++counts[job.phase];
   metrics_->SetJobCounts(counts);
   int live = 0, lost = 0, free = 0, used = 0;
+  std::map<std::string, int> used_by_node;  // one pass over the ranks, not one per node
+  for (const auto& [key, rt] : ranks_) {
+    if (!RankEnded(rt.state)) ++used_by_node[rt.node_id];
+  }
   for (const auto& [node_id, node] : nodes_) {
     if (node.lost) {
       ++lost;
       continue;
     }
     ++live;
-    const int u = UsedSlots(node_id);
+    auto u_it = used_by_node.find(node_id);
+    const int u = u_it == used_by_node.end() ? 0 : u_it->second;
     used += u;
     free += std::max(0, node.inventory.slots() - u);
   }
   metrics_->SetNodes(live, lost);
   metrics_->SetRankSlots(free, used);
+}
+
+}  // namespace loom
+
+namespace loom {
+
+loom::v1::NodeInfo Scheduler::NodeInfoOf(const NodeRecord& node) const {
+  loom::v1::NodeInfo info;
+  info.set_node_id(node.id);
+  *info.mutable_inventory() = node.inventory;
+  info.set_live(!node.lost);
+  info.set_cordoned(node.admin.cordoned() || node.admin.draining());
+  info.set_draining(node.admin.draining());
+  info.set_admin_reason(node.admin.reason());
+  int used = 0;
+  std::set<std::string> jobs;
+  for (const auto& [key, rt] : ranks_) {
+    if (rt.node_id != node.id || RankEnded(rt.state)) continue;
+    ++used;
+    jobs.insert(key.first);
+  }
+  info.set_used_slots(used);
+  info.set_free_slots(node.lost ? 0 : std::max(0, node.inventory.slots() - used));
+  for (const std::string& j : jobs) info.add_job_ids(j);
+  return info;
+}
+
+absl::StatusOr<std::vector<loom::v1::NodeInfo>> Scheduler::ListNodes() {
+  absl::MutexLock lock(&mu_);
+  std::vector<loom::v1::NodeInfo> out;
+  for (const auto& [id, node] : nodes_) out.push_back(NodeInfoOf(node));
+  return out;
+}
+
+absl::StatusOr<loom::v1::NodeInfo> Scheduler::CordonNode(const std::string& node_id,
+                                                         const std::string& reason) {
+  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));
+  NodeRecord updated = it->second;
+  updated.admin.set_cordoned(true);
+  updated.admin.set_reason(reason);
+  RETURN_IF_ERROR(store_->UpsertNode(updated));
+  it->second = std::move(updated);
+  LOG(INFO) << "node " << node_id << " cordoned: " << reason;
+  return NodeInfoOf(it->second);
+}
+
+absl::StatusOr<loom::v1::NodeInfo> Scheduler::UncordonNode(const std::string& node_id) {
+  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));
+  NodeRecord updated = it->second;
+  updated.admin.Clear();
+  RETURN_IF_ERROR(store_->UpsertNode(updated));
+  it->second = std::move(updated);
+  LOG(INFO) << "node " << node_id << " uncordoned";
+  return NodeInfoOf(it->second);
+}
+
+absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::string& node_id,
+                                                                 const std::string& reason) {
+  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));
+  NodeRecord updated = it->second;
+  updated.admin.set_cordoned(true);
+  updated.admin.set_draining(true);
+  updated.admin.set_reason(reason);
+  RETURN_IF_ERROR(store_->UpsertNode(updated));
+  it->second = std::move(updated);
+  std::set<std::string> jobs;
+  for (const auto& [key, rt] : ranks_) {
+    if (rt.node_id == node_id && !RankEnded(rt.state) && !rt.stop_requested) jobs.insert(key.first);
+  }
+  loom::v1::DrainNodeResponse response;
+  for (const std::string& job_id : jobs) {
+    const JobPhase phase = jobs_.at(job_id).phase;
+    if (phase != v1::JOB_PHASE_STARTING && phase != v1::JOB_PHASE_RUNNING) continue;
+    RETURN_IF_ERROR(RequeueJob(
+        job_id, "Drained",
+        absl::StrCat("node ", node_id, " is draining",
+                     reason.empty() ? "" : absl::StrCat(" (", reason, ")"),
+                     "; requeued: the next attempt resumes from the newest committed checkpoint"),
+        /*preempted=*/false));
+    response.add_requeued_job_ids(job_id);
+  }
+  LOG(INFO) << "node " << node_id << " draining (" << reason << "): requeued "
+            << response.requeued_job_ids_size() << " jobs";
+  *response.mutable_node() = NodeInfoOf(nodes_.at(node_id));
+  UpdateGauges();
+  return response;
+}
+
+absl::StatusOr<std::vector<loom::v1::QueueInfo>> Scheduler::ListQueues() {
+  absl::MutexLock lock(&mu_);
+  std::map<std::pair<std::string, AcceleratorKind>, int64_t> usage;
+  for (const auto& [key, rt] : ranks_) {
+    if (RankEnded(rt.state)) continue;
+    auto j = jobs_.find(key.first);
+    if (j == jobs_.end()) continue;
+    ++usage[{QueueOf(j->second.spec), KindOf(j->second.spec)}];
+  }
+  std::map<std::string, std::pair<int, int>> counts;  // queue -> (pending, running)
+  for (const auto& [id, job] : jobs_) {
+    if (Waiting(job)) ++counts[QueueOf(job.spec)].first;
+    if (job.phase == v1::JOB_PHASE_STARTING || job.phase == v1::JOB_PHASE_RUNNING ||
+        job.phase == v1::JOB_PHASE_STOPPING) {
+      ++counts[QueueOf(job.spec)].second;
+    }
+  }
+  std::vector<loom::v1::QueueInfo> out;
+  for (const QueueConfig& q : options_.queues.queues) {
+    loom::v1::QueueInfo info;
+    info.set_name(q.name);
+    info.set_tenant(q.tenant);
+    info.set_has_quota(q.has_quota);
+    for (const auto& [kind, n] : q.nominal) (*info.mutable_nominal_quota())[KindName(kind)] = n;
+    for (const auto& [kind, n] : q.borrowing_limit) {
+      (*info.mutable_borrowing_limit())[KindName(kind)] = n;
+    }
+    for (const auto& [key, n] : usage) {
+      if (key.first == q.name) (*info.mutable_usage())[KindName(key.second)] = n;
+    }
+    info.set_pending_jobs(counts[q.name].first);
+    info.set_running_jobs(counts[q.name].second);
+    info.set_tenant_weight(options_.queues.Weight(q.tenant));
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 
 }  // namespace loom

@@ -62,12 +62,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/admin_service.pb.h"
 #include "proto/common.pb.h"
 #include "proto/job_service.pb.h"
 #include "proto/worker_service.pb.h"
 #include "scheduler/checkpoint_catalog.h"
 #include "scheduler/clock.h"
 #include "scheduler/job_spec_validation.h"
+#include "scheduler/queues.h"
 #include "scheduler/scheduler_metrics.h"
 #include "storage/job_store.h"
 
@@ -95,6 +97,22 @@ struct SchedulerOptions {
   double hang_step_time_factor = 20;
   absl::Duration hang_min_timeout = absl::Minutes(2);
   JobSpecValidationOptions validation;
+
+  // Queues, tenants and quotas (scheduler/queues.h; docs/scheduling.md). Default: one "default"
+  // queue open to every tenant, no quota.
+  QueuesConfig queues = QueuesConfig::Default();
+  // Infra restart budget of a job whose spec.max_infra_restarts is -1.
+  int32_t default_max_infra_restarts = 3;
+  // A STARTING attempt whose ranks are not all RUNNING this long after placement is torn down
+  // (reason "ReadyTimeout", class INFRA, infra budget) and requeued after an exponential backoff:
+  // ready_backoff_base x 2^(k-1) for the k-th consecutive timeout, at most ready_backoff_cap.
+  absl::Duration ready_timeout = absl::Minutes(5);
+  absl::Duration ready_backoff_base = absl::Seconds(10);
+  absl::Duration ready_backoff_cap = absl::Minutes(10);
+  // A pending job that cannot be placed may preempt lower-priority jobs of its kind.
+  bool enable_preemption = true;
+  // Jobs behind a blocked head job may start when they do not delay it (docs/scheduling.md).
+  bool enable_backfill = true;
 
   // INVALID_ARGUMENT naming the field if the options are unusable.
   absl::Status Validate() const;
@@ -159,8 +177,19 @@ class Scheduler {
   // the other ranks an impossible port.
   absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(const loom::v1::HeartbeatRequest& request);
 
-  // One scheduling pass: node liveness, then FIFO gang placement of PENDING jobs.
+  // One scheduling pass: node liveness, hangs, gang-ready timeouts, then queue ordering,
+  // quota admission, gang placement, backfill and preemption (docs/scheduling.md).
   absl::Status RunSchedulingCycle();
+
+  // Operator API (proto/admin_service.proto). NOT_FOUND for an unknown node.
+  absl::StatusOr<std::vector<loom::v1::NodeInfo>> ListNodes();
+  absl::StatusOr<loom::v1::NodeInfo> CordonNode(const std::string& node_id,
+                                                const std::string& reason);
+  absl::StatusOr<loom::v1::NodeInfo> UncordonNode(const std::string& node_id);
+  // Cordons the node and requeues (PENDING, reason "Drained") every job with a rank on it.
+  absl::StatusOr<loom::v1::DrainNodeResponse> DrainNode(const std::string& node_id,
+                                                        const std::string& reason);
+  absl::StatusOr<std::vector<loom::v1::QueueInfo>> ListQueues();
 
  private:
   // What the scheduler knows of one rank of a job's current attempt. In memory only: rebuilt
@@ -206,6 +235,23 @@ class Scheduler {
   void RecordStepAdvance(const std::string& job_id, int64_t from_step, int64_t to_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PlacePendingJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts attempt + 1 of a waiting job on `placement` (node id per rank). False (reason
+  // "CheckpointsUnavailable" set) when the resume checkpoint cannot be looked up.
+  absl::StatusOr<bool> StartAttempt(const std::string& job_id,
+                                    const std::vector<std::string>& placement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends STARTING attempts older than ready_timeout (see SchedulerOptions).
+  absl::Status CheckReadyTimeouts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a placed job back to PENDING (preemption, drain): its ranks are told to stop and its
+  // next attempt resumes from the newest committed checkpoint. Uses no restart budget.
+  absl::Status RequeueJob(const std::string& job_id, const std::string& reason,
+                          const std::string& message, bool preempted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  loom::v1::NodeInfo NodeInfoOf(const NodeRecord& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queue name of a spec ("" means "default").
+  static std::string QueueOf(const loom::v1::JobSpec& spec);
+  // Median seconds per step of a RUNNING job (0 if fewer than 3 intervals are known).
+  double MedianStepSeconds(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job on when its ranks' states say so (RUNNING / SUCCEEDED).
   absl::Status AdvanceJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets reason/message of a PENDING job, persisting only when they change.
@@ -233,9 +279,10 @@ class Scheduler {
   std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
   std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
-  // Nodes suspected in a job's failed attempts, avoided when it is placed again. In memory only:
-  // a scheduler restart forgets them (placement then just follows node order).
-  std::map<std::string, std::set<std::string>> suspects_ ABSL_GUARDED_BY(mu_);
+  // Last cycle's queue order: per waiting job its 1-based position among waiting jobs of its
+  // accelerator kind, and per kind the ordered job ids (ExplainPending). In memory only.
+  std::map<std::string, int> queue_position_ ABSL_GUARDED_BY(mu_);
+  std::map<loom::v1::AcceleratorKind, std::vector<std::string>> queue_order_ ABSL_GUARDED_BY(mu_);
   // When each job's reported step last advanced (rank 0's progress), and the recent seconds per
   // step (at most 32, oldest first). In memory only.
   std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);

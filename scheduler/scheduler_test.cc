@@ -90,9 +90,10 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_EQ(*interval, absl::Seconds(1));
   }
 
-  Job Submit(int ranks, int max_restarts = 0) {
+  Job Submit(int ranks, int max_restarts = 0, int max_infra_restarts = 0) {
     loom::v1::JobSpec spec = TestJobSpecWithRanks(ranks);
     spec.set_max_restarts(max_restarts);
+    spec.set_max_infra_restarts(max_infra_restarts);
     absl::StatusOr<Job> job = scheduler_->SubmitJob(spec);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : Job();
@@ -117,11 +118,11 @@ class SchedulerTest : public ::testing::Test {
 
   // Places a 2-rank job on node-a/node-b and drives it to RUNNING (rank 0 port 29500). With
   // `spare_node`, an idle node-c is registered too (somewhere to recover to).
-  Job RunTwoRankJob(int max_restarts = 0, bool spare_node = false) {
+  Job RunTwoRankJob(int max_restarts = 0, bool spare_node = false, int max_infra_restarts = 0) {
     Register("node-a", 1);
     Register("node-b", 1);
     if (spare_node) Register("node-c", 1);
-    Job job = Submit(2, max_restarts);
+    Job job = Submit(2, max_restarts, max_infra_restarts);
     Cycle();
     job = Get(job.id());
     Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
@@ -290,7 +291,9 @@ TEST_F(SchedulerTest, ListJobsInSubmissionOrderWithPhaseFilter) {
   EXPECT_EQ((*pending)[1].id(), c.id());
 }
 
-TEST_F(SchedulerTest, FifoWithoutBackfill) {
+// Backfill refused: the head (b) waits for a job with no runtime estimate (a is STARTING), so
+// every free slot it could use is reserved for it and c, which would fit, must wait.
+TEST_F(SchedulerTest, BackfillIsRefusedWhenTheHeadHasNoEstimate) {
   Register("node-a", 3);
   Job a = Submit(2);
   Job b = Submit(2);
@@ -305,7 +308,8 @@ TEST_F(SchedulerTest, FifoWithoutBackfill) {
   Job c_now = Get(c.id());
   EXPECT_EQ(c_now.phase(), loom::v1::JOB_PHASE_PENDING);
   EXPECT_EQ(c_now.reason(), "Queued");
-  EXPECT_EQ(c_now.message(), "waiting behind job " + b.id());
+  EXPECT_EQ(c_now.message(), "waiting behind job " + b.id() +
+                                 " (it holds a reservation; starting now would delay it)");
 
   a = Get(a.id());
   Beat("node-a", {Rank(a, 0, loom::v1::RANK_STATE_SUCCEEDED, 1234),
@@ -347,16 +351,32 @@ TEST_F(SchedulerTest, GangIsAllOrNothing) {
   EXPECT_EQ(y.rank_nodes(1), "node-b");
 }
 
-TEST_F(SchedulerTest, RanksSpreadOverNodesInIdOrder) {
-  Register("node-b", 4);
+// A node without a topology domain is its own domain: a gang that fits one node goes to the
+// best-fitting one; one that does not is spread round-robin over nodes in id order.
+TEST_F(SchedulerTest, RanksPackIntoOneNodeOrSpreadInIdOrder) {
+  Register("node-b", 3);
   Register("node-a", 4);
   Job job = Submit(3);
   Cycle();
   job = Get(job.id());
   ASSERT_EQ(job.rank_nodes_size(), 3);
-  EXPECT_EQ(job.rank_nodes(0), "node-a");
-  EXPECT_EQ(job.rank_nodes(1), "node-b");
-  EXPECT_EQ(job.rank_nodes(2), "node-a");
+  EXPECT_EQ(job.rank_nodes(0), "node-b");  // 3 free: fits exactly
+  EXPECT_EQ(job.rank_nodes(2), "node-b");
+  Job wide = Submit(2);
+  Register("node-c", 1);
+  Cycle();
+  wide = Get(wide.id());
+  ASSERT_EQ(wide.rank_nodes_size(), 2);
+  EXPECT_EQ(wide.rank_nodes(0), "node-a");  // 4 free: the only node with 2
+  // Free now: node-a 2, node-c 1, node-d 2. Four ranks fit no single node: the fewest nodes
+  // (most free first, ties by id) are node-a and node-d, filled round-robin.
+  Register("node-d", 2);
+  Job spread = Submit(4);
+  Cycle();
+  spread = Get(spread.id());
+  ASSERT_EQ(spread.phase(), loom::v1::JOB_PHASE_STARTING);
+  EXPECT_EQ(std::vector<std::string>(spread.rank_nodes().begin(), spread.rank_nodes().end()),
+            (std::vector<std::string>{"node-a", "node-d", "node-a", "node-d"}));
 }
 
 TEST_F(SchedulerTest, NeverFittingJobIsUnschedulableAndDoesNotBlockOthers) {
@@ -880,7 +900,7 @@ TEST_F(SchedulerTest, FailedAttemptWithRestartsLeftResumesFromNewestCommittedChe
   Beat("node-c", {again});
   Job failed = Get(job.id());
   EXPECT_EQ(failed.phase(), loom::v1::JOB_PHASE_FAILED);
-  EXPECT_NE(failed.message().find("all 1 restarts used"), std::string::npos) << failed.message();
+  EXPECT_NE(failed.message().find("all 1 user restarts used"), std::string::npos) << failed.message();
 }
 
 TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
@@ -980,7 +1000,7 @@ TEST_F(SchedulerTest, NodeLostWhileRecoveringIsNamedInTheJobMessage) {
 }
 
 TEST_F(SchedulerTest, LostNodeWithRestartsLeftRecoversOnTheOtherNodes) {
-  Job job = RunTwoRankJob(/*max_restarts=*/2, /*spare_node=*/true);
+  Job job = RunTwoRankJob(/*max_restarts=*/0, /*spare_node=*/true, /*max_infra_restarts=*/2);
   Beat("node-c");
   // node-b goes silent; node-a and node-c keep heartbeating.
   clock_.Advance(absl::Seconds(6));
