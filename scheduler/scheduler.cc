@@ -1442,8 +1442,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     absl::StrAppend(&updated.message,
                     newest.ok() ? absl::StrCat(" (resuming from ", newest->path, ")")
                                 : std::string(" (no committed checkpoint: starting over)"));
-    if (job.phase == v1::JOB_PHASE_RECOVERING || job.reason == "Preempted" ||
-        job.reason == "Drained") {
+    if (job.phase == v1::JOB_PHASE_RECOVERING) {
       absl::StrAppend(&updated.message, ". Previously: ", job.message);  // why it restarted
     }
   }
