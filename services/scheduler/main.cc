@@ -32,6 +32,20 @@ ABSL_FLAG(int, hang_min_timeout_s, 120, "Shortest stall, in seconds, that counts
 ABSL_FLAG(std::string, checkpoint_service, "",
           "loom-checkpoint address (host:port) used to find resume checkpoints and apply "
           "retention; empty = read --checkpoint_root directly");
+ABSL_FLAG(std::string, queues_config, "",
+          "YAML file defining queues, tenants, quotas and fair-share weights (docs/scheduling.md); "
+          "empty = one 'default' queue open to every tenant, without quota");
+ABSL_FLAG(int, ready_timeout_s, 300,
+          "A placed gang whose ranks are not all running after this many seconds is torn down "
+          "and requeued with exponential backoff (infra restart budget).");
+ABSL_FLAG(int, ready_backoff_base_s, 10, "First backoff after a gang-ready timeout, in seconds.");
+ABSL_FLAG(int, ready_backoff_cap_s, 600, "Longest backoff after gang-ready timeouts, in seconds.");
+ABSL_FLAG(int, default_max_infra_restarts, 3,
+          "Infra restart budget of jobs whose spec.max_infra_restarts is -1.");
+ABSL_FLAG(bool, preemption, true,
+          "Let blocked higher-priority jobs preempt lower-priority jobs of their accelerator kind.");
+ABSL_FLAG(bool, backfill, true,
+          "Let jobs start behind a blocked head job when they do not delay it.");
 ABSL_FLAG(std::string, fortunes_dir, "/usr/share/games/fortunes",
           "Where the built-in 'fortunes' dataset lives (checked at submission).");
 
@@ -63,6 +77,22 @@ int main(int argc, char** argv) {
   options.scheduler.heartbeat_interval =
       std::min(absl::Seconds(1), options.scheduler.heartbeat_timeout / 10);
   options.scheduler.validation.fortunes_dir = absl::GetFlag(FLAGS_fortunes_dir);
+  if (!absl::GetFlag(FLAGS_queues_config).empty()) {
+    absl::StatusOr<loom::QueuesConfig> queues =
+        loom::LoadQueuesConfig(absl::GetFlag(FLAGS_queues_config));
+    if (!queues.ok()) {
+      std::fprintf(stderr, "loom-scheduler: --queues_config: %s\n",
+                   queues.status().ToString().c_str());
+      return 1;
+    }
+    options.scheduler.queues = *std::move(queues);
+  }
+  options.scheduler.ready_timeout = absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  options.scheduler.ready_backoff_base = absl::Seconds(absl::GetFlag(FLAGS_ready_backoff_base_s));
+  options.scheduler.ready_backoff_cap = absl::Seconds(absl::GetFlag(FLAGS_ready_backoff_cap_s));
+  options.scheduler.default_max_infra_restarts = absl::GetFlag(FLAGS_default_max_infra_restarts);
+  options.scheduler.enable_preemption = absl::GetFlag(FLAGS_preemption);
+  options.scheduler.enable_backfill = absl::GetFlag(FLAGS_backfill);
 
   absl::StatusOr<std::unique_ptr<loom::SchedulerServer>> server =
       loom::SchedulerServer::Start(options);

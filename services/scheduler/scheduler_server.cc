@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
                                                     s->checkpoints_.get()));
   s->job_service_ = std::make_unique<JobServiceImpl>(s->scheduler_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->scheduler_.get());
+  s->admin_service_ = std::make_unique<AdminServiceImpl>(s->scheduler_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -55,6 +56,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
+  builder.RegisterService(s->admin_service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", address));

@@ -23,6 +23,7 @@
 #include "scheduler/clock.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
+#include "services/scheduler/admin_service.h"
 #include "services/scheduler/job_service.h"
 #include "services/scheduler/worker_service.h"
 #include "storage/sqlite_job_store.h"
@@ -80,6 +81,7 @@ class SchedulerServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
   int port_ = 0;
