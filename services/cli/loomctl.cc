@@ -48,6 +48,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
+#include "services/cli/admin_commands.h"
 #include "services/cli/job_spec_yaml.h"
 #include "storage/checkpoint/verify.h"
 
@@ -70,6 +71,7 @@ ABSL_FLAG(std::string, dtype, "fp32", "consolidate: output dtype, fp32 or bf16")
 ABSL_FLAG(int32_t, keep_last, 0, "checkpoint retain: committed checkpoints to keep");
 ABSL_FLAG(std::vector<std::string>, protect, {},
           "checkpoint delete/retain: steps that must not be deleted");
+ABSL_FLAG(std::string, reason, "", "cordon/drain: why (shown by `loomctl nodes`)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each RPC");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
 
@@ -239,7 +241,8 @@ absl::StatusOr<std::vector<int64_t>> ProtectedSteps() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "loomctl <submit FILE.yaml|get ID|list|cancel ID|wait ID|explain ID|checkpoints ID|"
-      "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID> [flags]");
+      "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
+      "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -255,6 +258,12 @@ int main(int argc, char** argv) {
     return true;
   };
 
+  if (loom::IsAdminCommand(cmd)) {
+    auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
+    if (!addr.ok()) return Fail(addr.status());
+    return loom::RunAdminCommand(cmd, arg, *addr, absl::GetFlag(FLAGS_reason),
+                                 absl::GetFlag(FLAGS_json), absl::GetFlag(FLAGS_timeout));
+  }
   if (cmd == "checkpoint") {
     const std::string sub = arg;
     const std::string target = args.size() > 3 ? args[3] : "";
