@@ -699,8 +699,10 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
           break;
         }
       }
-      RETURN_IF_ERROR(FailAttempt(st.job_id(), ClassifyRankFailure(st, had_run), "RankFailed",
-                                  message, suspect));
+      // Losing a peer whose node went silent is an infrastructure failure (infra budget).
+      const loom::v1::FailureClass failure_class =
+          suspect != node_id ? v1::FAILURE_CLASS_INFRA : ClassifyRankFailure(st, had_run);
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), failure_class, "RankFailed", message, suspect));
       continue;
     }
     touched_jobs.insert(st.job_id());

@@ -956,7 +956,7 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
 // A rank failing with a collective error while its peer's node has gone silent: the silent node
 // is named as the likely cause and avoided by the next attempt.
 TEST_F(SchedulerTest, RankFailureNamesASilentPeerNodeAsTheLikelyCause) {
-  Job job = RunTwoRankJob(/*max_restarts=*/1, /*spare_node=*/true);
+  Job job = RunTwoRankJob(/*max_restarts=*/0, /*spare_node=*/true, /*max_infra_restarts=*/1);
   Beat("node-c");
   clock_.Advance(absl::Seconds(5));  // node-b goes silent (its worker died)
   Beat("node-c");
@@ -966,6 +966,9 @@ TEST_F(SchedulerTest, RankFailureNamesASilentPeerNodeAsTheLikelyCause) {
   Beat("node-a", {reset});
   Job recovering = Get(job.id());
   EXPECT_EQ(recovering.phase(), loom::v1::JOB_PHASE_RECOVERING);
+  // The peer's silent node is the cause: an infra failure, on the infra budget.
+  EXPECT_EQ(recovering.failure_class(), loom::v1::FAILURE_CLASS_INFRA);
+  EXPECT_EQ(recovering.infra_restarts(), 1);
   EXPECT_NE(recovering.message().find("node node-b, with another rank of this job, has not "
                                       "heartbeated for 5s: likely the cause"),
             std::string::npos)

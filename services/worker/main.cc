@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/worker_service.grpc.pb.h"
+#include "worker/inventory.h"
 #include "worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC address");
@@ -23,6 +24,15 @@ ABSL_FLAG(int, slots, 1, "rank slots this node offers");
 ABSL_FLAG(std::string, accelerator, "cpu", "accelerator kind: cpu, h100, h200, gh200");
 ABSL_FLAG(std::string, address, "127.0.0.1",
           "address other nodes use to reach this node's ranks (rendezvous host)");
+ABSL_FLAG(std::string, topology_domain, "",
+          "topology domain (NVLink island / rack) of this node; \"\" = its own domain");
+ABSL_FLAG(std::string, labels, "", "node labels k=v,k2=v2 matched by jobs' node_selector");
+ABSL_FLAG(int64_t, accelerator_memory_bytes, 0, "memory of one accelerator in bytes (0 for CPU)");
+ABSL_FLAG(int64_t, host_memory_bytes, 0,
+          "host memory offered for offload, in bytes (0 = the machine's physical memory)");
+ABSL_FLAG(bool, superchip, false,
+          "GH200-style superchip: the Grace CPU memory (host memory) is offload capacity over "
+          "NVLink-C2C");
 ABSL_FLAG(std::string, trainer, "", "path of the loom-trainer executable (required)");
 ABSL_FLAG(std::string, work_dir, "", "directory for rank specs and logs (required)");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbeat period");
@@ -99,8 +109,24 @@ int main(int argc, char** argv) {
   options.inventory.set_slots(absl::GetFlag(FLAGS_slots));
   options.inventory.set_hostname(hostname);
   options.inventory.set_address(absl::GetFlag(FLAGS_address));
-  options.inventory.set_host_memory_bytes(static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                                          ::sysconf(_SC_PAGE_SIZE));
+  options.inventory.set_host_memory_bytes(
+      absl::GetFlag(FLAGS_host_memory_bytes) > 0
+          ? absl::GetFlag(FLAGS_host_memory_bytes)
+          : static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE));
+  options.inventory.set_accelerator_memory_bytes(absl::GetFlag(FLAGS_accelerator_memory_bytes));
+  options.inventory.set_topology_domain(absl::GetFlag(FLAGS_topology_domain));
+  options.inventory.set_superchip(absl::GetFlag(FLAGS_superchip));
+  options.inventory.set_cpu_arch(loom::worker::DetectCpuArch());
+  auto labels = loom::worker::ParseLabels(absl::GetFlag(FLAGS_labels));
+  if (!labels.ok()) {
+    LOG(ERROR) << labels.status();
+    return 2;
+  }
+  for (const auto& [k, v] : *labels) (*options.inventory.mutable_labels())[k] = v;
+  if (options.inventory.accelerator_memory_bytes() < 0) {
+    LOG(ERROR) << "--accelerator_memory_bytes: must be >= 0";
+    return 2;
+  }
   options.trainer_path = absl::GetFlag(FLAGS_trainer);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);

@@ -323,7 +323,10 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
   std::string with_retention = yaml;
   with_retention.replace(with_retention.find("interval_steps: 20"), 18,
                          "interval_steps: 20, keep_last: 1");
-  loom::v1::Job job = Submit(absl::StrCat(with_retention, "max_restarts: 2\n"));
+  // A lost node is an infra failure (max_infra_restarts); the surviving rank may report its
+  // collective error before the node looks silent, which counts as a user failure.
+  loom::v1::Job job =
+      Submit(absl::StrCat(with_retention, "max_restarts: 2\nmax_infra_restarts: 2\n"));
   // Wait for a committed checkpoint, then kill -9 the worker of rank 1 (its trainer gets
   // SIGTERM through its parent-death signal: the node is gone).
   absl::Time deadline = absl::Now() + absl::Minutes(2);
