@@ -256,5 +256,73 @@ TEST_P(JobStoreConformanceTest, NodesUpsertGetAndListById) {
   EXPECT_EQ((*nodes)[1].id, "node-z");
 }
 
+// The scheduling policy's persisted state (docs/scheduling.md "Durability"): restart budgets,
+// preemptions, gang-ready backoff, attempt start and suspects per job; cordon/drain per node.
+// Every field survives a round trip, and an update that clears them clears them.
+TEST_P(JobStoreConformanceTest, SchedulingPolicyStateRoundTripsAndClears) {
+  NodeRecord node = SampleNode("node-d", 8);
+  node.inventory.set_accelerator(loom::v1::ACCELERATOR_KIND_GH200);
+  node.inventory.set_accelerator_memory_bytes(96LL << 30);
+  node.inventory.set_host_memory_bytes(480LL << 30);
+  node.inventory.set_superchip(true);
+  node.inventory.set_cpu_arch("aarch64");
+  node.inventory.set_topology_domain("nvl72-a");
+  node.admin.set_cordoned(true);
+  node.admin.set_draining(true);
+  node.admin.set_reason("firmware");
+  ASSERT_TRUE(store_->UpsertNode(node).ok());
+  JobRecord job = SampleJob("job-policy", 40);
+  job.rank_nodes = {"node-d"};
+  job.phase = loom::v1::JOB_PHASE_RECOVERING;
+  job.spec.set_queue("team-a-gpu");
+  job.spec.set_priority(7);
+  job.spec.set_max_infra_restarts(-1);
+  job.state.set_preemptions(4);
+  job.state.set_ready_timeouts(3);
+  job.state.set_attempt_start_us(1700000005000000);
+  job.state.set_not_before_us(1700000065000000);
+  job.state.add_suspect_nodes("node-y");
+  ASSERT_TRUE(store_->CreateJob(job).ok());
+
+  absl::StatusOr<JobRecord> got = store_->GetJob("job-policy");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->state.preemptions(), 4);
+  EXPECT_EQ(got->state.ready_timeouts(), 3);
+  EXPECT_EQ(got->state.attempt_start_us(), 1700000005000000);
+  EXPECT_EQ(got->state.not_before_us(), 1700000065000000);
+  ASSERT_EQ(got->state.suspect_nodes_size(), 2);
+  EXPECT_EQ(got->state.suspect_nodes(1), "node-y");
+  EXPECT_EQ(got->spec.queue(), "team-a-gpu");
+  EXPECT_EQ(got->spec.priority(), 7);
+  EXPECT_EQ(got->spec.max_infra_restarts(), -1);
+  absl::StatusOr<NodeRecord> n = store_->GetNode("node-d");
+  ASSERT_TRUE(n.ok());
+  EXPECT_TRUE(n->admin.draining());
+  EXPECT_EQ(n->inventory.cpu_arch(), "aarch64");
+  EXPECT_TRUE(n->inventory.superchip());
+  EXPECT_EQ(n->inventory.accelerator_memory_bytes(), 96LL << 30);
+
+  // The job is placed again: backoff and ready timeouts cleared, budgets kept.
+  job.state.set_not_before_us(0);
+  job.state.set_ready_timeouts(0);
+  job.state.clear_suspect_nodes();
+  job.phase = loom::v1::JOB_PHASE_STARTING;
+  ASSERT_TRUE(store_->UpdateJob(job).ok());
+  got = store_->GetJob("job-policy");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state.not_before_us(), 0);
+  EXPECT_EQ(got->state.ready_timeouts(), 0);
+  EXPECT_EQ(got->state.suspect_nodes_size(), 0);
+  EXPECT_EQ(got->state.infra_restarts(), 2);
+  EXPECT_EQ(got->state.preemptions(), 4);
+  node.admin.Clear();
+  ASSERT_TRUE(store_->UpsertNode(node).ok());
+  n = store_->GetNode("node-d");
+  ASSERT_TRUE(n.ok());
+  EXPECT_FALSE(n->admin.cordoned());
+  EXPECT_FALSE(n->admin.draining());
+  EXPECT_EQ(n->admin.reason(), "");
+}
+
 }  // namespace
 }  // namespace loom
