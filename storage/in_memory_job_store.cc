@@ -19,6 +19,41 @@ absl::Status InMemoryJobStore::CheckRankNodes(const JobRecord& job) const {
 
 absl::Status InMemoryJobStore::CreateJob(const JobRecord& job) {
   absl::MutexLock lock(&mu_);
+  return CreateLocked(job);
+}
+
+absl::Status InMemoryJobStore::UpdateJob(const JobRecord& job) {
+  absl::MutexLock lock(&mu_);
+  return UpdateLocked(job);
+}
+
+absl::Status InMemoryJobStore::CreateJobs(const std::vector<JobRecord>& jobs) {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, JobRecord> before = jobs_;  // all or nothing
+  for (const JobRecord& job : jobs) {
+    absl::Status s = CreateLocked(job);
+    if (!s.ok()) {
+      jobs_ = std::move(before);
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryJobStore::UpdateJobs(const std::vector<JobRecord>& jobs) {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, JobRecord> before = jobs_;  // all or nothing
+  for (const JobRecord& job : jobs) {
+    absl::Status s = UpdateLocked(job);
+    if (!s.ok()) {
+      jobs_ = std::move(before);
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryJobStore::CreateLocked(const JobRecord& job) {
   if (jobs_.count(job.id)) return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " exists"));
   for (const auto& [id, other] : jobs_) {
     if (other.sequence == job.sequence) {
@@ -36,8 +71,7 @@ absl::Status InMemoryJobStore::CreateJob(const JobRecord& job) {
   return absl::OkStatus();
 }
 
-absl::Status InMemoryJobStore::UpdateJob(const JobRecord& job) {
-  absl::MutexLock lock(&mu_);
+absl::Status InMemoryJobStore::UpdateLocked(const JobRecord& job) {
   auto it = jobs_.find(job.id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job.id, " not found"));
   for (const auto& [id, other] : jobs_) {

@@ -22,6 +22,8 @@ class InMemoryJobStore final : public JobStore {
 
   absl::Status CreateJob(const JobRecord& job) override;
   absl::Status UpdateJob(const JobRecord& job) override;
+  absl::Status CreateJobs(const std::vector<JobRecord>& jobs) override;
+  absl::Status UpdateJobs(const std::vector<JobRecord>& jobs) override;
   absl::StatusOr<JobRecord> GetJob(const std::string& id) override;
   absl::StatusOr<std::vector<JobRecord>> ListJobs(loom::v1::JobPhase phase) override;
   absl::Status UpsertNode(const NodeRecord& node) override;
@@ -30,6 +32,8 @@ class InMemoryJobStore final : public JobStore {
 
  private:
   absl::Status CheckRankNodes(const JobRecord& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CreateLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UpdateLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);    // by id

@@ -78,6 +78,11 @@ class JobStore {
   // NOT_FOUND if absent; FAILED_PRECONDITION if a rank_nodes entry names an unknown node.
   virtual absl::Status UpdateJob(const JobRecord& job) = 0;
 
+  // Batches (group commit, and one write per scheduling cycle): all records or none, in one
+  // transaction; errors as CreateJob / UpdateJob for the first record that fails.
+  virtual absl::Status CreateJobs(const std::vector<JobRecord>& jobs) = 0;
+  virtual absl::Status UpdateJobs(const std::vector<JobRecord>& jobs) = 0;
+
   // NOT_FOUND if absent.
   virtual absl::StatusOr<JobRecord> GetJob(const std::string& id) = 0;
 

@@ -324,5 +324,28 @@ TEST_P(JobStoreConformanceTest, SchedulingPolicyStateRoundTripsAndClears) {
   EXPECT_EQ(n->admin.reason(), "");
 }
 
+TEST_P(JobStoreConformanceTest, BatchesAreAllOrNothing) {
+  ASSERT_TRUE(store_->UpsertNode(SampleNode("node-a", 4)).ok());
+  std::vector<JobRecord> batch = {SampleJob("job-b1", 101), SampleJob("job-b2", 102)};
+  for (JobRecord& j : batch) j.rank_nodes = {"node-a"};
+  ASSERT_TRUE(store_->CreateJobs(batch).ok());
+  // A batch whose last record clashes (sequence 101 is taken) stores nothing.
+  std::vector<JobRecord> clash = {SampleJob("job-b3", 103), SampleJob("job-b4", 101)};
+  for (JobRecord& j : clash) j.rank_nodes = {"node-a"};
+  EXPECT_EQ(store_->CreateJobs(clash).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->GetJob("job-b3").status().code(), absl::StatusCode::kNotFound);
+  // Updates: both or neither.
+  batch[0].reason = "Placed";
+  batch[1].reason = "Placed";
+  ASSERT_TRUE(store_->UpdateJobs(batch).ok());
+  EXPECT_EQ(store_->GetJob("job-b2")->reason, "Placed");
+  batch[0].reason = "Again";
+  batch[1].id = "job-missing";
+  EXPECT_EQ(store_->UpdateJobs(batch).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetJob("job-b1")->reason, "Placed");
+  EXPECT_TRUE(store_->CreateJobs({}).ok());
+  EXPECT_TRUE(store_->UpdateJobs({}).ok());
+}
+
 }  // namespace
 }  // namespace loom

@@ -106,7 +106,12 @@ absl::Status SqliteJobStore::Migrate() {
 
 absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
   SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
-  return db.InTransaction([&]() -> absl::Status {
+  return db.InTransaction([&]() -> absl::Status { return WriteJobRows(job, insert); });
+}
+
+absl::Status SqliteJobStore::WriteJobRows(const JobRecord& job, bool insert) {
+  SqliteDb& db = *db_;
+  {
     const std::string sql =
         insert ? absl::StrCat("INSERT INTO jobs (", kJobColumns,
                               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
@@ -166,7 +171,7 @@ absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
       RETURN_IF_ERROR(rs);
     }
     return absl::OkStatus();
-  });
+  }
 }
 
 absl::Status SqliteJobStore::CreateJob(const JobRecord& job) {
@@ -177,6 +182,24 @@ absl::Status SqliteJobStore::CreateJob(const JobRecord& job) {
 absl::Status SqliteJobStore::UpdateJob(const JobRecord& job) {
   absl::MutexLock lock(&mu_);
   return WriteJob(job, /*insert=*/false);
+}
+
+absl::Status SqliteJobStore::CreateJobs(const std::vector<JobRecord>& jobs) {
+  absl::MutexLock lock(&mu_);
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  return db.InTransaction([&]() -> absl::Status {
+    for (const JobRecord& job : jobs) RETURN_IF_ERROR(WriteJobRows(job, /*insert=*/true));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SqliteJobStore::UpdateJobs(const std::vector<JobRecord>& jobs) {
+  absl::MutexLock lock(&mu_);
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  return db.InTransaction([&]() -> absl::Status {
+    for (const JobRecord& job : jobs) RETURN_IF_ERROR(WriteJobRows(job, /*insert=*/false));
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::QueryJobs(const std::string& where_sql,

@@ -31,6 +31,8 @@ class SqliteJobStore final : public JobStore {
 
   absl::Status CreateJob(const JobRecord& job) override;
   absl::Status UpdateJob(const JobRecord& job) override;
+  absl::Status CreateJobs(const std::vector<JobRecord>& jobs) override;  // one transaction
+  absl::Status UpdateJobs(const std::vector<JobRecord>& jobs) override;  // one transaction
   absl::StatusOr<JobRecord> GetJob(const std::string& id) override;
   absl::StatusOr<std::vector<JobRecord>> ListJobs(loom::v1::JobPhase phase) override;
   absl::Status UpsertNode(const NodeRecord& node) override;
@@ -41,6 +43,8 @@ class SqliteJobStore final : public JobStore {
   explicit SqliteJobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
   absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteJob(const JobRecord& job, bool insert) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The statements of WriteJob without a transaction of their own.
+  absl::Status WriteJobRows(const JobRecord& job, bool insert) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<JobRecord>> QueryJobs(const std::string& where_sql,
                                                    const std::string& text_param,
                                                    int64_t int_param)
