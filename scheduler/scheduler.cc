@@ -268,7 +268,7 @@ absl::Status Scheduler::Load() {
 std::string Scheduler::NewJobId() {
   while (true) {
     std::string id = absl::StrFormat("job-%08x", absl::Uniform<uint32_t>(bitgen_));
-    if (jobs_.count(id) == 0) return id;
+    if (jobs_.count(id) == 0 && inflight_ids_.count(id) == 0) return id;
   }
 }
 
@@ -277,7 +277,11 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   if (it == jobs_.end()) return absl::InternalError(absl::StrCat("job ", job.id, " vanished"));
   const JobPhase from = it->second.phase;
   if (from != job.phase) RETURN_IF_ERROR(Transition(from, job.phase));
-  RETURN_IF_ERROR(store_->UpdateJob(job));
+  if (deferred_writes_ != nullptr) {
+    (*deferred_writes_)[job.id] = job;  // written in one transaction at the end of the cycle
+  } else {
+    RETURN_IF_ERROR(store_->UpdateJob(job));
+  }
   if (from != job.phase) {
     VLOG(1) << "job " << job.id << ": " << JobPhaseName(from) << " -> " << JobPhaseName(job.phase)
             << (job.message.empty() ? "" : ": ") << job.message;
@@ -396,38 +400,87 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
   RETURN_IF_ERROR(
       ResolveQueue(options_.queues, spec.queue(), tenant.empty() ? "default" : tenant).status());
-  absl::MutexLock lock(&mu_);
-  if (!request_id.empty() && job_by_request_.count(request_id)) {
-    // A concurrent retry created it between the check above and validation.
-    if (deduplicated != nullptr) *deduplicated = true;
-    return JobRecordToProto(jobs_.at(job_by_request_.at(request_id)));
-  }
-  JobRecord job;
-  job.id = NewJobId();
-  job.request_id = request_id;
-  job.tenant = tenant.empty() ? "default" : tenant;
-  job.sequence = next_sequence_;
-  job.spec = spec;
   RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));
-  job.phase = v1::JOB_PHASE_PENDING;
-  job.reason = "Queued";
-  job.message = "waiting for the next scheduling cycle";
-  job.create_time = clock_->Now();
-  job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
-  job.progress.set_total_steps(spec.training().steps());
-  RETURN_IF_ERROR(store_->CreateJob(job));
-  ++next_sequence_;
-  job_order_[job.sequence] = job.id;
-  if (!request_id.empty()) job_by_request_[request_id] = job.id;
-  jobs_[job.id] = job;
-  if (metrics_ != nullptr) {
-    metrics_->JobSubmitted();
-    metrics_->PhaseTransition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING);
+  Submission sub;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!request_id.empty() && job_by_request_.count(request_id)) {
+      // A concurrent retry created it between the check above and validation.
+      if (deduplicated != nullptr) *deduplicated = true;
+      return JobRecordToProto(jobs_.at(job_by_request_.at(request_id)));
+    }
+    if (!request_id.empty() && inflight_requests_.count(request_id)) {
+      return absl::UnavailableError(absl::StrCat(
+          "request_id ", request_id, ": a submission with this id is being committed; retry"));
+    }
+    JobRecord& job = sub.job;
+    job.id = NewJobId();
+    job.request_id = request_id;
+    job.tenant = tenant.empty() ? "default" : tenant;
+    job.sequence = next_sequence_++;
+    job.spec = spec;
+    job.phase = v1::JOB_PHASE_PENDING;
+    job.reason = "Queued";
+    job.message = "waiting for the next scheduling cycle";
+    job.create_time = clock_->Now();
+    job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
+    job.progress.set_total_steps(spec.training().steps());
+    inflight_ids_.insert(job.id);
+    if (!request_id.empty()) inflight_requests_.insert(request_id);
+    absl::MutexLock queue_lock(&commit_mu_);
+    commit_queue_.push_back(&sub);
   }
-  LOG(INFO) << "job " << job.id << " submitted: " << spec.resources().num_ranks() << " ranks, "
-            << spec.training().steps() << " steps";
+  // Group commit: the first waiting submitter without a leader writes every queued submission
+  // in one transaction (one fsync) while later ones queue up for the next batch. The job is
+  // acknowledged only once its transaction committed.
+  commit_mu_.Lock();
+  while (!sub.done) {
+    if (commit_leader_) {
+      commit_cv_.Wait(&commit_mu_);
+      continue;
+    }
+    commit_leader_ = true;
+    std::vector<Submission*> batch;
+    batch.swap(commit_queue_);
+    commit_mu_.Unlock();
+    CommitSubmissions(batch);
+    commit_mu_.Lock();
+    for (Submission* b : batch) b->done = true;
+    commit_leader_ = false;
+    commit_cv_.SignalAll();
+  }
+  commit_mu_.Unlock();
+  RETURN_IF_ERROR(sub.status);
+  return JobRecordToProto(sub.job);
+}
+
+void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
+  std::vector<JobRecord> records;
+  records.reserve(batch.size());
+  for (const Submission* b : batch) records.push_back(b->job);
+  const absl::Status stored = store_->CreateJobs(records);
+  absl::MutexLock lock(&mu_);
+  for (Submission* b : batch) {
+    const JobRecord& job = b->job;
+    inflight_ids_.erase(job.id);
+    if (!job.request_id.empty()) inflight_requests_.erase(job.request_id);
+    b->status = stored;
+    if (!stored.ok()) continue;
+    job_order_[job.sequence] = job.id;
+    if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;
+    jobs_[job.id] = job;
+    if (metrics_ != nullptr) {
+      metrics_->JobSubmitted();
+      metrics_->PhaseTransition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING);
+    }
+    VLOG(1) << "job " << job.id << " submitted: " << job.spec.resources().num_ranks()
+            << " ranks, " << job.spec.training().steps() << " steps";
+  }
+  if (!stored.ok()) {
+    LOG(WARNING) << "submission of " << batch.size() << " jobs failed: " << stored;
+    return;
+  }
   UpdateGauges();
-  return JobRecordToProto(job);
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
@@ -831,10 +884,31 @@ int Scheduler::UsedSlots(const std::string& node_id) const {
 absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckNodeLiveness());
-  RETURN_IF_ERROR(CheckHangs());
-  RETURN_IF_ERROR(CheckReadyTimeouts());
-  RETURN_IF_ERROR(PlacePendingJobs());
+  // Job writes of the cycle are collected and stored in one transaction (one fsync) before the
+  // lock is released, so no heartbeat reply can hand out a placement that is not durable.
+  std::map<std::string, JobRecord> deferred;
+  deferred_writes_ = &deferred;
+  absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckNodeLiveness());
+    RETURN_IF_ERROR(CheckHangs());
+    RETURN_IF_ERROR(CheckReadyTimeouts());
+    return PlacePendingJobs();
+  }();
+  deferred_writes_ = nullptr;
+  if (!deferred.empty()) {
+    std::vector<JobRecord> records;
+    records.reserve(deferred.size());
+    for (auto& [id, record] : deferred) records.push_back(std::move(record));
+    absl::Status stored = store_->UpdateJobs(records);
+    if (!stored.ok()) {
+      // Memory is ahead of the store: reload the last durable state.
+      LOG(ERROR) << "storing " << records.size() << " job updates of a scheduling cycle failed ("
+                 << stored << "); reloading the scheduler state from the store";
+      Resync();
+      return stored;
+    }
+  }
+  RETURN_IF_ERROR(status);
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
   return absl::OkStatus();
@@ -1619,6 +1693,28 @@ absl::StatusOr<std::vector<loom::v1::QueueInfo>> Scheduler::ListQueues() {
     out.push_back(std::move(info));
   }
   return out;
+}
+
+}  // namespace loom
+
+namespace loom {
+
+void Scheduler::Resync() {
+  const int64_t next_sequence = next_sequence_;
+  jobs_.clear();
+  job_order_.clear();
+  job_by_request_.clear();
+  nodes_.clear();
+  ranks_.clear();
+  last_step_advance_.clear();
+  step_seconds_.clear();
+  resume_from_.clear();
+  queue_position_.clear();
+  queue_order_.clear();
+  absl::Status s = Load();
+  if (!s.ok()) LOG(ERROR) << "reloading the scheduler state failed: " << s;
+  // Sequences handed to submissions still being committed must not be reused.
+  next_sequence_ = std::max(next_sequence_, next_sequence);
 }
 
 }  // namespace loom

@@ -212,6 +212,16 @@ class Scheduler {
         checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_) {}
 
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the in-memory state and loads it again from the store (after a failed write).
+  void Resync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A submission waiting for its group commit (SubmitJob).
+  struct Submission {
+    JobRecord job;
+    absl::Status status;
+    bool done = false;  // guarded by commit_mu_
+  };
+  // Stores `batch` in one transaction, then publishes the jobs (or their error).
+  void CommitSubmissions(const std::vector<Submission*>& batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Persists `job` (checking its phase change against the state machine), then adopts it.
   absl::Status CommitJob(JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt of `job_id` on a failure: RECOVERING if restarts are left (the
@@ -291,6 +301,16 @@ class Scheduler {
   // when it starts over. Rebuilt lazily after a restart.
   std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  // Ids and request ids of submissions being committed (not yet in jobs_).
+  std::set<std::string> inflight_ids_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
+  // During RunSchedulingCycle: job writes collected for one transaction (null otherwise).
+  std::map<std::string, JobRecord>* deferred_writes_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Group commit of submissions. Lock order: mu_ before commit_mu_.
+  absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar commit_cv_;
+  std::vector<Submission*> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
+  bool commit_leader_ ABSL_GUARDED_BY(commit_mu_) = false;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,6 +2,8 @@
 // fair share and age; queue quotas and borrowing; backfill; topology; preemption; gang-ready
 // timeouts with backoff; separate restart budgets; cordon and drain; durability of all of it.
 #include <map>
+#include <set>
+#include <thread>
 #include <memory>
 #include <string>
 #include <utility>
@@ -623,6 +625,45 @@ TEST_F(PolicyTest, CordonsBackoffBudgetsAndQueuesSurviveARestart) {
   absl::StatusOr<std::vector<loom::v1::QueueInfo>> queues = scheduler_->ListQueues();
   ASSERT_TRUE(queues.ok());
   EXPECT_EQ((*queues)[0].usage().at("cpu"), 1);
+}
+
+// Group commit: concurrent submissions share transactions; every acknowledged job is stored
+// with a unique id and sequence, and request ids stay idempotent.
+TEST_F(PolicyTest, ConcurrentSubmissionsAreGroupCommitted) {
+  const std::string db = TmpDir() + "/group_commit.db";
+  absl::StatusOr<std::unique_ptr<SqliteJobStore>> sqlite = SqliteJobStore::Open(db);
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  store_ = std::move(*sqlite);
+  scheduler_.reset();
+  Start();
+  constexpr int kThreads = 8, kEach = 25;
+  std::vector<std::vector<std::string>> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        // Threads 0 and 1 use the same request ids: one job each, whoever wins.
+        const std::string request = t < 2 ? absl::StrCat("shared-", i) : "";
+        absl::StatusOr<Job> job = scheduler_->SubmitJob(Spec(1), request);
+        while (job.status().code() == absl::StatusCode::kUnavailable) {
+          job = scheduler_->SubmitJob(Spec(1), request);  // the other one is committing it
+        }
+        ASSERT_TRUE(job.ok()) << job.status();
+        ids[t].push_back(job->id());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::set<std::string> unique;
+  for (const auto& v : ids) unique.insert(v.begin(), v.end());
+  EXPECT_EQ(unique.size(), static_cast<size_t>((kThreads - 1) * kEach));
+  EXPECT_EQ(ids[0], ids[1]);
+  absl::StatusOr<std::vector<JobRecord>> stored = store_->ListJobs();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->size(), unique.size());
+  std::set<int64_t> sequences;
+  for (const JobRecord& r : *stored) sequences.insert(r.sequence);
+  EXPECT_EQ(sequences.size(), stored->size());
 }
 
 }  // namespace
