@@ -551,17 +551,14 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
   const bool waiting = job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
   if (!waiting) return out;
   const AcceleratorKind kind = KindOf(job.spec);
-  if (auto pos = queue_position_.find(job_id); pos != queue_position_.end()) {
+  const std::vector<std::string>& order = queue_order_[kind];
+  if (auto pos = std::find(order.begin(), order.end(), job_id); pos != order.end()) {
     // The order of the last scheduling cycle (priority, fair share, age); at most
     // kMaxJobsAhead of the jobs ahead are named.
     constexpr int kMaxJobsAhead = 100;
-    out.set_queue_position(pos->second);
-    const std::vector<std::string>& order = queue_order_[kind];
-    for (int i = 0; i + 1 < pos->second && i < kMaxJobsAhead &&
-                    i < static_cast<int>(order.size());
-         ++i) {
-      out.add_jobs_ahead(order[i]);
-    }
+    const int position = static_cast<int>(pos - order.begin()) + 1;
+    out.set_queue_position(position);
+    for (int i = 0; i + 1 < position && i < kMaxJobsAhead; ++i) out.add_jobs_ahead(order[i]);
     return out;
   }
   // Not yet seen by a cycle: submission order among waiting jobs of its kind.
@@ -1062,7 +1059,11 @@ absl::Status Scheduler::CheckNodeLiveness() {
 
 absl::Status Scheduler::SetPendingReason(const std::string& job_id, const std::string& reason,
                                          const std::string& message) {
-  JobRecord& job = jobs_.at(job_id);
+  return SetPendingReason(jobs_.at(job_id), reason, message);
+}
+
+absl::Status Scheduler::SetPendingReason(JobRecord& job, const std::string& reason,
+                                         const std::string& message) {
   if (job.reason == reason && job.message == message) return absl::OkStatus();
   if (job.reason == reason) {
     // Same reason, new details (free slot counts, positions): kept in memory only, so a cycle
@@ -1241,21 +1242,21 @@ absl::Status Scheduler::PlacePendingJobs() {
   }
 
   // Waiting jobs per tenant, each list by priority (highest first), then submission order.
-  std::map<std::string, std::vector<const JobRecord*>> by_tenant;
-  for (const auto& [seq, job_id] : job_order_) {
-    const JobRecord& job = jobs_.at(job_id);
+  std::map<std::string, std::vector<JobRecord*>> by_tenant;
+  for (auto& [job_id, job] : jobs_) {
     if (Waiting(job)) by_tenant[job.tenant].push_back(&job);
   }
   struct Cursor {
     std::string tenant;
-    std::vector<const JobRecord*>* jobs;
+    std::vector<JobRecord*>* jobs;
     size_t next = 0;
     double share = 0;
   };
   std::vector<Cursor> cursors;
   for (auto& [tenant, jobs] : by_tenant) {
-    std::stable_sort(jobs.begin(), jobs.end(), [](const JobRecord* a, const JobRecord* b) {
-      return a->spec.priority() > b->spec.priority();
+    std::sort(jobs.begin(), jobs.end(), [](const JobRecord* a, const JobRecord* b) {
+      if (a->spec.priority() != b->spec.priority()) return a->spec.priority() > b->spec.priority();
+      return a->sequence < b->sequence;
     });
     cursors.push_back({tenant, &jobs, 0,
                        DominantShare(tenant_used[tenant], capacity, options_.queues.Weight(tenant))});
@@ -1270,7 +1271,6 @@ absl::Status Scheduler::PlacePendingJobs() {
     return x->sequence < y->sequence;
   };
 
-  queue_position_.clear();
   queue_order_.clear();
   std::map<AcceleratorKind, int> position;
   std::map<AcceleratorKind, std::string> head;  // kind -> the blocked job holding a reservation
@@ -1281,13 +1281,13 @@ absl::Status Scheduler::PlacePendingJobs() {
       if (c.next < c.jobs->size() && (cursor == nullptr || before(c, *cursor))) cursor = &c;
     }
     if (cursor == nullptr) break;
-    const JobRecord* record = (*cursor->jobs)[cursor->next++];
+    JobRecord* record = (*cursor->jobs)[cursor->next++];
     const std::string job_id = record->id;
     const loom::v1::JobSpec& spec = record->spec;
     const AcceleratorKind kind = KindOf(spec);
     const int need = spec.resources().num_ranks();
     const std::string kind_name = KindName(kind);
-    queue_position_[job_id] = ++position[kind];
+    ++position[kind];
     queue_order_[kind].push_back(job_id);
 
     // The previous attempt's ranks must all have ended (or their node been declared lost)
@@ -1296,7 +1296,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     if (record->state.not_before_us() > 0 &&
         now < absl::FromUnixMicros(record->state.not_before_us())) {
       RETURN_IF_ERROR(SetPendingReason(
-          job_id, "Backoff",
+          *record, "Backoff",
           absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(record->state.not_before_us())),
                        " after ", record->state.ready_timeouts(),
                        " consecutive gang-ready timeout(s)")));
@@ -1305,7 +1305,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     const QueueConfig* queue = options_.queues.Find(QueueOf(spec));
     if (queue == nullptr) {
       RETURN_IF_ERROR(SetPendingReason(
-          job_id, "UnknownQueue",
+          *record, "UnknownQueue",
           absl::StrCat("queue ", QueueOf(spec), " is not configured (--queues_config)")));
       continue;
     }
@@ -1313,18 +1313,18 @@ absl::Status Scheduler::PlacePendingJobs() {
     if (inserted) e_it->second = ComputeEligibility(pool, spec.resources());
     const Eligibility& e = e_it->second;
     if (need > e.capacity || (e.require_single_domain && need > e.max_domain_capacity)) {
-      RETURN_IF_ERROR(SetPendingReason(job_id, "Unschedulable",
+      RETURN_IF_ERROR(SetPendingReason(*record, "Unschedulable",
                                        UnschedulableMessage(e, need, kind_name)));
       continue;
     }
     const QuotaLedger::Check quota = ledger.Fits(*queue, kind, need);
     if (!quota.ok) {
-      RETURN_IF_ERROR(SetPendingReason(job_id, "WaitingForQuota", quota.message));
+      RETURN_IF_ERROR(SetPendingReason(*record, "WaitingForQuota", quota.message));
       continue;
     }
     auto h = head.find(kind);
     if (h != head.end() && !options_.enable_backfill) {
-      RETURN_IF_ERROR(SetPendingReason(job_id, "Queued", absl::StrCat("waiting behind job ", h->second)));
+      RETURN_IF_ERROR(SetPendingReason(*record, "Queued", absl::StrCat("waiting behind job ", h->second)));
       continue;
     }
     std::vector<char> avoid;
@@ -1348,7 +1348,6 @@ absl::Status Scheduler::PlacePendingJobs() {
       for (int i : placement) --avail[i];
       kind_avail[kind] -= need;
       // Placed: no longer waiting, so it takes no queue position.
-      queue_position_.erase(job_id);
       queue_order_[kind].pop_back();
       --position[kind];
       ledger.Add(queue->name, kind, need);
@@ -1358,7 +1357,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     }
     if (h != head.end()) {
       RETURN_IF_ERROR(SetPendingReason(
-          job_id, "Queued",
+          *record, "Queued",
           absl::StrCat("waiting behind job ", h->second,
                        " (it holds a reservation; starting now would delay it)")));
       continue;
@@ -1482,7 +1481,7 @@ absl::Status Scheduler::PlacePendingJobs() {
       }
     }
     head[kind] = job_id;
-    RETURN_IF_ERROR(SetPendingReason(job_id, reason, message));
+    RETURN_IF_ERROR(SetPendingReason(*record, reason, message));
   }
   return absl::OkStatus();
 }
@@ -1709,7 +1708,6 @@ void Scheduler::Resync() {
   last_step_advance_.clear();
   step_seconds_.clear();
   resume_from_.clear();
-  queue_position_.clear();
   queue_order_.clear();
   absl::Status s = Load();
   if (!s.ok()) LOG(ERROR) << "reloading the scheduler state failed: " << s;

@@ -267,6 +267,8 @@ class Scheduler {
   // Sets reason/message of a PENDING job, persisting only when they change.
   absl::Status SetPendingReason(const std::string& job_id, const std::string& reason,
                                 const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetPendingReason(JobRecord& job, const std::string& reason,
+                                const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Slots in use on `node_id` (ranks that have not ended).
   int UsedSlots(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
@@ -289,9 +291,8 @@ class Scheduler {
   std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
   std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
-  // Last cycle's queue order: per waiting job its 1-based position among waiting jobs of its
-  // accelerator kind, and per kind the ordered job ids (ExplainPending). In memory only.
-  std::map<std::string, int> queue_position_ ABSL_GUARDED_BY(mu_);
+  // Last cycle's queue order: per accelerator kind the waiting job ids in order
+  // (ExplainPending's queue position). In memory only.
   std::map<loom::v1::AcceleratorKind, std::vector<std::string>> queue_order_ ABSL_GUARDED_BY(mu_);
   // When each job's reported step last advanced (rank 0's progress), and the recent seconds per
   // step (at most 32, oldest first). In memory only.
