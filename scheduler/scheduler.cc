@@ -252,6 +252,7 @@ absl::Status Scheduler::Load() {
                      << newest.status();
       }
     }
+    ++phase_counts_[job.phase];
     jobs_[job.id] = std::move(job);
   }
   LOG(INFO) << "scheduler state loaded: " << jobs_.size() << " jobs, " << nodes_.size()
@@ -283,6 +284,8 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
     RETURN_IF_ERROR(store_->UpdateJob(job));
   }
   if (from != job.phase) {
+    --phase_counts_[from];
+    ++phase_counts_[job.phase];
     VLOG(1) << "job " << job.id << ": " << JobPhaseName(from) << " -> " << JobPhaseName(job.phase)
             << (job.message.empty() ? "" : ": ") << job.message;
     if (metrics_ != nullptr) {
@@ -469,6 +472,7 @@ void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
     job_order_[job.sequence] = job.id;
     if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;
     jobs_[job.id] = job;
+    ++phase_counts_[job.phase];
     if (metrics_ != nullptr) {
       metrics_->JobSubmitted();
       metrics_->PhaseTransition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING);
@@ -480,7 +484,8 @@ void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
     LOG(WARNING) << "submission of " << batch.size() << " jobs failed: " << stored;
     return;
   }
-  UpdateGauges();
+  // Only the job counts changed (UpdateGauges would also walk every rank and node).
+  if (metrics_ != nullptr) metrics_->SetJobCounts(phase_counts_);
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
@@ -1538,9 +1543,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
 
 void Scheduler::UpdateGauges() {
   if (metrics_ == nullptr) return;
-  std::map<JobPhase, int> counts;
-  for (const auto& [id, job] : jobs_) ++counts[job.phase];
-  metrics_->SetJobCounts(counts);
+  metrics_->SetJobCounts(phase_counts_);
   int live = 0, lost = 0, free = 0, used = 0;
   std::map<std::string, int> used_by_node;  // one pass over the ranks, not one per node
   for (const auto& [key, rt] : ranks_) {
@@ -1709,6 +1712,7 @@ void Scheduler::Resync() {
   step_seconds_.clear();
   resume_from_.clear();
   queue_order_.clear();
+  phase_counts_.clear();
   absl::Status s = Load();
   if (!s.ok()) LOG(ERROR) << "reloading the scheduler state failed: " << s;
   // Sequences handed to submissions still being committed must not be reused.

@@ -302,6 +302,8 @@ class Scheduler {
   // when it starts over. Rebuilt lazily after a restart.
   std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  // Jobs per phase (kept with every phase change, so gauges need no walk over all jobs).
+  std::map<loom::v1::JobPhase, int> phase_counts_ ABSL_GUARDED_BY(mu_);
   // Ids and request ids of submissions being committed (not yet in jobs_).
   std::set<std::string> inflight_ids_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
