@@ -1069,18 +1069,12 @@ absl::Status Scheduler::SetPendingReason(const std::string& job_id, const std::s
 
 absl::Status Scheduler::SetPendingReason(JobRecord& job, const std::string& reason,
                                          const std::string& message) {
-  if (job.reason == reason && job.message == message) return absl::OkStatus();
-  if (job.reason == reason) {
-    // Same reason, new details (free slot counts, positions): kept in memory only, so a cycle
-    // over thousands of waiting jobs does not rewrite them all. The stored message is at most
-    // one cycle stale after a restart.
-    job.message = message;
-    return absl::OkStatus();
-  }
-  JobRecord updated = job;
-  updated.reason = reason;
-  updated.message = message;
-  return CommitJob(std::move(updated));
+  // In memory only: a waiting job's reason and message are recomputed by every cycle (also the
+  // first one after a restart), so storing each change would only cost a write per job and
+  // cycle. The record is stored with its latest reason at its next phase change.
+  if (job.reason != reason) job.reason = reason;
+  if (job.message != message) job.message = message;
+  return absl::OkStatus();
 }
 
 std::string Scheduler::QueueOf(const loom::v1::JobSpec& spec) {

@@ -264,7 +264,8 @@ class Scheduler {
   double MedianStepSeconds(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job on when its ranks' states say so (RUNNING / SUCCEEDED).
   absl::Status AdvanceJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sets reason/message of a PENDING job, persisting only when they change.
+  // Sets reason/message of a waiting job in memory (recomputed every cycle; stored with the
+  // job at its next phase change).
   absl::Status SetPendingReason(const std::string& job_id, const std::string& reason,
                                 const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SetPendingReason(JobRecord& job, const std::string& reason,
