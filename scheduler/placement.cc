@@ -59,6 +59,12 @@ bool NodeMatches(const PoolNode& n, const loom::v1::ResourceSpec& r) {
 }
 
 std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
+  if (resources.node_selector().empty()) {  // the common case, without serializing
+    return absl::StrCat(static_cast<int>(KindOf(resources)), "|",
+                        resources.require_single_domain() ? 1 : 0, "|",
+                        resources.accelerator_memory_bytes(), "|", resources.host_memory_bytes(),
+                        "|", resources.cpu_arch());
+  }
   loom::v1::ResourceSpec key = resources;
   key.set_num_ranks(0);
   key.set_accelerator(KindOf(resources));
@@ -69,7 +75,7 @@ std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
   std::sort(labels.begin(), labels.end());
   key.clear_node_selector();
   key.SerializeToString(&out);
-  return absl::StrCat(out, "|", absl::StrJoin(labels, ","));
+  return absl::StrCat("s|", out, "|", absl::StrJoin(labels, ","));
 }
 
 Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& r) {

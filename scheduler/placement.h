@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "proto/common.pb.h"
 #include "proto/worker_service.pb.h"
 
@@ -55,7 +56,7 @@ class NodePool {
   std::vector<PoolNode> nodes_;
   std::vector<int> domain_of_;
   std::vector<std::string> domain_names_;  // sorted
-  std::map<std::string, int> index_;
+  absl::flat_hash_map<std::string, int> index_;
 };
 
 // The nodes a ResourceSpec may use, grouped by domain (both in order), with capacities.

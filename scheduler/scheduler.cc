@@ -1077,8 +1077,9 @@ absl::Status Scheduler::SetPendingReason(JobRecord& job, const std::string& reas
   return absl::OkStatus();
 }
 
-std::string Scheduler::QueueOf(const loom::v1::JobSpec& spec) {
-  return spec.queue().empty() ? "default" : spec.queue();
+const std::string& Scheduler::QueueOf(const loom::v1::JobSpec& spec) {
+  static const std::string* const kDefault = new std::string("default");
+  return spec.queue().empty() ? *kDefault : spec.queue();
 }
 
 double Scheduler::MedianStepSeconds(const std::string& job_id) const {
@@ -1205,17 +1206,30 @@ absl::Status Scheduler::PlacePendingJobs() {
   std::map<std::string, std::map<int, int>> held;  // job -> node -> slots (not asked to stop)
   std::map<std::string, int> live_ranks;           // job -> ranks not ended
   std::set<std::string> has_ranks;
-  for (const auto& [key, rt] : ranks_) {
-    has_ranks.insert(key.first);
-    if (RankEnded(rt.state)) continue;
-    ++live_ranks[key.first];
-    const int i = pool.Find(rt.node_id);
-    if (i < 0) continue;
-    ++used[i];
-    if (rt.stop_requested) {
-      ++releasing[i];
-    } else {
-      ++held[key.first][i];
+  {
+    // ranks_ is ordered by job: one lookup per job, not per rank.
+    const std::string* job = nullptr;
+    int* live = nullptr;
+    std::map<int, int>* job_held = nullptr;
+    for (const auto& [key, rt] : ranks_) {
+      if (job == nullptr || *job != key.first) {
+        job = &key.first;
+        has_ranks.insert(has_ranks.end(), key.first);
+        live = nullptr;
+        job_held = nullptr;
+      }
+      if (RankEnded(rt.state)) continue;
+      if (live == nullptr) live = &live_ranks[key.first];
+      ++*live;
+      const int i = pool.Find(rt.node_id);
+      if (i < 0) continue;
+      ++used[i];
+      if (rt.stop_requested) {
+        ++releasing[i];
+      } else {
+        if (job_held == nullptr) job_held = &held[key.first];
+        ++(*job_held)[i];
+      }
     }
   }
   std::vector<int> avail(n, 0);

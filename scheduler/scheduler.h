@@ -259,7 +259,7 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::NodeInfo NodeInfoOf(const NodeRecord& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The queue name of a spec ("" means "default").
-  static std::string QueueOf(const loom::v1::JobSpec& spec);
+  static const std::string& QueueOf(const loom::v1::JobSpec& spec);
   // Median seconds per step of a RUNNING job (0 if fewer than 3 intervals are known).
   double MedianStepSeconds(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job on when its ranks' states say so (RUNNING / SUCCEEDED).
