@@ -7,12 +7,14 @@
 //     persists it PENDING in one store transaction before answering: an acknowledged job
 //     survives a restart.
 //   * RunSchedulingCycle (called by the daemon's loop every schedule interval) declares nodes
-//     lost whose last heartbeat is older than heartbeat_timeout, then walks PENDING jobs in
-//     submission order (FIFO per accelerator kind) and places each as a gang: all ranks at once
-//     or none, on live nodes of the job's accelerator kind with free slots, spreading ranks
-//     round-robin over nodes in node-id order. A job that cannot fit even on an empty cluster
-//     stays PENDING with reason "Unschedulable"; one that fits later blocks the jobs behind it
-//     of the same kind (no backfill, so big gangs do not starve).
+//     lost whose last heartbeat is older than heartbeat_timeout, ends hung attempts and gangs
+//     not ready within ready_timeout, then orders waiting jobs (priority, tenant fair share,
+//     age), admits them by queue quota (with borrowing), and places each as a gang: all ranks
+//     at once or none, on eligible nodes (kind, memory, arch, node_selector, not cordoned),
+//     preferring one topology domain (placement.h). The first blocked job of a kind reserves
+//     the slots it will start on; later jobs only backfill around it; it may preempt
+//     lower-priority jobs (preemption.h). The policy is docs/scheduling.md. A job that cannot
+//     fit even on an empty cluster stays PENDING with reason "Unschedulable".
 //   * Placement moves the job to STARTING and starts attempt + 1. Rendezvous: rank 0 is handed
 //     out at once with master_port 0 and master_addr = its node's inventory.address; rank 0
 //     reports the c10d TCPStore port it bound (RankStatus.rendezvous_port), which is persisted
@@ -33,8 +35,9 @@
 //     advanced its step within that time (a late heartbeat alone never kills a job that is
 //     still stepping). A lost node fails every job with a rank on it (class INFRA, reason
 //     "NodeLost").
-//   * Recovery: a failed attempt (rank failure, lost rank or node, bad rendezvous) of a job with
-//     restarts left (spec.max_restarts, one budget for every failure class) moves the job to
+//   * Recovery: a failed attempt (rank failure, lost rank or node, bad rendezvous, hang, gang
+//     not ready) of a job with restarts left (spec.max_restarts for its own failures,
+//     spec.max_infra_restarts for infrastructure ones; two budgets) moves the job to
 //     RECOVERING instead of FAILED: every rank of the attempt is told to stop, and once all of
 //     them have ended (or their node was declared lost) the job is placed again as attempt + 1,
 //     preferring nodes that were not suspects of earlier failures (the failed rank's node, the
