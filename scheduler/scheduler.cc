@@ -329,7 +329,12 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                     const std::string& reason, const std::string& message,
                                     const std::string& suspect_node) {
   const JobRecord& job = jobs_.at(job_id);
-  if (IsTerminal(job.phase) || job.phase == v1::JOB_PHASE_RECOVERING) return absl::OkStatus();
+  // RECOVERING: the attempt already ended. PENDING: requeued (preempted, drained) and its
+  // ranks are only being stopped; no attempt is running that could fail.
+  if (IsTerminal(job.phase) || job.phase == v1::JOB_PHASE_RECOVERING ||
+      job.phase == v1::JOB_PHASE_PENDING) {
+    return absl::OkStatus();
+  }
   // Two budgets (docs/scheduling.md "Restart budgets"): infrastructure failures (lost node or
   // rank, hang, setup/rendezvous, gang-ready timeout) and the job's own failures.
   const bool infra = IsInfraClass(failure_class);

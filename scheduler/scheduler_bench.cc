@@ -48,7 +48,7 @@ ABSL_FLAG(int, client_threads, 8, "gRPC client threads for the submission benchm
 ABSL_FLAG(int, submissions, 8000, "Jobs submitted over gRPC in total.");
 ABSL_FLAG(int, nodes, 1000, "Simulated nodes for the cycle benchmark.");
 ABSL_FLAG(int, jobs, 10000, "Pending jobs for the cycle benchmark.");
-ABSL_FLAG(int, cycles, 100, "Timed scheduling cycles after the first.");
+ABSL_FLAG(int, cycles, 40, "Timed scheduling cycles after the first.");
 ABSL_FLAG(double, finish_fraction, 0.03, "Running jobs that finish between cycles.");
 
 namespace loom {

@@ -666,5 +666,33 @@ TEST_F(PolicyTest, ConcurrentSubmissionsAreGroupCommitted) {
   EXPECT_EQ(sequences.size(), stored->size());
 }
 
+// A drained job whose node dies while its ranks are being stopped stays PENDING (no attempt is
+// running that could fail), and the cycle goes on for the other jobs.
+TEST_F(PolicyTest, NodeLostWhileARequeuedJobStopsIsHarmless) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Register("node-c", 1);
+  const std::string j = Submit(Spec(1));
+  const std::string k = Submit(Spec(1));
+  Settle(4);
+  ASSERT_EQ(Phase(j), loom::v1::JOB_PHASE_RUNNING);
+  ASSERT_EQ(Phase(k), loom::v1::JOB_PHASE_RUNNING);
+  const std::string node = Get(j).rank_nodes(0);
+  ASSERT_TRUE(scheduler_->DrainNode(node, "").ok());
+  workers_.erase(node);
+  for (int i = 0; i < 12; ++i) {  // node goes silent; the others keep heartbeating
+    clock_.Advance(absl::Seconds(1));
+    for (const std::string& n : Nodes()) {
+      if (n != node) WorkerBeat(n);
+    }
+    ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok()) << i;
+  }
+  Job moved = Get(j);
+  EXPECT_EQ(moved.attempt(), 2);
+  EXPECT_EQ(moved.user_restarts() + moved.infra_restarts(), 0);
+  EXPECT_NE(moved.rank_nodes(0), node);
+  EXPECT_EQ(Phase(k), loom::v1::JOB_PHASE_RUNNING);
+}
+
 }  // namespace
 }  // namespace loom
