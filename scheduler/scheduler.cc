@@ -1260,21 +1260,36 @@ absl::Status Scheduler::PlacePendingJobs() {
   }
 
   // Waiting jobs per tenant, each list by priority (highest first), then submission order.
-  std::map<std::string, std::vector<JobRecord*>> by_tenant;
-  for (auto& [job_id, job] : jobs_) {
-    if (Waiting(job)) by_tenant[job.tenant].push_back(&job);
+  // Sort keys copied out of the records: (priority, sequence) compare without touching them.
+  struct Entry {
+    int32_t priority;
+    int64_t sequence;
+    JobRecord* job;
+  };
+  std::map<std::string, std::vector<Entry>> by_tenant;
+  {
+    std::vector<Entry>* last = nullptr;
+    const std::string* last_tenant = nullptr;
+    for (auto& [job_id, job] : jobs_) {
+      if (!Waiting(job)) continue;
+      if (last_tenant == nullptr || *last_tenant != job.tenant) {
+        last = &by_tenant[job.tenant];
+        last_tenant = &job.tenant;
+      }
+      last->push_back({job.spec.priority(), job.sequence, &job});
+    }
   }
   struct Cursor {
     std::string tenant;
-    std::vector<JobRecord*>* jobs;
+    std::vector<Entry>* jobs;
     size_t next = 0;
     double share = 0;
   };
   std::vector<Cursor> cursors;
   for (auto& [tenant, jobs] : by_tenant) {
-    std::sort(jobs.begin(), jobs.end(), [](const JobRecord* a, const JobRecord* b) {
-      if (a->spec.priority() != b->spec.priority()) return a->spec.priority() > b->spec.priority();
-      return a->sequence < b->sequence;
+    std::sort(jobs.begin(), jobs.end(), [](const Entry& a, const Entry& b) {
+      if (a.priority != b.priority) return a.priority > b.priority;
+      return a.sequence < b.sequence;
     });
     cursors.push_back({tenant, &jobs, 0,
                        DominantShare(tenant_used[tenant], capacity, options_.queues.Weight(tenant))});
@@ -1282,11 +1297,11 @@ absl::Status Scheduler::PlacePendingJobs() {
   // Next job: highest priority, then the tenant with the lowest weighted dominant share, then
   // the oldest.
   auto before = [](const Cursor& a, const Cursor& b) {
-    const JobRecord* x = (*a.jobs)[a.next];
-    const JobRecord* y = (*b.jobs)[b.next];
-    if (x->spec.priority() != y->spec.priority()) return x->spec.priority() > y->spec.priority();
+    const Entry& x = (*a.jobs)[a.next];
+    const Entry& y = (*b.jobs)[b.next];
+    if (x.priority != y.priority) return x.priority > y.priority;
     if (a.share != b.share) return a.share < b.share;
-    return x->sequence < y->sequence;
+    return x.sequence < y.sequence;
   };
 
   queue_order_.clear();
@@ -1299,7 +1314,7 @@ absl::Status Scheduler::PlacePendingJobs() {
       if (c.next < c.jobs->size() && (cursor == nullptr || before(c, *cursor))) cursor = &c;
     }
     if (cursor == nullptr) break;
-    JobRecord* record = (*cursor->jobs)[cursor->next++];
+    JobRecord* record = (*cursor->jobs)[cursor->next++].job;
     const std::string job_id = record->id;
     const loom::v1::JobSpec& spec = record->spec;
     const AcceleratorKind kind = KindOf(spec);
@@ -1310,7 +1325,7 @@ absl::Status Scheduler::PlacePendingJobs() {
 
     // The previous attempt's ranks must all have ended (or their node been declared lost)
     // before the next attempt starts: two incarnations of one rank never run at once.
-    if (has_ranks.count(job_id)) continue;
+    if (record->attempt > 0 && has_ranks.count(job_id)) continue;
     if (record->state.not_before_us() > 0 &&
         now < absl::FromUnixMicros(record->state.not_before_us())) {
       RETURN_IF_ERROR(SetPendingReason(
