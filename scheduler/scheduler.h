@@ -141,7 +141,10 @@ class Scheduler {
   // created; with a different spec, ALREADY_EXISTS naming that job. INVALID_ARGUMENT if
   // request_id is longer than kMaxIdBytes.
   // `tenant` owns the job (Job.tenant; "" means "default"); a request_id reused by another
-  // tenant is ALREADY_EXISTS without naming the other job.
+  // tenant is ALREADY_EXISTS without naming the other job. spec.queue must name a configured
+  // queue (INVALID_ARGUMENT) open to `tenant` (PERMISSION_DENIED). Concurrent calls are
+  // group-committed (one store transaction per batch); a call returns once its job is stored.
+  // UNAVAILABLE if another call with the same request_id is being committed right now (retry).
   absl::StatusOr<loom::v1::Job> SubmitJob(const loom::v1::JobSpec& spec,
                                           const std::string& request_id = "",
                                           bool* deduplicated = nullptr,
