@@ -174,10 +174,29 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
   }
   std::unique_ptr<Scheduler> scheduler(
       new Scheduler(options, store, clock, metrics, checkpoints));
-  absl::MutexLock lock(&scheduler->mu_);
-  RETURN_IF_ERROR(scheduler->Load());
-  scheduler->UpdateGauges();
+  {
+    absl::MutexLock lock(&scheduler->mu_);
+    RETURN_IF_ERROR(scheduler->Load());
+    scheduler->UpdateGauges();
+  }
+  Scheduler* raw = scheduler.get();
+  scheduler->retention_thread_ = std::thread([raw] { raw->RetentionLoop(); });
   return scheduler;
+}
+
+Scheduler::~Scheduler() {
+  {
+    absl::MutexLock lock(&retention_mu_);
+    retention_stop_ = true;
+  }
+  if (retention_thread_.joinable()) retention_thread_.join();
+  std::vector<std::shared_ptr<JobSubscription>> subs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, sub] : watchers_) subs.push_back(sub);
+    watchers_.clear();
+  }
+  for (auto& sub : subs) sub->Cancel();
 }
 
 absl::Status Scheduler::Load() {
@@ -209,6 +228,12 @@ absl::Status Scheduler::Load() {
             (rank == 0 && job.rendezvous_port != 0)) {
           rt.reported = true;
           rt.state = v1::RANK_STATE_RUNNING;
+        }
+        if (job.phase == v1::JOB_PHASE_STOPPING) {
+          // A graceful stop was in progress: ask again, with a fresh grace period.
+          rt.stop_requested = true;
+          rt.graceful_stop = true;
+          stops_[job.id].deadline = now + options_.cancel_grace;
         }
         ranks_[{job.id, rank}] = rt;
         auto node = nodes_.find(rt.node_id);
@@ -263,8 +288,50 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
       }
     }
   }
+  const bool phase_changed = from != job.phase;
   it->second = std::move(job);
+  PublishJobChange(it->second, phase_changed);
   return absl::OkStatus();
+}
+
+void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
+  const bool terminal = IsTerminal(job.phase);
+  if (terminal) logs_->MarkEnded(job.id);
+  auto [begin, end] = watchers_.equal_range(job.id);
+  if (begin == end) return;
+  loom::v1::JobEvent event;
+  *event.mutable_job() = JobRecordToProto(job);
+  event.set_type(phase_changed ? "PhaseChanged" : "Progress");
+  for (auto it = begin; it != end; ++it) it->second->Push(event);
+  if (terminal) watchers_.erase(begin, end);  // their streams end with this event
+}
+
+absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
+    const std::string& job_id, std::function<void()> on_event) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  auto waker = std::make_shared<Waker>(std::move(on_event));
+  auto sub = std::make_shared<JobSubscription>(job_id, waker, dispatcher_.get());
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  loom::v1::JobEvent snapshot;
+  *snapshot.mutable_job() = JobRecordToProto(it->second);
+  snapshot.set_type("Snapshot");
+  sub->Push(std::move(snapshot));
+  if (!sub->ended()) watchers_.emplace(job_id, sub);
+  return sub;
+}
+
+void Scheduler::Unwatch(const std::shared_ptr<JobSubscription>& subscription) {
+  subscription->Cancel();  // outside mu_: waits for a running callback
+  absl::MutexLock lock(&mu_);
+  auto [begin, end] = watchers_.equal_range(subscription->job_id());
+  for (auto it = begin; it != end; ++it) {
+    if (it->second == subscription) {
+      watchers_.erase(it);
+      break;
+    }
+  }
 }
 
 absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
@@ -280,12 +347,14 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   LOG(INFO) << "job " << job_id << " " << JobPhaseName(phase) << ": " << message;
   last_step_advance_.erase(job_id);
   step_seconds_.erase(job_id);
+  stops_.erase(job_id);
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
       it = ranks_.erase(it);  // its slot is free; nothing to stop
     } else {
       it->second.stop_requested = true;
+      it->second.graceful_stop = false;  // the job ended: no checkpoint, stop now
       ++it;
     }
   }
@@ -298,6 +367,10 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                     const std::string& suspect_node) {
   const JobRecord& job = jobs_.at(job_id);
   if (IsTerminal(job.phase) || job.phase == v1::JOB_PHASE_RECOVERING) return absl::OkStatus();
+  if (job.phase == v1::JOB_PHASE_STOPPING) {
+    // Cancelled and stopping: no restart; the final checkpoint cannot complete any more.
+    return EscalateStop(job_id, message);
+  }
   const int32_t max_restarts = job.spec.max_restarts();
   const int32_t restarts_used = std::max(0, job.attempt - 1);
   if (restarts_used >= max_restarts) {
@@ -478,14 +551,151 @@ absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-  if (IsTerminal(it->second.phase)) {
+  const JobRecord& job = it->second;
+  if (IsTerminal(job.phase)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
-                                                      JobPhaseName(it->second.phase), ")"));
+                                                      JobPhaseName(job.phase), ")"));
   }
-  RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
-                         "Cancelled", "cancelled by request"));
+  if (job.phase == v1::JOB_PHASE_STOPPING) return JobRecordToProto(job);  // already stopping
+  if (job.phase != v1::JOB_PHASE_RUNNING) {
+    // Not training (yet): nothing to checkpoint. STARTING ranks may still wait for their
+    // peers' rendezvous, so they cannot agree on a step to stop at; stop them now.
+    std::string message = absl::StrCat("cancelled by request while ", JobPhaseName(job.phase));
+    if (job.phase == v1::JOB_PHASE_STARTING || job.phase == v1::JOB_PHASE_RECOVERING) {
+      absl::StrAppend(&message, " (no final checkpoint; ",
+                      job.progress.last_checkpoint_step() > 0
+                          ? absl::StrCat("newest checkpoint at step ",
+                                         job.progress.last_checkpoint_step())
+                          : std::string("no checkpoint written"),
+                      ")");
+    }
+    RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
+                           "Cancelled", message));
+    UpdateGauges();
+    return JobRecordToProto(jobs_.at(job_id));
+  }
+  JobRecord updated = job;
+  updated.phase = v1::JOB_PHASE_STOPPING;
+  updated.reason = "Stopping";
+  updated.message = absl::StrCat(
+      "cancel requested: the ranks write a final checkpoint, then stop (killed if not stopped "
+      "within ", absl::FormatDuration(options_.cancel_grace), ")");
+  RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  StopRequest& stop = stops_[job_id];
+  stop = StopRequest();
+  stop.deadline = clock_->Now() + options_.cancel_grace;
+  for (auto r = ranks_.lower_bound({job_id, 0}); r != ranks_.end() && r->first.first == job_id;
+       ++r) {
+    r->second.stop_requested = true;
+    r->second.graceful_stop = true;
+  }
+  LOG(INFO) << "job " << job_id << " STOPPING: " << jobs_.at(job_id).message;
   UpdateGauges();
   return JobRecordToProto(jobs_.at(job_id));
+}
+
+absl::StatusOr<loom::v1::Job> Scheduler::KillJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  const JobRecord& job = it->second;
+  if (IsTerminal(job.phase)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
+                                                      JobPhaseName(job.phase), ")"));
+  }
+  std::string message = absl::StrCat("killed by request while ", JobPhaseName(job.phase),
+                                     ": ranks stopped without a final checkpoint");
+  if (job.progress.last_checkpoint_step() > 0) {
+    absl::StrAppend(&message, " (newest checkpoint at step ", job.progress.last_checkpoint_step(),
+                    ")");
+  }
+  RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
+                         "Killed", message));
+  UpdateGauges();
+  return JobRecordToProto(jobs_.at(job_id));
+}
+
+void Scheduler::RecordStoppingRank(const loom::v1::RankStatus& st, const std::string& node_id) {
+  auto stop_it = stops_.find(st.job_id());
+  if (stop_it == stops_.end()) return;
+  StopRequest& stop = stop_it->second;
+  if (st.state() == v1::RANK_STATE_SUCCEEDED) {
+    stop.training_finished = true;  // the last step came before the stop
+    if (st.rank() == 0) stop.final_checkpoint_step = st.progress().last_checkpoint_step();
+  } else if (st.state() == v1::RANK_STATE_STOPPED && st.graceful_stop()) {
+    if (st.rank() == 0) stop.final_checkpoint_step = st.progress().last_checkpoint_step();
+  } else if (RankEnded(st.state()) && !stop.escalated) {
+    // Failed, or stopped without its checkpoint: the peers cannot complete theirs.
+    (void)EscalateStop(st.job_id(), RankExitMessage(st.rank(), node_id, st));
+  }
+}
+
+absl::Status Scheduler::EscalateStop(const std::string& job_id, const std::string& why) {
+  auto stop_it = stops_.find(job_id);
+  if (stop_it == stops_.end() || stop_it->second.escalated) return absl::OkStatus();
+  stop_it->second.escalated = true;
+  stop_it->second.escalation = why;
+  for (auto r = ranks_.lower_bound({job_id, 0}); r != ranks_.end() && r->first.first == job_id;
+       ++r) {
+    r->second.graceful_stop = false;
+  }
+  JobRecord updated = jobs_.at(job_id);
+  updated.message = absl::StrCat("cancel requested; graceful stop abandoned (", why,
+                                 "): killing the ranks");
+  LOG(WARNING) << "job " << job_id << ": " << updated.message;
+  return CommitJob(std::move(updated));
+}
+
+absl::Status Scheduler::FinishStops() {
+  std::vector<std::string> done;
+  for (const auto& [job_id, stop] : stops_) {
+    auto r = ranks_.lower_bound({job_id, 0});
+    if (r == ranks_.end() || r->first.first != job_id) done.push_back(job_id);
+  }
+  for (const std::string& job_id : done) {
+    const StopRequest stop = stops_.at(job_id);
+    const JobRecord& job = jobs_.at(job_id);
+    if (job.phase != v1::JOB_PHASE_STOPPING) {
+      stops_.erase(job_id);
+      continue;
+    }
+    const int64_t newest = job.progress.last_checkpoint_step();
+    const std::string newest_text =
+        newest > 0 ? absl::StrCat("newest checkpoint at step ", newest) : "no checkpoint written";
+    std::string message;
+    if (stop.escalated) {
+      message = absl::StrCat("cancelled by request; the graceful stop was abandoned (",
+                             stop.escalation, ") and the ranks were killed without a final "
+                             "checkpoint (", newest_text, ")");
+    } else if (stop.training_finished) {
+      message = absl::StrCat("cancelled by request, but training had finished first; final "
+                             "checkpoint at step ", stop.final_checkpoint_step);
+    } else if (stop.final_checkpoint_step >= 0) {
+      message = absl::StrCat("cancelled by request; final checkpoint written at step ",
+                             stop.final_checkpoint_step);
+    } else {
+      message = absl::StrCat("cancelled by request; the ranks ended without confirming a final "
+                             "checkpoint (", newest_text, ")");
+    }
+    RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
+                           "Cancelled", message));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::CheckStops() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> late;
+  for (const auto& [job_id, stop] : stops_) {
+    if (!stop.escalated && now > stop.deadline) late.push_back(job_id);
+  }
+  for (const std::string& job_id : late) {
+    RETURN_IF_ERROR(EscalateStop(
+        job_id, absl::StrCat("the ranks did not stop within ",
+                             absl::FormatDuration(options_.cancel_grace))));
+  }
+  return FinishStops();
 }
 
 absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node_id,
@@ -522,6 +732,11 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
 absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     const loom::v1::HeartbeatRequest& request) {
   RETURN_IF_ERROR(CheckIdLength("node_id", request.node_id()));
+  // Output lines first, without the scheduler's lock (the buffer has its own, and deduplicates
+  // lines of a retried heartbeat by sequence).
+  for (const loom::v1::RankStatus& st : request.ranks()) {
+    logs_->Append(st.job_id(), st.attempt(), st.rank(), st.log_lines());
+  }
   absl::MutexLock lock(&mu_);
   const std::string& node_id = request.node_id();
   auto node_it = nodes_.find(node_id);
@@ -540,7 +755,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   }
 
   loom::v1::HeartbeatResponse response;
-  std::set<std::pair<std::string, int32_t>> stops;  // (job id, attempt)
+  std::map<std::pair<std::string, int32_t>, bool> stops;  // (job id, attempt) -> graceful
+  auto add_stop = [&stops](const std::string& job_id, int32_t attempt, bool graceful) {
+    auto [it, inserted] = stops.emplace(std::make_pair(job_id, attempt), graceful);
+    if (!inserted) it->second = it->second && graceful;  // a kill overrides a graceful stop
+  };
   std::set<RankKey> seen;
   std::set<std::string> touched_jobs;
 
@@ -551,7 +770,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
                       rt_it->second.node_id == node_id;
     if (!ours) {
       // An old attempt, an ended job, or a rank placed elsewhere: it must not keep running.
-      if (!RankEnded(st.state())) stops.emplace(st.job_id(), st.attempt());
+      if (!RankEnded(st.state())) add_stop(st.job_id(), st.attempt(), false);
       continue;
     }
     RankRuntime& rt = rt_it->second;
@@ -560,11 +779,33 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     rt.reported = true;
     rt.state = st.state();
     const auto job_it = jobs_.find(st.job_id());
+    if (job_it != jobs_.end() && job_it->second.phase == v1::JOB_PHASE_STOPPING) {
+      // Graceful stop in progress: keep rank 0's progress (its final checkpoint step).
+      if (st.rank() == 0 && st.has_progress()) {
+        JobRecord updated = job_it->second;
+        updated.progress = MergeProgress(job_it->second.progress, st.progress());
+        if (updated.progress.total_steps() == 0) {
+          updated.progress.set_total_steps(updated.spec.training().steps());
+        }
+        if (!google::protobuf::util::MessageDifferencer::Equals(updated.progress,
+                                                                job_it->second.progress)) {
+          RETURN_IF_ERROR(CommitJob(std::move(updated)));
+        }
+      }
+      const bool graceful = rt.graceful_stop;
+      if (RankEnded(st.state())) {
+        RecordStoppingRank(st, node_id);
+        ranks_.erase(key);
+      } else {
+        add_stop(st.job_id(), st.attempt(), graceful);
+      }
+      continue;
+    }
     if (rt.stop_requested || job_it == jobs_.end() || IsTerminal(job_it->second.phase)) {
       if (RankEnded(st.state())) {
         ranks_.erase(rt_it);
       } else {
-        stops.emplace(st.job_id(), st.attempt());
+        add_stop(st.job_id(), st.attempt(), false);
       }
       continue;
     }
@@ -661,12 +902,13 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   }
 
   for (const std::string& job_id : touched_jobs) RETURN_IF_ERROR(AdvanceJob(job_id));
+  RETURN_IF_ERROR(FinishStops());
 
   // Replies: assignments not yet acknowledged, and stops.
   for (auto& [key, rt] : ranks_) {
     if (rt.node_id != node_id) continue;
     if (rt.stop_requested) {
-      stops.emplace(key.first, rt.attempt);
+      add_stop(key.first, rt.attempt, rt.graceful_stop);
       continue;
     }
     if (rt.reported) continue;
@@ -674,10 +916,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     if (key.second != 0 && job.rendezvous_port == 0) continue;  // wait for rank 0's port
     *response.add_start() = StartAssignment(job, key.second);
   }
-  for (const auto& [job_id, attempt] : stops) {
+  for (const auto& [job_attempt, graceful] : stops) {
     loom::v1::RankAssignment* stop = response.add_stop();
-    stop->set_job_id(job_id);
-    stop->set_attempt(attempt);
+    stop->set_job_id(job_attempt.first);
+    stop->set_attempt(job_attempt.second);
+    stop->set_graceful_stop(graceful);
   }
   UpdateGauges();
   return response;
@@ -754,30 +997,94 @@ int Scheduler::UsedSlots(const std::string& node_id) const {
 
 absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
+  std::vector<std::pair<std::string, std::string>> lookups;  // (job id, checkpoint dir)
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckNodeLiveness());
+    RETURN_IF_ERROR(CheckHangs());
+    RETURN_IF_ERROR(CheckStops());
+    // Jobs that may be placed again this cycle need their resume checkpoint: waiting for a new
+    // attempt, and every rank of the previous one ended.
+    for (const auto& [job_id, job] : jobs_) {
+      if (job.attempt == 0 ||
+          (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
+        continue;
+      }
+      auto r = ranks_.lower_bound({job_id, 0});
+      if (r != ranks_.end() && r->first.first == job_id) continue;
+      lookups.emplace_back(job_id, job.checkpoint_dir);
+    }
+  }
+  // The catalog may be a remote service: ask it without holding the lock.
+  std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
+  for (const auto& [job_id, dir] : lookups) {
+    results.emplace(job_id, checkpoints_->NewestCommitted(job_id, dir));
+  }
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckNodeLiveness());
-  RETURN_IF_ERROR(CheckHangs());
-  RETURN_IF_ERROR(PlacePendingJobs());
+  prefetched_resume_ = std::move(results);
+  absl::Status placed = PlacePendingJobs();
+  prefetched_resume_.clear();
+  RETURN_IF_ERROR(placed);
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
   return absl::OkStatus();
 }
 
+absl::StatusOr<CommittedCheckpoint> Scheduler::PrefetchedResume(const std::string& job_id) {
+  auto it = prefetched_resume_.find(job_id);
+  if (it == prefetched_resume_.end()) {
+    return absl::UnavailableError("lookup pending (next scheduling cycle)");
+  }
+  return it->second;
+}
+
 void Scheduler::ApplyRetention(const JobRecord& job) {
   const loom::v1::CheckpointPolicy& policy = job.spec.checkpoint();
   if (policy.keep_last() <= 0) return;  // keep everything
-  std::vector<int64_t> protected_steps;
+  RetentionTask task;
+  task.checkpoint_dir = job.checkpoint_dir;
+  task.policy = policy;
   if (auto r = resume_from_.find(job.id); r != resume_from_.end()) {
-    protected_steps.push_back(r->second.step);  // the current attempt may still need it
+    task.protected_steps.push_back(r->second.step);  // the current attempt may still need it
   }
-  absl::StatusOr<std::vector<int64_t>> deleted =
-      checkpoints_->ApplyRetention(job.id, job.checkpoint_dir, policy, protected_steps);
-  if (!deleted.ok()) {
-    LOG(WARNING) << "job " << job.id << ": checkpoint retention failed: " << deleted.status();
-  } else if (!deleted->empty()) {
-    LOG(INFO) << "job " << job.id << ": retention deleted checkpoints of steps "
-              << absl::StrJoin(*deleted, ", ");
+  absl::MutexLock lock(&retention_mu_);
+  retention_queue_[job.id] = std::move(task);  // a newer request for the job replaces one queued
+}
+
+void Scheduler::RetentionLoop() {
+  while (true) {
+    std::string job_id;
+    RetentionTask task;
+    {
+      absl::MutexLock lock(&retention_mu_);
+      retention_busy_ = false;
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retention_mu_) {
+        return retention_stop_ || !retention_queue_.empty();
+      };
+      retention_mu_.Await(absl::Condition(&ready));
+      if (retention_stop_) return;
+      job_id = retention_queue_.begin()->first;
+      task = std::move(retention_queue_.begin()->second);
+      retention_queue_.erase(retention_queue_.begin());
+      retention_busy_ = true;
+    }
+    absl::StatusOr<std::vector<int64_t>> deleted = checkpoints_->ApplyRetention(
+        job_id, task.checkpoint_dir, task.policy, task.protected_steps);
+    if (!deleted.ok()) {
+      LOG(WARNING) << "job " << job_id << ": checkpoint retention failed: " << deleted.status();
+    } else if (!deleted->empty()) {
+      LOG(INFO) << "job " << job_id << ": retention deleted checkpoints of steps "
+                << absl::StrJoin(*deleted, ", ");
+    }
   }
+}
+
+void Scheduler::WaitForCheckpointRetention() {
+  absl::MutexLock lock(&retention_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retention_mu_) {
+    return retention_stop_ || (retention_queue_.empty() && !retention_busy_);
+  };
+  retention_mu_.Await(absl::Condition(&idle));
 }
 
 void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
@@ -876,7 +1183,8 @@ absl::Status Scheduler::CheckNodeLiveness() {
       // reaches after writing its last checkpoint shard: the lost node's ranks had finished.
       auto rank0 = ranks_.find({job_id, 0});
       if (rank0 != ranks_.end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
-          !IsTerminal(jobs_.at(job_id).phase)) {
+          !IsTerminal(jobs_.at(job_id).phase) &&
+          jobs_.at(job_id).phase != v1::JOB_PHASE_STOPPING) {
         JobRecord updated = jobs_.at(job_id);
         updated.phase = v1::JOB_PHASE_SUCCEEDED;
         updated.reason = "Succeeded";
@@ -1002,8 +1310,7 @@ absl::Status Scheduler::PlacePendingJobs() {
                                    " ranks placed; waiting for rank 0's rendezvous port");
     resume_from_.erase(job_id);
     if (updated.attempt > 1) {
-      absl::StatusOr<CommittedCheckpoint> newest =
-          checkpoints_->NewestCommitted(job_id, updated.checkpoint_dir);
+      absl::StatusOr<CommittedCheckpoint> newest = PrefetchedResume(job_id);
       if (!newest.ok() && !absl::IsNotFound(newest.status())) {
         // Never restart from scratch because the catalog could not answer: try next cycle.
         RETURN_IF_ERROR(SetPendingReason(
