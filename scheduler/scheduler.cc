@@ -132,6 +132,9 @@ absl::Status SchedulerOptions::Validate() const {
   if (hang_min_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("hang_min_timeout: must be > 0");
   }
+  if (cancel_grace <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("cancel_grace: must be > 0");
+  }
   if (heartbeat_interval <= absl::ZeroDuration() || heartbeat_interval >= heartbeat_timeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat_interval: must be in (0, heartbeat_timeout = ",

@@ -29,6 +29,11 @@ ABSL_FLAG(double, hang_step_time_factor, 20,
           "A running job is hung when its step has not advanced for this many median step times "
           "(and at least --hang_min_timeout_s).");
 ABSL_FLAG(int, hang_min_timeout_s, 120, "Shortest stall, in seconds, that counts as a hang.");
+ABSL_FLAG(absl::Duration, cancel_grace, absl::Minutes(2),
+          "How long a cancelled job's ranks may take to write their final checkpoint and stop "
+          "before they are killed.");
+ABSL_FLAG(absl::Duration, checkpoint_rpc_timeout, absl::Seconds(10),
+          "Deadline of each call to --checkpoint_service.");
 ABSL_FLAG(std::string, checkpoint_service, "",
           "loom-checkpoint address (host:port) used to find resume checkpoints and apply "
           "retention; empty = read --checkpoint_root directly");
@@ -59,6 +64,8 @@ int main(int argc, char** argv) {
   options.scheduler.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.scheduler.hang_step_time_factor = absl::GetFlag(FLAGS_hang_step_time_factor);
   options.scheduler.hang_min_timeout = absl::Seconds(absl::GetFlag(FLAGS_hang_min_timeout_s));
+  options.scheduler.cancel_grace = absl::GetFlag(FLAGS_cancel_grace);
+  options.checkpoint_rpc_timeout = absl::GetFlag(FLAGS_checkpoint_rpc_timeout);
   // Ask for heartbeats well inside the timeout: a tenth of it, at most 1 s.
   options.scheduler.heartbeat_interval =
       std::min(absl::Seconds(1), options.scheduler.heartbeat_timeout / 10);

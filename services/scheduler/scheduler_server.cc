@@ -24,6 +24,9 @@ absl::Status SchedulerServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics_port: must be in [0, 65535], got ", metrics_port));
   }
+  if (checkpoint_rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("checkpoint_rpc_timeout: must be > 0");
+  }
   if (schedule_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule_interval: must be > 0, got ", absl::FormatDuration(schedule_interval)));
@@ -41,7 +44,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (!options.checkpoint_service.empty()) {
     s->checkpoints_ = std::make_unique<GrpcCheckpointCatalog>(
         grpc::CreateChannel(options.checkpoint_service, grpc::InsecureChannelCredentials()),
-        absl::Seconds(10));
+        options.checkpoint_rpc_timeout);
   }
   ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(options.scheduler, s->store_.get(), clock,
                                                     s->scheduler_metrics_.get(),

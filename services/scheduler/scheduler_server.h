@@ -42,6 +42,8 @@ struct SchedulerServerOptions {
   // loom-checkpoint's address (host:port) for resume lookups and retention; empty = read the
   // checkpoint root directly with the storage library.
   std::string checkpoint_service;
+  // Deadline of each call to checkpoint_service (never made under the scheduler's lock).
+  absl::Duration checkpoint_rpc_timeout = absl::Seconds(10);
   SchedulerOptions scheduler;
 
   // INVALID_ARGUMENT naming the field.
