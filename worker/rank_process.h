@@ -1,9 +1,17 @@
 // Supervision of one loom-trainer process (one rank of one attempt of a job).
 //
 // The trainer speaks a line protocol on stdout: one JSON object per line, with an "event" field
-// ("rendezvous", "started", "eval", "step", "checkpoint", "done", "error"; see
-// worker/trainer/main.cc). Its stderr goes to a per-rank log file. RankProcess parses the events
-// into a loom.v1.RankStatus that the worker daemon reports in its heartbeats.
+// ("rendezvous", "started", "eval", "step", "checkpoint", "done", "stopped", "error"; see
+// worker/trainer/main.cc). Its stderr goes through a pipe to a per-rank log file. RankProcess
+// parses the events into a loom.v1.RankStatus that the worker daemon reports in its heartbeats,
+// and keeps every stdout and stderr line in a bounded ring (LogRing, sequence-numbered) from
+// which the daemon sends new lines to the scheduler (StreamLogs).
+//
+// Stopping: Stop() is immediate (SIGTERM to the process group, SIGKILL after stop_grace; the
+// rank ends STOPPED). StopGracefully() sends SIGUSR1 to the trainer: the ranks agree on a step,
+// write a final checkpoint and exit 0 after a "stopped" event carrying checkpoint_step; the rank
+// then ends STOPPED with graceful_stop set. A rank asked to stop gracefully that exits otherwise
+// ends FAILED (unless Stop() was called too).
 #ifndef LOOM_WORKER_RANK_PROCESS_H_
 #define LOOM_WORKER_RANK_PROCESS_H_
 
@@ -18,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/worker_service.pb.h"
+#include "worker/log_ring.h"
 
 namespace loom::worker {
 
@@ -62,19 +71,30 @@ class RankProcess {
   bool Finished() const;
   // SIGTERM to the process group, SIGKILL after stop_grace. Idempotent; does not block.
   void Stop();
+  // SIGUSR1 to the trainer (checkpoint, then stop). Idempotent; no-op after Stop().
+  void StopGracefully();
+  // Output lines newer than sequence `after` (LogRing::After).
+  std::vector<loom::v1::RankLogLine> LogLinesAfter(int64_t after, size_t max_lines,
+                                                   size_t max_bytes) const {
+    return logs_.After(after, max_lines, max_bytes);
+  }
   const std::string& log_path() const { return log_path_; }
   pid_t pid() const { return pid_; }
 
  private:
   RankProcess() = default;
   void ReadEvents(int fd);
+  // Copies the trainer's stderr to the log file and the ring until EOF.
+  void ReadStderr(int fd, int log_fd);
   void HandleEvent(const std::string& line);
 
   pid_t pid_ = -1;
   std::string log_path_;
   absl::Duration stop_grace_;
   std::thread reader_;
+  std::thread stderr_reader_;  // joined by reader_ before the exit status is read
   std::thread killer_;
+  LogRing logs_;
 
   mutable absl::Mutex mu_;
   loom::v1::RankStatus status_ ABSL_GUARDED_BY(mu_);
@@ -82,6 +102,8 @@ class RankProcess {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool saw_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool graceful_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool saw_graceful_stop_ ABSL_GUARDED_BY(mu_) = false;  // "stopped" with checkpoint_step
 };
 
 }  // namespace loom::worker

@@ -1,5 +1,7 @@
 #include "worker/worker_daemon.h"
 
+#include <algorithm>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,12 +79,23 @@ absl::Status WorkerDaemon::Tick() {
   req.set_node_id(options_.node_id);
   std::vector<loom::v1::RankStatus> statuses;
   std::vector<RankStats> stats;
+  std::map<RankKey, int64_t> sent_up_to;  // newest line sent per rank in this heartbeat
   {
     absl::MutexLock l(&mu_);
+    size_t lines_left = kMaxLogLinesPerHeartbeat, bytes_left = kMaxLogBytesPerHeartbeat;
     for (auto& [key, rank] : ranks_) {
       statuses.push_back(rank.Status());
       stats.push_back(rank.Stats());
-      *req.add_ranks() = statuses.back();
+      loom::v1::RankStatus* st = req.add_ranks();
+      *st = statuses.back();
+      if (rank.process == nullptr || lines_left == 0 || bytes_left == 0) continue;
+      for (loom::v1::RankLogLine& line :
+           rank.process->LogLinesAfter(rank.delivered_log_sequence, lines_left, bytes_left)) {
+        lines_left -= 1;
+        bytes_left -= std::min(bytes_left, line.text().size());
+        sent_up_to[key] = line.sequence();
+        *st->add_log_lines() = std::move(line);
+      }
     }
   }
   if (metrics_ != nullptr) {
@@ -104,10 +117,16 @@ absl::Status WorkerDaemon::Tick() {
     return resp.status();
   }
   absl::MutexLock l(&mu_);
-  // Terminal ranks are reported a few times, then forgotten.
+  for (const auto& [key, sequence] : sent_up_to) {
+    auto it = ranks_.find(key);
+    if (it != ranks_.end()) it->second.delivered_log_sequence = sequence;
+  }
+  // Terminal ranks are reported a few times (and until their last lines were delivered), then
+  // forgotten.
   for (auto it = ranks_.begin(); it != ranks_.end();) {
     if (it->second.Finished() &&
-        ++it->second.terminal_reports >= options_.terminal_reports) {
+        ++it->second.terminal_reports >= options_.terminal_reports &&
+        it->second.AllLogsDelivered()) {
       it = ranks_.erase(it);
     } else {
       ++it;
@@ -116,7 +135,11 @@ absl::Status WorkerDaemon::Tick() {
   for (const loom::v1::RankAssignment& a : resp->stop()) {
     for (auto& [key, rank] : ranks_) {
       if (std::get<0>(key) == a.job_id() && std::get<1>(key) == a.attempt()) {
-        rank.Stop();
+        if (a.graceful_stop()) {
+          rank.StopGracefully();
+        } else {
+          rank.Stop();
+        }
       }
     }
   }

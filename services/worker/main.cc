@@ -29,19 +29,21 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbea
 ABSL_FLAG(std::string, host, "127.0.0.1", "host for the /metrics endpoint");
 ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
 ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5),
+          "deadline of each RegisterWorker / Heartbeat call to the scheduler");
 
 namespace {
 
 // SchedulerClient over gRPC. Every call carries a deadline.
 class GrpcSchedulerClient : public loom::worker::SchedulerClient {
  public:
-  explicit GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(loom::v1::WorkerService::NewStub(channel)) {}
+  GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel, absl::Duration timeout)
+      : stub_(loom::v1::WorkerService::NewStub(channel)), timeout_(timeout) {}
 
   absl::StatusOr<loom::v1::RegisterWorkerResponse> RegisterWorker(
       const loom::v1::RegisterWorkerRequest& request) override {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
     loom::v1::RegisterWorkerResponse resp;
     grpc::Status s = stub_->RegisterWorker(&ctx, request, &resp);
     if (!s.ok()) return loom::FromGrpcStatus(s);
@@ -51,7 +53,7 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
   absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(
       const loom::v1::HeartbeatRequest& request) override {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
     loom::v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, request, &resp);
     if (!s.ok()) return loom::FromGrpcStatus(s);
@@ -60,6 +62,7 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
 
  private:
   std::unique_ptr<loom::v1::WorkerService::Stub> stub_;
+  const absl::Duration timeout_;
 };
 
 absl::StatusOr<loom::v1::AcceleratorKind> ParseAccelerator(const std::string& s) {
@@ -121,8 +124,13 @@ int main(int argc, char** argv) {
     LOG(ERROR) << endpoint.status();
     return 1;
   }
+  if (absl::GetFlag(FLAGS_rpc_timeout) <= absl::ZeroDuration()) {
+    LOG(ERROR) << "--rpc_timeout: must be positive";
+    return 2;
+  }
   GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler),
-                                                 grpc::InsecureChannelCredentials()));
+                                                 grpc::InsecureChannelCredentials()),
+                             absl::GetFlag(FLAGS_rpc_timeout));
   loom::worker::WorkerDaemon daemon(options, &client, &metrics);
   std::thread signal_thread([&] {
     int sig = 0;
