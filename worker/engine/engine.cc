@@ -33,8 +33,8 @@ void Check(const absl::Status& s) {
 class Trainer {
  public:
   Trainer(const EngineOptions& o, Collectives& coll, const EventCallback& emit,
-          const std::atomic<bool>* stop)
-      : o_(o), coll_(coll), emit_(emit), stop_(stop) {}
+          const std::atomic<bool>* stop, const std::atomic<bool>* checkpoint_stop)
+      : o_(o), coll_(coll), emit_(emit), stop_(stop), checkpoint_stop_(checkpoint_stop) {}
 
   absl::Status Run();
 
@@ -53,12 +53,14 @@ class Trainer {
   std::pair<int64_t, double> metric_eval_loss_{-1, 0};
   absl::Status LoadCheckpoint(const std::string& step_dir, int64_t* step);
   absl::Status WriteFinalLogits();
-  bool StopAgreed();
+  // 0 = go on, 1 = checkpoint and stop, 2 = stop now; the same on every rank (all-reduce MAX).
+  int StopAgreed();
 
   const EngineOptions& o_;
   Collectives& coll_;
   const EventCallback& emit_;
   const std::atomic<bool>* stop_;
+  const std::atomic<bool>* checkpoint_stop_;
   Corpus corpus_;
   std::unique_ptr<ZeroLlama> model_;
   int64_t optimizer_step_ = 0;
@@ -81,10 +83,16 @@ double Trainer::MeanAcrossRanks(double local) {
   return t.item<double>() / coll_.world_size();
 }
 
-bool Trainer::StopAgreed() {
-  at::Tensor flag = at::full({1}, (stop_ != nullptr && stop_->load()) ? 1.0 : 0.0, at::kDouble);
+int Trainer::StopAgreed() {
+  double local = 0;
+  if (stop_ != nullptr && stop_->load()) {
+    local = 2;
+  } else if (checkpoint_stop_ != nullptr && checkpoint_stop_->load()) {
+    local = 1;
+  }
+  at::Tensor flag = at::full({1}, local, at::kDouble);
   Check(coll_.AllReduce(flag, ReduceOp::kMax));
-  return flag.item<double>() > 0;
+  return static_cast<int>(flag.item<double>());
 }
 
 double Trainer::Evaluate() {
@@ -329,7 +337,19 @@ absl::Status Trainer::Run() {
   const int64_t global_tokens = o_.ds.train_batch_size * o_.sequence_length;
 
   for (int64_t s = start; s < o_.steps; ++s) {
-    if (StopAgreed()) {
+    const int stop = StopAgreed();
+    if (stop == 1 && !o_.checkpoint_dir.empty()) {
+      // Graceful stop: a committed checkpoint of the steps done, then out.
+      if (last_checkpoint != s) {
+        RETURN_IF_ERROR(SaveCheckpoint(s));
+        last_checkpoint = s;
+      }
+      Check(coll_.Barrier());  // every rank's shard is written
+      Emit({{"event", "stopped"}, {"step", s}, {"checkpoint_step", s}});
+      LOG(INFO) << "stopped gracefully after step " << s << " with a final checkpoint";
+      return absl::OkStatus();
+    }
+    if (stop != 0) {
       Emit({{"event", "stopped"}, {"step", s}});
       return absl::CancelledError(absl::StrCat("stopped by signal before step ", s + 1));
     }
@@ -388,13 +408,14 @@ absl::Status Trainer::Run() {
 }  // namespace
 
 absl::Status RunTraining(const EngineOptions& options, Collectives& collectives,
-                         const EventCallback& emit, const std::atomic<bool>* stop_requested) {
+                         const EventCallback& emit, const std::atomic<bool>* stop_requested,
+                         const std::atomic<bool>* checkpoint_and_stop) {
   if (collectives.world_size() != options.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("world_size: collectives have ",
                                                    collectives.world_size(), ", options ",
                                                    options.world_size));
   }
-  Trainer trainer(options, collectives, emit, stop_requested);
+  Trainer trainer(options, collectives, emit, stop_requested, checkpoint_and_stop);
   try {
     return trainer.Run();
   } catch (const CollectiveError& e) {

@@ -29,11 +29,19 @@ using EventCallback = std::function<void(const std::string& json_line)>;
 // <checkpoint_dir>/final_logits.json (32 held-out tokens and the model's logits for them).
 // `stop_requested` (may be null) is polled at each step boundary and agreed on by all ranks
 // (all-reduce MAX), so every rank stops after the same step.
+// `checkpoint_and_stop` (may be null) asks for a graceful stop, agreed on the same way (one
+// all-reduced int per step boundary: 0 go on, 1 checkpoint and stop, 2 stop now; a rank that
+// got the request at a later step still stops at the first boundary where any rank had it): at
+// that boundary every rank writes its shard of a checkpoint of the steps done so far (unless one
+// of that step exists), passes a barrier (so the checkpoint is complete), emits
+// {"event":"stopped","step":s,"checkpoint_step":s} and RunTraining returns OK. Without a
+// checkpoint_dir it returns CANCELLED like a plain stop.
 // Errors: CANCELLED when stopped; INVALID_ARGUMENT / FAILED_PRECONDITION for bad data or resume
 // checkpoints (naming the field or file); DEADLINE_EXCEEDED / UNAVAILABLE for collective
 // failures; INTERNAL for LibTorch errors. Never throws.
 absl::Status RunTraining(const EngineOptions& options, Collectives& collectives,
-                         const EventCallback& emit, const std::atomic<bool>* stop_requested);
+                         const EventCallback& emit, const std::atomic<bool>* stop_requested,
+                         const std::atomic<bool>* checkpoint_and_stop = nullptr);
 
 }  // namespace loom::engine
 

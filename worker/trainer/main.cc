@@ -19,10 +19,13 @@
 //   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
 //   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b}
 //   {"event":"stopped","step":s}                          after SIGTERM/SIGINT (all ranks agree)
+//   {"event":"stopped","step":s,"checkpoint_step":s}      after SIGUSR1: graceful stop, with a
+//                                                          final checkpoint of step s (all ranks)
 //   {"event":"error","message":"..."}
-// Logs go to stderr. Exit codes: 0 done; 1 runtime error (collective failure, I/O, LibTorch);
-// 2 invalid flags/spec/config (INVALID_ARGUMENT); 143 stopped by SIGTERM/SIGINT at a step
-// boundary (a second signal exits 143 immediately). At the end rank 0 writes
+// Logs go to stderr. Exit codes: 0 done, or stopped gracefully (SIGUSR1: checkpoint at the next
+// step boundary every rank agrees on, then stop; the last event says which); 1 runtime error
+// (collective failure, I/O, LibTorch); 2 invalid flags/spec/config (INVALID_ARGUMENT); 143
+// stopped by SIGTERM/SIGINT at a step boundary (a second signal exits 143 immediately). At the end rank 0 writes
 // <checkpoint_dir>/final_logits.json.
 #include <signal.h>
 #include <sys/prctl.h>
@@ -56,6 +59,9 @@ ABSL_FLAG(int, collective_timeout_s, 300, "Timeout of rendezvous and every colle
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_checkpoint_stop{false};
+
+void OnCheckpointSignal(int) { g_checkpoint_stop.store(true); }
 
 void OnSignal(int) {
   if (g_stop.exchange(true)) _exit(143);  // second signal: give up at once
@@ -118,7 +124,7 @@ int Main() {
     coll = std::move(*c);
   }
   LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
-  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitLine, &g_stop);
+  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitLine, &g_stop, &g_checkpoint_stop);
   if (s.ok()) return 0;
   if (s.code() == absl::StatusCode::kCancelled) {
     LOG(WARNING) << s;
@@ -138,6 +144,10 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  struct sigaction usr1 = {};
+  usr1.sa_handler = OnCheckpointSignal;
+  sigemptyset(&usr1.sa_mask);
+  sigaction(SIGUSR1, &usr1, nullptr);
   // A rank outlives nothing: if the process that started it (the worker daemon) dies, the rank
   // is asked to stop like on cancel, instead of training on unreported and unsupervised.
   const pid_t parent = ::getppid();

@@ -120,7 +120,8 @@ struct GangResult {
 // Starts `world` ranks (rank 0 first with --master_port=0, the others on the port it reports)
 // and collects their events until all exit or the deadline passes (then kills them all).
 GangResult RunGang(const std::string& name, const std::string& spec, int world,
-                   const std::vector<std::string>& extra, int signal_after_first_step = 0) {
+                   const std::vector<std::string>& extra, int signal_after_first_step = 0,
+                   int signal_only_rank = -1) {
   const auto deadline = Clock::now() + std::chrono::seconds(kDeadlineSeconds);
   std::vector<Child> kids;
   auto args = [&](int rank, int port) {
@@ -158,7 +159,11 @@ GangResult RunGang(const std::string& name, const std::string& spec, int world,
     if (signal_after_first_step && !signalled) {
       for (const json& e : kids[0].events) {
         if (e["event"] == "step") {
-          for (Child& c : kids) kill(c.pid, signal_after_first_step);
+          for (size_t k = 0; k < kids.size(); ++k) {
+            if (signal_only_rank < 0 || static_cast<int>(k) == signal_only_rank) {
+              kill(kids[k].pid, signal_after_first_step);
+            }
+          }
           signalled = true;
           break;
         }
@@ -472,6 +477,31 @@ TEST(TrainerErrorsTest, SigtermStopsAllRanksAtAStepBoundary) {
     std::vector<json> stopped = r.Of(rank, "stopped");
     ASSERT_EQ(stopped.size(), 1u) << rank;
     EXPECT_EQ(stopped[0]["step"], r.Of(0, "stopped")[0]["step"]);  // the same boundary
+  }
+}
+
+// SIGUSR1 (the worker's graceful stop) reaching only one rank: both agree on a step boundary,
+// write a complete checkpoint of it, and exit 0 after a "stopped" event naming it.
+TEST(TrainerErrorsTest, SigusrOneCheckpointsAtAnAgreedStepAndExitsZero) {
+  const std::string dir = TmpDir() + "/ckpt_graceful";
+  GangResult r = RunGang("graceful", WriteSpec("graceful", 1, 100000), 2,
+                         {"--checkpoint_dir=" + dir}, SIGUSR1, /*signal_only_rank=*/1);
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.Of(0, "stopped").size(), 1u);
+  const int64_t step = r.Of(0, "stopped")[0]["checkpoint_step"].get<int64_t>();
+  EXPECT_GE(step, 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(r.exit_codes[rank], 0) << rank;
+    std::vector<json> stopped = r.Of(rank, "stopped");
+    ASSERT_EQ(stopped.size(), 1u) << rank;
+    EXPECT_EQ(stopped[0]["step"].get<int64_t>(), step) << rank;
+    EXPECT_EQ(stopped[0]["checkpoint_step"].get<int64_t>(), step) << rank;
+    EXPECT_TRUE(r.Of(rank, "done").empty());
+    // Its shard of the final checkpoint is there and reads back.
+    auto manifest = loom::storage::ReadManifest(dir + "/" + loom::storage::StepDirName(step), rank);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    EXPECT_EQ(manifest->step, step);
+    EXPECT_EQ(manifest->world_size, 2);
   }
 }
 
