@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
@@ -375,6 +376,32 @@ TEST_F(ClusterE2ETest, CancelWritesACommittedFinalCheckpointAndLogsHoldTrainerLi
   bool saw_stopping = false;
   for (const auto& e : events) saw_stopping |= e.job().phase() == loom::v1::JOB_PHASE_STOPPING;
   EXPECT_TRUE(saw_stopping);
+
+  // The same through loomctl: logs of one rank (the buffer outlives the job), watch of the ended
+  // job (its snapshot; exit 1: not SUCCEEDED), kill of the ended job (9 = FAILED_PRECONDITION).
+  auto loomctl = [&](const std::string& name, std::vector<std::string> args) {
+    args.insert(args.begin(), {RunfilePath("services/cli/loomctl"),
+                               absl::StrCat("--scheduler=", scheduler_info_.grpc_address)});
+    const std::string out = absl::StrCat(tmp_, "/loomctl-", name, ".out");
+    auto p = testing::Subprocess::Start(args, out);
+    EXPECT_TRUE(p.ok()) << p.status();
+    const int code = p.ok() ? testing::ExitCode(p->Wait(absl::Seconds(30))) : -1;
+    auto text = ReadFile(out);
+    return std::make_pair(code, text.ok() ? *text : std::string());
+  };
+  auto [logs_code, logs_out] = loomctl("logs", {"logs", job.id(), "--rank=1", "--tail=3"});
+  EXPECT_EQ(logs_code, 0) << logs_out;
+  int rank1_lines = 0;
+  for (absl::string_view l : absl::StrSplit(logs_out, '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(l, "[rank 1] ")) ++rank1_lines;
+  }
+  EXPECT_EQ(rank1_lines, 3) << logs_out;
+  auto [watch_code, watch_out] = loomctl("watch", {"watch", job.id()});
+  EXPECT_EQ(watch_code, 1) << watch_out;
+  EXPECT_TRUE(absl::StrContains(watch_out, "Snapshot")) << watch_out;
+  EXPECT_TRUE(absl::StrContains(watch_out, "CANCELLED")) << watch_out;
+  auto [kill_code, kill_out] = loomctl("kill", {"kill", job.id()});
+  EXPECT_EQ(kill_code, 9) << kill_out;
 }
 
 TEST_F(ClusterE2ETest, SchedulerKilledMidRunRestartsAndTheJobCompletes) {
