@@ -3,6 +3,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -366,6 +367,42 @@ TEST_F(JobStreamsTest, CancelOfARunningJobIsGraceful) {
   EXPECT_EQ(cancelled.phase(), loom::v1::JOB_PHASE_CANCELLED);
   EXPECT_EQ(cancelled.reason(), "Cancelled");
   EXPECT_NE(cancelled.message().find("step 3"), std::string::npos) << cancelled.message();
+}
+
+// A watcher that does not read must not slow the scheduler down: 300 progress heartbeats go
+// through promptly (events wait in gRPC's flow-control window and, beyond it, coalesce in the
+// bounded subscription queue; job_events_test covers the queue), and the watcher later gets
+// every phase change and the newest step.
+TEST_F(JobStreamsTest, SlowWatcherDoesNotBlockHeartbeatsAndSeesTheNewestStep) {
+  Job job = RunJob(Submit(1));
+  grpc::ClientContext ctx;
+  loom::v1::WatchJobRequest req;
+  req.set_job_id(job.id());
+  auto reader = jobs_->WatchJob(&ctx, req);
+  loom::v1::JobEvent e;
+  ASSERT_TRUE(reader->Read(&e));  // the snapshot; then the client stops reading for a while
+  const absl::Time t0 = absl::Now();
+  for (int step = 1; step <= 300; ++step) {
+    loom::v1::RankStatus st = Rank(job, 0, loom::v1::RANK_STATE_RUNNING);
+    st.mutable_progress()->set_step(step);
+    st.mutable_progress()->set_loss(1.0 / step);
+    Beat({st});
+  }
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  loom::v1::KillJobRequest kill;
+  kill.set_job_id(job.id());
+  Job killed;
+  ASSERT_TRUE(jobs_->KillJob(Ctx().get(), kill, &killed).ok());
+  int64_t previous_step = 0;
+  loom::v1::JobPhase last_phase = loom::v1::JOB_PHASE_UNSPECIFIED;
+  while (reader->Read(&e)) {
+    EXPECT_GE(e.job().progress().step(), previous_step);  // in order, none repeated backwards
+    previous_step = e.job().progress().step();
+    last_phase = e.job().phase();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(last_phase, loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(previous_step, 300);
 }
 
 }  // namespace
