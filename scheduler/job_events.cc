@@ -109,6 +109,7 @@ JobLogBuffer::JobLogs& JobLogBuffer::Touch(const std::string& job_id) {
     return it->second;
   }
   while (jobs_.size() >= kMaxJobsWithLogs && !lru_.empty()) {
+    total_bytes_ -= jobs_.at(lru_.back()).bytes;
     jobs_.erase(lru_.back());
     lru_.pop_back();
   }
@@ -140,14 +141,22 @@ int JobLogBuffer::Append(const std::string& job_id, int32_t attempt, int32_t ran
     line.set_text(in.text().substr(0, kMaxLogLineBytes));
     line.set_stream(in.stream());
     logs.bytes += line.text().size();
+    total_bytes_ += line.text().size();
     logs.lines.push_back(std::move(line));
     ++added;
     while (logs.lines.size() > kMaxLogLinesPerJob ||
            (logs.bytes > kMaxLogBytesPerJob && logs.lines.size() > 1)) {
       logs.bytes -= logs.lines.front().text().size();
+      total_bytes_ -= logs.lines.front().text().size();
       logs.lines.pop_front();
       ++logs.first_index;
     }
+  }
+  // Over the total: evict other jobs, least recently touched first (this one is the most recent).
+  while (total_bytes_ > kMaxLogBytesTotal && lru_.size() > 1) {
+    total_bytes_ -= jobs_.at(lru_.back()).bytes;
+    jobs_.erase(lru_.back());
+    lru_.pop_back();
   }
   if (added > 0) WakeFollowers(job_id);
   return added;

@@ -14,8 +14,9 @@
 //     are dropped (each event carries the whole Job, so the newest one is always complete).
 //   * JobLogBuffer: the ranks' output lines per job, in memory only (a scheduler restart loses
 //     them; they are not persisted), bounded per job (kMaxLogLinesPerJob lines and
-//     kMaxLogBytesPerJob bytes, oldest dropped first) and in the number of jobs
-//     (kMaxJobsWithLogs; the job whose logs were touched least recently goes first). Lines are
+//     kMaxLogBytesPerJob bytes, oldest dropped first), in the number of jobs (kMaxJobsWithLogs)
+//     and in total text (kMaxLogBytesTotal); beyond either, the job whose logs were touched
+//     least recently goes first. Lines are
 //     deduplicated per (job, attempt, rank) by sequence number, so a worker's retried heartbeat
 //     adds nothing twice. Followers (StreamLogs follow=true) subscribe for wakes.
 //
@@ -49,8 +50,10 @@ inline constexpr size_t kMaxQueuedJobEvents = 64;
 // Retained log lines per job, and their total text bytes.
 inline constexpr size_t kMaxLogLinesPerJob = 10000;
 inline constexpr size_t kMaxLogBytesPerJob = 4 << 20;
-// Jobs whose logs are retained at once (least recently appended to or ended are evicted).
-inline constexpr size_t kMaxJobsWithLogs = 256;
+// Jobs whose logs are retained at once, and their text in all (least recently appended to or
+// ended are evicted first).
+inline constexpr size_t kMaxJobsWithLogs = 64;
+inline constexpr size_t kMaxLogBytesTotal = 128 << 20;
 // Longest retained line; longer ones are cut (the worker already cuts at 4 KiB).
 inline constexpr size_t kMaxLogLineBytes = 4096;
 
@@ -166,6 +169,7 @@ class JobLogBuffer {
   mutable absl::Mutex mu_;
   std::map<std::string, JobLogs> jobs_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // most recently touched first
+  size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::multimap<std::string, std::shared_ptr<Waker>> followers_ ABSL_GUARDED_BY(mu_);
 };
 

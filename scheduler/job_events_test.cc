@@ -166,6 +166,25 @@ TEST(JobLogBufferTest, LinesPerJobAreBoundedAndFollowersAreWoken) {
   waker->Close();
 }
 
+TEST(JobLogBufferTest, TotalTextIsBounded) {
+  WakeDispatcher dispatcher;
+  JobLogBuffer logs(&dispatcher);
+  // Lines of kMaxLogLineBytes: each job holds at most kMaxLogBytesPerJob of them.
+  google::protobuf::RepeatedPtrField<loom::v1::RankLogLine> big;
+  const size_t per_job = kMaxLogBytesPerJob / kMaxLogLineBytes;
+  for (size_t s = 1; s <= per_job; ++s) {
+    loom::v1::RankLogLine* l = big.Add();
+    l->set_sequence(static_cast<int64_t>(s));
+    l->set_text(std::string(kMaxLogLineBytes, 'x'));
+  }
+  const size_t jobs_that_fit = kMaxLogBytesTotal / kMaxLogBytesPerJob;
+  ASSERT_LT(jobs_that_fit, kMaxJobsWithLogs);  // the byte total, not the job count, bounds here
+  for (size_t j = 0; j <= jobs_that_fit; ++j) logs.Append("job-" + std::to_string(j), 1, 0, big);
+  EXPECT_EQ(logs.LineCount("job-0"), 0u);  // evicted to stay within kMaxLogBytesTotal
+  EXPECT_EQ(logs.LineCount("job-1"), per_job);
+  EXPECT_EQ(logs.LineCount("job-" + std::to_string(jobs_that_fit)), per_job);
+}
+
 TEST(JobLogBufferTest, NumberOfJobsIsBounded) {
   WakeDispatcher dispatcher;
   JobLogBuffer logs(&dispatcher);
