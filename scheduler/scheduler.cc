@@ -1007,7 +1007,11 @@ absl::Status Scheduler::RunSchedulingCycle() {
     RETURN_IF_ERROR(CheckHangs());
     RETURN_IF_ERROR(CheckStops());
     // Jobs that may be placed again this cycle need their resume checkpoint: waiting for a new
-    // attempt, and every rank of the previous one ended.
+    // attempt, and every rank of the previous one ended. With no rank left to write one, the
+    // answer only changes through retention (which keeps the newest), so a definite answer
+    // (found / NOT_FOUND) for the same attempt is reused for kResumeLookupTtl; errors are not.
+    const absl::Time now = clock_->Now();
+    std::map<std::string, ResumeLookup> still_cached;
     for (const auto& [job_id, job] : jobs_) {
       if (job.attempt == 0 ||
           (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
@@ -1015,8 +1019,15 @@ absl::Status Scheduler::RunSchedulingCycle() {
       }
       auto r = ranks_.lower_bound({job_id, 0});
       if (r != ranks_.end() && r->first.first == job_id) continue;
+      auto cached = resume_cache_.find(job_id);
+      if (cached != resume_cache_.end() && cached->second.attempt == job.attempt &&
+          now - cached->second.time < kResumeLookupTtl) {
+        still_cached.insert(*cached);
+        continue;
+      }
       lookups.emplace_back(job_id, job.checkpoint_dir);
     }
+    resume_cache_ = std::move(still_cached);  // also forgets jobs placed or ended meanwhile
   }
   // The catalog may be a remote service: ask it without holding the lock.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
@@ -1024,6 +1035,14 @@ absl::Status Scheduler::RunSchedulingCycle() {
     results.emplace(job_id, checkpoints_->NewestCommitted(job_id, dir));
   }
   absl::MutexLock lock(&mu_);
+  const absl::Time looked_up = clock_->Now();
+  for (const auto& [job_id, result] : results) {
+    auto job = jobs_.find(job_id);
+    if (job != jobs_.end() && (result.ok() || absl::IsNotFound(result.status()))) {
+      resume_cache_[job_id] = ResumeLookup{job->second.attempt, looked_up, result};
+    }
+  }
+  for (const auto& [job_id, cached] : resume_cache_) results.emplace(job_id, cached.result);
   prefetched_resume_ = std::move(results);
   absl::Status placed = PlacePendingJobs();
   prefetched_resume_.clear();

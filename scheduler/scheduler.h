@@ -58,8 +58,9 @@
 //     in-memory JobLogBuffer (bounded, not persisted: a restart of the scheduler loses them).
 //   * The checkpoint catalog (possibly a remote service) is never called under the scheduler's
 //     lock once the scheduler runs: resume lookups happen in RunSchedulingCycle between two
-//     critical sections (placement of a recovering job waits for its lookup's result, which is
-//     fetched again every cycle the job waits), and retention runs on a background thread
+//     critical sections (placement of a recovering job waits for its lookup's result; while it
+//     waits for capacity a definite answer is reused for 30 s), and retention runs on a
+//     background thread
 //     (latest request per job wins). Only Create() looks up resume checkpoints under the lock,
 //     before anything else can call in.
 //   * Create() reloads every job and node from the store. Non-terminal jobs keep their
@@ -232,6 +233,13 @@ class Scheduler {
     int64_t final_checkpoint_step = -1;  // rank 0's, once it stopped gracefully
     bool training_finished = false;    // a rank succeeded before the stop took effect
   };
+  // A definite resume lookup (found or NOT_FOUND) for a job waiting to start `attempt` + 1.
+  struct ResumeLookup {
+    int32_t attempt = 0;
+    absl::Time time;
+    absl::StatusOr<CommittedCheckpoint> result;
+  };
+  static constexpr absl::Duration kResumeLookupTtl = absl::Seconds(30);
   struct RetentionTask {
     std::string checkpoint_dir;
     loom::v1::CheckpointPolicy policy;
@@ -332,6 +340,7 @@ class Scheduler {
   std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
   // Resume lookups of the current scheduling cycle, made outside the lock.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ResumeLookup> resume_cache_ ABSL_GUARDED_BY(mu_);
 
   // Checkpoint retention off the scheduler's lock: the latest request per job.
   absl::Mutex retention_mu_ ABSL_ACQUIRED_AFTER(mu_);

@@ -347,6 +347,28 @@ TEST_F(SchedulerApiTest, SlowCheckpointCatalogDoesNotDelayHeartbeats) {
   EXPECT_EQ(start.start(0).resume_from(), second.checkpoint_dir() + "/step_00000007");
 }
 
+// A recovering job that waits for capacity does not ask the catalog every cycle: a definite
+// answer for its attempt is reused for 30 s.
+TEST_F(SchedulerApiTest, ResumeLookupOfAWaitingJobIsReusedForAWhile) {
+  SlowCatalog catalog(absl::ZeroDuration());
+  Start(&catalog);
+  Job job = RunTwoRankJob(/*max_restarts=*/1);
+  RankStatus crash = Rank(job, 1, loom::v1::RANK_STATE_FAILED);
+  crash.set_exit_code(1);
+  Beat("node-b", {crash});
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_STOPPED)});
+  // node-b goes silent and is lost: the 2-rank gang no longer fits on node-a alone.
+  clock_.Advance(absl::Seconds(11));
+  Beat("node-a");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RECOVERING);
+  EXPECT_EQ(catalog.lookups.load(), 1);
+  clock_.Advance(absl::Seconds(31));
+  Beat("node-a");
+  ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());
+  EXPECT_EQ(catalog.lookups.load(), 2);
+}
+
 TEST_F(SchedulerApiTest, SlowRetentionRunsInTheBackground) {
   SlowCatalog catalog(absl::Seconds(2));
   Start(&catalog);
