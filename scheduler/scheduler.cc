@@ -435,6 +435,11 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
     const JobRecord& job = jobs_.at(it->second);
     if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
     if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
+    if (!request.tenant().empty() && job.tenant != request.tenant()) continue;
+    if (!request.queue().empty() &&
+        (job.spec.queue().empty() ? "default" : job.spec.queue()) != request.queue()) {
+      continue;
+    }
     if (page.jobs_size() == page_size) {
       page.set_next_page_token(
           absl::WebSafeBase64Escape(absl::StrCat("after:", jobs_.at(page.jobs(page_size - 1).id()).sequence)));
