@@ -124,6 +124,11 @@ absl::Status WorkerDaemon::Tick() {
   return absl::OkStatus();
 }
 
+bool WorkerDaemon::Registered() const {
+  absl::MutexLock l(&mu_);
+  return registered_;
+}
+
 int WorkerDaemon::RunningRanks() const {
   absl::MutexLock l(&mu_);
   int n = 0;

@@ -48,6 +48,9 @@ class WorkerDaemon {
   // One heartbeat round; exposed for tests. Registers first if needed.
   absl::Status Tick();
   int RunningRanks() const;
+  // True once the scheduler accepted RegisterWorker (false again if it asks the worker to
+  // register anew). The worker's /readyz.
+  bool Registered() const;
 
  private:
   using RankKey = std::tuple<std::string, int, int>;  // job id, attempt, rank
