@@ -69,6 +69,7 @@ class WorkerDaemon {
     std::unique_ptr<RankProcess> process;  // null if the process could not be started
     loom::v1::RankStatus start_failure;    // reported when process is null
     int terminal_reports = 0;
+    int accelerator_index = 0;  // slot on this node (the trainer's LOOM_ACCELERATOR_INDEX)
     loom::v1::RankStatus Status() const { return process ? process->Status() : start_failure; }
     RankStats Stats() const { return process ? process->Stats() : RankStats{}; }
     bool Finished() const { return process == nullptr || process->Finished(); }
