@@ -3,6 +3,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <httplib.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <cstdlib>
 #include <memory>
@@ -178,6 +180,21 @@ TEST_F(AuthServiceTest, TenantsSeeOnlyTheirOwnJobs) {
   EXPECT_EQ(List(kTokenAdmin, "team-b"), std::vector<std::string>{b.id()});
   ASSERT_TRUE(jobs_->CancelJob(Ctx(kTokenAdmin).get(), cancel, &out).ok());
   EXPECT_EQ(out.id(), a.id());
+
+  // The scheduler's gauges count jobs per tenant (after a scheduling cycle).
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    text = prometheus::TextSerializer().Serialize(server_->registry().Collect());
+    if (text.find("loom_tenant_jobs{phase=\"CANCELLED\",queue=\"default\",tenant=\"team-a\"} 1") !=
+        std::string::npos) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_NE(text.find("loom_tenant_jobs{phase=\"CANCELLED\",queue=\"default\",tenant=\"team-a\"} 1"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("loom_tenant_jobs{phase=\"PENDING\",queue=\"default\",tenant=\"team-b\"} 1"),
+            std::string::npos) << text;
 }
 
 TEST_F(AuthServiceTest, WorkerServiceNeedsTheWorkerToken) {
