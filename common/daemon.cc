@@ -1,5 +1,6 @@
 #include "common/daemon.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -50,6 +51,12 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   ep->registry_ = std::move(registry);
   ep->ready_ = std::move(ready);
   ep->server_ = std::make_unique<httplib::Server>();
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let two daemons
+  // share a fixed --metrics_port silently.
+  ep->server_->set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   MetricsEndpoint* self = ep.get();
   ep->server_->Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
     std::ostringstream out;

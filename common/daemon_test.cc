@@ -65,6 +65,14 @@ TEST(MetricsEndpointTest, StartsAndStopsRepeatedly) {
   }
 }
 
+TEST(MetricsEndpointTest, BusyPortIsUnavailable) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto a = MetricsEndpoint::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(a.ok());
+  auto b = MetricsEndpoint::Start("127.0.0.1", (*a)->port(), registry);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST(MetricsEndpointTest, UnbindableAddressIsUnavailable) {
   auto ep = MetricsEndpoint::Start("203.0.113.7", 0, std::make_shared<prometheus::Registry>());
   EXPECT_EQ(ep.status().code(), absl::StatusCode::kUnavailable);
