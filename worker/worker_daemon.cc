@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,15 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   po.trainer_path = options_.trainer_path;
   po.run_dir = absl::StrCat(options_.work_dir, "/", a.job_id(), "/attempt_", a.attempt());
   po.stop_grace = options_.stop_grace;
+  // The lowest slot no unfinished rank of this node holds: the accelerator this rank uses.
+  std::set<int> taken;
+  for (const auto& [k, r] : ranks_) {
+    if (!r.Finished()) taken.insert(r.accelerator_index);
+  }
+  int index = 0;
+  while (taken.count(index) > 0) ++index;
+  po.extra_env.push_back(absl::StrCat("LOOM_ACCELERATOR_INDEX=", index));
+  ranks_[key].accelerator_index = index;
   auto proc = RankProcess::Start(a, po);
   if (!proc.ok()) {
     LOG(ERROR) << "cannot start rank " << a.rank() << " of " << a.job_id() << ": "
@@ -80,6 +90,7 @@ absl::Status WorkerDaemon::Tick() {
   std::vector<loom::v1::RankStatus> statuses;
   std::vector<RankStats> stats;
   std::map<RankKey, int64_t> sent_up_to;  // newest line sent per rank in this heartbeat
+  std::vector<WorkerMetrics::AcceleratorAssignment> accelerators;
   {
     absl::MutexLock l(&mu_);
     size_t lines_left = kMaxLogLinesPerHeartbeat, bytes_left = kMaxLogBytesPerHeartbeat;
@@ -88,6 +99,10 @@ absl::Status WorkerDaemon::Tick() {
       stats.push_back(rank.Stats());
       loom::v1::RankStatus* st = req.add_ranks();
       *st = statuses.back();
+      const loom::v1::RankState state = statuses.back().state();
+      if (state == loom::v1::RANK_STATE_STARTING || state == loom::v1::RANK_STATE_RUNNING) {
+        accelerators.push_back({std::get<0>(key), std::get<2>(key), rank.accelerator_index});
+      }
       if (rank.process == nullptr || lines_left == 0 || bytes_left == 0) continue;
       for (loom::v1::RankLogLine& line :
            rank.process->LogLinesAfter(rank.delivered_log_sequence, lines_left, bytes_left)) {
@@ -99,6 +114,7 @@ absl::Status WorkerDaemon::Tick() {
     }
   }
   if (metrics_ != nullptr) {
+    metrics_->RecordAcceleratorAssignments(options_.node_id, accelerators);
     metrics_->RecordRanks(statuses, options_.inventory.slots());
     // As RecordRanks: a succeeded rank's final numbers, then running ranks' (which win).
     for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
@@ -145,6 +161,11 @@ absl::Status WorkerDaemon::Tick() {
   }
   for (const loom::v1::RankAssignment& a : resp->start()) StartRank(a);
   return absl::OkStatus();
+}
+
+bool WorkerDaemon::Registered() const {
+  absl::MutexLock l(&mu_);
+  return registered_;
 }
 
 int WorkerDaemon::RunningRanks() const {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -145,12 +146,26 @@ JobGateway::JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions
     : stub_(stub), options_(std::move(options)) {}
 
 void JobGateway::Register(httplib::Server& server) {
-  auto context = [this] {
+  // The RPC's context: deadline, and the caller's Authorization header as gRPC metadata.
+  auto context = [this](const httplib::Request& req) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(options_.rpc_timeout));
+    const std::string authorization = req.get_header_value("Authorization");
+    if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
     return ctx;
   };
+  if (options_.auth != nullptr) {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!absl::StartsWith(req.path, "/v1/jobs")) return httplib::Server::HandlerResponse::Unhandled;
+      absl::StatusOr<Caller> caller =
+          options_.auth->Authenticate(req.get_header_value("Authorization"));
+      if (caller.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // Answers with `resp` or the RPC's error.
   auto reply = [](httplib::Response& res, const grpc::Status& s,
                   const google::protobuf::Message& resp) {
@@ -175,28 +190,28 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::ListJobsRequest request;
     if (!ParseBody(fields.dump(), &request, res)) return;
     loom::v1::ListJobsResponse response;
-    reply(res, stub_->ListJobs(context().get(), request, &response), response);
+    reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });
   server.Post("/v1/jobs", [this, context, reply](const httplib::Request& req,
                                                  httplib::Response& res) {
     loom::v1::SubmitJobRequest request;
     if (!ParseBody(req.body, &request, res)) return;
     loom::v1::SubmitJobResponse response;
-    reply(res, stub_->SubmitJob(context().get(), request, &response), response);
+    reply(res, stub_->SubmitJob(context(req).get(), request, &response), response);
   });
   server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)",
               [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                 loom::v1::CancelJobRequest request;
                 request.set_job_id(req.matches[1]);
                 loom::v1::Job response;
-                reply(res, stub_->CancelJob(context().get(), request, &response), response);
+                reply(res, stub_->CancelJob(context(req).get(), request, &response), response);
               });
   server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):kill)",
               [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                 loom::v1::KillJobRequest request;
                 request.set_job_id(req.matches[1]);
                 loom::v1::Job response;
-                reply(res, stub_->KillJob(context().get(), request, &response), response);
+                reply(res, stub_->KillJob(context(req).get(), request, &response), response);
               });
   server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+)/logs)",
              [this, context](const httplib::Request& req, httplib::Response& res) {
@@ -205,7 +220,7 @@ void JobGateway::Register(httplib::Server& server) {
                if (!ParseLogsQuery(req, &request, res)) return;
                if (!request.follow()) {
                  // The retained lines at once, as {"lines": [LogLine, ...]}, under the deadline.
-                 auto ctx = context();
+                 auto ctx = context(req);
                  auto reader = stub_->StreamLogs(ctx.get(), request);
                  nlohmann::json lines = nlohmann::json::array();
                  loom::v1::LogLine line;
@@ -222,6 +237,8 @@ void JobGateway::Register(httplib::Server& server) {
                // follow: chunked NDJSON, one LogLine per line, until the job ends. No deadline; a
                // client that goes away cancels the stream.
                auto ctx = std::make_shared<grpc::ClientContext>();
+               const std::string authorization = req.get_header_value("Authorization");
+               if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
                std::shared_ptr<grpc::ClientReaderInterface<loom::v1::LogLine>> reader(
                    stub_->StreamLogs(ctx.get(), request));
                // The first line (or the error) decides the status code.
@@ -268,7 +285,7 @@ void JobGateway::Register(httplib::Server& server) {
                loom::v1::GetJobRequest request;
                request.set_job_id(req.matches[1]);
                loom::v1::Job response;
-               reply(res, stub_->GetJob(context().get(), request, &response), response);
+               reply(res, stub_->GetJob(context(req).get(), request, &response), response);
              });
   if (options_.registry != nullptr) {
     auto* requests = &prometheus::BuildCounter()

@@ -121,9 +121,13 @@ class GlooCollectives : public Collectives {
  private:
   template <typename F>
   absl::Status Run(const char* op, F&& start) {
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       c10::intrusive_ptr<c10d::Work> work = start();
-      if (!work->wait(timeout_)) return absl::DeadlineExceededError(absl::StrCat(op, ": timed out"));
+      const bool done = work->wait(timeout_);
+      blocked_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!done) return absl::DeadlineExceededError(absl::StrCat(op, ": timed out"));
       return absl::OkStatus();
     } catch (const std::exception& e) {
       return FromException(op, e);

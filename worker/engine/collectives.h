@@ -43,9 +43,13 @@ class Collectives {
 
   // Bytes this rank handed to collectives so far (inputs of gathers/reduces), for reporting.
   int64_t bytes_communicated() const { return bytes_communicated_; }
+  // Wall seconds the caller spent blocked in collective calls so far (start to completion of
+  // each blocking call), for the trainer's "comm_s" step field.
+  double blocked_seconds() const { return blocked_seconds_; }
 
  protected:
   int64_t bytes_communicated_ = 0;
+  double blocked_seconds_ = 0;
 };
 
 // World size 1: every collective is a local copy; no process group.

@@ -64,6 +64,7 @@ class Trainer {
   Corpus corpus_;
   std::unique_ptr<ZeroLlama> model_;
   int64_t optimizer_step_ = 0;
+  double data_seconds_ = 0;  // wall seconds spent building input batches so far
 };
 
 at::Tensor Trainer::Windows(const std::vector<uint8_t>& stream,
@@ -128,7 +129,9 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr) {
     for (int64_t i = 0; i < micro; ++i) {
       starts.push_back(TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
     }
+    const auto data_t0 = std::chrono::steady_clock::now();
     at::Tensor win = Windows(corpus_.train, starts);
+    data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length));
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, o_.model.vocab_size}),
@@ -355,6 +358,7 @@ absl::Status Trainer::Run() {
     }
     model_->tracker().ResetPeak();
     const auto t0 = std::chrono::steady_clock::now();
+    const double comm0 = coll_.blocked_seconds(), data0 = data_seconds_;
     double grad_norm = 0, lr = 0;
     const double loss = TrainStep(s, &grad_norm, &lr);
     const double secs =
@@ -368,7 +372,9 @@ absl::Status Trainer::Run() {
           {"grad_norm", grad_norm},
           {"gathered_bytes_between_steps", model_->tracker().current()},
           {"peak_gathered_bytes", model_->tracker().peak()},
-          {"partition_bytes", model_->partition_bytes()}});
+          {"partition_bytes", model_->partition_bytes()},
+          {"comm_s", coll_.blocked_seconds() - comm0},
+          {"data_s", data_seconds_ - data0}});
     // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.
     if (o_.ds.steps_per_print > 0 && ((s + 1) % o_.ds.steps_per_print == 0 || s == start)) {
       LOG(INFO) << "step " << s + 1 << "/" << o_.steps << " loss " << loss << " lr " << lr

@@ -15,7 +15,11 @@
 //   {"event":"eval","step":s,"loss":x}                    before training (step 0 or resume
 //                                                          step), every eval_every_steps, at end
 //   {"event":"step","step":s,"loss":x,"tokens_per_s":t,"step_time_s":u,"lr":l,"grad_norm":g,
-//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B}
+//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
+//    "comm_s":c,"data_s":d}
+//      comm_s: seconds of the step the training thread was blocked in collectives; data_s:
+//      seconds it spent building the step's input batches (the worker exports
+//      loom_trainer_communication_seconds = comm_s, loom_trainer_stall_seconds = comm_s + data_s)
 //   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
 //   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b}
 //   {"event":"stopped","step":s}                          after SIGTERM/SIGINT (all ranks agree)
