@@ -157,18 +157,22 @@ int main(int argc, char** argv) {
     if (!daemon.Registered()) return absl::UnavailableError("not registered with the scheduler");
     return absl::OkStatus();
   });
+  // Announce before the signal thread exists: returning early with a joinable std::thread
+  // would call std::terminate (regression: an unwritable --ready_file aborted the process).
+  // SIGTERM/SIGINT stay blocked meanwhile, so one arriving now is handled by the thread below.
+  absl::Status ready = loom::AnnounceReady(
+      {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
+  if (!ready.ok()) {
+    LOG(ERROR) << ready;
+    (*endpoint)->SetReadyCheck(nullptr);
+    return 1;
+  }
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
     LOG(INFO) << "signal " << sig << ": stopping ranks and shutting down";
     daemon.Shutdown();
   });
-  absl::Status ready = loom::AnnounceReady(
-      {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
-  if (!ready.ok()) {
-    LOG(ERROR) << ready;
-    return 1;
-  }
   LOG(INFO) << "loom-worker " << options.node_id << " serving metrics at " << (*endpoint)->url()
             << ", scheduler " << absl::GetFlag(FLAGS_scheduler);
   daemon.Run();
