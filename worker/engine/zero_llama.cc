@@ -306,6 +306,11 @@ void ZeroLlama::Free(std::map<size_t, Live>::iterator it) {
 }
 
 bool ZeroLlama::ReusedSoon(size_t i) const {
+  // The prefetcher already scanned past its next use while it was live (and so did not
+  // prefetch it): keep it until then.
+  for (size_t k = trace_pos_; k < prefetch_pos_ && k < trace_.size(); ++k) {
+    if (trace_[k] == i) return true;
+  }
   int64_t distance = 0;
   for (size_t k = trace_pos_; k < trace_.size(); ++k) {
     if (trace_[k] == i) return true;
