@@ -544,7 +544,13 @@ void ZeroLlama::FinishMicroStep() {
     if (trace_mode_ == TraceMode::kReplay && trace_pos_ != trace_.size()) InvalidateTrace();
     for (auto it = live_.begin(); it != live_.end();) {
       auto next = std::next(it);
-      if (!params_[it->first].persistent) Free(it);
+      if (!params_[it->first].persistent) {
+        Free(it);
+      } else if (it->second.pending) {  // the optimizer must not touch a shard still being sent
+        absl::Status s = it->second.pending->Wait();
+        it->second.pending.reset();
+        ThrowIfError(s);
+      }
       it = next;
     }
   }
