@@ -170,6 +170,84 @@ TEST(ZeroLlamaBf16Test, Bf16ForwardIsCloseToFp32) {
   EXPECT_GT(b16->params()[2].grad.abs().sum().item<float>(), 0);
 }
 
+// Stage-3 prefetch trace on one process: the first micro-step records, later ones prefetch
+// (hits), a changed layer order invalidates the trace, and gradients are bit-identical to a
+// model without prefetching. Live gathered params stay within max_live_parameters (+ the one
+// parameter fetched on demand beyond it), reduction buffers aside.
+TEST(ZeroLlamaPrefetchTest, TraceReplayInvalidationAndLiveBound) {
+  const LlamaConfig c = TinyConfig(false);  // hidden 32: largest param 256*32 = 8192
+  std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+  ZeroOptions on;
+  on.stage = 3;
+  on.overlap_comm = false;
+  on.reduce_bucket_size = 1;  // one parameter per reduction: buffers 2 * 4 * n
+  on.param_persistence_threshold = 0;
+  on.prefetch_bucket_size = 3000;
+  on.max_live_parameters = 4000;
+  on.max_reuse_distance = 0;
+  ZeroOptions off = on;
+  off.prefetch_bucket_size = 0;
+  std::unique_ptr<ZeroLlama> a = *ZeroLlama::Create(c, coll.get(), 8, nullptr, on);
+  std::unique_ptr<ZeroLlama> b = *ZeroLlama::Create(c, coll.get(), 8, nullptr, off);
+  at::Tensor ids = at::randint(0, 256, {2, 10}, at::kLong);
+  const std::vector<int64_t> skip = {1};
+  const int64_t largest = 256 * 32;
+  int64_t hits_after_invalidation = 0;
+  for (int micro = 0; micro < 5; ++micro) {
+    const std::vector<int64_t>* order = micro == 2 ? &skip : nullptr;
+    for (ZeroLlama* m : {a.get(), b.get()}) {
+      m->memory().ResetPeaks();
+      m->BeginMicroStep(true);
+      m->Forward(ids, order).sum().backward();
+      m->FinishMicroStep();
+      EXPECT_EQ(m->memory().current(MemoryKind::kBuffers), 0);
+    }
+    for (size_t i = 0; i < a->params().size(); ++i) {
+      const at::Tensor& ga = a->params()[i].grad;
+      const at::Tensor& gb = b->params()[i].grad;
+      ASSERT_EQ(ga.defined(), gb.defined()) << i;
+      if (ga.defined()) {
+        EXPECT_TRUE(at::equal(ga, gb)) << "micro " << micro << " param " << i;
+      }
+    }
+    EXPECT_LE(a->memory().peak(MemoryKind::kBuffers),
+              4 * (on.max_live_parameters + largest) + 2 * 4 * largest)
+        << "micro " << micro;
+    a->ClearGrads();
+    b->ClearGrads();
+    if (micro == 0) {
+      EXPECT_EQ(a->prefetch_hits(), 0);
+    }
+    if (micro == 1) {
+      EXPECT_GT(a->prefetch_hits(), 0);
+      EXPECT_EQ(a->trace_invalidations(), 0);
+    }
+    if (micro == 2) {
+      EXPECT_EQ(a->trace_invalidations(), 1);  // skipped layer 0
+    }
+    if (micro == 3) hits_after_invalidation = a->prefetch_hits();  // micro 3 records anew
+  }
+  EXPECT_EQ(b->prefetch_hits(), 0);
+  // micro 4 replays the trace recorded at micro 3.
+  EXPECT_EQ(a->trace_invalidations(), 1);
+  EXPECT_GT(a->prefetch_hits(), hits_after_invalidation);
+
+  // Without limits (DeepSpeed defaults) the reuse distance keeps far more gathered.
+  ZeroOptions defaults;
+  defaults.param_persistence_threshold = 0;
+  defaults.overlap_comm = false;
+  defaults.reduce_bucket_size = 1;
+  std::unique_ptr<ZeroLlama> d = *ZeroLlama::Create(c, coll.get(), 8, nullptr, defaults);
+  for (int micro = 0; micro < 2; ++micro) {
+    d->memory().ResetPeaks();
+    d->BeginMicroStep(true);
+    d->Forward(ids).sum().backward();
+    d->FinishMicroStep();
+  }
+  EXPECT_GT(d->memory().peak(MemoryKind::kBuffers),
+            4 * (on.max_live_parameters + largest) + 2 * 4 * largest);
+}
+
 TEST(ZeroLlamaCausalTest, LaterTokensDoNotChangeEarlierLogits) {
   const LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
