@@ -91,7 +91,8 @@ class LocalCollectives : public Collectives {
 // A started Gloo work item plus what must stay alive until it completes and what to do after.
 class GlooPending : public PendingCollective {
  public:
-  GlooPending(const char* op, std::chrono::milliseconds timeout) : op_(op), timeout_(timeout) {}
+  GlooPending(const char* op, std::chrono::milliseconds timeout, double* blocked_seconds)
+      : op_(op), timeout_(timeout), blocked_seconds_(blocked_seconds) {}
   ~GlooPending() override {
     if (!waited_) (void)Wait();
   }
@@ -99,8 +100,12 @@ class GlooPending : public PendingCollective {
     if (waited_) return status_;
     waited_ = true;
     if (!status_.ok() || !work_) return status_;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
-      if (!work_->wait(timeout_)) {
+      const bool done = work_->wait(timeout_);
+      *blocked_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!done) {
         status_ = absl::DeadlineExceededError(absl::StrCat(op_, ": timed out"));
       } else if (finish_) {
         finish_();
@@ -116,6 +121,7 @@ class GlooPending : public PendingCollective {
 
   const char* op_;
   std::chrono::milliseconds timeout_;
+  double* blocked_seconds_;  // the owner's counter: time the caller spent waiting
   c10::intrusive_ptr<c10d::Work> work_;
   absl::Status status_;
   bool waited_ = false;
@@ -140,7 +146,7 @@ class GlooCollectives : public Collectives {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
     Record(kAllGather, part.numel());
     const int64_t p = part.numel();
-    auto pending = std::make_unique<GlooPending>("allgather", timeout_);
+    auto pending = std::make_unique<GlooPending>("allgather", timeout_, &blocked_seconds_);
     pending->outputs_.resize(1);
     for (int r = 0; r < world_; ++r) pending->outputs_[0].push_back(full.narrow(0, r * p, p));
     pending->keep_ = {part, full};
@@ -158,7 +164,8 @@ class GlooCollectives : public Collectives {
     // alltoall with even splits: chunk j of the output is rank j's chunk `rank_`.
     at::Tensor input = full;
     at::Tensor received = at::empty_like(full);
-    auto pending = std::make_unique<GlooPending>("reduce_scatter(alltoall)", timeout_);
+    auto pending = std::make_unique<GlooPending>("reduce_scatter(alltoall)", timeout_,
+                                                 &blocked_seconds_);
     pending->keep_ = {input, received, part};
     bytes_communicated_ += full.nbytes();
     const int world = world_;
@@ -177,7 +184,7 @@ class GlooCollectives : public Collectives {
 
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) override {
     Record(kAllReduce, tensor.numel());
-    auto pending = std::make_unique<GlooPending>("allreduce", timeout_);
+    auto pending = std::make_unique<GlooPending>("allreduce", timeout_, &blocked_seconds_);
     pending->keep_ = {tensor};
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions opts;
@@ -192,14 +199,14 @@ class GlooCollectives : public Collectives {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    GlooPending pending("broadcast", timeout_);
+    GlooPending pending("broadcast", timeout_, &blocked_seconds_);
     Start(pending, [&] { return pg_->broadcast(tensors, opts); });
     return pending.Wait();
   }
 
   absl::Status Barrier() override {
     Record(kBarrier, 0);
-    GlooPending pending("barrier", timeout_);
+    GlooPending pending("barrier", timeout_, &blocked_seconds_);
     Start(pending, [&] { return pg_->barrier(); });
     return pending.Wait();
   }

@@ -73,6 +73,9 @@ class Collectives {
   // sequence: equal on every rank of a correct program.
   int64_t collective_count() const { return collective_count_; }
   uint64_t collective_hash() const { return collective_hash_; }
+  // Wall seconds the caller spent blocked in collective calls so far (in Wait: for a blocking
+  // call, start to completion; for a started one, only the wait), for the trainer's "comm_s".
+  double blocked_seconds() const { return blocked_seconds_; }
 
  protected:
   void Record(int op, int64_t numel) {
@@ -84,6 +87,7 @@ class Collectives {
   int64_t bytes_communicated_ = 0;
   int64_t collective_count_ = 0;
   uint64_t collective_hash_ = 0;
+  double blocked_seconds_ = 0;
 };
 
 // World size 1: every collective is a local copy; no process group.

@@ -71,6 +71,7 @@ class Trainer {
   std::unique_ptr<ZeroLlama> model_;
   int64_t optimizer_step_ = 0;
   LossScaler scaler_;
+  double data_seconds_ = 0;  // wall seconds spent building input batches so far
 };
 
 ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
@@ -151,7 +152,10 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     for (int64_t i = 0; i < micro; ++i) {
       starts.push_back(TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
     }
+    const auto data_t0 = std::chrono::steady_clock::now();
     at::Tensor win = Windows(corpus_.train, starts);
+    data_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
     at::Tensor logits = model_->Forward(win.narrow(1, 0, seq), order).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
@@ -420,6 +424,7 @@ absl::Status Trainer::Run() {
     }
     model_->memory().ResetPeaks();
     const auto t0 = std::chrono::steady_clock::now();
+    const double comm0 = coll_.blocked_seconds(), data0 = data_seconds_;
     double grad_norm = 0, lr = 0;
     bool skipped = false;
     const double loss_scale = scaler_.scale();
@@ -442,7 +447,9 @@ absl::Status Trainer::Run() {
                {"partition_bytes", model_->partition_bytes()},
                {"prefetch_hits", model_->prefetch_hits()},
                {"trace_invalidations", model_->trace_invalidations()},
-               {"on_demand_fetches", model_->on_demand_fetches()}};
+               {"on_demand_fetches", model_->on_demand_fetches()},
+               {"comm_s", coll_.blocked_seconds() - comm0},
+               {"data_s", data_seconds_ - data0}};
     ev.update(MemoryFields());
     Emit(ev);
     // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.
