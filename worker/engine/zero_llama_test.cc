@@ -158,12 +158,15 @@ TEST(ZeroLlamaBf16Test, Bf16ForwardIsCloseToFp32) {
   std::unique_ptr<ZeroLlama> b16 = *ZeroLlama::Create(c, coll.get(), 4, nullptr, opts);
   EXPECT_EQ(b16->params()[2].shard.scalar_type(), at::kBFloat16);
   EXPECT_EQ(b16->params()[2].master.scalar_type(), at::kFloat);
+  at::manual_seed(0);
   at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
   at::Tensor a = f32->Forward(ids);
   b16->BeginMicroStep(true);
   at::Tensor b = b16->Forward(ids);
   EXPECT_EQ(b.scalar_type(), at::kBFloat16);
-  EXPECT_LT((a - b.to(at::kFloat)).abs().max().item<float>(), 0.1);
+  // bf16 keeps 8 mantissa bits: a few percent of the logits' range after 2 layers.
+  const float range = a.abs().max().item<float>();
+  EXPECT_LT((a - b.to(at::kFloat)).abs().max().item<float>(), 0.05 * range);
   b.to(at::kFloat).sum().backward();
   b16->FinishMicroStep();
   EXPECT_EQ(b16->params()[2].grad.scalar_type(), at::kFloat);
