@@ -15,7 +15,8 @@
 //     order change drops the prefetch trace; results equal the no-prefetch run bit for bit),
 //     Row8 (after the first micro-step, stage-3 fetches are served by prefetch, not by blocking
 //     gathers), Row9 (the optimizer step runs per sub-group and the sub-group size does not
-//     change results), bf16 trajectories, fp16 dynamic loss scaling (§1.11 #8) and the key
+//     change results), tied embeddings (one parameter, two gradient contributions) on every
+//     stage, bf16 trajectories, fp16 dynamic loss scaling (§1.11 #8) and the key
 //     policy (warnings, offload refused at engine start).
 // Every gang has a deadline; on expiry all children are killed and the test fails.
 #include <algorithm>
@@ -565,6 +566,37 @@ TEST(ZeroStagesOptimizerTest, Row9_SubGroupSizeDoesNotChangeResults) {
   for (size_t i = 1; i < losses.size(); ++i) {
     EXPECT_EQ(losses[i], losses[0]);
     EXPECT_EQ(params[i], params[0]);
+  }
+}
+
+// Tied embedding/head: the shared parameter gets two gradient contributions per backward; stages
+// 0/1 must reduce it once, after the second. Every stage equals the 1-rank run.
+TEST(ZeroStagesTiedTest, TiedEmbeddingsEqualAcrossStages) {
+  auto tied_spec = [](const std::string& name, int world, int stage) {
+    json spec = json::parse(*ReadText(Spec(name, world, 3, Knobs(stage, 1))));
+    spec["model"]["config"]["tie_word_embeddings"] = true;
+    const std::string path = TmpDir() + "/" + name + ".tied.spec.json";
+    std::ofstream(path) << spec.dump(2);
+    return path;
+  };
+  GangResult ref = RunGang("tied_ref", tied_spec("tied_ref", 1, 0), 1, {});
+  ExpectSuccess(ref, "tied_ref");
+  const std::vector<double> want = Losses(ref, "step");
+  ASSERT_EQ(want.size(), 3u);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string name = absl::StrCat("tied_s", stage);
+    GangResult r = RunGang(name, tied_spec(name, 2, stage), 2, {});
+    ExpectSuccess(r, name);
+    std::vector<double> got = Losses(r, "step");
+    ASSERT_EQ(got.size(), 3u) << name;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got[i], want[i], kLossRtol * want[i]) << name << " step " << i + 1;
+    }
+    EXPECT_GT(r.Of(0, "step")[2]["grad_norm"].get<double>(), 0);
+    EXPECT_NEAR(r.Of(0, "step")[2]["grad_norm"].get<double>(),
+                ref.Of(0, "step")[2]["grad_norm"].get<double>(),
+                kLossRtol * ref.Of(0, "step")[2]["grad_norm"].get<double>())
+        << name;
   }
 }
 
