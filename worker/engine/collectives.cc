@@ -62,28 +62,28 @@ class LocalCollectives : public Collectives {
   std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
                                                     at::Tensor& full) override {
     if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return Done(s);
-    Record(kAllGather, part.numel());
+    Record(kAllGather, part.numel(), full.numel());
     full.copy_(part);
     return Done();
   }
   std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
                                                            at::Tensor& part) override {
     if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return Done(s);
-    Record(kReduceScatter, full.numel());
+    Record(kReduceScatter, full.numel(), full.numel());
     part.copy_(full);
     return Done();
   }
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& t, ReduceOp) override {
-    Record(kAllReduce, t.numel());
+    Record(kAllReduce, t.numel(), 2 * t.numel());
     return Done();
   }
   absl::Status Broadcast(at::Tensor& t, int root) override {
     if (root != 0) return absl::InvalidArgumentError("broadcast: root must be 0");
-    Record(kBroadcast, t.numel());
+    Record(kBroadcast, t.numel(), t.numel());
     return absl::OkStatus();
   }
   absl::Status Barrier() override {
-    Record(kBarrier, 0);
+    Record(kBarrier, 0, 0);
     return absl::OkStatus();
   }
 };
@@ -144,7 +144,7 @@ class GlooCollectives : public Collectives {
   std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
                                                     at::Tensor& full) override {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
-    Record(kAllGather, part.numel());
+    Record(kAllGather, part.numel(), full.numel());
     const int64_t p = part.numel();
     auto pending = std::make_unique<GlooPending>("allgather", timeout_, &blocked_seconds_);
     pending->outputs_.resize(1);
@@ -159,7 +159,7 @@ class GlooCollectives : public Collectives {
   std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
                                                            at::Tensor& part) override {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
-    Record(kReduceScatter, full.numel());
+    Record(kReduceScatter, full.numel(), full.numel());
     const int64_t p = part.numel();
     // alltoall with even splits: chunk j of the output is rank j's chunk `rank_`.
     at::Tensor input = full;
@@ -183,7 +183,7 @@ class GlooCollectives : public Collectives {
   }
 
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) override {
-    Record(kAllReduce, tensor.numel());
+    Record(kAllReduce, tensor.numel(), 2 * tensor.numel());
     auto pending = std::make_unique<GlooPending>("allreduce", timeout_, &blocked_seconds_);
     pending->keep_ = {tensor};
     std::vector<at::Tensor> tensors = {tensor};
@@ -195,7 +195,7 @@ class GlooCollectives : public Collectives {
   }
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override {
-    Record(kBroadcast, tensor.numel());
+    Record(kBroadcast, tensor.numel(), tensor.numel());
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -205,7 +205,7 @@ class GlooCollectives : public Collectives {
   }
 
   absl::Status Barrier() override {
-    Record(kBarrier, 0);
+    Record(kBarrier, 0, 0);
     GlooPending pending("barrier", timeout_, &blocked_seconds_);
     Start(pending, [&] { return pg_->barrier(); });
     return pending.Wait();

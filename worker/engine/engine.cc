@@ -425,6 +425,7 @@ absl::Status Trainer::Run() {
     model_->memory().ResetPeaks();
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = coll_.blocked_seconds(), data0 = data_seconds_;
+    const int64_t moved0 = coll_.elements_moved();
     double grad_norm = 0, lr = 0;
     bool skipped = false;
     const double loss_scale = scaler_.scale();
@@ -449,6 +450,7 @@ absl::Status Trainer::Run() {
                {"trace_invalidations", model_->trace_invalidations()},
                {"on_demand_fetches", model_->on_demand_fetches()},
                {"comm_s", coll_.blocked_seconds() - comm0},
+               {"comm_elements", coll_.elements_moved() - moved0},
                {"data_s", data_seconds_ - data0}};
     ev.update(MemoryFields());
     Emit(ev);

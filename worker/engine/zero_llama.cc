@@ -306,11 +306,6 @@ void ZeroLlama::Free(std::map<size_t, Live>::iterator it) {
 }
 
 bool ZeroLlama::ReusedSoon(size_t i) const {
-  // The prefetcher already scanned past its next use while it was live (and so did not
-  // prefetch it): keep it until then.
-  for (size_t k = trace_pos_; k < prefetch_pos_ && k < trace_.size(); ++k) {
-    if (trace_[k] == i) return true;
-  }
   int64_t distance = 0;
   for (size_t k = trace_pos_; k < trace_.size(); ++k) {
     if (trace_[k] == i) return true;
@@ -325,7 +320,14 @@ void ZeroLlama::IssuePrefetches() {
   size_t k = std::max(prefetch_pos_, trace_pos_);
   for (; k < trace_.size(); ++k) {
     const size_t j = trace_[k];
-    if (live_.count(j) != 0) continue;
+    auto live = live_.find(j);
+    if (live != live_.end()) {
+      // Persistent, prefetched or kept for reuse: it stays gathered until that use.
+      if (params_[j].persistent || live->second.uses == 0) continue;
+      // In use right now, and may be released before this later use: resume the scan here
+      // after the release (then it is gathered again, or kept for reuse).
+      break;
+    }
     const ZeroParam& q = params_[j];
     if (prefetch_elems_ + q.numel > options_.prefetch_bucket_size) break;
     if (!q.persistent && live_elems_ + q.numel > options_.max_live_parameters) break;

@@ -679,6 +679,47 @@ TEST(ZeroStagesPrecisionTest, Fp16TrainsOnEveryStage) {
   }
 }
 
+// Communication volume per step (§1.2, §1.11 #6), GAS 1, no persistence or reuse, counted as
+// ZeRO does (all-gather / reduce-scatter: N*p elements, all-reduce: 2x its size). With
+// G = Σ N*ceil(n_i/N) (= Ψ + padding):
+//   stage 0:   all-reduce of the gradients                      2Ψ
+//   stage 1/2: reduce-scatter G + all-gather of the update G    2G  (≈ 2Ψ: no extra traffic)
+//   stage 3:   forward gathers G + backward gathers G - N*p(embedding; its backward needs no
+//              weight) + reduce-scatter G                       ≈ 3Ψ (1.5x data parallelism)
+//              (from step 2 on, with the trace: minus lm_head's backward gather, reused at
+//              distance 0)
+// plus the scalar all-reduces of the step (loss mean, and the gradient norm when partitioned:
+// 2 elements each).
+TEST(ZeroStagesCommunicationTest, StepVolumeMatchesZeroAccounting) {
+  const int world = 2;
+  const int64_t psi = Psi();
+  const int64_t g = world * PartitionElems(world);
+  const int64_t embed = world * ((256 * 64 + world - 1) / world);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string name = absl::StrCat("volume_s", stage);
+    json zero = {{"stage", stage},
+                 {"reduce_bucket_size", 20000},
+                 {"stage3_param_persistence_threshold", 0},
+                 {"stage3_max_reuse_distance", 0}};
+    GangResult r = RunGang(name, Spec(name, world, 2, zero, {{"gradient_accumulation_steps", 1}}),
+                           world, {});
+    ExpectSuccess(r, name);
+    const int64_t want = stage == 0 ? 2 * psi + 2
+                         : stage < 3 ? 2 * g + 4
+                                     : 3 * g - embed + 4;
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<json> steps = r.Of(rank, "step");
+      ASSERT_EQ(steps.size(), 2u);
+      EXPECT_EQ(steps[0]["comm_elements"].get<int64_t>(), want) << name << " rank " << rank;
+      // Step 2 replays step 1's trace: lm_head, used last in forward and first in backward
+      // (reuse distance 0), is not gathered again.
+      EXPECT_EQ(steps[1]["comm_elements"].get<int64_t>(), stage == 3 ? want - embed : want)
+          << name << " rank " << rank;
+    }
+    std::cout << "stage " << stage << ": " << double(want) / psi << " x Ψ per step\n";
+  }
+}
+
 // Keys Loom accepts but does not implement are "warning" events naming the key; offload (not
 // implemented by this engine yet) is refused at engine start with an error naming the key.
 TEST(ZeroStagesKeyPolicyTest, WarningsAndOffloadRefusal) {
