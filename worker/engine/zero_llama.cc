@@ -425,6 +425,8 @@ void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
     grad_expected_.assign(params_.size(), 0);
     grad_seen_.assign(params_.size(), 0);
   }
+  if (touched_.size() != params_.size()) touched_.assign(params_.size(), 0);
+  touched_[i] = 1;
   switch (options_.stage) {
     case 0:
       EnsureGrad(p);
@@ -447,6 +449,8 @@ void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
 }
 
 void ZeroLlama::Enqueue(size_t i, const at::Tensor& flat) {
+  if (enqueued_.size() != params_.size()) enqueued_.assign(params_.size(), 0);
+  enqueued_[i] = 1;
   bucket_.emplace_back(i, flat);
   bucket_elems_ += params_[i].numel;
   if (bucket_elems_ >= options_.reduce_bucket_size) Flush();
@@ -527,6 +531,7 @@ void ZeroLlama::BeginMicroStep(bool last) {
   grad_expected_.assign(params_.size(), 0);
   grad_seen_.assign(params_.size(), 0);
   trace_pos_ = 0;
+  enqueued_.assign(params_.size(), 0);
   prefetch_pos_ = 0;
   if (options_.stage < 3) return;
   if (trace_mode_ == TraceMode::kRecord && !recording_.empty()) {
@@ -540,6 +545,17 @@ void ZeroLlama::BeginMicroStep(bool last) {
 }
 
 void ZeroLlama::FinishMicroStep() {
+  if (last_micro_ && options_.stage <= 1 && touched_.size() == params_.size()) {
+    // Stages 0/1 reduce local accumulations once, in the last micro-step's backward; a parameter
+    // that got gradients in earlier micro-steps only (a dynamic model) is reduced here, in index
+    // order (the same on every rank).
+    if (enqueued_.size() != params_.size()) enqueued_.assign(params_.size(), 0);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (touched_[i] && !enqueued_[i]) {
+        Enqueue(i, options_.stage == 0 ? params_[i].grad : params_[i].local_grad);
+      }
+    }
+  }
   Flush();
   while (!in_flight_.empty()) CompleteOldest();
   if (options_.stage == 3) {
@@ -626,6 +642,7 @@ void ZeroLlama::RefreshParams() {
 }
 
 void ZeroLlama::ClearGrads() {
+  touched_.assign(params_.size(), 0);
   if (grad_flat_.defined()) {
     grad_flat_.zero_();
     return;

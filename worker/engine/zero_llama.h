@@ -258,6 +258,8 @@ class ZeroLlama {
   bool last_micro_ = true;
   bool in_micro_step_ = false;
   std::vector<int> grad_expected_, grad_seen_;  // per param, this micro-step (stages 0/1)
+  std::vector<char> touched_;   // per param: got a gradient since the last ClearGrads
+  std::vector<char> enqueued_;  // per param: queued for reduction in this micro-step
   std::vector<std::pair<size_t, at::Tensor>> bucket_;
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;

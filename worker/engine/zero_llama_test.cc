@@ -251,6 +251,45 @@ TEST(ZeroLlamaPrefetchTest, TraceReplayInvalidationAndLiveBound) {
             4 * (on.max_live_parameters + largest) + 2 * 4 * largest);
 }
 
+// A dynamic model under gradient accumulation: layer 1 runs in micro-step 0 but not in the
+// last micro-step. Stages 0/1 (which reduce once, in the last micro-step) must still reduce
+// layer 1's accumulated gradients; every stage equals stage 2 (which reduces every micro-step).
+TEST(ZeroLlamaDynamicTest, ParamsUnusedInTheLastMicroStepAreStillReduced) {
+  const LlamaConfig c = TinyConfig(false);
+  std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+  at::manual_seed(1);
+  at::Tensor ids0 = at::randint(0, 256, {2, 8}, at::kLong);
+  at::Tensor ids1 = at::randint(0, 256, {2, 8}, at::kLong);
+  const std::vector<int64_t> only_first = {0};
+  std::vector<std::vector<at::Tensor>> grads;
+  for (int stage : {2, 0, 1, 3}) {
+    ZeroOptions opts;
+    opts.stage = stage;
+    opts.reduce_bucket_size = 2000;
+    std::unique_ptr<ZeroLlama> m = *ZeroLlama::Create(c, coll.get(), 9, nullptr, opts);
+    m->BeginMicroStep(false);
+    m->Forward(ids0).sum().backward();
+    m->FinishMicroStep();
+    m->BeginMicroStep(true);
+    m->Forward(ids1, &only_first).sum().backward();
+    m->FinishMicroStep();
+    std::vector<at::Tensor> g;
+    for (const ZeroParam& p : m->params()) {
+      g.push_back(p.grad.defined() ? p.grad.clone() : at::Tensor());
+    }
+    grads.push_back(g);
+  }
+  const size_t layer1_q = 1 + 9 + 1;
+  for (size_t s = 1; s < grads.size(); ++s) {
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      ASSERT_TRUE(grads[s][i].defined()) << "stage order index " << s << " param " << i;
+      EXPECT_TRUE(at::allclose(grads[s][i], grads[0][i], 1e-5, 1e-7))
+          << "stage order index " << s << " param " << i;
+    }
+    EXPECT_GT(grads[s][layer1_q].abs().sum().item<float>(), 0);
+  }
+}
+
 TEST(ZeroLlamaCausalTest, LaterTokensDoNotChangeEarlierLogits) {
   const LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
