@@ -21,8 +21,9 @@ struct CommittedCheckpoint {
   std::string path;  // the step directory, as the trainers see it
 };
 
-// Implementations must be thread-compatible (the scheduler calls them under its lock) and bound
-// their own latency (a remote call carries a deadline).
+// Implementations must be thread-safe (the scheduler calls them from its scheduling loop and its
+// retention thread, not under its lock, except once at startup) and bound their own latency (a
+// remote call carries a deadline).
 class CheckpointCatalog {
  public:
   virtual ~CheckpointCatalog() = default;
@@ -37,7 +38,7 @@ class CheckpointCatalog {
       const loom::v1::CheckpointPolicy& policy, const std::vector<int64_t>& protected_steps) = 0;
 };
 
-// The storage library (storage/checkpoint) on `checkpoint_dir` directly. Thread-compatible.
+// The storage library (storage/checkpoint) on `checkpoint_dir` directly. Thread-safe (stateless).
 class LocalCheckpointCatalog : public CheckpointCatalog {
  public:
   absl::StatusOr<CommittedCheckpoint> NewestCommitted(const std::string& job_id,

@@ -145,6 +145,9 @@ absl::Status SchedulerOptions::Validate() const {
   if (hang_min_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("hang_min_timeout: must be > 0");
   }
+  if (cancel_grace <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("cancel_grace: must be > 0");
+  }
   if (heartbeat_interval <= absl::ZeroDuration() || heartbeat_interval >= heartbeat_timeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat_interval: must be in (0, heartbeat_timeout = ",
@@ -199,10 +202,29 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
   }
   std::unique_ptr<Scheduler> scheduler(
       new Scheduler(options, store, clock, metrics, checkpoints));
-  absl::MutexLock lock(&scheduler->mu_);
-  RETURN_IF_ERROR(scheduler->Load());
-  scheduler->UpdateGauges();
+  {
+    absl::MutexLock lock(&scheduler->mu_);
+    RETURN_IF_ERROR(scheduler->Load());
+    scheduler->UpdateGauges();
+  }
+  Scheduler* raw = scheduler.get();
+  scheduler->retention_thread_ = std::thread([raw] { raw->RetentionLoop(); });
   return scheduler;
+}
+
+Scheduler::~Scheduler() {
+  {
+    absl::MutexLock lock(&retention_mu_);
+    retention_stop_ = true;
+  }
+  if (retention_thread_.joinable()) retention_thread_.join();
+  std::vector<std::shared_ptr<JobSubscription>> subs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, sub] : watchers_) subs.push_back(sub);
+    watchers_.clear();
+  }
+  for (auto& sub : subs) sub->Cancel();
 }
 
 absl::Status Scheduler::Load() {
@@ -234,6 +256,12 @@ absl::Status Scheduler::Load() {
             (rank == 0 && job.rendezvous_port != 0)) {
           rt.reported = true;
           rt.state = v1::RANK_STATE_RUNNING;
+        }
+        if (job.phase == v1::JOB_PHASE_STOPPING) {
+          // A graceful stop was in progress: ask again, with a fresh grace period.
+          rt.stop_requested = true;
+          rt.graceful_stop = true;
+          stops_[job.id].deadline = now + options_.cancel_grace;
         }
         ranks_[{job.id, rank}] = rt;
         auto node = nodes_.find(rt.node_id);
@@ -295,8 +323,50 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
       }
     }
   }
+  const bool phase_changed = from != job.phase;
   it->second = std::move(job);
+  PublishJobChange(it->second, phase_changed);
   return absl::OkStatus();
+}
+
+void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
+  const bool terminal = IsTerminal(job.phase);
+  if (terminal) logs_->MarkEnded(job.id);
+  auto [begin, end] = watchers_.equal_range(job.id);
+  if (begin == end) return;
+  loom::v1::JobEvent event;
+  *event.mutable_job() = JobRecordToProto(job);
+  event.set_type(phase_changed ? "PhaseChanged" : "Progress");
+  for (auto it = begin; it != end; ++it) it->second->Push(event);
+  if (terminal) watchers_.erase(begin, end);  // their streams end with this event
+}
+
+absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
+    const std::string& job_id, std::function<void()> on_event) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  auto waker = std::make_shared<Waker>(std::move(on_event));
+  auto sub = std::make_shared<JobSubscription>(job_id, waker, dispatcher_.get());
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  loom::v1::JobEvent snapshot;
+  *snapshot.mutable_job() = JobRecordToProto(it->second);
+  snapshot.set_type("Snapshot");
+  sub->Push(std::move(snapshot));
+  if (!sub->ended()) watchers_.emplace(job_id, sub);
+  return sub;
+}
+
+void Scheduler::Unwatch(const std::shared_ptr<JobSubscription>& subscription) {
+  subscription->Cancel();  // outside mu_: waits for a running callback
+  absl::MutexLock lock(&mu_);
+  auto [begin, end] = watchers_.equal_range(subscription->job_id());
+  for (auto it = begin; it != end; ++it) {
+    if (it->second == subscription) {
+      watchers_.erase(it);
+      break;
+    }
+  }
 }
 
 absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
@@ -312,12 +382,14 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   LOG(INFO) << "job " << job_id << " " << JobPhaseName(phase) << ": " << message;
   last_step_advance_.erase(job_id);
   step_seconds_.erase(job_id);
+  stops_.erase(job_id);
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
       it = ranks_.erase(it);  // its slot is free; nothing to stop
     } else {
       it->second.stop_requested = true;
+      it->second.graceful_stop = false;  // the job ended: no checkpoint, stop now
       ++it;
     }
   }
@@ -334,6 +406,10 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   if (IsTerminal(job.phase) || job.phase == v1::JOB_PHASE_RECOVERING ||
       job.phase == v1::JOB_PHASE_PENDING) {
     return absl::OkStatus();
+  }
+  if (job.phase == v1::JOB_PHASE_STOPPING) {
+    // Cancelled and stopping: no restart; the final checkpoint cannot complete any more.
+    return EscalateStop(job_id, message);
   }
   // Two budgets (docs/scheduling.md "Restart budgets"): infrastructure failures (lost node or
   // rank, hang, setup/rendezvous, gang-ready timeout) and the job's own failures.
@@ -366,6 +442,7 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                  "; restarting from the newest committed checkpoint (", budget,
                                  " restart ", restarts_used + 1, " of ", max_restarts, ")");
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
   last_step_advance_.erase(job_id);
   for (auto it = ranks_.lower_bound({job_id, 0});
@@ -537,6 +614,11 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
     const JobRecord& job = jobs_.at(it->second);
     if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
     if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
+    if (!request.tenant().empty() && job.tenant != request.tenant()) continue;
+    if (!request.queue().empty() &&
+        (job.spec.queue().empty() ? "default" : job.spec.queue()) != request.queue()) {
+      continue;
+    }
     if (page.jobs_size() == page_size) {
       page.set_next_page_token(
           absl::WebSafeBase64Escape(absl::StrCat("after:", jobs_.at(page.jobs(page_size - 1).id()).sequence)));
@@ -591,14 +673,151 @@ absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-  if (IsTerminal(it->second.phase)) {
+  const JobRecord& job = it->second;
+  if (IsTerminal(job.phase)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
-                                                      JobPhaseName(it->second.phase), ")"));
+                                                      JobPhaseName(job.phase), ")"));
   }
-  RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
-                         "Cancelled", "cancelled by request"));
+  if (job.phase == v1::JOB_PHASE_STOPPING) return JobRecordToProto(job);  // already stopping
+  if (job.phase != v1::JOB_PHASE_RUNNING) {
+    // Not training (yet): nothing to checkpoint. STARTING ranks may still wait for their
+    // peers' rendezvous, so they cannot agree on a step to stop at; stop them now.
+    std::string message = absl::StrCat("cancelled by request while ", JobPhaseName(job.phase));
+    if (job.phase == v1::JOB_PHASE_STARTING || job.phase == v1::JOB_PHASE_RECOVERING) {
+      absl::StrAppend(&message, " (no final checkpoint; ",
+                      job.progress.last_checkpoint_step() > 0
+                          ? absl::StrCat("newest checkpoint at step ",
+                                         job.progress.last_checkpoint_step())
+                          : std::string("no checkpoint written"),
+                      ")");
+    }
+    RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
+                           "Cancelled", message));
+    UpdateGauges();
+    return JobRecordToProto(jobs_.at(job_id));
+  }
+  JobRecord updated = job;
+  updated.phase = v1::JOB_PHASE_STOPPING;
+  updated.reason = "Stopping";
+  updated.message = absl::StrCat(
+      "cancel requested: the ranks write a final checkpoint, then stop (killed if not stopped "
+      "within ", absl::FormatDuration(options_.cancel_grace), ")");
+  RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  StopRequest& stop = stops_[job_id];
+  stop = StopRequest();
+  stop.deadline = clock_->Now() + options_.cancel_grace;
+  for (auto r = ranks_.lower_bound({job_id, 0}); r != ranks_.end() && r->first.first == job_id;
+       ++r) {
+    r->second.stop_requested = true;
+    r->second.graceful_stop = true;
+  }
+  LOG(INFO) << "job " << job_id << " STOPPING: " << jobs_.at(job_id).message;
   UpdateGauges();
   return JobRecordToProto(jobs_.at(job_id));
+}
+
+absl::StatusOr<loom::v1::Job> Scheduler::KillJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  const JobRecord& job = it->second;
+  if (IsTerminal(job.phase)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
+                                                      JobPhaseName(job.phase), ")"));
+  }
+  std::string message = absl::StrCat("killed by request while ", JobPhaseName(job.phase),
+                                     ": ranks stopped without a final checkpoint");
+  if (job.progress.last_checkpoint_step() > 0) {
+    absl::StrAppend(&message, " (newest checkpoint at step ", job.progress.last_checkpoint_step(),
+                    ")");
+  }
+  RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
+                         "Killed", message));
+  UpdateGauges();
+  return JobRecordToProto(jobs_.at(job_id));
+}
+
+void Scheduler::RecordStoppingRank(const loom::v1::RankStatus& st, const std::string& node_id) {
+  auto stop_it = stops_.find(st.job_id());
+  if (stop_it == stops_.end()) return;
+  StopRequest& stop = stop_it->second;
+  if (st.state() == v1::RANK_STATE_SUCCEEDED) {
+    stop.training_finished = true;  // the last step came before the stop
+    if (st.rank() == 0) stop.final_checkpoint_step = st.progress().last_checkpoint_step();
+  } else if (st.state() == v1::RANK_STATE_STOPPED && st.graceful_stop()) {
+    if (st.rank() == 0) stop.final_checkpoint_step = st.progress().last_checkpoint_step();
+  } else if (RankEnded(st.state()) && !stop.escalated) {
+    // Failed, or stopped without its checkpoint: the peers cannot complete theirs.
+    (void)EscalateStop(st.job_id(), RankExitMessage(st.rank(), node_id, st));
+  }
+}
+
+absl::Status Scheduler::EscalateStop(const std::string& job_id, const std::string& why) {
+  auto stop_it = stops_.find(job_id);
+  if (stop_it == stops_.end() || stop_it->second.escalated) return absl::OkStatus();
+  stop_it->second.escalated = true;
+  stop_it->second.escalation = why;
+  for (auto r = ranks_.lower_bound({job_id, 0}); r != ranks_.end() && r->first.first == job_id;
+       ++r) {
+    r->second.graceful_stop = false;
+  }
+  JobRecord updated = jobs_.at(job_id);
+  updated.message = absl::StrCat("cancel requested; graceful stop abandoned (", why,
+                                 "): killing the ranks");
+  LOG(WARNING) << "job " << job_id << ": " << updated.message;
+  return CommitJob(std::move(updated));
+}
+
+absl::Status Scheduler::FinishStops() {
+  std::vector<std::string> done;
+  for (const auto& [job_id, stop] : stops_) {
+    auto r = ranks_.lower_bound({job_id, 0});
+    if (r == ranks_.end() || r->first.first != job_id) done.push_back(job_id);
+  }
+  for (const std::string& job_id : done) {
+    const StopRequest stop = stops_.at(job_id);
+    const JobRecord& job = jobs_.at(job_id);
+    if (job.phase != v1::JOB_PHASE_STOPPING) {
+      stops_.erase(job_id);
+      continue;
+    }
+    const int64_t newest = job.progress.last_checkpoint_step();
+    const std::string newest_text =
+        newest > 0 ? absl::StrCat("newest checkpoint at step ", newest) : "no checkpoint written";
+    std::string message;
+    if (stop.escalated) {
+      message = absl::StrCat("cancelled by request; the graceful stop was abandoned (",
+                             stop.escalation, ") and the ranks were killed without a final "
+                             "checkpoint (", newest_text, ")");
+    } else if (stop.training_finished) {
+      message = absl::StrCat("cancelled by request, but training had finished first; final "
+                             "checkpoint at step ", stop.final_checkpoint_step);
+    } else if (stop.final_checkpoint_step >= 0) {
+      message = absl::StrCat("cancelled by request; final checkpoint written at step ",
+                             stop.final_checkpoint_step);
+    } else {
+      message = absl::StrCat("cancelled by request; the ranks ended without confirming a final "
+                             "checkpoint (", newest_text, ")");
+    }
+    RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
+                           "Cancelled", message));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::CheckStops() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> late;
+  for (const auto& [job_id, stop] : stops_) {
+    if (!stop.escalated && now > stop.deadline) late.push_back(job_id);
+  }
+  for (const std::string& job_id : late) {
+    RETURN_IF_ERROR(EscalateStop(
+        job_id, absl::StrCat("the ranks did not stop within ",
+                             absl::FormatDuration(options_.cancel_grace))));
+  }
+  return FinishStops();
 }
 
 absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node_id,
@@ -655,6 +874,11 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
 absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     const loom::v1::HeartbeatRequest& request) {
   RETURN_IF_ERROR(CheckIdLength("node_id", request.node_id()));
+  // Output lines first, without the scheduler's lock (the buffer has its own, and deduplicates
+  // lines of a retried heartbeat by sequence).
+  for (const loom::v1::RankStatus& st : request.ranks()) {
+    logs_->Append(st.job_id(), st.attempt(), st.rank(), st.log_lines());
+  }
   absl::MutexLock lock(&mu_);
   const std::string& node_id = request.node_id();
   auto node_it = nodes_.find(node_id);
@@ -673,7 +897,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   }
 
   loom::v1::HeartbeatResponse response;
-  std::set<std::pair<std::string, int32_t>> stops;  // (job id, attempt)
+  std::map<std::pair<std::string, int32_t>, bool> stops;  // (job id, attempt) -> graceful
+  auto add_stop = [&stops](const std::string& job_id, int32_t attempt, bool graceful) {
+    auto [it, inserted] = stops.emplace(std::make_pair(job_id, attempt), graceful);
+    if (!inserted) it->second = it->second && graceful;  // a kill overrides a graceful stop
+  };
   std::set<RankKey> seen;
   std::set<std::string> touched_jobs;
 
@@ -684,7 +912,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
                       rt_it->second.node_id == node_id;
     if (!ours) {
       // An old attempt, an ended job, or a rank placed elsewhere: it must not keep running.
-      if (!RankEnded(st.state())) stops.emplace(st.job_id(), st.attempt());
+      if (!RankEnded(st.state())) add_stop(st.job_id(), st.attempt(), false);
       continue;
     }
     RankRuntime& rt = rt_it->second;
@@ -693,11 +921,33 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     rt.reported = true;
     rt.state = st.state();
     const auto job_it = jobs_.find(st.job_id());
+    if (job_it != jobs_.end() && job_it->second.phase == v1::JOB_PHASE_STOPPING) {
+      // Graceful stop in progress: keep rank 0's progress (its final checkpoint step).
+      if (st.rank() == 0 && st.has_progress()) {
+        JobRecord updated = job_it->second;
+        updated.progress = MergeProgress(job_it->second.progress, st.progress());
+        if (updated.progress.total_steps() == 0) {
+          updated.progress.set_total_steps(updated.spec.training().steps());
+        }
+        if (!google::protobuf::util::MessageDifferencer::Equals(updated.progress,
+                                                                job_it->second.progress)) {
+          RETURN_IF_ERROR(CommitJob(std::move(updated)));
+        }
+      }
+      const bool graceful = rt.graceful_stop;
+      if (RankEnded(st.state())) {
+        RecordStoppingRank(st, node_id);
+        ranks_.erase(key);
+      } else {
+        add_stop(st.job_id(), st.attempt(), graceful);
+      }
+      continue;
+    }
     if (rt.stop_requested || job_it == jobs_.end() || IsTerminal(job_it->second.phase)) {
       if (RankEnded(st.state())) {
         ranks_.erase(rt_it);
       } else {
-        stops.emplace(st.job_id(), st.attempt());
+        add_stop(st.job_id(), st.attempt(), false);
       }
       continue;
     }
@@ -796,12 +1046,13 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   }
 
   for (const std::string& job_id : touched_jobs) RETURN_IF_ERROR(AdvanceJob(job_id));
+  RETURN_IF_ERROR(FinishStops());
 
   // Replies: assignments not yet acknowledged, and stops.
   for (auto& [key, rt] : ranks_) {
     if (rt.node_id != node_id) continue;
     if (rt.stop_requested) {
-      stops.emplace(key.first, rt.attempt);
+      add_stop(key.first, rt.attempt, rt.graceful_stop);
       continue;
     }
     if (rt.reported) continue;
@@ -809,10 +1060,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     if (key.second != 0 && job.rendezvous_port == 0) continue;  // wait for rank 0's port
     *response.add_start() = StartAssignment(job, key.second);
   }
-  for (const auto& [job_id, attempt] : stops) {
+  for (const auto& [job_attempt, graceful] : stops) {
     loom::v1::RankAssignment* stop = response.add_stop();
-    stop->set_job_id(job_id);
-    stop->set_attempt(attempt);
+    stop->set_job_id(job_attempt.first);
+    stop->set_attempt(job_attempt.second);
+    stop->set_graceful_stop(graceful);
   }
   UpdateGauges();
   return response;
@@ -890,18 +1142,59 @@ int Scheduler::UsedSlots(const std::string& node_id) const {
 
 absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
-  absl::MutexLock lock(&mu_);
-  // Job writes of the cycle are collected and stored in one transaction (one fsync) before the
-  // lock is released, so no heartbeat reply can hand out a placement that is not durable.
-  std::map<std::string, JobRecord> deferred;
-  deferred_writes_ = &deferred;
-  absl::Status status = [&]() -> absl::Status {
+  std::vector<std::pair<std::string, std::string>> lookups;  // (job id, checkpoint dir)
+  {
+    absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckNodeLiveness());
     RETURN_IF_ERROR(CheckHangs());
+    RETURN_IF_ERROR(CheckStops());
     RETURN_IF_ERROR(CheckReadyTimeouts());
-    return PlacePendingJobs();
-  }();
+    // Jobs that may be placed again this cycle need their resume checkpoint: waiting for a new
+    // attempt, and every rank of the previous one ended. With no rank left to write one, the
+    // answer only changes through retention (which keeps the newest), so a definite answer
+    // (found / NOT_FOUND) for the same attempt is reused for kResumeLookupTtl; errors are not.
+    const absl::Time now = clock_->Now();
+    std::map<std::string, ResumeLookup> still_cached;
+    for (const auto& [job_id, job] : jobs_) {
+      if (job.attempt == 0 ||
+          (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
+        continue;
+      }
+      auto r = ranks_.lower_bound({job_id, 0});
+      if (r != ranks_.end() && r->first.first == job_id) continue;
+      auto cached = resume_cache_.find(job_id);
+      if (cached != resume_cache_.end() && cached->second.attempt == job.attempt &&
+          now - cached->second.time < kResumeLookupTtl) {
+        still_cached.insert(*cached);
+        continue;
+      }
+      lookups.emplace_back(job_id, job.checkpoint_dir);
+    }
+    resume_cache_ = std::move(still_cached);  // also forgets jobs placed or ended meanwhile
+  }
+  // The catalog may be a remote service: ask it without holding the lock.
+  std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
+  for (const auto& [job_id, dir] : lookups) {
+    results.emplace(job_id, checkpoints_->NewestCommitted(job_id, dir));
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time looked_up = clock_->Now();
+  for (const auto& [job_id, result] : results) {
+    auto job = jobs_.find(job_id);
+    if (job != jobs_.end() && (result.ok() || absl::IsNotFound(result.status()))) {
+      resume_cache_[job_id] = ResumeLookup{job->second.attempt, looked_up, result};
+    }
+  }
+  for (const auto& [job_id, cached] : resume_cache_) results.emplace(job_id, cached.result);
+  prefetched_resume_ = std::move(results);
+  // Job writes of the placement pass are collected and stored in one transaction (one fsync)
+  // before the lock is released, so no heartbeat reply can hand out a placement that is not
+  // durable.
+  std::map<std::string, JobRecord> deferred;
+  deferred_writes_ = &deferred;
+  absl::Status placed = PlacePendingJobs();
   deferred_writes_ = nullptr;
+  prefetched_resume_.clear();
   if (!deferred.empty()) {
     std::vector<JobRecord> records;
     records.reserve(deferred.size());
@@ -915,27 +1208,67 @@ absl::Status Scheduler::RunSchedulingCycle() {
       return stored;
     }
   }
-  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(placed);
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
   return absl::OkStatus();
 }
 
+absl::StatusOr<CommittedCheckpoint> Scheduler::PrefetchedResume(const std::string& job_id) {
+  auto it = prefetched_resume_.find(job_id);
+  if (it == prefetched_resume_.end()) {
+    return absl::UnavailableError("lookup pending (next scheduling cycle)");
+  }
+  return it->second;
+}
+
 void Scheduler::ApplyRetention(const JobRecord& job) {
   const loom::v1::CheckpointPolicy& policy = job.spec.checkpoint();
   if (policy.keep_last() <= 0) return;  // keep everything
-  std::vector<int64_t> protected_steps;
+  RetentionTask task;
+  task.checkpoint_dir = job.checkpoint_dir;
+  task.policy = policy;
   if (auto r = resume_from_.find(job.id); r != resume_from_.end()) {
-    protected_steps.push_back(r->second.step);  // the current attempt may still need it
+    task.protected_steps.push_back(r->second.step);  // the current attempt may still need it
   }
-  absl::StatusOr<std::vector<int64_t>> deleted =
-      checkpoints_->ApplyRetention(job.id, job.checkpoint_dir, policy, protected_steps);
-  if (!deleted.ok()) {
-    LOG(WARNING) << "job " << job.id << ": checkpoint retention failed: " << deleted.status();
-  } else if (!deleted->empty()) {
-    LOG(INFO) << "job " << job.id << ": retention deleted checkpoints of steps "
-              << absl::StrJoin(*deleted, ", ");
+  absl::MutexLock lock(&retention_mu_);
+  retention_queue_[job.id] = std::move(task);  // a newer request for the job replaces one queued
+}
+
+void Scheduler::RetentionLoop() {
+  while (true) {
+    std::string job_id;
+    RetentionTask task;
+    {
+      absl::MutexLock lock(&retention_mu_);
+      retention_busy_ = false;
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retention_mu_) {
+        return retention_stop_ || !retention_queue_.empty();
+      };
+      retention_mu_.Await(absl::Condition(&ready));
+      if (retention_stop_) return;
+      job_id = retention_queue_.begin()->first;
+      task = std::move(retention_queue_.begin()->second);
+      retention_queue_.erase(retention_queue_.begin());
+      retention_busy_ = true;
+    }
+    absl::StatusOr<std::vector<int64_t>> deleted = checkpoints_->ApplyRetention(
+        job_id, task.checkpoint_dir, task.policy, task.protected_steps);
+    if (!deleted.ok()) {
+      LOG(WARNING) << "job " << job_id << ": checkpoint retention failed: " << deleted.status();
+    } else if (!deleted->empty()) {
+      LOG(INFO) << "job " << job_id << ": retention deleted checkpoints of steps "
+                << absl::StrJoin(*deleted, ", ");
+    }
   }
+}
+
+void Scheduler::WaitForCheckpointRetention() {
+  absl::MutexLock lock(&retention_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retention_mu_) {
+    return retention_stop_ || (retention_queue_.empty() && !retention_busy_);
+  };
+  retention_mu_.Await(absl::Condition(&idle));
 }
 
 void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
@@ -1034,7 +1367,8 @@ absl::Status Scheduler::CheckNodeLiveness() {
       // reaches after writing its last checkpoint shard: the lost node's ranks had finished.
       auto rank0 = ranks_.find({job_id, 0});
       if (rank0 != ranks_.end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
-          !IsTerminal(jobs_.at(job_id).phase)) {
+          !IsTerminal(jobs_.at(job_id).phase) &&
+          jobs_.at(job_id).phase != v1::JOB_PHASE_STOPPING) {
         JobRecord updated = jobs_.at(job_id);
         updated.phase = v1::JOB_PHASE_SUCCEEDED;
         updated.reason = "Succeeded";
@@ -1109,6 +1443,7 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
   if (preempted) updated.state.set_preemptions(updated.state.preemptions() + 1);
   updated.state.set_attempt_start_us(0);
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  if (preempted && metrics_ != nullptr) metrics_->JobRestarted(v1::FAILURE_CLASS_PREEMPTED);
   LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
   last_step_advance_.erase(job_id);
   for (auto it = ranks_.lower_bound({job_id, 0});
@@ -1346,17 +1681,20 @@ absl::Status Scheduler::PlacePendingJobs() {
     if (inserted) e_it->second = ComputeEligibility(pool, spec.resources());
     const Eligibility& e = e_it->second;
     if (need > e.capacity || (e.require_single_domain && need > e.max_domain_capacity)) {
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("infeasible");
       RETURN_IF_ERROR(SetPendingReason(*record, "Unschedulable",
                                        UnschedulableMessage(e, need, kind_name)));
       continue;
     }
     const QuotaLedger::Check quota = ledger.Fits(*queue, kind, need);
     if (!quota.ok) {
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("quota");
       RETURN_IF_ERROR(SetPendingReason(*record, "WaitingForQuota", quota.message));
       continue;
     }
     auto h = head.find(kind);
     if (h != head.end() && !options_.enable_backfill) {
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("blocked");
       RETURN_IF_ERROR(SetPendingReason(*record, "Queued", absl::StrCat("waiting behind job ", h->second)));
       continue;
     }
@@ -1378,6 +1716,7 @@ absl::Status Scheduler::PlacePendingJobs() {
       absl::StatusOr<bool> started = StartAttempt(job_id, nodes);
       RETURN_IF_ERROR(started.status());
       if (!*started) continue;
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("admitted");
       for (int i : placement) --avail[i];
       kind_avail[kind] -= need;
       // Placed: no longer waiting, so it takes no queue position.
@@ -1389,6 +1728,7 @@ absl::Status Scheduler::PlacePendingJobs() {
       continue;
     }
     if (h != head.end()) {
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("blocked");
       RETURN_IF_ERROR(SetPendingReason(
           *record, "Queued",
           absl::StrCat("waiting behind job ", h->second,
@@ -1514,6 +1854,9 @@ absl::Status Scheduler::PlacePendingJobs() {
       }
     }
     head[kind] = job_id;
+    if (metrics_ != nullptr) {
+      metrics_->AdmissionAttempt(reason == "WaitingForPreemption" ? "preempting" : "no_capacity");
+    }
     RETURN_IF_ERROR(SetPendingReason(*record, reason, message));
   }
   return absl::OkStatus();
@@ -1536,8 +1879,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
                                  " ranks placed; waiting for rank 0's rendezvous port");
   resume_from_.erase(job_id);
   if (updated.attempt > 1) {
-    absl::StatusOr<CommittedCheckpoint> newest =
-        checkpoints_->NewestCommitted(job_id, updated.checkpoint_dir);
+    absl::StatusOr<CommittedCheckpoint> newest = PrefetchedResume(job_id);
     if (!newest.ok() && !absl::IsNotFound(newest.status())) {
       // Never restart from scratch because the catalog could not answer: try next cycle.
       RETURN_IF_ERROR(SetPendingReason(
@@ -1590,6 +1932,27 @@ void Scheduler::UpdateGauges() {
   }
   metrics_->SetNodes(live, lost);
   metrics_->SetRankSlots(free, used);
+  std::map<std::tuple<std::string, std::string, JobPhase>, int> tenant_counts;
+  for (const auto& [id, job] : jobs_) {
+    ++tenant_counts[{job.tenant, job.spec.queue().empty() ? "default" : job.spec.queue(),
+                     job.phase}];
+  }
+  metrics_->SetTenantJobCounts(tenant_counts);
+  // A cordoned (or draining) node's slots count as "cordoned", except those ranks still hold.
+  std::map<std::pair<AcceleratorKind, std::string>, int> accelerators;
+  for (const auto& [node_id, node] : nodes_) {
+    const AcceleratorKind kind = node.inventory.accelerator();
+    if (node.lost) {
+      accelerators[{kind, "lost"}] += node.inventory.slots();
+      continue;
+    }
+    auto u_it = used_by_node.find(node_id);
+    const int u = std::min(node.inventory.slots(), u_it == used_by_node.end() ? 0 : u_it->second);
+    accelerators[{kind, "allocated"}] += u;
+    const bool cordoned = node.admin.cordoned() || node.admin.draining();
+    accelerators[{kind, cordoned ? "cordoned" : "free"}] += node.inventory.slots() - u;
+  }
+  metrics_->SetAccelerators(accelerators);
 }
 
 }  // namespace loom

@@ -44,6 +44,28 @@
 //     lost node). Every rank of the new attempt resumes from the newest committed checkpoint
 //     (RankAssignment.resume_from; storage/checkpoint), or starts over if there is none. When
 //     no restart is left the job is FAILED with the last failure.
+//   * Cancel vs kill (DESIGN.md "Job model"; Determined's cancel/kill). CancelJob is graceful: a
+//     RUNNING job moves to STOPPING and its ranks get a graceful stop (RankAssignment.graceful_stop:
+//     the worker sends SIGUSR1, the ranks agree on a step boundary, write a committed checkpoint
+//     and exit). Once every rank ended the job is CANCELLED (reason "Cancelled") with a message
+//     naming the step of the final checkpoint. If the ranks have not ended within
+//     SchedulerOptions::cancel_grace, or one of them fails or its node is lost meanwhile, the
+//     stop escalates to a kill. A job that is not running yet (PENDING, ADMITTED, STARTING,
+//     RECOVERING) is CANCELLED at once. KillJob ends the job CANCELLED at once (reason
+//     "Killed") and its ranks are stopped without a checkpoint (SIGTERM, SIGKILL after the
+//     worker's stop grace); it also overrides a graceful stop in progress. A scheduler restart
+//     during STOPPING re-sends the graceful stop with a fresh grace period.
+//   * Streaming (job_events.h): every change of a job record is published to its WatchJob
+//     subscribers ("PhaseChanged" when the phase changed, else "Progress") into bounded
+//     per-subscriber queues; the ranks' output lines, which workers send in heartbeats, go to an
+//     in-memory JobLogBuffer (bounded, not persisted: a restart of the scheduler loses them).
+//   * The checkpoint catalog (possibly a remote service) is never called under the scheduler's
+//     lock once the scheduler runs: resume lookups happen in RunSchedulingCycle between two
+//     critical sections (placement of a recovering job waits for its lookup's result; while it
+//     waits for capacity a definite answer is reused for 30 s), and retention runs on a
+//     background thread
+//     (latest request per job wins). Only Create() looks up resume checkpoints under the lock,
+//     before anything else can call in.
 //   * Create() reloads every job and node from the store. Non-terminal jobs keep their
 //     placement; nodes get a fresh heartbeat_timeout of grace; workers re-report the ranks they
 //     run and are re-adopted. A heartbeat from an unknown or lost node is NOT_FOUND (the worker
@@ -53,10 +75,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -71,6 +95,7 @@
 #include "proto/worker_service.pb.h"
 #include "scheduler/checkpoint_catalog.h"
 #include "scheduler/clock.h"
+#include "scheduler/job_events.h"
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/queues.h"
 #include "scheduler/scheduler_metrics.h"
@@ -99,6 +124,8 @@ struct SchedulerOptions {
   // least 3 of them; evaluation and checkpoint pauses must fit under the threshold.
   double hang_step_time_factor = 20;
   absl::Duration hang_min_timeout = absl::Minutes(2);
+  // How long a graceful stop (CancelJob of a running job) may take before the ranks are killed.
+  absl::Duration cancel_grace = absl::Minutes(2);
   JobSpecValidationOptions validation;
 
   // Queues, tenants and quotas (scheduler/queues.h; docs/scheduling.md). Default: one "default"
@@ -166,10 +193,35 @@ class Scheduler {
   // Why `job_id` is not running (see ExplainPendingResponse). NOT_FOUND if unknown.
   absl::StatusOr<loom::v1::ExplainPendingResponse> ExplainPending(const std::string& job_id);
 
-  // Cancels a job: CANCELLED at once; its ranks are told to stop in their nodes' next heartbeat
-  // replies. NOT_FOUND if unknown; FAILED_PRECONDITION if the job already ended;
-  // INVALID_ARGUMENT for an id longer than kMaxIdBytes.
+  // Graceful stop (see the file comment): a RUNNING job becomes STOPPING (returned as such) and
+  // ends CANCELLED once its ranks wrote their final checkpoint and exited; a job not running yet
+  // is CANCELLED at once; a STOPPING job is returned unchanged. NOT_FOUND if unknown;
+  // FAILED_PRECONDITION if the job already ended; INVALID_ARGUMENT for an id longer than
+  // kMaxIdBytes.
   absl::StatusOr<loom::v1::Job> CancelJob(const std::string& job_id);
+
+  // Immediate stop: CANCELLED at once (reason "Killed"); its ranks are stopped without a
+  // checkpoint in their nodes' next heartbeat replies. Errors as CancelJob.
+  absl::StatusOr<loom::v1::Job> KillJob(const std::string& job_id);
+
+  // Subscribes to `job_id`'s changes. The returned subscription already holds a "Snapshot"
+  // event; `on_event` runs on the event dispatcher thread (never under the scheduler's lock)
+  // whenever events were queued; the subscriber then drains it with Pop(). The subscription
+  // ends after the event of a terminal phase. Call Unwatch() when done (it blocks while
+  // `on_event` runs, so never call it from `on_event`). NOT_FOUND if unknown; INVALID_ARGUMENT
+  // for an overlong id.
+  absl::StatusOr<std::shared_ptr<JobSubscription>> WatchJob(const std::string& job_id,
+                                                            std::function<void()> on_event);
+  void Unwatch(const std::shared_ptr<JobSubscription>& subscription);
+
+  // The ranks' output lines (filled from heartbeats). Thread-safe; outlives nothing but the
+  // scheduler.
+  JobLogBuffer& logs() { return *logs_; }
+
+  // Blocks until every queued checkpoint retention request was carried out (tests).
+  void WaitForCheckpointRetention();
+
+  ~Scheduler();
 
   // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
   // Returns the heartbeat interval. INVALID_ARGUMENT for an empty node id or one longer than
@@ -206,6 +258,27 @@ class Scheduler {
     loom::v1::RankState state = loom::v1::RANK_STATE_UNSPECIFIED;
     bool reported = false;        // the worker has reported this rank at least once
     bool stop_requested = false;  // the job ended; the worker must stop the rank
+    bool graceful_stop = false;   // with stop_requested: checkpoint, then stop (CancelJob)
+  };
+  // A graceful stop in progress (job STOPPING). In memory only (Load re-creates it).
+  struct StopRequest {
+    absl::Time deadline;               // escalate to kill after this
+    bool escalated = false;            // graceful stop abandoned: ranks are being killed
+    std::string escalation;            // why it escalated
+    int64_t final_checkpoint_step = -1;  // rank 0's, once it stopped gracefully
+    bool training_finished = false;    // a rank succeeded before the stop took effect
+  };
+  // A definite resume lookup (found or NOT_FOUND) for a job waiting to start `attempt` + 1.
+  struct ResumeLookup {
+    int32_t attempt = 0;
+    absl::Time time;
+    absl::StatusOr<CommittedCheckpoint> result;
+  };
+  static constexpr absl::Duration kResumeLookupTtl = absl::Seconds(30);
+  struct RetentionTask {
+    std::string checkpoint_dir;
+    loom::v1::CheckpointPolicy policy;
+    std::vector<int64_t> protected_steps;
   };
   using RankKey = std::pair<std::string, int32_t>;  // (job id, rank)
 
@@ -215,7 +288,9 @@ class Scheduler {
         store_(store),
         clock_(clock),
         metrics_(metrics),
-        checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_) {}
+        checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_),
+        dispatcher_(std::make_unique<WakeDispatcher>()),
+        logs_(std::make_unique<JobLogBuffer>(dispatcher_.get())) {}
 
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the in-memory state and loads it again from the store (after a failed write).
@@ -281,6 +356,21 @@ class Scheduler {
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a WatchJob event for the job's subscribers after CommitJob changed it.
+  void PublishJobChange(const JobRecord& job, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Graceful stops: a stopping rank's final report, escalation to kill, and the end of the stop
+  // once no rank of the job is left.
+  void RecordStoppingRank(const loom::v1::RankStatus& st, const std::string& node_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EscalateStop(const std::string& job_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FinishStops() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckStops() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The resume checkpoint looked up for `job_id` in this scheduling cycle (outside the lock);
+  // UNAVAILABLE if it was not looked up.
+  absl::StatusOr<CommittedCheckpoint> PrefetchedResume(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetentionLoop();
   std::string NewJobId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Immutable after construction.
@@ -290,6 +380,8 @@ class Scheduler {
   SchedulerMetrics* const metrics_;
   LocalCheckpointCatalog local_checkpoints_;
   CheckpointCatalog* const checkpoints_;
+  const std::unique_ptr<WakeDispatcher> dispatcher_;  // before the users of it below
+  const std::unique_ptr<JobLogBuffer> logs_;
 
   // Guarded by mu_. jobs_ and nodes_ mirror the store (written through on every change).
   absl::Mutex mu_;
@@ -321,6 +413,18 @@ class Scheduler {
   absl::CondVar commit_cv_;
   std::vector<Submission*> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
   bool commit_leader_ ABSL_GUARDED_BY(commit_mu_) = false;
+  std::map<std::string, StopRequest> stops_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
+  // Resume lookups of the current scheduling cycle, made outside the lock.
+  std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ResumeLookup> resume_cache_ ABSL_GUARDED_BY(mu_);
+
+  // Checkpoint retention off the scheduler's lock: the latest request per job.
+  absl::Mutex retention_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, RetentionTask> retention_queue_ ABSL_GUARDED_BY(retention_mu_);
+  bool retention_busy_ ABSL_GUARDED_BY(retention_mu_) = false;
+  bool retention_stop_ ABSL_GUARDED_BY(retention_mu_) = false;
+  std::thread retention_thread_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

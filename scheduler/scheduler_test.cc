@@ -519,21 +519,26 @@ TEST_F(SchedulerTest, RankThatVanishesFromItsWorkerFailsTheJob) {
   EXPECT_EQ(now.message(), "rank 1 on node node-b is no longer reported by its worker");
 }
 
-TEST_F(SchedulerTest, CancelStopsRanksAndIsRefusedOnceEnded) {
+TEST_F(SchedulerTest, KillStopsRanksAtOnceAndIsRefusedOnceEnded) {
   Job job = RunTwoRankJob();
-  absl::StatusOr<Job> cancelled = scheduler_->CancelJob(job.id());
-  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
-  EXPECT_EQ(cancelled->phase(), loom::v1::JOB_PHASE_CANCELLED);
-  EXPECT_EQ(cancelled->reason(), "Cancelled");
+  absl::StatusOr<Job> killed = scheduler_->KillJob(job.id());
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_EQ(killed->phase(), loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(killed->reason(), "Killed");
+  EXPECT_NE(killed->message().find("without a final checkpoint"), std::string::npos);
   for (const auto& [node, rank] : {std::make_pair("node-a", 0), std::make_pair("node-b", 1)}) {
     HeartbeatResponse r = Beat(node, {Rank(job, rank, loom::v1::RANK_STATE_RUNNING, 29500)});
     ASSERT_EQ(r.stop_size(), 1) << node;
     EXPECT_EQ(r.stop(0).job_id(), job.id());
+    EXPECT_FALSE(r.stop(0).graceful_stop());
     EXPECT_EQ(r.start_size(), 0);
   }
-  absl::StatusOr<Job> again = scheduler_->CancelJob(job.id());
-  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(again.status().message().find("CANCELLED"), std::string::npos);
+  for (auto call : {&Scheduler::CancelJob, &Scheduler::KillJob}) {
+    absl::StatusOr<Job> again = ((*scheduler_).*call)(job.id());
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(again.status().message().find("CANCELLED"), std::string::npos);
+  }
+  EXPECT_EQ(scheduler_->KillJob("job-nope").status().code(), absl::StatusCode::kNotFound);
 
   // A pending job is cancelled before it is ever placed.
   Job pending = Submit(2);
@@ -927,6 +932,7 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
   report(job, 10);
   WriteCommittedCheckpoint(job, 20, 1);
   report(job, 20);
+  scheduler_->WaitForCheckpointRetention();  // retention runs off the scheduler's lock
   EXPECT_FALSE(exists(10));
   EXPECT_TRUE(exists(20));
   // Attempt 2 resumes from step 20; it stays protected while newer checkpoints come and go.
@@ -939,6 +945,7 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
   for (int64_t step : {30, 40}) {
     WriteCommittedCheckpoint(job, step, 1);
     report(second, step);
+    scheduler_->WaitForCheckpointRetention();
   }
   EXPECT_TRUE(exists(20));
   EXPECT_FALSE(exists(30));
@@ -949,6 +956,7 @@ TEST_F(SchedulerTest, RetentionKeepsTheLastAndTheResumeCheckpoint) {
   done.mutable_progress()->set_last_checkpoint_step(40);
   Beat("node-a", {done});
   ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_SUCCEEDED);
+  scheduler_->WaitForCheckpointRetention();
   EXPECT_FALSE(exists(20));
   EXPECT_TRUE(exists(40));
 }

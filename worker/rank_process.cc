@@ -100,10 +100,20 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
     ::close(out_pipe[1]);
     return absl::InternalError(absl::StrCat("cannot open ", p->log_path_, ": ", std::strerror(errno)));
   }
+  // stderr through a pipe too: the reader copies it to the log file and the line ring.
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    const int e = errno;
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    ::close(log_fd);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(e)));
+  }
+  (void)::fcntl(err_pipe[1], F_SETPIPE_SZ, 1 << 20);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, log_fd, STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -127,17 +137,20 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(out_pipe[1]);
-  ::close(log_fd);
+  ::close(err_pipe[1]);
   if (rc != 0) {
     ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    ::close(log_fd);
     return absl::InternalError(
         absl::StrCat("cannot start ", options.trainer_path, ": ", std::strerror(rc)));
   }
   p->pid_ = pid;
   LOG(INFO) << "started rank " << a.rank() << "/" << a.world_size() << " of " << a.job_id()
             << " attempt " << a.attempt() << " pid " << pid << " log " << p->log_path_;
-  int read_fd = out_pipe[0];
+  int read_fd = out_pipe[0], err_fd = err_pipe[0];
   RankProcess* raw = p.get();
+  p->stderr_reader_ = std::thread([raw, err_fd, log_fd] { raw->ReadStderr(err_fd, log_fd); });
   p->reader_ = std::thread([raw, read_fd] { raw->ReadEvents(read_fd); });
   return p;
 }
@@ -145,6 +158,7 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
 RankProcess::~RankProcess() {
   if (!Finished()) Stop();
   if (reader_.joinable()) reader_.join();
+  if (stderr_reader_.joinable()) stderr_reader_.join();
   if (killer_.joinable()) killer_.join();
 }
 
@@ -180,6 +194,45 @@ void RankProcess::Stop() {
   });
 }
 
+void RankProcess::StopGracefully() {
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_ || stop_requested_ || graceful_requested_) return;
+    graceful_requested_ = true;
+  }
+  LOG(INFO) << "asking rank process " << pid_ << " to checkpoint and stop (SIGUSR1)";
+  ::kill(pid_, SIGUSR1);
+}
+
+void RankProcess::ReadStderr(int fd, int log_fd) {
+  std::string buf;
+  char chunk[4096];
+  while (true) {
+    ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = ::write(log_fd, chunk + off, static_cast<size_t>(n - off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;  // a full disk must not stop the rank; the ring still has the lines
+      off += w;
+    }
+    buf.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      logs_.Add("stderr", absl::string_view(buf).substr(0, nl));
+      buf.erase(0, nl + 1);
+    }
+    if (buf.size() > kMaxRankLogLineBytes) {  // an endless line: emit what we have
+      logs_.Add("stderr", buf);
+      buf.clear();
+    }
+  }
+  if (!buf.empty()) logs_.Add("stderr", buf);
+  ::close(fd);
+  ::close(log_fd);
+}
+
 void RankProcess::HandleEvent(const std::string& line) {
   nlohmann::json ev = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (ev.is_discarded() || !ev.is_object() || !ev.contains("event")) {
@@ -205,6 +258,13 @@ void RankProcess::HandleEvent(const std::string& line) {
     stats_.step_seconds = ev.value("step_time_s", 0.0);
     stats_.partition_bytes = ev.value("partition_bytes", 0.0);
     stats_.peak_gathered_bytes = ev.value("peak_gathered_bytes", 0.0);
+    stats_.communication_seconds = ev.value("comm_s", 0.0);
+    stats_.stall_seconds = stats_.communication_seconds + ev.value("data_s", 0.0);
+    stats_.optimizer_rollbacks += ev.value("optimizer_rollbacks", 0.0);
+    for (const char* kind : {"param", "grad", "optimizer_state", "buffer", "peak"}) {
+      auto it = ev.find(std::string(kind) + "_bytes");
+      if (it != ev.end() && it->is_number()) stats_.memory_bytes_by_kind[kind] = it->get<double>();
+    }
     stats_.last_step_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   } else if (kind == "eval") {
     if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.value("loss", 0.0));
@@ -221,6 +281,11 @@ void RankProcess::HandleEvent(const std::string& line) {
       prog->set_eval_loss(ev["final_eval_loss"].get<double>());
       prog->set_eval_step(ev.value("step", prog->step()));
       prog->set_has_eval_loss(true);
+    }
+  } else if (kind == "stopped") {
+    if (ev.contains("checkpoint_step")) {
+      saw_graceful_stop_ = true;
+      prog->set_last_checkpoint_step(ev.value("checkpoint_step", int64_t{0}));
     }
   } else if (kind == "error") {
     status_.set_error(ev.value("message", "unknown error"));
@@ -239,7 +304,10 @@ void RankProcess::ReadEvents(int fd) {
     while ((nl = buf.find('\n')) != std::string::npos) {
       std::string line = buf.substr(0, nl);
       buf.erase(0, nl + 1);
-      if (!line.empty()) HandleEvent(line);
+      if (!line.empty()) {
+        logs_.Add("stdout", line);
+        HandleEvent(line);
+      }
     }
   }
   ::close(fd);
@@ -248,11 +316,16 @@ void RankProcess::ReadEvents(int fd) {
   }
   int exit_code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus)
                                      : (WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : -1);
+  // The trainer's stderr reaches EOF once it exited: the log file is complete.
+  if (stderr_reader_.joinable()) stderr_reader_.join();
   std::string last_line = LastLine(log_path_);
   absl::MutexLock l(&mu_);
   status_.set_exit_code(exit_code);
   if (exit_code == 0 && saw_done_) {
     status_.set_state(loom::v1::RANK_STATE_SUCCEEDED);
+  } else if (exit_code == 0 && saw_graceful_stop_ && graceful_requested_) {
+    status_.set_state(loom::v1::RANK_STATE_STOPPED);
+    status_.set_graceful_stop(true);
   } else if (stop_requested_) {
     status_.set_state(loom::v1::RANK_STATE_STOPPED);
   } else {

@@ -1,14 +1,23 @@
 // Supervision of one loom-trainer process (one rank of one attempt of a job).
 //
 // The trainer speaks a line protocol on stdout: one JSON object per line, with an "event" field
-// ("rendezvous", "started", "eval", "step", "checkpoint", "done", "error"; see
-// worker/trainer/main.cc). Its stderr goes to a per-rank log file. RankProcess parses the events
-// into a loom.v1.RankStatus that the worker daemon reports in its heartbeats.
+// ("rendezvous", "started", "eval", "step", "checkpoint", "done", "stopped", "error"; see
+// worker/trainer/main.cc). Its stderr goes through a pipe to a per-rank log file. RankProcess
+// parses the events into a loom.v1.RankStatus that the worker daemon reports in its heartbeats,
+// and keeps every stdout and stderr line in a bounded ring (LogRing, sequence-numbered) from
+// which the daemon sends new lines to the scheduler (StreamLogs).
+//
+// Stopping: Stop() is immediate (SIGTERM to the process group, SIGKILL after stop_grace; the
+// rank ends STOPPED). StopGracefully() sends SIGUSR1 to the trainer: the ranks agree on a step,
+// write a final checkpoint and exit 0 after a "stopped" event carrying checkpoint_step; the rank
+// then ends STOPPED with graceful_stop set. A rank asked to stop gracefully that exits otherwise
+// ends FAILED (unless Stop() was called too).
 #ifndef LOOM_WORKER_RANK_PROCESS_H_
 #define LOOM_WORKER_RANK_PROCESS_H_
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/worker_service.pb.h"
+#include "worker/log_ring.h"
 
 namespace loom::worker {
 
@@ -42,6 +52,16 @@ struct RankStats {
   // first one, so that their age measures lack of progress of this attempt.
   double last_step_unix_seconds = 0;
   double last_checkpoint_unix_seconds = 0;
+  // Of the last step: seconds blocked in collectives ("comm_s") and that plus seconds spent
+  // building input batches ("comm_s" + "data_s"); both 0 if the trainer does not report them.
+  double communication_seconds = 0;
+  double stall_seconds = 0;
+  // Optimizer steps rolled back (SuperOffload's speculative step) since the process started;
+  // the sum of the step events' "optimizer_rollbacks" (absent today: stays 0).
+  double optimizer_rollbacks = 0;
+  // Per-kind peak memory of the last step, for the kinds the trainer reports ("param_bytes",
+  // "grad_bytes", "optimizer_state_bytes", "buffer_bytes", "peak_bytes" -> "param", ...).
+  std::map<std::string, double> memory_bytes_by_kind;
 };
 
 // One running (or finished) trainer process. Thread-safe.
@@ -62,19 +82,30 @@ class RankProcess {
   bool Finished() const;
   // SIGTERM to the process group, SIGKILL after stop_grace. Idempotent; does not block.
   void Stop();
+  // SIGUSR1 to the trainer (checkpoint, then stop). Idempotent; no-op after Stop().
+  void StopGracefully();
+  // Output lines newer than sequence `after` (LogRing::After).
+  std::vector<loom::v1::RankLogLine> LogLinesAfter(int64_t after, size_t max_lines,
+                                                   size_t max_bytes) const {
+    return logs_.After(after, max_lines, max_bytes);
+  }
   const std::string& log_path() const { return log_path_; }
   pid_t pid() const { return pid_; }
 
  private:
   RankProcess() = default;
   void ReadEvents(int fd);
+  // Copies the trainer's stderr to the log file and the ring until EOF.
+  void ReadStderr(int fd, int log_fd);
   void HandleEvent(const std::string& line);
 
   pid_t pid_ = -1;
   std::string log_path_;
   absl::Duration stop_grace_;
   std::thread reader_;
+  std::thread stderr_reader_;  // joined by reader_ before the exit status is read
   std::thread killer_;
+  LogRing logs_;
 
   mutable absl::Mutex mu_;
   loom::v1::RankStatus status_ ABSL_GUARDED_BY(mu_);
@@ -82,6 +113,8 @@ class RankProcess {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool saw_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool graceful_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool saw_graceful_stop_ ABSL_GUARDED_BY(mu_) = false;  // "stopped" with checkpoint_step
 };
 
 }  // namespace loom::worker

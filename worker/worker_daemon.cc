@@ -1,5 +1,8 @@
 #include "worker/worker_daemon.h"
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +50,15 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   po.trainer_path = options_.trainer_path;
   po.run_dir = absl::StrCat(options_.work_dir, "/", a.job_id(), "/attempt_", a.attempt());
   po.stop_grace = options_.stop_grace;
+  // The lowest slot no unfinished rank of this node holds: the accelerator this rank uses.
+  std::set<int> taken;
+  for (const auto& [k, r] : ranks_) {
+    if (!r.Finished()) taken.insert(r.accelerator_index);
+  }
+  int index = 0;
+  while (taken.count(index) > 0) ++index;
+  po.extra_env.push_back(absl::StrCat("LOOM_ACCELERATOR_INDEX=", index));
+  ranks_[key].accelerator_index = index;
   auto proc = RankProcess::Start(a, po);
   if (!proc.ok()) {
     LOG(ERROR) << "cannot start rank " << a.rank() << " of " << a.job_id() << ": "
@@ -77,15 +89,32 @@ absl::Status WorkerDaemon::Tick() {
   req.set_node_id(options_.node_id);
   std::vector<loom::v1::RankStatus> statuses;
   std::vector<RankStats> stats;
+  std::map<RankKey, int64_t> sent_up_to;  // newest line sent per rank in this heartbeat
+  std::vector<WorkerMetrics::AcceleratorAssignment> accelerators;
   {
     absl::MutexLock l(&mu_);
+    size_t lines_left = kMaxLogLinesPerHeartbeat, bytes_left = kMaxLogBytesPerHeartbeat;
     for (auto& [key, rank] : ranks_) {
       statuses.push_back(rank.Status());
       stats.push_back(rank.Stats());
-      *req.add_ranks() = statuses.back();
+      loom::v1::RankStatus* st = req.add_ranks();
+      *st = statuses.back();
+      const loom::v1::RankState state = statuses.back().state();
+      if (state == loom::v1::RANK_STATE_STARTING || state == loom::v1::RANK_STATE_RUNNING) {
+        accelerators.push_back({std::get<0>(key), std::get<2>(key), rank.accelerator_index});
+      }
+      if (rank.process == nullptr || lines_left == 0 || bytes_left == 0) continue;
+      for (loom::v1::RankLogLine& line :
+           rank.process->LogLinesAfter(rank.delivered_log_sequence, lines_left, bytes_left)) {
+        lines_left -= 1;
+        bytes_left -= std::min(bytes_left, line.text().size());
+        sent_up_to[key] = line.sequence();
+        *st->add_log_lines() = std::move(line);
+      }
     }
   }
   if (metrics_ != nullptr) {
+    metrics_->RecordAcceleratorAssignments(options_.node_id, accelerators);
     metrics_->RecordRanks(statuses, options_.inventory.slots());
     // As RecordRanks: a succeeded rank's final numbers, then running ranks' (which win).
     for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
@@ -104,10 +133,16 @@ absl::Status WorkerDaemon::Tick() {
     return resp.status();
   }
   absl::MutexLock l(&mu_);
-  // Terminal ranks are reported a few times, then forgotten.
+  for (const auto& [key, sequence] : sent_up_to) {
+    auto it = ranks_.find(key);
+    if (it != ranks_.end()) it->second.delivered_log_sequence = sequence;
+  }
+  // Terminal ranks are reported a few times (and until their last lines were delivered), then
+  // forgotten.
   for (auto it = ranks_.begin(); it != ranks_.end();) {
     if (it->second.Finished() &&
-        ++it->second.terminal_reports >= options_.terminal_reports) {
+        ++it->second.terminal_reports >= options_.terminal_reports &&
+        it->second.AllLogsDelivered()) {
       it = ranks_.erase(it);
     } else {
       ++it;
@@ -116,12 +151,21 @@ absl::Status WorkerDaemon::Tick() {
   for (const loom::v1::RankAssignment& a : resp->stop()) {
     for (auto& [key, rank] : ranks_) {
       if (std::get<0>(key) == a.job_id() && std::get<1>(key) == a.attempt()) {
-        rank.Stop();
+        if (a.graceful_stop()) {
+          rank.StopGracefully();
+        } else {
+          rank.Stop();
+        }
       }
     }
   }
   for (const loom::v1::RankAssignment& a : resp->start()) StartRank(a);
   return absl::OkStatus();
+}
+
+bool WorkerDaemon::Registered() const {
+  absl::MutexLock l(&mu_);
+  return registered_;
 }
 
 int WorkerDaemon::RunningRanks() const {

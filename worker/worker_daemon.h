@@ -1,5 +1,11 @@
 // The worker daemon's core: registers the node's inventory, heartbeats rank status to the
-// scheduler, starts one loom-trainer per assigned rank and stops ranks the scheduler revokes.
+// scheduler, starts one loom-trainer per assigned rank and stops ranks the scheduler revokes
+// (gracefully, SIGUSR1, when the stop entry says graceful_stop; else SIGTERM then SIGKILL).
+// Each heartbeat also carries the ranks' output lines not yet delivered (at most
+// kMaxLogLinesPerHeartbeat lines and kMaxLogBytesPerHeartbeat bytes in all, oldest first); a
+// line counts as delivered once a heartbeat carrying it succeeded, so a failed heartbeat's lines
+// are sent again (the scheduler drops duplicates by sequence). A finished rank is forgotten only
+// after its last lines were delivered.
 // No gRPC here: the scheduler is reached through SchedulerClient.
 #ifndef LOOM_WORKER_WORKER_DAEMON_H_
 #define LOOM_WORKER_WORKER_DAEMON_H_
@@ -19,6 +25,9 @@
 #include "worker/worker_metrics.h"
 
 namespace loom::worker {
+
+inline constexpr size_t kMaxLogLinesPerHeartbeat = 1000;
+inline constexpr size_t kMaxLogBytesPerHeartbeat = 512 << 10;
 
 struct WorkerOptions {
   std::string node_id;                  // required, unique in the cluster
@@ -48,6 +57,9 @@ class WorkerDaemon {
   // One heartbeat round; exposed for tests. Registers first if needed.
   absl::Status Tick();
   int RunningRanks() const;
+  // True once the scheduler accepted RegisterWorker (false again if it asks the worker to
+  // register anew). The worker's /readyz.
+  bool Registered() const;
 
  private:
   using RankKey = std::tuple<std::string, int, int>;  // job id, attempt, rank
@@ -66,11 +78,19 @@ class WorkerDaemon {
     std::unique_ptr<RankProcess> process;  // null if the process could not be started
     loom::v1::RankStatus start_failure;    // reported when process is null
     int terminal_reports = 0;
+    int64_t delivered_log_sequence = 0;  // lines up to this one reached the scheduler
+    bool AllLogsDelivered() const {
+      return process == nullptr || process->LogLinesAfter(delivered_log_sequence, 1, 1).empty();
+    }
+    int accelerator_index = 0;  // slot on this node (the trainer's LOOM_ACCELERATOR_INDEX)
     loom::v1::RankStatus Status() const { return process ? process->Status() : start_failure; }
     RankStats Stats() const { return process ? process->Stats() : RankStats{}; }
     bool Finished() const { return process == nullptr || process->Finished(); }
     void Stop() {
       if (process) process->Stop();
+    }
+    void StopGracefully() {
+      if (process) process->StopGracefully();
     }
   };
   std::map<RankKey, Rank> ranks_ ABSL_GUARDED_BY(mu_);

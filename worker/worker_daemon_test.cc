@@ -212,7 +212,12 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   for (const char* line : {"loom_trainer_step_seconds{rank=\"0\"} 0.25",
                            "loom_trainer_memory_bytes{kind=\"partition\",rank=\"0\"} 4096",
                            "loom_trainer_memory_bytes{kind=\"peak_gathered\",rank=\"0\"} 16384",
-                           "loom_trainer_last_checkpoint_step{rank=\"0\"} 1"}) {
+                           "loom_trainer_last_checkpoint_step{rank=\"0\"} 1",
+                           "loom_trainer_communication_seconds{rank=\"0\"} 0.125",
+                           "loom_trainer_stall_seconds{rank=\"0\"} 0.1875",
+                           "loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2",
+                           "loom_trainer_memory_bytes{kind=\"param\",rank=\"0\"} 1024",
+                           "loom_trainer_memory_bytes{kind=\"optimizer_state\",rank=\"0\"} 8192"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
   }
   // The step and checkpoint timestamps are current Unix times (within a minute of the test).
@@ -226,6 +231,15 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   }
   EXPECT_NE(text.find("loom_worker_rank_info{attempt=\"1\",job_id=\"job-hang\",rank=\"0\"} 1"),
             std::string::npos) << text;
+  const std::string accel = absl::StrCat(
+      "loom_rank_accelerator_info{accelerator_index=\"0\",job_id=\"job-hang\",node=\"",
+      Options(FakeTrainer()).node_id, "\",rank=\"0\"} 1");
+  EXPECT_NE(text.find(accel), std::string::npos) << accel << " missing:\n" << text;
+  // Repeated ticks do not count the same rollbacks again.
+  ASSERT_TRUE(d.Tick().ok());
+  text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_NE(text.find("loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2\n"), std::string::npos)
+      << text;
   loom::v1::HeartbeatResponse stop;
   *stop.add_stop() = Assignment("job-hang", "hang");
   {
@@ -236,6 +250,7 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   // The info series goes away with the rank (the gauges of the last values stay).
   text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_EQ(text.find("loom_worker_rank_info{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("loom_rank_accelerator_info{"), std::string::npos) << text;
   EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 1"), std::string::npos) << text;
 }
 
@@ -266,6 +281,73 @@ TEST_F(WorkerDaemonTest, ReRegistersWhenSchedulerForgetsNode) {
   EXPECT_EQ(d.Tick().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(d.Tick().ok());
   EXPECT_EQ(client_.registrations.size(), 2u);
+}
+
+TEST_F(WorkerDaemonTest, GracefulStopRequestCheckpointsAndStops) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-graceful", "graceful");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-graceful", loom::v1::RANK_STATE_RUNNING);
+  loom::v1::HeartbeatResponse stop;
+  *stop.add_stop() = Assignment("job-graceful", "graceful");
+  stop.mutable_stop(0)->set_graceful_stop(true);
+  {
+    absl::MutexLock l(&client_.mu_);
+    client_.replies.push_back(stop);
+  }
+  loom::v1::RankStatus st = TickUntil(d, "job-graceful", loom::v1::RANK_STATE_STOPPED);
+  EXPECT_TRUE(st.graceful_stop());
+  EXPECT_EQ(st.exit_code(), 0);
+  EXPECT_EQ(st.progress().last_checkpoint_step(), 3);
+}
+
+TEST_F(WorkerDaemonTest, OutputLinesReachTheSchedulerOnceAndAgainAfterAFailedHeartbeat) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-logs", "graceful");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-logs", loom::v1::RANK_STATE_RUNNING);
+  absl::SleepFor(absl::Milliseconds(200));  // a few stderr lines
+  {
+    absl::MutexLock l(&client_.mu_);
+    client_.next_status = absl::UnavailableError("scheduler restarting");
+  }
+  EXPECT_FALSE(d.Tick().ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(d.Tick().ok());
+  ASSERT_TRUE(d.Tick().ok());
+  absl::MutexLock l(&client_.mu_);
+  const size_t n = client_.heartbeats.size();
+  ASSERT_GE(n, 3u);
+  auto lines_of = [&](size_t i) {
+    std::vector<loom::v1::RankLogLine> out;
+    for (const auto& r : client_.heartbeats[i].ranks()) {
+      for (const auto& line : r.log_lines()) out.push_back(line);
+    }
+    return out;
+  };
+  std::vector<loom::v1::RankLogLine> failed = lines_of(n - 3), retried = lines_of(n - 2);
+  ASSERT_FALSE(failed.empty());
+  ASSERT_GE(retried.size(), failed.size());
+  // The failed heartbeat's lines are sent again, from the same sequence number.
+  EXPECT_EQ(retried[0].sequence(), failed[0].sequence());
+  EXPECT_EQ(retried[0].text(), failed[0].text());
+  // Every successful heartbeat continues where the previous one stopped: no gaps, no repeats.
+  int64_t last = 0;
+  bool saw_stdout = false, saw_stderr = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (i == n - 3) continue;  // the failed one
+    for (const auto& line : lines_of(i)) {
+      EXPECT_EQ(line.sequence(), last + 1) << line.text();
+      last = line.sequence();
+      saw_stdout |= line.stream() == "stdout" && line.text().find("\"event\"") != std::string::npos;
+      saw_stderr |= line.stream() == "stderr" &&
+                    line.text().find("fake trainer: tick") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(saw_stdout);
+  EXPECT_TRUE(saw_stderr);
 }
 
 }  // namespace

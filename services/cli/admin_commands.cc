@@ -80,12 +80,13 @@ bool IsAdminCommand(const std::string& cmd) {
          cmd == "queues";
 }
 
-int RunAdminCommand(const std::string& cmd, const std::string& arg, const std::string& address,
-                    const std::string& reason, bool json, absl::Duration timeout) {
-  auto stub = loom::v1::AdminService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+int RunAdminCommand(const std::string& cmd, const std::string& arg,
+                    std::shared_ptr<grpc::Channel> channel,
+                    const std::function<std::unique_ptr<grpc::ClientContext>()>& make_context,
+                    const std::string& reason, bool json) {
+  auto stub = loom::v1::AdminService::NewStub(channel);
+  std::unique_ptr<grpc::ClientContext> context = make_context();
+  grpc::ClientContext& ctx = *context;
   const char* header = "%-20s %-6s %11s %-12s %-8s %-16s %-24s %s\n";
   if (cmd == "nodes") {
     loom::v1::ListNodesResponse resp;

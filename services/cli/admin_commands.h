@@ -13,19 +13,25 @@
 #ifndef LOOM_SERVICES_CLI_ADMIN_COMMANDS_H_
 #define LOOM_SERVICES_CLI_ADMIN_COMMANDS_H_
 
-#include <string>
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
 
-#include "absl/time/time.h"
+#include <functional>
+#include <memory>
+#include <string>
 
 namespace loom {
 
 // True for "nodes", "cordon", "uncordon", "drain", "queues".
 bool IsAdminCommand(const std::string& cmd);
 
-// Runs one command against the scheduler at `address`; prints to stdout, errors to stderr.
-// Returns the process exit code (0, 2 for a usage error, else the gRPC status code).
-int RunAdminCommand(const std::string& cmd, const std::string& arg, const std::string& address,
-                    const std::string& reason, bool json, absl::Duration timeout);
+// Runs one command against the scheduler on `channel`, each call with a context from
+// `make_context` (deadline, bearer token); prints to stdout, errors to stderr. Returns the
+// process exit code (0, 2 for a usage error, else the gRPC status code).
+int RunAdminCommand(const std::string& cmd, const std::string& arg,
+                    std::shared_ptr<grpc::Channel> channel,
+                    const std::function<std::unique_ptr<grpc::ClientContext>()>& make_context,
+                    const std::string& reason, bool json);
 
 }  // namespace loom
 

@@ -3,8 +3,15 @@
 //   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id
 //   loomctl get JOB_ID [--json]           show one job
 //   loomctl list [--phase=RUNNING]        list jobs
-//   loomctl cancel JOB_ID                 cancel a job (stops its ranks)
+//   loomctl cancel JOB_ID                 graceful stop: the ranks write a final checkpoint, then
+//                                         stop (a job not running yet is cancelled at once)
+//   loomctl kill JOB_ID                   stop the ranks now, without a final checkpoint
 //   loomctl wait JOB_ID                   follow a job's step, loss and tokens/s until it ends
+//   loomctl watch JOB_ID                  stream the job's events (WatchJob), one line each,
+//                                         until it ends
+//   loomctl logs JOB_ID [--follow] [--rank=N] [--tail=N]
+//                                         the ranks' stdout/stderr lines (StreamLogs); logs live
+//                                         in the scheduler's memory only (bounded, not persisted)
 //   loomctl explain JOB_ID                why a job is not running: reason, queue position
 //   loomctl checkpoints JOB_ID            list a job's checkpoints
 //   loomctl consolidate JOB_ID [--step=N] [--output_dir=D] [--max_shard_size=5GB] [--dtype=bf16]
@@ -18,12 +25,16 @@
 //   loomctl checkpoint retain JOB_ID --keep_last=K [--protect=S,..]
 //                                         keep the newest K committed checkpoints
 //
+// Authentication: --token or $LOOM_TOKEN (a bearer token; docs/operations.md). TLS: --tls_ca or
+// $LOOM_TLS_CA (the CA that signed the servers' certificates).
 // Addresses come from --scheduler / --checkpoint, else $LOOM_SCHEDULER / $LOOM_CHECKPOINT, else
 // the ready files of a local cluster in --cluster_dir (default $LOOM_HOME/cluster, else
 // .loom/cluster).
+// Every unary RPC carries a deadline of --timeout (default 30 s); streams (watch, logs) have none
+// unless --stream_timeout is set.
 // Exit status: 0 on success, the gRPC status code on an RPC error (3 = INVALID_ARGUMENT,
 // 5 = NOT_FOUND, 9 = FAILED_PRECONDITION, 14 = UNAVAILABLE), 1 for a job that ended unsuccessfully
-// under `wait`, 2 for a usage error.
+// under `wait` or `watch`, 2 for a usage error.
 #include <grpcpp/grpcpp.h>
 
 #include <unistd.h>
@@ -44,6 +55,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/checkpoint_service.grpc.pb.h"
@@ -72,7 +84,19 @@ ABSL_FLAG(int32_t, keep_last, 0, "checkpoint retain: committed checkpoints to ke
 ABSL_FLAG(std::vector<std::string>, protect, {},
           "checkpoint delete/retain: steps that must not be deleted");
 ABSL_FLAG(std::string, reason, "", "cordon/drain: why (shown by `loomctl nodes`)");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each RPC");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each unary RPC");
+ABSL_FLAG(absl::Duration, stream_timeout, absl::ZeroDuration(),
+          "watch/logs: deadline of the stream (0 = none)");
+ABSL_FLAG(bool, follow, false, "logs: keep streaming new lines until the job ends");
+ABSL_FLAG(std::vector<std::string>, rank, {}, "logs: only these ranks (e.g. --rank=0,1)");
+ABSL_FLAG(int32_t, tail, 0, "logs: start with the last N retained lines (0 = all)");
+ABSL_FLAG(std::string, token, "",
+          "bearer token for a scheduler with authentication (default: $LOOM_TOKEN); prefer the "
+          "environment variable, command lines are visible to other users");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify the scheduler's / checkpoint service's TLS certificate "
+          "(default: $LOOM_TLS_CA; empty = plaintext)");
+ABSL_FLAG(std::string, tenant, "", "list: only this tenant's jobs (admins; users see their own)");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
 
 namespace {
@@ -104,11 +128,39 @@ absl::StatusOr<std::string> Address(const std::string& flag_value, const char* e
   return info->grpc_address;
 }
 
+// --flag, else $env, else "".
+std::string FlagOrEnv(const std::string& flag_value, const char* env) {
+  if (!flag_value.empty()) return flag_value;
+  const char* e = std::getenv(env);
+  return e != nullptr ? std::string(e) : std::string();
+}
+
 std::unique_ptr<grpc::ClientContext> Context() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
+  loom::AddBearerToken(*ctx, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
   return ctx;
+}
+
+std::unique_ptr<grpc::ClientContext> StreamContext() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  const absl::Duration timeout = absl::GetFlag(FLAGS_stream_timeout);
+  if (timeout > absl::ZeroDuration()) {
+    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  }
+  loom::AddBearerToken(*ctx, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
+  return ctx;
+}
+
+// TLS (--tls_ca / $LOOM_TLS_CA) or plaintext; exits with status 2 if the CA file is unusable.
+std::shared_ptr<grpc::ChannelCredentials> Credentials() {
+  auto creds = loom::MakeChannelCredentials(FlagOrEnv(absl::GetFlag(FLAGS_tls_ca), "LOOM_TLS_CA"));
+  if (!creds.ok()) {
+    std::fprintf(stderr, "loomctl: --tls_ca: %s\n", creds.status().ToString().c_str());
+    std::exit(2);
+  }
+  return *creds;
 }
 
 std::string PhaseName(loom::v1::JobPhase p) {
@@ -208,6 +260,60 @@ int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
   return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " did not end in time")));
 }
 
+// `loomctl watch ID`: one line per WatchJob event.
+int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
+  loom::v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto ctx = StreamContext();
+  auto reader = stub.WatchJob(ctx.get(), req);
+  loom::v1::JobEvent event;
+  loom::v1::JobPhase last = loom::v1::JOB_PHASE_UNSPECIFIED;
+  while (reader->Read(&event)) {
+    const Job& job = event.job();
+    const auto& p = job.progress();
+    std::string line = absl::StrFormat(
+        "[%s] %-12s %-10s step %lld/%lld", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()),
+        event.type(), PhaseName(job.phase()), static_cast<long long>(p.step()),
+        static_cast<long long>(job.spec().training().steps()));
+    if (p.step() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.4f", p.loss()));
+    if (p.last_checkpoint_step() > 0) {
+      absl::StrAppend(&line, " ckpt ", p.last_checkpoint_step());
+    }
+    if (!job.message().empty()) absl::StrAppend(&line, "  ", job.reason(), ": ", job.message());
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    last = job.phase();
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+  return last == loom::v1::JOB_PHASE_SUCCEEDED ? 0 : 1;
+}
+
+// `loomctl logs ID`: the ranks' lines, prefixed with the rank.
+int Logs(loom::v1::JobService::Stub& stub, const std::string& id) {
+  loom::v1::StreamLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(absl::GetFlag(FLAGS_follow));
+  req.set_tail_lines(absl::GetFlag(FLAGS_tail));
+  for (const std::string& r : absl::GetFlag(FLAGS_rank)) {
+    int32_t rank = 0;
+    if (!absl::SimpleAtoi(r, &rank) || rank < 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--rank: '", r, "' is not a rank")));
+    }
+    req.add_ranks(rank);
+  }
+  auto ctx = StreamContext();
+  auto reader = stub.StreamLogs(ctx.get(), req);
+  loom::v1::LogLine line;
+  while (reader->Read(&line)) {
+    std::printf("[rank %d] %s\n", line.rank(), line.text().c_str());
+    if (req.follow()) std::fflush(stdout);
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+  return 0;
+}
+
 // `loomctl checkpoint verify PATH`: offline, through the library.
 int Verify(const std::string& path) {
   auto report = loom::storage::VerifyPath(path);
@@ -240,7 +346,8 @@ absl::StatusOr<std::vector<int64_t>> ProtectedSteps() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loomctl <submit FILE.yaml|get ID|list|cancel ID|wait ID|explain ID|checkpoints ID|"
+      "loomctl <submit FILE.yaml|get ID|list|cancel ID|kill ID|wait ID|watch ID|logs ID|"
+      "explain ID|checkpoints ID|"
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -261,8 +368,9 @@ int main(int argc, char** argv) {
   if (loom::IsAdminCommand(cmd)) {
     auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
     if (!addr.ok()) return Fail(addr.status());
-    return loom::RunAdminCommand(cmd, arg, *addr, absl::GetFlag(FLAGS_reason),
-                                 absl::GetFlag(FLAGS_json), absl::GetFlag(FLAGS_timeout));
+    return loom::RunAdminCommand(cmd, arg, grpc::CreateChannel(*addr, Credentials()),
+                                 [] { return Context(); }, absl::GetFlag(FLAGS_reason),
+                                 absl::GetFlag(FLAGS_json));
   }
   if (cmd == "checkpoint") {
     const std::string sub = arg;
@@ -282,7 +390,7 @@ int main(int argc, char** argv) {
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(*addr, Credentials()));
     if (sub == "delete") {
       loom::v1::DeleteCheckpointRequest req;
       req.set_job_id(target);
@@ -312,7 +420,7 @@ int main(int argc, char** argv) {
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(*addr, Credentials()));
     if (cmd == "checkpoints") {
       loom::v1::ListCheckpointsRequest req;
       req.set_job_id(arg);
@@ -350,6 +458,7 @@ int main(int argc, char** argv) {
     loom::v1::ConsolidateCheckpointResponse resp;
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
+    loom::AddBearerToken(*ctx, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
     grpc::Status s = stub->ConsolidateCheckpoint(ctx.get(), req, &resp);
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     std::printf("consolidated step %lld: %lld tensors, %lld bytes, %s\nsafetensors: %s\nconfig:      %s\n",
@@ -365,7 +474,7 @@ int main(int argc, char** argv) {
   auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
   if (!addr.ok()) return Fail(addr.status());
   auto stub =
-      loom::v1::JobService::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+      loom::v1::JobService::NewStub(grpc::CreateChannel(*addr, Credentials()));
 
   if (cmd == "submit") {
     if (!need_arg("JOB.yaml")) return 2;
@@ -430,6 +539,7 @@ int main(int argc, char** argv) {
       req.set_phase(p);
     }
     req.set_name_prefix(absl::GetFlag(FLAGS_name_prefix));
+    req.set_tenant(absl::GetFlag(FLAGS_tenant));
     loom::v1::ListJobsResponse resp;
     while (true) {  // every page
       loom::v1::ListJobsResponse page;
@@ -453,15 +563,31 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (cmd == "cancel") {
+  if (cmd == "cancel" || cmd == "kill") {
     if (!need_arg("JOB_ID")) return 2;
-    loom::v1::CancelJobRequest req;
-    req.set_job_id(arg);
     Job job;
-    grpc::Status s = stub->CancelJob(Context().get(), req, &job);
+    grpc::Status s;
+    if (cmd == "cancel") {
+      loom::v1::CancelJobRequest req;
+      req.set_job_id(arg);
+      s = stub->CancelJob(Context().get(), req, &job);
+    } else {
+      loom::v1::KillJobRequest req;
+      req.set_job_id(arg);
+      s = stub->KillJob(Context().get(), req, &job);
+    }
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-    std::printf("%s %s\n", job.id().c_str(), PhaseName(job.phase()).c_str());
+    std::printf("%s %s: %s\n", job.id().c_str(), PhaseName(job.phase()).c_str(),
+                job.message().c_str());
     return 0;
+  }
+  if (cmd == "watch") {
+    if (!need_arg("JOB_ID")) return 2;
+    return Watch(*stub, arg);
+  }
+  if (cmd == "logs") {
+    if (!need_arg("JOB_ID")) return 2;
+    return Logs(*stub, arg);
   }
   if (cmd == "explain") {
     if (!need_arg("JOB_ID")) return 2;

@@ -11,7 +11,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace loom::gateway {
@@ -65,6 +68,58 @@ bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::R
   return true;
 }
 
+// One LogLine in the canonical JSON mapping (single line).
+std::string LineJson(const loom::v1::LogLine& line) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(line, &out, print);
+  return out;
+}
+
+// follow=true|false|1|0, rank=N (repeatable, or comma-separated), tail_lines=N (or tail=N). On a
+// bad value answers 400 and returns false.
+bool ParseLogsQuery(const httplib::Request& req, loom::v1::StreamLogsRequest* out,
+                    httplib::Response& res) {
+  for (const auto& [key, value] : req.params) {
+    if (key == "follow") {
+      if (value == "true" || value == "1") {
+        out->set_follow(true);
+      } else if (value == "false" || value == "0" || value.empty()) {
+        out->set_follow(false);
+      } else {
+        WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat("follow: want true or false, got '", value, "'"));
+        return false;
+      }
+    } else if (key == "rank" || key == "ranks") {
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        int32_t rank = 0;
+        if (!absl::SimpleAtoi(part, &rank) || rank < 0) {
+          WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat(key, ": '", part, "' is not a rank"));
+          return false;
+        }
+        out->add_ranks(rank);
+      }
+    } else if (key == "tail_lines" || key == "tail" || key == "tailLines") {
+      int32_t tail = 0;
+      if (!absl::SimpleAtoi(value, &tail) || tail < 0) {
+        WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat(key, ": want a count >= 0, got '", value, "'"));
+        return false;
+      }
+      out->set_tail_lines(tail);
+    } else {
+      WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("unknown query parameter '", key,
+                              "' (want follow, rank, tail_lines)"));
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int HttpStatusFromGrpc(grpc::StatusCode code) {
@@ -91,12 +146,26 @@ JobGateway::JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions
     : stub_(stub), options_(std::move(options)) {}
 
 void JobGateway::Register(httplib::Server& server) {
-  auto context = [this] {
+  // The RPC's context: deadline, and the caller's Authorization header as gRPC metadata.
+  auto context = [this](const httplib::Request& req) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(options_.rpc_timeout));
+    const std::string authorization = req.get_header_value("Authorization");
+    if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
     return ctx;
   };
+  if (options_.auth != nullptr) {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!absl::StartsWith(req.path, "/v1/jobs")) return httplib::Server::HandlerResponse::Unhandled;
+      absl::StatusOr<Caller> caller =
+          options_.auth->Authenticate(req.get_header_value("Authorization"));
+      if (caller.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // Answers with `resp` or the RPC's error.
   auto reply = [](httplib::Response& res, const grpc::Status& s,
                   const google::protobuf::Message& resp) {
@@ -121,28 +190,102 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::ListJobsRequest request;
     if (!ParseBody(fields.dump(), &request, res)) return;
     loom::v1::ListJobsResponse response;
-    reply(res, stub_->ListJobs(context().get(), request, &response), response);
+    reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });
   server.Post("/v1/jobs", [this, context, reply](const httplib::Request& req,
                                                  httplib::Response& res) {
     loom::v1::SubmitJobRequest request;
     if (!ParseBody(req.body, &request, res)) return;
     loom::v1::SubmitJobResponse response;
-    reply(res, stub_->SubmitJob(context().get(), request, &response), response);
+    reply(res, stub_->SubmitJob(context(req).get(), request, &response), response);
   });
   server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)",
               [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                 loom::v1::CancelJobRequest request;
                 request.set_job_id(req.matches[1]);
                 loom::v1::Job response;
-                reply(res, stub_->CancelJob(context().get(), request, &response), response);
+                reply(res, stub_->CancelJob(context(req).get(), request, &response), response);
               });
+  server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):kill)",
+              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
+                loom::v1::KillJobRequest request;
+                request.set_job_id(req.matches[1]);
+                loom::v1::Job response;
+                reply(res, stub_->KillJob(context(req).get(), request, &response), response);
+              });
+  server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+)/logs)",
+             [this, context](const httplib::Request& req, httplib::Response& res) {
+               loom::v1::StreamLogsRequest request;
+               request.set_job_id(req.matches[1]);
+               if (!ParseLogsQuery(req, &request, res)) return;
+               if (!request.follow()) {
+                 // The retained lines at once, as {"lines": [LogLine, ...]}, under the deadline.
+                 auto ctx = context(req);
+                 auto reader = stub_->StreamLogs(ctx.get(), request);
+                 nlohmann::json lines = nlohmann::json::array();
+                 loom::v1::LogLine line;
+                 while (reader->Read(&line)) lines.push_back(nlohmann::json::parse(LineJson(line)));
+                 grpc::Status s = reader->Finish();
+                 if (!s.ok()) {
+                   WriteError(res, s.error_code(), s.error_message());
+                   return;
+                 }
+                 res.status = 200;
+                 res.set_content(nlohmann::json({{"lines", std::move(lines)}}).dump(), kJson);
+                 return;
+               }
+               // follow: chunked NDJSON, one LogLine per line, until the job ends. No deadline; a
+               // client that goes away cancels the stream.
+               auto ctx = std::make_shared<grpc::ClientContext>();
+               const std::string authorization = req.get_header_value("Authorization");
+               if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
+               std::shared_ptr<grpc::ClientReaderInterface<loom::v1::LogLine>> reader(
+                   stub_->StreamLogs(ctx.get(), request));
+               // The first line (or the error) decides the status code.
+               auto first = std::make_shared<loom::v1::LogLine>();
+               const bool have_first = reader->Read(first.get());
+               if (!have_first) {
+                 grpc::Status s = reader->Finish();
+                 if (!s.ok()) {
+                   WriteError(res, s.error_code(), s.error_message());
+                   return;
+                 }
+                 res.status = 200;
+                 res.set_content("", "application/x-ndjson");
+                 return;
+               }
+               res.status = 200;
+               auto pending_first = std::make_shared<bool>(true);
+               res.set_chunked_content_provider(
+                   "application/x-ndjson",
+                   [reader, first, pending_first](size_t, httplib::DataSink& sink) {
+                     loom::v1::LogLine line;
+                     if (*pending_first) {
+                       *pending_first = false;
+                       line = *first;
+                     } else if (!reader->Read(&line)) {
+                       grpc::Status s = reader->Finish();
+                       if (!s.ok()) {  // the stream broke after the headers: say so in-band
+                         std::string err = nlohmann::json({{"error", {{"code", static_cast<int>(s.error_code())},
+                                                                      {"status", CodeName(s.error_code())},
+                                                                      {"message", s.error_message()}}}})
+                                               .dump() + "\n";
+                         sink.write(err.data(), err.size());
+                       }
+                       sink.done();
+                       return true;
+                     }
+                     std::string out = LineJson(line) + "\n";
+                     return sink.write(out.data(), out.size());
+                   },
+                   [ctx](bool /*success*/) { ctx->TryCancel(); });
+             });
   server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+))",
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                loom::v1::GetJobRequest request;
                request.set_job_id(req.matches[1]);
                loom::v1::Job response;
-               reply(res, stub_->GetJob(context().get(), request, &response), response);
+               reply(res, stub_->GetJob(context(req).get(), request, &response), response);
              });
   if (options_.registry != nullptr) {
     auto* requests = &prometheus::BuildCounter()

@@ -4,13 +4,26 @@
 //   GET  /v1/jobs[?phase=JOB_PHASE_RUNNING]   -> ListJobs        200 ListJobsResponse
 //   GET  /v1/jobs/{id}                         -> GetJob          200 Job
 //   POST /v1/jobs        body SubmitJobRequest -> SubmitJob       200 SubmitJobResponse
-//   POST /v1/jobs/{id}:cancel                  -> CancelJob       200 Job
+//   POST /v1/jobs/{id}:cancel                  -> CancelJob       200 Job (graceful: STOPPING
+//                                                 while the ranks write a final checkpoint)
+//   POST /v1/jobs/{id}:kill                    -> KillJob         200 Job (CANCELLED at once)
+//   GET  /v1/jobs/{id}/logs?follow=&rank=&tail_lines=
+//                                              -> StreamLogs      200 {"lines": [LogLine...]};
+//        with follow=true a chunked application/x-ndjson body, one LogLine per line, that ends
+//        when the job has ended (an error after the headers is sent as a last {"error": {...}}
+//        line); a client that disconnects cancels the stream. Each follower holds one gateway
+//        thread. rank may repeat or be comma-separated. WatchJob is gRPC-only.
 //   GET  /v1/openapi.json                      the OpenAPI 3 document of these routes
 //   GET  /healthz                              200 "ok" (the gateway itself; not the scheduler)
 // Query parameters of GET /v1/jobs are fields of ListJobsRequest. Errors (from the scheduler or
 // the gateway) answer {"code": <gRPC code number>, "status": "NOT_FOUND", "message": "..."} with
 // the HTTP status of HttpStatusFromGrpc (the mapping of google.rpc.Code / grpc-gateway). The
-// RPCs carry a deadline of `rpc_timeout`. No authentication yet.
+// RPCs carry a deadline of `rpc_timeout` (followed log streams excepted).
+//
+// Authentication: the request's `Authorization` header is forwarded as the RPC's `authorization`
+// metadata, so the scheduler authenticates the caller and scopes it to its tenant (401 for
+// UNAUTHENTICATED, 404 for another tenant's job). With `auth` set the gateway also rejects
+// requests without a known token itself (401) before calling the scheduler.
 #ifndef LOOM_SERVICES_GATEWAY_GATEWAY_H_
 #define LOOM_SERVICES_GATEWAY_GATEWAY_H_
 
@@ -19,6 +32,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "proto/job_service.grpc.pb.h"
 
 namespace httplib {
@@ -38,6 +52,9 @@ struct GatewayOptions {
   std::string openapi_json;
   // If set, Register adds loom_gateway_requests_total{method,code} (HTTP method and status) here.
   prometheus::Registry* registry = nullptr;
+  // If set, /v1/jobs* requests need a bearer token known to it (401 otherwise). Must outlive
+  // the server.
+  const TokenAuthenticator* auth = nullptr;
 };
 
 // The HTTP status for a gRPC status code: OK 200, INVALID_ARGUMENT / FAILED_PRECONDITION /

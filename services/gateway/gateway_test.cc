@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
@@ -73,6 +75,51 @@ class FakeJobService final : public loom::v1::JobService::Service {
     *resp = it->second;
     return grpc::Status::OK;
   }
+  grpc::Status KillJob(grpc::ServerContext* ctx, const loom::v1::KillJobRequest* req,
+                       loom::v1::Job* resp) override {
+    loom::v1::CancelJobRequest cancel;
+    cancel.set_job_id(req->job_id());
+    grpc::Status s = CancelJob(ctx, &cancel, resp);
+    if (s.ok()) resp->set_reason("Killed");
+    return s;
+  }
+  // Lines "r<rank>-<n>" (n = 1..3) of ranks 0 and 1, interleaved; honours ranks and tail_lines.
+  grpc::Status StreamLogs(grpc::ServerContext*, const loom::v1::StreamLogsRequest* req,
+                          grpc::ServerWriter<loom::v1::LogLine>* writer) override {
+    {
+      absl::MutexLock l(&mu_);
+      if (jobs_.count(req->job_id()) == 0) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job " + req->job_id());
+      }
+      last_logs_request_ = *req;
+    }
+    std::vector<loom::v1::LogLine> lines;
+    for (int n = 1; n <= 3; ++n) {
+      for (int rank = 0; rank < 2; ++rank) {
+        if (req->ranks_size() > 0 &&
+            std::find(req->ranks().begin(), req->ranks().end(), rank) == req->ranks().end()) {
+          continue;
+        }
+        loom::v1::LogLine line;
+        line.set_rank(rank);
+        line.set_attempt(1);
+        line.set_sequence(n);
+        line.set_text(absl::StrCat("r", rank, "-", n));
+        line.set_stream("stderr");
+        lines.push_back(line);
+      }
+    }
+    size_t start = 0;
+    if (req->tail_lines() > 0 && lines.size() > static_cast<size_t>(req->tail_lines())) {
+      start = lines.size() - req->tail_lines();
+    }
+    for (size_t i = start; i < lines.size(); ++i) writer->Write(lines[i]);
+    return grpc::Status::OK;
+  }
+  loom::v1::StreamLogsRequest last_logs_request() {
+    absl::MutexLock l(&mu_);
+    return last_logs_request_;
+  }
   int submits() {
     absl::MutexLock l(&mu_);
     return next_;
@@ -82,6 +129,7 @@ class FakeJobService final : public loom::v1::JobService::Service {
   absl::Mutex mu_;
   int next_ = 0;
   std::map<std::string, loom::v1::Job> jobs_;
+  loom::v1::StreamLogsRequest last_logs_request_;
 };
 
 class GatewayTest : public ::testing::Test {
@@ -229,11 +277,15 @@ TEST_F(GatewayTest, ServesOpenApiHealthAndRequestMetrics) {
   auto [code, doc] = Get("/v1/openapi.json");
   ASSERT_EQ(code, 200);
   EXPECT_EQ(doc["openapi"], "3.0.3");
-  for (const char* path : {"/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}:cancel"}) {
+  for (const char* path : {"/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}:cancel",
+                           "/v1/jobs/{id}:kill", "/v1/jobs/{id}/logs"}) {
     EXPECT_TRUE(doc["paths"].contains(path)) << path;
   }
   EXPECT_EQ(doc["paths"]["/v1/jobs"]["post"]["operationId"], "SubmitJob");
   EXPECT_EQ(doc["paths"]["/v1/jobs/{id}:cancel"]["post"]["operationId"], "CancelJob");
+  EXPECT_EQ(doc["paths"]["/v1/jobs/{id}:kill"]["post"]["operationId"], "KillJob");
+  EXPECT_EQ(doc["paths"]["/v1/jobs/{id}/logs"]["get"]["operationId"], "StreamLogs");
+  EXPECT_TRUE(doc["components"]["schemas"].contains("LogLine"));
   auto health = client_->Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
@@ -249,6 +301,70 @@ TEST_F(GatewayTest, ServesOpenApiHealthAndRequestMetrics) {
       << text;
   EXPECT_NE(text.find("loom_gateway_requests_total{code=\"200\",method=\"GET\"} 2"), std::string::npos)
       << text;
+}
+
+TEST_F(GatewayTest, KillRoute) {
+  auto [code, submitted] = Post("/v1/jobs", R"({"spec": {"name": "k"}})");
+  ASSERT_EQ(code, 200);
+  const std::string id = submitted["job"]["id"];
+  auto [kill_code, killed] = Post("/v1/jobs/" + id + ":kill", "");
+  EXPECT_EQ(kill_code, 200) << killed;
+  EXPECT_EQ(killed["phase"], "JOB_PHASE_CANCELLED");
+  EXPECT_EQ(killed["reason"], "Killed");
+  auto [again_code, again] = Post("/v1/jobs/" + id + ":kill", "");
+  EXPECT_EQ(again_code, 400);
+  EXPECT_EQ(again["status"], "FAILED_PRECONDITION");
+  auto [missing_code, missing] = Post("/v1/jobs/job-nope:kill", "");
+  EXPECT_EQ(missing_code, 404);
+}
+
+TEST_F(GatewayTest, LogsRouteWithRankTailAndFollow) {
+  auto [code, submitted] = Post("/v1/jobs", R"({"spec": {"name": "l"}})");
+  ASSERT_EQ(code, 200);
+  const std::string id = submitted["job"]["id"];
+  auto [all_code, all] = Get("/v1/jobs/" + id + "/logs");
+  ASSERT_EQ(all_code, 200) << all;
+  ASSERT_EQ(all["lines"].size(), 6u);
+  EXPECT_EQ(all["lines"][0]["text"], "r0-1");
+  EXPECT_EQ(all["lines"][0]["stream"], "stderr");
+  EXPECT_EQ(all["lines"][0]["sequence"], "1");  // int64 as a string (proto3 JSON)
+
+  auto [tail_code, tail] = Get("/v1/jobs/" + id + "/logs?rank=1&tail_lines=2");
+  ASSERT_EQ(tail_code, 200) << tail;
+  ASSERT_EQ(tail["lines"].size(), 2u);
+  EXPECT_EQ(tail["lines"][0]["text"], "r1-2");
+  EXPECT_EQ(tail["lines"][1]["text"], "r1-3");
+  loom::v1::StreamLogsRequest seen = service_.last_logs_request();
+  EXPECT_FALSE(seen.follow());
+  ASSERT_EQ(seen.ranks_size(), 1);
+  EXPECT_EQ(seen.ranks(0), 1);
+  EXPECT_EQ(seen.tail_lines(), 2);
+
+  // follow: chunked NDJSON, one LogLine per line.
+  auto followed = client_->Get(("/v1/jobs/" + id + "/logs?follow=true&rank=0,1").c_str());
+  ASSERT_TRUE(followed);
+  EXPECT_EQ(followed->status, 200);
+  EXPECT_EQ(followed->get_header_value("Content-Type"), "application/x-ndjson");
+  std::vector<std::string> texts;
+  for (absl::string_view l : absl::StrSplit(followed->body, '\n', absl::SkipEmpty())) {
+    json line = json::parse(l, nullptr, false);
+    ASSERT_FALSE(line.is_discarded()) << l;
+    texts.push_back(line["text"]);
+  }
+  EXPECT_EQ(texts, (std::vector<std::string>{"r0-1", "r1-1", "r0-2", "r1-2", "r0-3", "r1-3"}));
+  seen = service_.last_logs_request();
+  EXPECT_TRUE(seen.follow());
+  EXPECT_EQ(seen.ranks_size(), 2);
+
+  auto [missing_code, missing] = Get("/v1/jobs/job-nope/logs");
+  EXPECT_EQ(missing_code, 404);
+  auto [missing_follow_code, missing_follow] = Get("/v1/jobs/job-nope/logs?follow=1");
+  EXPECT_EQ(missing_follow_code, 404);
+  auto [bad_code, bad] = Get("/v1/jobs/" + id + "/logs?rank=x");
+  EXPECT_EQ(bad_code, 400);
+  EXPECT_NE(bad["message"].get<std::string>().find("rank"), std::string::npos);
+  auto [unknown_code, unknown] = Get("/v1/jobs/" + id + "/logs?lines=3");
+  EXPECT_EQ(unknown_code, 400);
 }
 
 TEST(HttpStatusFromGrpcTest, FollowsGoogleRpcCodeMapping) {

@@ -2,7 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/grpc_status.h"
+#include "services/scheduler/auth_service.h"
 
 namespace loom {
 namespace {
@@ -16,11 +19,29 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::Stat
   return reactor;
 }
 
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
 }  // namespace
+
+absl::Status AdminServiceImpl::Authorize(const grpc::CallbackServerContext& context,
+                                         bool admin) const {
+  absl::StatusOr<Caller> caller = CallerFromMetadata(context, auth_);
+  if (!caller.ok()) return caller.status();
+  if (admin && !caller->admin()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant ", caller->tenant, ": node administration needs an admin token"));
+  }
+  return absl::OkStatus();
+}
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListNodes(grpc::CallbackServerContext* context,
                                                       const loom::v1::ListNodesRequest*,
                                                       loom::v1::ListNodesResponse* response) {
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<std::vector<loom::v1::NodeInfo>> nodes = scheduler_->ListNodes();
   if (nodes.ok()) {
@@ -33,24 +54,28 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ListNodes(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* AdminServiceImpl::CordonNode(grpc::CallbackServerContext* context,
                                                        const loom::v1::CordonNodeRequest* request,
                                                        loom::v1::NodeInfo* response) {
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
   return Reply(context, scheduler_->CordonNode(request->node_id(), request->reason()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::UncordonNode(
     grpc::CallbackServerContext* context, const loom::v1::UncordonNodeRequest* request,
     loom::v1::NodeInfo* response) {
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
   return Reply(context, scheduler_->UncordonNode(request->node_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::DrainNode(grpc::CallbackServerContext* context,
                                                       const loom::v1::DrainNodeRequest* request,
                                                       loom::v1::DrainNodeResponse* response) {
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
   return Reply(context, scheduler_->DrainNode(request->node_id(), request->reason()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListQueues(grpc::CallbackServerContext* context,
                                                        const loom::v1::ListQueuesRequest*,
                                                        loom::v1::ListQueuesResponse* response) {
+  if (absl::Status s = Authorize(*context, false); !s.ok()) return Refuse(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<std::vector<loom::v1::QueueInfo>> queues = scheduler_->ListQueues();
   if (queues.ok()) {

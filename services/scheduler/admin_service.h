@@ -1,11 +1,13 @@
 // File: services/scheduler/admin_service.h
 //
 // loom.v1.AdminService over the scheduling core (proto/admin_service.proto): node listing,
-// cordon/uncordon/drain, queue listing. Callback API, unary methods. Authorization (who may
-// call it) is the server's business (services/scheduler interceptors), not this adapter's.
+// cordon/uncordon/drain, queue listing. Callback API, unary methods. With an authenticator
+// (--auth_tokens_file) every call needs a bearer token (UNAUTHENTICATED otherwise); node calls
+// need an admin token (PERMISSION_DENIED otherwise); ListQueues is open to every tenant.
 #ifndef LOOM_SERVICES_SCHEDULER_ADMIN_SERVICE_H_
 #define LOOM_SERVICES_SCHEDULER_ADMIN_SERVICE_H_
 
+#include "common/auth.h"
 #include "proto/admin_service.grpc.pb.h"
 #include "scheduler/scheduler.h"
 
@@ -14,7 +16,9 @@ namespace loom {
 // Thread-safe (the scheduler is). `scheduler` must outlive the service.
 class AdminServiceImpl final : public loom::v1::AdminService::CallbackService {
  public:
-  explicit AdminServiceImpl(Scheduler* scheduler) : scheduler_(scheduler) {}
+  // `auth` null = authentication off (every caller is an admin).
+  explicit AdminServiceImpl(Scheduler* scheduler, const TokenAuthenticator* auth = nullptr)
+      : scheduler_(scheduler), auth_(auth) {}
 
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
                                       const loom::v1::ListNodesRequest* request,
@@ -33,7 +37,11 @@ class AdminServiceImpl final : public loom::v1::AdminService::CallbackService {
                                        loom::v1::ListQueuesResponse* response) override;
 
  private:
+  // OK for an authenticated caller (and an admin when `admin`).
+  absl::Status Authorize(const grpc::CallbackServerContext& context, bool admin) const;
+
   Scheduler* const scheduler_;
+  const TokenAuthenticator* const auth_;
 };
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "common/file_util.h"
+#include "common/grpc_credentials.h"
 #include "gtest/gtest.h"
 #include "proto/admin_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
@@ -138,6 +139,42 @@ TEST(AdminServiceTest, NodesCordonDrainAndQueuesOverGrpc) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_NE(s.error_message().find("queue private belongs to tenant someone-else"), std::string::npos)
       << s.error_message();
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// With authentication, node administration needs an admin token; ListQueues any valid token.
+TEST(AdminServiceTest, AuthenticationAndAdminRole) {
+  const std::string tmp = TmpDir();
+  ASSERT_TRUE(WriteFileAtomically(tmp + "/admin_tokens.yaml",
+                                  "tokens:\n"
+                                  "  - {tenant: team-a, role: user, token: user-token-123}\n"
+                                  "  - {tenant: ops, role: admin, token: admin-token-123}\n")
+                  .ok());
+  SchedulerServerOptions options;
+  options.db_path = tmp + "/admin_auth.db";
+  options.scheduler.checkpoint_root = tmp + "/checkpoints";
+  options.scheduler.validation.fortunes_dir = tmp + "/fortunes";
+  ASSERT_TRUE(MakeDirs(options.scheduler.validation.fortunes_dir).ok());
+  options.auth_tokens_file = tmp + "/admin_tokens.yaml";
+  options.worker_token = "worker-token-123";
+  absl::StatusOr<std::unique_ptr<SchedulerServer>> server = SchedulerServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto admin = loom::v1::AdminService::NewStub(
+      grpc::CreateChannel((*server)->grpc_address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](const std::string& token) {
+    auto ctx = Ctx();
+    if (!token.empty()) AddBearerToken(*ctx, token);
+    loom::v1::ListNodesResponse nodes;
+    return admin->ListNodes(ctx.get(), {}, &nodes).error_code();
+  };
+  EXPECT_EQ(call(""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("user-token-123"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call("admin-token-123"), grpc::StatusCode::OK);
+  auto ctx = Ctx();
+  AddBearerToken(*ctx, "user-token-123");
+  loom::v1::ListQueuesResponse queues;
+  EXPECT_TRUE(admin->ListQueues(ctx.get(), {}, &queues).ok());
+  EXPECT_EQ(queues.queues_size(), 1);
   (*server)->Shutdown(absl::Seconds(1));
 }
 

@@ -2,6 +2,19 @@
 //
 // loom.v1.JobService over the scheduling core: each RPC calls one Scheduler method and converts
 // its status with ToGrpcStatus. Callback API, unary methods finish on DefaultReactor().
+//
+// The two server-streaming RPCs are ServerWriteReactors, so a watcher holds no thread while it
+// waits: the scheduler's WakeDispatcher thread wakes a reactor when its job changed or new log
+// lines arrived, and the reactor writes one message at a time (the next write starts from
+// OnWriteDone). A slow client only delays its own stream: job events coalesce in its bounded
+// subscription queue, and log lines wait in the scheduler's bounded log buffer (a follower that
+// falls behind by more than the buffer holds misses the dropped lines).
+//   * WatchJob: "Snapshot" first, then "PhaseChanged" / "Progress"; the stream finishes OK after
+//     the event of a terminal phase; NOT_FOUND for an unknown job; CANCELLED if the client
+//     cancels.
+//   * StreamLogs: the retained lines (tail_lines of them if > 0) filtered by ranks, then with
+//     follow=true new lines until the job has ended (the stream then finishes OK); without
+//     follow it finishes after the retained lines. NOT_FOUND for an unknown job.
 #ifndef LOOM_SERVICES_SCHEDULER_JOB_SERVICE_H_
 #define LOOM_SERVICES_SCHEDULER_JOB_SERVICE_H_
 
@@ -30,6 +43,13 @@ class JobServiceImpl final : public loom::v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const loom::v1::CancelJobRequest* request,
                                       loom::v1::Job* response) override;
+  grpc::ServerUnaryReactor* KillJob(grpc::CallbackServerContext* context,
+                                    const loom::v1::KillJobRequest* request,
+                                    loom::v1::Job* response) override;
+  grpc::ServerWriteReactor<loom::v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
+  grpc::ServerWriteReactor<loom::v1::LogLine>* StreamLogs(
+      grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) override;
 
  private:
   Scheduler* const scheduler_;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/worker_service.grpc.pb.h"
@@ -39,19 +40,30 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbea
 ABSL_FLAG(std::string, host, "127.0.0.1", "host for the /metrics endpoint");
 ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
 ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5),
+          "deadline of each RegisterWorker / Heartbeat call to the scheduler");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the worker token the scheduler expects (its --worker_token_file) when "
+          "authentication is on");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify the scheduler's TLS certificate; empty = plaintext");
 
 namespace {
 
 // SchedulerClient over gRPC. Every call carries a deadline.
 class GrpcSchedulerClient : public loom::worker::SchedulerClient {
  public:
-  explicit GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(loom::v1::WorkerService::NewStub(channel)) {}
+  GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel, std::string token,
+                      absl::Duration timeout)
+      : stub_(loom::v1::WorkerService::NewStub(channel)),
+        token_(std::move(token)),
+        timeout_(timeout) {}
 
   absl::StatusOr<loom::v1::RegisterWorkerResponse> RegisterWorker(
       const loom::v1::RegisterWorkerRequest& request) override {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+    loom::AddBearerToken(ctx, token_);
     loom::v1::RegisterWorkerResponse resp;
     grpc::Status s = stub_->RegisterWorker(&ctx, request, &resp);
     if (!s.ok()) return loom::FromGrpcStatus(s);
@@ -61,7 +73,8 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
   absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(
       const loom::v1::HeartbeatRequest& request) override {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+    loom::AddBearerToken(ctx, token_);
     loom::v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, request, &resp);
     if (!s.ok()) return loom::FromGrpcStatus(s);
@@ -70,6 +83,8 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
 
  private:
   std::unique_ptr<loom::v1::WorkerService::Stub> stub_;
+  const std::string token_;
+  const absl::Duration timeout_;
 };
 
 absl::StatusOr<loom::v1::AcceleratorKind> ParseAccelerator(const std::string& s) {
@@ -147,25 +162,48 @@ int main(int argc, char** argv) {
     LOG(ERROR) << endpoint.status();
     return 1;
   }
-  GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler),
-                                                 grpc::InsecureChannelCredentials()));
+  if (absl::GetFlag(FLAGS_rpc_timeout) <= absl::ZeroDuration()) {
+    LOG(ERROR) << "--rpc_timeout: must be positive";
+    return 2;
+  }
+  auto token = loom::ReadTokenFile(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    LOG(ERROR) << "--token_file: " << token.status();
+    return 2;
+  }
+  auto creds = loom::MakeChannelCredentials(absl::GetFlag(FLAGS_tls_ca));
+  if (!creds.ok()) {
+    LOG(ERROR) << "--tls_ca: " << creds.status();
+    return 2;
+  }
+  GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), *creds), *token,
+                             absl::GetFlag(FLAGS_rpc_timeout));
   loom::worker::WorkerDaemon daemon(options, &client, &metrics);
+  (*endpoint)->SetReadyCheck([&daemon]() -> absl::Status {
+    if (!daemon.Registered()) return absl::UnavailableError("not registered with the scheduler");
+    return absl::OkStatus();
+  });
+  // Announce before the signal thread exists: returning early with a joinable std::thread
+  // would call std::terminate (regression: an unwritable --ready_file aborted the process).
+  // SIGTERM/SIGINT stay blocked meanwhile, so one arriving now is handled by the thread below.
+  absl::Status ready = loom::AnnounceReady(
+      {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
+  if (!ready.ok()) {
+    LOG(ERROR) << ready;
+    (*endpoint)->SetReadyCheck(nullptr);
+    return 1;
+  }
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
     LOG(INFO) << "signal " << sig << ": stopping ranks and shutting down";
     daemon.Shutdown();
   });
-  absl::Status ready = loom::AnnounceReady(
-      {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
-  if (!ready.ok()) {
-    LOG(ERROR) << ready;
-    return 1;
-  }
   LOG(INFO) << "loom-worker " << options.node_id << " serving metrics at " << (*endpoint)->url()
             << ", scheduler " << absl::GetFlag(FLAGS_scheduler);
   daemon.Run();
   // Run() returns only after Shutdown(), i.e. after the signal thread ran.
   signal_thread.join();
+  (*endpoint)->SetReadyCheck(nullptr);  // the check refers to `daemon`, destroyed first
   return 0;
 }

@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
@@ -243,18 +245,20 @@ TEST_F(ClusterE2ETest, FailedRankFailsTheJobWithItsError) {
   EXPECT_TRUE(absl::StrContains(job.message(), "empty.txt")) << job.message();
 }
 
-TEST_F(ClusterE2ETest, CancelStopsRunningRanks) {
+TEST_F(ClusterE2ETest, KillStopsRunningRanksPromptly) {
   std::string yaml = kTinyJob;
   yaml.replace(yaml.find("steps: 8"), 8, "steps: 100000");
   loom::v1::Job job = Submit(yaml);
   job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
-  loom::v1::CancelJobRequest req;
+  loom::v1::KillJobRequest req;
   req.set_job_id(job.id());
   loom::v1::Job cancelled;
-  ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), req, &cancelled).ok());
+  ASSERT_TRUE(jobs_->KillJob(Ctx().get(), req, &cancelled).ok());
   EXPECT_EQ(cancelled.phase(), loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(cancelled.reason(), "Killed");
   // The workers stop their ranks: no RUNNING rank left on either worker within 20 s.
+  const absl::Time killed_at = absl::Now();
   absl::Time deadline = absl::Now() + absl::Seconds(20);
   bool stopped = false;
   while (!stopped && absl::Now() < deadline) {
@@ -266,10 +270,138 @@ TEST_F(ClusterE2ETest, CancelStopsRunningRanks) {
     }
     if (!stopped) absl::SleepFor(absl::Milliseconds(200));
   }
-  EXPECT_TRUE(stopped) << "ranks still running 20 s after cancel";
-  // A second cancel of an ended job is refused.
-  grpc::Status again = jobs_->CancelJob(Ctx().get(), req, &cancelled);
+  EXPECT_TRUE(stopped) << "ranks still running 20 s after kill";
+  // Promptly: a heartbeat to learn of it, then SIGTERM (SIGKILL after the worker's 5 s grace).
+  EXPECT_LT(absl::Now() - killed_at, absl::Seconds(10));
+  // A second kill (or cancel) of an ended job is refused.
+  grpc::Status again = jobs_->KillJob(Ctx().get(), req, &cancelled);
   EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  loom::v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  EXPECT_EQ(jobs_->CancelJob(Ctx().get(), cancel, &cancelled).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Graceful cancel: the ranks write a final checkpoint at an agreed step and stop; the job ends
+// CANCELLED naming that step, which the checkpoint service lists as committed. Meanwhile the
+// job's logs hold the trainers' lines and a watcher sees STOPPING, then CANCELLED.
+TEST_F(ClusterE2ETest, CancelWritesACommittedFinalCheckpointAndLogsHoldTrainerLines) {
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 100000");
+  yaml.replace(yaml.find("interval_steps: 4"), 17, "interval_steps: 50000");
+  loom::v1::Job job = Submit(yaml);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
+  // A few steps, so that the final checkpoint is not the initial state.
+  const absl::Time step_deadline = absl::Now() + absl::Minutes(1);
+  while (job.progress().step() < 2 && absl::Now() < step_deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    loom::v1::GetJobRequest get;
+    get.set_job_id(job.id());
+    ASSERT_TRUE(jobs_->GetJob(Ctx().get(), get, &job).ok());
+  }
+  ASSERT_GE(job.progress().step(), 2);
+
+  // Logs of the running job: the trainers' stderr (glog) and stdout (JSON events) of both ranks.
+  const absl::Time log_deadline = absl::Now() + absl::Seconds(10);
+  std::vector<loom::v1::LogLine> lines;
+  bool have_both = false;
+  while (!have_both && absl::Now() < log_deadline) {
+    loom::v1::StreamLogsRequest logs_req;
+    logs_req.set_job_id(job.id());
+    auto ctx = Ctx();
+    auto reader = jobs_->StreamLogs(ctx.get(), logs_req);
+    lines.clear();
+    loom::v1::LogLine line;
+    while (reader->Read(&line)) lines.push_back(line);
+    ASSERT_TRUE(reader->Finish().ok());
+    std::set<std::string> kinds;
+    for (const auto& l : lines) {
+      if (absl::StrContains(l.text(), "joined")) kinds.insert(absl::StrCat("joined", l.rank()));
+      if (absl::StrContains(l.text(), "\"event\":\"step\"")) kinds.insert(absl::StrCat("step", l.rank()));
+    }
+    have_both = kinds.size() == 4;
+    if (!have_both) absl::SleepFor(absl::Milliseconds(300));
+  }
+  EXPECT_TRUE(have_both) << "trainer lines missing from " << lines.size() << " log lines";
+  bool saw_stderr = false, saw_stdout = false;
+  for (const auto& l : lines) {
+    saw_stderr |= l.stream() == "stderr";
+    saw_stdout |= l.stream() == "stdout";
+    EXPECT_EQ(l.attempt(), 1);
+  }
+  EXPECT_TRUE(saw_stderr);
+  EXPECT_TRUE(saw_stdout);
+
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(3));
+  loom::v1::WatchJobRequest watch_req;
+  watch_req.set_job_id(job.id());
+  auto watch = jobs_->WatchJob(&watch_ctx, watch_req);
+  std::vector<loom::v1::JobEvent> events;
+  std::thread watcher([&] {
+    loom::v1::JobEvent e;
+    while (watch->Read(&e)) events.push_back(e);
+  });
+
+  loom::v1::CancelJobRequest req;
+  req.set_job_id(job.id());
+  loom::v1::Job stopping;
+  ASSERT_TRUE(jobs_->CancelJob(Ctx().get(), req, &stopping).ok());
+  EXPECT_EQ(stopping.phase(), loom::v1::JOB_PHASE_STOPPING);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_CANCELLED, absl::Minutes(2));
+  watcher.join();
+  EXPECT_TRUE(watch->Finish().ok());
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(job.reason(), "Cancelled");
+  const std::string marker = "final checkpoint written at step ";
+  const size_t at = job.message().find(marker);
+  ASSERT_NE(at, std::string::npos) << job.message();
+  const int64_t step = std::stoll(job.message().substr(at + marker.size()));
+  EXPECT_GE(step, 2);
+  EXPECT_EQ(job.progress().last_checkpoint_step(), step);
+
+  loom::v1::ListCheckpointsRequest list_req;
+  list_req.set_job_id(job.id());
+  loom::v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok());
+  ASSERT_EQ(list.checkpoints_size(), 1);  // the interval (50000) was never reached
+  EXPECT_EQ(list.checkpoints(0).step(), step);
+  EXPECT_TRUE(list.checkpoints(0).committed());
+  EXPECT_EQ(list.checkpoints(0).world_size(), 2);
+
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().type(), "Snapshot");
+  EXPECT_EQ(events.back().job().phase(), loom::v1::JOB_PHASE_CANCELLED);
+  bool saw_stopping = false;
+  for (const auto& e : events) saw_stopping |= e.job().phase() == loom::v1::JOB_PHASE_STOPPING;
+  EXPECT_TRUE(saw_stopping);
+
+  // The same through loomctl: logs of one rank (the buffer outlives the job), watch of the ended
+  // job (its snapshot; exit 1: not SUCCEEDED), kill of the ended job (9 = FAILED_PRECONDITION).
+  auto loomctl = [&](const std::string& name, std::vector<std::string> args) {
+    args.insert(args.begin(), {RunfilePath("services/cli/loomctl"),
+                               absl::StrCat("--scheduler=", scheduler_info_.grpc_address)});
+    const std::string out = absl::StrCat(tmp_, "/loomctl-", name, ".out");
+    auto p = testing::Subprocess::Start(args, out);
+    EXPECT_TRUE(p.ok()) << p.status();
+    const int code = p.ok() ? testing::ExitCode(p->Wait(absl::Seconds(30))) : -1;
+    auto text = ReadFile(out);
+    return std::make_pair(code, text.ok() ? *text : std::string());
+  };
+  auto [logs_code, logs_out] = loomctl("logs", {"logs", job.id(), "--rank=1", "--tail=3"});
+  EXPECT_EQ(logs_code, 0) << logs_out;
+  int rank1_lines = 0;
+  for (absl::string_view l : absl::StrSplit(logs_out, '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(l, "[rank 1] ")) ++rank1_lines;
+  }
+  EXPECT_EQ(rank1_lines, 3) << logs_out;
+  auto [watch_code, watch_out] = loomctl("watch", {"watch", job.id()});
+  EXPECT_EQ(watch_code, 1) << watch_out;
+  EXPECT_TRUE(absl::StrContains(watch_out, "Snapshot")) << watch_out;
+  EXPECT_TRUE(absl::StrContains(watch_out, "CANCELLED")) << watch_out;
+  auto [kill_code, kill_out] = loomctl("kill", {"kill", job.id()});
+  EXPECT_EQ(kill_code, 9) << kill_out;
 }
 
 TEST_F(ClusterE2ETest, SchedulerKilledMidRunRestartsAndTheJobCompletes) {

@@ -25,8 +25,14 @@ case "$name" in
     mask=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/self/status)
     echo "{\"event\":\"error\",\"message\":\"SigBlk=$mask\"}"
     exit 1 ;;
+  graceful)
+    # Runs (one stderr line every 50 ms) until SIGUSR1, then "checkpoints" and stops gracefully.
+    trap 'echo "{\"event\":\"checkpoint\",\"step\":3,\"dir\":\"/tmp/x\"}"; echo "{\"event\":\"stopped\",\"step\":3,\"checkpoint_step\":3}"; exit 0' USR1
+    echo '{"event":"step","step":3,"loss":5.0,"tokens_per_s":100}'
+    i=0
+    while true; do i=$((i+1)); echo "fake trainer: tick $i" >&2; sleep 0.05; done ;;
   hang)
-    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":4096,"peak_gathered_bytes":16384}'
+    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":4096,"peak_gathered_bytes":16384,"comm_s":0.125,"data_s":0.0625,"optimizer_rollbacks":2,"param_bytes":1024,"optimizer_state_bytes":8192}'
     echo '{"event":"checkpoint","step":1,"dir":"/tmp/x"}'
     trap 'exit 143' TERM
     while true; do sleep 0.05; done ;;

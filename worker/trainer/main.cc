@@ -11,18 +11,36 @@
 //
 // Protocol with the worker daemon: stdout carries only JSON lines, one event each, flushed:
 //   {"event":"rendezvous","port":P}                       rank 0, once its TCPStore listens
-//   {"event":"started","rank":r,"world_size":N,"params":Ψ,"partition_bytes":B,"start_step":s}
+//   {"event":"warning","message":"deepspeed_config.<key>: ignored (...)"}   accepted, unused keys
+//   {"event":"started","rank":r,"world_size":N,"params":Ψ,"zero_stage":z,"partition_bytes":B,
+//    "start_step":s, + the memory fields below (current)}
 //   {"event":"eval","step":s,"loss":x}                    before training (step 0 or resume
 //                                                          step), every eval_every_steps, at end
 //   {"event":"step","step":s,"loss":x,"tokens_per_s":t,"step_time_s":u,"lr":l,"grad_norm":g,
-//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B}
+//    "loss_scale":S,"skipped":false,"optimizer_step":k,
+//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
+//    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,
+//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"peak_bytes":M,
+//    "comm_s":c,"data_s":d,"comm_elements":e}
+//      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
+//      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
+//      overflow skipped the update (loss_scale is the scale the step ran with).
+//      comm_s: seconds of the step the training thread was blocked in collectives; data_s:
+//      seconds it spent building the step's input batches (the worker exports
+//      loom_trainer_communication_seconds = comm_s, loom_trainer_stall_seconds = comm_s + data_s)
+//      comm_elements: the step's communication volume in elements (all-gather/reduce-scatter:
+//      N*p, all-reduce: 2x; TECHNIQUES.md §1.2)
 //   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
-//   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b}
+//   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b,"collective_count":c,
+//    "collective_hash":"hex"}                            equal on every rank
 //   {"event":"stopped","step":s}                          after SIGTERM/SIGINT (all ranks agree)
+//   {"event":"stopped","step":s,"checkpoint_step":s}      after SIGUSR1: graceful stop, with a
+//                                                          final checkpoint of step s (all ranks)
 //   {"event":"error","message":"..."}
-// Logs go to stderr. Exit codes: 0 done; 1 runtime error (collective failure, I/O, LibTorch);
-// 2 invalid flags/spec/config (INVALID_ARGUMENT); 143 stopped by SIGTERM/SIGINT at a step
-// boundary (a second signal exits 143 immediately). At the end rank 0 writes
+// Logs go to stderr. Exit codes: 0 done, or stopped gracefully (SIGUSR1: checkpoint at the next
+// step boundary every rank agrees on, then stop; the last event says which); 1 runtime error
+// (collective failure, I/O, LibTorch); 2 invalid flags/spec/config (INVALID_ARGUMENT); 143
+// stopped by SIGTERM/SIGINT at a step boundary (a second signal exits 143 immediately). At the end rank 0 writes
 // <checkpoint_dir>/final_logits.json.
 #include <signal.h>
 #include <sys/prctl.h>
@@ -36,7 +54,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "worker/engine/collectives.h"
@@ -52,10 +72,20 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "Directory for step_<S>/rank_<r>.shar
 ABSL_FLAG(std::string, job_id, "", "Job id (for logs).");
 ABSL_FLAG(std::string, resume_from, "", "A checkpoint step directory to resume from.");
 ABSL_FLAG(int, collective_timeout_s, 300, "Timeout of rendezvous and every collective.");
+// Test hooks (tests only; the worker never passes them).
+ABSL_FLAG(std::vector<std::string>, test_inject_inf_grad_steps, {},
+          "Test only: 1-based steps at which rank 0 writes +inf into a gradient.");
+ABSL_FLAG(std::string, test_layer_order, "",
+          "Test only: STEP:L0,L1,... runs the decoder layers in this order at that step.");
+ABSL_FLAG(int, test_rank_sequence_length, 0,
+          "Test only: this rank's training samples use this many tokens (uneven data).");
 
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_checkpoint_stop{false};
+
+void OnCheckpointSignal(int) { g_checkpoint_stop.store(true); }
 
 void OnSignal(int) {
   if (g_stop.exchange(true)) _exit(143);  // second signal: give up at once
@@ -98,6 +128,29 @@ int Main() {
   options->resume_from = absl::GetFlag(FLAGS_resume_from);
   options->job_id = absl::GetFlag(FLAGS_job_id);
   options->collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
+  for (const std::string& v : absl::GetFlag(FLAGS_test_inject_inf_grad_steps)) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(v, &step) || step < 1) {
+      return Fail(absl::InvalidArgumentError("--test_inject_inf_grad_steps: " + v), 2);
+    }
+    options->test_inject_inf_grad_steps.push_back(step);
+  }
+  if (const std::string order = absl::GetFlag(FLAGS_test_layer_order); !order.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(order, ':');
+    bool ok = parts.size() == 2 && absl::SimpleAtoi(parts[0], &options->test_layer_order_step);
+    for (absl::string_view l : absl::StrSplit(parts.size() == 2 ? parts[1] : "", ',')) {
+      int64_t layer = -1;
+      ok = ok && absl::SimpleAtoi(l, &layer) && layer >= 0 &&
+           layer < options->model.num_hidden_layers;
+      options->test_layer_order.push_back(layer);
+    }
+    if (!ok) return Fail(absl::InvalidArgumentError("--test_layer_order: " + order), 2);
+  }
+  options->test_rank_sequence_length = absl::GetFlag(FLAGS_test_rank_sequence_length);
+  if (options->test_rank_sequence_length < 0 ||
+      options->test_rank_sequence_length > options->model.max_position_embeddings) {
+    return Fail(absl::InvalidArgumentError("--test_rank_sequence_length out of range"), 2);
+  }
 
   std::unique_ptr<loom::engine::Collectives> coll;
   if (world == 1) {
@@ -118,7 +171,7 @@ int Main() {
     coll = std::move(*c);
   }
   LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
-  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitLine, &g_stop);
+  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitLine, &g_stop, &g_checkpoint_stop);
   if (s.ok()) return 0;
   if (s.code() == absl::StatusCode::kCancelled) {
     LOG(WARNING) << s;
@@ -138,6 +191,10 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  struct sigaction usr1 = {};
+  usr1.sa_handler = OnCheckpointSignal;
+  sigemptyset(&usr1.sa_mask);
+  sigaction(SIGUSR1, &usr1, nullptr);
   // A rank outlives nothing: if the process that started it (the worker daemon) dies, the rank
   // is asked to stop like on cancel, instead of training on unreported and unsupervised.
   const pid_t parent = ::getppid();
