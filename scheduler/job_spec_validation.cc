@@ -209,6 +209,11 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   if (spec.max_restarts() < 0) {
     return Invalid("max_restarts", absl::StrCat("must be >= 0, got ", spec.max_restarts()));
   }
+  if (spec.max_infra_restarts() < -1) {
+    return Invalid("max_infra_restarts",
+                   absl::StrCat("must be >= 0, or -1 for the scheduler's default; got ",
+                                spec.max_infra_restarts()));
+  }
   return absl::OkStatus();
 }
 

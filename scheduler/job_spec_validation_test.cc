@@ -224,6 +224,11 @@ TEST(JobSpecValidationTest, NegativeCheckpointIntervalAndRestarts) {
   spec = ValidTestJobSpec();
   spec.set_max_restarts(-3);
   ExpectInvalid(spec, "max_restarts", "got -3");
+  spec.set_max_restarts(0);
+  spec.set_max_infra_restarts(-2);
+  ExpectInvalid(spec, "max_infra_restarts", "got -2");
+  spec.set_max_infra_restarts(-1);
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
   spec.set_max_restarts(2);
   EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
 }

@@ -415,8 +415,9 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   // rank, hang, setup/rendezvous, gang-ready timeout) and the job's own failures.
   const bool infra = IsInfraClass(failure_class);
   const int32_t max_restarts =
-      infra ? (job.spec.max_infra_restarts() < 0 ? options_.default_max_infra_restarts
-                                                 : job.spec.max_infra_restarts())
+      infra ? (!job.spec.has_max_infra_restarts() || job.spec.max_infra_restarts() < 0
+                   ? options_.default_max_infra_restarts
+                   : job.spec.max_infra_restarts())
             : job.spec.max_restarts();
   const int32_t restarts_used = infra ? job.state.infra_restarts() : job.state.user_restarts();
   const char* budget = infra ? "infra" : "user";

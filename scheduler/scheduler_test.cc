@@ -1170,3 +1170,44 @@ TEST_F(SchedulerTest, RestartResendsAssignmentsNotYetAcknowledged) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// A spec that does not mention max_infra_restarts gets the scheduler's default infra budget
+// (3): a lost node is retried, not a failed job (regression: proto3's implicit 0 meant none).
+TEST_F(SchedulerTest, UnsetInfraBudgetUsesTheSchedulerDefault) {
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Register("node-c", 1);
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  ASSERT_FALSE(spec.has_max_infra_restarts());
+  absl::StatusOr<Job> submitted = scheduler_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  Cycle();
+  Job job = Get(submitted->id());
+  ASSERT_EQ(job.rank_nodes_size(), 2);
+  Beat(job.rank_nodes(0), {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Beat(job.rank_nodes(1), {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RUNNING);
+  const std::string lost = job.rank_nodes(1);
+  for (int i = 0; i < 12; ++i) {  // `lost` never heartbeats again; nothing steps
+    clock_.Advance(absl::Seconds(1));
+    for (const std::string& n : {std::string("node-a"), std::string("node-b"),
+                                 std::string("node-c")}) {
+      if (n == job.rank_nodes(0) && i < 11) {
+        Beat(n, {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});  // rank 0 waits on rank 1
+      } else if (n != lost) {
+        Beat(n);
+      }
+    }
+    Cycle();
+  }
+  Job after = Get(job.id());
+  EXPECT_NE(after.phase(), loom::v1::JOB_PHASE_FAILED) << after.message();
+  EXPECT_EQ(after.infra_restarts(), 1) << after.message();
+  EXPECT_NE(after.message().find("infra restart 1 of 3"), std::string::npos) << after.message();
+}
+
+}  // namespace
+}  // namespace loom
