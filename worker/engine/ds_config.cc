@@ -38,6 +38,14 @@ absl::Status CheckKeys(const json& obj, const std::string& path,
   return absl::OkStatus();
 }
 
+// Keys present in `obj` that the engine accepts without implementing them: a warning each.
+void WarnIgnored(const json& obj, const std::string& path, const std::set<std::string>& keys,
+                 const std::string& why, std::vector<std::string>* warnings) {
+  for (const std::string& k : keys) {
+    if (obj.contains(k)) warnings->push_back(absl::StrCat(Join(path, k), ": ignored (", why, ")"));
+  }
+}
+
 absl::StatusOr<const json*> OptObject(const json& obj, const std::string& key,
                                       const std::string& path) {
   auto it = obj.find(key);
@@ -65,19 +73,6 @@ absl::Status ReadBool(const json& o, const std::string& k, const std::string& p,
 absl::Status ReadString(const json& o, const std::string& k, const std::string& p,
                         std::string* out) {
   return Read(json_fields::OptString(o, k, p), out);
-}
-
-// `{"enabled": ...}` sections whose enabled=true would change results.
-absl::Status RejectIfEnabled(const json& root, const std::string& key, const std::string& what,
-                             const std::set<std::string>& known_keys) {
-  ASSIGN_OR_RETURN(const json* sec, OptObject(root, key, kRoot));
-  if (sec == nullptr) return absl::OkStatus();
-  const std::string path = Join(kRoot, key);
-  RETURN_IF_ERROR(CheckKeys(*sec, path, known_keys));
-  bool enabled = false;
-  RETURN_IF_ERROR(ReadBool(*sec, "enabled", path, &enabled));
-  if (enabled) return Unsupported(Join(path, "enabled"), what);
-  return absl::OkStatus();
 }
 
 absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
@@ -235,8 +230,8 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
     return Invalid(Join(path, "device"),
                    absl::StrCat("\"", o->device, "\" is not one of none, cpu, nvme"));
   }
-  if (o->device != "none") {
-    return Unsupported(Join(path, "device"), absl::StrCat(key, " to ", o->device));
+  if (o->device == "nvme" && o->nvme_path.empty()) {
+    return Invalid(Join(path, "nvme_path"), "required when device is nvme");
   }
   bool super = false;
   RETURN_IF_ERROR(ReadBool(*off, "super_offload", path, &super));
@@ -319,18 +314,99 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
     int64_t mics = -1;
     RETURN_IF_ERROR(ReadInt(*z, "mics_shard_size", path, &mics));
     if (mics > 0) return Unsupported(Join(path, "mics_shard_size"), "MiCS sharding");
+    WarnIgnored(*z, path,
+                {"reduce_scatter", "use_multi_rank_bucket_allreduce", "allgather_partitions",
+                 "load_from_fp32_weights", "stage3_model_persistence_threshold",
+                 "stage3_gather_16bit_weights_on_model_save",
+                 "stage3_gather_fp16_weights_on_model_save",
+                 "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
+                 "stage3_allgather_sequential", "round_robin_gradients",
+                 "ignore_unused_parameters", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+                 "memory_efficient_linear", "mics_hierarchical_params_gather",
+                 "log_trace_cache_warnings", "pipeline_loading_checkpoint",
+                 "override_module_apply", "legacy_stage1"},
+                "a communication/layout knob Loom does not implement; results are unchanged up "
+                "to reduction-order rounding",
+                &c->warnings);
   }
   const std::string stage_path = Join(path, "stage");
   if (zc.stage < 0 || zc.stage > 3) {
     return Invalid(stage_path, absl::StrCat(zc.stage, " is not one of 0, 1, 2, 3"));
   }
-  if (zc.stage == 1 || zc.stage == 2) {
-    return Unsupported(stage_path, absl::StrCat("ZeRO stage ", zc.stage, " (use stage 3)"));
+  if (zc.offload_param.device != "none" && zc.stage != 3) {
+    return Invalid(Join(Join(path, "offload_param"), "device"),
+                   absl::StrCat("parameter offload needs stage 3, not stage ", zc.stage));
   }
-  if (zc.stage == 0 && world_size > 1) {
-    return Unsupported(stage_path,
-                       absl::StrCat("stage 0 (replicated data parallelism) with world size ",
-                                    world_size, " (use stage 3)"));
+  if (zc.reduce_bucket_size <= 0) return Invalid(Join(path, "reduce_bucket_size"), "must be > 0");
+  if (zc.allgather_bucket_size <= 0) {
+    return Invalid(Join(path, "allgather_bucket_size"), "must be > 0");
+  }
+  if (zc.sub_group_size <= 0) return Invalid(Join(path, "sub_group_size"), "must be > 0");
+  for (const auto& [key, v] :
+       {std::pair<const char*, int64_t>{"stage3_prefetch_bucket_size",
+                                        zc.stage3_prefetch_bucket_size},
+        {"stage3_param_persistence_threshold", zc.stage3_param_persistence_threshold},
+        {"stage3_max_live_parameters", zc.stage3_max_live_parameters},
+        {"stage3_max_reuse_distance", zc.stage3_max_reuse_distance}}) {
+    if (v < 0) return Invalid(Join(path, key), "must be >= 0");
+  }
+  (void)world_size;
+  return absl::OkStatus();
+}
+
+absl::Status ParsePrecision(const json& root, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* fp16, OptObject(root, "fp16", kRoot));
+  if (fp16 != nullptr) {
+    const std::string path = Join(kRoot, "fp16");
+    RETURN_IF_ERROR(CheckKeys(*fp16, path,
+                              {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
+                               "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                               "min_loss_scale", "fp16_master_weights_and_grads"}));
+    Fp16Config& f = c->fp16;
+    RETURN_IF_ERROR(ReadBool(*fp16, "enabled", path, &f.enabled));
+    RETURN_IF_ERROR(ReadDouble(*fp16, "loss_scale", path, &f.loss_scale));
+    RETURN_IF_ERROR(ReadInt(*fp16, "initial_scale_power", path, &f.initial_scale_power));
+    RETURN_IF_ERROR(ReadInt(*fp16, "loss_scale_window", path, &f.loss_scale_window));
+    RETURN_IF_ERROR(ReadInt(*fp16, "hysteresis", path, &f.hysteresis));
+    RETURN_IF_ERROR(ReadBool(*fp16, "consecutive_hysteresis", path, &f.consecutive_hysteresis));
+    RETURN_IF_ERROR(ReadDouble(*fp16, "min_loss_scale", path, &f.min_loss_scale));
+    bool flag = false;
+    RETURN_IF_ERROR(ReadBool(*fp16, "auto_cast", path, &flag));
+    if (flag) return Unsupported(Join(path, "auto_cast"), "fp16 auto_cast");
+    flag = false;
+    RETURN_IF_ERROR(ReadBool(*fp16, "fp16_master_weights_and_grads", path, &flag));
+    if (flag) {
+      return Unsupported(Join(path, "fp16_master_weights_and_grads"), "fp16 master weights");
+    }
+    if (!(f.loss_scale >= 0)) return Invalid(Join(path, "loss_scale"), "must be >= 0");
+    if (f.initial_scale_power < 0 || f.initial_scale_power > 62) {
+      return Invalid(Join(path, "initial_scale_power"), "must be in [0, 62]");
+    }
+    if (f.loss_scale_window <= 0) return Invalid(Join(path, "loss_scale_window"), "must be > 0");
+    if (f.hysteresis <= 0) return Invalid(Join(path, "hysteresis"), "must be > 0");
+    if (!(f.min_loss_scale > 0)) return Invalid(Join(path, "min_loss_scale"), "must be > 0");
+  }
+  for (const char* key : {"bf16", "bfloat16"}) {
+    ASSIGN_OR_RETURN(const json* sec, OptObject(root, key, kRoot));
+    if (sec == nullptr) continue;
+    const std::string path = Join(kRoot, key);
+    RETURN_IF_ERROR(CheckKeys(*sec, path,
+                              {"enabled", "immediate_grad_update", "check_grad_overflow",
+                               "bf16_master_weights_and_grads", "bf16_optimizer_states"}));
+    bool enabled = false;
+    RETURN_IF_ERROR(ReadBool(*sec, "enabled", path, &enabled));
+    c->bf16_enabled = c->bf16_enabled || enabled;
+    for (const char* k : {"bf16_master_weights_and_grads", "bf16_optimizer_states"}) {
+      bool on = false;
+      RETURN_IF_ERROR(ReadBool(*sec, k, path, &on));
+      if (on) return Unsupported(Join(path, k), "bf16 master weights / optimizer states");
+    }
+    WarnIgnored(*sec, path, {"immediate_grad_update", "check_grad_overflow"},
+                "Loom accumulates fp32 gradient partitions and does not skip bf16 steps",
+                &c->warnings);
+  }
+  if (c->fp16.enabled && c->bf16_enabled) {
+    return Invalid(Join(kRoot, "bf16.enabled"), "fp16 and bf16 cannot both be enabled");
   }
   return absl::OkStatus();
 }
@@ -436,17 +512,23 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
   RETURN_IF_ERROR(ParseOptimizer(root, &c));
   RETURN_IF_ERROR(ParseScheduler(root, &c));
   RETURN_IF_ERROR(ParseZero(root, world_size, &c));
-
-  RETURN_IF_ERROR(RejectIfEnabled(
-      root, "fp16", "fp16 training",
-      {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
-       "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"}));
-  for (const char* key : {"bf16", "bfloat16"}) {
-    RETURN_IF_ERROR(RejectIfEnabled(
-        root, key, "bf16 training",
-        {"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-         "bf16_optimizer_states"}));
+  WarnIgnored(root, kRoot,
+              {"wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
+               "csv_monitor", "comms_logger", "memory_breakdown", "timers", "checkpoint",
+               "activation_checkpointing", "prescale_gradients", "zero_allow_untested_optimizer",
+               "zero_force_ds_cpu_optimizer", "disable_allgather"},
+              "logging, checkpoint-engine or recomputation knob Loom does not implement; results "
+              "are unchanged",
+              &c.warnings);
+  {
+    double predivide = 1.0;
+    RETURN_IF_ERROR(ReadDouble(root, "gradient_predivide_factor", kRoot, &predivide));
+    if (predivide != 1.0) {
+      return Unsupported(Join(kRoot, "gradient_predivide_factor"), "a predivide factor != 1");
+    }
   }
+
+  RETURN_IF_ERROR(ParsePrecision(root, &c));
   {
     ASSIGN_OR_RETURN(const json* amp, OptObject(root, "amp", kRoot));
     if (amp != nullptr) {

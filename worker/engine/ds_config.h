@@ -4,15 +4,19 @@
 // schedules. No LibTorch. All functions are pure and thread-safe.
 //
 // Policy for keys: unknown keys are rejected with their path. Recognised keys that the engine
-// does not implement are accepted when ignoring them cannot change results (bucket sizes,
-// prefetch/persistence knobs, overlap_comm, logging knobs) and rejected with "<path>: ... is not
-// supported yet" when they would (fp16/bf16, offload, ZeRO stages 1/2, ZenFlow, ...).
+// does not implement are accepted with a warning (DeepSpeedConfig::warnings, one line each naming
+// the key) when ignoring them cannot change results (logging knobs, round_robin_gradients,
+// stage3_model_persistence_threshold, ...) and rejected with INVALID_ARGUMENT "<path>: ... is not
+// supported yet" when they would (ZenFlow, ZeRO++, fp16 auto_cast, ...). Offload sections
+// (offload_optimizer / offload_param with device cpu or nvme) are parsed and accepted here; the
+// engine decides at start whether it implements them.
 #ifndef LOOM_WORKER_ENGINE_DS_CONFIG_H_
 #define LOOM_WORKER_ENGINE_DS_CONFIG_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -60,8 +64,7 @@ struct OffloadConfig {
   double ratio = 1.0;
 };
 
-// zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Only `stage` changes
-// what the skeleton engine does; the rest is stored for the planner and reporting.
+// zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Sizes are in elements.
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
@@ -89,6 +92,18 @@ struct ZeroConfig {
   bool overlap_comm_effective() const { return overlap_comm.value_or(stage == 3); }
 };
 
+// fp16 dynamic loss scaling (DeepSpeed runtime/fp16/loss_scaler.py DynamicLossScaler;
+// TECHNIQUES.md §0). loss_scale 0 = dynamic starting at 2^initial_scale_power.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
 struct DeepSpeedConfig {
   int64_t train_batch_size = 0;                // = micro * GAS * world (derived if absent)
   int64_t train_micro_batch_size_per_gpu = 0;  // samples per rank per micro-step
@@ -99,8 +114,11 @@ struct DeepSpeedConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZeroConfig zero;
-  bool fp16_enabled = false;
+  Fp16Config fp16;
   bool bf16_enabled = false;
+  // Keys accepted but not implemented (ignoring them cannot change results), one message each:
+  // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.
+  std::vector<std::string> warnings;
 };
 
 // Parses `json_text` (a JSON object) for a job of `world_size` data-parallel ranks.
@@ -109,7 +127,7 @@ struct DeepSpeedConfig {
 // must satisfy train_batch_size == micro * GAS * world_size.
 // Errors: INVALID_ARGUMENT naming the key path, e.g.
 // "deepspeed_config.zero_optimization.foo: unknown key" or
-// "deepspeed_config.fp16.enabled: fp16 training is not supported yet".
+// "deepspeed_config.zero_optimization.zenflow: ZenFlow is not supported yet".
 absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
                                                      int world_size);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace loom::engine {
@@ -123,20 +124,25 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
               "deepspeed_config.zero_optimization.foo: unknown key");
   ExpectError("{" + ok + R"(, "bogus": 1, "zero_optimization": {"stage": 3}})", 2,
               "deepspeed_config.bogus: unknown key");
-  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "fp16": {"enabled": true}})", 2,
-              "deepspeed_config.fp16.enabled: fp16 training is not supported yet");
-  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "bf16": {"enabled": true}})", 2,
-              "deepspeed_config.bf16.enabled: bf16 training is not supported yet");
+  ExpectError("{" + ok + R"(, "fp16": {"enabled": true}, "bf16": {"enabled": true}})", 2,
+              "deepspeed_config.bf16.enabled: fp16 and bf16 cannot both be enabled");
+  ExpectError("{" + ok + R"(, "fp16": {"enabled": true, "auto_cast": true}})", 2,
+              "deepspeed_config.fp16.auto_cast: fp16 auto_cast is not supported yet");
+  ExpectError("{" + ok + R"(, "fp16": {"enabled": true, "hysteresis": 0}})", 2,
+              "deepspeed_config.fp16.hysteresis: must be > 0");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 2,
+      "offload_param": {"device": "cpu"}}})", 2,
+              "deepspeed_config.zero_optimization.offload_param.device: parameter offload needs "
+              "stage 3, not stage 2");
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3,
-      "offload_optimizer": {"device": "cpu"}}})", 2,
-              "deepspeed_config.zero_optimization.offload_optimizer.device: offload_optimizer to "
-              "cpu is not supported yet");
-  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3,
-      "offload_param": {"device": "nvme", "nvme_path": "/x"}}})", 2,
-              "deepspeed_config.zero_optimization.offload_param.device");
-  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 2}})", 2,
-              "deepspeed_config.zero_optimization.stage: ZeRO stage 2");
-  ExpectError("{" + ok + R"(})", 2, "deepspeed_config.zero_optimization.stage: stage 0");
+      "offload_param": {"device": "nvme"}}})", 2,
+              "deepspeed_config.zero_optimization.offload_param.nvme_path: required");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 4}})", 2,
+              "deepspeed_config.zero_optimization.stage: 4 is not one of 0, 1, 2, 3");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})", 2,
+              "deepspeed_config.zero_optimization.reduce_bucket_size: must be > 0");
+  ExpectError("{" + ok + R"(, "gradient_predivide_factor": 2.0})", 2,
+              "deepspeed_config.gradient_predivide_factor");
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "zenflow": {}}})", 2,
               "deepspeed_config.zero_optimization.zenflow: ZenFlow is not supported yet");
   ExpectError(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
@@ -161,6 +167,52 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
               "deepspeed_config.train_micro_batch_size_per_gpu: expected an integer");
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "gradient_clipping": -1})", 2,
               "deepspeed_config.gradient_clipping: must be >= 0");
+}
+
+// Stages 0-2, fp16/bf16 and offload sections are accepted; keys that cannot change results are
+// warnings naming the key.
+TEST(ParseDeepSpeedConfigTest, StagesPrecisionOffloadAndWarnings) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(
+        absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+            "zero_optimization": {"stage": )", stage, "}}"), 4);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->zero.stage, stage);
+    EXPECT_EQ(c->zero.overlap_comm_effective(), stage == 3);
+    EXPECT_TRUE(c->warnings.empty());
+  }
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+          "wall_clock_breakdown": true, "tensorboard": {"enabled": false},
+          "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8,
+                   "loss_scale_window": 3, "hysteresis": 1, "consecutive_hysteresis": true,
+                   "min_loss_scale": 0.5},
+          "zero_optimization": {"stage": 2, "round_robin_gradients": true,
+            "offload_optimizer": {"device": "cpu", "pin_memory": false}}})", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fp16.enabled);
+  EXPECT_EQ(c->fp16.initial_scale_power, 8);
+  EXPECT_EQ(c->fp16.loss_scale_window, 3);
+  EXPECT_EQ(c->fp16.hysteresis, 1);
+  EXPECT_TRUE(c->fp16.consecutive_hysteresis);
+  EXPECT_DOUBLE_EQ(c->fp16.min_loss_scale, 0.5);
+  EXPECT_FALSE(c->bf16_enabled);
+  EXPECT_EQ(c->zero.offload_optimizer.device, "cpu");
+  EXPECT_FALSE(c->zero.offload_optimizer.pin_memory);
+  ASSERT_EQ(c->warnings.size(), 3u);
+  std::string all;
+  for (const std::string& w : c->warnings) all += w + "\n";
+  EXPECT_NE(all.find("deepspeed_config.zero_optimization.round_robin_gradients: ignored"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("deepspeed_config.wall_clock_breakdown: ignored"), std::string::npos);
+  EXPECT_NE(all.find("deepspeed_config.tensorboard: ignored"), std::string::npos);
+  c = ParseDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                            "nvme_path": "/tmp/x"}}})", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->bf16_enabled);
+  EXPECT_EQ(c->zero.offload_param.device, "nvme");
 }
 
 TEST(LearningRateAtStepTest, NoSchedulerIsConstant) {
