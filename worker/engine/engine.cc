@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,8 @@
 #include "storage/checkpoint/shard_format.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/corpus.h"
+#include "worker/engine/offload/offload_optimizer.h"
+#include "worker/engine/partition.h"
 #include "worker/engine/zero_llama.h"
 
 namespace loom::engine {
@@ -54,6 +57,10 @@ class Trainer {
   absl::Status LoadCheckpoint(const std::string& step_dir, int64_t* step);
   absl::Status WriteFinalLogits();
   bool StopAgreed();
+  // ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer / offload_param): builds
+  // offload_ and the model hooks that hand it each parameter as it is created.
+  absl::Status SetUpOffload(ZeroInitHooks* hooks);
+  std::vector<float*> ModelPartitionPointers();
 
   const EngineOptions& o_;
   Collectives& coll_;
@@ -61,8 +68,84 @@ class Trainer {
   const std::atomic<bool>* stop_;
   Corpus corpus_;
   std::unique_ptr<ZeroLlama> model_;
+  std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: LibTorch AdamStep in memory
   int64_t optimizer_step_ = 0;
+  double last_optimizer_s_ = 0;  // wall time of the last optimizer step (AdamStep)
 };
+
+absl::Status Trainer::SetUpOffload(ZeroInitHooks* hooks) {
+  const ZeroConfig& z = o_.ds.zero;
+  const OffloadConfig& oo = z.offload_optimizer;
+  const OffloadConfig& op = z.offload_param;
+  if (oo.device == "none" && op.device == "none") return absl::OkStatus();
+  const std::string zpath = "deepspeed_config.zero_optimization.";
+  if (oo.device != "none" && oo.ratio != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
+  }
+  if (z.stage != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        zpath, "offload_optimizer.device: offload is implemented for stage 3, not stage ",
+        z.stage));
+  }
+  offload::OffloadOptimizerOptions oo_opts;
+  const OptimizerConfig& oc = o_.ds.optimizer;
+  oo_opts.adam.beta1 = oc.beta1;
+  oo_opts.adam.beta2 = oc.beta2;
+  oo_opts.adam.eps = oc.eps;
+  oo_opts.adam.weight_decay = oc.weight_decay;
+  oo_opts.adam.decoupled_weight_decay = oc.decoupled_weight_decay;
+  oo_opts.adam.bias_correction = oc.bias_correction;
+  oo_opts.adam.threads = std::max(1, o_.threads_per_rank);
+  oo_opts.sub_group_size = z.sub_group_size;
+  // Scratch files of this process only (two jobs, or two ranks on one node, never share them).
+  auto scratch = [&](const std::string& nvme_path, const char* what) {
+    return absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
+                        ::getpid(), "_rank", coll_.rank(), "/", what);
+  };
+  oo_opts.optimizer_nvme = oo.device == "nvme";
+  if (oo_opts.optimizer_nvme) oo_opts.optimizer_dir = scratch(oo.nvme_path, "optimizer");
+  oo_opts.optimizer_buffer_count = oo.buffer_count;
+  oo_opts.pipeline_read = oo.pipeline_read;
+  oo_opts.pipeline_write = oo.pipeline_write;
+  oo_opts.params_nvme = op.device == "nvme";
+  if (oo_opts.params_nvme) oo_opts.param_dir = scratch(op.nvme_path, "params");
+  oo_opts.param_buffer_count = op.buffer_count;
+  oo_opts.param_buffer_elements = op.buffer_size;
+  std::vector<int64_t> numels;
+  for (const ParamSpec& spec : LlamaParamSpecs(o_.model)) {
+    numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
+  }
+  ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
+  hooks->allocate_optimizer_state = false;
+  const bool params_nvme = oo_opts.params_nvme;
+  hooks->on_param = [this, params_nvme](ZeroParam& p) -> absl::Status {
+    RETURN_IF_ERROR(offload_->InitParam(p.index, p.partition.data_ptr<float>()));
+    if (params_nvme) {
+      // The partition lives on file; autograd keeps a stride-0 [p] leaf (4 bytes) whose grad()
+      // still receives this rank's [p] gradient.
+      at::NoGradGuard no_grad;
+      p.partition = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat)
+                        .zero_()
+                        .set_requires_grad(true);
+    }
+    return absl::OkStatus();
+  };
+  LOG(INFO) << "offload: optimizer " << oo.device << ", params " << op.device << ", "
+            << offload_->num_sub_groups() << " sub-groups, CpuAdam "
+            << offload::CpuAdam::IsaName(offload_->adam().isa()) << " x" << oo_opts.adam.threads
+            << " threads, " << offload_->resident_bytes() << " resident bytes";
+  return absl::OkStatus();
+}
+
+std::vector<float*> Trainer::ModelPartitionPointers() {
+  std::vector<float*> out;
+  for (ZeroParam& p : model_->params()) {
+    out.push_back(offload_ != nullptr && offload_->params_nvme() ? nullptr
+                                                                 : p.partition.data_ptr<float>());
+  }
+  return out;
+}
 
 at::Tensor Trainer::Windows(const std::vector<uint8_t>& stream,
                             const std::vector<int64_t>& starts) {
@@ -151,13 +234,26 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr) {
     }
   }
   *lr = LearningRateAtStep(o_.ds, step);
+  const auto t_opt = std::chrono::steady_clock::now();
   AdamStep(++optimizer_step_, *lr);
+  last_optimizer_s_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
   for (ZeroParam& p : model_->params()) p.partition.mutable_grad() = at::Tensor();
   return mean_loss;
 }
 
-// torch.optim.Adam/AdamW (single-tensor path, PyTorch 1.13) on this rank's partitions.
+// torch.optim.Adam/AdamW (single-tensor path, PyTorch 1.13) on this rank's partitions; with
+// offload, CpuAdam over the offloaded state (same math, see offload/cpu_adam.h).
 void Trainer::AdamStep(int64_t t, double lr) {
+  if (offload_ != nullptr) {
+    std::vector<const float*> grads;
+    for (ZeroParam& p : model_->params()) {
+      const at::Tensor& g = p.partition.grad();
+      grads.push_back(g.defined() ? g.contiguous().data_ptr<float>() : nullptr);
+    }
+    Check(offload_->Step(t, lr, ModelPartitionPointers(), grads));
+    return;
+  }
   const OptimizerConfig& oc = o_.ds.optimizer;
   const double bc1 = oc.bias_correction ? 1.0 - std::pow(oc.beta1, t) : 1.0;
   const double bc2 = oc.bias_correction ? 1.0 - std::pow(oc.beta2, t) : 1.0;
@@ -197,19 +293,32 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   if (metric_step_loss_.first == step) m.metrics["train_loss"] = metric_step_loss_.second;
   if (metric_eval_loss_.first == step) m.metrics["eval_loss"] = metric_eval_loss_.second;
   std::vector<at::Tensor> fp, ea, eas;
+  int64_t total = 0;
   for (ZeroParam& p : model_->params()) {
     storage::ShardParam sp;
     sp.name = p.spec.name;
     sp.shape = p.spec.shape;
     sp.numel = p.numel;
     m.params.push_back(sp);
+    total += p.slice.partition_numel;
+    if (offload_ != nullptr) continue;
     fp.push_back(p.partition.detach());
     ea.push_back(p.exp_avg);
     eas.push_back(p.exp_avg_sq);
   }
   storage::AssignPartitionLayout(m);
-  at::Tensor a = at::cat(fp).contiguous(), b = at::cat(ea).contiguous(),
-             c = at::cat(eas).contiguous();
+  at::Tensor a, b, c;
+  if (offload_ != nullptr) {  // the state is read back from the offload (memory or files)
+    a = at::empty({total}, at::kFloat);
+    b = at::empty({total}, at::kFloat);
+    c = at::empty({total}, at::kFloat);
+    RETURN_IF_ERROR(offload_->ExportState(ModelPartitionPointers(), a.data_ptr<float>(),
+                                          b.data_ptr<float>(), c.data_ptr<float>()));
+  } else {
+    a = at::cat(fp).contiguous();
+    b = at::cat(ea).contiguous();
+    c = at::cat(eas).contiguous();
+  }
   const float* data[] = {a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>()};
   const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
   RETURN_IF_ERROR(storage::WriteShard(dir, m, absl::MakeConstSpan(data, 3)));
@@ -245,6 +354,13 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
   ASSIGN_OR_RETURN(int64_t off_a, storage::SectionOffset(m, "exp_avg"));
   ASSIGN_OR_RETURN(int64_t off_s, storage::SectionOffset(m, "exp_avg_sq"));
   at::NoGradGuard no_grad;
+  if (offload_ != nullptr) {
+    RETURN_IF_ERROR(offload_->ImportState(ModelPartitionPointers(), data.data() + off_p,
+                                          data.data() + off_a, data.data() + off_s));
+    optimizer_step_ = m.optimizer_step;
+    *step = m.step;
+    return absl::OkStatus();
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t off = m.params[i].partition_offset, n = m.params[i].partition_numel;
     auto copy = [&](at::Tensor& dst, int64_t section) {
@@ -304,7 +420,16 @@ absl::Status Trainer::Run() {
   if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights
     ASSIGN_OR_RETURN(init, HfWeights::Open(o_.init_from));
   }
-  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get()));
+  ZeroInitHooks hooks;
+  RETURN_IF_ERROR(SetUpOffload(&hooks));
+  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), &hooks));
+  if (offload_ != nullptr && offload_->params_nvme()) {
+    model_->SetPartitionSource([this](const ZeroParam& p) {
+      at::Tensor t = at::empty({p.slice.partition_numel}, at::kFloat);
+      Check(offload_->FetchParam(p.index, t.data_ptr<float>()));
+      return t;
+    });
+  }
   int64_t start = 0;
   if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
   if (start > o_.steps) {
@@ -316,6 +441,9 @@ absl::Status Trainer::Run() {
         {"world_size", coll_.world_size()},
         {"params", LlamaParamCount(o_.model)},
         {"partition_bytes", model_->partition_bytes()},
+        {"offload_optimizer", o_.ds.zero.offload_optimizer.device},
+        {"offload_param", o_.ds.zero.offload_param.device},
+        {"offload_resident_bytes", offload_ != nullptr ? offload_->resident_bytes() : 0},
         {"start_step", start}});
   LOG(INFO) << "rank " << coll_.rank() << "/" << coll_.world_size() << ": "
             << LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
@@ -344,6 +472,8 @@ absl::Status Trainer::Run() {
           {"loss", loss},
           {"tokens_per_s", global_tokens / std::max(secs, 1e-9)},
           {"step_time_s", secs},
+          {"optimizer_s", last_optimizer_s_},
+          {"comm_bytes", coll_.bytes_communicated()},
           {"lr", lr},
           {"grad_norm", grad_norm},
           {"gathered_bytes_between_steps", model_->tracker().current()},

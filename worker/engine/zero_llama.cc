@@ -38,7 +38,8 @@ class Gathered {
     at::Tensor flat = at::empty({n_ranks * p.slice.partition_numel}, at::kFloat);
     bytes_ = flat.nbytes();
     rt_->tracker->Acquire(bytes_);
-    ThrowIfError(rt->collectives->AllGather(p.partition.detach(), flat));
+    ThrowIfError(
+        rt->collectives->AllGather(rt->fetch ? rt->fetch(p) : p.partition.detach(), flat));
     full_ = flat.narrow(0, 0, p.numel).view(p.spec.shape);
   }
   ~Gathered() {
@@ -188,9 +189,19 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
 absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& config,
                                                              Collectives* collectives,
                                                              uint64_t seed,
-                                                             const HfWeights* init) {
+                                                             const HfWeights* init,
+                                                             const ZeroInitHooks* hooks) {
   std::unique_ptr<ZeroLlama> m(new ZeroLlama(config, collectives));
-  m->runtime_ = Runtime{collectives, &m->tracker_};
+  m->runtime_ = Runtime{collectives, &m->tracker_, nullptr};
+  const bool moments = hooks == nullptr || hooks->allocate_optimizer_state;
+  auto finish = [&](ZeroParam& p) -> absl::Status {
+    if (moments) {
+      p.exp_avg = at::zeros_like(p.partition);
+      p.exp_avg_sq = at::zeros_like(p.partition);
+    }
+    if (hooks != nullptr && hooks->on_param) return hooks->on_param(p);
+    return absl::OkStatus();
+  };
   const int64_t n_ranks = collectives->world_size();
   const int64_t rank = collectives->rank();
   try {
@@ -199,6 +210,7 @@ absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& 
     m->params_.reserve(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) {
       ZeroParam p;
+      p.index = static_cast<int64_t>(i);
       p.spec = specs[i];
       p.numel = specs[i].numel();
       p.slice = ComputePartition(p.numel, n_ranks, rank);
@@ -208,8 +220,8 @@ absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& 
                                          p.slice.valid(), part.data_ptr<float>());
         if (!s.ok()) return s;
         p.partition = part.set_requires_grad(true);
-        p.exp_avg = at::zeros_like(part);
-        p.exp_avg_sq = at::zeros_like(part);
+        absl::Status hs = finish(p);
+        if (!hs.ok()) return hs;
         m->params_.push_back(std::move(p));
         continue;
       }
@@ -230,8 +242,9 @@ absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& 
         part.narrow(0, 0, p.slice.valid()).copy_(full.narrow(0, p.slice.begin, p.slice.valid()));
       }
       p.partition = part.set_requires_grad(true);
-      p.exp_avg = at::zeros_like(part);
-      p.exp_avg_sq = at::zeros_like(part);
+      full.reset();
+      absl::Status hs = finish(p);
+      if (!hs.ok()) return hs;
       m->params_.push_back(std::move(p));
     }
   } catch (const std::exception& e) {

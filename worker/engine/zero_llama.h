@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -62,12 +63,24 @@ class GatherTracker {
 };
 
 struct ZeroParam {
+  int64_t index = 0;  // position in ZeroLlama::params()
   ParamSpec spec;
   int64_t numel = 0;
   PartitionSlice slice;
   at::Tensor partition;   // [p] fp32 leaf, requires_grad; grad() = this rank's grad partition
   at::Tensor exp_avg;     // [p] fp32 Adam first moment (this partition only)
   at::Tensor exp_avg_sq;  // [p] fp32 Adam second moment
+};
+
+// Hooks for ZeRO-Offload (worker/engine/offload): who owns optimizer state, and where each
+// parameter partition lives once built.
+struct ZeroInitHooks {
+  // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
+  bool allocate_optimizer_state = true;
+  // Called with each parameter right after its partition is built (in parameter order); may
+  // take the values and replace `partition` by a placeholder (e.g. a stride-0 [p] leaf) when
+  // the partition lives on NVMe. An error aborts Create and is returned as it is.
+  std::function<absl::Status(ZeroParam&)> on_param;
 };
 
 class ZeroLlama {
@@ -81,7 +94,13 @@ class ZeroLlama {
   static absl::StatusOr<std::unique_ptr<ZeroLlama>> Create(const LlamaConfig& config,
                                                            Collectives* collectives,
                                                            uint64_t seed,
-                                                           const HfWeights* init = nullptr);
+                                                           const HfWeights* init = nullptr,
+                                                           const ZeroInitHooks* hooks = nullptr);
+
+  // Where all-gathers read a parameter's partition [p] from when it is not `partition` itself
+  // (parameter offload to NVMe). May throw CollectiveError with the read's status.
+  using PartitionSource = std::function<at::Tensor(const ZeroParam&)>;
+  void SetPartitionSource(PartitionSource source) { runtime_.fetch = std::move(source); }
 
   // ids: [batch, seq] int64 token ids (seq <= max_position_embeddings).
   // Returns logits [batch, seq, vocab] fp32. Throws CollectiveError / c10::Error.
@@ -109,6 +128,7 @@ class ZeroLlama {
   struct Runtime {
     Collectives* collectives;
     GatherTracker* tracker;
+    PartitionSource fetch;  // empty: read ZeroParam::partition
   };
 
  private:
