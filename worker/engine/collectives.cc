@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -37,26 +40,88 @@ absl::Status CheckShapes(const at::Tensor& part, const at::Tensor& full, int wor
   return absl::OkStatus();
 }
 
+class DonePending : public PendingCollective {
+ public:
+  explicit DonePending(absl::Status s) : status_(std::move(s)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+std::unique_ptr<PendingCollective> Done(absl::Status s = absl::OkStatus()) {
+  return std::make_unique<DonePending>(std::move(s));
+}
+
+enum Op { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kBroadcast = 4, kBarrier = 5 };
+
 class LocalCollectives : public Collectives {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
-  absl::Status AllGather(const at::Tensor& part, at::Tensor& full) override {
-    if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return s;
+  std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
+                                                    at::Tensor& full) override {
+    if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return Done(s);
+    Record(kAllGather, part.numel());
     full.copy_(part);
-    return absl::OkStatus();
+    return Done();
   }
-  absl::Status ReduceScatterSum(const at::Tensor& full, at::Tensor& part) override {
-    if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return s;
+  std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
+                                                           at::Tensor& part) override {
+    if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return Done(s);
+    Record(kReduceScatter, full.numel());
     part.copy_(full);
-    return absl::OkStatus();
+    return Done();
   }
-  absl::Status AllReduce(at::Tensor&, ReduceOp) override { return absl::OkStatus(); }
-  absl::Status Broadcast(at::Tensor&, int root) override {
+  std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& t, ReduceOp) override {
+    Record(kAllReduce, t.numel());
+    return Done();
+  }
+  absl::Status Broadcast(at::Tensor& t, int root) override {
     if (root != 0) return absl::InvalidArgumentError("broadcast: root must be 0");
+    Record(kBroadcast, t.numel());
     return absl::OkStatus();
   }
-  absl::Status Barrier() override { return absl::OkStatus(); }
+  absl::Status Barrier() override {
+    Record(kBarrier, 0);
+    return absl::OkStatus();
+  }
+};
+
+// A started Gloo work item plus what must stay alive until it completes and what to do after.
+class GlooPending : public PendingCollective {
+ public:
+  GlooPending(const char* op, std::chrono::milliseconds timeout) : op_(op), timeout_(timeout) {}
+  ~GlooPending() override {
+    if (!waited_) (void)Wait();
+  }
+  absl::Status Wait() override {
+    if (waited_) return status_;
+    waited_ = true;
+    if (!status_.ok() || !work_) return status_;
+    try {
+      if (!work_->wait(timeout_)) {
+        status_ = absl::DeadlineExceededError(absl::StrCat(op_, ": timed out"));
+      } else if (finish_) {
+        finish_();
+      }
+    } catch (const std::exception& e) {
+      status_ = FromException(op_, e);
+    }
+    work_.reset();
+    keep_.clear();
+    outputs_.clear();
+    return status_;
+  }
+
+  const char* op_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  absl::Status status_;
+  bool waited_ = false;
+  std::vector<at::Tensor> keep_;
+  std::vector<std::vector<at::Tensor>> outputs_;
+  std::function<void()> finish_;
 };
 
 class GlooCollectives : public Collectives {
@@ -70,63 +135,82 @@ class GlooCollectives : public Collectives {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
-  absl::Status AllGather(const at::Tensor& part, at::Tensor& full) override {
-    if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return s;
+  std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
+                                                    at::Tensor& full) override {
+    if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
+    Record(kAllGather, part.numel());
     const int64_t p = part.numel();
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world_; ++r) outputs[0].push_back(full.narrow(0, r * p, p));
-    std::vector<at::Tensor> inputs = {part};
+    auto pending = std::make_unique<GlooPending>("allgather", timeout_);
+    pending->outputs_.resize(1);
+    for (int r = 0; r < world_; ++r) pending->outputs_[0].push_back(full.narrow(0, r * p, p));
+    pending->keep_ = {part, full};
     bytes_communicated_ += part.nbytes();
-    return Run("allgather", [&] { return pg_->allgather(outputs, inputs); });
+    std::vector<at::Tensor> inputs = {part};
+    Start(*pending, [&] { return pg_->allgather(pending->outputs_, inputs); });
+    return pending;
   }
 
-  absl::Status ReduceScatterSum(const at::Tensor& full, at::Tensor& part) override {
-    if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return s;
+  std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
+                                                           at::Tensor& part) override {
+    if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
+    Record(kReduceScatter, full.numel());
     const int64_t p = part.numel();
     // alltoall with even splits: chunk j of the output is rank j's chunk `rank_`.
     at::Tensor input = full;
     at::Tensor received = at::empty_like(full);
-    std::vector<int64_t> out_counts, in_counts;  // empty: even splits
+    auto pending = std::make_unique<GlooPending>("reduce_scatter(alltoall)", timeout_);
+    pending->keep_ = {input, received, part};
     bytes_communicated_ += full.nbytes();
-    absl::Status s = Run("reduce_scatter(alltoall)", [&] {
-      return pg_->alltoall_base(received, input, out_counts, in_counts);
-    });
-    if (!s.ok()) return s;
+    const int world = world_;
+    at::Tensor out = part;
     // Sum in rank order so every rank's reduction is the same sequence of fp32 adds.
-    at::Tensor acc = received.narrow(0, 0, p).clone();
-    for (int r = 1; r < world_; ++r) acc.add_(received.narrow(0, r * p, p));
-    part.copy_(acc);
-    return absl::OkStatus();
+    pending->finish_ = [received, out, p, world]() mutable {
+      at::Tensor acc = received.narrow(0, 0, p).clone();
+      for (int r = 1; r < world; ++r) acc.add_(received.narrow(0, r * p, p));
+      out.copy_(acc);
+    };
+    std::vector<int64_t> out_counts, in_counts;  // empty: even splits
+    Start(*pending,
+          [&] { return pg_->alltoall_base(received, input, out_counts, in_counts); });
+    return pending;
   }
 
-  absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) override {
+  std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) override {
+    Record(kAllReduce, tensor.numel());
+    auto pending = std::make_unique<GlooPending>("allreduce", timeout_);
+    pending->keep_ = {tensor};
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
     bytes_communicated_ += tensor.nbytes();
-    return Run("allreduce", [&] { return pg_->allreduce(tensors, opts); });
+    Start(*pending, [&] { return pg_->allreduce(tensors, opts); });
+    return pending;
   }
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override {
+    Record(kBroadcast, tensor.numel());
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    return Run("broadcast", [&] { return pg_->broadcast(tensors, opts); });
+    GlooPending pending("broadcast", timeout_);
+    Start(pending, [&] { return pg_->broadcast(tensors, opts); });
+    return pending.Wait();
   }
 
   absl::Status Barrier() override {
-    return Run("barrier", [&] { return pg_->barrier(); });
+    Record(kBarrier, 0);
+    GlooPending pending("barrier", timeout_);
+    Start(pending, [&] { return pg_->barrier(); });
+    return pending.Wait();
   }
 
  private:
   template <typename F>
-  absl::Status Run(const char* op, F&& start) {
+  void Start(GlooPending& pending, F&& start) {
     try {
-      c10::intrusive_ptr<c10d::Work> work = start();
-      if (!work->wait(timeout_)) return absl::DeadlineExceededError(absl::StrCat(op, ": timed out"));
-      return absl::OkStatus();
+      pending.work_ = start();
     } catch (const std::exception& e) {
-      return FromException(op, e);
+      pending.status_ = FromException(pending.op_, e);
     }
   }
 

@@ -2,10 +2,16 @@
 // CPU path (c10d::ProcessGroupGloo) and a GPU path (NCCL's native reduce_scatter/allgather)
 // share the ZeRO code.
 //
-// Every rank must issue the same sequence of calls (TECHNIQUES.md §0). Each call blocks until
-// done or until the group's timeout; a timeout or a peer failure returns DEADLINE_EXCEEDED or
-// UNAVAILABLE/INTERNAL, and the group is unusable afterwards.
-// Tensors are contiguous CPU fp32 (AllReduce also accepts float64/int64).
+// Every rank must issue the same sequence of calls (TECHNIQUES.md §0). The Start* calls return a
+// handle at once (the collective runs on the backend's thread, so it overlaps with the caller's
+// compute: DeepSpeed's overlap_comm); the plain calls are Start + Wait. Collectives complete in
+// the order they were started. A timeout or a peer failure returns DEADLINE_EXCEEDED or
+// UNAVAILABLE/INTERNAL from Wait, and the group is unusable afterwards. Tensors passed to a Start*
+// call must stay alive and untouched until its Wait returns (the handle keeps references).
+// Tensors are contiguous CPU fp32 or fp16 (bf16 data is moved as fp16 bit patterns by the caller;
+// AllReduce also accepts float64/int64).
+// Every call is recorded in a running count and hash of (operation, element count), so tests can
+// check that all ranks issued the same collective sequence (TECHNIQUES.md §1.11 #7).
 // Not thread-safe: one caller thread at a time.
 #ifndef LOOM_WORKER_ENGINE_COLLECTIVES_H_
 #define LOOM_WORKER_ENGINE_COLLECTIVES_H_
@@ -24,6 +30,14 @@ namespace loom::engine {
 
 enum class ReduceOp { kSum, kMax };
 
+// A started collective. Wait() blocks until it is complete (or the group's timeout) and returns
+// its status; call it exactly once. Destroying an unwaited handle waits first.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual absl::Status Wait() = 0;
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -31,21 +45,45 @@ class Collectives {
   virtual int world_size() const = 0;
 
   // part: [p] on every rank; full: [N*p] (preallocated) receives rank r's part at [r*p, (r+1)*p).
-  virtual absl::Status AllGather(const at::Tensor& part, at::Tensor& full) = 0;
+  virtual std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
+                                                            at::Tensor& full) = 0;
   // full: [N*p] on every rank; part: [p] (preallocated) receives sum over ranks of
-  // full[rank*p : (rank+1)*p]. Ranks are summed in rank order.
-  virtual absl::Status ReduceScatterSum(const at::Tensor& full, at::Tensor& part) = 0;
-  // In place.
-  virtual absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) = 0;
+  // full[rank*p : (rank+1)*p]. Ranks are summed in rank order (fp32).
+  virtual std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
+                                                                   at::Tensor& part) = 0;
+  // In place; every rank receives bit-identical results.
+  virtual std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) = 0;
   // In place: every rank receives root's tensor.
   virtual absl::Status Broadcast(at::Tensor& tensor, int root) = 0;
   virtual absl::Status Barrier() = 0;
 
+  absl::Status AllGather(const at::Tensor& part, at::Tensor& full) {
+    return StartAllGather(part, full)->Wait();
+  }
+  absl::Status ReduceScatterSum(const at::Tensor& full, at::Tensor& part) {
+    return StartReduceScatterSum(full, part)->Wait();
+  }
+  absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) {
+    return StartAllReduce(tensor, op)->Wait();
+  }
+
   // Bytes this rank handed to collectives so far (inputs of gathers/reduces), for reporting.
   int64_t bytes_communicated() const { return bytes_communicated_; }
+  // Number of collectives started so far and a hash of their (operation, element count)
+  // sequence: equal on every rank of a correct program.
+  int64_t collective_count() const { return collective_count_; }
+  uint64_t collective_hash() const { return collective_hash_; }
 
  protected:
+  void Record(int op, int64_t numel) {
+    ++collective_count_;
+    uint64_t h = collective_hash_ ^ (static_cast<uint64_t>(op) * 0x9E3779B97F4A7C15ull);
+    h ^= static_cast<uint64_t>(numel) + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2);
+    collective_hash_ = h * 0xBF58476D1CE4E5B9ull;
+  }
   int64_t bytes_communicated_ = 0;
+  int64_t collective_count_ = 0;
+  uint64_t collective_hash_ = 0;
 };
 
 // World size 1: every collective is a local copy; no process group.

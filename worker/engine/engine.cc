@@ -5,9 +5,11 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -17,7 +19,9 @@
 #include "storage/checkpoint/shard_format.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/corpus.h"
+#include "worker/engine/loss_scaler.h"
 #include "worker/engine/offload/offload_optimizer.h"
+#include "worker/engine/optimizer.h"
 #include "worker/engine/partition.h"
 #include "worker/engine/zero_llama.h"
 
@@ -47,9 +51,13 @@ class Trainer {
   at::Tensor Windows(const std::vector<uint8_t>& stream, const std::vector<int64_t>& starts);
   double MeanAcrossRanks(double local);
   double Evaluate();
-  // One optimizer step (0-based `step`): GAS micro-batches, clip, Adam. Returns the mean loss.
-  double TrainStep(int64_t step, double* grad_norm, double* lr);
-  void AdamStep(int64_t t, double lr);
+  // One optimizer step (0-based `step`): GAS micro-batches, overflow check (fp16), clip, Adam.
+  // Returns the mean loss; *skipped when an fp16 overflow skipped the update.
+  double TrainStep(int64_t step, double* grad_norm, double* lr, bool* skipped);
+  // The optimizer update of this rank's partitions, sub_group_size elements per call of
+  // ApplyOptimizerStep.
+  void OptimizerStep(double lr, double grad_multiplier);
+  json MemoryFields();
   absl::Status SaveCheckpoint(int64_t step);
   // (step, value) of the latest training loss and held-out loss, for checkpoint metrics.
   std::pair<int64_t, double> metric_step_loss_{-1, 0};
@@ -59,8 +67,9 @@ class Trainer {
   bool StopAgreed();
   // ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer / offload_param): builds
   // offload_ and the model hooks that hand it each parameter as it is created.
-  absl::Status SetUpOffload(ZeroInitHooks* hooks);
-  std::vector<float*> ModelPartitionPointers();
+  absl::Status SetUpOffload(ZeroOptions* z);
+  // The model's fp32 master partitions (null when the parameters live on NVMe).
+  std::vector<float*> MasterPointers();
 
   const EngineOptions& o_;
   Collectives& coll_;
@@ -68,25 +77,31 @@ class Trainer {
   const std::atomic<bool>* stop_;
   Corpus corpus_;
   std::unique_ptr<ZeroLlama> model_;
-  std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: LibTorch AdamStep in memory
   int64_t optimizer_step_ = 0;
-  double last_optimizer_s_ = 0;  // wall time of the last optimizer step (AdamStep)
+  LossScaler scaler_;
+  std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: ApplyOptimizerStep in memory
+  double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
 };
 
-absl::Status Trainer::SetUpOffload(ZeroInitHooks* hooks) {
-  const ZeroConfig& z = o_.ds.zero;
-  const OffloadConfig& oo = z.offload_optimizer;
-  const OffloadConfig& op = z.offload_param;
+absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
+  const ZeroConfig& zc = o_.ds.zero;
+  const OffloadConfig& oo = zc.offload_optimizer;
+  const OffloadConfig& op = zc.offload_param;
   if (oo.device == "none" && op.device == "none") return absl::OkStatus();
   const std::string zpath = "deepspeed_config.zero_optimization.";
   if (oo.device != "none" && oo.ratio != 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(
         zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
   }
-  if (z.stage != 3) {
+  if (zc.stage == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(zpath, "offload_optimizer.device: offload needs ZeRO stage 1, 2 or 3"));
+  }
+  if (op.device != "none" && oo.device == "none") {
+    // DeepSpeed keeps the fp32 master with the optimizer; here the optimizer must own it to
+    // let the parameter partitions leave memory.
     return absl::InvalidArgumentError(absl::StrCat(
-        zpath, "offload_optimizer.device: offload is implemented for stage 3, not stage ",
-        z.stage));
+        zpath, "offload_param.device: parameter offload needs offload_optimizer too"));
   }
   offload::OffloadOptimizerOptions oo_opts;
   const OptimizerConfig& oc = o_.ds.optimizer;
@@ -97,7 +112,7 @@ absl::Status Trainer::SetUpOffload(ZeroInitHooks* hooks) {
   oo_opts.adam.decoupled_weight_decay = oc.decoupled_weight_decay;
   oo_opts.adam.bias_correction = oc.bias_correction;
   oo_opts.adam.threads = std::max(1, o_.threads_per_rank);
-  oo_opts.sub_group_size = z.sub_group_size;
+  oo_opts.sub_group_size = zc.sub_group_size;
   // Scratch files of this process only (two jobs, or two ranks on one node, never share them).
   auto scratch = [&](const std::string& nvme_path, const char* what) {
     return absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
@@ -117,20 +132,28 @@ absl::Status Trainer::SetUpOffload(ZeroInitHooks* hooks) {
     numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
   }
   ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
-  hooks->allocate_optimizer_state = false;
+  z->allocate_optimizer_state = false;
   const bool params_nvme = oo_opts.params_nvme;
-  hooks->on_param = [this, params_nvme](ZeroParam& p) -> absl::Status {
-    RETURN_IF_ERROR(offload_->InitParam(p.index, p.partition.data_ptr<float>()));
+  z->on_param = [this, params_nvme](size_t i, ZeroParam& p) -> absl::Status {
+    RETURN_IF_ERROR(offload_->InitParam(i, p.master.data_ptr<float>()));
     if (params_nvme) {
-      // The partition lives on file; autograd keeps a stride-0 [p] leaf (4 bytes) whose grad()
-      // still receives this rank's [p] gradient.
-      at::NoGradGuard no_grad;
-      p.partition = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat)
-                        .zero_()
-                        .set_requires_grad(true);
+      // The partition lives on file: master and shard become stride-0 placeholders of [p].
+      at::Tensor ph = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat).zero_();
+      p.master = ph;
+      p.shard = p.shard.scalar_type() == at::kFloat
+                    ? ph
+                    : at::empty_strided({p.slice.partition_numel}, {0}, p.shard.options()).zero_();
     }
     return absl::OkStatus();
   };
+  if (params_nvme) {
+    z->fetch_partition = [this](size_t i) {
+      at::Tensor t = at::empty({PartitionNumel(model_->params()[i].numel, coll_.world_size())},
+                               at::kFloat);
+      Check(offload_->FetchParam(i, t.data_ptr<float>()));
+      return t;
+    };
+  }
   LOG(INFO) << "offload: optimizer " << oo.device << ", params " << op.device << ", "
             << offload_->num_sub_groups() << " sub-groups, CpuAdam "
             << offload::CpuAdam::IsaName(offload_->adam().isa()) << " x" << oo_opts.adam.threads
@@ -138,14 +161,31 @@ absl::Status Trainer::SetUpOffload(ZeroInitHooks* hooks) {
   return absl::OkStatus();
 }
 
-std::vector<float*> Trainer::ModelPartitionPointers() {
+std::vector<float*> Trainer::MasterPointers() {
   std::vector<float*> out;
   for (ZeroParam& p : model_->params()) {
     out.push_back(offload_ != nullptr && offload_->params_nvme() ? nullptr
-                                                                 : p.partition.data_ptr<float>());
+                                                                 : p.master.data_ptr<float>());
   }
   return out;
 }
+
+ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
+  ZeroOptions z;
+  z.stage = ds.zero.stage;
+  z.param_dtype = ds.bf16_enabled ? at::kBFloat16 : ds.fp16.enabled ? at::kHalf : at::kFloat;
+  z.reduce_bucket_size = ds.zero.reduce_bucket_size;
+  z.allgather_bucket_size = ds.zero.allgather_bucket_size;
+  z.contiguous_gradients = ds.zero.contiguous_gradients;
+  z.overlap_comm = ds.zero.overlap_comm_effective();
+  z.prefetch_bucket_size = ds.zero.stage3_prefetch_bucket_size;
+  z.param_persistence_threshold = ds.zero.stage3_param_persistence_threshold;
+  z.max_live_parameters = ds.zero.stage3_max_live_parameters;
+  z.max_reuse_distance = ds.zero.stage3_max_reuse_distance;
+  return z;
+}
+
+constexpr char kLossScalerFile[] = "loss_scaler.json";
 
 at::Tensor Trainer::Windows(const std::vector<uint8_t>& stream,
                             const std::vector<int64_t>& starts) {
@@ -183,7 +223,7 @@ double Trainer::Evaluate() {
       starts.push_back(EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
     }
     at::Tensor win = Windows(corpus_.heldout, starts);
-    at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length));
+    at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length)).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, o_.model.vocab_size}),
         win.narrow(1, 1, o_.sequence_length).reshape({-1}));
@@ -192,11 +232,16 @@ double Trainer::Evaluate() {
   return MeanAcrossRanks(sum / o_.eval_batches);
 }
 
-double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr) {
+double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* skipped) {
   const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
   const int64_t gas = o_.ds.gradient_accumulation_steps;
   const int64_t r = coll_.rank();
-  const int64_t len = corpus_.train.size(), w = o_.sequence_length + 1;
+  const int64_t seq =
+      o_.test_rank_sequence_length > 0 ? o_.test_rank_sequence_length : o_.sequence_length;
+  const int64_t len = corpus_.train.size(), w = seq + 1;
+  const std::vector<int64_t>* order =
+      o_.test_layer_order_step == step + 1 ? &o_.test_layer_order : nullptr;
+  const double scale = scaler_.scale();
   double loss_sum = 0;
   for (int64_t m = 0; m < gas; ++m) {
     std::vector<int64_t> starts;
@@ -204,77 +249,99 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr) {
       starts.push_back(TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
     }
     at::Tensor win = Windows(corpus_.train, starts);
-    at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length));
+    model_->BeginMicroStep(m == gas - 1);
+    at::Tensor logits = model_->Forward(win.narrow(1, 0, seq), order).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, o_.model.vocab_size}),
-        win.narrow(1, 1, o_.sequence_length).reshape({-1}));
+        logits.reshape({-1, o_.model.vocab_size}), win.narrow(1, 1, seq).reshape({-1}));
     loss_sum += loss.item<double>();
-    (loss / static_cast<double>(gas)).backward();
+    at::Tensor scaled = loss / static_cast<double>(gas);
+    if (scale != 1.0) scaled = scaled * scale;  // fp16: DeepSpeed scales loss/GAS
+    scaled.backward();
+    model_->FinishMicroStep();
   }
   const double mean_loss = MeanAcrossRanks(loss_sum / gas);
 
   at::NoGradGuard no_grad;
-  // Global norm = sqrt(all-reduce SUM of Σ local partition ||g||^2) (padding grads are zero).
-  double local_sq = 0;
-  for (ZeroParam& p : model_->params()) {
-    const at::Tensor& g = p.partition.grad();
-    if (g.defined()) local_sq += g.to(at::kDouble).pow(2).sum().item<double>();
+  *lr = LearningRateAtStep(o_.ds, optimizer_step_);  // skipped steps do not advance the schedule
+  *skipped = false;
+  const std::vector<int64_t>& inject = o_.test_inject_inf_grad_steps;
+  if (r == 0 && std::find(inject.begin(), inject.end(), step + 1) != inject.end()) {
+    ZeroParam& p = model_->params()[0];
+    if (p.grad.defined()) p.grad.view({-1})[0] = std::numeric_limits<float>::infinity();
   }
-  at::Tensor sq = at::full({1}, local_sq, at::kDouble);
-  Check(coll_.AllReduce(sq, ReduceOp::kSum));
-  const double norm = std::sqrt(sq.item<double>());
-  *grad_norm = norm;
-  // DeepSpeed ZeRO (fp32, loss_scale 1): clip = max(1, (norm + 1e-6) / max_norm); g /= clip.
-  if (o_.ds.gradient_clipping > 0) {
-    const double clip = (norm + 1e-6) / o_.ds.gradient_clipping;
-    if (clip > 1.0) {
-      for (ZeroParam& p : model_->params()) {
-        if (p.partition.grad().defined()) p.partition.mutable_grad().mul_(1.0 / clip);
-      }
+  if (scaler_.enabled()) {
+    // Overflow anywhere skips the step on every rank (flag all-reduced with MAX).
+    at::Tensor flag = at::full({1}, model_->any_nonfinite_grad() ? 1.0 : 0.0, at::kDouble);
+    Check(coll_.AllReduce(flag, ReduceOp::kMax));
+    if (flag.item<double>() > 0) {
+      model_->ClearGrads();
+      scaler_.Update(/*overflow=*/true);
+      *skipped = true;
+      *grad_norm = 0;
+      return mean_loss;
     }
   }
-  *lr = LearningRateAtStep(o_.ds, step);
+  // Global norm of the (scaled) gradients = sqrt(all-reduce SUM of Σ local partition ||g||^2);
+  // padding grads are zero; stage 0 holds the full gradients on every rank.
+  at::Tensor sq = at::full({1}, model_->LocalGradSquaredNorm(), at::kDouble);
+  if (model_->grads_partitioned()) Check(coll_.AllReduce(sq, ReduceOp::kSum));
+  const double norm = std::sqrt(sq.item<double>());
+  *grad_norm = norm / scale;
+  // DeepSpeed ZeRO: clip = ((norm / scale) + 1e-6) / max_norm; grads *= 1 / (clip * scale) when
+  // clip > 1, else 1 / scale (unscale and clip fused).
+  double combined = scale;
+  if (o_.ds.gradient_clipping > 0) {
+    const double clip = (norm / scale + 1e-6) / o_.ds.gradient_clipping;
+    if (clip > 1.0) combined = clip * scale;
+  }
+  ++optimizer_step_;
   const auto t_opt = std::chrono::steady_clock::now();
-  AdamStep(++optimizer_step_, *lr);
+  OptimizerStep(*lr, combined == 1.0 ? 1.0 : 1.0 / combined);
   last_optimizer_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
-  for (ZeroParam& p : model_->params()) p.partition.mutable_grad() = at::Tensor();
+  model_->RefreshParams();
+  model_->ClearGrads();
+  scaler_.Update(/*overflow=*/false);
   return mean_loss;
 }
 
-// torch.optim.Adam/AdamW (single-tensor path, PyTorch 1.13) on this rank's partitions; with
-// offload, CpuAdam over the offloaded state (same math, see offload/cpu_adam.h).
-void Trainer::AdamStep(int64_t t, double lr) {
+void Trainer::OptimizerStep(double lr, double grad_multiplier) {
   if (offload_ != nullptr) {
+    // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
+    // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).
     std::vector<const float*> grads;
     for (ZeroParam& p : model_->params()) {
-      const at::Tensor& g = p.partition.grad();
-      grads.push_back(g.defined() ? g.contiguous().data_ptr<float>() : nullptr);
+      if (p.grad.defined() && grad_multiplier != 1.0) p.grad.mul_(grad_multiplier);
+      grads.push_back(p.grad.defined() ? p.grad.data_ptr<float>() : nullptr);
     }
-    Check(offload_->Step(t, lr, ModelPartitionPointers(), grads));
+    Check(offload_->Step(optimizer_step_, lr, MasterPointers(), grads));
     return;
   }
-  const OptimizerConfig& oc = o_.ds.optimizer;
-  const double bc1 = oc.bias_correction ? 1.0 - std::pow(oc.beta1, t) : 1.0;
-  const double bc2 = oc.bias_correction ? 1.0 - std::pow(oc.beta2, t) : 1.0;
-  const double step_size = lr / bc1;
-  const double bc2_sqrt = std::sqrt(bc2);
+  OptimizerStepArgs args;
+  args.step = optimizer_step_;
+  args.lr = lr;
+  args.grad_multiplier = grad_multiplier;
+  std::vector<OptimizerPartition> group;
+  int64_t elems = 0;
   for (ZeroParam& p : model_->params()) {
-    at::Tensor param = p.partition;
-    at::Tensor grad = p.partition.grad();
-    if (!grad.defined()) grad = at::zeros_like(param);
-    if (oc.weight_decay != 0) {
-      if (oc.decoupled_weight_decay) {
-        param.mul_(1.0 - lr * oc.weight_decay);
-      } else {
-        grad = grad.add(param, oc.weight_decay);
-      }
+    group.push_back({p.master, p.grad, p.exp_avg, p.exp_avg_sq});
+    elems += p.master.numel();
+    if (elems >= o_.ds.zero.sub_group_size) {
+      ApplyOptimizerStep(o_.ds.optimizer, args, group);
+      group.clear();
+      elems = 0;
     }
-    p.exp_avg.mul_(oc.beta1).add_(grad, 1.0 - oc.beta1);
-    p.exp_avg_sq.mul_(oc.beta2).addcmul_(grad, grad, 1.0 - oc.beta2);
-    at::Tensor denom = (p.exp_avg_sq.sqrt() / bc2_sqrt).add_(oc.eps);
-    param.addcdiv_(p.exp_avg, denom, -step_size);
   }
+  if (!group.empty()) ApplyOptimizerStep(o_.ds.optimizer, args, group);
+}
+
+json Trainer::MemoryFields() {
+  MemoryTracker& m = model_->memory();
+  return {{"param_bytes", m.peak(MemoryKind::kParams)},
+          {"grad_bytes", m.peak(MemoryKind::kGrads)},
+          {"optimizer_state_bytes", m.peak(MemoryKind::kOptimizerStates)},
+          {"buffer_bytes", m.peak(MemoryKind::kBuffers)},
+          {"peak_bytes", m.peak_total()}};
 }
 
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
@@ -282,7 +349,7 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   m.step = step;
   m.rank = coll_.rank();
   m.world_size = coll_.world_size();
-  m.zero_stage = 3;  // the stage-3 per-parameter layout (also for a 1-rank stage-0 run)
+  m.zero_stage = o_.ds.zero.stage;  // the per-parameter partition layout for every stage
   m.model_config_json = LlamaConfigToHfJson(o_.model);
   m.tokenizer = o_.tokenizer;
   m.optimizer_step = optimizer_step_;
@@ -294,7 +361,8 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   if (metric_eval_loss_.first == step) m.metrics["eval_loss"] = metric_eval_loss_.second;
   std::vector<at::Tensor> fp, ea, eas;
   int64_t total = 0;
-  for (ZeroParam& p : model_->params()) {
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    const ZeroParam& p = model_->params()[i];
     storage::ShardParam sp;
     sp.name = p.spec.name;
     sp.shape = p.spec.shape;
@@ -302,17 +370,17 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
     m.params.push_back(sp);
     total += p.slice.partition_numel;
     if (offload_ != nullptr) continue;
-    fp.push_back(p.partition.detach());
-    ea.push_back(p.exp_avg);
-    eas.push_back(p.exp_avg_sq);
+    fp.push_back(model_->CheckpointPartition(i, 0));
+    ea.push_back(model_->CheckpointPartition(i, 1));
+    eas.push_back(model_->CheckpointPartition(i, 2));
   }
   storage::AssignPartitionLayout(m);
   at::Tensor a, b, c;
-  if (offload_ != nullptr) {  // the state is read back from the offload (memory or files)
+  if (offload_ != nullptr) {  // read back from the offload (host memory or files)
     a = at::empty({total}, at::kFloat);
     b = at::empty({total}, at::kFloat);
     c = at::empty({total}, at::kFloat);
-    RETURN_IF_ERROR(offload_->ExportState(ModelPartitionPointers(), a.data_ptr<float>(),
+    RETURN_IF_ERROR(offload_->ExportState(MasterPointers(), a.data_ptr<float>(),
                                           b.data_ptr<float>(), c.data_ptr<float>()));
   } else {
     a = at::cat(fp).contiguous();
@@ -322,6 +390,14 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   const float* data[] = {a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>()};
   const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
   RETURN_IF_ERROR(storage::WriteShard(dir, m, absl::MakeConstSpan(data, 3)));
+  if (scaler_.enabled() && coll_.rank() == 0) {  // identical on every rank
+    const LossScaler::State st = scaler_.state();
+    json j = {{"scale", st.scale},
+              {"cur_iter", st.cur_iter},
+              {"last_overflow_iter", st.last_overflow_iter},
+              {"cur_hysteresis", st.cur_hysteresis}};
+    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), j.dump()));
+  }
   Emit({{"event", "checkpoint"}, {"step", step}, {"dir", dir}});
   return absl::OkStatus();
 }
@@ -353,23 +429,30 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
   ASSIGN_OR_RETURN(int64_t off_p, storage::SectionOffset(m, "fp32_params"));
   ASSIGN_OR_RETURN(int64_t off_a, storage::SectionOffset(m, "exp_avg"));
   ASSIGN_OR_RETURN(int64_t off_s, storage::SectionOffset(m, "exp_avg_sq"));
-  at::NoGradGuard no_grad;
+  if (scaler_.enabled()) {
+    const std::string path = absl::StrCat(dir, "/", kLossScalerFile);
+    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20));
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("scale")) {
+      return absl::FailedPreconditionError(absl::StrCat("resume_from: ", path, " is not valid"));
+    }
+    LossScaler::State st;
+    st.scale = j.value("scale", 1.0);
+    st.cur_iter = j.value("cur_iter", int64_t{0});
+    st.last_overflow_iter = j.value("last_overflow_iter", int64_t{-1});
+    st.cur_hysteresis = j.value("cur_hysteresis", int64_t{1});
+    scaler_.set_state(st);
+  }
   if (offload_ != nullptr) {
-    RETURN_IF_ERROR(offload_->ImportState(ModelPartitionPointers(), data.data() + off_p,
+    RETURN_IF_ERROR(offload_->ImportState(MasterPointers(), data.data() + off_p,
                                           data.data() + off_a, data.data() + off_s));
-    optimizer_step_ = m.optimizer_step;
-    *step = m.step;
-    return absl::OkStatus();
+  } else {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float* base = data.data() + m.params[i].partition_offset;
+      model_->LoadPartitions(i, base + off_p, base + off_a, base + off_s);
+    }
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t off = m.params[i].partition_offset, n = m.params[i].partition_numel;
-    auto copy = [&](at::Tensor& dst, int64_t section) {
-      std::memcpy(dst.data_ptr<float>(), data.data() + section + off, n * sizeof(float));
-    };
-    copy(params[i].partition, off_p);
-    copy(params[i].exp_avg, off_a);
-    copy(params[i].exp_avg_sq, off_s);
-  }
+  model_->RefreshParams();
   optimizer_step_ = m.optimizer_step;
   *step = m.step;
   return absl::OkStatus();
@@ -381,7 +464,8 @@ absl::Status Trainer::WriteFinalLogits() {
                                        static_cast<int64_t>(corpus_.heldout.size())});
   std::vector<int64_t> tokens(corpus_.heldout.begin(), corpus_.heldout.begin() + n);
   at::Tensor ids = at::tensor(tokens, at::kLong).view({1, n});
-  at::Tensor logits = model_->Forward(ids).squeeze(0).contiguous();  // all ranks gather
+  at::Tensor logits =
+      model_->Forward(ids).to(at::kFloat).squeeze(0).contiguous();  // all ranks gather
   if (coll_.rank() != 0 || o_.checkpoint_dir.empty()) return absl::OkStatus();
   json rows = json::array();
   const float* p = logits.data_ptr<float>();
@@ -420,31 +504,29 @@ absl::Status Trainer::Run() {
   if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights
     ASSIGN_OR_RETURN(init, HfWeights::Open(o_.init_from));
   }
-  ZeroInitHooks hooks;
-  RETURN_IF_ERROR(SetUpOffload(&hooks));
-  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), &hooks));
-  if (offload_ != nullptr && offload_->params_nvme()) {
-    model_->SetPartitionSource([this](const ZeroParam& p) {
-      at::Tensor t = at::empty({p.slice.partition_numel}, at::kFloat);
-      Check(offload_->FetchParam(p.index, t.data_ptr<float>()));
-      return t;
-    });
-  }
+  for (const std::string& w : o_.ds.warnings) Emit({{"event", "warning"}, {"message", w}});
+  scaler_ = LossScaler(o_.ds.fp16);
+  ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
+  RETURN_IF_ERROR(SetUpOffload(&zopts));
+  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), zopts));
   int64_t start = 0;
   if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
   if (start > o_.steps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "training.steps: ", o_.steps, " is below the resumed checkpoint's step ", start));
   }
-  Emit({{"event", "started"},
-        {"rank", coll_.rank()},
-        {"world_size", coll_.world_size()},
-        {"params", LlamaParamCount(o_.model)},
-        {"partition_bytes", model_->partition_bytes()},
-        {"offload_optimizer", o_.ds.zero.offload_optimizer.device},
-        {"offload_param", o_.ds.zero.offload_param.device},
-        {"offload_resident_bytes", offload_ != nullptr ? offload_->resident_bytes() : 0},
-        {"start_step", start}});
+  json started = {{"event", "started"},
+                  {"rank", coll_.rank()},
+                  {"world_size", coll_.world_size()},
+                  {"params", LlamaParamCount(o_.model)},
+                  {"zero_stage", o_.ds.zero.stage},
+                  {"partition_bytes", model_->partition_bytes()},
+                  {"offload_optimizer", o_.ds.zero.offload_optimizer.device},
+                  {"offload_param", o_.ds.zero.offload_param.device},
+                  {"offload_resident_bytes", offload_ ? offload_->resident_bytes() : 0},
+                  {"start_step", start}};
+  started.update(MemoryFields());
+  Emit(started);
   LOG(INFO) << "rank " << coll_.rank() << "/" << coll_.world_size() << ": "
             << LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
             << " bytes, corpus " << corpus_.train.size() << "/" << corpus_.heldout.size()
@@ -461,24 +543,35 @@ absl::Status Trainer::Run() {
       Emit({{"event", "stopped"}, {"step", s}});
       return absl::CancelledError(absl::StrCat("stopped by signal before step ", s + 1));
     }
-    model_->tracker().ResetPeak();
+    model_->memory().ResetPeaks();
     const auto t0 = std::chrono::steady_clock::now();
     double grad_norm = 0, lr = 0;
-    const double loss = TrainStep(s, &grad_norm, &lr);
+    bool skipped = false;
+    const double loss_scale = scaler_.scale();
+    const double loss = TrainStep(s, &grad_norm, &lr, &skipped);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Emit({{"event", "step"},
-          {"step", s + 1},
-          {"loss", loss},
-          {"tokens_per_s", global_tokens / std::max(secs, 1e-9)},
-          {"step_time_s", secs},
-          {"optimizer_s", last_optimizer_s_},
-          {"comm_bytes", coll_.bytes_communicated()},
-          {"lr", lr},
-          {"grad_norm", grad_norm},
-          {"gathered_bytes_between_steps", model_->tracker().current()},
-          {"peak_gathered_bytes", model_->tracker().peak()},
-          {"partition_bytes", model_->partition_bytes()}});
+    MemoryTracker& mem = model_->memory();
+    json ev = {{"event", "step"},
+               {"step", s + 1},
+               {"loss", loss},
+               {"tokens_per_s", global_tokens / std::max(secs, 1e-9)},
+               {"step_time_s", secs},
+               {"optimizer_s", last_optimizer_s_},
+               {"comm_bytes", coll_.bytes_communicated()},
+               {"lr", lr},
+               {"grad_norm", grad_norm},
+               {"loss_scale", loss_scale},
+               {"skipped", skipped},
+               {"optimizer_step", optimizer_step_},
+               {"gathered_bytes_between_steps", mem.current(MemoryKind::kBuffers)},
+               {"peak_gathered_bytes", mem.peak(MemoryKind::kBuffers)},
+               {"partition_bytes", model_->partition_bytes()},
+               {"prefetch_hits", model_->prefetch_hits()},
+               {"trace_invalidations", model_->trace_invalidations()},
+               {"on_demand_fetches", model_->on_demand_fetches()}};
+    ev.update(MemoryFields());
+    Emit(ev);
     // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.
     if (o_.ds.steps_per_print > 0 && ((s + 1) % o_.ds.steps_per_print == 0 || s == start)) {
       LOG(INFO) << "step " << s + 1 << "/" << o_.steps << " loss " << loss << " lr " << lr
@@ -511,7 +604,9 @@ absl::Status Trainer::Run() {
   Emit({{"event", "done"},
         {"step", o_.steps},
         {"initial_eval_loss", initial_eval},
-        {"final_eval_loss", last_eval}});
+        {"final_eval_loss", last_eval},
+        {"collective_count", coll_.collective_count()},
+        {"collective_hash", absl::StrCat(absl::Hex(coll_.collective_hash()))}});
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -36,6 +37,16 @@ struct EngineOptions {
   std::string resume_from;         // a step directory to resume from; empty: fresh start
   std::string job_id;
   absl::Duration collective_timeout = absl::Seconds(300);
+  // Test hooks (loom-trainer --test_* flags; never set by the worker).
+  // 1-based optimizer steps at which rank 0 writes +inf into its first gradient after backward.
+  std::vector<int64_t> test_inject_inf_grad_steps;
+  // At 1-based step test_layer_order_step every micro-step runs the decoder layers in
+  // test_layer_order (e.g. {1, 0} or {0}) instead of 0..L-1 (a dynamic module order).
+  int64_t test_layer_order_step = 0;
+  std::vector<int64_t> test_layer_order;
+  // > 0: this rank's training micro-batches use this many tokens per sample instead of
+  // sequence_length (uneven data across ranks).
+  int64_t test_rank_sequence_length = 0;
 };
 
 // Parses a JobSpec JSON object (fields model.config, dataset, deepspeed_config, training,

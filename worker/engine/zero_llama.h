@@ -1,29 +1,66 @@
-// A Llama decoder (Hugging Face LlamaForCausalLM semantics) whose parameters are partitioned
-// with ZeRO stage 3 (Rajbhandari et al., "ZeRO", SC'20; DeepSpeed stage3.py /
-// partition_parameters.py; TECHNIQUES.md §1.3, §1.6).
+// A Llama decoder (Hugging Face LlamaForCausalLM semantics) trained with ZeRO stages 0-3
+// (Rajbhandari et al., "ZeRO", SC'20; DeepSpeed stage_1_and_2.py, stage3.py,
+// partition_parameters.py; TECHNIQUES.md §1.3-§1.6).
 //
-// Every parameter is partitioned individually: with p = ceil(n/N), rank r keeps flat elements
-// [r*p, min((r+1)p, n)) zero-padded to p as an fp32 leaf tensor [p] (requires_grad) plus Adam
-// state for that partition only. Each linear / embedding / RMSNorm op is a custom autograd
-// function that all-gathers its full weight just before use and frees it right after; in
-// backward it gathers again, computes the full weight's gradient, pre-divides it by N (the
-// data-parallel mean), reduce-scatters it and returns this rank's [p] slice, which autograd
-// accumulates into partition.grad() across micro-batches. Activations are saved as usual;
-// blocks are never recomputed (RMSNorm's backward is closed-form).
+// Every linear / embedding / RMSNorm op is a custom autograd function that asks the model for
+// its full weight (AcquireFull) just before use and gives it back right after (ReleaseFull); in
+// backward it computes the full weight's gradient and hands it to the model (AddGrad). What
+// that means depends on the stage:
+//   stage 0  full replicas of params (param dtype), fp32 master and Adam state on every rank;
+//            local gradients accumulate over micro-steps and are all-reduced (mean) in buckets
+//            of reduce_bucket_size elements during the last micro-step's backward.
+//   stage 1  as stage 0, but the optimizer state (fp32 master, m, v) is partitioned: at the last
+//            micro-step the accumulated full gradients are reduce-scattered in buckets; after
+//            the step the updated partitions are all-gathered (allgather_bucket_size buckets)
+//            back into the replicas.
+//   stage 2  as stage 1, but gradients are reduce-scattered every micro-step (owners accumulate
+//            their fp32 partition), so no full gradient outlives its bucket.
+//   stage 3  parameters are partitioned too: AcquireFull all-gathers (one collective per
+//            parameter), with persistence of small params, a prefetch trace and reuse-distance
+//            release (below).
+// Partition layout (all stages, the checkpoint layout of storage/checkpoint/shard_format.h):
+// every parameter of n elements is partitioned individually, p = ceil(n/N), rank r owns flat
+// elements [r*p, min((r+1)p, n)) zero-padded to p. (DeepSpeed's stage 1/2 flattens all params
+// into one buffer and cuts it in N equal pieces; Loom keeps the per-parameter cut for every stage
+// so checkpoints and consolidation are stage-independent.) Reduce-scatters are coalesced per
+// bucket: each gradient is cut into N chunks of p elements, chunks interleaved per rank, the
+// bucket pre-divided by N, one reduce-scatter (TECHNIQUES.md §1.6 step 4).
+// overlap_comm: bucket reductions are started asynchronously (at most two in flight) and waited
+// at the end of backward, so communication of bucket k overlaps the rest of backward.
+// contiguous_gradients: gradient partitions are views into one preallocated flat fp32 buffer
+// (otherwise one tensor per parameter, allocated on first use and freed after the step).
+//
+// Stage-3 fetching: parameters with numel <= param_persistence_threshold are persistent
+// (gathered once, kept until the next optimizer step). During training micro-steps
+// (BeginMicroStep .. FinishMicroStep) the first micro-step records the order of AcquireFull
+// calls (the trace, forward and backward); later micro-steps replay it: after each fetch the
+// next trace entries are all-gathered asynchronously, bounded by prefetch_bucket_size elements
+// of not-yet-used prefetches and max_live_parameters live non-persistent elements; a released
+// parameter whose next use in the trace is within max_reuse_distance elements stays gathered.
+// When a fetch differs from the trace (dynamic order) the trace is dropped: outstanding
+// prefetches are waited for and freed (every rank issued them, so no collective is left
+// unmatched), fetching falls back to on-demand, and the next micro-step records a new trace.
+// Because gathers only move bytes, results are identical with and without prefetching.
+//
+// Mixed precision: param_dtype kBFloat16 -> bf16 params and activations; kHalf -> fp16 params
+// (stored and communicated in fp16) with fp32 activations (LibTorch 1.13 on CPU has no fp16
+// matmul/activation kernels), for loss scaling. Gradients are reduced and accumulated in fp32;
+// the optimizer works on fp32 master partitions.
 //
 // Every rank must call Forward (and backward) on tensors of the same shapes in the same order:
-// the gathers are collectives. Collective failures throw CollectiveError (catch at the engine
-// boundary). Not thread-safe.
+// the gathers and reductions are collectives. Collective failures throw CollectiveError (catch
+// at the engine boundary). Not thread-safe.
 #ifndef LOOM_WORKER_ENGINE_ZERO_LLAMA_H_
 #define LOOM_WORKER_ENGINE_ZERO_LLAMA_H_
 
 #include <ATen/core/Tensor.h>
 
-#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -47,74 +84,135 @@ class CollectiveError : public std::runtime_error {
   absl::Status status_;
 };
 
-// Bytes of gathered (full, temporary) parameter and gradient tensors currently alive on this
-// rank, and the peak since the last ResetPeak(). Thread-safe.
-class GatherTracker {
+// Bytes this rank holds per kind of state, current and peak since ResetPeaks(). Thread-safe.
+//   kParams           parameters in param dtype: replicas (stages 0-2), the rank's partition and
+//                     persistent gathered params (stage 3); the fp32 master when it is the same
+//                     tensor (fp32 stage 0 / stage 3)
+//   kGrads            fp32 gradient accumulators and partitions
+//   kOptimizerStates  Adam m and v, plus the fp32 master when it is a separate tensor
+//   kBuffers          temporary: gathered full params (stage 3), reduction buckets, all-gather
+//                     buffers
+enum class MemoryKind { kParams = 0, kGrads = 1, kOptimizerStates = 2, kBuffers = 3 };
+
+class MemoryTracker {
  public:
-  void Acquire(int64_t bytes);
-  void Release(int64_t bytes);
-  int64_t current() const { return current_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  void ResetPeak() { peak_.store(current_.load()); }
+  void Acquire(MemoryKind kind, int64_t bytes);
+  void Release(MemoryKind kind, int64_t bytes);
+  int64_t current(MemoryKind kind) const;
+  int64_t peak(MemoryKind kind) const;
+  int64_t current_total() const;
+  int64_t peak_total() const;  // peak of the sum over kinds
+  void ResetPeaks();
 
  private:
-  std::atomic<int64_t> current_{0};
-  std::atomic<int64_t> peak_{0};
+  mutable std::mutex mu_;
+  int64_t cur_[4] = {0, 0, 0, 0};
+  int64_t peak_[4] = {0, 0, 0, 0};
+  int64_t total_ = 0;
+  int64_t peak_total_ = 0;
+};
+
+struct ZeroParam;
+
+// Engine-side ZeRO knobs (TECHNIQUES.md §1.9; sizes in elements).
+struct ZeroOptions {
+  int stage = 3;
+  at::ScalarType param_dtype = at::kFloat;  // kFloat, kBFloat16 or kHalf
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool contiguous_gradients = true;
+  bool overlap_comm = true;
+  int64_t prefetch_bucket_size = 50000000;
+  int64_t param_persistence_threshold = 100000;
+  int64_t max_live_parameters = 1000000000;
+  int64_t max_reuse_distance = 1000000000;
+  // ZeRO-Offload hooks (worker/engine/offload; TECHNIQUES.md §1.7-1.8). Defaults: no offload.
+  // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
+  bool allocate_optimizer_state = true;
+  // Called with parameter i right after it is built (in order); may take its values and, for
+  // stage-3 parameter offload, replace master/shard by stride-0 placeholders. An error aborts
+  // Create and is returned as it is.
+  std::function<absl::Status(size_t i, ZeroParam& p)> on_param;
+  // Stage 3: the partition [p] (fp32) that all-gathers read when the shard is not in memory
+  // (offload_param to NVMe). May throw CollectiveError with the read's status.
+  std::function<at::Tensor(size_t i)> fetch_partition;
 };
 
 struct ZeroParam {
-  int64_t index = 0;  // position in ZeroLlama::params()
   ParamSpec spec;
   int64_t numel = 0;
-  PartitionSlice slice;
-  at::Tensor partition;   // [p] fp32 leaf, requires_grad; grad() = this rank's grad partition
-  at::Tensor exp_avg;     // [p] fp32 Adam first moment (this partition only)
-  at::Tensor exp_avg_sq;  // [p] fp32 Adam second moment
-};
-
-// Hooks for ZeRO-Offload (worker/engine/offload): who owns optimizer state, and where each
-// parameter partition lives once built.
-struct ZeroInitHooks {
-  // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
-  bool allocate_optimizer_state = true;
-  // Called with each parameter right after its partition is built (in parameter order); may
-  // take the values and replace `partition` by a placeholder (e.g. a stride-0 [p] leaf) when
-  // the partition lives on NVMe. An error aborts Create and is returned as it is.
-  std::function<absl::Status(ZeroParam&)> on_param;
+  PartitionSlice slice;     // this rank's per-parameter partition (checkpoint layout)
+  bool persistent = false;  // stage 3: numel <= param_persistence_threshold
+  at::Tensor master;        // fp32 [m]: m = p (stages 1-3) or n (stage 0)
+  at::Tensor exp_avg;       // fp32 [m] Adam first moment
+  at::Tensor exp_avg_sq;    // fp32 [m] Adam second moment
+  at::Tensor grad;          // fp32 [m] reduced mean gradient (stage 0: also the local
+                            // accumulator); undefined until the first reduction of a step
+  at::Tensor local_grad;    // stage 1: fp32 [n] local accumulator over micro-steps
+  at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype
+  at::Tensor shard;         // stage 3: [p] param dtype (the master itself when fp32)
 };
 
 class ZeroLlama {
  public:
-  // Builds the partitions. Parameter i's full tensor is drawn from a CPU generator seeded with
+  // Builds the parameters. Parameter i's full tensor is drawn from a CPU generator seeded with
   // Mix64(seed ^ Mix64(i + 1)) — normal(0, initializer_range) for linear/embedding weights,
-  // ones for norm weights — identically for every world size; this rank keeps its slice.
-  // `collectives` must outlive the model. With `init` (fine-tuning), every parameter's slice is
-  // read from that Hugging Face export instead (its errors returned as they are: NOT_FOUND for a
-  // missing tensor, INVALID_ARGUMENT for a shape or dtype mismatch).
+  // ones for norm weights — identically for every world size and stage. `collectives` must
+  // outlive the model. With `init` (fine-tuning), the weights are read from that Hugging Face
+  // export instead (its errors returned as they are: NOT_FOUND for a missing tensor,
+  // INVALID_ARGUMENT for a shape or dtype mismatch).
   static absl::StatusOr<std::unique_ptr<ZeroLlama>> Create(const LlamaConfig& config,
                                                            Collectives* collectives,
                                                            uint64_t seed,
                                                            const HfWeights* init = nullptr,
-                                                           const ZeroInitHooks* hooks = nullptr);
+                                                           const ZeroOptions& options = {});
 
-  // Where all-gathers read a parameter's partition [p] from when it is not `partition` itself
-  // (parameter offload to NVMe). May throw CollectiveError with the read's status.
-  using PartitionSource = std::function<at::Tensor(const ZeroParam&)>;
-  void SetPartitionSource(PartitionSource source) { runtime_.fetch = std::move(source); }
+  // ids: [batch, seq] int64 token ids (seq <= max_position_embeddings). `layer_order` (optional)
+  // lists the decoder layers to run, in order (default 0..L-1; tests use it to change the
+  // module order). Returns logits [batch, seq, vocab] in the activation dtype (fp32, or bf16).
+  // Throws CollectiveError / c10::Error.
+  at::Tensor Forward(const at::Tensor& ids, const std::vector<int64_t>* layer_order = nullptr);
 
-  // ids: [batch, seq] int64 token ids (seq <= max_position_embeddings).
-  // Returns logits [batch, seq, vocab] fp32. Throws CollectiveError / c10::Error.
-  at::Tensor Forward(const at::Tensor& ids);
+  // Training micro-steps: call BeginMicroStep before the forward (last = the last micro-step
+  // of the optimizer step) and FinishMicroStep after backward (flushes and waits for gradient
+  // reductions, frees gathered params). After the last micro-step, params()[i].grad holds the
+  // data-parallel mean gradient (partition for stages 1-3, full for stage 0).
+  void BeginMicroStep(bool last);
+  void FinishMicroStep();
+  // After the optimizer updated the fp32 masters: refreshes the compute copies (stage 0 cast,
+  // stage 1/2 bucketed all-gather into the replicas, stage 3 shard cast and persistent params
+  // released). Also used after loading a checkpoint. Collective for stages 1/2.
+  void RefreshParams();
+  // Drops the gradients (contiguous buffer zeroed and kept).
+  void ClearGrads();
+  // Σ ||grad||^2 (double) over this rank's gradient storage (padding is zero). Stages 1-3 need
+  // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully.
+  double LocalGradSquaredNorm() const;
+  bool any_nonfinite_grad() const;
+  bool grads_partitioned() const { return options_.stage >= 1; }
 
-  // The full parameter i (all-gathered; a collective every rank must call), shape spec.shape.
+  // The full parameter i as fp32 (a collective for stage 3), shape spec.shape.
   at::Tensor GatherFull(size_t i);
+  // This rank's partition [p] of parameter i's master / exp_avg / exp_avg_sq (which = 0, 1, 2),
+  // the checkpoint layout for every stage (stage 0 slices its full replica).
+  at::Tensor CheckpointPartition(size_t i, int which) const;
+  // Sets parameter i's master, exp_avg and exp_avg_sq from this rank's partitions (p floats
+  // each). Stage 0 all-gathers the full tensors (collective). Call RefreshParams after the last.
+  void LoadPartitions(size_t i, const float* master, const float* exp_avg,
+                      const float* exp_avg_sq);
 
   std::vector<ZeroParam>& params() { return params_; }
+  const ZeroOptions& options() const { return options_; }
   const LlamaConfig& config() const { return config_; }
-  // Σ p_i * 4: bytes of this rank's fp32 parameter partitions (Adam state is twice that).
+  at::ScalarType activation_dtype() const;
+  // Σ m * 4: bytes of this rank's fp32 master (= Σ p * 4 for stages 1-3, Σ n * 4 for stage 0).
   int64_t partition_bytes() const;
-  GatherTracker& tracker() { return tracker_; }
+  MemoryTracker& memory() { return memory_; }
   Collectives& collectives() { return *collectives_; }
+  // Stage-3 prefetch statistics since construction.
+  int64_t prefetch_hits() const { return prefetch_hits_; }
+  int64_t trace_invalidations() const { return trace_invalidations_; }
+  int64_t on_demand_fetches() const { return on_demand_fetches_; }
 
   // RoPE tables (HF LlamaRotaryEmbedding): cos, sin [seq, head_dim] fp32 with
   // inv_freq = 1 / theta^(arange(0, d, 2) / d), emb = cat(freqs, freqs).
@@ -124,24 +222,68 @@ class ZeroLlama {
   // x: [batch, heads, seq, d]; cos/sin: [seq, d].
   static at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-  // Shared with the autograd functions.
-  struct Runtime {
-    Collectives* collectives;
-    GatherTracker* tracker;
-    PartitionSource fetch;  // empty: read ZeroParam::partition
-  };
+  // Internal, for the autograd functions: the full weight of parameter i in param dtype
+  // (valid until the matching ReleaseFull), and the full gradient of parameter i ([shape],
+  // any float dtype) of one backward.
+  const at::Tensor& AcquireFull(size_t i);
+  void ReleaseFull(size_t i);
+  void AddGrad(size_t i, const at::Tensor& full_grad);
 
  private:
-  ZeroLlama(const LlamaConfig& config, Collectives* collectives)
-      : config_(config), collectives_(collectives) {}
-  ZeroParam& P(size_t i) { return params_[i]; }
+  struct Live {
+    at::Tensor input;   // the fetched partition when it is not the shard (kept until done)
+    at::Tensor buffer;  // [N*p]
+    at::Tensor full;    // view [shape]
+    std::unique_ptr<PendingCollective> pending;
+    int uses = 0;
+    bool prefetched_unused = false;
+    MemoryKind kind = MemoryKind::kBuffers;
+  };
+  struct Reduction {
+    std::unique_ptr<PendingCollective> pending;
+    at::Tensor send, recv;
+    std::vector<size_t> ids;
+    std::vector<int64_t> offsets;
+    int64_t bytes = 0;
+  };
+  enum class TraceMode { kRecord, kReplay, kOff };
+
+  ZeroLlama(const LlamaConfig& config, Collectives* collectives, const ZeroOptions& options)
+      : config_(config), collectives_(collectives), options_(options) {}
+  std::map<size_t, Live>::iterator StartGather(size_t i);
+  void Free(std::map<size_t, Live>::iterator it);
+  void IssuePrefetches();
+  void InvalidateTrace();
+  bool ReusedSoon(size_t i) const;
+  void EnsureGrad(ZeroParam& p);
+  void Enqueue(size_t i, const at::Tensor& flat);
+  void Flush();
+  void CompleteOldest();
 
   LlamaConfig config_;
   Collectives* collectives_;
-  GatherTracker tracker_;
-  Runtime runtime_{nullptr, nullptr};
+  ZeroOptions options_;
+  MemoryTracker memory_;
   std::vector<ZeroParam> params_;
+  at::Tensor anchor_;  // empty leaf requiring grad: makes every op part of the autograd graph
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> rope_cache_;
+
+  // Gradient reduction.
+  bool last_micro_ = true;
+  bool in_micro_step_ = false;
+  std::vector<int> grad_expected_, grad_seen_;  // per param, this micro-step (stages 0/1)
+  std::vector<std::pair<size_t, at::Tensor>> bucket_;
+  int64_t bucket_elems_ = 0;
+  std::deque<Reduction> in_flight_;
+  at::Tensor grad_flat_;  // contiguous_gradients storage
+
+  // Stage-3 fetching.
+  std::map<size_t, Live> live_;
+  TraceMode trace_mode_ = TraceMode::kRecord;
+  std::vector<size_t> trace_, recording_;
+  size_t trace_pos_ = 0, prefetch_pos_ = 0;
+  int64_t live_elems_ = 0, prefetch_elems_ = 0;
+  int64_t prefetch_hits_ = 0, trace_invalidations_ = 0, on_demand_fetches_ = 0;
 };
 
 }  // namespace loom::engine

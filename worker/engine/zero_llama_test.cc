@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "gtest/gtest.h"
 
@@ -86,30 +87,40 @@ at::Tensor ReferenceForward(const LlamaConfig& c, const std::vector<at::Tensor>&
   return at::linear(h, c.tie_word_embeddings ? w[0] : w[i + 1]);
 }
 
-class ZeroLlamaTest : public ::testing::TestWithParam<bool> {};
+// (tied head, ZeRO stage) on one rank: every stage computes the same forward and gradients.
+class ZeroLlamaTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(ZeroLlamaTest, ForwardAndGradientsMatchPlainAutograd) {
-  const LlamaConfig c = TinyConfig(GetParam());
+  const auto [tied, stage] = GetParam();
+  const LlamaConfig c = TinyConfig(tied);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
-  absl::StatusOr<std::unique_ptr<ZeroLlama>> m = ZeroLlama::Create(c, coll.get(), 11);
+  ZeroOptions opts;
+  opts.stage = stage;
+  opts.param_persistence_threshold = 0;
+  opts.reduce_bucket_size = 3000;  // several buckets
+  absl::StatusOr<std::unique_ptr<ZeroLlama>> m = ZeroLlama::Create(c, coll.get(), 11, nullptr,
+                                                                    opts);
   ASSERT_TRUE(m.ok()) << m.status();
   ZeroLlama& model = **m;
   ASSERT_EQ(model.params().size(), LlamaParamSpecs(c).size());
-  EXPECT_EQ(model.params().back().spec.name,
-            GetParam() ? "model.norm.weight" : "lm_head.weight");
+  EXPECT_EQ(model.params().back().spec.name, tied ? "model.norm.weight" : "lm_head.weight");
 
   std::vector<at::Tensor> ref_w;
   for (size_t i = 0; i < model.params().size(); ++i) {
     ref_w.push_back(model.GatherFull(i).set_requires_grad(true));
   }
-  EXPECT_EQ(model.tracker().current(), 0);
+  EXPECT_EQ(model.memory().current(MemoryKind::kBuffers), 0);
 
   at::Tensor ids = at::randint(0, 256, {3, 12}, at::kLong);
   at::Tensor targets = at::randint(0, 256, {3, 12}, at::kLong);
+  model.BeginMicroStep(/*last=*/true);
   at::Tensor logits = model.Forward(ids);
   ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{3, 12, 256}));
-  EXPECT_EQ(model.tracker().current(), 0) << "gathered weights must be freed after forward";
-  EXPECT_GT(model.tracker().peak(), 0);
+  if (stage == 3) {
+    EXPECT_EQ(model.memory().current(MemoryKind::kBuffers), 0)
+        << "gathered weights must be freed after forward (no trace recorded yet)";
+    EXPECT_GT(model.memory().peak(MemoryKind::kBuffers), 0);
+  }
   at::Tensor ref_logits = ReferenceForward(c, ref_w, ids);
   EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-5, 2e-5))
       << (logits - ref_logits).abs().max().item<float>();
@@ -118,12 +129,14 @@ TEST_P(ZeroLlamaTest, ForwardAndGradientsMatchPlainAutograd) {
     return torch::nn::functional::cross_entropy(l.reshape({-1, 256}), targets.reshape({-1}));
   };
   ce(logits).backward();
+  model.FinishMicroStep();
   ce(ref_logits).backward();
-  EXPECT_EQ(model.tracker().current(), 0) << "gathered weights must be freed after backward";
+  EXPECT_EQ(model.memory().current(MemoryKind::kBuffers), 0)
+      << "gathered weights and buckets must be freed after backward";
   for (size_t i = 0; i < ref_w.size(); ++i) {
     const ZeroParam& p = model.params()[i];
-    ASSERT_TRUE(p.partition.grad().defined()) << p.spec.name;
-    at::Tensor g = p.partition.grad().narrow(0, 0, p.numel).view(p.spec.shape);
+    ASSERT_TRUE(p.grad.defined()) << p.spec.name;
+    at::Tensor g = p.grad.narrow(0, 0, p.numel).view(p.spec.shape);
     at::Tensor rg = ref_w[i].grad();
     const double scale = rg.abs().max().item<double>();
     EXPECT_TRUE(at::allclose(g, rg, 1e-4, 1e-6 + 1e-5 * scale))
@@ -132,7 +145,30 @@ TEST_P(ZeroLlamaTest, ForwardAndGradientsMatchPlainAutograd) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TiedAndUntied, ZeroLlamaTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(TiedUntiedAndStages, ZeroLlamaTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 1, 2, 3)));
+
+// bf16: forward close to the fp32 model (bf16 noise), gradients land in fp32 partitions.
+TEST(ZeroLlamaBf16Test, Bf16ForwardIsCloseToFp32) {
+  const LlamaConfig c = TinyConfig(false);
+  std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+  ZeroOptions opts;
+  std::unique_ptr<ZeroLlama> f32 = *ZeroLlama::Create(c, coll.get(), 4, nullptr, opts);
+  opts.param_dtype = at::kBFloat16;
+  std::unique_ptr<ZeroLlama> b16 = *ZeroLlama::Create(c, coll.get(), 4, nullptr, opts);
+  EXPECT_EQ(b16->params()[2].shard.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(b16->params()[2].master.scalar_type(), at::kFloat);
+  at::Tensor ids = at::randint(0, 256, {2, 8}, at::kLong);
+  at::Tensor a = f32->Forward(ids);
+  b16->BeginMicroStep(true);
+  at::Tensor b = b16->Forward(ids);
+  EXPECT_EQ(b.scalar_type(), at::kBFloat16);
+  EXPECT_LT((a - b.to(at::kFloat)).abs().max().item<float>(), 0.1);
+  b.to(at::kFloat).sum().backward();
+  b16->FinishMicroStep();
+  EXPECT_EQ(b16->params()[2].grad.scalar_type(), at::kFloat);
+  EXPECT_GT(b16->params()[2].grad.abs().sum().item<float>(), 0);
+}
 
 TEST(ZeroLlamaCausalTest, LaterTokensDoNotChangeEarlierLogits) {
   const LlamaConfig c = TinyConfig(false);
@@ -155,10 +191,10 @@ TEST(ZeroLlamaInitTest, DeterministicAndNormWeightsAreOnes) {
   std::unique_ptr<ZeroLlama> a = *ZeroLlama::Create(c, coll.get(), 5);
   std::unique_ptr<ZeroLlama> b = *ZeroLlama::Create(c, coll.get(), 5);
   std::unique_ptr<ZeroLlama> other = *ZeroLlama::Create(c, coll.get(), 6);
-  EXPECT_TRUE(at::equal(a->params()[2].partition, b->params()[2].partition));
-  EXPECT_FALSE(at::equal(a->params()[2].partition, other->params()[2].partition));
-  EXPECT_TRUE(at::equal(a->params()[1].partition, at::ones({c.hidden_size})));
-  const double std = a->params()[0].partition.std().item<double>();
+  EXPECT_TRUE(at::equal(a->params()[2].master, b->params()[2].master));
+  EXPECT_FALSE(at::equal(a->params()[2].master, other->params()[2].master));
+  EXPECT_TRUE(at::equal(a->params()[1].master, at::ones({c.hidden_size})));
+  const double std = a->params()[0].master.std().item<double>();
   EXPECT_NEAR(std, c.initializer_range, 0.01);
   EXPECT_EQ(a->partition_bytes(), LlamaParamCount(c) * 4);  // N = 1: no padding
 }

@@ -11,13 +11,22 @@
 //
 // Protocol with the worker daemon: stdout carries only JSON lines, one event each, flushed:
 //   {"event":"rendezvous","port":P}                       rank 0, once its TCPStore listens
-//   {"event":"started","rank":r,"world_size":N,"params":Ψ,"partition_bytes":B,"start_step":s}
+//   {"event":"warning","message":"deepspeed_config.<key>: ignored (...)"}   accepted, unused keys
+//   {"event":"started","rank":r,"world_size":N,"params":Ψ,"zero_stage":z,"partition_bytes":B,
+//    "start_step":s, + the memory fields below (current)}
 //   {"event":"eval","step":s,"loss":x}                    before training (step 0 or resume
 //                                                          step), every eval_every_steps, at end
 //   {"event":"step","step":s,"loss":x,"tokens_per_s":t,"step_time_s":u,"lr":l,"grad_norm":g,
-//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B}
+//    "loss_scale":S,"skipped":false,"optimizer_step":k,
+//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
+//    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,
+//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"peak_bytes":M}
+//      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
+//      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
+//      overflow skipped the update (loss_scale is the scale the step ran with).
 //   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
-//   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b}
+//   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b,"collective_count":c,
+//    "collective_hash":"hex"}                            equal on every rank
 //   {"event":"stopped","step":s}                          after SIGTERM/SIGINT (all ranks agree)
 //   {"event":"error","message":"..."}
 // Logs go to stderr. Exit codes: 0 done; 1 runtime error (collective failure, I/O, LibTorch);
@@ -36,7 +45,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "worker/engine/collectives.h"
@@ -52,6 +63,13 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "Directory for step_<S>/rank_<r>.shar
 ABSL_FLAG(std::string, job_id, "", "Job id (for logs).");
 ABSL_FLAG(std::string, resume_from, "", "A checkpoint step directory to resume from.");
 ABSL_FLAG(int, collective_timeout_s, 300, "Timeout of rendezvous and every collective.");
+// Test hooks (tests only; the worker never passes them).
+ABSL_FLAG(std::vector<std::string>, test_inject_inf_grad_steps, {},
+          "Test only: 1-based steps at which rank 0 writes +inf into a gradient.");
+ABSL_FLAG(std::string, test_layer_order, "",
+          "Test only: STEP:L0,L1,... runs the decoder layers in this order at that step.");
+ABSL_FLAG(int, test_rank_sequence_length, 0,
+          "Test only: this rank's training samples use this many tokens (uneven data).");
 
 namespace {
 
@@ -98,6 +116,29 @@ int Main() {
   options->resume_from = absl::GetFlag(FLAGS_resume_from);
   options->job_id = absl::GetFlag(FLAGS_job_id);
   options->collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
+  for (const std::string& v : absl::GetFlag(FLAGS_test_inject_inf_grad_steps)) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(v, &step) || step < 1) {
+      return Fail(absl::InvalidArgumentError("--test_inject_inf_grad_steps: " + v), 2);
+    }
+    options->test_inject_inf_grad_steps.push_back(step);
+  }
+  if (const std::string order = absl::GetFlag(FLAGS_test_layer_order); !order.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(order, ':');
+    bool ok = parts.size() == 2 && absl::SimpleAtoi(parts[0], &options->test_layer_order_step);
+    for (absl::string_view l : absl::StrSplit(parts.size() == 2 ? parts[1] : "", ',')) {
+      int64_t layer = -1;
+      ok = ok && absl::SimpleAtoi(l, &layer) && layer >= 0 &&
+           layer < options->model.num_hidden_layers;
+      options->test_layer_order.push_back(layer);
+    }
+    if (!ok) return Fail(absl::InvalidArgumentError("--test_layer_order: " + order), 2);
+  }
+  options->test_rank_sequence_length = absl::GetFlag(FLAGS_test_rank_sequence_length);
+  if (options->test_rank_sequence_length < 0 ||
+      options->test_rank_sequence_length > options->model.max_position_embeddings) {
+    return Fail(absl::InvalidArgumentError("--test_rank_sequence_length out of range"), 2);
+  }
 
   std::unique_ptr<loom::engine::Collectives> coll;
   if (world == 1) {
