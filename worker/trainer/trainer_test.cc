@@ -511,6 +511,25 @@ TEST_F(TrainerTest, OffloadToCpuAndNvmeMatchesTheInMemoryRunAndResumes) {
   std::ifstream(TmpDir() + "/swp_count.txt") >> left;
   EXPECT_EQ(left, 0);
 
+  // Stages 1 and 2 offload too (their fp32 master partitions are stepped by CpuAdam, then
+  // all-gathered into the replicas): same losses within the fp32 tolerance.
+  for (int stage : {1, 2}) {
+    const std::string name = absl::StrCat("offload_stage", stage);
+    GangResult r = RunGang(
+        name,
+        WriteSpec(name, 3, 12,
+                  absl::StrCat(R"({"zero_optimization": {"stage": )", stage,
+                               R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")",
+                               nvme_dir, R"("}}})")),
+        2, {});
+    ExpectSuccess(r, name);
+    std::vector<double> base = Losses(*two_, "step"), got = Losses(r, "step");
+    ASSERT_EQ(got.size(), base.size()) << name;
+    for (size_t i = 0; i < base.size(); ++i) {
+      EXPECT_NEAR(got[i], base[i], kLossRtol * std::abs(base[i])) << name << " step " << i;
+    }
+  }
+
   // Resume the NVMe run from step 6: identical to the uninterrupted NVMe run.
   const std::string from = Dir("offload_nvme") + "/" + loom::storage::StepDirName(6);
   GangResult resumed =
