@@ -1,5 +1,7 @@
-// The on-disk layout of one rank's ZeRO-3 checkpoint shard, shared by the trainer (writer) and
+// The on-disk layout of one rank's ZeRO checkpoint shard, shared by the trainer (writer) and
 // the checkpoint service (reader, consolidation). No LibTorch here: tensors are raw fp32 bytes.
+// Every ZeRO stage (0-3) writes this same per-parameter partition layout (stage 0/1/2 ranks write
+// their slice of the fp32 master and Adam state); `zero_stage` records the stage that wrote it.
 //
 // Layout of a checkpoint of step S with world size N under a job's checkpoint directory:
 //
@@ -49,7 +51,7 @@ struct ShardManifest {
   int64_t step = 0;
   int32_t rank = 0;
   int32_t world_size = 1;
-  int32_t zero_stage = 3;
+  int32_t zero_stage = 3;  // the writer's stage; the layout is the same for 0-3
   // Hugging Face config.json of the model, as a JSON object text.
   std::string model_config_json = "{}";
   // Tokenizer used ("byte" or a path to a SentencePiece model copied next to the shards).

@@ -322,6 +322,11 @@ void ZeroLlama::Free(std::map<size_t, Live>::iterator it) {
 }
 
 bool ZeroLlama::ReusedSoon(size_t i) const {
+  // The prefetcher already scanned past its next use while it was live (and so did not
+  // prefetch it): keep it until then.
+  for (size_t k = trace_pos_; k < prefetch_pos_ && k < trace_.size(); ++k) {
+    if (trace_[k] == i) return true;
+  }
   int64_t distance = 0;
   for (size_t k = trace_pos_; k < trace_.size(); ++k) {
     if (trace_[k] == i) return true;
@@ -555,7 +560,13 @@ void ZeroLlama::FinishMicroStep() {
     if (trace_mode_ == TraceMode::kReplay && trace_pos_ != trace_.size()) InvalidateTrace();
     for (auto it = live_.begin(); it != live_.end();) {
       auto next = std::next(it);
-      if (!params_[it->first].persistent) Free(it);
+      if (!params_[it->first].persistent) {
+        Free(it);
+      } else if (it->second.pending) {  // the optimizer must not touch a shard still being sent
+        absl::Status s = it->second.pending->Wait();
+        it->second.pending.reset();
+        ThrowIfError(s);
+      }
       it = next;
     }
   }

@@ -36,7 +36,8 @@
 // calls (the trace, forward and backward); later micro-steps replay it: after each fetch the
 // next trace entries are all-gathered asynchronously, bounded by prefetch_bucket_size elements
 // of not-yet-used prefetches and max_live_parameters live non-persistent elements; a released
-// parameter whose next use in the trace is within max_reuse_distance elements stays gathered.
+// parameter whose next use in the trace is within max_reuse_distance elements, or before the
+// prefetch point (the prefetcher skipped it because it was live), stays gathered.
 // When a fetch differs from the trace (dynamic order) the trace is dropped: outstanding
 // prefetches are waited for and freed (every rank issued them, so no collective is left
 // unmatched), fetching falls back to on-demand, and the next micro-step records a new trace.
