@@ -25,11 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gang  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Same allocator settings for every rank of both systems: glibc returns blocks >= 256 KiB to the
-# kernel when freed (mmap), so peak RSS measures live memory rather than heap fragmentation.
-# OpenMP and OpenBLAS thread pools are capped at --threads (Debian's LibTorch calls OpenBLAS
-# through the generic BLAS interface, which torch.set_num_threads does not reach).
-ENV = dict(os.environ, MALLOC_MMAP_THRESHOLD_="262144", MALLOC_TRIM_THRESHOLD_="0")
+# Both systems run with the same environment: glibc's default allocator, and OpenMP and OpenBLAS
+# thread pools capped at --threads (Debian's LibTorch calls OpenBLAS through the generic BLAS
+# interface, which torch.set_num_threads does not reach). --malloc_mmap_threshold sets
+# MALLOC_MMAP_THRESHOLD_ for both (smaller peak RSS, many more page faults).
+ENV = dict(os.environ)
 
 
 def model_config(layers, a):
@@ -167,8 +167,12 @@ def main():
     ap.add_argument("--max_live", type=int, default=16000000,
                     help="stage3_max_live_parameters (reuse distance and prefetch: half)")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--malloc_mmap_threshold", type=int, default=0,
+                    help="MALLOC_MMAP_THRESHOLD_ for every rank of both systems (0: glibc default)")
     a = ap.parse_args()
     ENV["OMP_NUM_THREADS"] = ENV["OPENBLAS_NUM_THREADS"] = str(a.threads)
+    if a.malloc_mmap_threshold > 0:
+        ENV["MALLOC_MMAP_THRESHOLD_"] = str(a.malloc_mmap_threshold)
     if not os.access(a.trainer, os.X_OK):
         sys.exit("no loom-trainer at %s (run bench/zero_bench.sh)" % a.trainer)
     shutil.rmtree(a.workdir, ignore_errors=True)
