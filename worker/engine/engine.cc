@@ -87,7 +87,11 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   const ZeroConfig& zc = o_.ds.zero;
   const OffloadConfig& oo = zc.offload_optimizer;
   const OffloadConfig& op = zc.offload_param;
-  if (oo.device == "none" && op.device == "none") return absl::OkStatus();
+  if (oo.device == "none" && op.device != "nvme") {
+    // offload_param "cpu" alone: on a CPU-only node the partitions are in host memory already.
+    if (op.device == "cpu") LOG(INFO) << "offload_param cpu: parameters stay in host memory";
+    return absl::OkStatus();
+  }
   const std::string zpath = "deepspeed_config.zero_optimization.";
   if (oo.device != "none" && oo.ratio != 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -97,7 +101,7 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
     return absl::InvalidArgumentError(
         absl::StrCat(zpath, "offload_optimizer.device: offload needs ZeRO stage 1, 2 or 3"));
   }
-  if (op.device != "none" && oo.device == "none") {
+  if (op.device == "nvme" && oo.device == "none") {
     // DeepSpeed keeps the fp32 master with the optimizer; here the optimizer must own it to
     // let the parameter partitions leave memory.
     return absl::InvalidArgumentError(absl::StrCat(

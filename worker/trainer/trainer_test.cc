@@ -335,6 +335,17 @@ TEST(TrainerErrorsTest, UnusableNvmePathIsAnErrorNamingIt) {
   EXPECT_NE(errors[0]["message"].get<std::string>().find("/proc/loom_no_nvme"),
             std::string::npos)
       << errors[0]["message"];
+  // Parameters on NVMe need the optimizer (which owns the fp32 master) offloaded too.
+  GangResult p = RunGang(
+      "param_only_nvme",
+      WriteSpec("param_only_nvme", 6, 2, R"({"zero_optimization": {"stage": 3,
+          "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})"),
+      1, {});
+  EXPECT_EQ(p.exit_codes[0], 2);
+  ASSERT_EQ(p.Of(0, "error").size(), 1u);
+  EXPECT_NE(p.Of(0, "error")[0]["message"].get<std::string>().find(
+                "deepspeed_config.zero_optimization.offload_param.device"),
+            std::string::npos);
 }
 
 TEST_F(TrainerTest, ResumeWithAnotherWorldSizeIsRefused) {
