@@ -144,6 +144,7 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
       // The partition lives on file: master and shard become stride-0 placeholders of [p].
       at::Tensor ph = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat).zero_();
       p.master = ph;
+      p.shard_offloaded = true;
       p.shard = p.shard.scalar_type() == at::kFloat
                     ? ph
                     : at::empty_strided({p.slice.partition_numel}, {0}, p.shard.options()).zero_();

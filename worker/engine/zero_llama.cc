@@ -262,13 +262,13 @@ absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& 
       if (options.on_param) {
         absl::Status hs = options.on_param(i, p);
         if (!hs.ok()) return hs;
-        if (p.shard.defined() && p.shard.stride(0) == 0) {  // offloaded: nothing resident
+        if (p.shard_offloaded) {  // offloaded: nothing resident
           m->memory_.Release(MemoryKind::kParams, Bytes(p.shard));
         }
       }
       m->memory_.Acquire(MemoryKind::kOptimizerStates,
                          Bytes(p.exp_avg) + Bytes(p.exp_avg_sq) +
-                             (master_is_param || p.master.stride(0) == 0 ? 0 : Bytes(p.master)));
+                             (master_is_param || p.shard_offloaded ? 0 : Bytes(p.master)));
       m->params_.push_back(std::move(p));
     }
   } catch (const std::exception& e) {
@@ -585,7 +585,7 @@ void ZeroLlama::RefreshParams() {
       return;
     case 3:
       for (ZeroParam& p : params_) {
-        if (!p.shard.is_same(p.master)) p.shard.copy_(p.master);
+        if (!p.shard.is_same(p.master) && !p.shard_offloaded) p.shard.copy_(p.master);
       }
       for (auto it = live_.begin(); it != live_.end();) {  // persistent params are stale now
         auto next = std::next(it);

@@ -152,6 +152,8 @@ struct ZeroParam {
   at::Tensor local_grad;    // stage 1: fp32 [n] local accumulator over micro-steps
   at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype
   at::Tensor shard;         // stage 3: [p] param dtype (the master itself when fp32)
+  bool shard_offloaded = false;  // stage 3 offload_param nvme: master/shard are stride-0
+                                 // placeholders; all-gathers read ZeroOptions::fetch_partition
 };
 
 class ZeroLlama {

@@ -306,6 +306,20 @@ TEST_F(TrainerTest, OffloadToCpuAndNvmeMatchesTheInMemoryRunAndResumes) {
     }
   }
 
+  // bf16 weights (fp32 master): everything on NVMe, the parameter partitions read and cast to
+  // bf16 for each all-gather, gives exactly the losses of cpu offload.
+  const std::string bf16 = R"("bf16": {"enabled": true}, )";
+  GangResult b0 = RunGang("bf16_cpu",
+                          WriteSpec("bf16_cpu", 3, 6, "{" + bf16 + zero_cpu.substr(1)), 2, {});
+  GangResult b1 = RunGang("bf16_nvme",
+                          WriteSpec("bf16_nvme", 3, 6, "{" + bf16 + zero_nvme.substr(1)), 2, {});
+  ExpectSuccess(b0, "bf16_cpu");
+  ExpectSuccess(b1, "bf16_nvme");
+  std::vector<double> l0 = Losses(b0, "step"), l1 = Losses(b1, "step");
+  ASSERT_EQ(l0.size(), 6u);
+  ASSERT_EQ(l1.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(l1[i], l0[i]) << "bf16 step " << i;
+
   // Resume the NVMe run from step 6: identical to the uninterrupted NVMe run.
   const std::string from = Dir("offload_nvme") + "/" + loom::storage::StepDirName(6);
   GangResult resumed =
