@@ -124,20 +124,34 @@ absl::Status OffloadOptimizer::InitParam(size_t i, const float* values) {
     if (options_.params_nvme) std::memcpy(master_.data() + offsets_[i], values, n * 4);
     return absl::OkStatus();  // moments are zero already; else the model's tensor is the master
   }
-  // Master records are whole sub-groups: read-modify-write the group's record (moments stay
-  // unwritten, which reads as zeros).
+  // Master records are whole sub-groups. Parameters arrive in model order, so the group being
+  // filled stays in one buffer (read first: a record never written reads as zeros) and is
+  // written when the next group starts or before anything else touches the files. Moments stay
+  // unwritten, which reads as zeros.
   const auto it = std::upper_bound(groups_.begin(), groups_.end(), i,
                                    [](size_t v, const Group& g) { return v < g.last; });
-  const Group& g = *it;
   const int64_t record = it - groups_.begin();
-  ASSIGN_OR_RETURN(int b, opt_swapper_->Acquire());
-  absl::Status st = opt_swapper_->ReadAsync(s_master_, record, b);
-  if (st.ok()) st = opt_swapper_->WaitRead(b);
-  if (!st.ok()) {
-    opt_swapper_->Release(b);
-    return st;
+  if (record != init_group_) {
+    RETURN_IF_ERROR(FinishInit());
+    ASSIGN_OR_RETURN(init_buf_, opt_swapper_->Acquire());
+    init_group_ = record;
+    absl::Status st = opt_swapper_->ReadAsync(s_master_, record, init_buf_);
+    if (st.ok()) st = opt_swapper_->WaitRead(init_buf_);
+    if (!st.ok()) {
+      opt_swapper_->Release(init_buf_);
+      init_buf_ = init_group_ = -1;
+      return st;
+    }
   }
-  std::memcpy(opt_swapper_->floats(b) + (offsets_[i] - g.offset), values, n * 4);
+  std::memcpy(opt_swapper_->floats(init_buf_) + (offsets_[i] - it->offset), values, n * 4);
+  return absl::OkStatus();
+}
+
+absl::Status OffloadOptimizer::FinishInit() {
+  if (init_buf_ < 0) return absl::OkStatus();
+  const int b = init_buf_;
+  const int64_t record = init_group_;
+  init_buf_ = init_group_ = -1;
   RETURN_IF_ERROR(opt_swapper_->WriteAsync(s_master_, record, b));
   return opt_swapper_->Flush();
 }
@@ -167,6 +181,7 @@ absl::Status OffloadOptimizer::PublishGroup(const Group& g, const float* master,
 
 absl::Status OffloadOptimizer::Step(int64_t t, double lr, const std::vector<float*>& model_params,
                                     const std::vector<const float*>& grads) {
+  RETURN_IF_ERROR(FinishInit());
   if (grads.size() != numels_.size() || model_params.size() != numels_.size()) {
     return absl::InvalidArgumentError("offload step: one gradient and parameter per partition");
   }
@@ -238,6 +253,7 @@ absl::Status OffloadOptimizer::FetchParam(size_t i, float* dst) {
 
 absl::Status OffloadOptimizer::ExportState(const std::vector<float*>& model_params, float* master,
                                            float* exp_avg, float* exp_avg_sq) {
+  RETURN_IF_ERROR(FinishInit());
   if (!options_.optimizer_nvme) {
     std::memcpy(exp_avg, exp_avg_.data(), total_ * 4);
     std::memcpy(exp_avg_sq, exp_avg_sq_.data(), total_ * 4);
@@ -264,6 +280,7 @@ absl::Status OffloadOptimizer::ExportState(const std::vector<float*>& model_para
 absl::Status OffloadOptimizer::ImportState(const std::vector<float*>& model_params,
                                            const float* master, const float* exp_avg,
                                            const float* exp_avg_sq) {
+  RETURN_IF_ERROR(FinishInit());
   if (!options_.optimizer_nvme) {
     std::memcpy(exp_avg_.data(), exp_avg, total_ * 4);
     std::memcpy(exp_avg_sq_.data(), exp_avg_sq, total_ * 4);

@@ -68,9 +68,10 @@ class OffloadOptimizer {
       const OffloadOptimizerOptions& options, const std::vector<int64_t>& partition_numels);
 
   // Sets parameter i's initial value (p_i floats): master, and the parameter file when params
-  // are on NVMe; exp_avg = exp_avg_sq = 0. Call for every i before the first Step (in any
-  // order). With params in memory and optimizer cpu the model's tensor is the master and this
-  // only records nothing but the zero moments (values may be null then).
+  // are on NVMe; exp_avg = exp_avg_sq = 0. Call for every i before the first Step, in model
+  // order (cheapest: each NVMe sub-group record is written once; any order is correct). With
+  // params in memory and optimizer cpu the model's tensor is the master and this does nothing
+  // (the moments start at zero).
   absl::Status InitParam(size_t i, const float* values);
 
   // One step t (1-based) at learning rate lr. grads[i]: parameter i's gradient partition
@@ -113,6 +114,8 @@ class OffloadOptimizer {
   absl::Status PublishGroup(const Group& g, const float* master,
                             const std::vector<float*>& model_params);
   bool master_is_model() const { return !options_.optimizer_nvme && !options_.params_nvme; }
+  // Writes the sub-group InitParam is filling, if any.
+  absl::Status FinishInit();
 
   OffloadOptimizerOptions options_;
   CpuAdam adam_;
@@ -124,6 +127,8 @@ class OffloadOptimizer {
   // NVMe state.
   std::unique_ptr<NvmeSwapper> opt_swapper_, param_swapper_;
   int s_master_ = -1, s_m_ = -1, s_v_ = -1, s_param_ = -1;
+  int64_t init_group_ = -1;  // sub-group InitParam is filling (optimizer nvme)
+  int init_buf_ = -1;
 };
 
 }  // namespace loom::engine::offload

@@ -186,6 +186,27 @@ TEST(OffloadOptimizerTest, ExportImportAcrossPlacementsContinuesBitExactly) {
   ExpectBitEqual(want, Finish(**c, c_model), "resumed");
 }
 
+TEST(OffloadOptimizerTest, InitialValuesInAnyOrderReachTheFiles) {
+  const std::vector<std::vector<float>> init = Initial();
+  std::vector<Result> runs;
+  for (bool reverse : {false, true}) {
+    auto opt = OffloadOptimizer::Create(
+        OptionsFor({reverse ? "order_rev" : "order_fwd", true, true, false}), kNumels);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (size_t k = 0; k < init.size(); ++k) {
+      const size_t i = reverse ? init.size() - 1 - k : k;
+      ASSERT_TRUE((*opt)->InitParam(i, init[i].data()).ok());
+    }
+    std::vector<std::vector<float>> model(kNumels.size());
+    runs.push_back(Finish(**opt, model));
+  }
+  EXPECT_EQ(runs[0].params, init);
+  ExpectBitEqual(runs[0], runs[1], "reverse init order");
+  std::vector<float> flat;
+  for (const auto& v : init) flat.insert(flat.end(), v.begin(), v.end());
+  EXPECT_EQ(runs[1].master, flat);
+}
+
 TEST(OffloadOptimizerTest, BadBufferSettingsAreRefusedByName) {
   OffloadOptimizerOptions o = OptionsFor({"bad", true, false, false});
   o.optimizer_buffer_count = 2;
