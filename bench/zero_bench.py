@@ -212,6 +212,10 @@ def main():
             cap_runs[("ddp", layers)] = run_torch("torch_ddp_L%d" % layers, a, c, "ddp", 3)
         cap_runs[("loom", layers)] = run_loom("loom_zero3_nvme_L%d" % layers, a, c, 3, 3,
                                               nvme_offload)
+        if layers == a.layers:
+            cap_runs[("zero3", layers)] = z3
+        else:
+            cap_runs[("zero3", layers)] = run_loom("loom_zero3_L%d" % layers, a, c, 3, 3)
 
     print("\n== Loom ZeRO-3 vs PyTorch DDP (%d ranks, %.1fM params) ==" % (a.world, psi / 1e6))
     print("%-34s %12s %12s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
@@ -251,7 +255,8 @@ def main():
           % a.cap_gib)
     cap = a.cap_gib * (1 << 30)
     fits = {}
-    for system in ("ddp", "loom"):
+    slopes = {}
+    for system in ("ddp", "loom", "zero3"):
         r1, r2 = cap_runs[(system, l1)], cap_runs[(system, l2)]
         p1 = param_count(model_config(l1, a))
         p2 = param_count(model_config(l2, a))
@@ -261,12 +266,21 @@ def main():
         slope = (r2.peak_rss - r1.peak_rss) / float(p2 - p1)
         intercept = r1.peak_rss - slope * p1
         psi_max = (cap - intercept) / slope
+        slopes[system] = slope
+        if system == "zero3":  # no offload: only for the marginal memory ratio below
+            print("  %-5s L=%d: %7.0f MiB | L=%d: %7.0f MiB | %.2f bytes/param + %.0f MiB" % (
+                system, l1, mib(r1.peak_rss), l2, mib(r2.peak_rss), slope, mib(intercept)))
+            continue
         fits[system] = psi_max
         print("  %-5s L=%d: %.1fM params %7.0f MiB | L=%d: %.1fM params %7.0f MiB | %.2f bytes/param "
               "+ %.0f MiB -> largest %.2fB params" % (
                   system, l1, p1 / 1e6, mib(r1.peak_rss), l2, p2 / 1e6, mib(r2.peak_rss), slope,
                   mib(intercept), psi_max / 1e9))
     cap_ratio = fits["loom"] / fits["ddp"] if len(fits) == 2 else float("nan")
+    if "zero3" in slopes and "ddp" in slopes:
+        print("  marginal memory per parameter, ZeRO-3 (no offload) / DDP: %.3f (the peak memory "
+              "ratio a much deeper model of this width approaches)" % (slopes["zero3"] /
+                                                                       slopes["ddp"]))
     print("\ntotal benchmark time %.0f s; logs and specs in %s" % (time.time() - t_start,
                                                                    a.workdir))
     print("zero3_vs_ddp step_time_ratio=%.3f peak_memory_ratio=%.3f offload_capacity_ratio=%.2f"
