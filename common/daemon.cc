@@ -1,13 +1,18 @@
 #include "common/daemon.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
@@ -40,26 +45,78 @@ absl::StatusOr<ReadyInfo> ReadReadyFile(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
-    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    ReadyCheck ready) {
   std::unique_ptr<MetricsEndpoint> ep(new MetricsEndpoint());
-  try {
-    ep->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
-  } catch (const std::exception& e) {
+  ep->registry_ = std::move(registry);
+  ep->ready_ = std::move(ready);
+  ep->server_ = std::make_unique<httplib::Server>();
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let two daemons
+  // share a fixed --metrics_port silently.
+  ep->server_->set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  MetricsEndpoint* self = ep.get();
+  ep->server_->Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, self->registry_->Collect());
+    res.set_content(out.str(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  ep->server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  ep->server_->Get("/readyz", [self](const httplib::Request&, httplib::Response& res) {
+    absl::Status s = self->Ready();
+    if (s.ok()) {
+      res.set_content("ok\n", "text/plain");
+    } else {
+      res.status = 503;
+      res.set_content(absl::StrCat("not ready: ", s.message(), "\n"), "text/plain");
+    }
+  });
+  int bound = port;
+  bool ok = port == 0 ? (bound = ep->server_->bind_to_any_port(host)) > 0
+                      : ep->server_->bind_to_port(host, port);
+  if (!ok) {
     return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", e.what()));
+        absl::StrCat("cannot serve /metrics on ", host, ":", port, " (address in use?)"));
   }
-  ep->exposer_->RegisterCollectable(registry);
-  std::vector<int> ports = ep->exposer_->GetListeningPorts();
-  if (ports.empty()) return absl::InternalError("metrics exposer reports no listening port");
   ep->host_ = host;
-  ep->port_ = ports.front();
+  ep->port_ = bound;
+  ep->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
+  // stop() before the listen loop runs would be lost (and the destructor would hang).
+  while (!ep->server_->is_running()) absl::SleepFor(absl::Milliseconds(1));
   return ep;
 }
 
-MetricsEndpoint::~MetricsEndpoint() = default;
+MetricsEndpoint::~MetricsEndpoint() {
+  if (server_ != nullptr) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MetricsEndpoint::SetReadyCheck(ReadyCheck ready) {
+  absl::MutexLock l(&mu_);
+  ready_ = std::move(ready);
+}
+
+absl::Status MetricsEndpoint::Ready() const {
+  ReadyCheck check;
+  {
+    absl::MutexLock l(&mu_);
+    check = ready_;
+  }
+  return check ? check() : absl::OkStatus();
+}
 
 std::string MetricsEndpoint::url() const {
   return absl::StrCat("http://", host_, ":", port_, "/metrics");
+}
+std::string MetricsEndpoint::health_url() const {
+  return absl::StrCat("http://", host_, ":", port_, "/healthz");
+}
+std::string MetricsEndpoint::ready_url() const {
+  return absl::StrCat("http://", host_, ":", port_, "/readyz");
 }
 
 }  // namespace loom

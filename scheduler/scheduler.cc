@@ -316,6 +316,7 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                  "; restarting from the newest committed checkpoint (restart ",
                                  restarts_used + 1, " of ", max_restarts, ")");
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
   last_step_advance_.erase(job_id);
   if (!suspect_node.empty()) suspects_[job_id].insert(suspect_node);
@@ -435,6 +436,11 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
     const JobRecord& job = jobs_.at(it->second);
     if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
     if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
+    if (!request.tenant().empty() && job.tenant != request.tenant()) continue;
+    if (!request.queue().empty() &&
+        (job.spec.queue().empty() ? "default" : job.spec.queue()) != request.queue()) {
+      continue;
+    }
     if (page.jobs_size() == page_size) {
       page.set_next_page_token(
           absl::WebSafeBase64Escape(absl::StrCat("after:", jobs_.at(page.jobs(page_size - 1).id()).sequence)));
@@ -947,6 +953,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     const int need = job.spec.resources().num_ranks();
     const std::string kind_name = KindName(kind);
     if (need > total_slots[kind]) {
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("infeasible");
       RETURN_IF_ERROR(SetPendingReason(
           job_id, "Unschedulable",
           absl::StrCat("needs ", need, " ", kind_name, " rank slots; the ", live_nodes[kind],
@@ -969,6 +976,7 @@ absl::Status Scheduler::PlacePendingJobs() {
       }
     }
     if (free_total < need) {
+      if (metrics_ != nullptr) metrics_->AdmissionAttempt("no_capacity");
       blocked_by[kind] = job_id;
       RETURN_IF_ERROR(SetPendingReason(
           job_id, "WaitingForSlots",
@@ -991,6 +999,7 @@ absl::Status Scheduler::PlacePendingJobs() {
         placement.push_back(node_id);
       }
     }
+    if (metrics_ != nullptr) metrics_->AdmissionAttempt("admitted");
     JobRecord updated = job;
     updated.phase = v1::JOB_PHASE_STARTING;
     updated.attempt = job.attempt + 1;
@@ -1056,6 +1065,25 @@ void Scheduler::UpdateGauges() {
   }
   metrics_->SetNodes(live, lost);
   metrics_->SetRankSlots(free, used);
+  std::map<std::tuple<std::string, std::string, JobPhase>, int> tenant_counts;
+  for (const auto& [id, job] : jobs_) {
+    ++tenant_counts[{job.tenant, job.spec.queue().empty() ? "default" : job.spec.queue(),
+                     job.phase}];
+  }
+  metrics_->SetTenantJobCounts(tenant_counts);
+  // Cordoned nodes: add their slots as "cordoned" once nodes can be cordoned.
+  std::map<std::pair<AcceleratorKind, std::string>, int> accelerators;
+  for (const auto& [node_id, node] : nodes_) {
+    const AcceleratorKind kind = node.inventory.accelerator();
+    if (node.lost) {
+      accelerators[{kind, "lost"}] += node.inventory.slots();
+      continue;
+    }
+    const int u = std::min(node.inventory.slots(), UsedSlots(node_id));
+    accelerators[{kind, "allocated"}] += u;
+    accelerators[{kind, "free"}] += node.inventory.slots() - u;
+  }
+  metrics_->SetAccelerators(accelerators);
 }
 
 }  // namespace loom

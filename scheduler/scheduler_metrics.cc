@@ -6,11 +6,19 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cctype>
+#include <set>
 #include <string>
 
 #include "scheduler/job_state.h"
 
 namespace loom {
+namespace {
+
+constexpr const char* kAdmissionResults[] = {"admitted",   "no_capacity", "quota",
+                                             "infeasible", "blocked",     "preempting"};
+
+}  // namespace
 
 SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
   auto& jobs = prometheus::BuildGauge()
@@ -55,6 +63,86 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                     .Register(registry);
   slots_free_ = &slots.Add({{"state", "free"}});
   slots_used_ = &slots.Add({{"state", "used"}});
+  tenant_jobs_family_ = &prometheus::BuildGauge()
+                             .Name("loom_tenant_jobs")
+                             .Help("Jobs by tenant, queue and phase.")
+                             .Register(registry);
+  admission_family_ = &prometheus::BuildCounter()
+                           .Name("loom_admission_attempts_total")
+                           .Help("Attempts to admit a pending job, by result: admitted, "
+                                 "no_capacity, quota, infeasible, blocked, preempting.")
+                           .Register(registry);
+  for (const char* r : kAdmissionResults) admission_family_->Add({{"result", r}});
+  accelerators_family_ = &prometheus::BuildGauge()
+                              .Name("loom_accelerators")
+                              .Help("Accelerators (rank slots) of registered nodes, by kind and "
+                                    "state: free, allocated, cordoned, lost.")
+                              .Register(registry);
+  restarts_family_ = &prometheus::BuildCounter()
+                          .Name("loom_job_restarts_total")
+                          .Help("New attempts of jobs after a failure, by cause (failure class).")
+                          .Register(registry);
+  for (const char* c : {"user", "infra", "setup", "oom", "preemption", "other"}) {
+    restarts_family_->Add({{"cause", c}});
+  }
+}
+
+void SchedulerMetrics::SetTenantJobCounts(
+    const std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, int>& counts) {
+  absl::MutexLock l(&mu_);
+  for (auto& [key, gauge] : tenant_jobs_) {
+    if (counts.count(key) == 0) gauge->Set(0);
+  }
+  for (const auto& [key, n] : counts) {
+    auto it = tenant_jobs_.find(key);
+    if (it == tenant_jobs_.end()) {
+      const auto& [tenant, queue, phase] = key;
+      prometheus::Gauge* g = &tenant_jobs_family_->Add(
+          {{"tenant", tenant}, {"queue", queue}, {"phase", std::string(JobPhaseName(phase))}});
+      it = tenant_jobs_.emplace(key, g).first;
+    }
+    it->second->Set(n);
+  }
+}
+
+void SchedulerMetrics::AdmissionAttempt(const std::string& result) {
+  for (const char* r : kAdmissionResults) {
+    if (result == r) {
+      admission_family_->Add({{"result", r}}).Increment();
+      return;
+    }
+  }
+  admission_family_->Add({{"result", "other"}}).Increment();
+}
+
+void SchedulerMetrics::SetAccelerators(
+    const std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int>& counts) {
+  std::set<loom::v1::AcceleratorKind> kinds;
+  for (const auto& [key, n] : counts) kinds.insert(key.first);
+  for (loom::v1::AcceleratorKind kind : kinds) {
+    std::string name = loom::v1::AcceleratorKind_Name(kind);
+    const std::string prefix = "ACCELERATOR_KIND_";
+    if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (const char* state : {"free", "allocated", "cordoned", "lost"}) {
+      auto it = counts.find({kind, state});
+      accelerators_family_->Add({{"kind", name}, {"state", state}})
+          .Set(it == counts.end() ? 0 : it->second);
+    }
+  }
+}
+
+void SchedulerMetrics::JobRestarted(loom::v1::FailureClass cause) {
+  const char* name = "other";
+  switch (cause) {
+    case loom::v1::FAILURE_CLASS_USER: name = "user"; break;
+    case loom::v1::FAILURE_CLASS_INFRA: name = "infra"; break;
+    case loom::v1::FAILURE_CLASS_SETUP: name = "setup"; break;
+    case loom::v1::FAILURE_CLASS_OOM: name = "oom"; break;
+    case loom::v1::FAILURE_CLASS_PREEMPTED: name = "preemption"; break;
+    default: break;
+  }
+  restarts_family_->Add({{"cause", name}}).Increment();
 }
 
 void SchedulerMetrics::SetJobCounts(const std::map<loom::v1::JobPhase, int>& counts) {

@@ -11,11 +11,27 @@
 //   loom_rank_slots{state="free|used"}        gauge: rank slots on live nodes
 //   loom_job_queue_wait_seconds               histogram: submission to placement (a job leaving
 //                                             PENDING for anything but CANCELLED)
+//   loom_tenant_jobs{tenant,queue,phase}      gauge: jobs per tenant, queue and phase (tenants come
+//                                             from the tokens file, queues from the queue config:
+//                                             bounded); a combination seen once stays, at 0
+//   loom_admission_attempts_total{result}     counter: one per pending job per scheduling cycle
+//                                             that tried to place it: admitted | no_capacity (not
+//                                             enough free slots now) | quota (tenant/queue quota
+//                                             reached) | infeasible (can never fit the live
+//                                             cluster) | blocked (behind a higher-priority job of
+//                                             the same kind) | preempting (admitted by preempting)
+//   loom_accelerators{kind,state}             gauge: accelerators (rank slots) by kind and state:
+//                                             free | allocated (a rank holds it) | cordoned (on a
+//                                             node an operator cordoned) | lost (on a lost node)
+//   loom_job_restarts_total{cause}            counter: new attempts after a failure, by failure
+//                                             class: user | infra | setup | oom | preemption |
+//                                             other
 #ifndef LOOM_SCHEDULER_SCHEDULER_METRICS_H_
 #define LOOM_SCHEDULER_SCHEDULER_METRICS_H_
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
@@ -50,6 +66,19 @@ class SchedulerMetrics {
   void ObserveSchedulingCycle(absl::Duration duration);
   void SetRankSlots(int free, int used);
 
+  // Sets loom_tenant_jobs from (tenant, queue, phase) -> count; earlier combinations missing
+  // from `counts` are set to 0.
+  void SetTenantJobCounts(
+      const std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, int>& counts);
+  // One admission attempt with `result` (one of the values listed above; others count as
+  // "other").
+  void AdmissionAttempt(const std::string& result);
+  // Sets loom_accelerators from (kind, state) -> count; every state of every kind in `counts`
+  // is set (missing states 0).
+  void SetAccelerators(const std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int>& counts);
+  // A job starts a new attempt after a failure of class `cause` (PREEMPTED -> "preemption").
+  void JobRestarted(loom::v1::FailureClass cause);
+
  private:
   // Immutable after construction (the series themselves are thread-safe).
   prometheus::Counter* submitted_;
@@ -61,6 +90,13 @@ class SchedulerMetrics {
   prometheus::Gauge* slots_free_;
   prometheus::Gauge* slots_used_;
   std::map<loom::v1::JobPhase, prometheus::Gauge*> jobs_by_phase_;
+  prometheus::Family<prometheus::Gauge>* tenant_jobs_family_;
+  prometheus::Family<prometheus::Counter>* admission_family_;
+  prometheus::Family<prometheus::Gauge>* accelerators_family_;
+  prometheus::Family<prometheus::Counter>* restarts_family_;
+  absl::Mutex mu_;
+  std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, prometheus::Gauge*>
+      tenant_jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

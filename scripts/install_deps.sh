@@ -13,6 +13,8 @@ PACKAGES=(
   libopenblas0-pthread libgtest-dev libgmock-dev libbenchmark-dev
   # ZeRO-Infinity NVMe offload: asynchronous file I/O through io_uring
   liburing-dev
+  # bearer-token hashing (libcrypto) and the TLS tests' self-signed certificates (openssl CLI)
+  libssl-dev openssl
   # runtime tools and data
   sentencepiece fortunes fortunes-min
   # tests: reference PyTorch for the independent export check

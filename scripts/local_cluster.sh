@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# A local Loom cluster on loopback: loom-scheduler, loom-checkpoint and N loom-worker daemons,
-# each on OS-chosen ports. State lives under $LOOM_HOME (default ./.loom): SQLite file,
+# A local Loom cluster on loopback: loom-scheduler, loom-checkpoint, loom-gateway (REST) and N
+# loom-worker daemons, each on OS-chosen ports (the gateway's HTTP port: $LOOM_GATEWAY_PORT, else
+# any free one). State lives under $LOOM_HOME (default ./.loom): SQLite file,
 # checkpoints, rank logs, daemon logs, ready files (cluster/*.json) that loomctl reads.
 #
 #   scripts/local_cluster.sh start [--workers N] [--slots S]   start (builds nothing; see README)
 #   scripts/local_cluster.sh add-worker [--slots S]             one more worker (e.g. to replace one)
-#   scripts/local_cluster.sh status                             print daemons and metrics URLs
+#   scripts/local_cluster.sh status                             print daemons, their metrics, health
+#                                                               and readiness URLs, one per line
+# Authentication (optional): LOOM_AUTH_TOKENS_FILE (tokens file, docs/operations.md) and
+# LOOM_WORKER_TOKEN_FILE (the workers' token) turn it on for the scheduler, gateway and workers.
 #   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
 set -euo pipefail
 
@@ -67,9 +71,19 @@ cmd_start() {
   start_daemon checkpoint "$BIN/services/checkpoint/loom-checkpoint" \
     --checkpoint_root="$LOOM_HOME/checkpoints"
   # The scheduler finds resume checkpoints and applies retention through loom-checkpoint.
+  local auth=()
+  if [ -n "${LOOM_AUTH_TOKENS_FILE:-}" ]; then
+    auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE" --worker_token_file="${LOOM_WORKER_TOKEN_FILE:?LOOM_WORKER_TOKEN_FILE is required with LOOM_AUTH_TOKENS_FILE}")
+  fi
   start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
     --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints" \
-    --checkpoint_service="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)"
+    --checkpoint_service="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)" \
+    "${auth[@]+"${auth[@]}"}"
+  local gw_auth=()
+  [ -z "${LOOM_AUTH_TOKENS_FILE:-}" ] || gw_auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE")
+  start_daemon gateway "$BIN/services/gateway/loom-gateway" \
+    --scheduler="$(ready_field "$CLUSTER/scheduler.json" grpc_address)" \
+    --port="${LOOM_GATEWAY_PORT:-0}" "${gw_auth[@]+"${gw_auth[@]}"}"
   for i in $(seq 0 $((workers - 1))); do
     start_worker "$i" "$slots"
   done
@@ -80,9 +94,12 @@ cmd_start() {
 start_worker() {  # start_worker INDEX SLOTS
   local sched
   sched=$(ready_field "$CLUSTER/scheduler.json" grpc_address)
+  local token=()
+  [ -z "${LOOM_WORKER_TOKEN_FILE:-}" ] || token=(--token_file="$LOOM_WORKER_TOKEN_FILE")
   start_daemon "worker-$1" "$BIN/services/worker/loom-worker" \
     --scheduler="$sched" --node_id="worker-$1" --slots="$2" \
-    --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$1"
+    --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$1" \
+    "${token[@]+"${token[@]}"}"
 }
 
 cmd_add_worker() {
@@ -104,6 +121,8 @@ cmd_add_worker() {
 }
 
 cmd_status() {
+  # One header line per daemon, then one URL per line: metrics, health, readiness (and the
+  # gateway's REST API), so that scripts can grep "metrics " lines.
   local any=0
   for f in "$CLUSTER"/*.json; do
     [ -e "$f" ] || continue
@@ -113,16 +132,25 @@ cmd_status() {
     local grpc; grpc=$(ready_field "$f" grpc_address)
     local state=running
     kill -0 "$pid" 2>/dev/null || state=dead
-    printf '%-12s pid %-7s %-8s grpc %-22s %s\n' "$name" "$pid" "$state" "${grpc:--}" \
-      "$(ready_field "$f" metrics_url)"
+    local metrics; metrics=$(ready_field "$f" metrics_url)
+    local base=${metrics%/metrics}
+    printf '%-12s pid %-7s %-8s grpc %s\n' "$name" "$pid" "$state" "${grpc:--}"
+    printf '  metrics  %s\n' "$metrics"
+    printf '  healthz  %s/healthz\n' "$base"
+    printf '  readyz   %s/readyz\n' "$base"
+    if [ "$name" = gateway ]; then
+      local api; api=$(sed -n 's/.*serving \(http:\/\/[^ ]*\).*/\1/p' "$LOGS/gateway.log" | tail -n 1)
+      printf '  rest     %s/v1/jobs\n' "${api:-?}"
+    fi
   done
   [ $any -eq 1 ] || echo "local_cluster: no cluster under $LOOM_HOME"
 }
 
 cmd_stop() {
   local pids=()
-  # Workers first (they stop their ranks), then the checkpoint service and the scheduler.
-  for f in "$CLUSTER"/worker-*.pid "$CLUSTER"/checkpoint.pid "$CLUSTER"/scheduler.pid; do
+  # Workers first (they stop their ranks), then the gateway, the checkpoint service and the
+  # scheduler.
+  for f in "$CLUSTER"/worker-*.pid "$CLUSTER"/gateway.pid "$CLUSTER"/checkpoint.pid "$CLUSTER"/scheduler.pid; do
     [ -e "$f" ] || continue
     local pid; pid=$(cat "$f")
     if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); fi

@@ -205,6 +205,13 @@ void RankProcess::HandleEvent(const std::string& line) {
     stats_.step_seconds = ev.value("step_time_s", 0.0);
     stats_.partition_bytes = ev.value("partition_bytes", 0.0);
     stats_.peak_gathered_bytes = ev.value("peak_gathered_bytes", 0.0);
+    stats_.communication_seconds = ev.value("comm_s", 0.0);
+    stats_.stall_seconds = stats_.communication_seconds + ev.value("data_s", 0.0);
+    stats_.optimizer_rollbacks += ev.value("optimizer_rollbacks", 0.0);
+    for (const char* kind : {"param", "grad", "optimizer_state", "buffer", "peak"}) {
+      auto it = ev.find(std::string(kind) + "_bytes");
+      if (it != ev.end() && it->is_number()) stats_.memory_bytes_by_kind[kind] = it->get<double>();
+    }
     stats_.last_step_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   } else if (kind == "eval") {
     if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.value("loss", 0.0));

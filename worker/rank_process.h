@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -42,6 +43,16 @@ struct RankStats {
   // first one, so that their age measures lack of progress of this attempt.
   double last_step_unix_seconds = 0;
   double last_checkpoint_unix_seconds = 0;
+  // Of the last step: seconds blocked in collectives ("comm_s") and that plus seconds spent
+  // building input batches ("comm_s" + "data_s"); both 0 if the trainer does not report them.
+  double communication_seconds = 0;
+  double stall_seconds = 0;
+  // Optimizer steps rolled back (SuperOffload's speculative step) since the process started;
+  // the sum of the step events' "optimizer_rollbacks" (absent today: stays 0).
+  double optimizer_rollbacks = 0;
+  // Per-kind peak memory of the last step, for the kinds the trainer reports ("param_bytes",
+  // "grad_bytes", "optimizer_state_bytes", "buffer_bytes", "peak_bytes" -> "param", ...).
+  std::map<std::string, double> memory_bytes_by_kind;
 };
 
 // One running (or finished) trainer process. Thread-safe.

@@ -1,5 +1,7 @@
 #include "worker/worker_daemon.h"
 
+#include <set>
+
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +49,15 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   po.trainer_path = options_.trainer_path;
   po.run_dir = absl::StrCat(options_.work_dir, "/", a.job_id(), "/attempt_", a.attempt());
   po.stop_grace = options_.stop_grace;
+  // The lowest slot no unfinished rank of this node holds: the accelerator this rank uses.
+  std::set<int> taken;
+  for (const auto& [k, r] : ranks_) {
+    if (!r.Finished()) taken.insert(r.accelerator_index);
+  }
+  int index = 0;
+  while (taken.count(index) > 0) ++index;
+  po.extra_env.push_back(absl::StrCat("LOOM_ACCELERATOR_INDEX=", index));
+  ranks_[key].accelerator_index = index;
   auto proc = RankProcess::Start(a, po);
   if (!proc.ok()) {
     LOG(ERROR) << "cannot start rank " << a.rank() << " of " << a.job_id() << ": "
@@ -77,15 +88,21 @@ absl::Status WorkerDaemon::Tick() {
   req.set_node_id(options_.node_id);
   std::vector<loom::v1::RankStatus> statuses;
   std::vector<RankStats> stats;
+  std::vector<WorkerMetrics::AcceleratorAssignment> accelerators;
   {
     absl::MutexLock l(&mu_);
     for (auto& [key, rank] : ranks_) {
       statuses.push_back(rank.Status());
       stats.push_back(rank.Stats());
       *req.add_ranks() = statuses.back();
+      const loom::v1::RankState st = statuses.back().state();
+      if (st == loom::v1::RANK_STATE_STARTING || st == loom::v1::RANK_STATE_RUNNING) {
+        accelerators.push_back({std::get<0>(key), std::get<2>(key), rank.accelerator_index});
+      }
     }
   }
   if (metrics_ != nullptr) {
+    metrics_->RecordAcceleratorAssignments(options_.node_id, accelerators);
     metrics_->RecordRanks(statuses, options_.inventory.slots());
     // As RecordRanks: a succeeded rank's final numbers, then running ranks' (which win).
     for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
@@ -122,6 +139,11 @@ absl::Status WorkerDaemon::Tick() {
   }
   for (const loom::v1::RankAssignment& a : resp->start()) StartRank(a);
   return absl::OkStatus();
+}
+
+bool WorkerDaemon::Registered() const {
+  absl::MutexLock l(&mu_);
+  return registered_;
 }
 
 int WorkerDaemon::RunningRanks() const {

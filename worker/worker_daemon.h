@@ -48,6 +48,9 @@ class WorkerDaemon {
   // One heartbeat round; exposed for tests. Registers first if needed.
   absl::Status Tick();
   int RunningRanks() const;
+  // True once the scheduler accepted RegisterWorker (false again if it asks the worker to
+  // register anew). The worker's /readyz.
+  bool Registered() const;
 
  private:
   using RankKey = std::tuple<std::string, int, int>;  // job id, attempt, rank
@@ -66,6 +69,7 @@ class WorkerDaemon {
     std::unique_ptr<RankProcess> process;  // null if the process could not be started
     loom::v1::RankStatus start_failure;    // reported when process is null
     int terminal_reports = 0;
+    int accelerator_index = 0;  // slot on this node (the trainer's LOOM_ACCELERATOR_INDEX)
     loom::v1::RankStatus Status() const { return process ? process->Status() : start_failure; }
     RankStats Stats() const { return process ? process->Stats() : RankStats{}; }
     bool Finished() const { return process == nullptr || process->Finished(); }

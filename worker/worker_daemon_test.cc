@@ -212,7 +212,12 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   for (const char* line : {"loom_trainer_step_seconds{rank=\"0\"} 0.25",
                            "loom_trainer_memory_bytes{kind=\"partition\",rank=\"0\"} 4096",
                            "loom_trainer_memory_bytes{kind=\"peak_gathered\",rank=\"0\"} 16384",
-                           "loom_trainer_last_checkpoint_step{rank=\"0\"} 1"}) {
+                           "loom_trainer_last_checkpoint_step{rank=\"0\"} 1",
+                           "loom_trainer_communication_seconds{rank=\"0\"} 0.125",
+                           "loom_trainer_stall_seconds{rank=\"0\"} 0.1875",
+                           "loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2",
+                           "loom_trainer_memory_bytes{kind=\"param\",rank=\"0\"} 1024",
+                           "loom_trainer_memory_bytes{kind=\"optimizer_state\",rank=\"0\"} 8192"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
   }
   // The step and checkpoint timestamps are current Unix times (within a minute of the test).
@@ -226,6 +231,15 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   }
   EXPECT_NE(text.find("loom_worker_rank_info{attempt=\"1\",job_id=\"job-hang\",rank=\"0\"} 1"),
             std::string::npos) << text;
+  const std::string accel = absl::StrCat(
+      "loom_rank_accelerator_info{accelerator_index=\"0\",job_id=\"job-hang\",node=\"",
+      Options(FakeTrainer()).node_id, "\",rank=\"0\"} 1");
+  EXPECT_NE(text.find(accel), std::string::npos) << accel << " missing:\n" << text;
+  // Repeated ticks do not count the same rollbacks again.
+  ASSERT_TRUE(d.Tick().ok());
+  text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_NE(text.find("loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2\n"), std::string::npos)
+      << text;
   loom::v1::HeartbeatResponse stop;
   *stop.add_stop() = Assignment("job-hang", "hang");
   {
@@ -236,6 +250,7 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   // The info series goes away with the rank (the gauges of the last values stay).
   text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_EQ(text.find("loom_worker_rank_info{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("loom_rank_accelerator_info{"), std::string::npos) << text;
   EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 1"), std::string::npos) << text;
 }
 

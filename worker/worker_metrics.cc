@@ -63,7 +63,31 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                      .Name("loom_worker_rank_info")
                      .Help("1 for each rank process this worker runs (starting or running), "
                            "labelled with its job, attempt and rank.")
-                     .Register(registry)) {
+                     .Register(registry)),
+      communication_seconds_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_communication_seconds")
+              .Help("Seconds of the rank's last step its training thread was blocked in "
+                    "collectives (start to completion of each blocking call).")
+              .Register(registry)),
+      stall_seconds_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_stall_seconds")
+              .Help("Seconds of the rank's last step spent waiting instead of computing: "
+                    "blocked in collectives plus producing the step's input batches.")
+              .Register(registry)),
+      optimizer_rollbacks_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_optimizer_rollbacks_total")
+              .Help("Optimizer steps rolled back (SuperOffload's speculative CPU optimizer "
+                    "step). Stays 0 until SuperOffload is implemented.")
+              .Register(registry)),
+      accelerator_info_(
+          prometheus::BuildGauge()
+              .Name("loom_rank_accelerator_info")
+              .Help("1 per starting or running rank: node id, accelerator index (the slot the "
+                    "worker gave the rank), job id and rank; join with DCGM_FI_* on gpu.")
+              .Register(registry)) {
   for (const char* r : {"ok", "error"}) heartbeats_.Add({{"result", r}});
 }
 
@@ -130,6 +154,44 @@ void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
   if (stats.last_step_unix_seconds > 0) last_step_time_.Add(labels).Set(stats.last_step_unix_seconds);
   if (stats.last_checkpoint_unix_seconds > 0) {
     last_checkpoint_time_.Add(labels).Set(stats.last_checkpoint_unix_seconds);
+  }
+  communication_seconds_.Add(labels).Set(stats.communication_seconds);
+  stall_seconds_.Add(labels).Set(stats.stall_seconds);
+  for (const auto& [kind, bytes] : stats.memory_bytes_by_kind) {
+    memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", kind}}).Set(bytes);
+  }
+  prometheus::Counter& rollbacks = optimizer_rollbacks_.Add(labels);
+  absl::MutexLock l(&mu_);
+  auto [it, inserted] = rollbacks_seen_.emplace(rank, 0.0);
+  // A smaller cumulative value is a new process for this rank number: all of it is new.
+  const double delta = stats.optimizer_rollbacks >= it->second
+                           ? stats.optimizer_rollbacks - it->second
+                           : stats.optimizer_rollbacks;
+  if (delta > 0) rollbacks.Increment(delta);
+  it->second = stats.optimizer_rollbacks;
+}
+
+void WorkerMetrics::RecordAcceleratorAssignments(const std::string& node,
+                                                 const std::vector<AcceleratorAssignment>& live) {
+  std::set<AcceleratorAssignment> want(live.begin(), live.end());
+  absl::MutexLock l(&mu_);
+  for (auto it = accelerator_series_.begin(); it != accelerator_series_.end();) {
+    if (want.count(it->first) == 0) {
+      accelerator_info_.Remove(it->second);
+      it = accelerator_series_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const AcceleratorAssignment& a : want) {
+    if (accelerator_series_.count(a) > 0) continue;
+    prometheus::Gauge& g = accelerator_info_.Add({{"node", node},
+                                                  {"accelerator_index",
+                                                   std::to_string(a.accelerator_index)},
+                                                  {"job_id", a.job_id},
+                                                  {"rank", std::to_string(a.rank)}});
+    g.Set(1);
+    accelerator_series_[a] = &g;
   }
 }
 

@@ -23,6 +23,31 @@
 //                                                        away when the rank ends. An info metric
 //                                                        for joins (job -> worker instance, rank),
 //                                                        e.g. with DCGM's per-host GPU series.
+//   loom_trainer_communication_seconds{rank}            gauge: seconds of the last step the rank's
+//                                                        training thread was blocked in
+//                                                        collectives (all-gather, reduce-scatter,
+//                                                        all-reduce, broadcast, barrier), from the
+//                                                        start of each blocking call to its
+//                                                        completion ("comm_s")
+//   loom_trainer_stall_seconds{rank}                    gauge: seconds of the last step the
+//                                                        training thread waited instead of
+//                                                        computing = communication seconds above +
+//                                                        seconds spent producing the step's input
+//                                                        batches ("data_s"); step_seconds -
+//                                                        stall_seconds is compute time
+//   loom_trainer_optimizer_rollbacks_total{rank}        counter: optimizer steps rolled back
+//                                                        (SuperOffload's speculative CPU step);
+//                                                        stays 0 until SuperOffload exists
+//   loom_trainer_memory_bytes{rank,kind}                 also kind = param, grad, optimizer_state,
+//                                                        buffer, peak (peak bytes of the last step
+//                                                        per kind) when the trainer reports them
+//   loom_rank_accelerator_info{node,accelerator_index,job_id,rank}
+//                                                        gauge: 1 per starting/running rank with the
+//                                                        node id and the index of the accelerator
+//                                                        (slot) the worker gave it (the trainer's
+//                                                        LOOM_ACCELERATOR_INDEX). Join with DCGM's
+//                                                        DCGM_FI_*{gpu="<index>",Hostname=...}:
+//                                                        docs/metrics.md.
 // The per-rank gauges keep the last (for a succeeded rank, final) values of a rank after it ends;
 // join them with loom_worker_ranks{state="RANK_STATE_RUNNING"} to look at running ranks only.
 #ifndef LOOM_WORKER_WORKER_METRICS_H_
@@ -34,6 +59,7 @@
 #include <prometheus/registry.h>
 
 #include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -57,6 +83,19 @@ class WorkerMetrics {
   // Updates the per-step gauges (step time, memory, step and checkpoint times) of a rank.
   void RecordRankStats(int rank, const RankStats& stats);
 
+  struct AcceleratorAssignment {
+    std::string job_id;
+    int rank = 0;
+    int accelerator_index = 0;
+    bool operator<(const AcceleratorAssignment& o) const {
+      return std::tie(job_id, rank, accelerator_index) <
+             std::tie(o.job_id, o.rank, o.accelerator_index);
+    }
+  };
+  // Makes loom_rank_accelerator_info exactly the given (starting or running) ranks of `node`.
+  void RecordAcceleratorAssignments(const std::string& node,
+                                    const std::vector<AcceleratorAssignment>& live);
+
  private:
   prometheus::Family<prometheus::Counter>& heartbeats_;
   prometheus::Family<prometheus::Gauge>& last_heartbeat_;
@@ -72,9 +111,17 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& last_checkpoint_step_;
   prometheus::Family<prometheus::Gauge>& last_checkpoint_time_;
   prometheus::Family<prometheus::Gauge>& rank_info_;
+  prometheus::Family<prometheus::Gauge>& communication_seconds_;
+  prometheus::Family<prometheus::Gauge>& stall_seconds_;
+  prometheus::Family<prometheus::Counter>& optimizer_rollbacks_;
+  prometheus::Family<prometheus::Gauge>& accelerator_info_;
   absl::Mutex mu_;
   // (job id, attempt, rank) -> its loom_worker_rank_info series.
   std::map<std::tuple<std::string, int, int>, prometheus::Gauge*> info_ ABSL_GUARDED_BY(mu_);
+  // (job id, rank, accelerator index) -> its loom_rank_accelerator_info series.
+  std::map<AcceleratorAssignment, prometheus::Gauge*> accelerator_series_ ABSL_GUARDED_BY(mu_);
+  // rank -> the last cumulative optimizer_rollbacks seen (to turn it into counter increments).
+  std::map<int, double> rollbacks_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom::worker

@@ -82,6 +82,8 @@ d.panel("Heartbeats per second", [(f"sum by (instance, result) (rate(loom_worker
 d.panel("Heartbeat age", [("time() - loom_worker_last_heartbeat_timestamp_seconds", "{{instance}}")], unit="s",
         desc="Seconds since the scheduler last accepted the worker's heartbeat.")
 d.panel("Daemons up", [('up{job=~"loom-.*"}', "{{job}} {{instance}}")])
+d.panel("Accelerators by kind and state", [("sum by (kind, state) (loom_accelerators)", "{{kind}} {{state}}")],
+        desc="Rank slots (one accelerator each) of registered nodes: free, allocated to a rank, cordoned, or on a lost node.")
 d.write("cluster-overview.json", "loom-cluster-overview", "Loom / Cluster overview",
         "Jobs by phase, nodes, slots, scheduler and worker health.")
 
@@ -109,7 +111,17 @@ d.row("Stalls and communication")
 d.panel("Stall: time since last step", [(f"(time() - loom_trainer_last_step_timestamp_seconds{sel}){J}", "{{instance}} rank {{rank}}")],
         unit="s", desc="Grows while a rank waits (collectives, data, a stuck peer); the LoomNoStepProgress alert fires above 10 minutes.")
 d.panel("Step time vs. median (communication and stragglers)", [(f'(loom_trainer_step_seconds{sel} / scalar(quantile(0.5, loom_trainer_step_seconds{{instance=~"$instance", rank=~"$rank"}}{J}))){J}', "{{instance}} rank {{rank}}")],
-        desc="Ranks of one job step in lock-step (ZeRO-3 collectives), so a rank far above 1 is waiting on communication or is a straggler. The trainer does not yet report communication seconds separately.")
+        desc="Ranks of one job step in lock-step (ZeRO-3 collectives), so a rank far above 1 is waiting on communication or is a straggler.")
+d.panel("Communication and stall time per step", [
+    (f"loom_trainer_communication_seconds{sel}{J}", "communication {{instance}} rank {{rank}}"),
+    (f"loom_trainer_stall_seconds{sel}{J}", "stall {{instance}} rank {{rank}}"),
+    (f"loom_trainer_step_seconds{sel}{J}", "step {{instance}} rank {{rank}}")], unit="s",
+        desc="Of the last step: seconds blocked in collectives (communication), and that plus seconds building input batches (stall). Step minus stall is compute.")
+d.panel("Stall share of step time", [(f"(loom_trainer_stall_seconds{sel} / clamp_min(loom_trainer_step_seconds{sel}, 1e-9)){J}", "{{instance}} rank {{rank}}")],
+        unit="percentunit", desc="Fraction of the last step the rank waited instead of computing. A rank with a much lower share than its peers is the straggler the others wait for.")
+d.row("Accelerators")
+d.panel("Accelerators of the job", [('loom_rank_accelerator_info{job_id=~"$job"}', "{{node}} accelerator {{accelerator_index}} rank {{rank}}")],
+        "table", w=24, h=5, desc="Node and accelerator index of each running rank: join with DCGM_FI_* series on gpu (docs/metrics.md).")
 d.write("job-detail.json", "loom-job-detail", "Loom / Job detail",
         "Per-rank training progress of running jobs: loss, throughput, step time, memory, stalls. Pick a job (from loom_worker_rank_info), optionally narrow to workers and ranks.",
         variables=[("job", "label_values(loom_worker_rank_info, job_id)", "Job"),
@@ -130,12 +142,24 @@ d.panel("Queue wait (submission to placement)", [
     (f"histogram_quantile(0.99, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p99")], unit="s")
 d.panel("Outcomes", [(f'sum by (to) (increase(loom_job_phase_transitions_total{{to=~"SUCCEEDED|FAILED|CANCELLED"}}[1h]))', "{{to}}")],
         desc="Jobs that ended in the last hour, by final phase.")
-d.panel("Restarts (RECOVERING) per hour", [(f'sum(increase(loom_job_phase_transitions_total{{to="RECOVERING"}}[1h]))', "restarts")])
+d.panel("Restarts per hour by cause", [(f"sum by (cause) (increase(loom_job_restarts_total[1h]))", "{{cause}}")],
+        desc="New attempts after a failure: user (the job's code), infra (lost node), setup, oom, preemption.")
+d.panel("Admission attempts per minute by result", [(f"sum by (result) (rate(loom_admission_attempts_total[{RI}])) * 60", "{{result}}")],
+        desc="Each scheduling cycle tries every pending job: admitted, no_capacity (not enough free accelerators now), quota, infeasible (never fits), blocked (behind a higher-priority job), preempting.")
+d.row("Tenants and queues")
+d.panel("Running jobs by tenant", [('sum by (tenant) (loom_tenant_jobs{phase="RUNNING", tenant=~"$tenant", queue=~"$queue"})', "{{tenant}}")])
+d.panel("Pending jobs by tenant and queue", [('sum by (tenant, queue) (loom_tenant_jobs{phase="PENDING", tenant=~"$tenant", queue=~"$queue"})', "{{tenant}} / {{queue}}")])
+d.panel("Share of running jobs by tenant", [('sum by (tenant) (loom_tenant_jobs{phase="RUNNING", tenant=~"$tenant"}) / scalar(clamp_min(sum(loom_tenant_jobs{phase="RUNNING"}), 1))', "{{tenant}}")],
+        unit="percentunit", desc="Fair share at a glance: each tenant's fraction of running jobs.")
+d.panel("Jobs by queue and phase", [('sum by (queue, phase) (loom_tenant_jobs{queue=~"$queue", phase=~"PENDING|ADMITTED|STARTING|RUNNING|RECOVERING"})', "{{queue}} {{phase}}")])
 d.row("Capacity")
 d.panel("Slot utilisation", [('sum(loom_rank_slots{state="used"}) / clamp_min(sum(loom_rank_slots), 1)', "used")], unit="percentunit")
 d.panel("Slots per worker and running ranks", [("loom_worker_slots", "slots {{instance}}"), ('loom_worker_ranks{state="RANK_STATE_RUNNING"}', "running {{instance}}")])
+d.panel("Accelerators by kind and state", [("sum by (kind, state) (loom_accelerators)", "{{kind}} {{state}}")])
 d.write("queues-fairness.json", "loom-queues-fairness", "Loom / Queues and fairness",
-        "Queue depth, admission and completion rates, restarts and slot use. Per-tenant series come with tenancy (issue 6).")
+        "Queue depth, admission results and completion rates, restarts by cause, jobs per tenant and queue, accelerator use.",
+        variables=[("tenant", "label_values(loom_tenant_jobs, tenant)", "Tenant"),
+                   ("queue", "label_values(loom_tenant_jobs, queue)", "Queue")])
 
 # 4. Checkpoints
 d = Dash()

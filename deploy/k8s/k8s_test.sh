@@ -23,10 +23,12 @@ expect_failure() {  # expect_failure NAME SED_EXPR FILE PATTERN
 }
 expect_failure gpu_count_vs_slots 's/nvidia.com\/gpu: 8/nvidia.com\/gpu: 4/' \
   overlays/gpu-h100-h200/h200/worker-gpu.yaml "GPUs 4/4 vs slots 8"
-expect_failure probe_port 's/port: 50052/port: 50099/' base/checkpoint.yaml \
-  "readinessProbe port 50099 is not a declared container port"
+expect_failure probe_port 's/port: metrics/port: nometrics/' base/checkpoint.yaml \
+  "readinessProbe port 'nometrics' is not a declared container port"
 expect_failure arm64 's/kubernetes.io\/arch: arm64/kubernetes.io\/arch: amd64/' \
   overlays/gh200/worker-gh200.yaml "is not pinned to arm64"
 expect_failure scrape_port 's/prometheus.io\/port: "9100"/prometheus.io\/port: "9999"/' \
   base/worker/worker.yaml "is not its metrics port"
+expect_failure auth_secret 's/token_file=\/etc\/loom\/auth\/worker.token/token_file=\/tmp\/worker.token/' \
+  overlays/cpu-dev-auth/kustomization.yaml "loom-worker: missing --token_file"
 echo "k8s_test: PASS"

@@ -235,6 +235,30 @@ def check_overlay_claims(c, name, ns, by_kind):
     for o in workers + control:
       c.expect(o["spec"]["template"]["spec"].get("nodeSelector", {}).get("kubernetes.io/arch") == "arm64",
                "%s %s is not pinned to arm64" % (o["kind"], o["metadata"]["name"]))
+  elif name == "cpu-dev-auth":
+    # cpu-dev plus bearer-token authentication from a generated Secret mounted in every daemon
+    # that checks or sends tokens.
+    c.expect(ns == "loom-dev", "namespace %s != loom-dev" % ns)
+    secrets = [o["metadata"]["name"] for o in by_kind.get("Secret", [])]
+    auth = [n for n in secrets if n.startswith("loom-auth-")]
+    c.expect(len(auth) == 1, "want one generated loom-auth-<hash> Secret, got %s" % secrets)
+    want = {"loom-scheduler": ["--auth_tokens_file=/etc/loom/auth/tokens.yaml",
+                               "--worker_token_file=/etc/loom/auth/worker.token"],
+            "loom-gateway": ["--auth_tokens_file=/etc/loom/auth/tokens.yaml"],
+            "loom-worker": ["--token_file=/etc/loom/auth/worker.token"]}
+    for o in control + workers:
+      flags = want.get(o["metadata"]["name"])
+      if flags is None:
+        continue
+      pod = o["spec"]["template"]["spec"]
+      args = pod["containers"][0].get("args", [])
+      for f in flags:
+        c.expect(f in args, "%s: missing %s" % (o["metadata"]["name"], f))
+      vols = {v["name"]: v for v in pod.get("volumes", [])}
+      c.expect("auth" in vols and vols["auth"].get("secret", {}).get("secretName") in auth,
+               "%s: auth volume does not mount the generated Secret" % o["metadata"]["name"])
+      mounts = [m.get("mountPath") for m in pod["containers"][0].get("volumeMounts", [])]
+      c.expect("/etc/loom/auth" in mounts, "%s: /etc/loom/auth not mounted" % o["metadata"]["name"])
   else:
     c.expect(False, "unknown overlay (add its claims to validate.py)")
 

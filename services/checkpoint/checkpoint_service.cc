@@ -263,15 +263,16 @@ grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* /*contex
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(const std::string& host,
-                                                                    int port,
-                                                                    CheckpointServiceImpl* service,
-                                                                    int* bound_port) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(
+    const std::string& host, int port, CheckpointServiceImpl* service, int* bound_port,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   *bound_port = 0;
   const std::string address = absl::StrCat(host, ":", port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), bound_port);
+  builder.AddListeningPort(
+      address, credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+      bound_port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound_port == 0) {

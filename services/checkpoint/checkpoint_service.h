@@ -86,11 +86,11 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
 
 // Builds and starts a gRPC server for `service` on host:port (port 0 = any free port) with the
 // gRPC default health service enabled. Returns the server; *bound_port receives the port.
-// UNAVAILABLE if the address cannot be bound.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(const std::string& host,
-                                                                    int port,
-                                                                    CheckpointServiceImpl* service,
-                                                                    int* bound_port);
+// UNAVAILABLE if the address cannot be bound. `credentials` null = plaintext (see
+// common/grpc_credentials.h for TLS).
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(
+    const std::string& host, int port, CheckpointServiceImpl* service, int* bound_port,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
 }  // namespace loom
 

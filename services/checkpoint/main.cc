@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unistd.h>
 
 #include <prometheus/registry.h>
 
@@ -20,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "services/checkpoint/checkpoint_service.h"
@@ -32,6 +34,8 @@ ABSL_FLAG(std::string, ready_file, "",
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory holding one checkpoint directory per job (<root>/<job_id>). Required; "
           "created if missing.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS on the gRPC port (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS on the gRPC port (with --tls_cert).");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT, how long in-flight RPCs may run before they are cancelled.");
 
@@ -64,12 +68,26 @@ int main(int argc, char** argv) {
 
   const std::string host = absl::GetFlag(FLAGS_host);
   int port = 0;
-  auto server = loom::StartCheckpointServer(host, absl::GetFlag(FLAGS_port), &service, &port);
+  auto creds = loom::MakeServerCredentials(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
+  if (!creds.ok()) {
+    LOG(ERROR) << "--tls_cert/--tls_key: " << creds.status();
+    return 2;
+  }
+  auto server =
+      loom::StartCheckpointServer(host, absl::GetFlag(FLAGS_port), &service, &port, *creds);
   if (!server.ok()) {
     LOG(ERROR) << server.status();
     return 1;
   }
-  auto metrics = loom::MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port), registry);
+  // Ready while the checkpoint root is a readable, searchable directory (e.g. the volume is
+  // mounted).
+  auto metrics = loom::MetricsEndpoint::Start(
+      host, absl::GetFlag(FLAGS_metrics_port), registry, [root]() -> absl::Status {
+        if (::access(root.c_str(), R_OK | X_OK) != 0) {
+          return absl::UnavailableError(absl::StrCat("checkpoint root ", root, " not readable"));
+        }
+        return absl::OkStatus();
+      });
   if (!metrics.ok()) {
     LOG(ERROR) << metrics.status();
     return 1;

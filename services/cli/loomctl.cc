@@ -18,6 +18,8 @@
 //   loomctl checkpoint retain JOB_ID --keep_last=K [--protect=S,..]
 //                                         keep the newest K committed checkpoints
 //
+// Authentication: --token or $LOOM_TOKEN (a bearer token; docs/operations.md). TLS: --tls_ca or
+// $LOOM_TLS_CA (the CA that signed the servers' certificates).
 // Addresses come from --scheduler / --checkpoint, else $LOOM_SCHEDULER / $LOOM_CHECKPOINT, else
 // the ready files of a local cluster in --cluster_dir (default $LOOM_HOME/cluster, else
 // .loom/cluster).
@@ -44,6 +46,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/checkpoint_service.grpc.pb.h"
@@ -71,6 +74,13 @@ ABSL_FLAG(int32_t, keep_last, 0, "checkpoint retain: committed checkpoints to ke
 ABSL_FLAG(std::vector<std::string>, protect, {},
           "checkpoint delete/retain: steps that must not be deleted");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each RPC");
+ABSL_FLAG(std::string, token, "",
+          "bearer token for a scheduler with authentication (default: $LOOM_TOKEN); prefer the "
+          "environment variable, command lines are visible to other users");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify the scheduler's / checkpoint service's TLS certificate "
+          "(default: $LOOM_TLS_CA; empty = plaintext)");
+ABSL_FLAG(std::string, tenant, "", "list: only this tenant's jobs (admins; users see their own)");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
 
 namespace {
@@ -102,11 +112,29 @@ absl::StatusOr<std::string> Address(const std::string& flag_value, const char* e
   return info->grpc_address;
 }
 
+// --flag, else $env, else "".
+std::string FlagOrEnv(const std::string& flag_value, const char* env) {
+  if (!flag_value.empty()) return flag_value;
+  const char* e = std::getenv(env);
+  return e != nullptr ? std::string(e) : std::string();
+}
+
 std::unique_ptr<grpc::ClientContext> Context() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
+  loom::AddBearerToken(*ctx, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
   return ctx;
+}
+
+// TLS (--tls_ca / $LOOM_TLS_CA) or plaintext; exits with status 2 if the CA file is unusable.
+std::shared_ptr<grpc::ChannelCredentials> Credentials() {
+  auto creds = loom::MakeChannelCredentials(FlagOrEnv(absl::GetFlag(FLAGS_tls_ca), "LOOM_TLS_CA"));
+  if (!creds.ok()) {
+    std::fprintf(stderr, "loomctl: --tls_ca: %s\n", creds.status().ToString().c_str());
+    std::exit(2);
+  }
+  return *creds;
 }
 
 std::string PhaseName(loom::v1::JobPhase p) {
@@ -273,7 +301,7 @@ int main(int argc, char** argv) {
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(*addr, Credentials()));
     if (sub == "delete") {
       loom::v1::DeleteCheckpointRequest req;
       req.set_job_id(target);
@@ -303,7 +331,7 @@ int main(int argc, char** argv) {
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(*addr, Credentials()));
     if (cmd == "checkpoints") {
       loom::v1::ListCheckpointsRequest req;
       req.set_job_id(arg);
@@ -341,6 +369,7 @@ int main(int argc, char** argv) {
     loom::v1::ConsolidateCheckpointResponse resp;
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
+    loom::AddBearerToken(*ctx, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
     grpc::Status s = stub->ConsolidateCheckpoint(ctx.get(), req, &resp);
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     std::printf("consolidated step %lld: %lld tensors, %lld bytes, %s\nsafetensors: %s\nconfig:      %s\n",
@@ -356,7 +385,7 @@ int main(int argc, char** argv) {
   auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
   if (!addr.ok()) return Fail(addr.status());
   auto stub =
-      loom::v1::JobService::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+      loom::v1::JobService::NewStub(grpc::CreateChannel(*addr, Credentials()));
 
   if (cmd == "submit") {
     if (!need_arg("JOB.yaml")) return 2;
@@ -421,6 +450,7 @@ int main(int argc, char** argv) {
       req.set_phase(p);
     }
     req.set_name_prefix(absl::GetFlag(FLAGS_name_prefix));
+    req.set_tenant(absl::GetFlag(FLAGS_tenant));
     loom::v1::ListJobsResponse resp;
     while (true) {  // every page
       loom::v1::ListJobsResponse page;

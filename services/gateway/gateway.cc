@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -91,12 +92,26 @@ JobGateway::JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions
     : stub_(stub), options_(std::move(options)) {}
 
 void JobGateway::Register(httplib::Server& server) {
-  auto context = [this] {
+  // The RPC's context: deadline, and the caller's Authorization header as gRPC metadata.
+  auto context = [this](const httplib::Request& req) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(options_.rpc_timeout));
+    const std::string authorization = req.get_header_value("Authorization");
+    if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
     return ctx;
   };
+  if (options_.auth != nullptr) {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!absl::StartsWith(req.path, "/v1/jobs")) return httplib::Server::HandlerResponse::Unhandled;
+      absl::StatusOr<Caller> caller =
+          options_.auth->Authenticate(req.get_header_value("Authorization"));
+      if (caller.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // Answers with `resp` or the RPC's error.
   auto reply = [](httplib::Response& res, const grpc::Status& s,
                   const google::protobuf::Message& resp) {
@@ -121,28 +136,28 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::ListJobsRequest request;
     if (!ParseBody(fields.dump(), &request, res)) return;
     loom::v1::ListJobsResponse response;
-    reply(res, stub_->ListJobs(context().get(), request, &response), response);
+    reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });
   server.Post("/v1/jobs", [this, context, reply](const httplib::Request& req,
                                                  httplib::Response& res) {
     loom::v1::SubmitJobRequest request;
     if (!ParseBody(req.body, &request, res)) return;
     loom::v1::SubmitJobResponse response;
-    reply(res, stub_->SubmitJob(context().get(), request, &response), response);
+    reply(res, stub_->SubmitJob(context(req).get(), request, &response), response);
   });
   server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)",
               [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                 loom::v1::CancelJobRequest request;
                 request.set_job_id(req.matches[1]);
                 loom::v1::Job response;
-                reply(res, stub_->CancelJob(context().get(), request, &response), response);
+                reply(res, stub_->CancelJob(context(req).get(), request, &response), response);
               });
   server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+))",
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                loom::v1::GetJobRequest request;
                request.set_job_id(req.matches[1]);
                loom::v1::Job response;
-               reply(res, stub_->GetJob(context().get(), request, &response), response);
+               reply(res, stub_->GetJob(context(req).get(), request, &response), response);
              });
   if (options_.registry != nullptr) {
     auto* requests = &prometheus::BuildCounter()

@@ -10,7 +10,12 @@
 // Query parameters of GET /v1/jobs are fields of ListJobsRequest. Errors (from the scheduler or
 // the gateway) answer {"code": <gRPC code number>, "status": "NOT_FOUND", "message": "..."} with
 // the HTTP status of HttpStatusFromGrpc (the mapping of google.rpc.Code / grpc-gateway). The
-// RPCs carry a deadline of `rpc_timeout`. No authentication yet.
+// RPCs carry a deadline of `rpc_timeout`.
+//
+// Authentication: the request's `Authorization` header is forwarded as the RPC's `authorization`
+// metadata, so the scheduler authenticates the caller and scopes it to its tenant (401 for
+// UNAUTHENTICATED, 404 for another tenant's job). With `auth` set the gateway also rejects
+// requests without a known token itself (401) before calling the scheduler.
 #ifndef LOOM_SERVICES_GATEWAY_GATEWAY_H_
 #define LOOM_SERVICES_GATEWAY_GATEWAY_H_
 
@@ -19,6 +24,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "proto/job_service.grpc.pb.h"
 
 namespace httplib {
@@ -38,6 +44,9 @@ struct GatewayOptions {
   std::string openapi_json;
   // If set, Register adds loom_gateway_requests_total{method,code} (HTTP method and status) here.
   prometheus::Registry* registry = nullptr;
+  // If set, /v1/jobs* requests need a bearer token known to it (401 otherwise). Must outlive
+  // the server.
+  const TokenAuthenticator* auth = nullptr;
 };
 
 // The HTTP status for a gRPC status code: OK 200, INVALID_ARGUMENT / FAILED_PRECONDITION /

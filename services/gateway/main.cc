@@ -1,10 +1,11 @@
 // loom-gateway: the REST/JSON gateway to loom-scheduler's JobService (services/gateway/gateway.h).
 //
 //   loom-gateway --scheduler=HOST:PORT [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
-//                [--rpc_timeout=30s] [--ready_file=PATH]
+//                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
 //
 // Prints "LOOM_READY loom-gateway grpc= metrics=URL" once serving HTTP on --host:--port
-// (common/daemon.h) and stops on SIGTERM or SIGINT. No authentication or TLS yet.
+// (common/daemon.h) and stops on SIGTERM or SIGINT. The metrics port also serves /healthz and
+// /readyz (ready = the scheduler's gRPC channel connects).
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,7 +20,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "services/gateway/gateway.h"
 
@@ -31,6 +34,12 @@ ABSL_FLAG(int, port, 8080, "HTTP port of the REST API (0 = any free port, logged
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(30), "Deadline of each RPC to the scheduler.");
 ABSL_FLAG(std::string, ready_file, "", "Write {name, metrics_url} here once serving.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer tokens file (same format as loom-scheduler's): reject requests without a known "
+          "token with 401 before calling the scheduler. The Authorization header is forwarded "
+          "to the scheduler either way.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify the scheduler's TLS certificate; empty = plaintext gRPC.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -43,13 +52,31 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), grpc::InsecureChannelCredentials());
+  auto creds = loom::MakeChannelCredentials(absl::GetFlag(FLAGS_tls_ca));
+  if (!creds.ok()) {
+    LOG(ERROR) << "--tls_ca: " << creds.status();
+    return 2;
+  }
+  std::unique_ptr<loom::TokenAuthenticator> auth;
+  if (!absl::GetFlag(FLAGS_auth_tokens_file).empty()) {
+    auto loaded = loom::TokenAuthenticator::FromFile(absl::GetFlag(FLAGS_auth_tokens_file));
+    if (!loaded.ok()) {
+      LOG(ERROR) << "--auth_tokens_file: " << loaded.status();
+      return 2;
+    }
+    auth = std::make_unique<loom::TokenAuthenticator>(std::move(*loaded));
+  } else {
+    LOG(WARNING) << "no --auth_tokens_file: the gateway forwards requests without checking "
+                 << "tokens (the scheduler still checks them if it has authentication on)";
+  }
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), *creds);
   auto stub = loom::v1::JobService::NewStub(channel);
   auto registry = std::make_shared<prometheus::Registry>();
   loom::gateway::GatewayOptions options;
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   options.openapi_json = kLoomOpenApiJson;
   options.registry = registry.get();
+  options.auth = auth.get();
   loom::gateway::JobGateway gateway(stub.get(), options);
 
   httplib::Server server;
@@ -61,7 +88,15 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot bind HTTP to " << host << ":" << absl::GetFlag(FLAGS_port);
     return 1;
   }
-  auto metrics = loom::MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port), registry);
+  // Ready while the scheduler's channel connects (within 1 s per probe).
+  auto metrics = loom::MetricsEndpoint::Start(
+      host, absl::GetFlag(FLAGS_metrics_port), registry, [channel]() -> absl::Status {
+        if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                       std::chrono::seconds(1))) {
+          return absl::UnavailableError("scheduler not reachable");
+        }
+        return absl::OkStatus();
+      });
   if (!metrics.ok()) {
     LOG(ERROR) << metrics.status();
     return 1;
@@ -82,6 +117,7 @@ int main(int argc, char** argv) {
   LOG(INFO) << "signal " << sig << ": shutting down";
   server.stop();
   listener.join();
+  (*metrics)->SetReadyCheck(nullptr);
   LOG(INFO) << "loom-gateway stopped";
   return 0;
 }

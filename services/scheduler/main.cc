@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "services/scheduler/scheduler_server.h"
 
@@ -32,6 +33,16 @@ ABSL_FLAG(int, hang_min_timeout_s, 120, "Shortest stall, in seconds, that counts
 ABSL_FLAG(std::string, checkpoint_service, "",
           "loom-checkpoint address (host:port) used to find resume checkpoints and apply "
           "retention; empty = read --checkpoint_root directly");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer tokens file (YAML/JSON list of {tenant, role: user|admin, token_sha256 | token}; "
+          "docs/operations.md). Empty = no authentication: every caller is tenant 'default'.");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "File holding the token loom-worker daemons must send (required with "
+          "--auth_tokens_file).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS on the gRPC port (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS on the gRPC port (with --tls_cert).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify loom-checkpoint (--checkpoint_service) over TLS; empty = plaintext.");
 ABSL_FLAG(std::string, fortunes_dir, "/usr/share/games/fortunes",
           "Where the built-in 'fortunes' dataset lives (checked at submission).");
 
@@ -55,6 +66,17 @@ int main(int argc, char** argv) {
   options.db_path = absl::GetFlag(FLAGS_db);
   options.schedule_interval = absl::Milliseconds(absl::GetFlag(FLAGS_schedule_interval_ms));
   options.checkpoint_service = absl::GetFlag(FLAGS_checkpoint_service);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  absl::StatusOr<std::string> worker_token = loom::ReadTokenFile(absl::GetFlag(FLAGS_worker_token_file));
+  if (!worker_token.ok()) {
+    std::fprintf(stderr, "loom-scheduler: --worker_token_file: %s\n",
+                 worker_token.status().ToString().c_str());
+    return 1;
+  }
+  options.worker_token = *worker_token;
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.checkpoint_tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.scheduler.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.scheduler.hang_step_time_factor = absl::GetFlag(FLAGS_hang_step_time_factor);

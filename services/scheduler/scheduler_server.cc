@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -28,6 +29,13 @@ absl::Status SchedulerServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule_interval: must be > 0, got ", absl::FormatDuration(schedule_interval)));
   }
+  if (!auth_tokens_file.empty() && worker_token.empty()) {
+    return absl::InvalidArgumentError(
+        "worker_token: required when auth_tokens_file is set (workers authenticate with it)");
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    return absl::InvalidArgumentError("tls_cert, tls_key: set both or neither");
+  }
   return scheduler.Validate();
 }
 
@@ -39,32 +47,54 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   s->registry_ = std::make_shared<prometheus::Registry>();
   s->scheduler_metrics_ = std::make_unique<SchedulerMetrics>(*s->registry_);
   if (!options.checkpoint_service.empty()) {
+    ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(options.checkpoint_tls_ca));
     s->checkpoints_ = std::make_unique<GrpcCheckpointCatalog>(
-        grpc::CreateChannel(options.checkpoint_service, grpc::InsecureChannelCredentials()),
-        absl::Seconds(10));
+        grpc::CreateChannel(options.checkpoint_service, channel_creds), absl::Seconds(10));
   }
+  if (!options.auth_tokens_file.empty()) {
+    ASSIGN_OR_RETURN(TokenAuthenticator auth,
+                     TokenAuthenticator::FromFile(options.auth_tokens_file));
+    s->auth_ = std::make_unique<TokenAuthenticator>(std::move(auth));
+    LOG(INFO) << "authentication on: " << s->auth_->size() << " tokens from "
+              << options.auth_tokens_file;
+  } else {
+    LOG(WARNING) << "authentication off (no --auth_tokens_file): every caller is tenant "
+                 << "'default' and may see and cancel every job";
+  }
+  ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(options.tls_cert, options.tls_key));
   ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(options.scheduler, s->store_.get(), clock,
                                                     s->scheduler_metrics_.get(),
                                                     s->checkpoints_.get()));
   s->job_service_ = std::make_unique<JobServiceImpl>(s->scheduler_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->scheduler_.get());
+  s->auth_job_service_ = std::make_unique<AuthJobService>(s->job_service_.get(),
+                                                          s->scheduler_.get(), s->auth_.get());
+  s->auth_worker_service_ = std::make_unique<AuthWorkerService>(
+      s->worker_service_.get(), s->auth_ != nullptr ? options.worker_token : "");
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
-  builder.RegisterService(s->job_service_.get());
-  builder.RegisterService(s->worker_service_.get());
+  builder.AddListeningPort(address, server_creds, &s->port_);
+  builder.RegisterService(s->auth_job_service_.get());
+  builder.RegisterService(s->auth_worker_service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", address));
   }
   ASSIGN_OR_RETURN(s->metrics_,
-                   MetricsEndpoint::Start(options.host, options.metrics_port, s->registry_));
+                   MetricsEndpoint::Start(options.host, options.metrics_port, s->registry_,
+                                          [server = s.get()] { return server->Ready(); }));
   s->loop_ = std::thread([server = s.get()] { server->LoopMain(); });
   LOG(INFO) << "loom-scheduler serving on " << s->grpc_address() << ", metrics at "
             << s->metrics_url() << ", database " << options.db_path;
   return s;
+}
+
+absl::Status SchedulerServer::Ready() const {
+  if (stopping_) return absl::UnavailableError("shutting down");
+  if (!cycle_ok_) return absl::UnavailableError("no successful scheduling cycle yet");
+  return absl::OkStatus();
 }
 
 std::string SchedulerServer::grpc_address() const {
@@ -75,6 +105,7 @@ void SchedulerServer::LoopMain() {
   int consecutive_errors = 0;
   do {
     absl::Status s = scheduler_->RunSchedulingCycle();
+    cycle_ok_ = s.ok();
     if (!s.ok()) {
       // A store error (e.g. disk full) is retried next cycle; log the first and then sparsely.
       if (consecutive_errors++ % 50 == 0) LOG(ERROR) << "scheduling cycle failed: " << s;
@@ -88,6 +119,7 @@ void SchedulerServer::Shutdown(absl::Duration deadline) {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  stopping_ = true;
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));

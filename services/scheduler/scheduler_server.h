@@ -9,6 +9,7 @@
 
 #include <grpcpp/server.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,11 +19,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/daemon.h"
 #include "scheduler/checkpoint_catalog.h"
 #include "scheduler/clock.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
+#include "services/scheduler/auth_service.h"
 #include "services/scheduler/job_service.h"
 #include "services/scheduler/worker_service.h"
 #include "storage/sqlite_job_store.h"
@@ -42,6 +45,16 @@ struct SchedulerServerOptions {
   // loom-checkpoint's address (host:port) for resume lookups and retention; empty = read the
   // checkpoint root directly with the storage library.
   std::string checkpoint_service;
+  // Authentication (services/scheduler/auth_service.h): a tokens file (common/auth.h); empty =
+  // off, every caller is tenant "default" with admin rights. With it, `worker_token` is required
+  // and every WorkerService call must carry it.
+  std::string auth_tokens_file;
+  std::string worker_token;
+  // TLS for the gRPC port (both or neither; PEM), and the CA bundle to verify loom-checkpoint
+  // with (empty = plaintext to the checkpoint service).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string checkpoint_tls_ca;
   SchedulerOptions scheduler;
 
   // INVALID_ARGUMENT naming the field.
@@ -65,6 +78,11 @@ class SchedulerServer {
   int port() const { return port_; }
   std::string grpc_address() const;
   std::string metrics_url() const { return metrics_->url(); }
+  std::string health_url() const { return metrics_->health_url(); }
+  std::string ready_url() const { return metrics_->ready_url(); }
+  // /readyz: OK once the store is loaded and a scheduling cycle has succeeded, until Shutdown;
+  // UNAVAILABLE otherwise (e.g. while the store fails).
+  absl::Status Ready() const;
   prometheus::Registry& registry() { return *registry_; }
   Scheduler& scheduler() { return *scheduler_; }
 
@@ -80,6 +98,11 @@ class SchedulerServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<TokenAuthenticator> auth_;  // null = authentication off
+  std::unique_ptr<AuthJobService> auth_job_service_;
+  std::unique_ptr<AuthWorkerService> auth_worker_service_;
+  std::atomic<bool> cycle_ok_{false};
+  std::atomic<bool> stopping_{false};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
   int port_ = 0;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/worker_service.grpc.pb.h"
@@ -29,19 +30,25 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbea
 ABSL_FLAG(std::string, host, "127.0.0.1", "host for the /metrics endpoint");
 ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
 ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the worker token the scheduler expects (its --worker_token_file) when "
+          "authentication is on");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify the scheduler's TLS certificate; empty = plaintext");
 
 namespace {
 
 // SchedulerClient over gRPC. Every call carries a deadline.
 class GrpcSchedulerClient : public loom::worker::SchedulerClient {
  public:
-  explicit GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(loom::v1::WorkerService::NewStub(channel)) {}
+  GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel, std::string token)
+      : stub_(loom::v1::WorkerService::NewStub(channel)), token_(std::move(token)) {}
 
   absl::StatusOr<loom::v1::RegisterWorkerResponse> RegisterWorker(
       const loom::v1::RegisterWorkerRequest& request) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    loom::AddBearerToken(ctx, token_);
     loom::v1::RegisterWorkerResponse resp;
     grpc::Status s = stub_->RegisterWorker(&ctx, request, &resp);
     if (!s.ok()) return loom::FromGrpcStatus(s);
@@ -52,6 +59,7 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
       const loom::v1::HeartbeatRequest& request) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    loom::AddBearerToken(ctx, token_);
     loom::v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, request, &resp);
     if (!s.ok()) return loom::FromGrpcStatus(s);
@@ -60,6 +68,7 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
 
  private:
   std::unique_ptr<loom::v1::WorkerService::Stub> stub_;
+  const std::string token_;
 };
 
 absl::StatusOr<loom::v1::AcceleratorKind> ParseAccelerator(const std::string& s) {
@@ -121,9 +130,22 @@ int main(int argc, char** argv) {
     LOG(ERROR) << endpoint.status();
     return 1;
   }
-  GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler),
-                                                 grpc::InsecureChannelCredentials()));
+  auto token = loom::ReadTokenFile(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    LOG(ERROR) << "--token_file: " << token.status();
+    return 2;
+  }
+  auto creds = loom::MakeChannelCredentials(absl::GetFlag(FLAGS_tls_ca));
+  if (!creds.ok()) {
+    LOG(ERROR) << "--tls_ca: " << creds.status();
+    return 2;
+  }
+  GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), *creds), *token);
   loom::worker::WorkerDaemon daemon(options, &client, &metrics);
+  (*endpoint)->SetReadyCheck([&daemon]() -> absl::Status {
+    if (!daemon.Registered()) return absl::UnavailableError("not registered with the scheduler");
+    return absl::OkStatus();
+  });
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -141,5 +163,6 @@ int main(int argc, char** argv) {
   daemon.Run();
   // Run() returns only after Shutdown(), i.e. after the signal thread ran.
   signal_thread.join();
+  (*endpoint)->SetReadyCheck(nullptr);  // the check refers to `daemon`, destroyed first
   return 0;
 }

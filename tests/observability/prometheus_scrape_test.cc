@@ -246,6 +246,13 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   WaitForValue("loom_rank_slots{state=\"free\"} == 1");
   WaitForValue("loom_scheduling_cycle_seconds_count > 0");
   WaitForValue("loom_job_queue_wait_seconds_count == 1");
+  WaitForValue("loom_tenant_jobs{tenant=\"default\",queue=\"default\",phase=\"SUCCEEDED\"} == 1");
+  WaitForValue("loom_admission_attempts_total{result=\"admitted\"} == 1");
+  WaitForValue("loom_admission_attempts_total{result=\"infeasible\"} == 0");
+  WaitForValue("loom_accelerators{kind=\"cpu\",state=\"free\"} == 1");
+  WaitForValue("loom_accelerators{kind=\"cpu\",state=\"allocated\"} == 0");
+  WaitForValue("max_over_time(loom_accelerators{kind=\"cpu\",state=\"allocated\"}[5m]) == 1");
+  WaitForValue("loom_job_restarts_total{cause=\"user\"} == 0");
   // Worker and its trainer rank. The rank ran (the worker forgets ended ranks after a few
   // heartbeats, so look back).
   WaitForValue("loom_worker_slots == 1");
@@ -258,6 +265,12 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   WaitForValue("loom_trainer_eval_loss{rank=\"0\"} > 0");
   WaitForValue("loom_trainer_tokens_per_second{rank=\"0\"} > 0");
   WaitForValue("loom_trainer_step_seconds{rank=\"0\"} > 0");
+  // One rank: nothing to wait for in collectives beyond a local copy; building batches takes time.
+  WaitForValue("loom_trainer_communication_seconds{rank=\"0\"} >= 0");
+  WaitForValue("loom_trainer_stall_seconds{rank=\"0\"} > 0");
+  WaitForValue("loom_trainer_stall_seconds{rank=\"0\"} < loom_trainer_step_seconds{rank=\"0\"}");
+  WaitForValue("loom_trainer_optimizer_rollbacks_total{rank=\"0\"} == 0");
+  WaitForValue("max_over_time(loom_rank_accelerator_info{rank=\"0\",accelerator_index=\"0\",node=\"worker-0\"}[5m]) == 1");
   WaitForValue("loom_trainer_memory_bytes{rank=\"0\",kind=\"partition\"} > 1000");
   WaitForValue("loom_trainer_memory_bytes{rank=\"0\",kind=\"peak_gathered\"} > 1000");
   WaitForValue("loom_trainer_last_checkpoint_step{rank=\"0\"} == 3000");

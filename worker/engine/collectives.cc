@@ -62,28 +62,28 @@ class LocalCollectives : public Collectives {
   std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
                                                     at::Tensor& full) override {
     if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return Done(s);
-    Record(kAllGather, part.numel());
+    Record(kAllGather, part.numel(), full.numel());
     full.copy_(part);
     return Done();
   }
   std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
                                                            at::Tensor& part) override {
     if (absl::Status s = CheckShapes(part, full, 1); !s.ok()) return Done(s);
-    Record(kReduceScatter, full.numel());
+    Record(kReduceScatter, full.numel(), full.numel());
     part.copy_(full);
     return Done();
   }
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& t, ReduceOp) override {
-    Record(kAllReduce, t.numel());
+    Record(kAllReduce, t.numel(), 2 * t.numel());
     return Done();
   }
   absl::Status Broadcast(at::Tensor& t, int root) override {
     if (root != 0) return absl::InvalidArgumentError("broadcast: root must be 0");
-    Record(kBroadcast, t.numel());
+    Record(kBroadcast, t.numel(), t.numel());
     return absl::OkStatus();
   }
   absl::Status Barrier() override {
-    Record(kBarrier, 0);
+    Record(kBarrier, 0, 0);
     return absl::OkStatus();
   }
 };
@@ -91,7 +91,8 @@ class LocalCollectives : public Collectives {
 // A started Gloo work item plus what must stay alive until it completes and what to do after.
 class GlooPending : public PendingCollective {
  public:
-  GlooPending(const char* op, std::chrono::milliseconds timeout) : op_(op), timeout_(timeout) {}
+  GlooPending(const char* op, std::chrono::milliseconds timeout, double* blocked_seconds)
+      : op_(op), timeout_(timeout), blocked_seconds_(blocked_seconds) {}
   ~GlooPending() override {
     if (!waited_) (void)Wait();
   }
@@ -99,8 +100,12 @@ class GlooPending : public PendingCollective {
     if (waited_) return status_;
     waited_ = true;
     if (!status_.ok() || !work_) return status_;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
-      if (!work_->wait(timeout_)) {
+      const bool done = work_->wait(timeout_);
+      *blocked_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!done) {
         status_ = absl::DeadlineExceededError(absl::StrCat(op_, ": timed out"));
       } else if (finish_) {
         finish_();
@@ -116,6 +121,7 @@ class GlooPending : public PendingCollective {
 
   const char* op_;
   std::chrono::milliseconds timeout_;
+  double* blocked_seconds_;  // the owner's counter: time the caller spent waiting
   c10::intrusive_ptr<c10d::Work> work_;
   absl::Status status_;
   bool waited_ = false;
@@ -138,9 +144,9 @@ class GlooCollectives : public Collectives {
   std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
                                                     at::Tensor& full) override {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
-    Record(kAllGather, part.numel());
+    Record(kAllGather, part.numel(), full.numel());
     const int64_t p = part.numel();
-    auto pending = std::make_unique<GlooPending>("allgather", timeout_);
+    auto pending = std::make_unique<GlooPending>("allgather", timeout_, &blocked_seconds_);
     pending->outputs_.resize(1);
     for (int r = 0; r < world_; ++r) pending->outputs_[0].push_back(full.narrow(0, r * p, p));
     pending->keep_ = {part, full};
@@ -153,12 +159,13 @@ class GlooCollectives : public Collectives {
   std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
                                                            at::Tensor& part) override {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
-    Record(kReduceScatter, full.numel());
+    Record(kReduceScatter, full.numel(), full.numel());
     const int64_t p = part.numel();
     // alltoall with even splits: chunk j of the output is rank j's chunk `rank_`.
     at::Tensor input = full;
     at::Tensor received = at::empty_like(full);
-    auto pending = std::make_unique<GlooPending>("reduce_scatter(alltoall)", timeout_);
+    auto pending = std::make_unique<GlooPending>("reduce_scatter(alltoall)", timeout_,
+                                                 &blocked_seconds_);
     pending->keep_ = {input, received, part};
     bytes_communicated_ += full.nbytes();
     const int world = world_;
@@ -176,8 +183,8 @@ class GlooCollectives : public Collectives {
   }
 
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) override {
-    Record(kAllReduce, tensor.numel());
-    auto pending = std::make_unique<GlooPending>("allreduce", timeout_);
+    Record(kAllReduce, tensor.numel(), 2 * tensor.numel());
+    auto pending = std::make_unique<GlooPending>("allreduce", timeout_, &blocked_seconds_);
     pending->keep_ = {tensor};
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions opts;
@@ -188,18 +195,18 @@ class GlooCollectives : public Collectives {
   }
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override {
-    Record(kBroadcast, tensor.numel());
+    Record(kBroadcast, tensor.numel(), tensor.numel());
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    GlooPending pending("broadcast", timeout_);
+    GlooPending pending("broadcast", timeout_, &blocked_seconds_);
     Start(pending, [&] { return pg_->broadcast(tensors, opts); });
     return pending.Wait();
   }
 
   absl::Status Barrier() override {
-    Record(kBarrier, 0);
-    GlooPending pending("barrier", timeout_);
+    Record(kBarrier, 0, 0);
+    GlooPending pending("barrier", timeout_, &blocked_seconds_);
     Start(pending, [&] { return pg_->barrier(); });
     return pending.Wait();
   }

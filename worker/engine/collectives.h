@@ -73,17 +73,27 @@ class Collectives {
   // sequence: equal on every rank of a correct program.
   int64_t collective_count() const { return collective_count_; }
   uint64_t collective_hash() const { return collective_hash_; }
+  // Communication volume so far in elements, counted as ZeRO does per rank (TECHNIQUES.md §1.2):
+  // an all-gather or reduce-scatter moves its full (N*p) size, an all-reduce twice its size
+  // (reduce-scatter + all-gather), a broadcast its size.
+  int64_t elements_moved() const { return elements_moved_; }
+  // Wall seconds the caller spent blocked in collective calls so far (in Wait: for a blocking
+  // call, start to completion; for a started one, only the wait), for the trainer's "comm_s".
+  double blocked_seconds() const { return blocked_seconds_; }
 
  protected:
-  void Record(int op, int64_t numel) {
+  void Record(int op, int64_t numel, int64_t moved) {
     ++collective_count_;
+    elements_moved_ += moved;
     uint64_t h = collective_hash_ ^ (static_cast<uint64_t>(op) * 0x9E3779B97F4A7C15ull);
     h ^= static_cast<uint64_t>(numel) + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2);
     collective_hash_ = h * 0xBF58476D1CE4E5B9ull;
   }
   int64_t bytes_communicated_ = 0;
   int64_t collective_count_ = 0;
+  int64_t elements_moved_ = 0;
   uint64_t collective_hash_ = 0;
+  double blocked_seconds_ = 0;
 };
 
 // World size 1: every collective is a local copy; no process group.

@@ -81,6 +81,7 @@ class Trainer {
   LossScaler scaler_;
   std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: ApplyOptimizerStep in memory
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
+  double data_seconds_ = 0;  // wall seconds spent building input batches so far
 };
 
 absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
@@ -253,7 +254,10 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     for (int64_t i = 0; i < micro; ++i) {
       starts.push_back(TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
     }
+    const auto data_t0 = std::chrono::steady_clock::now();
     at::Tensor win = Windows(corpus_.train, starts);
+    data_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
     at::Tensor logits = model_->Forward(win.narrow(1, 0, seq), order).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
@@ -550,6 +554,8 @@ absl::Status Trainer::Run() {
     }
     model_->memory().ResetPeaks();
     const auto t0 = std::chrono::steady_clock::now();
+    const double comm0 = coll_.blocked_seconds(), data0 = data_seconds_;
+    const int64_t moved0 = coll_.elements_moved();
     double grad_norm = 0, lr = 0;
     bool skipped = false;
     const double loss_scale = scaler_.scale();
@@ -574,7 +580,10 @@ absl::Status Trainer::Run() {
                {"partition_bytes", model_->partition_bytes()},
                {"prefetch_hits", model_->prefetch_hits()},
                {"trace_invalidations", model_->trace_invalidations()},
-               {"on_demand_fetches", model_->on_demand_fetches()}};
+               {"on_demand_fetches", model_->on_demand_fetches()},
+               {"comm_s", coll_.blocked_seconds() - comm0},
+               {"comm_elements", coll_.elements_moved() - moved0},
+               {"data_s", data_seconds_ - data0}};
     ev.update(MemoryFields());
     Emit(ev);
     // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.

@@ -1,6 +1,8 @@
-// The training loop of one rank: ZeRO-3 Llama on the byte-level corpus with DeepSpeed
-// semantics (gradient accumulation, global-norm clipping, Adam/AdamW on the fp32 partition,
-// DeepSpeed LR schedules), held-out evaluation, checkpoint shards and resume.
+// The training loop of one rank: a ZeRO stage 0-3 Llama (worker/engine/zero_llama.h) on the
+// byte-level corpus with DeepSpeed semantics (gradient accumulation, bf16 or fp16 with dynamic
+// loss scaling, global-norm clipping fused with unscaling, Adam/AdamW on the fp32 partition per
+// sub-group via ApplyOptimizerStep (worker/engine/optimizer.h), DeepSpeed LR schedules),
+// held-out evaluation, checkpoint shards (one layout for every stage) and resume.
 //
 // Header is torch-free so that binaries link the engine without compiling LibTorch headers.
 // RunTraining is not thread-safe: one call per process (it sets LibTorch's global thread count).
@@ -29,8 +31,10 @@ using EventCallback = std::function<void(const std::string& json_line)>;
 // <checkpoint_dir>/final_logits.json (32 held-out tokens and the model's logits for them).
 // `stop_requested` (may be null) is polled at each step boundary and agreed on by all ranks
 // (all-reduce MAX), so every rank stops after the same step.
+// Config keys accepted but ignored are emitted first as {"event":"warning","message":...}.
 // Errors: CANCELLED when stopped; INVALID_ARGUMENT / FAILED_PRECONDITION for bad data or resume
-// checkpoints (naming the field or file); DEADLINE_EXCEEDED / UNAVAILABLE for collective
+// checkpoints (naming the field or file); UNIMPLEMENTED for offload_optimizer / offload_param
+// devices other than none (naming the key); DEADLINE_EXCEEDED / UNAVAILABLE for collective
 // failures; INTERNAL for LibTorch errors. Never throws.
 absl::Status RunTraining(const EngineOptions& options, Collectives& collectives,
                          const EventCallback& emit, const std::atomic<bool>* stop_requested);

@@ -322,11 +322,6 @@ void ZeroLlama::Free(std::map<size_t, Live>::iterator it) {
 }
 
 bool ZeroLlama::ReusedSoon(size_t i) const {
-  // The prefetcher already scanned past its next use while it was live (and so did not
-  // prefetch it): keep it until then.
-  for (size_t k = trace_pos_; k < prefetch_pos_ && k < trace_.size(); ++k) {
-    if (trace_[k] == i) return true;
-  }
   int64_t distance = 0;
   for (size_t k = trace_pos_; k < trace_.size(); ++k) {
     if (trace_[k] == i) return true;
@@ -341,7 +336,14 @@ void ZeroLlama::IssuePrefetches() {
   size_t k = std::max(prefetch_pos_, trace_pos_);
   for (; k < trace_.size(); ++k) {
     const size_t j = trace_[k];
-    if (live_.count(j) != 0) continue;
+    auto live = live_.find(j);
+    if (live != live_.end()) {
+      // Persistent, prefetched or kept for reuse: it stays gathered until that use.
+      if (params_[j].persistent || live->second.uses == 0) continue;
+      // In use right now, and may be released before this later use: resume the scan here
+      // after the release (then it is gathered again, or kept for reuse).
+      break;
+    }
     const ZeroParam& q = params_[j];
     if (prefetch_elems_ + q.numel > options_.prefetch_bucket_size) break;
     if (!q.persistent && live_elems_ + q.numel > options_.max_live_parameters) break;
@@ -439,6 +441,8 @@ void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
     grad_expected_.assign(params_.size(), 0);
     grad_seen_.assign(params_.size(), 0);
   }
+  if (touched_.size() != params_.size()) touched_.assign(params_.size(), 0);
+  touched_[i] = 1;
   switch (options_.stage) {
     case 0:
       EnsureGrad(p);
@@ -461,6 +465,8 @@ void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
 }
 
 void ZeroLlama::Enqueue(size_t i, const at::Tensor& flat) {
+  if (enqueued_.size() != params_.size()) enqueued_.assign(params_.size(), 0);
+  enqueued_[i] = 1;
   bucket_.emplace_back(i, flat);
   bucket_elems_ += params_[i].numel;
   if (bucket_elems_ >= options_.reduce_bucket_size) Flush();
@@ -541,6 +547,7 @@ void ZeroLlama::BeginMicroStep(bool last) {
   grad_expected_.assign(params_.size(), 0);
   grad_seen_.assign(params_.size(), 0);
   trace_pos_ = 0;
+  enqueued_.assign(params_.size(), 0);
   prefetch_pos_ = 0;
   if (options_.stage < 3) return;
   if (trace_mode_ == TraceMode::kRecord && !recording_.empty()) {
@@ -554,6 +561,17 @@ void ZeroLlama::BeginMicroStep(bool last) {
 }
 
 void ZeroLlama::FinishMicroStep() {
+  if (last_micro_ && options_.stage <= 1 && touched_.size() == params_.size()) {
+    // Stages 0/1 reduce local accumulations once, in the last micro-step's backward; a parameter
+    // that got gradients in earlier micro-steps only (a dynamic model) is reduced here, in index
+    // order (the same on every rank).
+    if (enqueued_.size() != params_.size()) enqueued_.assign(params_.size(), 0);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (touched_[i] && !enqueued_[i]) {
+        Enqueue(i, options_.stage == 0 ? params_[i].grad : params_[i].local_grad);
+      }
+    }
+  }
   Flush();
   while (!in_flight_.empty()) CompleteOldest();
   if (options_.stage == 3) {
@@ -640,6 +658,7 @@ void ZeroLlama::RefreshParams() {
 }
 
 void ZeroLlama::ClearGrads() {
+  touched_.assign(params_.size(), 0);
   if (grad_flat_.defined()) {
     grad_flat_.zero_();
     return;

@@ -36,8 +36,7 @@
 // calls (the trace, forward and backward); later micro-steps replay it: after each fetch the
 // next trace entries are all-gathered asynchronously, bounded by prefetch_bucket_size elements
 // of not-yet-used prefetches and max_live_parameters live non-persistent elements; a released
-// parameter whose next use in the trace is within max_reuse_distance elements, or before the
-// prefetch point (the prefetcher skipped it because it was live), stays gathered.
+// parameter whose next use in the trace is within max_reuse_distance elements stays gathered.
 // When a fetch differs from the trace (dynamic order) the trace is dropped: outstanding
 // prefetches are waited for and freed (every rank issued them, so no collective is left
 // unmatched), fetching falls back to on-demand, and the next micro-step records a new trace.
@@ -275,6 +274,8 @@ class ZeroLlama {
   bool last_micro_ = true;
   bool in_micro_step_ = false;
   std::vector<int> grad_expected_, grad_seen_;  // per param, this micro-step (stages 0/1)
+  std::vector<char> touched_;   // per param: got a gradient since the last ClearGrads
+  std::vector<char> enqueued_;  // per param: queued for reduction in this micro-step
   std::vector<std::pair<size_t, at::Tensor>> bucket_;
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;

@@ -26,7 +26,7 @@ case "$name" in
     echo "{\"event\":\"error\",\"message\":\"SigBlk=$mask\"}"
     exit 1 ;;
   hang)
-    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":4096,"peak_gathered_bytes":16384}'
+    echo '{"event":"step","step":1,"loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":4096,"peak_gathered_bytes":16384,"comm_s":0.125,"data_s":0.0625,"optimizer_rollbacks":2,"param_bytes":1024,"optimizer_state_bytes":8192}'
     echo '{"event":"checkpoint","step":1,"dir":"/tmp/x"}'
     trap 'exit 143' TERM
     while true; do sleep 0.05; done ;;

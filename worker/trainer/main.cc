@@ -20,10 +20,16 @@
 //    "loss_scale":S,"skipped":false,"optimizer_step":k,
 //    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
 //    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,
-//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"peak_bytes":M}
+//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"peak_bytes":M,
+//    "comm_s":c,"data_s":d,"comm_elements":e}
 //      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
 //      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
 //      overflow skipped the update (loss_scale is the scale the step ran with).
+//      comm_s: seconds of the step the training thread was blocked in collectives; data_s:
+//      seconds it spent building the step's input batches (the worker exports
+//      loom_trainer_communication_seconds = comm_s, loom_trainer_stall_seconds = comm_s + data_s)
+//      comm_elements: the step's communication volume in elements (all-gather/reduce-scatter:
+//      N*p, all-reduce: 2x; TECHNIQUES.md §1.2)
 //   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
 //   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b,"collective_count":c,
 //    "collective_hash":"hex"}                            equal on every rank

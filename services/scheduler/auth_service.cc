@@ -1,0 +1,155 @@
+#include "services/scheduler/auth_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace loom {
+namespace {
+
+// A reactor that ends the call with `status` at once (deletes itself when gRPC is done).
+template <typename T>
+class FinishedWriter final : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit FinishedWriter(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+std::string AuthorizationHeader(const grpc::ServerContextBase& context) {
+  const auto& md = context.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
+absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
+                                          const TokenAuthenticator* auth) {
+  if (auth == nullptr) return Caller{};
+  return auth->Authenticate(AuthorizationHeader(context));
+}
+
+absl::Status AuthJobService::Authorize(const grpc::CallbackServerContext& context,
+                                       const std::string& job_id) const {
+  absl::StatusOr<Caller> caller = CallerFromMetadata(context, auth_);
+  if (!caller.ok()) return caller.status();
+  if (caller->admin()) return absl::OkStatus();
+  absl::StatusOr<loom::v1::Job> job = scheduler_->GetJob(job_id);
+  if (!job.ok()) return absl::OkStatus();  // let the service answer its own error
+  const std::string& owner = job->tenant().empty() ? std::string(kDefaultTenant) : job->tenant();
+  if (owner != caller->tenant) {
+    // Same text as Scheduler's answer for an unknown id: existence is not revealed.
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* AuthJobService::SubmitJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::SubmitJobRequest* request,
+                                                    loom::v1::SubmitJobResponse* response) {
+  absl::StatusOr<Caller> caller = CallerFromMetadata(*context, auth_);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
+  bool deduplicated = false;
+  absl::StatusOr<loom::v1::Job> job = scheduler_->SubmitJob(
+      request->spec(), request->request_id(), &deduplicated, caller->tenant);
+  if (job.ok()) {
+    *response->mutable_job() = std::move(*job);
+    response->set_deduplicated(deduplicated);
+  }
+  return FinishUnary(context, job.status());
+}
+
+grpc::ServerUnaryReactor* AuthJobService::ListJobs(grpc::CallbackServerContext* context,
+                                                   const loom::v1::ListJobsRequest* request,
+                                                   loom::v1::ListJobsResponse* response) {
+  absl::StatusOr<Caller> caller = CallerFromMetadata(*context, auth_);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
+  loom::v1::ListJobsRequest scoped = *request;
+  if (!caller->admin()) scoped.set_tenant(caller->tenant);
+  absl::StatusOr<loom::v1::ListJobsResponse> page = scheduler_->ListJobsPage(scoped);
+  if (page.ok()) *response = std::move(*page);
+  return FinishUnary(context, page.status());
+}
+
+grpc::ServerUnaryReactor* AuthJobService::GetJob(grpc::CallbackServerContext* context,
+                                                 const loom::v1::GetJobRequest* request,
+                                                 loom::v1::Job* response) {
+  absl::Status s = Authorize(*context, request->job_id());
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->GetJob(context, request, response);
+}
+
+grpc::ServerUnaryReactor* AuthJobService::CancelJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::CancelJobRequest* request,
+                                                    loom::v1::Job* response) {
+  absl::Status s = Authorize(*context, request->job_id());
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->CancelJob(context, request, response);
+}
+
+grpc::ServerUnaryReactor* AuthJobService::KillJob(grpc::CallbackServerContext* context,
+                                                  const loom::v1::KillJobRequest* request,
+                                                  loom::v1::Job* response) {
+  absl::Status s = Authorize(*context, request->job_id());
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->KillJob(context, request, response);
+}
+
+grpc::ServerUnaryReactor* AuthJobService::ExplainPending(
+    grpc::CallbackServerContext* context, const loom::v1::ExplainPendingRequest* request,
+    loom::v1::ExplainPendingResponse* response) {
+  absl::Status s = Authorize(*context, request->job_id());
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->ExplainPending(context, request, response);
+}
+
+grpc::ServerWriteReactor<loom::v1::JobEvent>* AuthJobService::WatchJob(
+    grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) {
+  absl::Status s = Authorize(*context, request->job_id());
+  if (!s.ok()) return new FinishedWriter<loom::v1::JobEvent>(s);
+  return inner_->WatchJob(context, request);
+}
+
+grpc::ServerWriteReactor<loom::v1::LogLine>* AuthJobService::StreamLogs(
+    grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) {
+  absl::Status s = Authorize(*context, request->job_id());
+  if (!s.ok()) return new FinishedWriter<loom::v1::LogLine>(s);
+  return inner_->StreamLogs(context, request);
+}
+
+absl::Status AuthWorkerService::Check(const grpc::CallbackServerContext& context) const {
+  if (worker_token_sha256_.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> token = BearerToken(AuthorizationHeader(context));
+  if (!token.ok()) return token.status();
+  if (!ConstantTimeEquals(Sha256Hex(*token), worker_token_sha256_)) {
+    return absl::UnauthenticatedError("unknown worker token");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* AuthWorkerService::RegisterWorker(
+    grpc::CallbackServerContext* context, const loom::v1::RegisterWorkerRequest* request,
+    loom::v1::RegisterWorkerResponse* response) {
+  absl::Status s = Check(*context);
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->RegisterWorker(context, request, response);
+}
+
+grpc::ServerUnaryReactor* AuthWorkerService::Heartbeat(grpc::CallbackServerContext* context,
+                                                       const loom::v1::HeartbeatRequest* request,
+                                                       loom::v1::HeartbeatResponse* response) {
+  absl::Status s = Check(*context);
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->Heartbeat(context, request, response);
+}
+
+}  // namespace loom

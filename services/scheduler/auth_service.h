@@ -1,0 +1,102 @@
+// File: services/scheduler/auth_service.h
+//
+// Authentication and tenant isolation in front of the scheduler's gRPC services (decorators, so
+// that JobServiceImpl/WorkerServiceImpl stay tenant-agnostic):
+//
+// AuthJobService wraps a JobService implementation. Every RPC first authenticates the caller
+// from the `authorization: Bearer <token>` metadata (common/auth.h) -> UNAUTHENTICATED if missing
+// or unknown. Then:
+//   SubmitJob       the job is owned by the caller's tenant (Scheduler::SubmitJob(..., tenant))
+//   ListJobs        a user sees its own tenant only (ListJobsRequest.tenant is overridden); an
+//                   admin sees every tenant, or the one named in ListJobsRequest.tenant
+//   Get/Cancel/Kill/Explain/Watch/StreamLogs
+//                   a job of another tenant answers NOT_FOUND with the same message as a job that
+//                   does not exist (existence is not revealed); admins reach every job
+// Without an authenticator (no --auth_tokens_file) every caller is tenant "default" with admin
+// rights, which is Loom's behaviour before authentication existed.
+//
+// AuthWorkerService wraps WorkerService: with a worker token set, every RPC must carry it
+// (UNAUTHENTICATED otherwise); tenant tokens are not accepted there, nor the worker token on
+// JobService.
+//
+// Thread-safe. The wrapped services, scheduler and authenticator must outlive the decorators.
+#ifndef LOOM_SERVICES_SCHEDULER_AUTH_SERVICE_H_
+#define LOOM_SERVICES_SCHEDULER_AUTH_SERVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/auth.h"
+#include "proto/job_service.grpc.pb.h"
+#include "proto/worker_service.grpc.pb.h"
+#include "scheduler/scheduler.h"
+
+namespace loom {
+
+// The caller of a request: `auth` == nullptr means authentication is off (tenant "default",
+// admin). UNAUTHENTICATED otherwise when the metadata has no known bearer token.
+absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
+                                          const TokenAuthenticator* auth);
+
+class AuthJobService final : public loom::v1::JobService::CallbackService {
+ public:
+  AuthJobService(loom::v1::JobService::CallbackService* inner, Scheduler* scheduler,
+                 const TokenAuthenticator* auth)
+      : inner_(inner), scheduler_(scheduler), auth_(auth) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::SubmitJobRequest* request,
+                                      loom::v1::SubmitJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const loom::v1::GetJobRequest* request,
+                                   loom::v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const loom::v1::ListJobsRequest* request,
+                                     loom::v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::CancelJobRequest* request,
+                                      loom::v1::Job* response) override;
+  grpc::ServerUnaryReactor* KillJob(grpc::CallbackServerContext* context,
+                                    const loom::v1::KillJobRequest* request,
+                                    loom::v1::Job* response) override;
+  grpc::ServerUnaryReactor* ExplainPending(grpc::CallbackServerContext* context,
+                                           const loom::v1::ExplainPendingRequest* request,
+                                           loom::v1::ExplainPendingResponse* response) override;
+  grpc::ServerWriteReactor<loom::v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
+  grpc::ServerWriteReactor<loom::v1::LogLine>* StreamLogs(
+      grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) override;
+
+ private:
+  // OK if the caller may act on `job_id`; NOT_FOUND (as for a missing job) or UNAUTHENTICATED.
+  absl::Status Authorize(const grpc::CallbackServerContext& context,
+                         const std::string& job_id) const;
+
+  loom::v1::JobService::CallbackService* const inner_;
+  Scheduler* const scheduler_;
+  const TokenAuthenticator* const auth_;
+};
+
+class AuthWorkerService final : public loom::v1::WorkerService::CallbackService {
+ public:
+  // `worker_token` empty = no check.
+  AuthWorkerService(loom::v1::WorkerService::CallbackService* inner, std::string worker_token)
+      : inner_(inner), worker_token_sha256_(worker_token.empty() ? "" : Sha256Hex(worker_token)) {}
+
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const loom::v1::RegisterWorkerRequest* request,
+                                           loom::v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const loom::v1::HeartbeatRequest* request,
+                                      loom::v1::HeartbeatResponse* response) override;
+
+ private:
+  absl::Status Check(const grpc::CallbackServerContext& context) const;
+
+  loom::v1::WorkerService::CallbackService* const inner_;
+  const std::string worker_token_sha256_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_SCHEDULER_AUTH_SERVICE_H_
