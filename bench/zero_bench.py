@@ -115,23 +115,23 @@ class Result:
         return statistics.median(self.optimizer_s) if self.optimizer_s else float("nan")
 
 
-def run_loom(name, a, cfg, stage, steps, offload=None):
+def run_loom(name, a, cfg, stage, steps, offload=None, env=None):
     spec = loom_spec(os.path.join(a.workdir, name + ".json"), cfg, a, stage, steps, offload)
     t0 = time.time()
     ranks = gang.run_loom(a.trainer, spec, a.world, os.path.join(a.workdir, name),
-                          timeout_s=a.timeout, env=ENV)
+                          timeout_s=a.timeout, env=env or ENV)
     r = Result(name, ranks, a.warmup, a.workdir)
     print("  ran %-28s in %5.1f s: %s" % (name, time.time() - t0,
                                          "ok" if r.ok else "FAILED: %s" % r.error), flush=True)
     return r
 
 
-def run_torch(name, a, cfg, mode, steps):
+def run_torch(name, a, cfg, mode, steps, env=None):
     args = ["--mode=" + mode, "--config=" + json.dumps(cfg), "--micro=%d" % a.micro,
             "--seq=%d" % a.seq, "--steps=%d" % steps, "--threads=%d" % a.threads]
     t0 = time.time()
     ranks = gang.run_python(os.path.join(HERE, "torch_peer.py"), args, a.world,
-                            os.path.join(a.workdir, name), timeout_s=a.timeout, env=ENV)
+                            os.path.join(a.workdir, name), timeout_s=a.timeout, env=env or ENV)
     r = Result(name, ranks, a.warmup, a.workdir)
     print("  ran %-28s in %5.1f s: %s" % (name, time.time() - t0,
                                          "ok" if r.ok else "FAILED: %s" % r.error), flush=True)
@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--cap_layers", default="2,8", help="two depths for the capacity fit")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--micro", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2, help="steps excluded from the median")
     ap.add_argument("--cap_gib", type=float, default=12.0,
                     help="per-rank memory cap for the capacity ratio (default: 24 GiB / 2 ranks)")
@@ -169,6 +169,8 @@ def main():
     ap.add_argument("--max_live", type=int, default=16000000,
                     help="stage3_max_live_parameters (reuse distance and prefetch: half)")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--cap_mmap_threshold", type=int, default=262144,
+                    help="MALLOC_MMAP_THRESHOLD_ of the capacity runs, both systems (0: default)")
     ap.add_argument("--malloc_mmap_threshold", type=int, default=0,
                     help="MALLOC_MMAP_THRESHOLD_ for every rank of both systems (0: glibc default)")
     a = ap.parse_args()
@@ -204,20 +206,31 @@ def main():
     tz1 = run_torch("torch_zero1", a, cfg, "zero1", a.steps)
     z1 = run_loom("loom_zero1", a, cfg, 1, a.steps)
     # 3. Capacity: two depths, 3 steps each (peak RSS is reached in the first optimizer step).
+    #    Both systems run the capacity points with the same allocator setting,
+    #    MALLOC_MMAP_THRESHOLD_=<--cap_mmap_threshold> (glibc returns every freed block of that
+    #    size or more to the kernel), so that peak RSS measures live memory rather than what
+    #    glibc keeps after frees; it costs page faults (time), which capacity does not measure.
+    #    The same fit with the default allocator is printed too.
     l1, l2 = [int(x) for x in a.cap_layers.split(",")]
+    cap_env = dict(ENV)
+    if a.cap_mmap_threshold > 0:
+        cap_env["MALLOC_MMAP_THRESHOLD_"] = str(a.cap_mmap_threshold)
     cap_runs = {}
     for layers in (l1, l2):
         c = model_config(layers, a)
+        cap_runs[("ddp", layers)] = run_torch("torch_ddp_cap_L%d" % layers, a, c, "ddp", 3,
+                                              cap_env)
+        cap_runs[("loom", layers)] = run_loom("loom_zero3_nvme_cap_L%d" % layers, a, c, 3, 3,
+                                              nvme_offload, cap_env)
         if layers == a.layers:
-            cap_runs[("ddp", layers)] = ddp
-        else:
-            cap_runs[("ddp", layers)] = run_torch("torch_ddp_L%d" % layers, a, c, "ddp", 3)
-        cap_runs[("loom", layers)] = run_loom("loom_zero3_nvme_L%d" % layers, a, c, 3, 3,
-                                              nvme_offload)
-        if layers == a.layers:
+            cap_runs[("ddp_default", layers)] = ddp
             cap_runs[("zero3", layers)] = z3
         else:
+            cap_runs[("ddp_default", layers)] = run_torch("torch_ddp_L%d" % layers, a, c, "ddp",
+                                                          3)
             cap_runs[("zero3", layers)] = run_loom("loom_zero3_L%d" % layers, a, c, 3, 3)
+        cap_runs[("loom_default", layers)] = run_loom("loom_zero3_nvme_L%d" % layers, a, c, 3, 3,
+                                                      nvme_offload)
 
     print("\n== Loom ZeRO-3 vs PyTorch DDP (%d ranks, %.1fM params) ==" % (a.world, psi / 1e6))
     print("%-34s %12s %12s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
@@ -261,12 +274,12 @@ def main():
                                                                                    r.opt()))
 
     # Capacity fit.
-    print("\n== Capacity under a %.1f GiB per-rank cap (model grows in depth at fixed width) =="
-          % a.cap_gib)
+    print("\n== Capacity under a %.1f GiB per-rank cap (model grows in depth at fixed width; "
+          "MALLOC_MMAP_THRESHOLD_=%d for both systems) ==" % (a.cap_gib, a.cap_mmap_threshold))
     cap = a.cap_gib * (1 << 30)
     fits = {}
     slopes = {}
-    for system in ("ddp", "loom", "zero3"):
+    for system in ("ddp", "loom", "ddp_default", "loom_default", "zero3"):
         r1, r2 = cap_runs[(system, l1)], cap_runs[(system, l2)]
         p1 = param_count(model_config(l1, a))
         p2 = param_count(model_config(l2, a))
@@ -277,20 +290,27 @@ def main():
         intercept = r1.peak_rss - slope * p1
         psi_max = (cap - intercept) / slope
         slopes[system] = slope
+        if system == "ddp_default":
+            print("  with glibc's default allocator:")
+        if system in ("ddp_default", "loom_default"):
+            fits[system] = psi_max
         if system == "zero3":  # no offload: only for the marginal memory ratio below
-            print("  %-5s L=%d: %7.0f MiB | L=%d: %7.0f MiB | %.2f bytes/param + %.0f MiB" % (
+            print("  %-12s L=%d: %7.0f MiB | L=%d: %7.0f MiB | %.2f bytes/param + %.0f MiB" % (
                 system, l1, mib(r1.peak_rss), l2, mib(r2.peak_rss), slope, mib(intercept)))
             continue
         fits[system] = psi_max
-        print("  %-5s L=%d: %.1fM params %7.0f MiB | L=%d: %.1fM params %7.0f MiB | %.2f bytes/param "
+        print("  %-12s L=%d: %.1fM params %7.0f MiB | L=%d: %.1fM params %7.0f MiB | %.2f bytes/param "
               "+ %.0f MiB -> largest %.2fB params" % (
                   system, l1, p1 / 1e6, mib(r1.peak_rss), l2, p2 / 1e6, mib(r2.peak_rss), slope,
                   mib(intercept), psi_max / 1e9))
-    cap_ratio = fits["loom"] / fits["ddp"] if len(fits) == 2 else float("nan")
-    if "zero3" in slopes and "ddp" in slopes:
-        print("  marginal memory per parameter, ZeRO-3 (no offload) / DDP: %.3f (the peak memory "
-              "ratio a much deeper model of this width approaches)" % (slopes["zero3"] /
-                                                                       slopes["ddp"]))
+    cap_ratio = fits["loom"] / fits["ddp"] if "loom" in fits and "ddp" in fits else float("nan")
+    if "loom_default" in fits and "ddp_default" in fits:
+        print("  capacity ratio with the default allocator: %.2f"
+              % (fits["loom_default"] / fits["ddp_default"]))
+    if "zero3" in slopes and "ddp_default" in slopes:
+        print("  marginal memory per parameter, ZeRO-3 (no offload) / DDP, default allocator: "
+              "%.3f (the peak memory ratio a much deeper model of this width approaches)"
+              % (slopes["zero3"] / slopes["ddp_default"]))
     print("\ntotal benchmark time %.0f s; logs and specs in %s" % (time.time() - t_start,
                                                                    a.workdir))
     print("zero3_vs_ddp step_time_ratio=%.3f peak_memory_ratio=%.3f offload_capacity_ratio=%.2f"
