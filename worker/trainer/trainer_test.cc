@@ -6,6 +6,9 @@
 //   * Memory accounting: gathered bytes are 0 between steps; partition bytes = Σ ceil(n/N)*4.
 //   * Resume: 2 ranks resumed from step 6 reproduce the uninterrupted run bit-exactly.
 //   * Fine-tuning: a consolidated export initialises a 3-rank job with the same logits.
+//   * Offload: cpu and NVMe (optimizer + parameters, pipelined) bit-identical to each other and
+//     within fp32 tolerance of the in-memory run, also on stages 1/2 and with bf16; NVMe resume
+//     bit-exact; swap files removed; unusable nvme_path and parameter-only NVMe refused.
 //   * Errors: resume with another world size, invalid config (exit 2), SIGTERM (exit 143).
 // Every child has a deadline; on expiry all children are killed and the test fails. Stage 0-2,
 // mixed precision and the §7 rows are in zero_stages_test.cc.
