@@ -132,6 +132,8 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   if (oo_opts.params_nvme) oo_opts.param_dir = scratch(op.nvme_path, "params");
   oo_opts.param_buffer_count = op.buffer_count;
   oo_opts.param_buffer_elements = op.buffer_size;
+  oo_opts.aio_block_bytes = o_.ds.aio.block_size;
+  oo_opts.aio_queue_depth = static_cast<int>(o_.ds.aio.queue_depth);
   std::vector<int64_t> numels;
   for (const ParamSpec& spec : LlamaParamSpecs(o_.model)) {
     numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));

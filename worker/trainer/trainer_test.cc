@@ -235,7 +235,8 @@ TEST_F(TrainerTest, OffloadToCpuAndNvmeMatchesTheInMemoryRunAndResumes) {
   const std::string zero_cpu = R"({"zero_optimization": {"stage": 3, "sub_group_size": 5000,
       "offload_optimizer": {"device": "cpu"}}})";
   const std::string zero_nvme = absl::StrCat(
-      R"({"zero_optimization": {"stage": 3, "sub_group_size": 5000,
+      R"({"aio": {"block_size": 8192, "queue_depth": 4},
+      "zero_optimization": {"stage": 3, "sub_group_size": 5000,
       "offload_optimizer": {"device": "nvme", "nvme_path": ")", nvme_dir,
       R"(", "buffer_count": 6, "pipeline_read": true, "pipeline_write": true},
       "offload_param": {"device": "nvme", "nvme_path": ")", nvme_dir,

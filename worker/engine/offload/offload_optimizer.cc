@@ -61,6 +61,8 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::Create(
     so.buffer_bytes = std::max<int64_t>(NvmeSwapper::kAlignment,
                                         RoundUp(max_group * 4, NvmeSwapper::kAlignment));
     so.direct_io = options.direct_io;
+    so.chunk_bytes = options.aio_block_bytes;
+    so.queue_depth = options.aio_queue_depth;
     ASSIGN_OR_RETURN(o->opt_swapper_, NvmeSwapper::Create(so));
     std::vector<int64_t> bytes;
     for (const Group& g : o->groups_) bytes.push_back(g.numel * 4);
@@ -89,6 +91,8 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::Create(
     so.buffer_bytes = std::max<int64_t>(NvmeSwapper::kAlignment,
                                         RoundUp(max_numel * 4, NvmeSwapper::kAlignment));
     so.direct_io = options.direct_io;
+    so.chunk_bytes = options.aio_block_bytes;
+    so.queue_depth = options.aio_queue_depth;
     ASSIGN_OR_RETURN(o->param_swapper_, NvmeSwapper::Create(so));
     std::vector<int64_t> bytes;
     for (int64_t n : partition_numels) bytes.push_back(n * 4);

@@ -57,6 +57,8 @@ struct OffloadOptimizerOptions {
   int64_t param_buffer_count = 5;
   int64_t param_buffer_elements = 100000000;  // offload_param.buffer_size
   bool direct_io = true;
+  int64_t aio_block_bytes = 1 << 20;  // aio.block_size: bytes per submitted transfer
+  int aio_queue_depth = 8;            // aio.queue_depth: io_uring entries
 };
 
 class OffloadOptimizer {
