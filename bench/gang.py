@@ -98,7 +98,8 @@ def run_loom(trainer, spec, world, log_prefix, extra=(), timeout_s=600, env=None
         _pump(ranks, 120, until=lambda: bool(ranks[0].of("rendezvous")))
         if not ranks[0].of("rendezvous"):
             _reap(ranks, 1)
-            raise RuntimeError("rank 0 reported no rendezvous port; see %s.rank0.stderr" % log_prefix)
+            raise RuntimeError("rank 0 reported no rendezvous port; see %s.rank0.stderr"
+                               % log_prefix)
         port = ranks[0].of("rendezvous")[0]["port"]
         for rank in range(1, world):
             ranks.append(Rank(rank, args(rank, port), "%s.rank%d.stderr" % (log_prefix, rank), env))

@@ -299,7 +299,8 @@ def main():
                 system, l1, mib(r1.peak_rss), l2, mib(r2.peak_rss), slope, mib(intercept)))
             continue
         fits[system] = psi_max
-        print("  %-12s L=%d: %.1fM params %7.0f MiB | L=%d: %.1fM params %7.0f MiB | %.2f bytes/param "
+        print("  %-12s L=%d: %.1fM params %7.0f MiB | L=%d: %.1fM params %7.0f MiB | "
+              "%.2f bytes/param "
               "+ %.0f MiB -> largest %.2fB params" % (
                   system, l1, p1 / 1e6, mib(r1.peak_rss), l2, p2 / 1e6, mib(r2.peak_rss), slope,
                   mib(intercept), psi_max / 1e9))

@@ -302,7 +302,8 @@ absl::Status OffloadOptimizer::ImportState(const std::vector<float*>& model_para
   for (size_t i = 0; i < numels_.size(); ++i) {
     const float* src = master + offsets_[i];
     if (options_.params_nvme) {
-      RETURN_IF_ERROR(param_swapper_->Write(s_param_, static_cast<int64_t>(i), src, numels_[i] * 4));
+      RETURN_IF_ERROR(
+          param_swapper_->Write(s_param_, static_cast<int64_t>(i), src, numels_[i] * 4));
     } else if (model_params[i] != nullptr) {
       std::memcpy(model_params[i], src, numels_[i] * 4);
     }
