@@ -239,6 +239,26 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
   return absl::OkStatus();
 }
 
+absl::Status ParseAio(const json& root, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* aio, OptObject(root, "aio", kRoot));
+  if (aio == nullptr) return absl::OkStatus();
+  const std::string path = Join(kRoot, "aio");
+  RETURN_IF_ERROR(CheckKeys(*aio, path,
+                            {"block_size", "queue_depth", "thread_count", "single_submit",
+                             "overlap_events", "use_gds", "intra_op_parallelism"}));
+  RETURN_IF_ERROR(ReadInt(*aio, "block_size", path, &c->aio.block_size));
+  RETURN_IF_ERROR(ReadInt(*aio, "queue_depth", path, &c->aio.queue_depth));
+  if (c->aio.block_size < 4096 || c->aio.block_size % 4096 != 0) {
+    return Invalid(Join(path, "block_size"),
+                   absl::StrCat(c->aio.block_size, " is not a positive multiple of 4096"));
+  }
+  if (c->aio.queue_depth < 1 || c->aio.queue_depth > 4096) {
+    return Invalid(Join(path, "queue_depth"),
+                   absl::StrCat(c->aio.queue_depth, " is not in [1, 4096]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(const json* z, OptObject(root, "zero_optimization", kRoot));
   ZeroConfig& zc = c->zero;
@@ -529,6 +549,7 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
   }
 
   RETURN_IF_ERROR(ParsePrecision(root, &c));
+  RETURN_IF_ERROR(ParseAio(root, &c));
   {
     ASSIGN_OR_RETURN(const json* amp, OptObject(root, "amp", kRoot));
     if (amp != nullptr) {

@@ -104,6 +104,15 @@ struct Fp16Config {
   double min_loss_scale = 1.0;
 };
 
+// NVMe async I/O (DeepSpeed "aio" section, TECHNIQUES.md §0): Loom's io_uring swapper submits
+// transfers in block_size pieces with up to queue_depth in flight. The other keys
+// (thread_count, single_submit, overlap_events, use_gds, intra_op_parallelism) tune libaio
+// threading and are accepted without effect.
+struct AioConfig {
+  int64_t block_size = 1048576;  // bytes; a positive multiple of 4096
+  int64_t queue_depth = 8;
+};
+
 struct DeepSpeedConfig {
   int64_t train_batch_size = 0;                // = micro * GAS * world (derived if absent)
   int64_t train_micro_batch_size_per_gpu = 0;  // samples per rank per micro-step
@@ -116,6 +125,7 @@ struct DeepSpeedConfig {
   ZeroConfig zero;
   Fp16Config fp16;
   bool bf16_enabled = false;
+  AioConfig aio;
   // Keys accepted but not implemented (ignoring them cannot change results), one message each:
   // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.
   std::vector<std::string> warnings;

@@ -267,5 +267,25 @@ TEST(LearningRateAtStepTest, WarmupCosineLR) {
   EXPECT_NEAR(LearningRateAtStep(c, 4), 1.0, 1e-12);
 }
 
+TEST(ParseDeepSpeedConfigTest, AioSection) {
+  const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig("{" + ok + "}", 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->aio.block_size, 1048576);
+  EXPECT_EQ(c->aio.queue_depth, 8);
+  c = ParseDeepSpeedConfig("{" + ok + R"(, "aio": {"block_size": 262144, "queue_depth": 32,
+      "thread_count": 1, "single_submit": false, "overlap_events": true}})", 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->aio.block_size, 262144);
+  EXPECT_EQ(c->aio.queue_depth, 32);
+  c = ParseDeepSpeedConfig("{" + ok + R"(, "aio": {"block_size": 1000}})", 1);
+  EXPECT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("deepspeed_config.aio.block_size"), std::string::npos);
+  c = ParseDeepSpeedConfig("{" + ok + R"(, "aio": {"depth": 3}})", 1);
+  EXPECT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("deepspeed_config.aio.depth: unknown key"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace loom::engine

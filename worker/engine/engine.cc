@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,7 +20,9 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/corpus.h"
 #include "worker/engine/loss_scaler.h"
+#include "worker/engine/offload/offload_optimizer.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/partition.h"
 #include "worker/engine/zero_llama.h"
 
 namespace loom::engine {
@@ -63,6 +66,11 @@ class Trainer {
   absl::Status WriteFinalLogits();
   // 0 = go on, 1 = checkpoint and stop, 2 = stop now; the same on every rank (all-reduce MAX).
   int StopAgreed();
+  // ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer / offload_param): builds
+  // offload_ and the model hooks that hand it each parameter as it is created.
+  absl::Status SetUpOffload(ZeroOptions* z);
+  // The model's fp32 master partitions (null when the parameters live on NVMe).
+  std::vector<float*> MasterPointers();
 
   const EngineOptions& o_;
   Collectives& coll_;
@@ -73,8 +81,104 @@ class Trainer {
   std::unique_ptr<ZeroLlama> model_;
   int64_t optimizer_step_ = 0;
   LossScaler scaler_;
+  std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: ApplyOptimizerStep in memory
+  double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
 };
+
+absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
+  const ZeroConfig& zc = o_.ds.zero;
+  const OffloadConfig& oo = zc.offload_optimizer;
+  const OffloadConfig& op = zc.offload_param;
+  if (oo.device == "none" && op.device != "nvme") {
+    // offload_param "cpu" alone: on a CPU-only node the partitions are in host memory already.
+    if (op.device == "cpu") LOG(INFO) << "offload_param cpu: parameters stay in host memory";
+    return absl::OkStatus();
+  }
+  const std::string zpath = "deepspeed_config.zero_optimization.";
+  if (oo.device != "none" && oo.ratio != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
+  }
+  if (zc.stage == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(zpath, "offload_optimizer.device: offload needs ZeRO stage 1, 2 or 3"));
+  }
+  if (op.device == "nvme" && oo.device == "none") {
+    // DeepSpeed keeps the fp32 master with the optimizer; here the optimizer must own it to
+    // let the parameter partitions leave memory.
+    return absl::InvalidArgumentError(absl::StrCat(
+        zpath, "offload_param.device: parameter offload needs offload_optimizer too"));
+  }
+  offload::OffloadOptimizerOptions oo_opts;
+  const OptimizerConfig& oc = o_.ds.optimizer;
+  oo_opts.adam.beta1 = oc.beta1;
+  oo_opts.adam.beta2 = oc.beta2;
+  oo_opts.adam.eps = oc.eps;
+  oo_opts.adam.weight_decay = oc.weight_decay;
+  oo_opts.adam.decoupled_weight_decay = oc.decoupled_weight_decay;
+  oo_opts.adam.bias_correction = oc.bias_correction;
+  oo_opts.adam.threads = std::max(1, o_.threads_per_rank);
+  oo_opts.sub_group_size = zc.sub_group_size;
+  // Scratch files of this process only (two jobs, or two ranks on one node, never share them).
+  auto scratch = [&](const std::string& nvme_path, const char* what) {
+    return absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
+                        ::getpid(), "_rank", coll_.rank(), "/", what);
+  };
+  oo_opts.optimizer_nvme = oo.device == "nvme";
+  if (oo_opts.optimizer_nvme) oo_opts.optimizer_dir = scratch(oo.nvme_path, "optimizer");
+  oo_opts.optimizer_buffer_count = oo.buffer_count;
+  oo_opts.pipeline_read = oo.pipeline_read;
+  oo_opts.pipeline_write = oo.pipeline_write;
+  oo_opts.params_nvme = op.device == "nvme";
+  if (oo_opts.params_nvme) oo_opts.param_dir = scratch(op.nvme_path, "params");
+  oo_opts.param_buffer_count = op.buffer_count;
+  oo_opts.param_buffer_elements = op.buffer_size;
+  oo_opts.aio_block_bytes = o_.ds.aio.block_size;
+  oo_opts.aio_queue_depth = static_cast<int>(o_.ds.aio.queue_depth);
+  std::vector<int64_t> numels;
+  for (const ParamSpec& spec : LlamaParamSpecs(o_.model)) {
+    numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
+  }
+  ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
+  z->allocate_optimizer_state = false;
+  const bool params_nvme = oo_opts.params_nvme;
+  z->on_param = [this, params_nvme](size_t i, ZeroParam& p) -> absl::Status {
+    RETURN_IF_ERROR(offload_->InitParam(i, p.master.data_ptr<float>()));
+    if (params_nvme) {
+      // The partition lives on file: master and shard become stride-0 placeholders of [p].
+      at::Tensor ph = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat).zero_();
+      p.master = ph;
+      p.shard_offloaded = true;
+      p.shard = p.shard.scalar_type() == at::kFloat
+                    ? ph
+                    : at::empty_strided({p.slice.partition_numel}, {0}, p.shard.options()).zero_();
+    }
+    return absl::OkStatus();
+  };
+  if (params_nvme) {
+    z->fetch_partition = [this](size_t i) {
+      at::Tensor t = at::empty({PartitionNumel(model_->params()[i].numel, coll_.world_size())},
+                               at::kFloat);
+      Check(offload_->FetchParam(i, t.data_ptr<float>()));
+      return t;
+    };
+  }
+  LOG(INFO) << "offload: optimizer " << oo.device << ", params " << op.device << ", "
+            << offload_->num_sub_groups() << " sub-groups, CpuAdam "
+            << offload::CpuAdam::IsaName(offload_->adam().isa()) << " x" << oo_opts.adam.threads
+            << " threads, " << offload_->resident_bytes() << " resident bytes";
+  return absl::OkStatus();
+}
+
+std::vector<float*> Trainer::MasterPointers() {
+  std::vector<float*> out;
+  for (ZeroParam& p : model_->params()) {
+    out.push_back(offload_ != nullptr && offload_->params_nvme() ? nullptr
+                                                                 : p.master.data_ptr<float>());
+  }
+  return out;
+}
 
 ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
   ZeroOptions z;
@@ -210,7 +314,10 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     if (clip > 1.0) combined = clip * scale;
   }
   ++optimizer_step_;
+  const auto t_opt = std::chrono::steady_clock::now();
   OptimizerStep(*lr, combined == 1.0 ? 1.0 : 1.0 / combined);
+  last_optimizer_s_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
   model_->RefreshParams();
   model_->ClearGrads();
   scaler_.Update(/*overflow=*/false);
@@ -218,6 +325,17 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
 }
 
 void Trainer::OptimizerStep(double lr, double grad_multiplier) {
+  if (offload_ != nullptr) {
+    // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
+    // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).
+    std::vector<const float*> grads;
+    for (ZeroParam& p : model_->params()) {
+      if (p.grad.defined() && grad_multiplier != 1.0) p.grad.mul_(grad_multiplier);
+      grads.push_back(p.grad.defined() ? p.grad.data_ptr<float>() : nullptr);
+    }
+    Check(offload_->Step(optimizer_step_, lr, MasterPointers(), grads));
+    return;
+  }
   OptimizerStepArgs args;
   args.step = optimizer_step_;
   args.lr = lr;
@@ -261,6 +379,7 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   if (metric_step_loss_.first == step) m.metrics["train_loss"] = metric_step_loss_.second;
   if (metric_eval_loss_.first == step) m.metrics["eval_loss"] = metric_eval_loss_.second;
   std::vector<at::Tensor> fp, ea, eas;
+  int64_t total = 0;
   for (size_t i = 0; i < model_->params().size(); ++i) {
     const ZeroParam& p = model_->params()[i];
     storage::ShardParam sp;
@@ -268,13 +387,25 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
     sp.shape = p.spec.shape;
     sp.numel = p.numel;
     m.params.push_back(sp);
+    total += p.slice.partition_numel;
+    if (offload_ != nullptr) continue;
     fp.push_back(model_->CheckpointPartition(i, 0));
     ea.push_back(model_->CheckpointPartition(i, 1));
     eas.push_back(model_->CheckpointPartition(i, 2));
   }
   storage::AssignPartitionLayout(m);
-  at::Tensor a = at::cat(fp).contiguous(), b = at::cat(ea).contiguous(),
-             c = at::cat(eas).contiguous();
+  at::Tensor a, b, c;
+  if (offload_ != nullptr) {  // read back from the offload (host memory or files)
+    a = at::empty({total}, at::kFloat);
+    b = at::empty({total}, at::kFloat);
+    c = at::empty({total}, at::kFloat);
+    RETURN_IF_ERROR(offload_->ExportState(MasterPointers(), a.data_ptr<float>(),
+                                          b.data_ptr<float>(), c.data_ptr<float>()));
+  } else {
+    a = at::cat(fp).contiguous();
+    b = at::cat(ea).contiguous();
+    c = at::cat(eas).contiguous();
+  }
   const float* data[] = {a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>()};
   const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
   RETURN_IF_ERROR(storage::WriteShard(dir, m, absl::MakeConstSpan(data, 3)));
@@ -331,9 +462,14 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
     st.cur_hysteresis = j.value("cur_hysteresis", int64_t{1});
     scaler_.set_state(st);
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    const float* base = data.data() + m.params[i].partition_offset;
-    model_->LoadPartitions(i, base + off_p, base + off_a, base + off_s);
+  if (offload_ != nullptr) {
+    RETURN_IF_ERROR(offload_->ImportState(MasterPointers(), data.data() + off_p,
+                                          data.data() + off_a, data.data() + off_s));
+  } else {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float* base = data.data() + m.params[i].partition_offset;
+      model_->LoadPartitions(i, base + off_p, base + off_a, base + off_s);
+    }
   }
   model_->RefreshParams();
   optimizer_step_ = m.optimizer_step;
@@ -387,18 +523,11 @@ absl::Status Trainer::Run() {
   if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights
     ASSIGN_OR_RETURN(init, HfWeights::Open(o_.init_from));
   }
-  for (const OffloadConfig* off : {&o_.ds.zero.offload_optimizer, &o_.ds.zero.offload_param}) {
-    if (off->device != "none") {
-      return absl::UnimplementedError(absl::StrCat(
-          "deepspeed_config.zero_optimization.",
-          off == &o_.ds.zero.offload_param ? "offload_param" : "offload_optimizer",
-          ".device: offload to ", off->device, " is not implemented by this engine yet"));
-    }
-  }
   for (const std::string& w : o_.ds.warnings) Emit({{"event", "warning"}, {"message", w}});
   scaler_ = LossScaler(o_.ds.fp16);
-  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(),
-                                             ZeroOptionsFrom(o_.ds)));
+  ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
+  RETURN_IF_ERROR(SetUpOffload(&zopts));
+  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), zopts));
   int64_t start = 0;
   if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
   if (start > o_.steps) {
@@ -411,6 +540,9 @@ absl::Status Trainer::Run() {
                   {"params", LlamaParamCount(o_.model)},
                   {"zero_stage", o_.ds.zero.stage},
                   {"partition_bytes", model_->partition_bytes()},
+                  {"offload_optimizer", o_.ds.zero.offload_optimizer.device},
+                  {"offload_param", o_.ds.zero.offload_param.device},
+                  {"offload_resident_bytes", offload_ ? offload_->resident_bytes() : 0},
                   {"start_step", start}};
   started.update(MemoryFields());
   Emit(started);
@@ -458,6 +590,8 @@ absl::Status Trainer::Run() {
                {"loss", loss},
                {"tokens_per_s", global_tokens / std::max(secs, 1e-9)},
                {"step_time_s", secs},
+               {"optimizer_s", last_optimizer_s_},
+               {"comm_bytes", coll_.bytes_communicated()},
                {"lr", lr},
                {"grad_norm", grad_norm},
                {"loss_scale", loss_scale},

@@ -254,11 +254,21 @@ absl::StatusOr<std::unique_ptr<ZeroLlama>> ZeroLlama::Create(const LlamaConfig& 
         master_is_param = fp32;
         m->memory_.Acquire(MemoryKind::kParams, Bytes(p.shard));
       }
-      p.exp_avg = at::zeros_like(p.master);
-      p.exp_avg_sq = at::zeros_like(p.master);
+      if (options.allocate_optimizer_state) {
+        p.exp_avg = at::zeros_like(p.master);
+        p.exp_avg_sq = at::zeros_like(p.master);
+      }
+      src.reset();
+      if (options.on_param) {
+        absl::Status hs = options.on_param(i, p);
+        if (!hs.ok()) return hs;
+        if (p.shard_offloaded) {  // offloaded: nothing resident
+          m->memory_.Release(MemoryKind::kParams, Bytes(p.shard));
+        }
+      }
       m->memory_.Acquire(MemoryKind::kOptimizerStates,
                          Bytes(p.exp_avg) + Bytes(p.exp_avg_sq) +
-                             (master_is_param ? 0 : Bytes(p.master)));
+                             (master_is_param || p.shard_offloaded ? 0 : Bytes(p.master)));
       m->params_.push_back(std::move(p));
     }
   } catch (const std::exception& e) {
@@ -288,7 +298,13 @@ std::map<size_t, ZeroLlama::Live>::iterator ZeroLlama::StartGather(size_t i) {
   l.kind = p.persistent ? MemoryKind::kParams : MemoryKind::kBuffers;
   memory_.Acquire(l.kind, Bytes(l.buffer));
   at::Tensor out = Wire(l.buffer);
-  l.pending = collectives_->StartAllGather(Wire(p.shard), out);
+  if (options_.fetch_partition) {  // offload_param: read the partition from its file
+    l.input = options_.fetch_partition(i);
+    if (l.input.scalar_type() != p.shard.scalar_type()) l.input = l.input.to(p.shard.scalar_type());
+  } else {
+    l.input = p.shard;
+  }
+  l.pending = collectives_->StartAllGather(Wire(l.input), out);
   l.full = l.buffer.narrow(0, 0, p.numel).view(p.spec.shape);
   if (!p.persistent) live_elems_ += p.numel;
   return live_.emplace(i, std::move(l)).first;
@@ -587,7 +603,7 @@ void ZeroLlama::RefreshParams() {
       return;
     case 3:
       for (ZeroParam& p : params_) {
-        if (!p.shard.is_same(p.master)) p.shard.copy_(p.master);
+        if (!p.shard.is_same(p.master) && !p.shard_offloaded) p.shard.copy_(p.master);
       }
       for (auto it = live_.begin(); it != live_.end();) {  // persistent params are stale now
         auto next = std::next(it);

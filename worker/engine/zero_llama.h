@@ -57,6 +57,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,8 @@ class MemoryTracker {
   int64_t peak_total_ = 0;
 };
 
+struct ZeroParam;
+
 // Engine-side ZeRO knobs (TECHNIQUES.md §1.9; sizes in elements).
 struct ZeroOptions {
   int stage = 3;
@@ -123,6 +126,16 @@ struct ZeroOptions {
   int64_t param_persistence_threshold = 100000;
   int64_t max_live_parameters = 1000000000;
   int64_t max_reuse_distance = 1000000000;
+  // ZeRO-Offload hooks (worker/engine/offload; TECHNIQUES.md §1.7-1.8). Defaults: no offload.
+  // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
+  bool allocate_optimizer_state = true;
+  // Called with parameter i right after it is built (in order); may take its values and, for
+  // stage-3 parameter offload, replace master/shard by stride-0 placeholders. An error aborts
+  // Create and is returned as it is.
+  std::function<absl::Status(size_t i, ZeroParam& p)> on_param;
+  // Stage 3: the partition [p] (fp32) that all-gathers read when the shard is not in memory
+  // (offload_param to NVMe). May throw CollectiveError with the read's status.
+  std::function<at::Tensor(size_t i)> fetch_partition;
 };
 
 struct ZeroParam {
@@ -138,6 +151,8 @@ struct ZeroParam {
   at::Tensor local_grad;    // stage 1: fp32 [n] local accumulator over micro-steps
   at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype
   at::Tensor shard;         // stage 3: [p] param dtype (the master itself when fp32)
+  bool shard_offloaded = false;  // stage 3 offload_param nvme: master/shard are stride-0
+                                 // placeholders; all-gathers read ZeroOptions::fetch_partition
 };
 
 class ZeroLlama {
@@ -218,6 +233,7 @@ class ZeroLlama {
 
  private:
   struct Live {
+    at::Tensor input;   // the fetched partition when it is not the shard (kept until done)
     at::Tensor buffer;  // [N*p]
     at::Tensor full;    // view [shape]
     std::unique_ptr<PendingCollective> pending;

@@ -17,7 +17,7 @@
 //     gathers), Row9 (the optimizer step runs per sub-group and the sub-group size does not
 //     change results), tied embeddings (one parameter, two gradient contributions) on every
 //     stage, bf16 trajectories, fp16 dynamic loss scaling (§1.11 #8) and the key
-//     policy (warnings, offload refused at engine start).
+//     policy (warnings, partial offload refused at engine start).
 // Every gang has a deadline; on expiry all children are killed and the test fails.
 #include <algorithm>
 #include <cmath>
@@ -720,8 +720,8 @@ TEST(ZeroStagesCommunicationTest, StepVolumeMatchesZeroAccounting) {
   }
 }
 
-// Keys Loom accepts but does not implement are "warning" events naming the key; offload (not
-// implemented by this engine yet) is refused at engine start with an error naming the key.
+// Keys Loom accepts but does not implement are "warning" events naming the key; partial offload
+// (offload_optimizer.ratio < 1) is refused at engine start with an error naming the key.
 TEST(ZeroStagesKeyPolicyTest, WarningsAndOffloadRefusal) {
   json zero = {{"stage", 2}, {"round_robin_gradients", true}};
   GangResult r = RunGang("warn", Spec("warn", 1, 1, zero, {{"wall_clock_breakdown", true}}), 1,
@@ -734,13 +734,14 @@ TEST(ZeroStagesKeyPolicyTest, WarningsAndOffloadRefusal) {
       << all;
   EXPECT_NE(all.find("deepspeed_config.wall_clock_breakdown: ignored"), std::string::npos);
 
-  json off = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
+  // Offload itself is implemented (worker/engine/offload); partial offload is not.
+  json off = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}};
   GangResult o = RunGang("offload", Spec("offload", 1, 1, off), 1, {});
-  EXPECT_EQ(o.exit_codes[0], 1);
+  EXPECT_EQ(o.exit_codes[0], 2);
   std::vector<json> errors = o.Of(0, "error");
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0]["message"].get<std::string>().find(
-                "deepspeed_config.zero_optimization.offload_optimizer.device"),
+                "deepspeed_config.zero_optimization.offload_optimizer.ratio"),
             std::string::npos);
 }
 

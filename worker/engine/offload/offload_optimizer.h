@@ -1,0 +1,138 @@
+// ZeRO-Offload / ZeRO-Infinity optimizer for one rank's fp32 partition: optimizer state
+// (fp32 master, exp_avg, exp_avg_sq) in host memory ("cpu") or on files ("nvme"), the step on
+// the CPU with CpuAdam, sub-group by sub-group; optionally the rank's parameter partitions on
+// files too (offload_param "nvme"), read for the all-gathers.
+//
+// Sources: ZeRO-Offload (Ren et al., ATC'21, §4: fp32 state and the Adam step on the CPU);
+// ZeRO-Infinity (Rajbhandari et al., SC'21, §5-§6: NVMe state per rank, sub-group tiling,
+// overlap of the next sub-group's read and the previous one's write with the current one's
+// compute); DeepSpeed stage3.py (_optimizer_step per sub-group with
+// _prepare_fp32_grad_for_sub_group / swap in / step / swap out), swap_tensor/
+// pipelined_optimizer_swapper.py, partitioned_param_swapper.py. TECHNIQUES.md §1.7-§1.8.
+//
+// Layout: the rank's flat partition is the concatenation of its parameter partitions (p_i
+// elements each, in model order — the order of the checkpoint sections). Sub-groups are runs of
+// whole parameters of at most sub_group_size elements (a larger parameter is a sub-group of its
+// own), as DeepSpeed's stage 3 builds fp32 sub-groups; each is one record of each NVMe stream.
+//
+// Where things live (fp32 training: the "16-bit" model parameter is fp32 too):
+//   optimizer cpu,  params in memory: master = the model's partition tensors (updated in place,
+//                                     no copy); exp_avg/exp_avg_sq in host memory.
+//   optimizer cpu,  params nvme:      master, exp_avg, exp_avg_sq in host memory; the model's
+//                                     partitions on files (written after each step).
+//   optimizer nvme, params in memory: master/exp_avg/exp_avg_sq on files, sub-group buffers in
+//                                     memory; the updated master is copied to the model.
+//   optimizer nvme, params nvme:      all of it on files; memory holds only the buffers.
+// The update math is CpuAdam's in every case, so all four give bit-identical parameters and
+// state for the same gradients.
+//
+// Not thread-safe: one caller (the training loop).
+#ifndef LOOM_WORKER_ENGINE_OFFLOAD_OFFLOAD_OPTIMIZER_H_
+#define LOOM_WORKER_ENGINE_OFFLOAD_OFFLOAD_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/offload/cpu_adam.h"
+#include "worker/engine/offload/nvme_swapper.h"
+
+namespace loom::engine::offload {
+
+struct OffloadOptimizerOptions {
+  CpuAdamOptions adam;
+  int64_t sub_group_size = 1000000000;  // elements (zero_optimization.sub_group_size)
+  // offload_optimizer
+  bool optimizer_nvme = false;
+  std::string optimizer_dir;            // files of master/exp_avg/exp_avg_sq when nvme
+  int64_t optimizer_buffer_count = 4;   // >= 3 (one per stream); 6 lets reads run ahead
+  bool pipeline_read = false;           // prefetch sub-group i+1 while i computes
+  bool pipeline_write = false;          // write sub-group i back while i+1 computes
+  // offload_param
+  bool params_nvme = false;
+  std::string param_dir;
+  int64_t param_buffer_count = 5;
+  int64_t param_buffer_elements = 100000000;  // offload_param.buffer_size
+  bool direct_io = true;
+  int64_t aio_block_bytes = 1 << 20;  // aio.block_size: bytes per submitted transfer
+  int aio_queue_depth = 8;            // aio.queue_depth: io_uring entries
+};
+
+class OffloadOptimizer {
+ public:
+  // partition_numels: p_i of every parameter in model order.
+  // Errors: INVALID_ARGUMENT naming the offending option (buffer_count, buffer_size, ...);
+  // file errors from the swapper, naming the file.
+  static absl::StatusOr<std::unique_ptr<OffloadOptimizer>> Create(
+      const OffloadOptimizerOptions& options, const std::vector<int64_t>& partition_numels);
+
+  // Sets parameter i's initial value (p_i floats): master, and the parameter file when params
+  // are on NVMe; exp_avg = exp_avg_sq = 0. Call for every i before the first Step, in model
+  // order (cheapest: each NVMe sub-group record is written once; any order is correct). With
+  // params in memory and optimizer cpu the model's tensor is the master and this does nothing
+  // (the moments start at zero).
+  absl::Status InitParam(size_t i, const float* values);
+
+  // One step t (1-based) at learning rate lr. grads[i]: parameter i's gradient partition
+  // (p_i floats) or null for zero. model_params[i]: the model's partition in memory (updated
+  // with the new values), or null when params are on NVMe (their files are updated).
+  absl::Status Step(int64_t t, double lr, const std::vector<float*>& model_params,
+                    const std::vector<const float*>& grads);
+
+  // Parameter i's current partition (params on NVMe only): p_i floats into dst.
+  absl::Status FetchParam(size_t i, float* dst);
+
+  // Checkpoint I/O: the three sections (concatenation of partitions in model order, Σ p_i
+  // floats each). model_params as in Step (needed when the model's tensors are the master).
+  absl::Status ExportState(const std::vector<float*>& model_params, float* master, float* exp_avg,
+                           float* exp_avg_sq);
+  absl::Status ImportState(const std::vector<float*>& model_params, const float* master,
+                           const float* exp_avg, const float* exp_avg_sq);
+
+  bool params_nvme() const { return options_.params_nvme; }
+  bool optimizer_nvme() const { return options_.optimizer_nvme; }
+  int64_t num_sub_groups() const { return static_cast<int64_t>(groups_.size()); }
+  // Bytes of model state this object keeps in host memory (moments, master copies, buffers).
+  int64_t resident_bytes() const;
+  const CpuAdam& adam() const { return adam_; }
+  // Bytes moved to / from files so far (both swappers).
+  int64_t nvme_bytes_read() const;
+  int64_t nvme_bytes_written() const;
+
+ private:
+  struct Group {
+    size_t first = 0, last = 0;  // parameters [first, last)
+    int64_t offset = 0;          // flat element offset
+    int64_t numel = 0;
+  };
+  OffloadOptimizer(const OffloadOptimizerOptions& options);
+  // Updates the sub-group whose master/m/v are at the given pointers.
+  void UpdateGroup(const Group& g, int64_t t, double lr, float* master, float* m, float* v,
+                   const std::vector<const float*>& grads);
+  // Copies the new master values of g into the model or the parameter files.
+  absl::Status PublishGroup(const Group& g, const float* master,
+                            const std::vector<float*>& model_params);
+  bool master_is_model() const { return !options_.optimizer_nvme && !options_.params_nvme; }
+  // Writes the sub-group InitParam is filling, if any.
+  absl::Status FinishInit();
+
+  OffloadOptimizerOptions options_;
+  CpuAdam adam_;
+  std::vector<int64_t> numels_, offsets_;
+  std::vector<Group> groups_;
+  int64_t total_ = 0;
+  // Host-memory state (optimizer cpu).
+  std::vector<float> master_, exp_avg_, exp_avg_sq_;
+  // NVMe state.
+  std::unique_ptr<NvmeSwapper> opt_swapper_, param_swapper_;
+  int s_master_ = -1, s_m_ = -1, s_v_ = -1, s_param_ = -1;
+  int64_t init_group_ = -1;  // sub-group InitParam is filling (optimizer nvme)
+  int init_buf_ = -1;
+};
+
+}  // namespace loom::engine::offload
+
+#endif  // LOOM_WORKER_ENGINE_OFFLOAD_OFFLOAD_OPTIMIZER_H_
