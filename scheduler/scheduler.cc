@@ -446,16 +446,20 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
   last_step_advance_.erase(job_id);
+  StopLiveRanks(job_id);
+  return absl::OkStatus();
+}
+
+void Scheduler::StopLiveRanks(const std::string& job_id) {
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
-      it = ranks_.erase(it);
+      it = ranks_.erase(it);  // its slot is free; nothing to stop
     } else {
       it->second.stop_requested = true;
       ++it;
     }
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec,
@@ -1447,15 +1451,7 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
   if (preempted && metrics_ != nullptr) metrics_->JobRestarted(v1::FAILURE_CLASS_PREEMPTED);
   LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
   last_step_advance_.erase(job_id);
-  for (auto it = ranks_.lower_bound({job_id, 0});
-       it != ranks_.end() && it->first.first == job_id;) {
-    if (RankEnded(it->second.state)) {
-      it = ranks_.erase(it);
-    } else {
-      it->second.stop_requested = true;
-      ++it;
-    }
-  }
+  StopLiveRanks(job_id);
   return absl::OkStatus();
 }
 
