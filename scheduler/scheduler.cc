@@ -673,16 +673,21 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
   return out;
 }
 
+absl::StatusOr<const JobRecord*> Scheduler::FindUnendedJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (IsTerminal(it->second.phase)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
+                                                      JobPhaseName(it->second.phase), ")"));
+  }
+  return &it->second;
+}
+
 absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
   RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-  const JobRecord& job = it->second;
-  if (IsTerminal(job.phase)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
-                                                      JobPhaseName(job.phase), ")"));
-  }
+  ASSIGN_OR_RETURN(const JobRecord* found, FindUnendedJob(job_id));
+  const JobRecord& job = *found;
   if (job.phase == v1::JOB_PHASE_STOPPING) return JobRecordToProto(job);  // already stopping
   if (job.phase != v1::JOB_PHASE_RUNNING) {
     // Not training (yet): nothing to checkpoint. STARTING ranks may still wait for their
@@ -724,13 +729,8 @@ absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
 absl::StatusOr<loom::v1::Job> Scheduler::KillJob(const std::string& job_id) {
   RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-  const JobRecord& job = it->second;
-  if (IsTerminal(job.phase)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
-                                                      JobPhaseName(job.phase), ")"));
-  }
+  ASSIGN_OR_RETURN(const JobRecord* found, FindUnendedJob(job_id));
+  const JobRecord& job = *found;
   std::string message = absl::StrCat("killed by request while ", JobPhaseName(job.phase),
                                      ": ranks stopped without a final checkpoint");
   if (job.progress.last_checkpoint_step() > 0) {

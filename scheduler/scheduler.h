@@ -315,6 +315,9 @@ class Scheduler {
   absl::Status EndJob(const std::string& job_id, loom::v1::JobPhase phase,
                       loom::v1::FailureClass failure_class, const std::string& reason,
                       const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job, if it exists and has not ended: NOT_FOUND / FAILED_PRECONDITION naming it otherwise.
+  absl::StatusOr<const JobRecord*> FindUnendedJob(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the job's ended ranks (their slots are free) and tells its live ones to stop in
   // their nodes' next heartbeat replies.
   void StopLiveRanks(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
