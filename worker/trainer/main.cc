@@ -50,6 +50,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -83,6 +84,9 @@ ABSL_FLAG(int, collective_timeout_s, 300, "Timeout of rendezvous and every colle
 // 64 MiB because fixing the mmap threshold also fixes the trim threshold at its 128 KiB default,
 // and trimming the heap top that often made steps 2-3x slower (page faults). Measured in
 // docs/benchmarks.md (ZeRO-3 vs DDP): peak RSS -19 % at the same step time; 1 MiB was 2x slower.
+// An allocator setting in the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+// GLIBC_TUNABLES) wins: the flags are then not applied, so a benchmark can give every system the
+// same setting.
 ABSL_FLAG(int64_t, malloc_mmap_threshold_bytes, 4 << 20,
           "glibc M_MMAP_THRESHOLD set with mallopt at startup; 0: glibc's default (dynamic).");
 ABSL_FLAG(int64_t, malloc_trim_threshold_bytes, 64 << 20,
@@ -202,14 +206,19 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   // See the malloc_* flags above. Set before any large allocation of the engine.
-  if (const int64_t t = absl::GetFlag(FLAGS_malloc_mmap_threshold_bytes); t > 0) {
+  const bool env_allocator = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
+                             std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
+                             std::getenv("GLIBC_TUNABLES") != nullptr;
+  if (const int64_t t = env_allocator ? 0 : absl::GetFlag(FLAGS_malloc_mmap_threshold_bytes);
+      t > 0) {
     if (t > (32 << 20) || mallopt(M_MMAP_THRESHOLD, static_cast<int>(t)) != 1) {
       std::fprintf(stderr, "--malloc_mmap_threshold_bytes=%lld: not in (0, 32 MiB]\n",
                    static_cast<long long>(t));
       return 2;
     }
   }
-  if (const int64_t t = absl::GetFlag(FLAGS_malloc_trim_threshold_bytes); t > 0) {
+  if (const int64_t t = env_allocator ? 0 : absl::GetFlag(FLAGS_malloc_trim_threshold_bytes);
+      t > 0) {
     if (t > (1LL << 30) || mallopt(M_TRIM_THRESHOLD, static_cast<int>(t)) != 1) {
       std::fprintf(stderr, "--malloc_trim_threshold_bytes=%lld: not in (0, 1 GiB]\n",
                    static_cast<long long>(t));
