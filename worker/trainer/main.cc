@@ -213,17 +213,15 @@ int main(int argc, char** argv) {
   if (const int64_t t = env_allocator ? 0 : absl::GetFlag(FLAGS_malloc_mmap_threshold_bytes);
       t > 0) {
     if (t > (32 << 20) || mallopt(M_MMAP_THRESHOLD, static_cast<int>(t)) != 1) {
-      std::fprintf(stderr, "--malloc_mmap_threshold_bytes=%lld: not in (0, 32 MiB]\n",
-                   static_cast<long long>(t));
-      return 2;
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--malloc_mmap_threshold_bytes=", t, ": not in (0, 32 MiB]")), 2);
     }
   }
   if (const int64_t t = env_allocator ? 0 : absl::GetFlag(FLAGS_malloc_trim_threshold_bytes);
       t > 0) {
     if (t > (1LL << 30) || mallopt(M_TRIM_THRESHOLD, static_cast<int>(t)) != 1) {
-      std::fprintf(stderr, "--malloc_trim_threshold_bytes=%lld: not in (0, 1 GiB]\n",
-                   static_cast<long long>(t));
-      return 2;
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--malloc_trim_threshold_bytes=", t, ": not in (0, 1 GiB]")), 2);
     }
   }
   struct sigaction sa = {};
