@@ -380,6 +380,29 @@ TEST_F(TrainerTest, ResumeWithAnotherWorldSizeIsRefused) {
   EXPECT_NE(msg.find("world size 1"), std::string::npos) << msg;
 }
 
+// The glibc allocator flags change where memory comes from, never the arithmetic: the same run
+// with a fixed 4 MiB mmap threshold and 64 MiB trim threshold gives bit-identical losses, and an
+// out-of-range threshold is an invalid flag (exit 2, error event naming it).
+TEST_F(TrainerTest, MallocFlagsDoNotChangeTheRunAndAreValidated) {
+  GangResult r = RunGang("malloc", WriteSpec("malloc", 6, 12), 1,
+                         {"--malloc_mmap_threshold_bytes=4194304",
+                          "--malloc_trim_threshold_bytes=67108864"});
+  ExpectSuccess(r, "malloc");
+  for (const std::string type : {"step", "eval"}) {
+    std::vector<double> a = Losses(*one_, type), b = Losses(r, type);
+    ASSERT_EQ(a.size(), type == "step" ? 12u : 3u);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], a[i]) << type << " " << i;
+  }
+  GangResult bad = RunGang("malloc_bad", WriteSpec("malloc_bad", 6, 2), 1,
+                           {"--malloc_mmap_threshold_bytes=67108864"});
+  EXPECT_EQ(bad.exit_codes[0], 2);
+  std::vector<json> errors = bad.Of(0, "error");
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0]["message"].get<std::string>().find("--malloc_mmap_threshold_bytes"),
+            std::string::npos);
+}
+
 TEST(TrainerErrorsTest, InvalidConfigExitsTwoWithAnErrorEvent) {
   GangResult r = RunGang(
       "bad", WriteSpec("bad", 2, 3, R"({"zero_optimization": {"stage": 3, "zenflow": {}}})"), 1,
