@@ -68,6 +68,49 @@ TEST(QueuesConfigTest, RejectsBadConfigsNamingTheKey) {
   }
 }
 
+// Regression: a non-scalar key at the top level threw YAML::TypedBadConversion out of
+// ParseQueuesConfig (the top-level key check ran outside the try block) and aborted the scheduler.
+TEST(QueuesConfigTest, NonScalarKeysAreInvalidArgumentNotACrash) {
+  for (const std::string yaml : {"? [a, b]\n: 1\n", "{? {x: 1} : 2, queues: [{name: a}]}",
+                                 "queues: [{name: a, ? [x] : 1}]",
+                                 "queues: [{name: a, quota: {? [x] : 1}}]"}) {
+    absl::StatusOr<QueuesConfig> got = ParseQueuesConfig(yaml);
+    ASSERT_FALSE(got.ok()) << yaml;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find("key must be a string"), std::string::npos)
+        << yaml << " -> " << got.status();
+  }
+}
+
+// Regression: an infinite weight was accepted and made the tenant's dominant share 0 forever;
+// quota values near INT64_MAX overflowed nominal + borrowing_limit in QuotaLedger::Fits.
+TEST(QueuesConfigTest, RejectsInfiniteWeightsAndHugeQuotas) {
+  struct Case {
+    std::string yaml, error;
+  } cases[] = {
+      {"tenants: {t: {weight: .inf}}\nqueues: [{name: a}]", "tenants.t.weight: must be finite"},
+      {"queues: [{name: a, quota: {h100: 9223372036854775807}}]",
+       "queues[0].quota.h100: must be <= 1000000000000"},
+      {"queues: [{name: a, quota: {h100: 8}, borrowing_limit: {h100: 1000000000001}}]",
+       "queues[0].borrowing_limit.h100: must be <= 1000000000000"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<QueuesConfig> got = ParseQueuesConfig(c.yaml);
+    ASSERT_FALSE(got.ok()) << c.yaml;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(c.error), std::string::npos)
+        << c.yaml << " -> " << got.status();
+  }
+  // The largest accepted values still borrow correctly (no overflow in Fits).
+  QueuesConfig c = *ParseQueuesConfig(
+      "queues: [{name: a, quota: {h100: 8}, borrowing_limit: {h100: 1000000000000}},"
+      " {name: b, quota: {h100: 1000000000000}}]");
+  QuotaLedger ledger(&c);
+  QuotaLedger::Check check = ledger.Fits(*c.Find("a"), ACCELERATOR_KIND_H100, 10);
+  EXPECT_TRUE(check.ok) << check.message;
+  EXPECT_TRUE(check.borrows);
+}
+
 TEST(QueuesConfigTest, ResolveChecksExistenceAndTenant) {
   QueuesConfig c = *ParseQueuesConfig(kConfig);
   EXPECT_EQ((*ResolveQueue(c, "a-gpu", "team-a"))->name, "a-gpu");

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -16,10 +17,23 @@ namespace {
 
 using loom::v1::AcceleratorKind;
 
+// Upper bound on a quota or borrowing limit in rank slots: far above any cluster, and low enough
+// that QuotaLedger's sums (nominal + limit, the cohort's summed quota) cannot overflow int64.
+constexpr int64_t kMaxSlots = 1000000000000;
+
+// The key of a map entry as a string; yaml-cpp throws on a sequence or map used as a key.
+absl::StatusOr<std::string> KeyString(const YAML::Node& key, const std::string& path) {
+  if (!key.IsScalar()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.empty() ? "top level" : path, ": key must be a string"));
+  }
+  return key.Scalar();
+}
+
 absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
                        const std::set<std::string>& allowed) {
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    ASSIGN_OR_RETURN(const std::string key, KeyString(kv.first, path));
     if (allowed.count(key) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(path, path.empty() ? "" : ".", key,
                                                      ": unknown key"));
@@ -32,7 +46,7 @@ absl::Status ParseKindMap(const YAML::Node& node, const std::string& path,
                           std::map<AcceleratorKind, int64_t>* out) {
   if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    ASSIGN_OR_RETURN(const std::string key, KeyString(kv.first, path));
     absl::StatusOr<AcceleratorKind> kind = ParseAcceleratorKind(key);
     if (!kind.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ".", key, ": ", kind.status().message()));
@@ -45,6 +59,10 @@ absl::Status ParseKindMap(const YAML::Node& node, const std::string& path,
     }
     if (value < 0) {
       return absl::InvalidArgumentError(absl::StrCat(path, ".", key, ": must be >= 0, got ", value));
+    }
+    if (value > kMaxSlots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".", key, ": must be <= ", kMaxSlots, ", got ", value));
     }
     (*out)[*kind] = value;
   }
@@ -113,7 +131,7 @@ absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
     if (root["tenants"]) {
       if (!root["tenants"].IsMap()) return absl::InvalidArgumentError("tenants: must be a map");
       for (const auto& kv : root["tenants"]) {
-        const std::string tenant = kv.first.as<std::string>();
+        ASSIGN_OR_RETURN(const std::string tenant, KeyString(kv.first, "tenants"));
         const std::string path = absl::StrCat("tenants.", tenant);
         if (!kv.second.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
         RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight"}));
@@ -121,6 +139,9 @@ absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
         if (kv.second["weight"]) weight = kv.second["weight"].as<double>();
         if (!(weight > 0)) {
           return absl::InvalidArgumentError(absl::StrCat(path, ".weight: must be > 0, got ", weight));
+        }
+        if (!std::isfinite(weight)) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ".weight: must be finite"));
         }
         config.tenant_weights[tenant] = weight;
       }

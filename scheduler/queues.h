@@ -26,7 +26,8 @@
 //       quota: {h100: 8, cpu: 16}
 //       borrowing_limit: {h100: 4}
 //
-// Without a file there is one "default" queue, open to every tenant, with no quota.
+// Quotas and borrowing limits are integers in [0, 10^12]; weights are finite and > 0; keys are
+// strings. Without a file there is one "default" queue, open to every tenant, with no quota.
 // Thread-safety: the config types are immutable values; QuotaLedger is not thread-safe.
 #ifndef LOOM_SCHEDULER_QUEUES_H_
 #define LOOM_SCHEDULER_QUEUES_H_
