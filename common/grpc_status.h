@@ -1,19 +1,34 @@
 // The one place where absl::Status and grpc::Status convert into each other. The numeric codes
-// are identical by design (absl/status/status.h), so the conversion keeps code and message.
+// are identical by design (absl/status/status.h), so the conversion keeps code and message;
+// ToGrpcStatus cuts a message longer than kMaxGrpcStatusMessageBytes (see there).
 #ifndef LOOM_COMMON_GRPC_STATUS_H_
 #define LOOM_COMMON_GRPC_STATUS_H_
 
 #include <grpcpp/support/status.h>
 
+#include <cstddef>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 
 namespace loom {
 
+// The status message travels percent-encoded in the grpc-message trailer, and clients refuse
+// metadata over 8 KiB (gRPC's default max_metadata_size) with RESOURCE_EXHAUSTED instead of the
+// real code. Errors that echo a client's input (a 1 MiB queue name) are therefore cut to this
+// many bytes (up to 3x when percent-encoded) plus a note.
+inline constexpr size_t kMaxGrpcStatusMessageBytes = 1024;
+
 inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  std::string message(s.message());
+  if (message.size() > kMaxGrpcStatusMessageBytes) {
+    const size_t cut = message.size() - kMaxGrpcStatusMessageBytes;
+    message.resize(kMaxGrpcStatusMessageBytes);
+    message += "... (" + std::to_string(cut) + " more bytes)";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::move(message));
 }
 
 inline absl::Status FromGrpcStatus(const grpc::Status& s) {

@@ -18,5 +18,18 @@ TEST(GrpcStatusTest, CodesAndMessagesSurviveBothWays) {
   EXPECT_EQ(ToGrpcStatus(absl::DataLossError("x")).error_code(), grpc::StatusCode::DATA_LOSS);
 }
 
+// Regression: an error echoing a 1 MiB client string reached the client as RESOURCE_EXHAUSTED
+// ("received initial metadata size exceeds limit") instead of its own code.
+TEST(GrpcStatusTest, LongMessagesAreCutToFitTheTrailer) {
+  const std::string huge(1 << 20, 'q');
+  grpc::Status g = ToGrpcStatus(absl::InvalidArgumentError("spec.queue: queue " + huge));
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(g.error_message(),
+            "spec.queue: queue " + std::string(kMaxGrpcStatusMessageBytes - 18, 'q') + "... (" +
+                std::to_string(18 + huge.size() - kMaxGrpcStatusMessageBytes) + " more bytes)");
+  const std::string exact(kMaxGrpcStatusMessageBytes, 'e');
+  EXPECT_EQ(ToGrpcStatus(absl::NotFoundError(exact)).error_message(), exact);
+}
+
 }  // namespace
 }  // namespace loom

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -139,6 +140,91 @@ TEST(AdminServiceTest, NodesCordonDrainAndQueuesOverGrpc) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_NE(s.error_message().find("queue private belongs to tenant someone-else"), std::string::npos)
       << s.error_message();
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// Hostile inputs over gRPC: each gets its own canonical code, never a crash, a hang or a
+// transport error (an echoed huge identifier must not blow the status trailer).
+TEST(AdminServiceTest, HostileInputsGetCanonicalCodes) {
+  SchedulerServerOptions options;
+  options.db_path = TmpDir() + "/admin_hostile.db";
+  options.scheduler.checkpoint_root = TmpDir() + "/checkpoints";
+  options.scheduler.validation.fortunes_dir = TmpDir() + "/fortunes";
+  ASSERT_TRUE(MakeDirs(options.scheduler.validation.fortunes_dir).ok());
+  absl::StatusOr<std::unique_ptr<SchedulerServer>> server = SchedulerServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->grpc_address(), grpc::InsecureChannelCredentials());
+  auto admin = loom::v1::AdminService::NewStub(channel);
+  auto jobs = loom::v1::JobService::NewStub(channel);
+  const std::string huge(1 << 20, 'x');
+  // Odd but valid UTF-8 (proto3 strings must be UTF-8; gRPC itself rejects other bytes).
+  const std::string odd("q\n\r\0\x01%/..\xe2\x82\xac \xf0\x9f\x92\xa5", 17);
+  loom::v1::NodeInfo info;
+  for (const std::string& id : {std::string(), std::string(300, 'n'), huge, odd}) {
+    loom::v1::CordonNodeRequest cordon;
+    cordon.set_node_id(id);
+    const grpc::StatusCode code = admin->CordonNode(Ctx().get(), cordon, &info).error_code();
+    EXPECT_TRUE(code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::INVALID_ARGUMENT)
+        << id.size() << " -> " << code;
+  }
+  loom::v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TestJobSpecWithRanks(1);
+  loom::v1::SubmitJobResponse submitted;
+  for (const std::string& queue : {huge, odd}) {
+    submit.mutable_spec()->set_queue(queue);
+    grpc::Status s = jobs->SubmitJob(Ctx().get(), submit, &submitted);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << queue.size() << " -> " << s.error_code() << " " << s.error_message().substr(0, 200);
+  }
+  submit.mutable_spec()->clear_queue();
+  submit.mutable_spec()->set_max_infra_restarts(-5);
+  EXPECT_EQ(jobs->SubmitJob(Ctx().get(), submit, &submitted).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  submit.mutable_spec()->clear_max_infra_restarts();
+  for (int32_t priority : {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()}) {
+    submit.mutable_spec()->set_priority(priority);
+    grpc::Status s = jobs->SubmitJob(Ctx().get(), submit, &submitted);
+    EXPECT_TRUE(s.ok()) << priority << " -> " << s.error_message();
+  }
+  loom::v1::ListJobsRequest list;
+  list.set_tenant(huge);
+  list.set_queue(huge);
+  list.set_name_prefix(huge);
+  loom::v1::ListJobsResponse listed;
+  grpc::Status ls = jobs->ListJobs(Ctx().get(), list, &listed);
+  EXPECT_TRUE(ls.ok()) << ls.error_code() << " " << ls.error_message().substr(0, 200);
+  EXPECT_EQ(listed.jobs_size(), 0);
+  list.Clear();
+  list.set_page_token(huge);
+  ls = jobs->ListJobs(Ctx().get(), list, &listed);
+  EXPECT_EQ(ls.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << ls.error_message().substr(0, 200);
+  for (int32_t tail : {-1, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()}) {
+    loom::v1::StreamLogsRequest logs;
+    logs.set_job_id(submitted.job().id());
+    logs.set_tail_lines(tail);
+    logs.add_ranks(std::numeric_limits<int32_t>::max());
+    logs.add_ranks(std::numeric_limits<int32_t>::min());
+    auto ctx = Ctx();
+    auto reader = jobs->StreamLogs(ctx.get(), logs);
+    loom::v1::LogLine line;
+    int n = 0;
+    while (reader->Read(&line)) ++n;
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(n, 0);
+    EXPECT_EQ(s.error_code(), tail < 0 ? grpc::StatusCode::INVALID_ARGUMENT : grpc::StatusCode::OK)
+        << tail << " -> " << s.error_message();
+  }
+  loom::v1::StreamLogsRequest logs;
+  logs.set_job_id(huge);
+  auto ctx = Ctx();
+  auto reader = jobs->StreamLogs(ctx.get(), logs);
+  loom::v1::LogLine line;
+  while (reader->Read(&line)) {
+  }
+  grpc::Status s = reader->Finish();
+  EXPECT_TRUE(s.error_code() == grpc::StatusCode::NOT_FOUND ||
+              s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_code() << " " << s.error_message().substr(0, 200);
   (*server)->Shutdown(absl::Seconds(1));
 }
 
