@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tiny_job.h"
 
 namespace loom {
 namespace {
@@ -25,20 +26,7 @@ using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
 using json = nlohmann::json;
 
-constexpr char kSubmit[] = R"json({"spec": {
-  "name": "rest-tiny",
-  "model": {"config": {
-    "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32,
-    "rms_norm_eps": 1e-5, "rope_theta": 10000, "tie_word_embeddings": true}},
-  "dataset": {"name": "fortunes"},
-  "deepspeed_config": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-                       "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-                       "zero_optimization": {"stage": 3}},
-  "resources": {"num_ranks": 1},
-  "training": {"steps": 5, "sequence_length": 16, "seed": 1},
-  "checkpoint": {"interval_steps": 5}
-}})json";
+const std::string kSubmit = testing::TinySubmitJobJson("rest-tiny", 1);
 
 int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
