@@ -12,18 +12,68 @@
 namespace loom {
 namespace {
 
+// The state every server-streaming reactor here shares: one write in flight at a time, a finish
+// that happens exactly once, and a client cancel that finishes at once when no write is in flight
+// (otherwise OnWriteDone finishes).
+template <typename Message>
+class StreamReactor : public grpc::ServerWriteReactor<Message> {
+ public:
+  void OnCancel() override {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (!writing_ && !finished_) finish = finished_ = true;
+    }
+    if (finish) this->Finish(grpc::Status::CANCELLED);
+  }
+
+ protected:
+  // Finishes before anything was written (a bad request).
+  void FinishEarly(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
+    this->Finish(status);
+  }
+
+  // For OnWriteDone: the write ended. If the client went away, marks the stream finished and
+  // returns true; the caller then calls FinishClientGone().
+  bool WriteEndedClientGone(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = false;
+    if (ok && !cancelled_) return false;
+    finished_ = true;
+    return true;
+  }
+  void FinishClientGone() {
+    this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+  }
+
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Finishes a unary call with `result` (moved into `response` when OK).
+template <typename T>
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, absl::StatusOr<T> result,
+                                 T* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (result.ok()) *response = std::move(*result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
 // WatchJob: writes the subscription's events one at a time; finishes after a terminal one.
-class WatchJobReactor final : public grpc::ServerWriteReactor<loom::v1::JobEvent> {
+class WatchJobReactor final : public StreamReactor<loom::v1::JobEvent> {
  public:
   WatchJobReactor(Scheduler* scheduler, const std::string& job_id) : scheduler_(scheduler) {
     absl::StatusOr<std::shared_ptr<JobSubscription>> sub =
         scheduler_->WatchJob(job_id, [this] { Pump(); });
     if (!sub.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
-      }
-      Finish(ToGrpcStatus(sub.status()));
+      FinishEarly(ToGrpcStatus(sub.status()));
       return;
     }
     {
@@ -34,33 +84,20 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<loom::v1::JobEvent
   }
 
   void OnWriteDone(bool ok) override {
-    bool finish = false;
-    grpc::Status status = grpc::Status::OK;  // after the terminal event
+    bool gone = false;
+    bool done = false;  // the terminal event was written
     {
       absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok || cancelled_) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-        finish = finished_ = true;
-      } else if (wrote_terminal_) {
-        finish = finished_ = true;
-      }
+      gone = WriteEndedClientGone(ok);
+      if (!gone && wrote_terminal_) done = finished_ = true;
     }
-    if (finish) {
-      Finish(status);
-      return;
+    if (gone) {
+      FinishClientGone();
+    } else if (done) {
+      Finish(grpc::Status::OK);
+    } else {
+      Pump();
     }
-    Pump();
-  }
-
-  void OnCancel() override {
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      if (!writing_ && !finished_) finish = finished_ = true;
-    }
-    if (finish) Finish(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
@@ -88,18 +125,14 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<loom::v1::JobEvent
   }
 
   Scheduler* const scheduler_;
-  absl::Mutex mu_;
   std::shared_ptr<JobSubscription> sub_ ABSL_GUARDED_BY(mu_);
   loom::v1::JobEvent event_;  // the write in flight
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool wrote_terminal_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // StreamLogs: the retained lines (tail, rank filter), then with follow new ones until the job
 // has ended.
-class StreamLogsReactor final : public grpc::ServerWriteReactor<loom::v1::LogLine> {
+class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
  public:
   static constexpr size_t kBatch = 256;  // lines taken from the buffer at a time
 
@@ -118,11 +151,7 @@ class StreamLogsReactor final : public grpc::ServerWriteReactor<loom::v1::LogLin
                            "tail_lines: must be >= 0 (0 = all retained lines)");
     }
     if (!error.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
-      }
-      Finish(error);
+      FinishEarly(error);
       return;
     }
     if (follow_) {
@@ -142,27 +171,16 @@ class StreamLogsReactor final : public grpc::ServerWriteReactor<loom::v1::LogLin
   }
 
   void OnWriteDone(bool ok) override {
-    bool finish = false;
+    bool gone = false;
     {
       absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok || cancelled_) finish = finished_ = true;
+      gone = WriteEndedClientGone(ok);
     }
-    if (finish) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    if (gone) {
+      FinishClientGone();
       return;
     }
     Pump();
-  }
-
-  void OnCancel() override {
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      if (!writing_ && !finished_) finish = finished_ = true;
-    }
-    if (finish) Finish(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
@@ -211,16 +229,12 @@ class StreamLogsReactor final : public grpc::ServerWriteReactor<loom::v1::LogLin
   const int32_t tail_lines_;
   const bool follow_;
   std::shared_ptr<Waker> waker_;  // set in the constructor (follow only)
-  absl::Mutex mu_;
   LogCursor cursor_ ABSL_GUARDED_BY(mu_);
   std::deque<loom::v1::LogLine> batch_ ABSL_GUARDED_BY(mu_);
   loom::v1::LogLine line_;  // the write in flight
   bool first_read_ ABSL_GUARDED_BY(mu_) = true;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_before_follow_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -243,42 +257,25 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
                                                  const loom::v1::GetJobRequest* request,
                                                  loom::v1::Job* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::Job> job = scheduler_->GetJob(request->job_id());
-  if (job.ok()) *response = std::move(*job);
-  reactor->Finish(ToGrpcStatus(job.status()));
-  return reactor;
+  return Answer(context, scheduler_->GetJob(request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
                                                    const loom::v1::ListJobsRequest* request,
                                                    loom::v1::ListJobsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::ListJobsResponse> page = scheduler_->ListJobsPage(*request);
-  if (page.ok()) *response = std::move(*page);
-  reactor->Finish(ToGrpcStatus(page.status()));
-  return reactor;
+  return Answer(context, scheduler_->ListJobsPage(*request), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ExplainPending(
     grpc::CallbackServerContext* context, const loom::v1::ExplainPendingRequest* request,
     loom::v1::ExplainPendingResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::ExplainPendingResponse> out =
-      scheduler_->ExplainPending(request->job_id());
-  if (out.ok()) *response = std::move(*out);
-  reactor->Finish(ToGrpcStatus(out.status()));
-  return reactor;
+  return Answer(context, scheduler_->ExplainPending(request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::CancelJobRequest* request,
                                                     loom::v1::Job* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::Job> job = scheduler_->CancelJob(request->job_id());
-  if (job.ok()) *response = std::move(*job);
-  reactor->Finish(ToGrpcStatus(job.status()));
-  return reactor;
+  return Answer(context, scheduler_->CancelJob(request->job_id()), response);
 }
 
 }  // namespace loom
@@ -288,11 +285,7 @@ namespace loom {
 grpc::ServerUnaryReactor* JobServiceImpl::KillJob(grpc::CallbackServerContext* context,
                                                   const loom::v1::KillJobRequest* request,
                                                   loom::v1::Job* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::Job> job = scheduler_->KillJob(request->job_id());
-  if (job.ok()) *response = std::move(*job);
-  reactor->Finish(ToGrpcStatus(job.status()));
-  return reactor;
+  return Answer(context, scheduler_->KillJob(request->job_id()), response);
 }
 
 grpc::ServerWriteReactor<loom::v1::JobEvent>* JobServiceImpl::WatchJob(
