@@ -58,14 +58,7 @@ grpc::ServerUnaryReactor* AuthJobService::SubmitJob(grpc::CallbackServerContext*
                                                     loom::v1::SubmitJobResponse* response) {
   absl::StatusOr<Caller> caller = CallerFromMetadata(*context, auth_);
   if (!caller.ok()) return FinishUnary(context, caller.status());
-  bool deduplicated = false;
-  absl::StatusOr<loom::v1::Job> job = scheduler_->SubmitJob(
-      request->spec(), request->request_id(), &deduplicated, caller->tenant);
-  if (job.ok()) {
-    *response->mutable_job() = std::move(*job);
-    response->set_deduplicated(deduplicated);
-  }
-  return FinishUnary(context, job.status());
+  return inner_->SubmitJobAs(context, request, response, caller->tenant);
 }
 
 grpc::ServerUnaryReactor* AuthJobService::ListJobs(grpc::CallbackServerContext* context,
@@ -73,11 +66,11 @@ grpc::ServerUnaryReactor* AuthJobService::ListJobs(grpc::CallbackServerContext* 
                                                    loom::v1::ListJobsResponse* response) {
   absl::StatusOr<Caller> caller = CallerFromMetadata(*context, auth_);
   if (!caller.ok()) return FinishUnary(context, caller.status());
+  if (caller->admin()) return inner_->ListJobs(context, request, response);
   loom::v1::ListJobsRequest scoped = *request;
-  if (!caller->admin()) scoped.set_tenant(caller->tenant);
-  absl::StatusOr<loom::v1::ListJobsResponse> page = scheduler_->ListJobsPage(scoped);
-  if (page.ok()) *response = std::move(*page);
-  return FinishUnary(context, page.status());
+  scoped.set_tenant(caller->tenant);  // a user sees only its own tenant's jobs
+  // JobServiceImpl::ListJobs answers before it returns, so `scoped` may live on this stack.
+  return inner_->ListJobs(context, &scoped, response);
 }
 
 grpc::ServerUnaryReactor* AuthJobService::GetJob(grpc::CallbackServerContext* context,

@@ -30,6 +30,7 @@
 #include "proto/job_service.grpc.pb.h"
 #include "proto/worker_service.grpc.pb.h"
 #include "scheduler/scheduler.h"
+#include "services/scheduler/job_service.h"
 
 namespace loom {
 
@@ -40,7 +41,7 @@ absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context
 
 class AuthJobService final : public loom::v1::JobService::CallbackService {
  public:
-  AuthJobService(loom::v1::JobService::CallbackService* inner, Scheduler* scheduler,
+  AuthJobService(JobServiceImpl* inner, Scheduler* scheduler,
                  const TokenAuthenticator* auth)
       : inner_(inner), scheduler_(scheduler), auth_(auth) {}
 
@@ -72,7 +73,7 @@ class AuthJobService final : public loom::v1::JobService::CallbackService {
   absl::Status Authorize(const grpc::CallbackServerContext& context,
                          const std::string& job_id) const;
 
-  loom::v1::JobService::CallbackService* const inner_;
+  JobServiceImpl* const inner_;
   Scheduler* const scheduler_;
   const TokenAuthenticator* const auth_;
 };

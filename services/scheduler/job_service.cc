@@ -242,10 +242,17 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::SubmitJobRequest* request,
                                                     loom::v1::SubmitJobResponse* response) {
+  return SubmitJobAs(context, request, response, "default");
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContext* context,
+                                                      const loom::v1::SubmitJobRequest* request,
+                                                      loom::v1::SubmitJobResponse* response,
+                                                      const std::string& tenant) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   bool deduplicated = false;
   absl::StatusOr<loom::v1::Job> job =
-      scheduler_->SubmitJob(request->spec(), request->request_id(), &deduplicated);
+      scheduler_->SubmitJob(request->spec(), request->request_id(), &deduplicated, tenant);
   if (job.ok()) {
     *response->mutable_job() = std::move(*job);
     response->set_deduplicated(deduplicated);

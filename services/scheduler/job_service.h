@@ -28,9 +28,15 @@ class JobServiceImpl final : public loom::v1::JobService::CallbackService {
  public:
   explicit JobServiceImpl(Scheduler* scheduler) : scheduler_(scheduler) {}
 
+  // Submits as tenant "default" (no authentication); see SubmitJobAs.
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const loom::v1::SubmitJobRequest* request,
                                       loom::v1::SubmitJobResponse* response) override;
+  // SubmitJob on behalf of `tenant` (the authenticated caller's, from AuthJobService).
+  grpc::ServerUnaryReactor* SubmitJobAs(grpc::CallbackServerContext* context,
+                                        const loom::v1::SubmitJobRequest* request,
+                                        loom::v1::SubmitJobResponse* response,
+                                        const std::string& tenant);
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const loom::v1::GetJobRequest* request,
                                    loom::v1::Job* response) override;
