@@ -13,6 +13,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "storage/checkpoint/shard_format.h"
 
 namespace loom::engine::offload {
 
@@ -76,35 +77,11 @@ struct NvmeSwapper::Op {
 NvmeSwapper::NvmeSwapper(const NvmeSwapperOptions& options) : options_(options) {}
 
 uint64_t NvmeSwapper::Checksum(const void* data, int64_t bytes) {
-  // Four independent multiply-xorshift lanes over 64-bit words, then the tail bytes and the
-  // length. Detects flipped bits, reordered words and truncation; not cryptographic.
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t lane[4] = {0x243F6A8885A308D3ULL, 0x13198A2E03707344ULL, 0xA4093822299F31D0ULL,
-                      0x082EFA98EC4E6C89ULL};
-  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ULL;
-  const int64_t words = bytes / 8;
-  int64_t i = 0;
-  for (; i + 4 <= words; i += 4) {
-    for (int l = 0; l < 4; ++l) {
-      uint64_t w;
-      std::memcpy(&w, p + 8 * (i + l), 8);
-      lane[l] = (lane[l] ^ w) * kMul;
-      lane[l] ^= lane[l] >> 31;
-    }
-  }
-  uint64_t h = static_cast<uint64_t>(bytes) * kMul;
-  for (; i < words; ++i) {
-    uint64_t w;
-    std::memcpy(&w, p + 8 * i, 8);
-    h = (h ^ w) * kMul;
-    h ^= h >> 31;
-  }
-  for (int64_t b = words * 8; b < bytes; ++b) h = (h ^ p[b]) * kMul;
-  for (int l = 0; l < 4; ++l) {
-    h = (h ^ lane[l]) * kMul;
-    h ^= h >> 29;
-  }
-  return h;
+  // zlib's CRC-32, as for checkpoint shards (storage/checkpoint/shard_format.h), seeded with the
+  // length so that a truncated record of zeros differs too.
+  const uint64_t n = static_cast<uint64_t>(bytes);
+  const uint32_t crc = storage::Crc32(storage::Crc32(0, &n, sizeof(n)), data, static_cast<size_t>(bytes));
+  return (n << 32) ^ crc;
 }
 
 absl::StatusOr<std::unique_ptr<NvmeSwapper>> NvmeSwapper::Create(

@@ -19,7 +19,7 @@
 // EINVAL the file is reopened buffered and a warning is logged. Every record transfer is split
 // into chunks of `chunk_bytes`, submitted to one io_uring of `queue_depth` entries; short
 // transfers are resubmitted for the remainder; end of file before a record's end is an error.
-// Integrity: a 64-bit checksum of each record's payload is kept in memory at write time and
+// Integrity: a CRC-32 (zlib) of each record's payload, combined with its length, is kept in memory at write time and
 // verified after every read (DATA_LOSS on mismatch); a record never written reads as zeros.
 // All errors name the file (and record).
 //
