@@ -38,6 +38,9 @@ namespace loom::engine::offload {
 
 // A fixed pool of worker threads that splits [0, n) into contiguous chunks. The calling thread
 // runs the first chunk itself. Not thread-safe: one ParallelFor at a time.
+// Hand-written rather than LibTorch's at::parallel_for so that CPU Adam stays a LibTorch-free
+// translation unit (fast to build and test) with its own thread count, independent of the
+// rank's intra-op thread setting.
 class ThreadPool {
  public:
   // threads >= 1 (total, including the caller); threads == 1 runs everything inline.
