@@ -261,7 +261,7 @@ void RankProcess::HandleEvent(const std::string& line) {
     stats_.communication_seconds = ev.value("comm_s", 0.0);
     stats_.stall_seconds = stats_.communication_seconds + ev.value("data_s", 0.0);
     stats_.optimizer_rollbacks += ev.value("optimizer_rollbacks", 0.0);
-    for (const char* kind : {"param", "grad", "optimizer_state", "buffer", "peak"}) {
+    for (const char* kind : {"param", "grad", "optimizer_state", "buffer", "cached", "peak"}) {
       auto it = ev.find(std::string(kind) + "_bytes");
       if (it != ev.end() && it->is_number()) stats_.memory_bytes_by_kind[kind] = it->get<double>();
     }

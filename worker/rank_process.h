@@ -60,7 +60,7 @@ struct RankStats {
   // the sum of the step events' "optimizer_rollbacks" (absent today: stays 0).
   double optimizer_rollbacks = 0;
   // Per-kind peak memory of the last step, for the kinds the trainer reports ("param_bytes",
-  // "grad_bytes", "optimizer_state_bytes", "buffer_bytes", "peak_bytes" -> "param", ...).
+  // "grad_bytes", "optimizer_state_bytes", "buffer_bytes", "cached_bytes", "peak_bytes" -> "param", ...).
   std::map<std::string, double> memory_bytes_by_kind;
 };
 

@@ -39,7 +39,7 @@
 //                                                        (SuperOffload's speculative CPU step);
 //                                                        stays 0 until SuperOffload exists
 //   loom_trainer_memory_bytes{rank,kind}                 also kind = param, grad, optimizer_state,
-//                                                        buffer, peak (peak bytes of the last step
+//                                                        buffer, cached, peak (peak bytes of the last step
 //                                                        per kind) when the trainer reports them
 //   loom_rank_accelerator_info{node,accelerator_index,job_id,rank}
 //                                                        gauge: 1 per starting/running rank with the

@@ -40,6 +40,18 @@ absl::Status CheckShapes(const at::Tensor& part, const at::Tensor& full, int wor
   return absl::OkStatus();
 }
 
+absl::Status CheckCoalesced(const std::vector<at::Tensor>& fulls,
+                            const std::vector<at::Tensor>& parts, int world) {
+  if (fulls.size() != parts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("collective: ", fulls.size(), " inputs but ",
+                                                   parts.size(), " outputs"));
+  }
+  for (size_t k = 0; k < fulls.size(); ++k) {
+    if (absl::Status s = CheckShapes(parts[k], fulls[k], world); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 class DonePending : public PendingCollective {
  public:
   explicit DonePending(absl::Status s) : status_(std::move(s)) {}
@@ -73,6 +85,18 @@ class LocalCollectives : public Collectives {
     part.copy_(full);
     return Done();
   }
+  std::unique_ptr<PendingCollective> StartReduceScatterSumCoalesced(
+      const std::vector<at::Tensor>& fulls, const std::vector<at::Tensor>& parts) override {
+    if (absl::Status s = CheckCoalesced(fulls, parts, 1); !s.ok()) return Done(s);
+    int64_t total = 0;
+    for (size_t k = 0; k < fulls.size(); ++k) {
+      total += fulls[k].numel();
+      at::Tensor out = parts[k];
+      out.copy_(fulls[k]);
+    }
+    Record(kReduceScatter, total, total);
+    return Done();
+  }
   std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& t, ReduceOp) override {
     Record(kAllReduce, t.numel(), 2 * t.numel());
     return Done();
@@ -99,10 +123,16 @@ class GlooPending : public PendingCollective {
   absl::Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
-    if (!status_.ok() || !work_) return status_;
+    if (!status_.ok() || works_.empty()) return status_;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const bool done = work_->wait(timeout_);
+      bool done = true;
+      for (auto& w : works_) {
+        if (!w->wait(timeout_)) {
+          done = false;
+          break;
+        }
+      }
       *blocked_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!done) {
@@ -113,7 +143,7 @@ class GlooPending : public PendingCollective {
     } catch (const std::exception& e) {
       status_ = FromException(op_, e);
     }
-    work_.reset();
+    works_.clear();
     keep_.clear();
     outputs_.clear();
     return status_;
@@ -122,7 +152,9 @@ class GlooPending : public PendingCollective {
   const char* op_;
   std::chrono::milliseconds timeout_;
   double* blocked_seconds_;  // the owner's counter: time the caller spent waiting
-  c10::intrusive_ptr<c10d::Work> work_;
+  // Every work item of this collective (one for a Gloo collective; one per send and receive
+  // for the point-to-point ones), waited in order.
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   absl::Status status_;
   bool waited_ = false;
   std::vector<at::Tensor> keep_;
@@ -141,44 +173,76 @@ class GlooCollectives : public Collectives {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
+  // All-gather and reduce-scatter are point-to-point: every rank sends its chunks straight from
+  // the caller's tensors and receives straight into them (Gloo's unbound-buffer send/recv, no
+  // copy). ProcessGroupGloo::allgather would gather into a fresh [N*p] tensor and copy it out,
+  // and LibTorch 1.13's Gloo has no reduce_scatter; the copies and the full-size temporaries
+  // were a large part of ZeRO-3's step time and peak memory on CPU.
   std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
                                                     at::Tensor& full) override {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
     Record(kAllGather, part.numel(), full.numel());
     const int64_t p = part.numel();
     auto pending = std::make_unique<GlooPending>("allgather", timeout_, &blocked_seconds_);
-    pending->outputs_.resize(1);
-    for (int r = 0; r < world_; ++r) pending->outputs_[0].push_back(full.narrow(0, r * p, p));
     pending->keep_ = {part, full};
     bytes_communicated_ += part.nbytes();
-    std::vector<at::Tensor> inputs = {part};
-    Start(*pending, [&] { return pg_->allgather(pending->outputs_, inputs); });
+    const int tag = NextTag();
+    for (int q = 0; q < world_; ++q) {
+      if (q == rank_) continue;
+      SendTo(*pending, part, q, tag);
+      RecvFrom(*pending, full.narrow(0, q * p, p), q, tag);
+    }
+    full.narrow(0, rank_ * p, p).copy_(part);
     return pending;
   }
 
   std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
                                                            at::Tensor& part) override {
-    if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);
-    Record(kReduceScatter, full.numel(), full.numel());
-    const int64_t p = part.numel();
-    // alltoall with even splits: chunk j of the output is rank j's chunk `rank_`.
-    at::Tensor input = full;
-    at::Tensor received = at::empty_like(full);
-    auto pending = std::make_unique<GlooPending>("reduce_scatter(alltoall)", timeout_,
-                                                 &blocked_seconds_);
-    pending->keep_ = {input, received, part};
-    bytes_communicated_ += full.nbytes();
-    const int world = world_;
-    at::Tensor out = part;
+    return StartReduceScatterSumCoalesced({full}, {part});
+  }
+
+  std::unique_ptr<PendingCollective> StartReduceScatterSumCoalesced(
+      const std::vector<at::Tensor>& fulls, const std::vector<at::Tensor>& parts) override {
+    if (absl::Status s = CheckCoalesced(fulls, parts, world_); !s.ok()) return Done(s);
+    int64_t total = 0;
+    for (const at::Tensor& f : fulls) total += f.numel();
+    Record(kReduceScatter, total, total);
+    auto pending = std::make_unique<GlooPending>("reduce_scatter", timeout_, &blocked_seconds_);
+    pending->keep_ = fulls;
+    pending->keep_.insert(pending->keep_.end(), parts.begin(), parts.end());
+    const int tag = NextTag();
+    // Chunk `rank_` of every peer's tensor k arrives in received[k][q] (rank q's copy). With two
+    // ranks it arrives in parts[k] itself: a + b == b + a exactly, so the rank-order sum needs no
+    // scratch.
+    std::vector<std::vector<at::Tensor>> received(fulls.size());
+    for (size_t k = 0; k < fulls.size(); ++k) {
+      const int64_t p = parts[k].numel();
+      bytes_communicated_ += fulls[k].nbytes();
+      received[k].resize(world_);
+      for (int q = 0; q < world_; ++q) {
+        if (q == rank_) {
+          received[k][q] = fulls[k].narrow(0, rank_ * p, p);
+          continue;
+        }
+        SendTo(*pending, fulls[k].narrow(0, q * p, p), q, tag);
+        received[k][q] = world_ == 2 ? parts[k] : at::empty({p}, parts[k].options());
+        RecvFrom(*pending, received[k][q], q, tag);
+      }
+    }
+    const int world = world_, rank = rank_;
+    std::vector<at::Tensor> outs = parts;
     // Sum in rank order so every rank's reduction is the same sequence of fp32 adds.
-    pending->finish_ = [received, out, p, world]() mutable {
-      at::Tensor acc = received.narrow(0, 0, p).clone();
-      for (int r = 1; r < world; ++r) acc.add_(received.narrow(0, r * p, p));
-      out.copy_(acc);
+    pending->finish_ = [received = std::move(received), outs, world, rank]() {
+      for (size_t k = 0; k < outs.size(); ++k) {
+        at::Tensor out = outs[k];
+        if (world == 2) {
+          out.add_(received[k][rank]);  // out holds the peer's chunk
+          continue;
+        }
+        out.copy_(received[k][0]);
+        for (int q = 1; q < world; ++q) out.add_(received[k][q]);
+      }
     };
-    std::vector<int64_t> out_counts, in_counts;  // empty: even splits
-    Start(*pending,
-          [&] { return pg_->alltoall_base(received, input, out_counts, in_counts); });
     return pending;
   }
 
@@ -215,12 +279,29 @@ class GlooCollectives : public Collectives {
   template <typename F>
   void Start(GlooPending& pending, F&& start) {
     try {
-      pending.work_ = start();
+      pending.works_.push_back(start());
     } catch (const std::exception& e) {
       pending.status_ = FromException(pending.op_, e);
     }
   }
 
+  // Point-to-point messages of one collective share a tag (Gloo matches them by peer and
+  // tag); every rank issues the same collective sequence, so the counters agree. Tags stay
+  // below 2^30, clear of the slots Gloo's own collectives build (prefix << 56).
+  int NextTag() {
+    tag_ = tag_ % (1 << 30) + 1;
+    return tag_;
+  }
+  void SendTo(GlooPending& pending, const at::Tensor& t, int peer, int tag) {
+    std::vector<at::Tensor> one = {t};
+    Start(pending, [&] { return pg_->send(one, peer, tag); });
+  }
+  void RecvFrom(GlooPending& pending, const at::Tensor& t, int peer, int tag) {
+    std::vector<at::Tensor> one = {t};
+    Start(pending, [&] { return pg_->recv(one, peer, tag); });
+  }
+
+  int tag_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int rank_;

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -51,6 +52,11 @@ class Collectives {
   // full[rank*p : (rank+1)*p]. Ranks are summed in rank order (fp32).
   virtual std::unique_ptr<PendingCollective> StartReduceScatterSum(const at::Tensor& full,
                                                                    at::Tensor& part) = 0;
+  // One bucket of reduce-scatters: for every k, fulls[k] [N*p_k] -> parts[k] [p_k] as
+  // StartReduceScatterSum does; recorded as one collective of Σ N*p_k elements. No parts[k] may
+  // overlap any fulls[j].
+  virtual std::unique_ptr<PendingCollective> StartReduceScatterSumCoalesced(
+      const std::vector<at::Tensor>& fulls, const std::vector<at::Tensor>& parts) = 0;
   // In place; every rank receives bit-identical results.
   virtual std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) = 0;
   // In place: every rank receives root's tensor.
@@ -113,9 +119,10 @@ struct GlooOptions {
   std::function<void(int port)> on_listening;
 };
 
-// Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo. Reduce-scatter is
-// alltoall_base (even splits) + a local sum in rank order, all-gather is allgather into views
-// (Gloo in LibTorch 1.13 has neither reduce_scatter nor _allgather_base).
+// Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo. All-gather and
+// reduce-scatter are point-to-point sends and receives between the caller's tensors (Gloo in
+// LibTorch 1.13 has neither reduce_scatter nor _allgather_base, and its allgather copies through
+// a full-size temporary); the reduce-scatter sums in rank order after the receives.
 // Errors: INVALID_ARGUMENT for bad ranks/ports, UNAVAILABLE / DEADLINE_EXCEEDED when peers do
 // not arrive within the timeout.
 absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOptions& options);

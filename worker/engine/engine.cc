@@ -360,6 +360,7 @@ json Trainer::MemoryFields() {
           {"grad_bytes", m.peak(MemoryKind::kGrads)},
           {"optimizer_state_bytes", m.peak(MemoryKind::kOptimizerStates)},
           {"buffer_bytes", m.peak(MemoryKind::kBuffers)},
+          {"cached_bytes", m.peak(MemoryKind::kCached)},
           {"peak_bytes", m.peak_total()}};
 }
 

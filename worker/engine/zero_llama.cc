@@ -52,7 +52,7 @@ int64_t MemoryTracker::peak_total() const {
 
 void MemoryTracker::ResetPeaks() {
   std::lock_guard<std::mutex> l(mu_);
-  for (int k = 0; k < 4; ++k) peak_[k] = cur_[k];
+  for (int k = 0; k < kNumMemoryKinds; ++k) peak_[k] = cur_[k];
   peak_total_ = total_;
 }
 
@@ -98,8 +98,15 @@ struct ZeroLinearFn : public torch::autograd::Function<ZeroLinearFn> {
     const int64_t out_f = p.spec.shape[0], in_f = p.spec.shape[1];
     at::Tensor dx = at::matmul(gy, m->AcquireFull(i).to(gy.scalar_type()));
     m->ReleaseFull(i);
-    at::Tensor dw = gy.reshape({-1, out_f}).t().mm(x.reshape({-1, in_f}));
-    m->AddGrad(i, dw);
+    const at::Tensor gy_t = gy.reshape({-1, out_f}).t();  // [out, tokens]
+    const at::Tensor x2 = x.reshape({-1, in_f});           // [tokens, in]
+    at::Tensor dst = m->GradDestination(i, gy.scalar_type());
+    if (dst.defined()) {
+      at::mm_out(dst, gy_t, x2);  // dW straight into the reduction buffer
+      m->CommitGrad(i);
+    } else {
+      m->AddGrad(i, gy_t.mm(x2));
+    }
     return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -127,9 +134,14 @@ struct ZeroEmbeddingFn : public torch::autograd::Function<ZeroEmbeddingFn> {
     const at::Tensor ids = ctx->get_saved_variables()[0];
     const ZeroParam& p = m->params()[i];
     const int64_t hidden = p.spec.shape[1];
-    at::Tensor dw = at::zeros(p.spec.shape, at::kFloat);
+    at::Tensor dst = m->GradDestination(i, at::kFloat);
+    at::Tensor dw = dst.defined() ? dst.zero_() : at::zeros(p.spec.shape, at::kFloat);
     dw.index_add_(0, ids.reshape({-1}), grads[0].reshape({-1, hidden}).to(at::kFloat));
-    m->AddGrad(i, dw);
+    if (dst.defined()) {
+      m->CommitGrad(i);
+    } else {
+      m->AddGrad(i, dw);
+    }
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -294,9 +306,13 @@ std::map<size_t, ZeroLlama::Live>::iterator ZeroLlama::StartGather(size_t i) {
   const ZeroParam& p = params_[i];
   const int64_t n_ranks = collectives_->world_size();
   Live l;
-  l.buffer = at::empty({n_ranks * p.slice.partition_numel}, p.shard.options());
   l.kind = p.persistent ? MemoryKind::kParams : MemoryKind::kBuffers;
-  memory_.Acquire(l.kind, Bytes(l.buffer));
+  if (p.persistent) {  // kept for the whole step: counted as a parameter, not pooled
+    l.buffer = at::empty({n_ranks * p.slice.partition_numel}, p.shard.options());
+    memory_.Acquire(l.kind, Bytes(l.buffer));
+  } else {  // the pool counts it (kBuffers in use, kCached idle)
+    l.buffer = pool_.Get(n_ranks * p.slice.partition_numel, p.shard.scalar_type());
+  }
   at::Tensor out = Wire(l.buffer);
   if (options_.fetch_partition) {  // offload_param: read the partition from its file
     l.input = options_.fetch_partition(i);
@@ -315,9 +331,15 @@ void ZeroLlama::Free(std::map<size_t, Live>::iterator it) {
   absl::Status s = absl::OkStatus();
   if (l.pending) s = l.pending->Wait();
   if (l.prefetched_unused) prefetch_elems_ -= params_[it->first].numel;
-  if (!params_[it->first].persistent) live_elems_ -= params_[it->first].numel;
-  memory_.Release(l.kind, Bytes(l.buffer));
-  live_.erase(it);
+  const bool pooled = !params_[it->first].persistent;
+  if (pooled) {
+    live_elems_ -= params_[it->first].numel;
+  } else {
+    memory_.Release(l.kind, Bytes(l.buffer));
+  }
+  at::Tensor buffer = std::move(l.buffer);
+  live_.erase(it);  // drops the views (full) and the fetched input
+  if (pooled) pool_.Put(std::move(buffer));
   ThrowIfError(s);
 }
 
@@ -434,8 +456,40 @@ void ZeroLlama::EnsureGrad(ZeroParam& p) {
   memory_.Acquire(MemoryKind::kGrads, Bytes(p.grad));
 }
 
+at::Tensor ZeroLlama::NewGradBuffer(size_t i) {
+  const ZeroParam& p = params_[i];
+  const int64_t padded = collectives_->world_size() * p.slice.partition_numel;
+  at::Tensor buf = pool_.Get(padded, at::kFloat);
+  if (padded > p.numel) buf.narrow(0, p.numel, padded - p.numel).zero_();
+  return buf;
+}
+
+at::Tensor ZeroLlama::GradDestination(size_t i, at::ScalarType compute_dtype) {
+  if (options_.stage < 2 || compute_dtype != at::kFloat) return at::Tensor();
+  if (grad_out_.size() != params_.size()) grad_out_.resize(params_.size());
+  grad_out_[i] = NewGradBuffer(i);
+  return grad_out_[i].narrow(0, 0, params_[i].numel).view(params_[i].spec.shape);
+}
+
+void ZeroLlama::CommitGrad(size_t i) {
+  at::Tensor buf = std::move(grad_out_[i]);
+  grad_out_[i] = at::Tensor();
+  const int64_t n_ranks = collectives_->world_size();
+  if (n_ranks > 1) buf.div_(static_cast<double>(n_ranks));  // the mean, as DeepSpeed pre-divides
+  if (touched_.size() != params_.size()) touched_.assign(params_.size(), 0);
+  touched_[i] = 1;
+  Enqueue(i, buf);
+}
+
 void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
   ZeroParam& p = params_[i];
+  if (options_.stage >= 2) {
+    if (grad_out_.size() != params_.size()) grad_out_.resize(params_.size());
+    grad_out_[i] = NewGradBuffer(i);
+    grad_out_[i].narrow(0, 0, p.numel).copy_(full_grad.reshape({-1}));
+    CommitGrad(i);
+    return;
+  }
   at::Tensor g = full_grad.to(at::kFloat).contiguous().view({-1});
   if (grad_seen_.size() != params_.size()) {
     grad_expected_.assign(params_.size(), 0);
@@ -451,15 +505,15 @@ void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
       if (last_micro_ && ++grad_seen_[i] >= grad_expected_[i]) Enqueue(i, p.grad);
       return;
     case 1:
-      if (!p.local_grad.defined()) {
-        p.local_grad = at::zeros({p.numel}, at::kFloat);
+      if (!p.local_grad.defined()) {  // zero-padded to N*p: reduce-scattered as it is
+        p.local_grad =
+            at::zeros({collectives_->world_size() * p.slice.partition_numel}, at::kFloat);
         memory_.Acquire(MemoryKind::kGrads, Bytes(p.local_grad));
       }
-      p.local_grad.add_(g);
+      p.local_grad.narrow(0, 0, p.numel).add_(g);
       if (last_micro_ && ++grad_seen_[i] >= grad_expected_[i]) Enqueue(i, p.local_grad);
       return;
     default:
-      Enqueue(i, g);
       return;
   }
 }
@@ -491,29 +545,22 @@ void ZeroLlama::Flush() {
     memory_.Acquire(MemoryKind::kBuffers, r.bytes);
     r.pending = collectives_->StartAllReduce(r.send, ReduceOp::kSum);
   } else {
-    // Coalesced: rank q's chunk of every bucket param, one after the other, at [q*total, ...).
-    r.send = at::zeros({n_ranks * total}, at::kFloat);
-    for (size_t b = 0; b < bucket_.size(); ++b) {
-      const ZeroParam& p = params_[bucket_[b].first];
-      for (int64_t q = 0; q < n_ranks; ++q) {
-        const PartitionSlice s = ComputePartition(p.numel, n_ranks, q);
-        if (s.valid() > 0) {
-          r.send.narrow(0, q * total + r.offsets[b], s.valid())
-              .copy_(bucket_[b].second.narrow(0, s.begin, s.valid()));
-        }
-      }
+    // One coalesced reduce-scatter of the bucket's [N*p] buffers (stages 2/3: pre-divided in
+    // CommitGrad; stage 1: the padded local accumulators, divided here).
+    if (grad_written_.size() != params_.size()) grad_written_.assign(params_.size(), 0);
+    for (const auto& [i, t] : bucket_) {
+      ZeroParam& p = params_[i];
+      if (options_.stage == 1 && n_ranks > 1) t.div_(static_cast<double>(n_ranks));
+      r.fulls.push_back(t);
+      // The first reduction since ClearGrads lands in the gradient partition itself; later
+      // ones (gradient accumulation, a parameter used twice) are added when they complete.
+      EnsureGrad(p);
+      const bool direct = !grad_written_[i];
+      grad_written_[i] = 1;
+      r.parts.push_back(direct ? p.grad : pool_.Get(p.slice.partition_numel, at::kFloat));
+      r.direct.push_back(direct);
     }
-    if (n_ranks > 1) r.send.div_(static_cast<double>(n_ranks));
-    r.recv = at::empty({total}, at::kFloat);
-    r.bytes = Bytes(r.send) + Bytes(r.recv);
-    memory_.Acquire(MemoryKind::kBuffers, r.bytes);
-    r.pending = collectives_->StartReduceScatterSum(r.send, r.recv);
-    if (options_.stage == 1) {  // the full local gradients are no longer needed
-      for (const auto& [i, t] : bucket_) {
-        memory_.Release(MemoryKind::kGrads, Bytes(params_[i].local_grad));
-        params_[i].local_grad = at::Tensor();
-      }
-    }
+    r.pending = collectives_->StartReduceScatterSumCoalesced(r.fulls, r.parts);
   }
   bucket_.clear();
   bucket_elems_ = 0;
@@ -531,13 +578,23 @@ void ZeroLlama::CompleteOldest() {
       ZeroParam& p = params_[r.ids[b]];
       if (options_.stage == 0) {
         p.grad.copy_(r.send.narrow(0, r.offsets[b], p.numel));
-      } else {
-        EnsureGrad(p);
-        p.grad.add_(r.recv.narrow(0, r.offsets[b], p.slice.partition_numel));
+      } else if (!r.direct[b]) {
+        p.grad.add_(r.parts[b]);
       }
     }
   }
   memory_.Release(MemoryKind::kBuffers, r.bytes);
+  for (size_t b = 0; b < r.fulls.size(); ++b) {
+    if (!r.direct[b]) pool_.Put(std::move(r.parts[b]));
+    if (options_.stage == 1) {  // the full local accumulator is no longer needed
+      ZeroParam& p = params_[r.ids[b]];
+      r.fulls[b] = at::Tensor();
+      memory_.Release(MemoryKind::kGrads, Bytes(p.local_grad));
+      p.local_grad = at::Tensor();
+    } else {
+      pool_.Put(std::move(r.fulls[b]));
+    }
+  }
   ThrowIfError(s);
 }
 
@@ -589,6 +646,7 @@ void ZeroLlama::FinishMicroStep() {
     }
   }
   in_micro_step_ = false;
+  pool_.Trim();  // buffers no micro-step used since the last one are freed
 }
 
 void ZeroLlama::RefreshParams() {
@@ -659,6 +717,7 @@ void ZeroLlama::RefreshParams() {
 
 void ZeroLlama::ClearGrads() {
   touched_.assign(params_.size(), 0);
+  grad_written_.assign(params_.size(), 0);
   if (grad_flat_.defined()) {
     grad_flat_.zero_();
     return;

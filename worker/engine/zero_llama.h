@@ -23,10 +23,16 @@
 // elements [r*p, min((r+1)p, n)) zero-padded to p. (DeepSpeed's stage 1/2 flattens all params
 // into one buffer and cuts it in N equal pieces; Loom keeps the per-parameter cut for every stage
 // so checkpoints and consolidation are stage-independent.) Reduce-scatters are coalesced per
-// bucket: each gradient is cut into N chunks of p elements, chunks interleaved per rank, the
-// bucket pre-divided by N, one reduce-scatter (TECHNIQUES.md §1.6 step 4).
+// bucket of reduce_bucket_size elements (one StartReduceScatterSumCoalesced): every gradient in
+// it is a zero-padded [N*p] fp32 buffer pre-divided by N (TECHNIQUES.md §1.6 step 4). In stages
+// 2/3 the linear and embedding backward write the weight gradient straight into that buffer
+// (GradDestination/CommitGrad: no full-size copy), and the reduced partition goes straight into
+// the gradient partition when it is the first contribution since ClearGrads.
 // overlap_comm: bucket reductions are started asynchronously (at most two in flight) and waited
 // at the end of backward, so communication of bucket k overlaps the rest of backward.
+// Large temporaries (stage-3 gather buffers, gradient buffers, reduce outputs) come from a
+// BufferPool (reused by size across steps, idle ones freed after a micro-step without use),
+// counted as kBuffers while in use and kCached while idle.
 // contiguous_gradients: gradient partitions are views into one preallocated flat fp32 buffer
 // (otherwise one tensor per parameter, allocated on first use and freed after the step).
 //
@@ -66,6 +72,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/buffer_pool.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/hf_weights.h"
 #include "worker/engine/model_config.h"
@@ -90,9 +97,12 @@ class CollectiveError : public std::runtime_error {
 //                     tensor (fp32 stage 0 / stage 3)
 //   kGrads            fp32 gradient accumulators and partitions
 //   kOptimizerStates  Adam m and v, plus the fp32 master when it is a separate tensor
-//   kBuffers          temporary: gathered full params (stage 3), reduction buckets, all-gather
-//                     buffers
-enum class MemoryKind { kParams = 0, kGrads = 1, kOptimizerStates = 2, kBuffers = 3 };
+//   kBuffers          temporary, in use: gathered full params (stage 3), reduction buckets,
+//                     all-gather buffers
+//   kCached           idle buffers the model's BufferPool keeps for reuse by the next
+//                     micro-step (resident, like PyTorch's reserved-but-unallocated memory)
+enum class MemoryKind { kParams = 0, kGrads = 1, kOptimizerStates = 2, kBuffers = 3, kCached = 4 };
+inline constexpr int kNumMemoryKinds = 5;
 
 class MemoryTracker {
  public:
@@ -106,8 +116,8 @@ class MemoryTracker {
 
  private:
   mutable std::mutex mu_;
-  int64_t cur_[4] = {0, 0, 0, 0};
-  int64_t peak_[4] = {0, 0, 0, 0};
+  int64_t cur_[kNumMemoryKinds] = {};
+  int64_t peak_[kNumMemoryKinds] = {};
   int64_t total_ = 0;
   int64_t peak_total_ = 0;
 };
@@ -230,6 +240,12 @@ class ZeroLlama {
   const at::Tensor& AcquireFull(size_t i);
   void ReleaseFull(size_t i);
   void AddGrad(size_t i, const at::Tensor& full_grad);
+  // Stages 2/3, gradients computed in `compute_dtype` == fp32: a [shape] fp32 tensor to write
+  // parameter i's full gradient of one backward into (a view of a zero-padded pooled [N*p]
+  // buffer); call CommitGrad(i) once it is written. Undefined where the stage or dtype needs
+  // AddGrad instead.
+  at::Tensor GradDestination(size_t i, at::ScalarType compute_dtype);
+  void CommitGrad(size_t i);
 
  private:
   struct Live {
@@ -243,7 +259,10 @@ class ZeroLlama {
   };
   struct Reduction {
     std::unique_ptr<PendingCollective> pending;
-    at::Tensor send, recv;
+    at::Tensor send;                   // stage 0: the concatenated bucket (all-reduced)
+    std::vector<at::Tensor> fulls;     // stages 1-3: [N*p] per bucket entry
+    std::vector<at::Tensor> parts;     // stages 1-3: [p] reduced partition per entry
+    std::vector<char> direct;          // parts[b] is the gradient partition itself
     std::vector<size_t> ids;
     std::vector<int64_t> offsets;
     int64_t bytes = 0;
@@ -258,6 +277,7 @@ class ZeroLlama {
   void InvalidateTrace();
   bool ReusedSoon(size_t i) const;
   void EnsureGrad(ZeroParam& p);
+  at::Tensor NewGradBuffer(size_t i);
   void Enqueue(size_t i, const at::Tensor& flat);
   void Flush();
   void CompleteOldest();
@@ -266,6 +286,13 @@ class ZeroLlama {
   Collectives* collectives_;
   ZeroOptions options_;
   MemoryTracker memory_;
+  BufferPool pool_{[this](int64_t in_use, int64_t idle) {
+    // Acquire first so that a move between the kinds never dips the total.
+    if (in_use > 0) memory_.Acquire(MemoryKind::kBuffers, in_use);
+    if (idle > 0) memory_.Acquire(MemoryKind::kCached, idle);
+    if (in_use < 0) memory_.Release(MemoryKind::kBuffers, -in_use);
+    if (idle < 0) memory_.Release(MemoryKind::kCached, -idle);
+  }};
   std::vector<ZeroParam> params_;
   at::Tensor anchor_;  // empty leaf requiring grad: makes every op part of the autograd graph
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> rope_cache_;
@@ -276,6 +303,8 @@ class ZeroLlama {
   std::vector<int> grad_expected_, grad_seen_;  // per param, this micro-step (stages 0/1)
   std::vector<char> touched_;   // per param: got a gradient since the last ClearGrads
   std::vector<char> enqueued_;  // per param: queued for reduction in this micro-step
+  std::vector<char> grad_written_;   // per param: grad holds a reduction since ClearGrads
+  std::vector<at::Tensor> grad_out_;  // per param: the buffer GradDestination handed out
   std::vector<std::pair<size_t, at::Tensor>> bucket_;
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;

@@ -21,7 +21,7 @@
 //    "loss_scale":S,"skipped":false,"optimizer_step":k,
 //    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
 //    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,
-//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"peak_bytes":M,
+//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"cached_bytes":C,"peak_bytes":M,
 //    "comm_s":c,"data_s":d,"comm_elements":e}
 //      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
 //      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
