@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--cap_layers", default="2,8", help="two depths for the capacity fit")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--micro", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2, help="steps excluded from the median")
     ap.add_argument("--cap_gib", type=float, default=12.0,
                     help="per-rank memory cap for the capacity ratio (default: 24 GiB / 2 ranks)")
