@@ -210,12 +210,12 @@ class GlooCollectives : public Collectives {
     auto pending = std::make_unique<GlooPending>("reduce_scatter", timeout_, &blocked_seconds_);
     pending->keep_ = fulls;
     pending->keep_.insert(pending->keep_.end(), parts.begin(), parts.end());
-    const int tag = NextTag();
     // Chunk `rank_` of every peer's tensor k arrives in received[k][q] (rank q's copy). With two
     // ranks it arrives in parts[k] itself: a + b == b + a exactly, so the rank-order sum needs no
     // scratch.
     std::vector<std::vector<at::Tensor>> received(fulls.size());
     for (size_t k = 0; k < fulls.size(); ++k) {
+      const int tag = NextTag();  // one per tensor: no reliance on Gloo's per-tag message order
       const int64_t p = parts[k].numel();
       bytes_communicated_ += fulls[k].nbytes();
       received[k].resize(world_);
@@ -285,8 +285,9 @@ class GlooCollectives : public Collectives {
     }
   }
 
-  // Point-to-point messages of one collective share a tag (Gloo matches them by peer and
-  // tag); every rank issues the same collective sequence, so the counters agree. Tags stay
+  // Point-to-point messages of one collective (of one tensor of a coalesced one) share a tag;
+  // Gloo matches them by peer and tag. Every rank issues the same collective sequence, so the
+  // counters agree. Tags stay
   // below 2^30, clear of the slots Gloo's own collectives build (prefix << 56).
   int NextTag() {
     tag_ = tag_ % (1 << 30) + 1;
