@@ -1,6 +1,12 @@
 #include "storage/checkpoint/shard_format.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <cmath>
 #include <cstring>
@@ -230,6 +236,129 @@ absl::Status WriteShard(const std::string& step_dir, ShardManifest m,
   RETURN_IF_ERROR(writer.Commit());
   return WriteFileAtomically(absl::StrCat(step_dir, "/", ManifestFileName(m.rank)),
                              ManifestToJson(m));
+}
+
+namespace {
+
+absl::Status CheckPieces(const ShardManifest& m, absl::Span<const int64_t> ends,
+                         int64_t* largest) {
+  int64_t prev = 0;
+  *largest = 0;
+  for (int64_t e : ends) {
+    if (e <= prev) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pieces: end ", e, " after ", prev, " is not ascending"));
+    }
+    *largest = std::max(*largest, e - prev);
+    prev = e;
+  }
+  if (prev != m.section_numel) {
+    return absl::InvalidArgumentError(absl::StrCat("shard pieces end at ", prev,
+                                                   ", the section has ", m.section_numel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PreadFully(int fd, void* dst, size_t size, off_t offset, const std::string& path) {
+  char* p = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, p + done, size - done, offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("cannot read", path);
+    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": ends early"));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteShardPieces(const std::string& step_dir, ShardManifest m,
+                              absl::Span<const int64_t> piece_ends,
+                              const ShardPieceProducer& produce) {
+  int64_t largest = 0;
+  if (m.section_numel > 0) RETURN_IF_ERROR(CheckPieces(m, piece_ends, &largest));
+  RETURN_IF_ERROR(MakeDirs(step_dir));
+  ASSIGN_OR_RETURN(AtomicFileWriter writer,
+                   AtomicFileWriter::Open(absl::StrCat(step_dir, "/", ShardFileName(m.rank))));
+  uint32_t crc = Crc32(0, nullptr, 0);
+  std::vector<float> buf(static_cast<size_t>(largest));
+  for (size_t s = 0; s < m.sections.size() && m.section_numel > 0; ++s) {
+    int64_t begin = 0;
+    for (size_t k = 0; k < piece_ends.size(); ++k) {
+      const int64_t count = piece_ends[k] - begin;
+      RETURN_IF_ERROR(produce(s, k, begin, count, buf.data()));
+      const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+      RETURN_IF_ERROR(writer.Append(buf.data(), bytes));
+      crc = Crc32(crc, buf.data(), bytes);
+      begin = piece_ends[k];
+    }
+  }
+  m.shard_bytes = writer.bytes_written();
+  m.shard_crc32 = crc;
+  RETURN_IF_ERROR(writer.Commit());
+  return WriteFileAtomically(absl::StrCat(step_dir, "/", ManifestFileName(m.rank)),
+                             ManifestToJson(m));
+}
+
+absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& m,
+                             absl::Span<const int64_t> piece_ends,
+                             const ShardPieceConsumer& consume) {
+  int64_t largest = 0;
+  if (m.section_numel > 0) RETURN_IF_ERROR(CheckPieces(m, piece_ends, &largest));
+  const std::string path = absl::StrCat(step_dir, "/", ShardFileName(m.rank));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
+  }
+  const int64_t want = static_cast<int64_t>(m.sections.size()) * m.section_numel * 4;
+  if (st.st_size != m.shard_bytes || st.st_size != want) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): ", st.st_size,
+                                            " bytes, manifest says ", m.shard_bytes, " (",
+                                            m.sections.size(), " sections of ",
+                                            m.section_numel, " floats)"));
+  }
+  auto crc_mismatch = [&](uint32_t crc, const char* when) {
+    return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x%s",
+                                               path, m.rank, crc, m.shard_crc32, when));
+  };
+  // Pass 1: verify before anything is handed out.
+  {
+    std::vector<char> chunk(std::min<int64_t>(st.st_size, 4 << 20));
+    uint32_t crc = Crc32(0, nullptr, 0);
+    for (int64_t off = 0; off < st.st_size;) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(chunk.size(), st.st_size - off));
+      RETURN_IF_ERROR(PreadFully(fd, chunk.data(), n, off, path));
+      crc = Crc32(crc, chunk.data(), n);
+      off += static_cast<int64_t>(n);
+    }
+    if (crc != m.shard_crc32) return crc_mismatch(crc, "");
+  }
+  // Pass 2: the pieces.
+  std::vector<float> buf(static_cast<size_t>(largest));
+  uint32_t crc = Crc32(0, nullptr, 0);
+  for (size_t s = 0; s < m.sections.size() && m.section_numel > 0; ++s) {
+    int64_t begin = 0;
+    for (size_t k = 0; k < piece_ends.size(); ++k) {
+      const int64_t count = piece_ends[k] - begin;
+      const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+      const off_t at = static_cast<off_t>((static_cast<int64_t>(s) * m.section_numel + begin) * 4);
+      RETURN_IF_ERROR(PreadFully(fd, buf.data(), bytes, at, path));
+      crc = Crc32(crc, buf.data(), bytes);
+      RETURN_IF_ERROR(consume(s, k, begin, count, buf.data()));
+      begin = piece_ends[k];
+    }
+  }
+  if (crc != m.shard_crc32) return crc_mismatch(crc, " on the second read (changed meanwhile)");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank) {

@@ -21,6 +21,7 @@
 #define LOOM_STORAGE_CHECKPOINT_SHARD_FORMAT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -92,6 +93,33 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& json);
 // floats for manifest.sections[i]. INVALID_ARGUMENT on a count mismatch.
 absl::Status WriteShard(const std::string& step_dir, ShardManifest manifest,
                         absl::Span<const float* const> section_data);
+
+// Streaming shard I/O, for writers and readers that must not hold a whole shard (12 bytes per
+// partition element for Adam) in memory. Every section is cut into the same pieces:
+// [0, piece_ends[0]), [piece_ends[0], piece_ends[1]), ... (ascending, the last equal to
+// manifest.section_numel); memory is one buffer of the largest piece.
+//   produce(section, piece, offset, count, dst): fill dst with `count` floats of `section`
+//   starting at element `offset`.
+//   consume(section, piece, offset, count, src): take them.
+// Pieces are visited section by section, in order (the file's order), so a caller whose pieces
+// involve collectives issues the same sequence on every rank.
+using ShardPieceProducer = std::function<absl::Status(size_t section, size_t piece,
+                                                      int64_t offset, int64_t count, float* dst)>;
+using ShardPieceConsumer = std::function<absl::Status(
+    size_t section, size_t piece, int64_t offset, int64_t count, const float* src)>;
+
+// As WriteShard, with the sections' contents from `produce`. INVALID_ARGUMENT for bad
+// piece_ends; a producer error is returned as it is (nothing is committed).
+absl::Status WriteShardPieces(const std::string& step_dir, ShardManifest manifest,
+                              absl::Span<const int64_t> piece_ends,
+                              const ShardPieceProducer& produce);
+
+// Checks the shard's size and CRC-32 against the manifest in a first streaming pass (DATA_LOSS
+// naming the file and rank, before anything is consumed), then hands it to `consume` piece by
+// piece. DATA_LOSS if the file's CRC differs in that second pass (changed while read).
+absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& manifest,
+                             absl::Span<const int64_t> piece_ends,
+                             const ShardPieceConsumer& consume);
 
 // Reads and validates the manifest of `rank` in `step_dir`. NOT_FOUND if the rank has not reported;
 // FAILED_PRECONDITION if the manifest is not a regular file (a FIFO, /dev/zero) or is larger

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -71,6 +72,9 @@ class Trainer {
   absl::Status SetUpOffload(ZeroOptions* z);
   // The model's fp32 master partitions (null when the parameters live on NVMe).
   std::vector<float*> MasterPointers();
+  // Where the checkpoint's sections are cut for streaming: after every parameter partition,
+  // or after every offload sub-group.
+  std::vector<int64_t> PieceEnds(const storage::ShardManifest& m) const;
 
   const EngineOptions& o_;
   Collectives& coll_;
@@ -364,6 +368,18 @@ json Trainer::MemoryFields() {
           {"peak_bytes", m.peak_total()}};
 }
 
+std::vector<int64_t> Trainer::PieceEnds(const storage::ShardManifest& m) const {
+  std::vector<int64_t> ends;
+  if (offload_ != nullptr) {  // sub-groups: runs of whole partitions, in the same order
+    for (int64_t g = 0; g < offload_->num_sub_groups(); ++g) ends.push_back(offload_->group_end(g));
+  } else {
+    for (const storage::ShardParam& p : m.params) {
+      ends.push_back(p.partition_offset + p.partition_numel);
+    }
+  }
+  return ends;
+}
+
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
   storage::ShardManifest m;
   m.step = step;
@@ -379,8 +395,6 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   // losses are all-reduced means.
   if (metric_step_loss_.first == step) m.metrics["train_loss"] = metric_step_loss_.second;
   if (metric_eval_loss_.first == step) m.metrics["eval_loss"] = metric_eval_loss_.second;
-  std::vector<at::Tensor> fp, ea, eas;
-  int64_t total = 0;
   for (size_t i = 0; i < model_->params().size(); ++i) {
     const ZeroParam& p = model_->params()[i];
     storage::ShardParam sp;
@@ -388,28 +402,25 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
     sp.shape = p.spec.shape;
     sp.numel = p.numel;
     m.params.push_back(sp);
-    total += p.slice.partition_numel;
-    if (offload_ != nullptr) continue;
-    fp.push_back(model_->CheckpointPartition(i, 0));
-    ea.push_back(model_->CheckpointPartition(i, 1));
-    eas.push_back(model_->CheckpointPartition(i, 2));
   }
   storage::AssignPartitionLayout(m);
-  at::Tensor a, b, c;
-  if (offload_ != nullptr) {  // read back from the offload (host memory or files)
-    a = at::empty({total}, at::kFloat);
-    b = at::empty({total}, at::kFloat);
-    c = at::empty({total}, at::kFloat);
-    RETURN_IF_ERROR(offload_->ExportState(MasterPointers(), a.data_ptr<float>(),
-                                          b.data_ptr<float>(), c.data_ptr<float>()));
-  } else {
-    a = at::cat(fp).contiguous();
-    b = at::cat(ea).contiguous();
-    c = at::cat(eas).contiguous();
-  }
-  const float* data[] = {a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>()};
+  // Streamed one piece at a time (a parameter partition, or an offload sub-group), so saving
+  // needs one piece of memory rather than a copy of the rank's 12 bytes per element of state.
+  std::vector<int64_t> ends = PieceEnds(m);
+  const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
+                                                          : std::vector<float*>();
   const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
-  RETURN_IF_ERROR(storage::WriteShard(dir, m, absl::MakeConstSpan(data, 3)));
+  RETURN_IF_ERROR(storage::WriteShardPieces(
+      dir, m, ends,
+      [&](size_t section, size_t piece, int64_t, int64_t count, float* dst) -> absl::Status {
+        if (offload_ != nullptr) {
+          return offload_->ExportGroupSection(static_cast<int64_t>(piece),
+                                              static_cast<int>(section), masters, dst);
+        }
+        const at::Tensor t = model_->CheckpointPartition(piece, static_cast<int>(section));
+        std::memcpy(dst, t.data_ptr<float>(), count * sizeof(float));
+        return absl::OkStatus();
+      }));
   if (scaler_.enabled() && coll_.rank() == 0) {  // identical on every rank
     const LossScaler::State st = scaler_.state();
     json j = {{"scale", st.scale},
@@ -445,10 +456,11 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
           ", the model expects ", params[i].spec.name, " with the same shape"));
     }
   }
-  ASSIGN_OR_RETURN(std::vector<float> data, storage::ReadShardVerified(dir, m));
-  ASSIGN_OR_RETURN(int64_t off_p, storage::SectionOffset(m, "fp32_params"));
-  ASSIGN_OR_RETURN(int64_t off_a, storage::SectionOffset(m, "exp_avg"));
-  ASSIGN_OR_RETURN(int64_t off_s, storage::SectionOffset(m, "exp_avg_sq"));
+  if (m.sections != std::vector<std::string>{"fp32_params", "exp_avg", "exp_avg_sq"}) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: ", dir, " has sections [", absl::StrJoin(m.sections, ", "),
+        "], expected [fp32_params, exp_avg, exp_avg_sq]"));
+  }
   if (scaler_.enabled()) {
     const std::string path = absl::StrCat(dir, "/", kLossScalerFile);
     ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20));
@@ -463,15 +475,20 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
     st.cur_hysteresis = j.value("cur_hysteresis", int64_t{1});
     scaler_.set_state(st);
   }
-  if (offload_ != nullptr) {
-    RETURN_IF_ERROR(offload_->ImportState(MasterPointers(), data.data() + off_p,
-                                          data.data() + off_a, data.data() + off_s));
-  } else {
-    for (size_t i = 0; i < params.size(); ++i) {
-      const float* base = data.data() + m.params[i].partition_offset;
-      model_->LoadPartitions(i, base + off_p, base + off_a, base + off_s);
-    }
-  }
+  // Verified (size, CRC-32) before anything is loaded, then streamed piece by piece (every rank
+  // in the same order: stage 0 all-gathers each piece).
+  const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
+                                                          : std::vector<float*>();
+  RETURN_IF_ERROR(storage::ReadShardPieces(
+      dir, m, PieceEnds(m),
+      [&](size_t section, size_t piece, int64_t, int64_t, const float* src) -> absl::Status {
+        if (offload_ != nullptr) {
+          return offload_->ImportGroupSection(static_cast<int64_t>(piece),
+                                              static_cast<int>(section), masters, src);
+        }
+        model_->LoadPartition(piece, static_cast<int>(section), src);
+        return absl::OkStatus();
+      }));
   model_->RefreshParams();
   optimizer_step_ = m.optimizer_step;
   *step = m.step;

@@ -763,23 +763,26 @@ at::Tensor ZeroLlama::CheckpointPartition(size_t i, int which) const {
 
 void ZeroLlama::LoadPartitions(size_t i, const float* master, const float* exp_avg,
                                const float* exp_avg_sq) {
+  LoadPartition(i, 0, master);
+  LoadPartition(i, 1, exp_avg);
+  LoadPartition(i, 2, exp_avg_sq);
+}
+
+void ZeroLlama::LoadPartition(size_t i, int which, const float* src) {
   at::NoGradGuard no_grad;
   ZeroParam& p = params_[i];
   const int64_t part = p.slice.partition_numel;
   const int64_t n_ranks = collectives_->world_size();
-  const float* src[3] = {master, exp_avg, exp_avg_sq};
-  at::Tensor* dst[3] = {&p.master, &p.exp_avg, &p.exp_avg_sq};
-  for (int k = 0; k < 3; ++k) {
-    if (options_.stage != 0) {
-      std::memcpy(dst[k]->data_ptr<float>(), src[k], part * sizeof(float));
-      continue;
-    }
-    at::Tensor mine = at::empty({part}, at::kFloat);
-    std::memcpy(mine.data_ptr<float>(), src[k], part * sizeof(float));
-    at::Tensor all = at::empty({n_ranks * part}, at::kFloat);
-    ThrowIfError(collectives_->AllGather(mine, all));
-    dst[k]->copy_(all.narrow(0, 0, p.numel));
+  at::Tensor& dst = which == 0 ? p.master : which == 1 ? p.exp_avg : p.exp_avg_sq;
+  if (options_.stage != 0) {
+    std::memcpy(dst.data_ptr<float>(), src, part * sizeof(float));
+    return;
   }
+  at::Tensor mine = at::empty({part}, at::kFloat);
+  std::memcpy(mine.data_ptr<float>(), src, part * sizeof(float));
+  at::Tensor all = at::empty({n_ranks * part}, at::kFloat);
+  ThrowIfError(collectives_->AllGather(mine, all));
+  dst.copy_(all.narrow(0, 0, p.numel));
 }
 
 std::pair<at::Tensor, at::Tensor> ZeroLlama::RopeTables(int64_t seq, int64_t head_dim,

@@ -212,6 +212,8 @@ class ZeroLlama {
   // each). Stage 0 all-gathers the full tensors (collective). Call RefreshParams after the last.
   void LoadPartitions(size_t i, const float* master, const float* exp_avg,
                       const float* exp_avg_sq);
+  // One of them (which = 0, 1, 2): p floats. Collective for stage 0.
+  void LoadPartition(size_t i, int which, const float* src);
 
   std::vector<ZeroParam>& params() { return params_; }
   const ZeroOptions& options() const { return options_; }

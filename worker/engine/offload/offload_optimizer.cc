@@ -255,27 +255,67 @@ absl::Status OffloadOptimizer::FetchParam(size_t i, float* dst) {
   return param_swapper_->Read(s_param_, static_cast<int64_t>(i), dst, numels_[i] * 4);
 }
 
+absl::Status OffloadOptimizer::ExportGroupSection(int64_t g, int which,
+                                                  const std::vector<float*>& model_params,
+                                                  float* dst) {
+  RETURN_IF_ERROR(FinishInit());
+  if (g < 0 || g >= num_sub_groups() || which < 0 || which > 2) {
+    return absl::OutOfRangeError(absl::StrCat("sub-group ", g, " section ", which));
+  }
+  const Group& gr = groups_[g];
+  if (options_.optimizer_nvme) {
+    const int streams[3] = {s_master_, s_m_, s_v_};
+    return opt_swapper_->Read(streams[which], g, dst, gr.numel * 4);
+  }
+  if (which == 1 || which == 2) {
+    const std::vector<float>& src = which == 1 ? exp_avg_ : exp_avg_sq_;
+    std::memcpy(dst, src.data() + gr.offset, gr.numel * 4);
+  } else if (master_is_model()) {
+    for (size_t i = gr.first; i < gr.last; ++i) {
+      std::memcpy(dst + (offsets_[i] - gr.offset), model_params[i], numels_[i] * 4);
+    }
+  } else {
+    std::memcpy(dst, master_.data() + gr.offset, gr.numel * 4);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadOptimizer::ImportGroupSection(int64_t g, int which,
+                                                  const std::vector<float*>& model_params,
+                                                  const float* src) {
+  RETURN_IF_ERROR(FinishInit());
+  if (g < 0 || g >= num_sub_groups() || which < 0 || which > 2) {
+    return absl::OutOfRangeError(absl::StrCat("sub-group ", g, " section ", which));
+  }
+  const Group& gr = groups_[g];
+  if (options_.optimizer_nvme) {
+    const int streams[3] = {s_master_, s_m_, s_v_};
+    RETURN_IF_ERROR(opt_swapper_->Write(streams[which], g, src, gr.numel * 4));
+  } else if (which == 1 || which == 2) {
+    std::vector<float>& dst = which == 1 ? exp_avg_ : exp_avg_sq_;
+    std::memcpy(dst.data() + gr.offset, src, gr.numel * 4);
+  } else if (!master_.empty()) {
+    std::memcpy(master_.data() + gr.offset, src, gr.numel * 4);
+  }
+  if (which != 0) return absl::OkStatus();
+  for (size_t i = gr.first; i < gr.last; ++i) {
+    const float* p = src + (offsets_[i] - gr.offset);
+    if (options_.params_nvme) {
+      RETURN_IF_ERROR(
+          param_swapper_->Write(s_param_, static_cast<int64_t>(i), p, numels_[i] * 4));
+    } else if (model_params[i] != nullptr) {
+      std::memcpy(model_params[i], p, numels_[i] * 4);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status OffloadOptimizer::ExportState(const std::vector<float*>& model_params, float* master,
                                            float* exp_avg, float* exp_avg_sq) {
-  RETURN_IF_ERROR(FinishInit());
-  if (!options_.optimizer_nvme) {
-    std::memcpy(exp_avg, exp_avg_.data(), total_ * 4);
-    std::memcpy(exp_avg_sq, exp_avg_sq_.data(), total_ * 4);
-    if (master_is_model()) {
-      for (size_t i = 0; i < numels_.size(); ++i) {
-        std::memcpy(master + offsets_[i], model_params[i], numels_[i] * 4);
-      }
-    } else {
-      std::memcpy(master, master_.data(), total_ * 4);
-    }
-    return absl::OkStatus();
-  }
   float* outs[3] = {master, exp_avg, exp_avg_sq};
-  const int streams[3] = {s_master_, s_m_, s_v_};
-  for (int64_t gi = 0; gi < num_sub_groups(); ++gi) {
+  for (int64_t g = 0; g < num_sub_groups(); ++g) {
     for (int k = 0; k < 3; ++k) {
-      RETURN_IF_ERROR(opt_swapper_->Read(streams[k], gi, outs[k] + groups_[gi].offset,
-                                         groups_[gi].numel * 4));
+      RETURN_IF_ERROR(ExportGroupSection(g, k, model_params, outs[k] + groups_[g].offset));
     }
   }
   return absl::OkStatus();
@@ -284,28 +324,10 @@ absl::Status OffloadOptimizer::ExportState(const std::vector<float*>& model_para
 absl::Status OffloadOptimizer::ImportState(const std::vector<float*>& model_params,
                                            const float* master, const float* exp_avg,
                                            const float* exp_avg_sq) {
-  RETURN_IF_ERROR(FinishInit());
-  if (!options_.optimizer_nvme) {
-    std::memcpy(exp_avg_.data(), exp_avg, total_ * 4);
-    std::memcpy(exp_avg_sq_.data(), exp_avg_sq, total_ * 4);
-    if (!master_.empty()) std::memcpy(master_.data(), master, total_ * 4);
-  } else {
-    const float* ins[3] = {master, exp_avg, exp_avg_sq};
-    const int streams[3] = {s_master_, s_m_, s_v_};
-    for (int64_t gi = 0; gi < num_sub_groups(); ++gi) {
-      for (int k = 0; k < 3; ++k) {
-        RETURN_IF_ERROR(opt_swapper_->Write(streams[k], gi, ins[k] + groups_[gi].offset,
-                                            groups_[gi].numel * 4));
-      }
-    }
-  }
-  for (size_t i = 0; i < numels_.size(); ++i) {
-    const float* src = master + offsets_[i];
-    if (options_.params_nvme) {
-      RETURN_IF_ERROR(
-          param_swapper_->Write(s_param_, static_cast<int64_t>(i), src, numels_[i] * 4));
-    } else if (model_params[i] != nullptr) {
-      std::memcpy(model_params[i], src, numels_[i] * 4);
+  const float* ins[3] = {master, exp_avg, exp_avg_sq};
+  for (int64_t g = 0; g < num_sub_groups(); ++g) {
+    for (int k = 0; k < 3; ++k) {
+      RETURN_IF_ERROR(ImportGroupSection(g, k, model_params, ins[k] + groups_[g].offset));
     }
   }
   return absl::OkStatus();

@@ -91,6 +91,16 @@ class OffloadOptimizer {
                            float* exp_avg_sq);
   absl::Status ImportState(const std::vector<float*>& model_params, const float* master,
                            const float* exp_avg, const float* exp_avg_sq);
+  // The same, one sub-group of one section at a time (which: 0 master, 1 exp_avg,
+  // 2 exp_avg_sq), for checkpoints streamed through a buffer of one sub-group
+  // (storage::WriteShardPieces / ReadShardPieces with pieces ending at group_end(g)).
+  // dst/src: group_numel(g) floats. Importing section 0 also sets the parameters (model tensors
+  // or parameter files).
+  absl::Status ExportGroupSection(int64_t g, int which, const std::vector<float*>& model_params,
+                                  float* dst);
+  absl::Status ImportGroupSection(int64_t g, int which, const std::vector<float*>& model_params,
+                                  const float* src);
+  int64_t group_end(int64_t g) const { return groups_[g].offset + groups_[g].numel; }
 
   bool params_nvme() const { return options_.params_nvme; }
   bool optimizer_nvme() const { return options_.optimizer_nvme; }

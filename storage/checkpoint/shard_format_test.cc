@@ -1,0 +1,130 @@
+#include "storage/checkpoint/shard_format.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+
+namespace loom::storage {
+namespace {
+
+std::string NewDir(const std::string& name) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", ::getpid());
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  return dir;
+}
+
+ShardManifest ThreeParams() {
+  ShardManifest m;
+  m.world_size = 2;
+  m.rank = 1;
+  m.sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
+  m.params = {{"a", {7}, 7, 0, 0}, {"b", {2, 3}, 6, 0, 0}, {"c", {1}, 1, 0, 0}};
+  AssignPartitionLayout(m);  // partitions 4, 3, 1: section_numel 8
+  return m;
+}
+
+float Value(size_t section, int64_t i) { return 1000.0f * section + 0.5f * i; }
+
+// Pieces give byte-identical files to the contiguous writer, and the reader hands back every
+// element once, in order.
+TEST(ShardPiecesTest, WriteAndReadByPiecesMatchTheContiguousFormat) {
+  ShardManifest m = ThreeParams();
+  ASSERT_EQ(m.section_numel, 8);
+  std::vector<std::vector<float>> sec(3, std::vector<float>(8));
+  for (size_t s = 0; s < 3; ++s) {
+    for (int64_t i = 0; i < 8; ++i) sec[s][i] = Value(s, i);
+  }
+  const float* ptrs[3] = {sec[0].data(), sec[1].data(), sec[2].data()};
+  const std::string a = NewDir("contiguous"), b = NewDir("pieces");
+  ASSERT_TRUE(WriteShard(a, m, absl::MakeConstSpan(ptrs, 3)).ok());
+  const std::vector<int64_t> ends = {4, 7, 8};  // one piece per parameter partition
+  int calls = 0;
+  ASSERT_TRUE(WriteShardPieces(b, m, ends,
+                               [&](size_t s, size_t k, int64_t off, int64_t n, float* dst) {
+                                 EXPECT_EQ(off, k == 0 ? 0 : ends[k - 1]);
+                                 for (int64_t i = 0; i < n; ++i) dst[i] = Value(s, off + i);
+                                 ++calls;
+                                 return absl::OkStatus();
+                               })
+                  .ok());
+  EXPECT_EQ(calls, 9);
+  auto fa = ReadFile(a + "/" + ShardFileName(1));
+  auto fb = ReadFile(b + "/" + ShardFileName(1));
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  EXPECT_EQ(*fa, *fb);
+  absl::StatusOr<ShardManifest> mb = ReadManifest(b, 1);
+  ASSERT_TRUE(mb.ok()) << mb.status();
+  EXPECT_EQ(mb->shard_crc32, ReadManifest(a, 1)->shard_crc32);
+
+  std::vector<std::vector<float>> got(3);
+  ASSERT_TRUE(ReadShardPieces(b, *mb, ends,
+                              [&](size_t s, size_t, int64_t off, int64_t n, const float* src) {
+                                EXPECT_EQ(static_cast<int64_t>(got[s].size()), off);
+                                got[s].insert(got[s].end(), src, src + n);
+                                return absl::OkStatus();
+                              })
+                  .ok());
+  EXPECT_EQ(got, sec);
+}
+
+TEST(ShardPiecesTest, CorruptShardIsRejectedBeforeAnythingIsConsumed) {
+  ShardManifest m = ThreeParams();
+  const std::string dir = NewDir("corrupt");
+  const std::vector<int64_t> ends = {8};
+  ASSERT_TRUE(WriteShardPieces(dir, m, ends,
+                               [](size_t, size_t, int64_t, int64_t n, float* dst) {
+                                 for (int64_t i = 0; i < n; ++i) dst[i] = 1.0f;
+                                 return absl::OkStatus();
+                               })
+                  .ok());
+  absl::StatusOr<ShardManifest> mm = ReadManifest(dir, 1);
+  ASSERT_TRUE(mm.ok());
+  {  // flip one byte in the last section
+    std::fstream f(dir + "/" + ShardFileName(1), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(80);
+    f.put('\x7f');
+  }
+  int consumed = 0;
+  absl::Status s = ReadShardPieces(dir, *mm, ends,
+                                   [&](size_t, size_t, int64_t, int64_t, const float*) {
+                                     ++consumed;
+                                     return absl::OkStatus();
+                                   });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("rank_1.shard"), std::string::npos) << s;
+  EXPECT_EQ(consumed, 0);
+  // A truncated file: DATA_LOSS naming the sizes.
+  ASSERT_EQ(::truncate((dir + "/" + ShardFileName(1)).c_str(), 40), 0);
+  s = ReadShardPieces(dir, *mm, ends, [&](size_t, size_t, int64_t, int64_t, const float*) {
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST(ShardPiecesTest, BadPiecesAndProducerErrorsCommitNothing) {
+  ShardManifest m = ThreeParams();
+  const std::string dir = NewDir("bad");
+  auto fill = [](size_t, size_t, int64_t, int64_t, float*) { return absl::OkStatus(); };
+  for (std::vector<int64_t> ends : {std::vector<int64_t>{4, 4, 8}, std::vector<int64_t>{4, 7},
+                                    std::vector<int64_t>{}}) {
+    EXPECT_EQ(WriteShardPieces(dir, m, ends, fill).code(), absl::StatusCode::kInvalidArgument);
+  }
+  absl::Status s = WriteShardPieces(dir, m, std::vector<int64_t>{8},
+                                    [](size_t s, size_t, int64_t, int64_t, float*) {
+                                      return s == 2 ? absl::UnavailableError("disk gone")
+                                                    : absl::OkStatus();
+                                    });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(ReadManifest(dir, 1).ok());  // no manifest: nothing committed
+  EXPECT_NE(::access((dir + "/" + ShardFileName(1)).c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace loom::storage
