@@ -380,6 +380,37 @@ TEST_F(TrainerTest, ResumeWithAnotherWorldSizeIsRefused) {
   EXPECT_NE(msg.find("world size 1"), std::string::npos) << msg;
 }
 
+// A checkpoint whose shard was damaged after it was committed is refused when resuming, by the
+// rank that reads it, with an error naming the file (DATA_LOSS: CRC-32 mismatch), before any of
+// it is loaded; the other rank stops too instead of hanging.
+TEST_F(TrainerTest, ResumeFromACorruptShardIsRefusedNamingTheFile) {
+  ExpectSuccess(*two_, "two");
+  namespace fs = std::filesystem;
+  const std::string from = Dir("two") + "/" + loom::storage::StepDirName(6);
+  const std::string copy = Dir("corrupt_copy") + "/" + loom::storage::StepDirName(6);
+  fs::remove_all(Dir("corrupt_copy"));
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(from)) {
+    fs::copy_file(e.path(), copy + "/" + e.path().filename().string());
+  }
+  {
+    std::fstream f(copy + "/rank_1.shard", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(1000);
+    const char c = static_cast<char>(f.get());
+    f.seekp(1000);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  GangResult r = RunGang("corrupt", WriteSpec("corrupt", 3, 12), 2, {"--resume_from=" + copy});
+  EXPECT_EQ(r.exit_codes[1], 1);
+  EXPECT_NE(r.exit_codes[0], 0);
+  std::vector<json> errors = r.Of(1, "error");
+  ASSERT_EQ(errors.size(), 1u);
+  const std::string msg = errors[0]["message"];
+  EXPECT_NE(msg.find("rank_1.shard"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("CRC-32"), std::string::npos) << msg;
+  EXPECT_TRUE(r.Of(1, "step").empty()) << "rank 1 must not train from a corrupt shard";
+}
+
 // The glibc allocator flags change where memory comes from, never the arithmetic: the same run
 // with a fixed 4 MiB mmap threshold and 64 MiB trim threshold gives bit-identical losses, and an
 // out-of-range threshold is an invalid flag (exit 2, error event naming it).
