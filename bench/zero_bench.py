@@ -193,7 +193,7 @@ def main():
     nvme_offload = {
         "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "buffer_count": 6,
                               "pipeline_read": True, "pipeline_write": True},
-        "offload_param": {"device": "nvme", "nvme_path": nvme, "buffer_count": 2,
+        "offload_param": {"device": "nvme", "nvme_path": nvme, "buffer_count": 4,
                           "buffer_size": 100000000}}
 
     # 1. ZeRO-3 vs DDP (plus ZeRO-3 with the CPU optimizer, which on this CPU-only machine is

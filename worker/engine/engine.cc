@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,10 @@ class Trainer {
   absl::Status SetUpOffload(ZeroOptions* z);
   // The model's fp32 master partitions (null when the parameters live on NVMe).
   std::vector<float*> MasterPointers();
+  // offload_param nvme: parameter partition reads started ahead of their fetch (param -> swap
+  // buffer), see ZeroOptions::read_ahead.
+  std::map<size_t, int> read_ahead_;
+  int64_t param_reads_ahead_ = 0;  // fetches served by a read started ahead
   // Where the checkpoint's sections are cut for streaming: after every parameter partition,
   // or after every offload sub-group.
   std::vector<int64_t> PieceEnds(const storage::ShardManifest& m) const;
@@ -164,8 +169,31 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
     z->fetch_partition = [this](size_t i) {
       at::Tensor t = at::empty({PartitionNumel(model_->params()[i].numel, coll_.world_size())},
                                at::kFloat);
-      Check(offload_->FetchParam(i, t.data_ptr<float>()));
+      auto it = read_ahead_.find(i);
+      if (it != read_ahead_.end()) {  // started by read_ahead: usually complete by now
+        const int buffer = it->second;
+        read_ahead_.erase(it);
+        ++param_reads_ahead_;
+        Check(offload_->FinishFetchParam(i, buffer, t.data_ptr<float>()));
+      } else {
+        Check(offload_->FetchParam(i, t.data_ptr<float>()));
+      }
       return t;
+    };
+    // Reads ahead of the trace, one swap buffer always left for a fetch nobody hinted.
+    z->read_ahead = [this](size_t i) {
+      if (read_ahead_.count(i) != 0) return true;
+      if (static_cast<int64_t>(read_ahead_.size()) + 1 >= offload_->param_buffer_count()) {
+        return false;
+      }
+      absl::StatusOr<int> b = offload_->StartFetchParam(i);
+      if (!b.ok()) return false;  // a real read error shows up in the fetch itself
+      read_ahead_.emplace(i, *b);
+      return true;
+    };
+    z->drop_read_ahead = [this] {
+      for (const auto& [i, buffer] : read_ahead_) offload_->CancelFetchParam(buffer);
+      read_ahead_.clear();
     };
   }
   LOG(INFO) << "offload: optimizer " << oo.device << ", params " << op.device << ", "
@@ -616,6 +644,7 @@ absl::Status Trainer::Run() {
                {"skipped", skipped},
                {"optimizer_step", optimizer_step_},
                {"gathered_bytes_between_steps", mem.current(MemoryKind::kBuffers)},
+               {"param_reads_ahead", param_reads_ahead_},
                {"peak_gathered_bytes", mem.peak(MemoryKind::kBuffers)},
                {"partition_bytes", model_->partition_bytes()},
                {"prefetch_hits", model_->prefetch_hits()},

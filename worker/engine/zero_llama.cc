@@ -356,6 +356,16 @@ bool ZeroLlama::ReusedSoon(size_t i) const {
 void ZeroLlama::IssuePrefetches() {
   if (options_.prefetch_bucket_size <= 0) return;
   size_t k = std::max(prefetch_pos_, trace_pos_);
+  // File reads (offload_param nvme) of the partitions about to be gathered and of those after
+  // them, as far as the read buffers go: they run in parallel with each other and with compute.
+  auto read_ahead = [&](size_t from) {
+    if (!options_.read_ahead) return;
+    for (size_t r = std::max(from, read_ahead_pos_); r < trace_.size(); ++r) {
+      if (live_.count(trace_[r]) == 0 && !options_.read_ahead(trace_[r])) break;
+      read_ahead_pos_ = r + 1;
+    }
+  };
+  read_ahead(k);
   for (; k < trace_.size(); ++k) {
     const size_t j = trace_[k];
     auto live = live_.find(j);
@@ -374,6 +384,7 @@ void ZeroLlama::IssuePrefetches() {
     prefetch_elems_ += q.numel;
   }
   prefetch_pos_ = k;
+  read_ahead(k);  // refill the read buffers the gathers just took
 }
 
 void ZeroLlama::InvalidateTrace() {
@@ -606,6 +617,7 @@ void ZeroLlama::BeginMicroStep(bool last) {
   trace_pos_ = 0;
   enqueued_.assign(params_.size(), 0);
   prefetch_pos_ = 0;
+  read_ahead_pos_ = 0;
   if (options_.stage < 3) return;
   if (trace_mode_ == TraceMode::kRecord && !recording_.empty()) {
     trace_ = std::move(recording_);
@@ -646,6 +658,7 @@ void ZeroLlama::FinishMicroStep() {
     }
   }
   in_micro_step_ = false;
+  if (options_.drop_read_ahead) options_.drop_read_ahead();
   pool_.Trim();  // buffers no micro-step used since the last one are freed
 }
 

@@ -146,6 +146,13 @@ struct ZeroOptions {
   // Stage 3: the partition [p] (fp32) that all-gathers read when the shard is not in memory
   // (offload_param to NVMe). May throw CollectiveError with the read's status.
   std::function<at::Tensor(size_t i)> fetch_partition;
+  // Stage 3 with fetch_partition, while a prefetch trace is replayed: parameter i's partition
+  // will be fetched soon (the trace entries just beyond the all-gather prefetch window), so
+  // its read may start now. Returns false when no more reads can be in flight (hints stop
+  // until the next fetch). drop_read_ahead: wait for and discard reads no fetch took (the trace
+  // changed); called at the end of every micro-step, before the optimizer rewrites the files.
+  std::function<bool(size_t i)> read_ahead;
+  std::function<void()> drop_read_ahead;
 };
 
 struct ZeroParam {
@@ -316,7 +323,7 @@ class ZeroLlama {
   std::map<size_t, Live> live_;
   TraceMode trace_mode_ = TraceMode::kRecord;
   std::vector<size_t> trace_, recording_;
-  size_t trace_pos_ = 0, prefetch_pos_ = 0;
+  size_t trace_pos_ = 0, prefetch_pos_ = 0, read_ahead_pos_ = 0;
   int64_t live_elems_ = 0, prefetch_elems_ = 0;
   int64_t prefetch_hits_ = 0, trace_invalidations_ = 0, on_demand_fetches_ = 0;
 };

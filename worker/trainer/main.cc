@@ -20,8 +20,9 @@
 //   {"event":"step","step":s,"loss":x,"tokens_per_s":t,"step_time_s":u,"lr":l,"grad_norm":g,
 //    "loss_scale":S,"skipped":false,"optimizer_step":k,
 //    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
-//    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,
-//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,"cached_bytes":C,"peak_bytes":M,
+//    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,"param_reads_ahead":r,
+//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,
+//    "cached_bytes":C,"peak_bytes":M,
 //    "comm_s":c,"data_s":d,"comm_elements":e}
 //      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
 //      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
@@ -31,6 +32,8 @@
 //      loom_trainer_communication_seconds = comm_s, loom_trainer_stall_seconds = comm_s + data_s)
 //      comm_elements: the step's communication volume in elements (all-gather/reduce-scatter:
 //      N*p, all-reduce: 2x; TECHNIQUES.md §1.2)
+//      param_reads_ahead: parameter partitions (offload_param nvme) whose file read was started
+//      ahead of their all-gather, so far; cached_bytes: idle pooled buffers (MemoryKind kCached)
 //   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
 //   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b,"collective_count":c,
 //    "collective_hash":"hex"}                            equal on every rank

@@ -237,10 +237,11 @@ TEST_F(TrainerTest, OffloadToCpuAndNvmeMatchesTheInMemoryRunAndResumes) {
   const std::string zero_nvme = absl::StrCat(
       R"({"aio": {"block_size": 8192, "queue_depth": 4},
       "zero_optimization": {"stage": 3, "sub_group_size": 5000,
+      "stage3_prefetch_bucket_size": 1000,
       "offload_optimizer": {"device": "nvme", "nvme_path": ")", nvme_dir,
       R"(", "buffer_count": 6, "pipeline_read": true, "pipeline_write": true},
       "offload_param": {"device": "nvme", "nvme_path": ")", nvme_dir,
-      R"(", "buffer_count": 2, "buffer_size": 100000}}})");
+      R"(", "buffer_count": 4, "buffer_size": 100000}}})");
   GangResult cpu = RunGang("offload_cpu", WriteSpec("offload_cpu", 3, 12, zero_cpu), 2,
                            {"--checkpoint_dir=" + Dir("offload_cpu")});
   GangResult nvme = RunGang("offload_nvme", WriteSpec("offload_nvme", 3, 12, zero_nvme), 2,
@@ -256,6 +257,11 @@ TEST_F(TrainerTest, OffloadToCpuAndNvmeMatchesTheInMemoryRunAndResumes) {
   const int64_t part = cpu.Of(0, "started")[0]["partition_bytes"].get<int64_t>();
   EXPECT_EQ(cpu.Of(0, "started")[0]["offload_resident_bytes"].get<int64_t>(), 2 * part);
   EXPECT_LT(nvme.Of(0, "started")[0]["offload_resident_bytes"].get<int64_t>(), 2 * part);
+  // Once the prefetch trace is recorded, parameter reads start ahead of their all-gathers
+  // (beyond the small prefetch window, up to buffer_count - 1 in flight); the losses below
+  // show they change nothing.
+  EXPECT_GT(nvme.Of(0, "step").back()["param_reads_ahead"].get<int64_t>(), 0);
+  EXPECT_EQ(cpu.Of(0, "step").back()["param_reads_ahead"].get<int64_t>(), 0);
 
   for (const std::string type : {"step", "eval"}) {
     std::vector<double> base = Losses(*two_, type), c = Losses(cpu, type),

@@ -255,6 +255,32 @@ absl::Status OffloadOptimizer::FetchParam(size_t i, float* dst) {
   return param_swapper_->Read(s_param_, static_cast<int64_t>(i), dst, numels_[i] * 4);
 }
 
+absl::StatusOr<int> OffloadOptimizer::StartFetchParam(size_t i) {
+  if (!options_.params_nvme) {
+    return absl::FailedPreconditionError("StartFetchParam: parameters are not offloaded to NVMe");
+  }
+  if (i >= numels_.size()) return absl::OutOfRangeError(absl::StrCat("parameter ", i));
+  ASSIGN_OR_RETURN(int b, param_swapper_->Acquire());
+  absl::Status s = param_swapper_->ReadAsync(s_param_, static_cast<int64_t>(i), b);
+  if (!s.ok()) {
+    param_swapper_->Release(b);
+    return s;
+  }
+  return b;
+}
+
+absl::Status OffloadOptimizer::FinishFetchParam(size_t i, int buffer, float* dst) {
+  absl::Status s = param_swapper_->WaitRead(buffer);
+  if (s.ok()) std::memcpy(dst, param_swapper_->data(buffer), numels_[i] * 4);
+  param_swapper_->Release(buffer);
+  return s;
+}
+
+void OffloadOptimizer::CancelFetchParam(int buffer) {
+  (void)param_swapper_->WaitRead(buffer);  // the data is dropped; so is a read error
+  param_swapper_->Release(buffer);
+}
+
 absl::Status OffloadOptimizer::ExportGroupSection(int64_t g, int which,
                                                   const std::vector<float*>& model_params,
                                                   float* dst) {

@@ -84,6 +84,16 @@ class OffloadOptimizer {
 
   // Parameter i's current partition (params on NVMe only): p_i floats into dst.
   absl::Status FetchParam(size_t i, float* dst);
+  // The same in two halves, so the read overlaps compute (ZeRO-Infinity §6.2: parameters are
+  // prefetched from NVMe ahead of their all-gather): StartFetchParam starts reading into a swap
+  // buffer and returns it (FAILED_PRECONDITION when no buffer is free: keep at most
+  // offload_param.buffer_count - 1 in flight so FetchParam always finds one); FinishFetchParam
+  // waits for it, verifies it and copies it into dst (p_i floats); CancelFetchParam waits for it
+  // and drops it. Each started fetch is finished or cancelled exactly once.
+  absl::StatusOr<int> StartFetchParam(size_t i);
+  absl::Status FinishFetchParam(size_t i, int buffer, float* dst);
+  void CancelFetchParam(int buffer);
+  int64_t param_buffer_count() const { return options_.param_buffer_count; }
 
   // Checkpoint I/O: the three sections (concatenation of partitions in model order, Σ p_i
   // floats each). model_params as in Step (needed when the model's tensors are the master).
