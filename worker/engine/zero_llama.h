@@ -47,6 +47,9 @@
 // prefetches are waited for and freed (every rank issued them, so no collective is left
 // unmatched), fetching falls back to on-demand, and the next micro-step records a new trace.
 // Because gathers only move bytes, results are identical with and without prefetching.
+// With fetch_partition (offload_param nvme) and read_ahead set, replay also hints the file reads
+// of the partitions it is about to gather and of the trace entries after them (the hook decides
+// how many run at once); a hinted read no fetch takes is dropped at FinishMicroStep.
 //
 // Mixed precision: param_dtype kBFloat16 -> bf16 params and activations; kHalf -> fp16 params
 // (stored and communicated in fp16) with fp32 activations (LibTorch 1.13 on CPU has no fp16
