@@ -60,6 +60,22 @@ absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path, int64_
 
 }  // namespace
 
+absl::StatusOr<size_t> PreadUpTo(int fd, void* dst, size_t size, int64_t offset,
+                                 const std::string& path) {
+  char* p = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, p + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot read", path);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);

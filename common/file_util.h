@@ -16,6 +16,12 @@ namespace loom {
 // RESOURCE_EXHAUSTED (ENOSPC), INTERNAL otherwise. Call it right after the failing call.
 absl::Status ErrnoError(absl::string_view what, const std::string& path);
 
+// Reads up to `size` bytes at byte `offset` of the open file `fd` (pread, retried on EINTR and
+// short reads); returns how many were read, fewer only at end of file. I/O errors are
+// ErrnoError("cannot read", path).
+absl::StatusOr<size_t> PreadUpTo(int fd, void* dst, size_t size, int64_t offset,
+                                 const std::string& path);
+
 // Reads the whole file. NOT_FOUND if it does not exist, INTERNAL on other I/O errors.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -108,6 +109,26 @@ TEST(FileUtilTest, MakeDirsCreatesParentsAndRefusesFiles) {
 
 std::string Tmp(const std::string& name) {
   return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+TEST(PreadUpToTest, ReadsAtAnOffsetAndStopsAtEndOfFile) {
+  const std::string path = TmpDir("pread") + "/f";
+  ASSERT_TRUE(WriteFileAtomically(path, "0123456789").ok());
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  char buf[16] = {};
+  absl::StatusOr<size_t> got = PreadUpTo(fd, buf, 4, 3, path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 4u);
+  EXPECT_EQ(std::string(buf, 4), "3456");
+  got = PreadUpTo(fd, buf, 16, 7, path);  // past the end: what there is
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, 3u);
+  EXPECT_EQ(std::string(buf, 3), "789");
+  ::close(fd);
+  got = PreadUpTo(fd, buf, 4, 0, path);  // closed descriptor: an error naming the file
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find(path), std::string::npos) << got.status();
 }
 
 TEST(ReadRegularFileTest, ReadsARegularFile) {

@@ -105,19 +105,15 @@ bool IsDir(const std::string& path) {
 // Reads exactly `size` bytes at `offset`; DATA_LOSS naming the shard on a short read.
 absl::Status PreadExactly(int fd, char* dst, size_t size, int64_t offset, const std::string& path,
                           int32_t rank) {
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::pread(fd, dst + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(absl::StrCat("cannot read (rank ", rank, ")"), path);
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): ends at byte ",
-                                              offset + done, ", expected at least ",
-                                              offset + size));
-    }
-    done += static_cast<size_t>(n);
+  absl::StatusOr<size_t> got = PreadUpTo(fd, dst, size, offset, path);
+  if (!got.ok()) {
+    return absl::Status(got.status().code(),
+                        absl::StrCat("(rank ", rank, ") ", got.status().message()));
+  }
+  if (*got < size) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): ends at byte ",
+                                            offset + *got, ", expected at least ",
+                                            offset + size));
   }
   return absl::OkStatus();
 }

@@ -6,7 +6,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
 
 #include <cmath>
 #include <cstring>
@@ -260,15 +259,8 @@ absl::Status CheckPieces(const ShardManifest& m, absl::Span<const int64_t> ends,
 }
 
 absl::Status PreadFully(int fd, void* dst, size_t size, off_t offset, const std::string& path) {
-  char* p = static_cast<char*>(dst);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, p + done, size - done, offset + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("cannot read", path);
-    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": ends early"));
-    done += static_cast<size_t>(n);
-  }
+  ASSIGN_OR_RETURN(size_t got, PreadUpTo(fd, dst, size, offset, path));
+  if (got < size) return absl::DataLossError(absl::StrCat(path, ": ends early"));
   return absl::OkStatus();
 }
 

@@ -50,16 +50,8 @@ std::vector<std::string> DirNames(const std::string& dir) {
 }
 
 absl::Status PreadAll(int fd, char* dst, size_t size, const std::string& path) {
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::pread(fd, dst + done, size - done, static_cast<off_t>(done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("cannot read", path);
-    }
-    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": short read"));
-    done += static_cast<size_t>(n);
-  }
+  ASSIGN_OR_RETURN(size_t got, PreadUpTo(fd, dst, size, 0, path));
+  if (got < size) return absl::DataLossError(absl::StrCat(path, ": short read"));
   return absl::OkStatus();
 }
 

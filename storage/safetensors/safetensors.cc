@@ -42,23 +42,6 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
-// Reads up to `size` bytes at `offset`; returns how many were read (fewer only at end of file).
-absl::StatusOr<size_t> PreadFully(int fd, void* dst, size_t size, int64_t offset,
-                                  const std::string& path) {
-  char* p = static_cast<char*>(dst);
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::pread(fd, p + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("cannot read", path);
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return done;
-}
-
 // Coalesces small appends into kWriteBufferBytes writes.
 class BufferedWriter {
  public:
@@ -424,7 +407,7 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string& path) {
                                             " bytes, shorter than the 8-byte header length"));
   }
   unsigned char prefix[8];
-  ASSIGN_OR_RETURN(size_t got, PreadFully(r->fd_, prefix, 8, 0, path));
+  ASSIGN_OR_RETURN(size_t got, PreadUpTo(r->fd_, prefix, 8, 0, path));
   if (got != 8) return absl::DataLossError(absl::StrCat(path, ": short read of the header length"));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
@@ -439,7 +422,7 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string& path) {
   }
   r->header_bytes_ = static_cast<int64_t>(n);
   std::string text(n, '\0');
-  ASSIGN_OR_RETURN(got, PreadFully(r->fd_, text.data(), n, 8, path));
+  ASSIGN_OR_RETURN(got, PreadUpTo(r->fd_, text.data(), n, 8, path));
   if (got != n) return absl::DataLossError(absl::StrCat(path, ": short read of the header"));
   ASSIGN_OR_RETURN(r->header_, ParseHeader(text, r->file_bytes_ - 8 - r->header_bytes_, path));
   for (size_t i = 0; i < r->header_.tensors.size(); ++i) {
@@ -476,7 +459,7 @@ absl::Status Reader::ReadTensorRange(const TensorEntry& e, int64_t offset, void*
                                                    e.size_bytes(), " bytes"));
   }
   int64_t file_offset = 8 + header_bytes_ + e.begin + offset;
-  ASSIGN_OR_RETURN(size_t got, PreadFully(fd_, dst, size_bytes, file_offset, path_));
+  ASSIGN_OR_RETURN(size_t got, PreadUpTo(fd_, dst, size_bytes, file_offset, path_));
   if (got != size_bytes) {
     return absl::DataLossError(absl::StrCat(path_, ": tensor '", e.name, "': read ", got, " of ",
                                             size_bytes, " bytes (file shrank?)"));
