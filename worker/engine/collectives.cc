@@ -143,6 +143,12 @@ class GlooPending : public PendingCollective {
     } catch (const std::exception& e) {
       status_ = FromException(op_, e);
     }
+    if (!status_.ok()) {
+      // Sends and receives not waited for may still be in the transport's hands: their tensors
+      // must never be freed or reused. The group is unusable after a failure and the rank is
+      // about to exit, so they are deliberately leaked.
+      new std::vector<at::Tensor>(std::move(keep_));  // NOLINT: intentional leak
+    }
     works_.clear();
     keep_.clear();
     outputs_.clear();
