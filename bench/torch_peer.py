@@ -3,7 +3,8 @@
 LlamaForCausalLM semantics: token embedding, RMSNorm, GQA attention with RoPE and a causal mask,
 SwiGLU MLP, untied lm_head; normal(0, initializer_range) init, norms at 1), trained with
 torch.distributed over Gloo on CPU, one process per rank, as either
-  --mode=ddp    DistributedDataParallel + torch.optim.AdamW, or
+  --mode=ddp    DistributedDataParallel + torch.optim.AdamW (--gradient_as_bucket_view: DDP's
+                option that makes .grad views of its all-reduce buckets, saving one gradient copy), or
   --mode=zero1  DistributedDataParallel + ZeroRedundancyOptimizer(AdamW)  (ZeRO stage 1).
 Prints one JSON line per event on stdout: started, step (step_time_s, fwd_bwd_s, optimizer_s,
 loss), done. Run with Debian's /usr/bin/python3 (python3-torch 1.13).
@@ -118,6 +119,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--weight_decay", type=float, default=0.01)
+    ap.add_argument("--gradient_as_bucket_view", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     c = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "initializer_range": 0.02}
@@ -127,7 +129,8 @@ def main():
     torch.manual_seed(1234)
     model = Llama(c)
     nparams = sum(p.numel() for p in model.parameters())
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(
+        model, gradient_as_bucket_view=a.gradient_as_bucket_view)
     if a.mode == "ddp":
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     else:

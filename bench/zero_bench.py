@@ -126,9 +126,9 @@ def run_loom(name, a, cfg, stage, steps, offload=None, env=None):
     return r
 
 
-def run_torch(name, a, cfg, mode, steps, env=None):
+def run_torch(name, a, cfg, mode, steps, env=None, extra=()):
     args = ["--mode=" + mode, "--config=" + json.dumps(cfg), "--micro=%d" % a.micro,
-            "--seq=%d" % a.seq, "--steps=%d" % steps, "--threads=%d" % a.threads]
+            "--seq=%d" % a.seq, "--steps=%d" % steps, "--threads=%d" % a.threads] + list(extra)
     t0 = time.time()
     ranks = gang.run_python(os.path.join(HERE, "torch_peer.py"), args, a.world,
                             os.path.join(a.workdir, name), timeout_s=a.timeout, env=env or ENV)
@@ -202,6 +202,10 @@ def main():
     z3 = run_loom("loom_zero3", a, cfg, 3, a.steps)
     z3c = run_loom("loom_zero3_cpu_adam", a, cfg, 3, a.steps,
                    {"offload_optimizer": {"device": "cpu"}})
+    # A reference, not the target's peer: DDP with its memory-saving gradient_as_bucket_view
+    # (off by default), which drops one of its two gradient copies.
+    ddpv = run_torch("torch_ddp_bucket_view", a, cfg, "ddp", a.steps,
+                     extra=["--gradient_as_bucket_view"])
     # 2. ZeRO-1.
     tz1 = run_torch("torch_zero1", a, cfg, "zero1", a.steps)
     z1 = run_loom("loom_zero1", a, cfg, 1, a.steps)
@@ -235,7 +239,7 @@ def main():
     print("\n== Loom ZeRO-3 vs PyTorch DDP (%d ranks, %.1fM params) ==" % (a.world, psi / 1e6))
     print("%-34s %12s %12s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
                                         "comm MiB/step"))
-    for r in (ddp, z3, z3c, tz1, z1):
+    for r in (ddp, ddpv, z3, z3c, tz1, z1):
         if not r.ok:
             print("%-34s  not available: %s" % (r.name, r.error))
             continue
@@ -249,6 +253,9 @@ def main():
     if z3c.ok and ddp.ok:
         print("ZeRO-3 with CpuAdam (offload_optimizer cpu) / DDP: step time %.3f, peak memory %.3f"
               % (z3c.step() / ddp.step(), z3c.peak_rss / ddp.peak_rss))
+    if z3.ok and ddpv.ok:
+        print("ZeRO-3 / DDP with gradient_as_bucket_view (reference): step time %.3f, peak memory "
+              "%.3f" % (z3.step() / ddpv.step(), z3.peak_rss / ddpv.peak_rss))
     if z1.ok and tz1.ok:
         print("Loom ZeRO-1 / ZeroRedundancyOptimizer: step time %.3f, peak memory %.3f"
               % (z1.step() / tz1.step(), z1.peak_rss / tz1.peak_rss))
@@ -260,7 +267,7 @@ def main():
     # preparation; compute is the rest. DDP overlaps its bucketed all-reduce with backward, so
     # only forward+backward (including the all-reduce wait) and the optimizer can be separated.
     print("\nBreakdown (median s/step, rank 0)")
-    for r in (ddp, z3, z3c, tz1, z1):
+    for r in (ddp, ddpv, z3, z3c, tz1, z1):
         if not r.ok:
             continue
         if r.comm_s:
