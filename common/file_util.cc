@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace loom {
 namespace {
@@ -74,6 +75,20 @@ absl::StatusOr<size_t> PreadUpTo(int fd, void* dst, size_t size, int64_t offset,
     done += static_cast<size_t>(n);
   }
   return done;
+}
+
+absl::Status PreadExactly(int fd, void* dst, size_t size, int64_t offset,
+                          const std::string& path) {
+  ASSIGN_OR_RETURN(size_t got, PreadUpTo(fd, dst, size, offset, path));
+  if (got < size) {
+    return absl::DataLossError(absl::StrCat(path, ": ends at byte ", offset + got,
+                                            ", expected at least ", offset + size));
+  }
+  return absl::OkStatus();
+}
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

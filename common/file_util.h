@@ -21,6 +21,25 @@ absl::Status ErrnoError(absl::string_view what, const std::string& path);
 // ErrnoError("cannot read", path).
 absl::StatusOr<size_t> PreadUpTo(int fd, void* dst, size_t size, int64_t offset,
                                  const std::string& path);
+// Exactly `size` bytes at `offset`: as PreadUpTo, and DATA_LOSS "<path>: ends at byte X,
+// expected at least Y" when the file is shorter.
+absl::Status PreadExactly(int fd, void* dst, size_t size, int64_t offset,
+                          const std::string& path);
+
+// Owns a file descriptor and closes it when destroyed. Movable, not copyable.
+class ScopedFd {
+ public:
+  ScopedFd() = default;
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  ScopedFd& operator=(ScopedFd&& o) = delete;
+  ScopedFd(const ScopedFd&) = delete;
+  ~ScopedFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
 
 // Reads the whole file. NOT_FOUND if it does not exist, INTERNAL on other I/O errors.
 absl::StatusOr<std::string> ReadFile(const std::string& path);

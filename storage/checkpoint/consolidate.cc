@@ -43,21 +43,6 @@ constexpr char kIndexName[] = "model.safetensors.index.json";
 constexpr char kStagingPrefix[] = ".consolidate.tmp.";
 constexpr char kDeletingPrefix[] = ".deleting.";
 
-class ScopedFd {
- public:
-  ScopedFd() = default;
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(ScopedFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  ScopedFd& operator=(ScopedFd&& o) = delete;
-  ScopedFd(const ScopedFd&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
 
 // Names in `dir` (not "." or ".."). NOT_FOUND if `dir` does not exist.
 absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
@@ -100,22 +85,6 @@ int64_t FileSize(const std::string& path) {
 bool IsDir(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// Reads exactly `size` bytes at `offset`; DATA_LOSS naming the shard on a short read.
-absl::Status PreadExactly(int fd, char* dst, size_t size, int64_t offset, const std::string& path,
-                          int32_t rank) {
-  absl::StatusOr<size_t> got = PreadUpTo(fd, dst, size, offset, path);
-  if (!got.ok()) {
-    return absl::Status(got.status().code(),
-                        absl::StrCat("(rank ", rank, ") ", got.status().message()));
-  }
-  if (*got < size) {
-    return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): ends at byte ",
-                                            offset + *got, ", expected at least ",
-                                            offset + size));
-  }
-  return absl::OkStatus();
 }
 
 // "0, 1, 2" -- at most 16 ranks, then "... (N in total)": the list ends up in RPC error messages,
@@ -378,26 +347,9 @@ absl::StatusOr<OpenShards> OpenShardFiles(const StepScan& scan) {
   const int32_t world_size = scan.manifests.begin()->second.world_size;
   for (int32_t r = 0; r < world_size; ++r) {
     const ShardManifest& m = scan.manifests.at(r);
-    std::string path = absl::StrCat(scan.info.path, "/", ShardFileName(r));
-    // O_NONBLOCK: a FIFO planted as a shard must not block the service (it is refused below).
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-      if (errno == ENOENT) {
-        return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): missing"));
-      }
-      return ErrnoError(absl::StrCat("cannot open (rank ", r, ")"), path);
-    }
-    out.fds.emplace_back(fd);
-    out.paths.push_back(path);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
-    if (!S_ISREG(st.st_mode)) {
-      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): not a regular file"));
-    }
-    if (st.st_size != m.shard_bytes) {
-      return absl::DataLossError(absl::StrCat(path, " (rank ", r, "): ", st.st_size,
-                                              " bytes, manifest says ", m.shard_bytes));
-    }
+    ASSIGN_OR_RETURN(ScopedFd fd, OpenShardFile(scan.info.path, m));
+    out.fds.push_back(std::move(fd));
+    out.paths.push_back(absl::StrCat(scan.info.path, "/", ShardFileName(r)));
   }
   return out;
 }
@@ -408,7 +360,7 @@ absl::StatusOr<uint32_t> CrcRange(int fd, uint32_t crc, int64_t offset, int64_t 
                                   int32_t rank) {
   while (size > 0) {
     size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), size));
-    RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, offset, path, rank));
+    RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, offset, path));
     crc = Crc32(crc, buffer.data(), n);
     offset += static_cast<int64_t>(n);
     size -= static_cast<int64_t>(n);
@@ -629,7 +581,7 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
       while (left > 0) {
         size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), left));
         RETURN_IF_ERROR(
-            PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r], r));
+            PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r]));
         if (fused_crc) piece.crc = Crc32(piece.crc, buffer.data(), n);
         if (bf16) {
           const size_t count = n / sizeof(float);

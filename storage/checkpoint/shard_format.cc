@@ -221,20 +221,12 @@ absl::Status WriteShard(const std::string& step_dir, ShardManifest m,
                                                    " section buffers for ", m.sections.size(),
                                                    " sections"));
   }
-  RETURN_IF_ERROR(MakeDirs(step_dir));
-  ASSIGN_OR_RETURN(AtomicFileWriter writer,
-                   AtomicFileWriter::Open(absl::StrCat(step_dir, "/", ShardFileName(m.rank))));
-  uint32_t crc = Crc32(0, nullptr, 0);
-  const size_t section_bytes = static_cast<size_t>(m.section_numel) * sizeof(float);
-  for (const float* data : section_data) {
-    RETURN_IF_ERROR(writer.Append(data, section_bytes));
-    crc = Crc32(crc, data, section_bytes);
-  }
-  m.shard_bytes = writer.bytes_written();
-  m.shard_crc32 = crc;
-  RETURN_IF_ERROR(writer.Commit());
-  return WriteFileAtomically(absl::StrCat(step_dir, "/", ManifestFileName(m.rank)),
-                             ManifestToJson(m));
+  const int64_t n = m.section_numel;
+  return WriteShardPieces(step_dir, std::move(m), std::vector<int64_t>{n},
+                          [&](size_t section, size_t, int64_t, int64_t count, float* dst) {
+                            std::memcpy(dst, section_data[section], count * sizeof(float));
+                            return absl::OkStatus();
+                          });
 }
 
 namespace {
@@ -258,13 +250,29 @@ absl::Status CheckPieces(const ShardManifest& m, absl::Span<const int64_t> ends,
   return absl::OkStatus();
 }
 
-absl::Status PreadFully(int fd, void* dst, size_t size, off_t offset, const std::string& path) {
-  ASSIGN_OR_RETURN(size_t got, PreadUpTo(fd, dst, size, offset, path));
-  if (got < size) return absl::DataLossError(absl::StrCat(path, ": ends early"));
-  return absl::OkStatus();
-}
-
 }  // namespace
+
+absl::StatusOr<ScopedFd> OpenShardFile(const std::string& step_dir, const ShardManifest& m) {
+  const std::string path = absl::StrCat(step_dir, "/", ShardFileName(m.rank));
+  // O_NONBLOCK: a FIFO planted as a shard must not block the reader (it is refused below).
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) {
+      return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): missing"));
+    }
+    return ErrnoError(absl::StrCat("cannot open (rank ", m.rank, ")"), path);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): not a regular file"));
+  }
+  if (st.st_size != m.shard_bytes) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): ", st.st_size,
+                                            " bytes, manifest says ", m.shard_bytes));
+  }
+  return fd;
+}
 
 absl::Status WriteShardPieces(const std::string& step_dir, ShardManifest m,
                               absl::Span<const int64_t> piece_ends,
@@ -300,35 +308,26 @@ absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& m
   int64_t largest = 0;
   if (m.section_numel > 0) RETURN_IF_ERROR(CheckPieces(m, piece_ends, &largest));
   const std::string path = absl::StrCat(step_dir, "/", ShardFileName(m.rank));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("cannot open", path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
-  }
+  ASSIGN_OR_RETURN(ScopedFd file, OpenShardFile(step_dir, m));
+  const int fd = file.get();
   const int64_t want = static_cast<int64_t>(m.sections.size()) * m.section_numel * 4;
-  if (st.st_size != m.shard_bytes || st.st_size != want) {
-    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): ", st.st_size,
-                                            " bytes, manifest says ", m.shard_bytes, " (",
-                                            m.sections.size(), " sections of ",
-                                            m.section_numel, " floats)"));
+  if (m.shard_bytes != want) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): manifest says ",
+                                            m.shard_bytes, " bytes but ", m.sections.size(),
+                                            " sections of ", m.section_numel, " floats"));
   }
+  const int64_t file_bytes = m.shard_bytes;
   auto crc_mismatch = [&](uint32_t crc, const char* when) {
     return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x%s",
                                                path, m.rank, crc, m.shard_crc32, when));
   };
   // Pass 1: verify before anything is handed out.
   {
-    std::vector<char> chunk(std::min<int64_t>(st.st_size, 4 << 20));
+    std::vector<char> chunk(std::min<int64_t>(file_bytes, 4 << 20));
     uint32_t crc = Crc32(0, nullptr, 0);
-    for (int64_t off = 0; off < st.st_size;) {
-      const size_t n = static_cast<size_t>(std::min<int64_t>(chunk.size(), st.st_size - off));
-      RETURN_IF_ERROR(PreadFully(fd, chunk.data(), n, off, path));
+    for (int64_t off = 0; off < file_bytes;) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(chunk.size(), file_bytes - off));
+      RETURN_IF_ERROR(PreadExactly(fd, chunk.data(), n, off, path));
       crc = Crc32(crc, chunk.data(), n);
       off += static_cast<int64_t>(n);
     }
@@ -343,7 +342,7 @@ absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& m
       const int64_t count = piece_ends[k] - begin;
       const size_t bytes = static_cast<size_t>(count) * sizeof(float);
       const off_t at = static_cast<off_t>((static_cast<int64_t>(s) * m.section_numel + begin) * 4);
-      RETURN_IF_ERROR(PreadFully(fd, buf.data(), bytes, at, path));
+      RETURN_IF_ERROR(PreadExactly(fd, buf.data(), bytes, at, path));
       crc = Crc32(crc, buf.data(), bytes);
       RETURN_IF_ERROR(consume(s, k, begin, count, buf.data()));
       begin = piece_ends[k];
@@ -368,19 +367,15 @@ absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t 
 
 absl::StatusOr<std::vector<float>> ReadShardVerified(const std::string& step_dir,
                                                      const ShardManifest& m) {
-  std::string path = absl::StrCat(step_dir, "/", ShardFileName(m.rank));
-  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
-  if (static_cast<int64_t>(bytes.size()) != m.shard_bytes) {
-    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): ", bytes.size(),
-                                            " bytes, manifest says ", m.shard_bytes));
-  }
-  uint32_t crc = Crc32(Crc32(0, nullptr, 0), bytes.data(), bytes.size());
-  if (crc != m.shard_crc32) {
-    return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
-                                               path, m.rank, crc, m.shard_crc32));
-  }
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  std::vector<float> out;
+  RETURN_IF_ERROR(ReadShardPieces(
+      step_dir, m, std::vector<int64_t>{m.section_numel},
+      [&](size_t section, size_t, int64_t offset, int64_t count, const float* src) {
+        // Sized only now: the file's size has been checked against the manifest.
+        if (out.empty()) out.resize(m.sections.size() * static_cast<size_t>(m.section_numel));
+        std::memcpy(out.data() + section * m.section_numel + offset, src, count * sizeof(float));
+        return absl::OkStatus();
+      }));
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/file_util.h"
 
 namespace loom::storage {
 
@@ -89,10 +90,15 @@ std::string ManifestToJson(const ShardManifest& manifest);
 absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& json);
 
 // Writes rank_<r>.shard (sections in order, each section_numel floats) then the manifest into
-// `step_dir` (created if needed), each atomically. `section_data[i]` must hold section_numel
+// `step_dir` (created if needed), each atomically (WriteShardPieces, one piece per section). `section_data[i]` must hold section_numel
 // floats for manifest.sections[i]. INVALID_ARGUMENT on a count mismatch.
 absl::Status WriteShard(const std::string& step_dir, ShardManifest manifest,
                         absl::Span<const float* const> section_data);
+
+// Opens rank manifest.rank's shard in `step_dir` for reading and checks it is a regular file of
+// manifest.shard_bytes bytes. Never blocks on a FIFO planted as a shard (O_NONBLOCK). DATA_LOSS
+// naming the file and rank when it is missing, not a regular file or of another size.
+absl::StatusOr<ScopedFd> OpenShardFile(const std::string& step_dir, const ShardManifest& manifest);
 
 // Streaming shard I/O, for writers and readers that must not hold a whole shard (12 bytes per
 // partition element for Adam) in memory. Every section is cut into the same pieces:
@@ -126,8 +132,9 @@ absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& m
 // than kMaxManifestBytes.
 absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank);
 
-// Reads the whole shard of `rank` and checks its size and CRC-32 against the manifest.
-// DATA_LOSS naming the file and rank on mismatch. Returns the raw floats of every section.
+// Reads the whole shard of `rank` and checks its size and CRC-32 against the manifest
+// (ReadShardPieces with one piece per section). DATA_LOSS naming the file and rank on mismatch.
+// Returns the raw floats of every section. For tests and tools: it holds the whole shard.
 absl::StatusOr<std::vector<float>> ReadShardVerified(const std::string& step_dir,
                                                      const ShardManifest& manifest);
 

@@ -49,11 +49,6 @@ std::vector<std::string> DirNames(const std::string& dir) {
   return names;
 }
 
-absl::Status PreadAll(int fd, char* dst, size_t size, const std::string& path) {
-  ASSIGN_OR_RETURN(size_t got, PreadUpTo(fd, dst, size, 0, path));
-  if (got < size) return absl::DataLossError(absl::StrCat(path, ": short read"));
-  return absl::OkStatus();
-}
 
 absl::StatusOr<VerifyReport> VerifySharded(const std::string& dir) {
   const std::string index_path = absl::StrCat(dir, "/", kIndexName);
@@ -144,12 +139,9 @@ absl::StatusOr<VerifyReport> VerifySharded(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<VerifyReport> VerifySafetensorsFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ScopedFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const int fd = file.get();
   if (fd < 0) return ErrnoError("cannot open", path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat", path);
   const int64_t size = st.st_size;
@@ -158,7 +150,7 @@ absl::StatusOr<VerifyReport> VerifySafetensorsFile(const std::string& path) {
         absl::StrCat(path, ": ", size, " bytes, too short for the 8-byte header length"));
   }
   unsigned char prefix[8];
-  RETURN_IF_ERROR(PreadAll(fd, reinterpret_cast<char*>(prefix), 8, path));
+  RETURN_IF_ERROR(PreadExactly(fd, prefix, 8, 0, path));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
   if (n > static_cast<uint64_t>(safetensors::kMaxHeaderBytes)) {
@@ -170,7 +162,7 @@ absl::StatusOr<VerifyReport> VerifySafetensorsFile(const std::string& path) {
                                             " runs past the end of the file (", size, " bytes)"));
   }
   std::string header(static_cast<size_t>(8 + n), '\0');
-  RETURN_IF_ERROR(PreadAll(fd, header.data(), header.size(), path));
+  RETURN_IF_ERROR(PreadExactly(fd, header.data(), header.size(), 0, path));
   header.erase(0, 8);
   if (header.empty() || header.front() != '{') {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -343,6 +344,14 @@ TEST_F(ClusterE2ETest, CancelWritesACommittedFinalCheckpointAndLogsHoldTrainerLi
     loom::v1::JobEvent e;
     while (watch->Read(&e)) events.push_back(e);
   });
+  // A failed ASSERT below returns early: stop and join the watcher on every path (an unjoined
+  // std::thread would terminate the binary and leave the cluster's daemons running).
+  absl::Cleanup stop_watcher = [&] {
+    if (watcher.joinable()) {
+      watch_ctx.TryCancel();
+      watcher.join();
+    }
+  };
 
   loom::v1::CancelJobRequest req;
   req.set_job_id(job.id());

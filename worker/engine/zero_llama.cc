@@ -484,7 +484,6 @@ at::Tensor ZeroLlama::GradDestination(size_t i, at::ScalarType compute_dtype) {
 
 void ZeroLlama::CommitGrad(size_t i) {
   at::Tensor buf = std::move(grad_out_[i]);
-  grad_out_[i] = at::Tensor();
   const int64_t n_ranks = collectives_->world_size();
   if (n_ranks > 1) buf.div_(static_cast<double>(n_ranks));  // the mean, as DeepSpeed pre-divides
   if (touched_.size() != params_.size()) touched_.assign(params_.size(), 0);
@@ -494,10 +493,8 @@ void ZeroLlama::CommitGrad(size_t i) {
 
 void ZeroLlama::AddGrad(size_t i, const at::Tensor& full_grad) {
   ZeroParam& p = params_[i];
-  if (options_.stage >= 2) {
-    if (grad_out_.size() != params_.size()) grad_out_.resize(params_.size());
-    grad_out_[i] = NewGradBuffer(i);
-    grad_out_[i].narrow(0, 0, p.numel).copy_(full_grad.reshape({-1}));
+  if (options_.stage >= 2) {  // through the same buffer the direct path writes into
+    GradDestination(i, at::kFloat).copy_(full_grad.reshape(p.spec.shape));
     CommitGrad(i);
     return;
   }
@@ -544,8 +541,8 @@ void ZeroLlama::Flush() {
   int64_t total = 0;
   for (const auto& [i, t] : bucket_) {
     r.ids.push_back(i);
-    r.offsets.push_back(total);
-    total += options_.stage == 0 ? params_[i].numel : params_[i].slice.partition_numel;
+    r.offsets.push_back(total);  // stage 0: where its gradient sits in the concatenation
+    total += params_[i].numel;
   }
   if (options_.stage == 0) {
     std::vector<at::Tensor> parts;
@@ -772,13 +769,6 @@ at::Tensor ZeroLlama::CheckpointPartition(size_t i, int which) const {
     out.narrow(0, 0, p.slice.valid()).copy_(t.narrow(0, p.slice.begin, p.slice.valid()));
   }
   return out;
-}
-
-void ZeroLlama::LoadPartitions(size_t i, const float* master, const float* exp_avg,
-                               const float* exp_avg_sq) {
-  LoadPartition(i, 0, master);
-  LoadPartition(i, 1, exp_avg);
-  LoadPartition(i, 2, exp_avg_sq);
 }
 
 void ZeroLlama::LoadPartition(size_t i, int which, const float* src) {

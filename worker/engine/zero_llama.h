@@ -218,11 +218,9 @@ class ZeroLlama {
   // This rank's partition [p] of parameter i's master / exp_avg / exp_avg_sq (which = 0, 1, 2),
   // the checkpoint layout for every stage (stage 0 slices its full replica).
   at::Tensor CheckpointPartition(size_t i, int which) const;
-  // Sets parameter i's master, exp_avg and exp_avg_sq from this rank's partitions (p floats
-  // each). Stage 0 all-gathers the full tensors (collective). Call RefreshParams after the last.
-  void LoadPartitions(size_t i, const float* master, const float* exp_avg,
-                      const float* exp_avg_sq);
-  // One of them (which = 0, 1, 2): p floats. Collective for stage 0.
+  // Sets parameter i's master (which = 0), exp_avg (1) or exp_avg_sq (2) from this rank's
+  // partition (p floats). Stage 0 all-gathers the full tensor (collective). Call RefreshParams
+  // after the last.
   void LoadPartition(size_t i, int which, const float* src);
 
   std::vector<ZeroParam>& params() { return params_; }
@@ -276,7 +274,7 @@ class ZeroLlama {
     std::vector<at::Tensor> parts;     // stages 1-3: [p] reduced partition per entry
     std::vector<char> direct;          // parts[b] is the gradient partition itself
     std::vector<size_t> ids;
-    std::vector<int64_t> offsets;
+    std::vector<int64_t> offsets;      // stage 0: each entry's offset in send
     int64_t bytes = 0;
   };
   enum class TraceMode { kRecord, kReplay, kOff };
