@@ -123,35 +123,43 @@ class GlooPending : public PendingCollective {
   absl::Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
-    if (!status_.ok() || works_.empty()) return status_;
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      bool done = true;
-      for (auto& w : works_) {
-        if (!w->wait(timeout_)) {
-          done = false;
-          break;
+    if (status_.ok() && !works_.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        bool done = true;
+        for (auto& w : works_) {
+          if (!w->wait(timeout_)) {
+            done = false;
+            break;
+          }
         }
+        *blocked_seconds_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!done) {
+          status_ = absl::DeadlineExceededError(absl::StrCat(op_, ": timed out"));
+        } else if (finish_) {
+          finish_();
+        }
+      } catch (const std::exception& e) {
+        status_ = FromException(op_, e);
       }
-      *blocked_seconds_ +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!done) {
-        status_ = absl::DeadlineExceededError(absl::StrCat(op_, ": timed out"));
-      } else if (finish_) {
-        finish_();
-      }
-    } catch (const std::exception& e) {
-      status_ = FromException(op_, e);
     }
     if (!status_.ok()) {
-      // Sends and receives not waited for may still be in the transport's hands: their tensors
-      // must never be freed or reused. The group is unusable after a failure and the rank is
-      // about to exit, so they are deliberately leaked.
-      new std::vector<at::Tensor>(std::move(keep_));  // NOLINT: intentional leak
+      // Sends and receives not waited for may still be in the transport's hands: their work
+      // items, tensors and scratch must never be freed or reused. The group is unusable after a
+      // failure and the rank is about to exit, so they are deliberately leaked.
+      struct Abandoned {
+        std::vector<c10::intrusive_ptr<c10d::Work>> works;
+        std::vector<at::Tensor> keep;
+        std::function<void()> finish;
+      };
+      new Abandoned{std::move(works_), std::move(keep_), std::move(finish_)};  // NOLINT
     }
+    // Drop every reference now (finish_ holds views of the caller's tensors), so the caller
+    // can reuse its buffers as soon as Wait returns.
     works_.clear();
     keep_.clear();
-    outputs_.clear();
+    finish_ = nullptr;
     return status_;
   }
 
@@ -164,7 +172,6 @@ class GlooPending : public PendingCollective {
   absl::Status status_;
   bool waited_ = false;
   std::vector<at::Tensor> keep_;
-  std::vector<std::vector<at::Tensor>> outputs_;
   std::function<void()> finish_;
 };
 
@@ -231,7 +238,12 @@ class GlooCollectives : public Collectives {
           continue;
         }
         SendTo(*pending, fulls[k].narrow(0, q * p, p), q, tag);
-        received[k][q] = world_ == 2 ? parts[k] : at::empty({p}, parts[k].options());
+        if (world_ == 2) {
+          received[k][q] = parts[k];
+        } else {
+          received[k][q] = at::empty({p}, parts[k].options());
+          pending->keep_.push_back(received[k][q]);  // kept (or leaked) with the rest
+        }
         RecvFrom(*pending, received[k][q], q, tag);
       }
     }
@@ -284,6 +296,7 @@ class GlooCollectives : public Collectives {
  private:
   template <typename F>
   void Start(GlooPending& pending, F&& start) {
+    if (!pending.status_.ok()) return;  // an earlier piece failed: issue nothing more
     try {
       pending.works_.push_back(start());
     } catch (const std::exception& e) {

@@ -68,6 +68,13 @@ TEST(GlooCollectivesTest, AllGatherAndCoalescedReduceScatterOnThreeRanks) {
     auto second = c.StartReduceScatterSumCoalesced(fulls2, parts2);
     ASSERT_TRUE(first->Wait().ok());
     ASSERT_TRUE(second->Wait().ok());
+    // A completed collective holds no reference to the caller's tensors, even before the handle
+    // is destroyed: the engine hands them back to its buffer pool right away (regression: the
+    // finishing sum kept views of them, so the pool never reused a reduce-scatter buffer).
+    for (size_t k = 0; k < p.size(); ++k) {
+      EXPECT_EQ(fulls[k].storage().use_count(), 1) << "rank " << rank << " tensor " << k;
+      EXPECT_EQ(parts[k].storage().use_count(), 1) << "rank " << rank << " tensor " << k;
+    }
     for (size_t k = 0; k < p.size(); ++k) {
       for (auto [kk, out] : {std::pair{static_cast<int>(k), parts[k]},
                              std::pair{static_cast<int>(k) + 10, parts2[k]}}) {

@@ -581,6 +581,7 @@ void ZeroLlama::CompleteOldest() {
   Reduction r = std::move(in_flight_.front());
   in_flight_.pop_front();
   absl::Status s = r.pending->Wait();
+  r.pending.reset();  // holds no reference to the buffers once done: they can go to the pool
   if (s.ok()) {
     for (size_t b = 0; b < r.ids.size(); ++b) {
       ZeroParam& p = params_[r.ids[b]];
