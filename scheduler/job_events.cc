@@ -108,15 +108,26 @@ JobLogBuffer::JobLogs& JobLogBuffer::Touch(const std::string& job_id) {
     lru_.splice(lru_.begin(), lru_, it->second.lru);
     return it->second;
   }
-  while (jobs_.size() >= kMaxJobsWithLogs && !lru_.empty()) {
-    total_bytes_ -= jobs_.at(lru_.back()).bytes;
-    jobs_.erase(lru_.back());
-    lru_.pop_back();
+  while (jobs_.size() >= kMaxJobsWithLogs && EvictOne("")) {
   }
   lru_.push_front(job_id);
   JobLogs& logs = jobs_[job_id];
   logs.lru = lru_.begin();
   return logs;
+}
+
+bool JobLogBuffer::EvictOne(const std::string& keep) {
+  // Least recently touched first; a followed job is never evicted (its follower's cursor and
+  // its end mark live here), so the limits can be exceeded by the followed jobs' logs.
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    if (*it == keep || followers_.count(*it) > 0) continue;
+    total_bytes_ -= jobs_.at(*it).bytes;
+    jobs_.erase(*it);
+    lru_.erase(it);
+    return true;
+  }
+  return false;
 }
 
 void JobLogBuffer::WakeFollowers(const std::string& job_id) {
@@ -153,10 +164,7 @@ int JobLogBuffer::Append(const std::string& job_id, int32_t attempt, int32_t ran
     }
   }
   // Over the total: evict other jobs, least recently touched first (this one is the most recent).
-  while (total_bytes_ > kMaxLogBytesTotal && lru_.size() > 1) {
-    total_bytes_ -= jobs_.at(lru_.back()).bytes;
-    jobs_.erase(lru_.back());
-    lru_.pop_back();
+  while (total_bytes_ > kMaxLogBytesTotal && EvictOne(job_id)) {
   }
   if (added > 0) WakeFollowers(job_id);
   return added;

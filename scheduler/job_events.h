@@ -16,7 +16,7 @@
 //     them; they are not persisted), bounded per job (kMaxLogLinesPerJob lines and
 //     kMaxLogBytesPerJob bytes, oldest dropped first), in the number of jobs (kMaxJobsWithLogs)
 //     and in total text (kMaxLogBytesTotal); beyond either, the job whose logs were touched
-//     least recently goes first. Lines are
+//     least recently goes first, except that jobs being followed are never evicted. Lines are
 //     deduplicated per (job, attempt, rank) by sequence number, so a worker's retried heartbeat
 //     adds nothing twice. Followers (StreamLogs follow=true) subscribe for wakes.
 //
@@ -163,6 +163,9 @@ class JobLogBuffer {
     std::list<std::string>::iterator lru;
   };
   JobLogs& Touch(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the least recently touched job's logs, skipping `keep` and followed jobs; false if
+  // there is none to drop.
+  bool EvictOne(const std::string& keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeFollowers(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WakeDispatcher* const dispatcher_;

@@ -196,5 +196,26 @@ TEST(JobLogBufferTest, NumberOfJobsIsBounded) {
   EXPECT_EQ(logs.LineCount("job-" + std::to_string(kMaxJobsWithLogs)), 1u);
 }
 
+// A followed job's logs are never evicted: its follower's cursor keeps its meaning and its end
+// mark stays, so a follow stream cannot skip lines or miss the end (regression: eviction used
+// to drop a followed job, whose stream then waited forever).
+TEST(JobLogBufferTest, FollowedJobsAreNotEvicted) {
+  WakeDispatcher dispatcher;
+  JobLogBuffer logs(&dispatcher);
+  auto waker = std::make_shared<Waker>([] {});
+  logs.Append("job-0", 1, 0, Lines(1, 3));
+  logs.Follow("job-0", waker);
+  logs.MarkEnded("job-0");
+  for (size_t j = 1; j <= kMaxJobsWithLogs; ++j) {
+    logs.Append("job-" + std::to_string(j), 1, 0, Lines(1, 1));
+  }
+  EXPECT_EQ(logs.LineCount("job-0"), 3u);  // least recently used, but followed: kept
+  EXPECT_TRUE(logs.Ended("job-0"));
+  EXPECT_EQ(logs.LineCount("job-1"), 0u);  // the next least recently used went instead
+  EXPECT_EQ(logs.LineCount("job-2"), 1u);
+  logs.Unfollow("job-0", waker);
+  waker->Close();
+}
+
 }  // namespace
 }  // namespace loom

@@ -369,6 +369,15 @@ void Scheduler::Unwatch(const std::shared_ptr<JobSubscription>& subscription) {
   }
 }
 
+absl::Status Scheduler::MarkSucceeded(const std::string& job_id, const std::string& message) {
+  RETURN_IF_ERROR(
+      EndJob(job_id, v1::JOB_PHASE_SUCCEEDED, v1::FAILURE_CLASS_UNSPECIFIED, "Succeeded", message));
+  // Nothing resumes from the attempt's starting checkpoint any more (EndJob dropped it): apply
+  // the retention policy once more without protecting it.
+  ApplyRetention(jobs_.at(job_id));
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
                                loom::v1::FailureClass failure_class, const std::string& reason,
                                const std::string& message) {
@@ -383,6 +392,7 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   last_step_advance_.erase(job_id);
   step_seconds_.erase(job_id);
   stops_.erase(job_id);
+  resume_from_.erase(job_id);  // no attempt of an ended job resumes
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
@@ -1107,24 +1117,7 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
   }
   if (total == 0 || total != static_cast<int>(job.rank_nodes.size())) return absl::OkStatus();
   if (succeeded == total) {
-    JobRecord updated = job;
-    updated.phase = v1::JOB_PHASE_SUCCEEDED;
-    updated.reason = "Succeeded";
-    updated.message = absl::StrCat("all ", total, " ranks succeeded");
-    updated.end_time = clock_->Now();
-    RETURN_IF_ERROR(CommitJob(std::move(updated)));
-    for (auto it = ranks_.lower_bound({job_id, 0});
-         it != ranks_.end() && it->first.first == job_id;) {
-      it = ranks_.erase(it);
-    }
-    LOG(INFO) << "job " << job_id << " SUCCEEDED";
-    last_step_advance_.erase(job_id);
-    step_seconds_.erase(job_id);
-    // Nothing resumes from the attempt's starting checkpoint any more: apply the policy once
-    // more without protecting it.
-    resume_from_.erase(job_id);
-    ApplyRetention(jobs_.at(job_id));
-    return absl::OkStatus();
+    return MarkSucceeded(job_id, absl::StrCat("all ", total, " ranks succeeded"));
   }
   if (running_or_done == total && job.phase == v1::JOB_PHASE_STARTING) {
     JobRecord updated = job;
@@ -1374,21 +1367,10 @@ absl::Status Scheduler::CheckNodeLiveness() {
       if (rank0 != ranks_.end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
           !IsTerminal(jobs_.at(job_id).phase) &&
           jobs_.at(job_id).phase != v1::JOB_PHASE_STOPPING) {
-        JobRecord updated = jobs_.at(job_id);
-        updated.phase = v1::JOB_PHASE_SUCCEEDED;
-        updated.reason = "Succeeded";
-        updated.message = absl::StrCat("training completed (rank 0 passed the final barrier of all ",
-                                       updated.rank_nodes.size(), " ranks); ", message,
-                                       " afterwards");
-        updated.end_time = now;
-        RETURN_IF_ERROR(CommitJob(std::move(updated)));
-        for (auto it = ranks_.lower_bound({job_id, 0});
-             it != ranks_.end() && it->first.first == job_id;) {
-          it = ranks_.erase(it);
-        }
-        last_step_advance_.erase(job_id);
-        step_seconds_.erase(job_id);
-        LOG(INFO) << "job " << job_id << " SUCCEEDED: " << jobs_.at(job_id).message;
+        RETURN_IF_ERROR(MarkSucceeded(
+            job_id, absl::StrCat("training completed (rank 0 passed the final barrier of all ",
+                                 jobs_.at(job_id).rank_nodes.size(), " ranks); ", message,
+                                 " afterwards")));
         continue;
       }
       if (jobs_.at(job_id).phase == v1::JOB_PHASE_RECOVERING) {

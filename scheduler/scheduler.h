@@ -312,6 +312,10 @@ class Scheduler {
                            const std::string& reason, const std::string& message,
                            const std::string& suspect_node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job_id` in `phase` (FAILED or CANCELLED) and asks its live ranks to stop.
+  // Ends the job SUCCEEDED (EndJob) and applies checkpoint retention without protecting the
+  // attempt's starting checkpoint. Every success path goes through here.
+  absl::Status MarkSucceeded(const std::string& job_id, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndJob(const std::string& job_id, loom::v1::JobPhase phase,
                       loom::v1::FailureClass failure_class, const std::string& reason,
                       const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -157,8 +157,11 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
     if (follow_) {
       waker_ = std::make_shared<Waker>([this] { Pump(); });
       scheduler_->logs().Follow(job_id_, waker_);
-      // Ended before we followed: MarkEnded will not come again.
-      if (IsTerminal(job->phase())) {
+      // Ended before we followed (looked up again now that we follow: a job ending between
+      // the first lookup and Follow would otherwise never finish the stream): MarkEnded will
+      // not come again.
+      job = scheduler_->GetJob(job_id_);
+      if (!job.ok() || IsTerminal(job->phase())) {
         absl::MutexLock lock(&mu_);
         ended_before_follow_ = true;
       }
