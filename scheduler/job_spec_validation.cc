@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -153,6 +154,24 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   }
   if (!loom::v1::AcceleratorKind_IsValid(r.accelerator())) {
     return Invalid("resources.accelerator", absl::StrCat("unknown kind ", r.accelerator()));
+  }
+  // The placement fields, checked as workers' inventories are (RegisterWorker): a value no node
+  // can ever report would leave the job pending forever.
+  if (!r.cpu_arch().empty() && r.cpu_arch() != "x86_64" && r.cpu_arch() != "aarch64") {
+    return Invalid("resources.cpu_arch",
+                   absl::StrCat("must be x86_64 or aarch64 (or empty), got '",
+                                absl::CEscape(r.cpu_arch().substr(0, 64)), "'"));
+  }
+  if (r.accelerator_memory_bytes() < 0) {
+    return Invalid("resources.accelerator_memory_bytes", "must be >= 0");
+  }
+  if (r.host_memory_bytes() < 0) return Invalid("resources.host_memory_bytes", "must be >= 0");
+  for (const auto& [key, value] : r.node_selector()) {
+    if (key.empty() || key.size() > 63 || value.size() > 63) {
+      return Invalid("resources.node_selector",
+                     absl::StrCat("keys must be 1-63 bytes and values at most 63 bytes (key '",
+                                  absl::CEscape(key.substr(0, 64)), "')"));
+    }
   }
 
   if (!spec.model().has_config()) {

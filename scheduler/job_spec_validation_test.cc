@@ -96,6 +96,26 @@ TEST(JobSpecValidationTest, UnknownAccelerator) {
   ExpectInvalid(spec, "resources.accelerator", "99");
 }
 
+TEST(JobSpecValidationTest, PlacementFieldsNoNodeCouldMatch) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_cpu_arch("arm64");
+  ExpectInvalid(spec, "resources.cpu_arch", "arm64");
+  spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_cpu_arch("aarch64");
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+  spec.mutable_resources()->set_host_memory_bytes(-1);
+  ExpectInvalid(spec, "resources.host_memory_bytes");
+  spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_accelerator_memory_bytes(-5);
+  ExpectInvalid(spec, "resources.accelerator_memory_bytes");
+  spec = ValidTestJobSpec();
+  (*spec.mutable_resources()->mutable_node_selector())[""] = "x";
+  ExpectInvalid(spec, "resources.node_selector");
+  spec = ValidTestJobSpec();
+  (*spec.mutable_resources()->mutable_node_selector())["zone"] = std::string(64, 'a');
+  ExpectInvalid(spec, "resources.node_selector", "zone");
+}
+
 TEST(JobSpecValidationTest, NegativeAndZeroSteps) {
   JobSpec spec = ValidTestJobSpec();
   spec.mutable_training()->set_steps(-5);

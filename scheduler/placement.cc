@@ -1,5 +1,8 @@
 #include "scheduler/placement.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 #include <algorithm>
 #include <set>
 
@@ -68,14 +71,16 @@ std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
   loom::v1::ResourceSpec key = resources;
   key.set_num_ranks(0);
   key.set_accelerator(KindOf(resources));
+  // Protobuf's deterministic serialization writes map entries in key order, so equal specs
+  // give equal bytes and different selectors never collide.
   std::string out;
-  // Deterministic: the map is serialized in key order.
-  std::vector<std::string> labels;
-  for (const auto& [k, v] : key.node_selector()) labels.push_back(absl::StrCat(k, "=", v));
-  std::sort(labels.begin(), labels.end());
-  key.clear_node_selector();
-  key.SerializeToString(&out);
-  return absl::StrCat("s|", out, "|", absl::StrJoin(labels, ","));
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    key.SerializeToCodedStream(&coded);
+  }
+  return absl::StrCat("s|", out);
 }
 
 Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& r) {

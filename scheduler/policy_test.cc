@@ -125,6 +125,22 @@ TEST(QueuesConfigTest, ResolveChecksExistenceAndTenant) {
   EXPECT_EQ((*ResolveQueue(QueuesConfig::Default(), "", "x"))->name, "default");
 }
 
+// Specs with different selectors never share a cached eligibility (regression: selectors were
+// joined as "k=v,k=v", so {a: "1,b=2"} and {a: "1", b: "2"} collided).
+TEST(EligibilityKeyTest, DifferentSelectorsNeverCollideAndEqualSpecsMatch) {
+  loom::v1::ResourceSpec one, two;
+  (*one.mutable_node_selector())["a"] = "1,b=2";
+  (*two.mutable_node_selector())["a"] = "1";
+  (*two.mutable_node_selector())["b"] = "2";
+  EXPECT_NE(EligibilityKey(one), EligibilityKey(two));
+  loom::v1::ResourceSpec again = two;  // same selector built in another order, other rank count
+  again.clear_node_selector();
+  (*again.mutable_node_selector())["b"] = "2";
+  (*again.mutable_node_selector())["a"] = "1";
+  again.set_num_ranks(7);
+  EXPECT_EQ(EligibilityKey(again), EligibilityKey(two));
+}
+
 TEST(QuotaLedgerTest, NominalThenBorrowingOfIdleQuotaOnly) {
   QueuesConfig c = *ParseQueuesConfig(kConfig);
   QuotaLedger ledger(&c);

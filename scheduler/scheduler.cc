@@ -17,7 +17,6 @@
 #include "scheduler/job_state.h"
 #include "scheduler/placement.h"
 #include "scheduler/preemption.h"
-#include "storage/checkpoint/consolidate.h"
 
 namespace loom {
 namespace {
@@ -475,39 +474,42 @@ void Scheduler::StopLiveRanks(const std::string& job_id) {
 absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec,
                                                    const std::string& request_id,
                                                    bool* deduplicated,
-                                                   const std::string& tenant) {
+                                                   const std::string& tenant_in) {
   if (deduplicated != nullptr) *deduplicated = false;
   RETURN_IF_ERROR(CheckIdLength("request_id", request_id));
+  const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
+  // A retry of an earlier submission (same request id): the earlier job, if it is the same
+  // tenant's and the same spec. Request ids are unique across tenants; another tenant's job is
+  // not revealed.
+  auto earlier_submission = [&](const JobRecord& earlier) -> absl::StatusOr<loom::v1::Job> {
+    if (earlier.tenant != tenant) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request_id ", request_id, " was already used by another tenant"));
+    }
+    if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec, spec)) {
+      return absl::AlreadyExistsError(absl::StrCat("request_id ", request_id,
+                                                   " was already used for job ", earlier.id,
+                                                   " with a different spec"));
+    }
+    if (deduplicated != nullptr) *deduplicated = true;
+    return JobRecordToProto(earlier);
+  };
   {
     absl::MutexLock lock(&mu_);
     auto known = job_by_request_.find(request_id);
     if (!request_id.empty() && known != job_by_request_.end()) {
-      const JobRecord& earlier = jobs_.at(known->second);
-      if (earlier.tenant != tenant) {
-        // Request ids are unique across tenants; do not reveal the other tenant's job.
-        return absl::AlreadyExistsError(absl::StrCat(
-            "request_id ", request_id, " was already used by another tenant"));
-      }
-      if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec, spec)) {
-        return absl::AlreadyExistsError(absl::StrCat("request_id ", request_id,
-                                                     " was already used for job ", earlier.id,
-                                                     " with a different spec"));
-      }
-      if (deduplicated != nullptr) *deduplicated = true;
-      return JobRecordToProto(earlier);
+      return earlier_submission(jobs_.at(known->second));
     }
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
-  RETURN_IF_ERROR(
-      ResolveQueue(options_.queues, spec.queue(), tenant.empty() ? "default" : tenant).status());
+  RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
   RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));
   Submission sub;
   {
     absl::MutexLock lock(&mu_);
     if (!request_id.empty() && job_by_request_.count(request_id)) {
       // A concurrent retry created it between the check above and validation.
-      if (deduplicated != nullptr) *deduplicated = true;
-      return JobRecordToProto(jobs_.at(job_by_request_.at(request_id)));
+      return earlier_submission(jobs_.at(job_by_request_.at(request_id)));
     }
     if (!request_id.empty() && inflight_requests_.count(request_id)) {
       return absl::UnavailableError(absl::StrCat(
@@ -516,7 +518,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
     JobRecord& job = sub.job;
     job.id = NewJobId();
     job.request_id = request_id;
-    job.tenant = tenant.empty() ? "default" : tenant;
+    job.tenant = tenant;
     job.sequence = next_sequence_++;
     job.spec = spec;
     job.phase = v1::JOB_PHASE_PENDING;
