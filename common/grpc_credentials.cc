@@ -30,8 +30,16 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(options);
 }
 
+bool AddAuthorizationMetadata(grpc::ClientContext& ctx, absl::string_view value) {
+  for (char c : value) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  ctx.AddMetadata("authorization", std::string(value));
+  return true;
+}
+
 void AddBearerToken(grpc::ClientContext& ctx, const std::string& token) {
-  if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  if (!token.empty()) AddAuthorizationMetadata(ctx, absl::StrCat("Bearer ", token));
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -39,6 +47,12 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   std::string token(absl::StripAsciiWhitespace(text));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": empty token file"));
+  for (char c : token) {
+    if (c <= 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": the token must be printable ASCII without spaces"));
+    }
+  }
   return token;
 }
 

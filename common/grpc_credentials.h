@@ -29,7 +29,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const std::string& ca_file);
 
-// Adds `authorization: Bearer <token>` to `ctx` unless `token` is empty.
+// Adds `authorization: <value>` to `ctx` if `value` is a valid gRPC metadata value (printable
+// ASCII, 0x20-0x7E) and returns true; returns false and adds nothing otherwise (gRPC aborts the
+// process on a call carrying an invalid value, so bytes from a client must pass through here).
+bool AddAuthorizationMetadata(grpc::ClientContext& ctx, absl::string_view value);
+// Adds `authorization: Bearer <token>` to `ctx` unless `token` is empty (or not printable ASCII:
+// ReadTokenFile refuses such tokens).
 void AddBearerToken(grpc::ClientContext& ctx, const std::string& token);
 
 // The token in a file (surrounding whitespace trimmed); empty path = no token. NOT_FOUND if the

@@ -24,8 +24,12 @@ inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   std::string message(s.message());
   if (message.size() > kMaxGrpcStatusMessageBytes) {
-    const size_t cut = message.size() - kMaxGrpcStatusMessageBytes;
-    message.resize(kMaxGrpcStatusMessageBytes);
+    // Cut at a UTF-8 character boundary (never before a continuation byte 10xxxxxx), so the
+    // message stays valid UTF-8 for JSON encoders downstream (the REST gateway).
+    size_t keep = kMaxGrpcStatusMessageBytes;
+    while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+    const size_t cut = message.size() - keep;
+    message.resize(keep);
     message += "... (" + std::to_string(cut) + " more bytes)";
   }
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::move(message));

@@ -31,5 +31,17 @@ TEST(GrpcStatusTest, LongMessagesAreCutToFitTheTrailer) {
   EXPECT_EQ(ToGrpcStatus(absl::NotFoundError(exact)).error_message(), exact);
 }
 
+// The cut never splits a UTF-8 character (a JSON encoder would refuse the message).
+TEST(GrpcStatusTest, CutKeepsUtf8Whole) {
+  std::string text = "q";
+  while (text.size() < 2 * kMaxGrpcStatusMessageBytes) text += "\xC3\xA9";  // e-acute, 2 bytes
+  const std::string m = ToGrpcStatus(absl::InvalidArgumentError(text)).error_message();
+  const size_t kept = m.find("... (");
+  ASSERT_NE(kept, std::string::npos);
+  EXPECT_LE(kept, kMaxGrpcStatusMessageBytes);
+  EXPECT_EQ(kept % 2, 1u) << "the 'q' and whole 2-byte characters";
+  EXPECT_EQ(static_cast<unsigned char>(m[kept - 1]), 0xA9);
+}
+
 }  // namespace
 }  // namespace loom

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/grpc_credentials.h"
 
 namespace loom::gateway {
 namespace {
@@ -151,8 +152,10 @@ void JobGateway::Register(httplib::Server& server) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(options_.rpc_timeout));
+    // A header gRPC cannot carry is dropped: the call then goes unauthenticated (and is
+    // answered 401 where authentication is on) instead of aborting the gateway.
     const std::string authorization = req.get_header_value("Authorization");
-    if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
+    if (!authorization.empty()) AddAuthorizationMetadata(*ctx, authorization);
     return ctx;
   };
   if (options_.auth != nullptr) {
@@ -236,9 +239,8 @@ void JobGateway::Register(httplib::Server& server) {
                }
                // follow: chunked NDJSON, one LogLine per line, until the job ends. No deadline; a
                // client that goes away cancels the stream.
-               auto ctx = std::make_shared<grpc::ClientContext>();
-               const std::string authorization = req.get_header_value("Authorization");
-               if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
+               std::shared_ptr<grpc::ClientContext> ctx = context(req);
+               ctx->set_deadline(std::chrono::system_clock::time_point::max());
                std::shared_ptr<grpc::ClientReaderInterface<loom::v1::LogLine>> reader(
                    stub_->StreamLogs(ctx.get(), request));
                // The first line (or the error) decides the status code.

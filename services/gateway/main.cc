@@ -117,7 +117,6 @@ int main(int argc, char** argv) {
   LOG(INFO) << "signal " << sig << ": shutting down";
   server.stop();
   listener.join();
-  (*metrics)->SetReadyCheck(nullptr);
   LOG(INFO) << "loom-gateway stopped";
   return 0;
 }

@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
       {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
   if (!ready.ok()) {
     LOG(ERROR) << ready;
-    (*endpoint)->SetReadyCheck(nullptr);
+    endpoint->reset();  // stops serving (and joins) before `daemon`, which /readyz reads, goes
     return 1;
   }
   std::thread signal_thread([&] {
@@ -204,6 +204,8 @@ int main(int argc, char** argv) {
   daemon.Run();
   // Run() returns only after Shutdown(), i.e. after the signal thread ran.
   signal_thread.join();
-  (*endpoint)->SetReadyCheck(nullptr);  // the check refers to `daemon`, destroyed first
+  // Stop serving (joining the server thread, so no /readyz probe is still running) before
+  // `daemon`, which the ready check reads, is destroyed.
+  endpoint->reset();
   return 0;
 }
