@@ -392,16 +392,7 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   step_seconds_.erase(job_id);
   stops_.erase(job_id);
   resume_from_.erase(job_id);  // no attempt of an ended job resumes
-  for (auto it = ranks_.lower_bound({job_id, 0});
-       it != ranks_.end() && it->first.first == job_id;) {
-    if (RankEnded(it->second.state)) {
-      it = ranks_.erase(it);  // its slot is free; nothing to stop
-    } else {
-      it->second.stop_requested = true;
-      it->second.graceful_stop = false;  // the job ended: no checkpoint, stop now
-      ++it;
-    }
-  }
+  StopLiveRanks(job_id, /*graceful=*/false);  // the job ended: no checkpoint, stop now
   return absl::OkStatus();
 }
 
@@ -455,17 +446,18 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
   last_step_advance_.erase(job_id);
-  StopLiveRanks(job_id);
+  StopLiveRanks(job_id, /*graceful=*/false);
   return absl::OkStatus();
 }
 
-void Scheduler::StopLiveRanks(const std::string& job_id) {
+void Scheduler::StopLiveRanks(const std::string& job_id, bool graceful) {
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
       it = ranks_.erase(it);  // its slot is free; nothing to stop
     } else {
       it->second.stop_requested = true;
+      it->second.graceful_stop = graceful;
       ++it;
     }
   }
@@ -633,7 +625,7 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
     if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
     if (!request.tenant().empty() && job.tenant != request.tenant()) continue;
     if (!request.queue().empty() &&
-        (job.spec.queue().empty() ? "default" : job.spec.queue()) != request.queue()) {
+        QueueOf(job.spec) != request.queue()) {
       continue;
     }
     if (page.jobs_size() == page_size) {
@@ -1083,7 +1075,9 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     stop->set_attempt(job_attempt.second);
     stop->set_graceful_stop(graceful);
   }
-  UpdateGauges();
+  // Not the per-tenant job counts: they walk every job, and heartbeats arrive from every node
+  // every interval. Each scheduling cycle and the RPCs that change jobs refresh those.
+  UpdateGauges(/*with_tenant_counts=*/false);
   return response;
 }
 
@@ -1130,14 +1124,6 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
     RETURN_IF_ERROR(CommitJob(std::move(updated)));
   }
   return absl::OkStatus();
-}
-
-int Scheduler::UsedSlots(const std::string& node_id) const {
-  int used = 0;
-  for (const auto& [key, rt] : ranks_) {
-    if (rt.node_id == node_id && !RankEnded(rt.state)) ++used;
-  }
-  return used;
 }
 
 absl::Status Scheduler::RunSchedulingCycle() {
@@ -1291,14 +1277,8 @@ absl::Status Scheduler::CheckHangs() {
   for (const auto& [job_id, job] : jobs_) {
     if (job.phase != v1::JOB_PHASE_RUNNING) continue;
     auto last = last_step_advance_.find(job_id);
-    auto window = step_seconds_.find(job_id);
-    if (last == last_step_advance_.end() || window == step_seconds_.end() ||
-        window->second.size() < 3) {
-      continue;
-    }
-    std::vector<double> sorted(window->second.begin(), window->second.end());
-    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    const double median_s = sorted[sorted.size() / 2];
+    const double median_s = MedianStepSeconds(job_id);  // 0 until 3 steps were timed
+    if (last == last_step_advance_.end() || median_s <= 0) continue;
     const absl::Duration threshold =
         std::max(options_.hang_min_timeout, absl::Seconds(options_.hang_step_time_factor * median_s));
     const absl::Duration idle = now - last->second;
@@ -1435,7 +1415,7 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
   if (preempted && metrics_ != nullptr) metrics_->JobRestarted(v1::FAILURE_CLASS_PREEMPTED);
   LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
   last_step_advance_.erase(job_id);
-  StopLiveRanks(job_id);
+  StopLiveRanks(job_id, /*graceful=*/false);
   return absl::OkStatus();
 }
 
@@ -1892,7 +1872,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
   return true;
 }
 
-void Scheduler::UpdateGauges() {
+void Scheduler::UpdateGauges(bool with_tenant_counts) {
   if (metrics_ == nullptr) return;
   metrics_->SetJobCounts(phase_counts_);
   int live = 0, lost = 0, free = 0, used = 0;
@@ -1913,12 +1893,13 @@ void Scheduler::UpdateGauges() {
   }
   metrics_->SetNodes(live, lost);
   metrics_->SetRankSlots(free, used);
-  std::map<std::tuple<std::string, std::string, JobPhase>, int> tenant_counts;
-  for (const auto& [id, job] : jobs_) {
-    ++tenant_counts[{job.tenant, job.spec.queue().empty() ? "default" : job.spec.queue(),
-                     job.phase}];
+  if (with_tenant_counts) {
+    std::map<std::tuple<std::string, std::string, JobPhase>, int> tenant_counts;
+    for (const auto& [id, job] : jobs_) {
+      ++tenant_counts[{job.tenant, QueueOf(job.spec), job.phase}];
+    }
+    metrics_->SetTenantJobCounts(tenant_counts);
   }
-  metrics_->SetTenantJobCounts(tenant_counts);
   // A cordoned (or draining) node's slots count as "cordoned", except those ranks still hold.
   std::map<std::pair<AcceleratorKind, std::string>, int> accelerators;
   for (const auto& [node_id, node] : nodes_) {

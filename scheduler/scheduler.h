@@ -323,8 +323,8 @@ class Scheduler {
   absl::StatusOr<const JobRecord*> FindUnendedJob(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the job's ended ranks (their slots are free) and tells its live ones to stop in
-  // their nodes' next heartbeat replies.
-  void StopLiveRanks(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // their nodes' next heartbeat replies; `graceful`: after a final checkpoint (else at once).
+  void StopLiveRanks(const std::string& job_id, bool graceful) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckNodeLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt of RUNNING jobs whose steps stopped (see SchedulerOptions, hang_*).
   absl::Status CheckHangs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -361,11 +361,12 @@ class Scheduler {
                                 const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SetPendingReason(JobRecord& job, const std::string& reason,
                                 const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Slots in use on `node_id` (ranks that have not ended).
-  int UsedSlots(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refreshes the gauges from the state: nodes, rank slots and accelerators (a pass over ranks
+  // and nodes), job phase counts (incremental), and with `with_tenant_counts` the per-tenant job
+  // counts (a pass over every job; not done per heartbeat).
+  void UpdateGauges(bool with_tenant_counts = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a WatchJob event for the job's subscribers after CommitJob changed it.
   void PublishJobChange(const JobRecord& job, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Graceful stops: a stopping rank's final report, escalation to kill, and the end of the stop
