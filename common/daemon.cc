@@ -19,14 +19,16 @@
 namespace loom {
 
 absl::Status AnnounceReady(const ReadyInfo& info, const std::string& ready_file) {
-  std::printf("LOOM_READY %s grpc=%s metrics=%s\n", info.name.c_str(),
+  std::printf("LOOM_READY %s grpc=%s metrics=%s%s%s\n", info.name.c_str(),
               info.grpc_address.empty() ? "-" : info.grpc_address.c_str(),
-              info.metrics_url.c_str());
+              info.metrics_url.c_str(), info.http_url.empty() ? "" : " http=",
+              info.http_url.c_str());
   std::fflush(stdout);
   if (ready_file.empty()) return absl::OkStatus();
   nlohmann::json j = {{"name", info.name},
                       {"grpc_address", info.grpc_address},
                       {"metrics_url", info.metrics_url},
+                      {"http_url", info.http_url},
                       {"pid", static_cast<int64_t>(::getpid())}};
   return WriteFileAtomically(ready_file, j.dump());
 }
@@ -41,6 +43,7 @@ absl::StatusOr<ReadyInfo> ReadReadyFile(const std::string& path) {
   info.name = j.value("name", "");
   info.grpc_address = j.value("grpc_address", "");
   info.metrics_url = j.value("metrics_url", "");
+  info.http_url = j.value("http_url", "");
   return info;
 }
 

@@ -29,6 +29,7 @@ struct ReadyInfo {
   std::string name;          // "loom-scheduler", ...
   std::string grpc_address;  // "127.0.0.1:41234" (empty if the daemon serves no gRPC)
   std::string metrics_url;   // "http://127.0.0.1:41235/metrics"
+  std::string http_url;      // an HTTP API's base, "http://127.0.0.1:8080" (gateway; else empty)
 };
 
 // Prints the LOOM_READY line to stdout (flushed) and writes `ready_file` if non-empty.

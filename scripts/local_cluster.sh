@@ -74,6 +74,8 @@ cmd_start() {
   local auth=()
   if [ -n "${LOOM_AUTH_TOKENS_FILE:-}" ]; then
     auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE" --worker_token_file="${LOOM_WORKER_TOKEN_FILE:?LOOM_WORKER_TOKEN_FILE is required with LOOM_AUTH_TOKENS_FILE}")
+    # Remembered for add-worker, which may run in a shell without the variable.
+    printf 'LOOM_WORKER_TOKEN_FILE=%q\n' "$LOOM_WORKER_TOKEN_FILE" > "$CLUSTER/auth.env"
   fi
   start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
     --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints" \
@@ -114,6 +116,9 @@ cmd_add_worker() {
     echo "local_cluster: no running cluster under $LOOM_HOME (start one first)" >&2
     exit 1
   fi
+  if [ -z "${LOOM_WORKER_TOKEN_FILE:-}" ] && [ -f "$CLUSTER/auth.env" ]; then
+    . "$CLUSTER/auth.env"  # the cluster runs with authentication: the workers' token
+  fi
   local i=0
   while [ -e "$CLUSTER/worker-$i.pid" ] || [ -e "$LOOM_HOME/work/worker-$i" ]; do i=$((i + 1)); done
   start_worker "$i" "$slots"
@@ -139,7 +144,7 @@ cmd_status() {
     printf '  healthz  %s/healthz\n' "$base"
     printf '  readyz   %s/readyz\n' "$base"
     if [ "$name" = gateway ]; then
-      local api; api=$(sed -n 's/.*serving \(http:\/\/[^ ]*\).*/\1/p' "$LOGS/gateway.log" | tail -n 1)
+      local api; api=$(ready_field "$f" http_url)
       printf '  rest     %s/v1/jobs\n' "${api:-?}"
     fi
   done
@@ -163,7 +168,7 @@ cmd_stop() {
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
     fi
   done
-  rm -f "$CLUSTER"/*.pid "$CLUSTER"/*.json
+  rm -f "$CLUSTER"/*.pid "$CLUSTER"/*.json "$CLUSTER/auth.env"
   echo "local_cluster: stopped (${#pids[@]} daemons)"
 }
 

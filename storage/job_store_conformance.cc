@@ -338,7 +338,9 @@ TEST_P(JobStoreConformanceTest, BatchesAreAllOrNothing) {
   batch[0].reason = "Placed";
   batch[1].reason = "Placed";
   ASSERT_TRUE(store_->UpdateJobs(batch).ok());
-  EXPECT_EQ(store_->GetJob("job-b2")->reason, "Placed");
+  absl::StatusOr<JobRecord> b2 = store_->GetJob("job-b2");
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_EQ(b2->reason, "Placed");
   batch[0].reason = "Again";
   batch[1].id = "job-missing";
   EXPECT_EQ(store_->UpdateJobs(batch).code(), absl::StatusCode::kNotFound);

@@ -112,6 +112,7 @@ CREATE TABLE nodes (id TEXT PRIMARY KEY NOT NULL, inventory BLOB NOT NULL,
 CREATE TABLE job_ranks (job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
   rank INTEGER NOT NULL, node_id TEXT NOT NULL REFERENCES nodes(id), PRIMARY KEY (job_id, rank));
 INSERT INTO jobs (id, sequence, spec, phase, progress) VALUES ('job-old', 1, x'', 1, x'');
+INSERT INTO nodes (id, inventory, last_heartbeat_us) VALUES ('node-old', x'', 5);
 )sql")
                     .ok());
     ASSERT_TRUE((*db)->SetUserVersion(1).ok());
@@ -122,6 +123,13 @@ INSERT INTO jobs (id, sequence, spec, phase, progress) VALUES ('job-old', 1, x''
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->phase, loom::v1::JOB_PHASE_PENDING);
   EXPECT_EQ(job->request_id, "");
+  // Version 3's columns have their defaults on migrated rows.
+  EXPECT_EQ(job->tenant, "default");
+  EXPECT_EQ(job->state.ByteSizeLong(), 0u);
+  absl::StatusOr<NodeRecord> node = (*store)->GetNode("node-old");
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_FALSE(node->admin.cordoned());
+  EXPECT_FALSE(node->admin.draining());
   JobRecord next = SampleJob("job-new", 2);
   next.request_id = "client-1";
   EXPECT_TRUE((*store)->CreateJob(next).ok());

@@ -3,7 +3,7 @@
 //   loom-gateway --scheduler=HOST:PORT [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
 //                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
 //
-// Prints "LOOM_READY loom-gateway grpc= metrics=URL" once serving HTTP on --host:--port
+// Prints "LOOM_READY loom-gateway grpc=- metrics=URL http=URL" once serving HTTP on --host:--port
 // (common/daemon.h) and stops on SIGTERM or SIGINT. The metrics port also serves /healthz and
 // /readyz (ready = the scheduler's gRPC channel connects).
 #include <httplib.h>
@@ -103,7 +103,9 @@ int main(int argc, char** argv) {
   }
   std::thread listener([&server] { server.listen_after_bind(); });
   absl::Status announced =
-      loom::AnnounceReady({"loom-gateway", "", (*metrics)->url()}, absl::GetFlag(FLAGS_ready_file));
+      loom::AnnounceReady({"loom-gateway", "", (*metrics)->url(),
+                           absl::StrCat("http://", host, ":", port)},
+                          absl::GetFlag(FLAGS_ready_file));
   if (!announced.ok()) {
     LOG(ERROR) << "cannot announce readiness: " << announced;
     server.stop();

@@ -107,20 +107,12 @@ class SecureClusterTest : public ::testing::Test {
     return d.ok() ? std::move(*d) : nullptr;
   }
 
-  // The gateway's HTTP API port, from its log ("loom-gateway serving http://HOST:PORT ...").
-  int GatewayPort() {
-    for (int i = 0; i < 100; ++i) {
-      auto log = ReadFile(tmp_ + "/gateway.log");
-      if (log.ok()) {
-        size_t p = log->rfind("serving http://127.0.0.1:");
-        if (p != std::string::npos) {
-          return std::atoi(log->c_str() + p + std::string("serving http://127.0.0.1:").size());
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return 0;
+  // The HTTP API port a gateway announced in its ready file (http_url "http://HOST:PORT").
+  static int HttpPort(const ReadyInfo& info) {
+    const size_t colon = info.http_url.rfind(':');
+    return colon == std::string::npos ? 0 : std::atoi(info.http_url.c_str() + colon + 1);
   }
+  int GatewayPort() { return HttpPort(gateway_info_); }
 
   std::string tmp_;
   std::unique_ptr<Subprocess> checkpoint_, scheduler_, worker_, gateway_;
@@ -221,14 +213,8 @@ TEST_F(SecureClusterTest, TenantIsolationOverHttp) {
                     "--auth_tokens_file=" + tmp_ + "/tokens.yaml"},
                    &gw2_info);
   ASSERT_TRUE(gw2);
-  int port2 = 0;
-  for (int i = 0; i < 100 && port2 == 0; ++i) {
-    auto log = ReadFile(tmp_ + "/gateway-auth.log");
-    size_t p = log.ok() ? log->rfind("serving http://127.0.0.1:") : std::string::npos;
-    if (p != std::string::npos) port2 = std::atoi(log->c_str() + p + 25);
-    else absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_GT(port2, 0);
+  const int port2 = HttpPort(gw2_info);
+  ASSERT_GT(port2, 0) << gw2_info.http_url;
   httplib::Client http2("127.0.0.1", port2);
   auto early = http2.Get("/v1/jobs");
   ASSERT_TRUE(early);
