@@ -56,8 +56,7 @@ class Trainer {
   // One optimizer step (0-based `step`): GAS micro-batches, overflow check (fp16), clip, Adam.
   // Returns the mean loss; *skipped when an fp16 overflow skipped the update.
   double TrainStep(int64_t step, double* grad_norm, double* lr, bool* skipped);
-  // The optimizer update of this rank's partitions, sub_group_size elements per call of
-  // ApplyOptimizerStep.
+  // The optimizer update of this rank's partitions (offloaded: sub-group by sub-group).
   void OptimizerStep(double lr, double grad_multiplier);
   json MemoryFields();
   absl::Status SaveCheckpoint(int64_t step);
@@ -372,18 +371,11 @@ void Trainer::OptimizerStep(double lr, double grad_multiplier) {
   args.step = optimizer_step_;
   args.lr = lr;
   args.grad_multiplier = grad_multiplier;
-  std::vector<OptimizerPartition> group;
-  int64_t elems = 0;
-  for (ZeroParam& p : model_->params()) {
-    group.push_back({p.master, p.grad, p.exp_avg, p.exp_avg_sq});
-    elems += p.master.numel();
-    if (elems >= o_.ds.zero.sub_group_size) {
-      ApplyOptimizerStep(o_.ds.optimizer, args, group);
-      group.clear();
-      elems = 0;
-    }
-  }
-  if (!group.empty()) ApplyOptimizerStep(o_.ds.optimizer, args, group);
+  // In memory every partition is updated on its own; sub_group_size shapes only the offloaded
+  // step (its NVMe records and CpuAdam calls).
+  std::vector<OptimizerPartition> all;
+  for (ZeroParam& p : model_->params()) all.push_back({p.master, p.grad, p.exp_avg, p.exp_avg_sq});
+  ApplyOptimizerStep(o_.ds.optimizer, args, all);
 }
 
 json Trainer::MemoryFields() {
@@ -574,6 +566,12 @@ absl::Status Trainer::Run() {
   ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), zopts));
+  if (offload_ != nullptr) {
+    // What the offload optimizer keeps in host memory (moments, master copies, swap buffers) is
+    // this rank's memory too: on a CPU node it is the same RAM the model uses.
+    model_->memory().Acquire(MemoryKind::kOptimizerStates, offload_->resident_bytes());
+    model_->memory().ResetPeaks();
+  }
   int64_t start = 0;
   if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
   if (start > o_.steps) {

@@ -40,8 +40,9 @@ using EventCallback = std::function<void(const std::string& json_line)>;
 // checkpoint_dir it returns CANCELLED like a plain stop.
 // Config keys accepted but ignored are emitted first as {"event":"warning","message":...}.
 // Errors: CANCELLED when stopped; INVALID_ARGUMENT / FAILED_PRECONDITION for bad data or resume
-// checkpoints (naming the field or file); UNIMPLEMENTED for offload_optimizer / offload_param
-// devices other than none (naming the key); DEADLINE_EXCEEDED / UNAVAILABLE for collective
+// checkpoints (naming the field or file), and INVALID_ARGUMENT naming the key for offload Loom
+// refuses (offload_optimizer.ratio < 1, offload at stage 0, offload_param without
+// offload_optimizer); DEADLINE_EXCEEDED / UNAVAILABLE for collective
 // failures; INTERNAL for LibTorch errors. Never throws.
 absl::Status RunTraining(const EngineOptions& options, Collectives& collectives,
                          const EventCallback& emit, const std::atomic<bool>* stop_requested,

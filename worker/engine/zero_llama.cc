@@ -317,6 +317,7 @@ std::map<size_t, ZeroLlama::Live>::iterator ZeroLlama::StartGather(size_t i) {
   if (options_.fetch_partition) {  // offload_param: read the partition from its file
     l.input = options_.fetch_partition(i);
     if (l.input.scalar_type() != p.shard.scalar_type()) l.input = l.input.to(p.shard.scalar_type());
+    memory_.Acquire(MemoryKind::kBuffers, Bytes(l.input));  // released in Free
   } else {
     l.input = p.shard;
   }
@@ -337,6 +338,7 @@ void ZeroLlama::Free(std::map<size_t, Live>::iterator it) {
   } else {
     memory_.Release(l.kind, Bytes(l.buffer));
   }
+  if (options_.fetch_partition) memory_.Release(MemoryKind::kBuffers, Bytes(l.input));
   at::Tensor buffer = std::move(l.buffer);
   live_.erase(it);  // drops the views (full) and the fetched input
   if (pooled) pool_.Put(std::move(buffer));
