@@ -22,13 +22,17 @@ std::string DirName(const std::string& path) {
 
 }  // namespace
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  int err = errno;
-  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+absl::Status ErrnoToStatus(int err, absl::string_view message) {
+  std::string msg = absl::StrCat(message, ": ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(msg);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  if (err == ENOSPC) return absl::ResourceExhaustedError(msg);
+  if (err == ENOSPC || err == EDQUOT || err == ENOMEM) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
+}
+
+absl::Status ErrnoError(absl::string_view what, const std::string& path) {
+  const int err = errno;
+  return ErrnoToStatus(err, absl::StrCat(what, " ", path));
 }
 
 namespace {

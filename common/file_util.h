@@ -15,6 +15,9 @@ namespace loom {
 // "<what> <path>: <strerror>": NOT_FOUND (ENOENT), PERMISSION_DENIED (EACCES, EPERM),
 // RESOURCE_EXHAUSTED (ENOSPC), INTERNAL otherwise. Call it right after the failing call.
 absl::Status ErrnoError(absl::string_view what, const std::string& path);
+// The same mapping for an explicit error number (e.g. -res of an io_uring completion):
+// "<message>: <strerror>"; ENOSPC, EDQUOT and ENOMEM are RESOURCE_EXHAUSTED.
+absl::Status ErrnoToStatus(int err, absl::string_view message);
 
 // Reads up to `size` bytes at byte `offset` of the open file `fd` (pread, retried on EINTR and
 // short reads); returns how many were read, fewer only at end of file. I/O errors are

@@ -21,25 +21,6 @@ namespace {
 
 int64_t RoundUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-absl::Status ErrnoError(int err, const std::string& what) {
-  std::string msg = absl::StrCat(what, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-    case ENOMEM:
-      return absl::ResourceExhaustedError(msg);
-    case EINVAL:
-      return absl::InvalidArgumentError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
 }  // namespace
 
 struct NvmeSwapper::Ring {
@@ -108,7 +89,7 @@ absl::StatusOr<std::unique_ptr<NvmeSwapper>> NvmeSwapper::Create(
   int rc = io_uring_queue_init(static_cast<unsigned>(options.queue_depth), &s->ring_->ring, 0);
   if (rc < 0) {
     s->ring_.release();  // not initialised: do not call io_uring_queue_exit
-    return ErrnoError(-rc, absl::StrCat("io_uring_queue_init for ", options.dir));
+    return ErrnoToStatus(-rc, absl::StrCat("io_uring_queue_init for ", options.dir));
   }
   for (int64_t i = 0; i < options.buffer_count; ++i) {
     void* mem = nullptr;
@@ -139,7 +120,7 @@ absl::Status NvmeSwapper::Reopen(Stream& s) {
   LOG(WARNING) << "nvme swapper: O_DIRECT is not supported for " << s.path
                << " (EINVAL); using buffered I/O";
   int fd = ::open(s.path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat("open ", s.path));
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", s.path));
   ::close(s.fd);
   s.fd = fd;
   s.direct = false;
@@ -172,18 +153,18 @@ absl::StatusOr<int> NvmeSwapper::AddStream(const std::string& name,
       LOG(WARNING) << "nvme swapper: O_DIRECT is not supported for " << s.path
                    << " (EINVAL); using buffered I/O";
     } else {
-      return ErrnoError(errno, absl::StrCat("open ", s.path));
+      return ErrnoToStatus(errno, absl::StrCat("open ", s.path));
     }
   }
   if (s.fd < 0) {
     s.fd = ::open(s.path.c_str(), flags, 0600);
-    if (s.fd < 0) return ErrnoError(errno, absl::StrCat("open ", s.path));
+    if (s.fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", s.path));
   }
   const int64_t size = s.stride * static_cast<int64_t>(record_bytes.size());
   if (::ftruncate(s.fd, size) != 0) {
     const int err = errno;
     ::close(s.fd);
-    return ErrnoError(err, absl::StrCat("ftruncate ", s.path, " to ", size, " bytes"));
+    return ErrnoToStatus(err, absl::StrCat("ftruncate ", s.path, " to ", size, " bytes"));
   }
   streams_.push_back(std::move(s));
   return static_cast<int>(streams_.size() - 1);
@@ -352,7 +333,7 @@ absl::Status NvmeSwapper::Drive(int buffer) {
     }
     if (io_uring_sq_ready(ring) > 0) {
       const int rc = io_uring_submit(ring);
-      if (rc < 0) return ErrnoError(-rc, absl::StrCat("io_uring_submit (", options_.dir, ")"));
+      if (rc < 0) return ErrnoToStatus(-rc, absl::StrCat("io_uring_submit (", options_.dir, ")"));
     }
     if (buffer == -2) return absl::OkStatus();
     if (buffer >= 0) {
@@ -373,7 +354,7 @@ absl::Status NvmeSwapper::ReapOne() {
   do {
     rc = io_uring_wait_cqe(ring, &cqe);
   } while (rc == -EINTR);
-  if (rc < 0) return ErrnoError(-rc, absl::StrCat("io_uring_wait_cqe (", options_.dir, ")"));
+  if (rc < 0) return ErrnoToStatus(-rc, absl::StrCat("io_uring_wait_cqe (", options_.dir, ")"));
   const uint64_t tag = io_uring_cqe_get_data64(cqe);
   const int res = cqe->res;
   io_uring_cqe_seen(ring, cqe);
@@ -401,7 +382,7 @@ absl::Status NvmeSwapper::ReapOne() {
   if (res < 0) {
     drop_pending();
     if (op.error.ok()) {
-      op.error = ErrnoError(-res, absl::StrCat(verb, " ", s.path, " record ", op.record,
+      op.error = ErrnoToStatus(-res, absl::StrCat(verb, " ", s.path, " record ", op.record,
                                                " at offset ", op.record * s.stride + ch.offset));
     }
   } else if (res == 0 || (res < ch.length && ch.submitted_direct && !write)) {
