@@ -149,6 +149,12 @@ absl::StatusOr<TokenAuthenticator> TokenAuthenticator::FromYaml(absl::string_vie
   return auth;
 }
 
+TokenAuthenticator TokenAuthenticator::ForToken(absl::string_view token, Caller caller) {
+  TokenAuthenticator a;
+  a.entries_.push_back(Entry{Sha256Hex(token), std::move(caller)});
+  return a;
+}
+
 absl::StatusOr<Caller> TokenAuthenticator::Authenticate(absl::string_view authorization) const {
   ASSIGN_OR_RETURN(std::string token, BearerToken(authorization));
   const std::string hash = Sha256Hex(token);

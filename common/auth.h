@@ -54,6 +54,8 @@ class TokenAuthenticator {
   static absl::StatusOr<TokenAuthenticator> FromFile(const std::string& path);
   static absl::StatusOr<TokenAuthenticator> FromYaml(absl::string_view text,
                                                      absl::string_view source = "tokens");
+  // One token for one caller (a service's own token, e.g. the workers' or the scheduler's).
+  static TokenAuthenticator ForToken(absl::string_view token, Caller caller);
 
   // The caller for an `authorization` header value. UNAUTHENTICATED (never naming the token) if
   // it is missing, malformed or unknown.

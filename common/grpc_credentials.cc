@@ -30,6 +30,15 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(options);
 }
 
+absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
+                                          const TokenAuthenticator* auth) {
+  if (auth == nullptr) return Caller{};
+  const auto& md = context.client_metadata();
+  auto it = md.find("authorization");
+  return auth->Authenticate(it == md.end() ? absl::string_view()
+                                           : absl::string_view(it->second.data(), it->second.size()));
+}
+
 bool AddAuthorizationMetadata(grpc::ClientContext& ctx, absl::string_view value) {
   for (char c : value) {
     if (c < 0x20 || c > 0x7e) return false;

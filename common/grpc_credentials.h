@@ -10,11 +10,14 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_context.h>
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/auth.h"
 
 namespace loom {
 
@@ -28,6 +31,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 // `ca_file`. NOT_FOUND / INTERNAL if it cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const std::string& ca_file);
+
+// The caller of a request from its `authorization: Bearer <token>` metadata. `auth` == nullptr
+// means authentication is off: tenant "default" with admin rights. UNAUTHENTICATED when the
+// metadata has no token `auth` knows.
+absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
+                                          const TokenAuthenticator* auth);
 
 // Adds `authorization: <value>` to `ctx` if `value` is a valid gRPC metadata value (printable
 // ASCII, 0x20-0x7E) and returns true; returns false and adds nothing otherwise (gRPC aborts the

@@ -23,20 +23,9 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-std::string AuthorizationHeader(const grpc::ServerContextBase& context) {
-  const auto& md = context.client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) return "";
-  return std::string(it->second.data(), it->second.size());
-}
 
 }  // namespace
 
-absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
-                                          const TokenAuthenticator* auth) {
-  if (auth == nullptr) return Caller{};
-  return auth->Authenticate(AuthorizationHeader(context));
-}
 
 absl::Status AuthJobService::Authorize(const grpc::CallbackServerContext& context,
                                        const std::string& job_id) const {
@@ -120,13 +109,8 @@ grpc::ServerWriteReactor<loom::v1::LogLine>* AuthJobService::StreamLogs(
 }
 
 absl::Status AuthWorkerService::Check(const grpc::CallbackServerContext& context) const {
-  if (worker_token_sha256_.empty()) return absl::OkStatus();
-  absl::StatusOr<std::string> token = BearerToken(AuthorizationHeader(context));
-  if (!token.ok()) return token.status();
-  if (!ConstantTimeEquals(Sha256Hex(*token), worker_token_sha256_)) {
-    return absl::UnauthenticatedError("unknown worker token");
-  }
-  return absl::OkStatus();
+  if (!worker_auth_.has_value()) return absl::OkStatus();
+  return CallerFromMetadata(context, &*worker_auth_).status();
 }
 
 grpc::ServerUnaryReactor* AuthWorkerService::RegisterWorker(

@@ -23,10 +23,12 @@
 #ifndef LOOM_SERVICES_SCHEDULER_AUTH_SERVICE_H_
 #define LOOM_SERVICES_SCHEDULER_AUTH_SERVICE_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/auth.h"
+#include "common/grpc_credentials.h"
 #include "proto/job_service.grpc.pb.h"
 #include "proto/worker_service.grpc.pb.h"
 #include "scheduler/scheduler.h"
@@ -34,10 +36,6 @@
 
 namespace loom {
 
-// The caller of a request: `auth` == nullptr means authentication is off (tenant "default",
-// admin). UNAUTHENTICATED otherwise when the metadata has no known bearer token.
-absl::StatusOr<Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
-                                          const TokenAuthenticator* auth);
 
 class AuthJobService final : public loom::v1::JobService::CallbackService {
  public:
@@ -82,7 +80,9 @@ class AuthWorkerService final : public loom::v1::WorkerService::CallbackService 
  public:
   // `worker_token` empty = no check.
   AuthWorkerService(loom::v1::WorkerService::CallbackService* inner, std::string worker_token)
-      : inner_(inner), worker_token_sha256_(worker_token.empty() ? "" : Sha256Hex(worker_token)) {}
+      : inner_(inner) {
+    if (!worker_token.empty()) worker_auth_ = TokenAuthenticator::ForToken(worker_token, Caller{});
+  }
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const loom::v1::RegisterWorkerRequest* request,
@@ -95,7 +95,7 @@ class AuthWorkerService final : public loom::v1::WorkerService::CallbackService 
   absl::Status Check(const grpc::CallbackServerContext& context) const;
 
   loom::v1::WorkerService::CallbackService* const inner_;
-  const std::string worker_token_sha256_;
+  std::optional<TokenAuthenticator> worker_auth_;  // unset: no check
 };
 
 }  // namespace loom
