@@ -68,8 +68,15 @@ cmd_start() {
   fi
   mkdir -p "$CLUSTER" "$LOGS" "$LOOM_HOME/checkpoints" "$LOOM_HOME/work"
   trap 'echo "local_cluster: startup failed, stopping what started" >&2; cmd_stop' ERR
+  local ckpt_auth=() sched_ckpt_token=()
+  if [ -n "${LOOM_AUTH_TOKENS_FILE:-}" ]; then
+    # The workers' token is the cluster's service token: the scheduler calls loom-checkpoint
+    # with it; users need an admin token there.
+    ckpt_auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE" --service_token_file="${LOOM_WORKER_TOKEN_FILE:?LOOM_WORKER_TOKEN_FILE is required with LOOM_AUTH_TOKENS_FILE}")
+    sched_ckpt_token=(--checkpoint_token_file="$LOOM_WORKER_TOKEN_FILE")
+  fi
   start_daemon checkpoint "$BIN/services/checkpoint/loom-checkpoint" \
-    --checkpoint_root="$LOOM_HOME/checkpoints"
+    --checkpoint_root="$LOOM_HOME/checkpoints" "${ckpt_auth[@]+"${ckpt_auth[@]}"}"
   # The scheduler finds resume checkpoints and applies retention through loom-checkpoint.
   local auth=()
   if [ -n "${LOOM_AUTH_TOKENS_FILE:-}" ]; then
@@ -80,7 +87,7 @@ cmd_start() {
   start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
     --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints" \
     --checkpoint_service="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)" \
-    "${auth[@]+"${auth[@]}"}"
+    "${auth[@]+"${auth[@]}"}" "${sched_ckpt_token[@]+"${sched_ckpt_token[@]}"}"
   local gw_auth=()
   [ -z "${LOOM_AUTH_TOKENS_FILE:-}" ] || gw_auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE")
   start_daemon gateway "$BIN/services/gateway/loom-gateway" \

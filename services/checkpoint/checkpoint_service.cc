@@ -1,5 +1,6 @@
 #include "services/checkpoint/checkpoint_service.h"
 
+#include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/checkpoint/verify.h"
@@ -117,9 +118,27 @@ CheckpointServiceImpl::CheckpointServiceImpl(CheckpointServiceOptions options,
   consolidations_.Add({{"result", "ok"}});  // export the series at 0 before the first call
 }
 
-grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* /*context*/,
+grpc::Status CheckpointServiceImpl::Authorize(const grpc::ServerContext& context) const {
+  if (options_.users == nullptr && options_.service == nullptr) return grpc::Status::OK;
+  if (options_.service != nullptr && CallerFromMetadata(context, options_.service).ok()) {
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<Caller> caller =
+      options_.users != nullptr ? CallerFromMetadata(context, options_.users)
+                                : absl::UnauthenticatedError("unknown token");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (!caller->admin()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "loom-checkpoint: an admin token is required (checkpoints are addressed "
+                        "by job id across tenants)");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* context,
                                                     const v1::ListCheckpointsRequest* req,
                                                     v1::ListCheckpointsResponse* resp) {
+  if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
   auto list = storage::ListCheckpoints(*dir);
@@ -128,9 +147,10 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* /*conte
   return grpc::Status::OK;
 }
 
-grpc::Status CheckpointServiceImpl::GetCheckpoint(grpc::ServerContext* /*context*/,
+grpc::Status CheckpointServiceImpl::GetCheckpoint(grpc::ServerContext* context,
                                                   const v1::GetCheckpointRequest* req,
                                                   v1::CheckpointInfo* resp) {
+  if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
   auto list = storage::ListCheckpoints(*dir);
@@ -144,9 +164,10 @@ grpc::Status CheckpointServiceImpl::GetCheckpoint(grpc::ServerContext* /*context
       absl::StrCat("job '", req->job_id(), "' has no checkpoint of step ", req->step())));
 }
 
-grpc::Status CheckpointServiceImpl::VerifyCheckpoint(grpc::ServerContext* /*context*/,
+grpc::Status CheckpointServiceImpl::VerifyCheckpoint(grpc::ServerContext* context,
                                                      const v1::VerifyCheckpointRequest* req,
                                                      v1::VerifyCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   std::string path = req->path();
   if (!path.empty()) {
     // Only what lies under the checkpoint root; no "..", so a caller cannot probe the host.
@@ -195,8 +216,9 @@ absl::StatusOr<storage::ConsolidateResult> CheckpointServiceImpl::DoConsolidate(
 }
 
 grpc::Status CheckpointServiceImpl::ConsolidateCheckpoint(
-    grpc::ServerContext* /*context*/, const v1::ConsolidateCheckpointRequest* req,
+    grpc::ServerContext* context, const v1::ConsolidateCheckpointRequest* req,
     v1::ConsolidateCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   const absl::Time start = absl::Now();
   auto result = DoConsolidate(*req);
   consolidation_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -223,9 +245,10 @@ grpc::Status CheckpointServiceImpl::ConsolidateCheckpoint(
   return grpc::Status::OK;
 }
 
-grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*context*/,
+grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* context,
                                                      const v1::DeleteCheckpointRequest* req,
                                                      v1::DeleteCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
   std::vector<int64_t> protected_steps(req->protected_steps().begin(),
@@ -240,9 +263,10 @@ grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*cont
   return grpc::Status::OK;
 }
 
-grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* /*context*/,
+grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* context,
                                                    const v1::ApplyRetentionRequest* req,
                                                    v1::ApplyRetentionResponse* resp) {
+  if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
   std::vector<int64_t> protected_steps(req->protected_steps().begin(),

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/auth.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "storage/checkpoint/consolidate.h"
 
@@ -34,6 +35,14 @@ struct CheckpointServiceOptions {
   // Directory holding one checkpoint directory per job. Required.
   std::string checkpoint_root;
   storage::ConsolidateOptions consolidate;
+  // Authentication (both null: off, every caller allowed). Checkpoints are addressed by job id
+  // and this service does not know which tenant owns a job, so every RPC needs an admin token
+  // from `users` (the tokens file, common/auth.h) or the cluster's service token `service`
+  // (the scheduler's calls). UNAUTHENTICATED without a known token, PERMISSION_DENIED for a
+  // user-role token. Tenants reach their checkpoints' state through the scheduler (Job.progress)
+  // and the exports an operator consolidates. Must outlive the service.
+  const TokenAuthenticator* users = nullptr;
+  const TokenAuthenticator* service = nullptr;
 };
 
 // The service. Metrics registered in the constructor on `registry`:
@@ -72,6 +81,8 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
                                 v1::VerifyCheckpointResponse* resp) override;
 
  private:
+  // OK if the caller may use this service (see CheckpointServiceOptions::users).
+  grpc::Status Authorize(const grpc::ServerContext& context) const;
   // The job's checkpoint directory: INVALID_ARGUMENT for a bad id, NOT_FOUND if it is absent.
   absl::StatusOr<std::string> ExistingJobDir(const std::string& job_id) const;
   absl::StatusOr<storage::ConsolidateResult> DoConsolidate(

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/daemon.h"
 #include "common/grpc_credentials.h"
 #include "common/file_util.h"
@@ -36,6 +38,12 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "created if missing.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS on the gRPC port (with --tls_key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS on the gRPC port (with --tls_cert).");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Tokens file (docs/operations.md); with it every RPC needs an admin token or "
+          "--service_token_file's token. Empty = authentication off.");
+ABSL_FLAG(std::string, service_token_file, "",
+          "File holding the cluster's service token, which the scheduler sends (its "
+          "--checkpoint_token_file); accepted with admin rights.");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT, how long in-flight RPCs may run before they are cancelled.");
 
@@ -64,6 +72,31 @@ int main(int argc, char** argv) {
   auto registry = std::make_shared<prometheus::Registry>();
   loom::CheckpointServiceOptions options;
   options.checkpoint_root = root;
+  std::optional<loom::TokenAuthenticator> users, service_token;
+  if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file); !f.empty()) {
+    auto a = loom::TokenAuthenticator::FromFile(f);
+    if (!a.ok()) {
+      LOG(ERROR) << "--auth_tokens_file: " << a.status();
+      return 2;
+    }
+    users = std::move(*a);
+    options.users = &*users;
+  }
+  {
+    auto token = loom::ReadTokenFile(absl::GetFlag(FLAGS_service_token_file));
+    if (!token.ok()) {
+      LOG(ERROR) << "--service_token_file: " << token.status();
+      return 2;
+    }
+    if (!token->empty()) {
+      service_token = loom::TokenAuthenticator::ForToken(*token, loom::Caller{});
+      options.service = &*service_token;
+    }
+  }
+  if (options.users == nullptr && options.service == nullptr) {
+    LOG(WARNING) << "authentication off (no --auth_tokens_file / --service_token_file): any "
+                    "client reaching this port can read, consolidate and delete checkpoints";
+  }
   loom::CheckpointServiceImpl service(options, *registry);
 
   const std::string host = absl::GetFlag(FLAGS_host);

@@ -1,6 +1,7 @@
 #include "services/scheduler/grpc_checkpoint_catalog.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 
 namespace loom {
@@ -9,6 +10,7 @@ absl::StatusOr<CommittedCheckpoint> GrpcCheckpointCatalog::NewestCommitted(
     const std::string& job_id, const std::string& /*checkpoint_dir*/) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
+  AddBearerToken(ctx, token_);
   v1::ListCheckpointsRequest req;
   req.set_job_id(job_id);
   v1::ListCheckpointsResponse resp;
@@ -25,6 +27,7 @@ absl::StatusOr<std::vector<int64_t>> GrpcCheckpointCatalog::ApplyRetention(
     const loom::v1::CheckpointPolicy& policy, const std::vector<int64_t>& protected_steps) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
+  AddBearerToken(ctx, token_);
   v1::ApplyRetentionRequest req;
   req.set_job_id(job_id);
   req.set_keep_last(policy.keep_last());

@@ -18,8 +18,13 @@ namespace loom {
 // Thread-safe (gRPC stubs are).
 class GrpcCheckpointCatalog : public CheckpointCatalog {
  public:
-  GrpcCheckpointCatalog(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline)
-      : stub_(v1::CheckpointService::NewStub(std::move(channel))), deadline_(deadline) {}
+  // `token` (may be empty) is sent as a bearer token on every call (loom-checkpoint's
+  // --service_token_file).
+  GrpcCheckpointCatalog(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
+                        std::string token = "")
+      : stub_(v1::CheckpointService::NewStub(std::move(channel))),
+        deadline_(deadline),
+        token_(std::move(token)) {}
 
   // The service resolves job ids under its own checkpoint root; `checkpoint_dir` is unused.
   absl::StatusOr<CommittedCheckpoint> NewestCommitted(const std::string& job_id,
@@ -32,6 +37,7 @@ class GrpcCheckpointCatalog : public CheckpointCatalog {
  private:
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   absl::Duration deadline_;
+  std::string token_;
 };
 
 }  // namespace loom

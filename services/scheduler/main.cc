@@ -55,6 +55,8 @@ ABSL_FLAG(bool, backfill, true,
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (YAML/JSON list of {tenant, role: user|admin, token_sha256 | token}; "
           "docs/operations.md). Empty = no authentication: every caller is tenant 'default'.");
+ABSL_FLAG(std::string, checkpoint_token_file, "",
+          "File holding the token sent to --checkpoint_service (its --service_token_file).");
 ABSL_FLAG(std::string, worker_token_file, "",
           "File holding the token loom-worker daemons must send (required with "
           "--auth_tokens_file).");
@@ -93,6 +95,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.worker_token = *worker_token;
+  absl::StatusOr<std::string> checkpoint_token =
+      loom::ReadTokenFile(absl::GetFlag(FLAGS_checkpoint_token_file));
+  if (!checkpoint_token.ok()) {
+    std::fprintf(stderr, "loom-scheduler: --checkpoint_token_file: %s\n",
+                 checkpoint_token.status().ToString().c_str());
+    return 1;
+  }
+  options.checkpoint_token = *checkpoint_token;
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.checkpoint_tls_ca = absl::GetFlag(FLAGS_tls_ca);

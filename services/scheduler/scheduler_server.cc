@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(options.checkpoint_tls_ca));
     s->checkpoints_ = std::make_unique<GrpcCheckpointCatalog>(
         grpc::CreateChannel(options.checkpoint_service, channel_creds),
-        options.checkpoint_rpc_timeout);
+        options.checkpoint_rpc_timeout, options.checkpoint_token);
   }
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(TokenAuthenticator auth,

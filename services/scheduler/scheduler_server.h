@@ -58,6 +58,8 @@ struct SchedulerServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string checkpoint_tls_ca;
+  // Bearer token for the calls to checkpoint_service (its --service_token_file); empty = none.
+  std::string checkpoint_token;
   SchedulerOptions scheduler;
 
   // INVALID_ARGUMENT naming the field.

@@ -81,12 +81,16 @@ class SecureClusterTest : public ::testing::Test {
     const std::string ca = "--tls_ca=" + tmp_ + "/cert.pem";
 
     checkpoint_ = Start("checkpoint", "services/checkpoint/loom-checkpoint",
-                        {"--checkpoint_root=" + tmp_ + "/checkpoints", cert, key}, &checkpoint_info_);
+                        {"--checkpoint_root=" + tmp_ + "/checkpoints", cert, key,
+                         "--auth_tokens_file=" + tmp_ + "/tokens.yaml",
+                         "--service_token_file=" + tmp_ + "/worker.token"},
+                        &checkpoint_info_);
     scheduler_ = Start("scheduler", "services/scheduler/loom-scheduler",
                        {"--db=" + tmp_ + "/loom.db", "--checkpoint_root=" + tmp_ + "/checkpoints",
                         "--checkpoint_service=" + checkpoint_info_.grpc_address,
                         "--auth_tokens_file=" + tmp_ + "/tokens.yaml",
-                        "--worker_token_file=" + tmp_ + "/worker.token", cert, key, ca},
+                        "--worker_token_file=" + tmp_ + "/worker.token",
+                        "--checkpoint_token_file=" + tmp_ + "/worker.token", cert, key, ca},
                        &scheduler_info_);
     // The worker never gets a rank here (jobs ask for more ranks than it has), so any executable
     // does as its trainer.
@@ -253,6 +257,34 @@ TEST_F(SecureClusterTest, LoomctlUsesTokenAndTls) {
                                          " --timeout=3s list >/dev/null 2>&1");
   int status = std::system(plain.c_str());
   EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 14);
+}
+
+// loom-checkpoint addresses checkpoints by job id across tenants, so it takes only admin tokens
+// and the cluster's service token (the scheduler's). Regression: it took any caller, so one
+// tenant could list or delete another tenant's checkpoints.
+TEST_F(SecureClusterTest, CheckpointServiceTakesOnlyAdminAndServiceTokens) {
+  ASSERT_TRUE(checkpoint_);
+  const std::string loomctl = testing::RunfilePath("services/cli/loomctl");
+  auto run = [&](const std::string& token, const std::string& args, std::string* out) {
+    const std::string file = tmp_ + "/loomctl-ckpt.out";
+    const std::string cmd =
+        absl::StrCat("LOOM_TOKEN=", token, " ", loomctl, " --checkpoint=",
+                     checkpoint_info_.grpc_address, " --tls_ca=", tmp_, "/cert.pem ", args, " >",
+                     file, " 2>&1");
+    int status = std::system(cmd.c_str());
+    *out = ReadFile(file).value_or("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string out;
+  EXPECT_EQ(run("", "checkpoint delete job-someone-else", &out), 16) << out;  // UNAUTHENTICATED
+  EXPECT_EQ(run("token-team-a-0001", "checkpoint delete job-someone-else", &out), 7) << out;
+  EXPECT_NE(out.find("admin token"), std::string::npos) << out;
+  EXPECT_EQ(run("token-team-a-0001", "checkpoints job-someone-else", &out), 7) << out;
+  // An admin passes authorization (and the job simply has no checkpoints).
+  EXPECT_EQ(run("token-admin-0003", "checkpoints job-someone-else", &out), 0) << out;
+  EXPECT_NE(out.find("no checkpoints"), std::string::npos) << out;
+  // The cluster's service token (what the scheduler sends) is accepted too.
+  EXPECT_EQ(run("worker-token-0004", "checkpoints job-someone-else", &out), 0) << out;
 }
 
 }  // namespace
