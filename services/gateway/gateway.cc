@@ -237,35 +237,31 @@ void JobGateway::Register(httplib::Server& server) {
                  res.set_content(nlohmann::json({{"lines", std::move(lines)}}).dump(), kJson);
                  return;
                }
-               // follow: chunked NDJSON, one LogLine per line, until the job ends. No deadline; a
-               // client that goes away cancels the stream.
-               std::shared_ptr<grpc::ClientContext> ctx = context(req);
-               ctx->set_deadline(std::chrono::system_clock::time_point::max());
-               std::shared_ptr<grpc::ClientReaderInterface<loom::v1::LogLine>> reader(
-                   stub_->StreamLogs(ctx.get(), request));
-               // The first line (or the error) decides the status code.
-               auto first = std::make_shared<loom::v1::LogLine>();
-               const bool have_first = reader->Read(first.get());
-               if (!have_first) {
-                 grpc::Status s = reader->Finish();
+               // follow: chunked NDJSON, one LogLine per line, until the job ends. The status
+               // code comes from a GetJob first (missing job, another tenant's, no token), so that
+               // the headers go out at once instead of after the first line; then no deadline.
+               {
+                 loom::v1::GetJobRequest get;
+                 get.set_job_id(request.job_id());
+                 loom::v1::Job job;
+                 grpc::Status s = stub_->GetJob(context(req).get(), get, &job);
                  if (!s.ok()) {
                    WriteError(res, s.error_code(), s.error_message());
                    return;
                  }
-                 res.status = 200;
-                 res.set_content("", "application/x-ndjson");
-                 return;
                }
+               std::shared_ptr<grpc::ClientContext> ctx = context(req);
+               ctx->set_deadline(std::chrono::system_clock::time_point::max());
+               std::shared_ptr<grpc::ClientReaderInterface<loom::v1::LogLine>> reader(
+                   stub_->StreamLogs(ctx.get(), request));
                res.status = 200;
-               auto pending_first = std::make_shared<bool>(true);
+               // A client that goes away is noticed at the next write (a line or the end); a
+               // quiet job's follower holds its gateway thread until then.
                res.set_chunked_content_provider(
                    "application/x-ndjson",
-                   [reader, first, pending_first](size_t, httplib::DataSink& sink) {
+                   [reader](size_t, httplib::DataSink& sink) {
                      loom::v1::LogLine line;
-                     if (*pending_first) {
-                       *pending_first = false;
-                       line = *first;
-                     } else if (!reader->Read(&line)) {
+                     if (!reader->Read(&line)) {
                        grpc::Status s = reader->Finish();
                        if (!s.ok()) {  // the stream broke after the headers: say so in-band
                          std::string err = nlohmann::json({{"error", {{"code", static_cast<int>(s.error_code())},

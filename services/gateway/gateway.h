@@ -11,8 +11,10 @@
 //                                              -> StreamLogs      200 {"lines": [LogLine...]};
 //        with follow=true a chunked application/x-ndjson body, one LogLine per line, that ends
 //        when the job has ended (an error after the headers is sent as a last {"error": {...}}
-//        line); a client that disconnects cancels the stream. Each follower holds one gateway
-//        thread. rank may repeat or be comma-separated. WatchJob is gRPC-only.
+//        line). The status code comes from a GetJob before the stream (404, 401, ...); the
+//        headers go out at once. A client that disconnects cancels the stream at the next line
+//        or the job's end; until then each follower holds one gateway thread (httplib's pool).
+//        rank may repeat or be comma-separated. WatchJob is gRPC-only.
 //   GET  /v1/openapi.json                      the OpenAPI 3 document of these routes
 //   GET  /healthz                              200 "ok" (the gateway itself; not the scheduler)
 // Query parameters of GET /v1/jobs are fields of ListJobsRequest. Errors (from the scheduler or
