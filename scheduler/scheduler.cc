@@ -347,7 +347,7 @@ absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
   auto sub = std::make_shared<JobSubscription>(job_id, waker, dispatcher_.get());
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (it == jobs_.end()) return JobNotFound(job_id);
   loom::v1::JobEvent snapshot;
   *snapshot.mutable_job() = JobRecordToProto(it->second);
   snapshot.set_type("Snapshot");
@@ -579,12 +579,24 @@ void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
   if (metrics_ != nullptr) metrics_->SetJobCounts(phase_counts_);
 }
 
+absl::Status Scheduler::JobNotFound(const std::string& job_id) {
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
 absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
   RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (it == jobs_.end()) return JobNotFound(job_id);
   return JobRecordToProto(it->second);
+}
+
+absl::StatusOr<std::string> Scheduler::JobTenant(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return JobNotFound(job_id);
+  return it->second.tenant;
 }
 
 absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
@@ -643,7 +655,7 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
   RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (it == jobs_.end()) return JobNotFound(job_id);
   const JobRecord& job = it->second;
   loom::v1::ExplainPendingResponse out;
   out.set_phase(job.phase);
@@ -679,7 +691,7 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
 
 absl::StatusOr<const JobRecord*> Scheduler::FindUnendedJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (it == jobs_.end()) return JobNotFound(job_id);
   if (IsTerminal(it->second.phase)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
                                                       JobPhaseName(it->second.phase), ")"));

@@ -177,9 +177,14 @@ class Scheduler {
                                           bool* deduplicated = nullptr,
                                           const std::string& tenant = "default");
 
-  // NOT_FOUND if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes (an error
-  // message echoing it would not fit in gRPC's metadata).
+  // NOT_FOUND (JobNotFound) if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes
+  // (an error message echoing it would not fit in gRPC's metadata).
   absl::StatusOr<loom::v1::Job> GetJob(const std::string& job_id);
+  // The tenant owning `job_id` (no copy of the job); errors as GetJob.
+  absl::StatusOr<std::string> JobTenant(const std::string& job_id);
+  // The NOT_FOUND every lookup of an unknown job id answers (also for another tenant's job, so
+  // that existence is not revealed).
+  static absl::Status JobNotFound(const std::string& job_id);
 
   // Jobs in `phase` (UNSPECIFIED = all) in submission order.
   absl::StatusOr<std::vector<loom::v1::Job>> ListJobs(loom::v1::JobPhase phase);

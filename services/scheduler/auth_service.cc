@@ -32,13 +32,10 @@ absl::Status AuthJobService::Authorize(const grpc::CallbackServerContext& contex
   absl::StatusOr<Caller> caller = CallerFromMetadata(context, auth_);
   if (!caller.ok()) return caller.status();
   if (caller->admin()) return absl::OkStatus();
-  absl::StatusOr<loom::v1::Job> job = scheduler_->GetJob(job_id);
-  if (!job.ok()) return absl::OkStatus();  // let the service answer its own error
-  const std::string& owner = job->tenant().empty() ? std::string(kDefaultTenant) : job->tenant();
-  if (owner != caller->tenant) {
-    // Same text as Scheduler's answer for an unknown id: existence is not revealed.
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-  }
+  absl::StatusOr<std::string> owner = scheduler_->JobTenant(job_id);
+  if (!owner.ok()) return absl::OkStatus();  // let the service answer its own error
+  // Another tenant's job gets the scheduler's answer for an unknown id: existence is not revealed.
+  if (*owner != caller->tenant) return Scheduler::JobNotFound(job_id);
   return absl::OkStatus();
 }
 
