@@ -3,29 +3,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-
 #include "common/grpc_status.h"
 #include "services/scheduler/auth_service.h"
+#include "services/scheduler/reactor_util.h"
 
 namespace loom {
-namespace {
-
-template <typename T, typename Out>
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::StatusOr<T> result,
-                                Out* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& s) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
-
-}  // namespace
 
 absl::Status AdminServiceImpl::Authorize(const grpc::CallbackServerContext& context,
                                          bool admin) const {
@@ -41,7 +23,7 @@ absl::Status AdminServiceImpl::Authorize(const grpc::CallbackServerContext& cont
 grpc::ServerUnaryReactor* AdminServiceImpl::ListNodes(grpc::CallbackServerContext* context,
                                                       const loom::v1::ListNodesRequest*,
                                                       loom::v1::ListNodesResponse* response) {
-  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return FinishUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<std::vector<loom::v1::NodeInfo>> nodes = scheduler_->ListNodes();
   if (nodes.ok()) {
@@ -54,28 +36,28 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ListNodes(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* AdminServiceImpl::CordonNode(grpc::CallbackServerContext* context,
                                                        const loom::v1::CordonNodeRequest* request,
                                                        loom::v1::NodeInfo* response) {
-  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
-  return Reply(context, scheduler_->CordonNode(request->node_id(), request->reason()), response);
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return FinishUnary(context, s);
+  return Answer(context, scheduler_->CordonNode(request->node_id(), request->reason()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::UncordonNode(
     grpc::CallbackServerContext* context, const loom::v1::UncordonNodeRequest* request,
     loom::v1::NodeInfo* response) {
-  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
-  return Reply(context, scheduler_->UncordonNode(request->node_id()), response);
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return FinishUnary(context, s);
+  return Answer(context, scheduler_->UncordonNode(request->node_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::DrainNode(grpc::CallbackServerContext* context,
                                                       const loom::v1::DrainNodeRequest* request,
                                                       loom::v1::DrainNodeResponse* response) {
-  if (absl::Status s = Authorize(*context, true); !s.ok()) return Refuse(context, s);
-  return Reply(context, scheduler_->DrainNode(request->node_id(), request->reason()), response);
+  if (absl::Status s = Authorize(*context, true); !s.ok()) return FinishUnary(context, s);
+  return Answer(context, scheduler_->DrainNode(request->node_id(), request->reason()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListQueues(grpc::CallbackServerContext* context,
                                                        const loom::v1::ListQueuesRequest*,
                                                        loom::v1::ListQueuesResponse* response) {
-  if (absl::Status s = Authorize(*context, false); !s.ok()) return Refuse(context, s);
+  if (absl::Status s = Authorize(*context, false); !s.ok()) return FinishUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<std::vector<loom::v1::QueueInfo>> queues = scheduler_->ListQueues();
   if (queues.ok()) {

@@ -4,28 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "services/scheduler/reactor_util.h"
 
 namespace loom {
-namespace {
-
-// A reactor that ends the call with `status` at once (deletes itself when gRPC is done).
-template <typename T>
-class FinishedWriter final : public grpc::ServerWriteReactor<T> {
- public:
-  explicit FinishedWriter(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
-  void OnDone() override { delete this; }
-};
-
-grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
-                                      const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-
-}  // namespace
-
 
 absl::Status AuthJobService::Authorize(const grpc::CallbackServerContext& context,
                                        const std::string& job_id) const {

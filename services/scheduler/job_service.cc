@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "services/scheduler/reactor_util.h"
 #include "scheduler/job_state.h"
 
 namespace loom {
@@ -57,15 +58,6 @@ class StreamReactor : public grpc::ServerWriteReactor<Message> {
 };
 
 // Finishes a unary call with `result` (moved into `response` when OK).
-template <typename T>
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, absl::StatusOr<T> result,
-                                 T* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
-
 // WatchJob: writes the subscription's events one at a time; finishes after a terminal one.
 class WatchJobReactor final : public StreamReactor<loom::v1::JobEvent> {
  public:

@@ -1,6 +1,7 @@
 #include "services/scheduler/worker_service.h"
 
 #include "common/grpc_status.h"
+#include "services/scheduler/reactor_util.h"
 
 namespace loom {
 
@@ -18,11 +19,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* context,
                                                        const loom::v1::HeartbeatRequest* request,
                                                        loom::v1::HeartbeatResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<loom::v1::HeartbeatResponse> reply = scheduler_->Heartbeat(*request);
-  if (reply.ok()) *response = std::move(*reply);
-  reactor->Finish(ToGrpcStatus(reply.status()));
-  return reactor;
+  return Answer(context, scheduler_->Heartbeat(*request), response);
 }
 
 }  // namespace loom
