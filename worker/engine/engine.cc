@@ -430,6 +430,17 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
                                                           : std::vector<float*>();
   const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
+  // The loss-scaler state (identical on every rank) is written before rank 0's manifest, which
+  // is part of what commits the checkpoint: a committed step always has it.
+  if (scaler_.enabled() && coll_.rank() == 0) {
+    const LossScaler::State st = scaler_.state();
+    json j = {{"scale", st.scale},
+              {"cur_iter", st.cur_iter},
+              {"last_overflow_iter", st.last_overflow_iter},
+              {"cur_hysteresis", st.cur_hysteresis}};
+    RETURN_IF_ERROR(MakeDirs(dir));
+    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), j.dump()));
+  }
   RETURN_IF_ERROR(storage::WriteShardPieces(
       dir, m, ends,
       [&](size_t section, size_t piece, int64_t, int64_t count, float* dst) -> absl::Status {
@@ -441,14 +452,6 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
         std::memcpy(dst, t.data_ptr<float>(), count * sizeof(float));
         return absl::OkStatus();
       }));
-  if (scaler_.enabled() && coll_.rank() == 0) {  // identical on every rank
-    const LossScaler::State st = scaler_.state();
-    json j = {{"scale", st.scale},
-              {"cur_iter", st.cur_iter},
-              {"last_overflow_iter", st.last_overflow_iter},
-              {"cur_hysteresis", st.cur_hysteresis}};
-    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), j.dump()));
-  }
   Emit({{"event", "checkpoint"}, {"step", step}, {"dir", dir}});
   return absl::OkStatus();
 }
