@@ -9,11 +9,13 @@
 
 #include <chrono>
 #include <memory>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_credentials.h"
@@ -225,16 +227,18 @@ void JobGateway::Register(httplib::Server& server) {
                  // The retained lines at once, as {"lines": [LogLine, ...]}, under the deadline.
                  auto ctx = context(req);
                  auto reader = stub_->StreamLogs(ctx.get(), request);
-                 nlohmann::json lines = nlohmann::json::array();
+                 // Each line is protobuf's JSON already: joined, not parsed and dumped again.
+                 std::vector<std::string> lines;
                  loom::v1::LogLine line;
-                 while (reader->Read(&line)) lines.push_back(nlohmann::json::parse(LineJson(line)));
+                 while (reader->Read(&line)) lines.push_back(LineJson(line));
                  grpc::Status s = reader->Finish();
                  if (!s.ok()) {
                    WriteError(res, s.error_code(), s.error_message());
                    return;
                  }
                  res.status = 200;
-                 res.set_content(nlohmann::json({{"lines", std::move(lines)}}).dump(), kJson);
+                 res.set_content(absl::StrCat("{\"lines\":[", absl::StrJoin(lines, ","), "]}"),
+                                 kJson);
                  return;
                }
                // follow: chunked NDJSON, one LogLine per line, until the job ends. The status
