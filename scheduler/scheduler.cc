@@ -1382,19 +1382,13 @@ absl::Status Scheduler::CheckNodeLiveness() {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::SetPendingReason(const std::string& job_id, const std::string& reason,
-                                         const std::string& message) {
-  return SetPendingReason(jobs_.at(job_id), reason, message);
-}
-
-absl::Status Scheduler::SetPendingReason(JobRecord& job, const std::string& reason,
-                                         const std::string& message) {
+void Scheduler::SetPendingReason(JobRecord& job, const std::string& reason,
+                                 const std::string& message) {
   // In memory only: a waiting job's reason and message are recomputed by every cycle (also the
   // first one after a restart), so storing each change would only cost a write per job and
   // cycle. The record is stored with its latest reason at its next phase change.
-  if (job.reason != reason) job.reason = reason;
-  if (job.message != message) job.message = message;
-  return absl::OkStatus();
+  job.reason = reason;
+  job.message = message;
 }
 
 const std::string& Scheduler::QueueOf(const loom::v1::JobSpec& spec) {
@@ -1636,18 +1630,18 @@ absl::Status Scheduler::PlacePendingJobs() {
     if (record->attempt > 0 && has_ranks.count(job_id)) continue;
     if (record->state.not_before_us() > 0 &&
         now < absl::FromUnixMicros(record->state.not_before_us())) {
-      RETURN_IF_ERROR(SetPendingReason(
+      SetPendingReason(
           *record, "Backoff",
           absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(record->state.not_before_us())),
                        " after ", record->state.ready_timeouts(),
-                       " consecutive gang-ready timeout(s)")));
+                       " consecutive gang-ready timeout(s)"));
       continue;
     }
     const QueueConfig* queue = options_.queues.Find(QueueOf(spec));
     if (queue == nullptr) {
-      RETURN_IF_ERROR(SetPendingReason(
+      SetPendingReason(
           *record, "UnknownQueue",
-          absl::StrCat("queue ", QueueOf(spec), " is not configured (--queues_config)")));
+          absl::StrCat("queue ", QueueOf(spec), " is not configured (--queues_config)"));
       continue;
     }
     auto [e_it, inserted] = eligibility_cache.try_emplace(EligibilityKey(spec.resources()));
@@ -1655,20 +1649,20 @@ absl::Status Scheduler::PlacePendingJobs() {
     const Eligibility& e = e_it->second;
     if (need > e.capacity || (e.require_single_domain && need > e.max_domain_capacity)) {
       if (metrics_ != nullptr) metrics_->AdmissionAttempt("infeasible");
-      RETURN_IF_ERROR(SetPendingReason(*record, "Unschedulable",
-                                       UnschedulableMessage(e, need, kind_name)));
+      SetPendingReason(*record, "Unschedulable",
+                                       UnschedulableMessage(e, need, kind_name));
       continue;
     }
     const QuotaLedger::Check quota = ledger.Fits(*queue, kind, need);
     if (!quota.ok) {
       if (metrics_ != nullptr) metrics_->AdmissionAttempt("quota");
-      RETURN_IF_ERROR(SetPendingReason(*record, "WaitingForQuota", quota.message));
+      SetPendingReason(*record, "WaitingForQuota", quota.message);
       continue;
     }
     auto h = head.find(kind);
     if (h != head.end() && !options_.enable_backfill) {
       if (metrics_ != nullptr) metrics_->AdmissionAttempt("blocked");
-      RETURN_IF_ERROR(SetPendingReason(*record, "Queued", absl::StrCat("waiting behind job ", h->second)));
+      SetPendingReason(*record, "Queued", absl::StrCat("waiting behind job ", h->second));
       continue;
     }
     std::vector<char> avoid;
@@ -1702,10 +1696,10 @@ absl::Status Scheduler::PlacePendingJobs() {
     }
     if (h != head.end()) {
       if (metrics_ != nullptr) metrics_->AdmissionAttempt("blocked");
-      RETURN_IF_ERROR(SetPendingReason(
+      SetPendingReason(
           *record, "Queued",
           absl::StrCat("waiting behind job ", h->second,
-                       " (it holds a reservation; starting now would delay it)")));
+                       " (it holds a reservation; starting now would delay it)"));
       continue;
     }
 
@@ -1830,7 +1824,7 @@ absl::Status Scheduler::PlacePendingJobs() {
     if (metrics_ != nullptr) {
       metrics_->AdmissionAttempt(reason == "WaitingForPreemption" ? "preempting" : "no_capacity");
     }
-    RETURN_IF_ERROR(SetPendingReason(*record, reason, message));
+    SetPendingReason(*record, reason, message);
   }
   return absl::OkStatus();
 }
@@ -1855,10 +1849,10 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     absl::StatusOr<CommittedCheckpoint> newest = PrefetchedResume(job_id);
     if (!newest.ok() && !absl::IsNotFound(newest.status())) {
       // Never restart from scratch because the catalog could not answer: try next cycle.
-      RETURN_IF_ERROR(SetPendingReason(
-          job_id, "CheckpointsUnavailable",
+      SetPendingReason(
+          jobs_.at(job_id), "CheckpointsUnavailable",
           absl::StrCat("cannot find the newest committed checkpoint to resume from: ",
-                       newest.status().message())));
+                       newest.status().message()));
       return false;
     }
     if (newest.ok()) resume_from_[job_id] = *newest;

@@ -362,10 +362,8 @@ class Scheduler {
   absl::Status AdvanceJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets reason/message of a waiting job in memory (recomputed every cycle; stored with the
   // job at its next phase change).
-  absl::Status SetPendingReason(const std::string& job_id, const std::string& reason,
-                                const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SetPendingReason(JobRecord& job, const std::string& reason,
-                                const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetPendingReason(JobRecord& job, const std::string& reason, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refreshes the gauges from the state: nodes, rank slots and accelerators (a pass over ranks
