@@ -71,22 +71,6 @@ absl::Status ParseKindMap(const YAML::Node& node, const std::string& path,
 
 }  // namespace
 
-std::string AcceleratorKindName(AcceleratorKind kind) {
-  std::string name = loom::v1::AcceleratorKind_Name(kind);
-  absl::string_view prefix = "ACCELERATOR_KIND_";
-  if (absl::StartsWith(name, prefix)) name = name.substr(prefix.size());
-  return absl::AsciiStrToLower(name);
-}
-
-absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(const std::string& name) {
-  for (AcceleratorKind kind : {v1::ACCELERATOR_KIND_CPU, v1::ACCELERATOR_KIND_H100,
-                               v1::ACCELERATOR_KIND_H200, v1::ACCELERATOR_KIND_GH200}) {
-    if (AcceleratorKindName(kind) == absl::AsciiStrToLower(name)) return kind;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown accelerator kind '", name, "' (cpu, h100, h200, gh200)"));
-}
-
 int64_t QueueConfig::Nominal(AcceleratorKind kind) const {
   auto it = nominal.find(kind);
   return it == nominal.end() ? 0 : it->second;

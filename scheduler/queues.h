@@ -39,14 +39,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/accelerator_kind.h"  // AcceleratorKindName, ParseAcceleratorKind
 #include "proto/common.pb.h"
 
 namespace loom {
 
-// "cpu", "h100", "h200", "gh200" (lower-case enum name without the prefix).
-std::string AcceleratorKindName(loom::v1::AcceleratorKind kind);
-// Inverse of AcceleratorKindName; INVALID_ARGUMENT naming `name` for anything else.
-absl::StatusOr<loom::v1::AcceleratorKind> ParseAcceleratorKind(const std::string& name);
 
 struct QueueConfig {
   std::string name;

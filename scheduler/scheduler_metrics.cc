@@ -1,5 +1,7 @@
 #include "scheduler/scheduler_metrics.h"
 
+#include "common/accelerator_kind.h"
+
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -120,10 +122,7 @@ void SchedulerMetrics::SetAccelerators(
   std::set<loom::v1::AcceleratorKind> kinds;
   for (const auto& [key, n] : counts) kinds.insert(key.first);
   for (loom::v1::AcceleratorKind kind : kinds) {
-    std::string name = loom::v1::AcceleratorKind_Name(kind);
-    const std::string prefix = "ACCELERATOR_KIND_";
-    if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string name = AcceleratorKindName(kind);
     for (const char* state : {"free", "allocated", "cordoned", "lost"}) {
       auto it = counts.find({kind, state});
       accelerators_family_->Add({{"kind", name}, {"state", state}})

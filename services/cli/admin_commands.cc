@@ -9,10 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
+#include "common/accelerator_kind.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/admin_service.grpc.pb.h"
@@ -36,13 +35,7 @@ void PrintJson(const google::protobuf::Message& m) {
   std::printf("%s", out.c_str());
 }
 
-// "h100" for ACCELERATOR_KIND_H100; a value this client does not know (a newer scheduler)
-// prints as its number instead of crashing on an empty name.
-std::string Kind(loom::v1::AcceleratorKind k) {
-  absl::string_view n = loom::v1::AcceleratorKind_Name(k);
-  if (!absl::ConsumePrefix(&n, "ACCELERATOR_KIND_")) return absl::StrCat(static_cast<int>(k));
-  return absl::AsciiStrToLower(n);
-}
+std::string Kind(loom::v1::AcceleratorKind k) { return AcceleratorKindName(k); }
 
 std::string State(const loom::v1::NodeInfo& n) {
   std::string s = n.live() ? "live" : "lost";

@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/accelerator_kind.h"
 #include "common/daemon.h"
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
@@ -88,12 +89,9 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
 };
 
 absl::StatusOr<loom::v1::AcceleratorKind> ParseAccelerator(const std::string& s) {
-  if (s == "cpu") return loom::v1::ACCELERATOR_KIND_CPU;
-  if (s == "h100") return loom::v1::ACCELERATOR_KIND_H100;
-  if (s == "h200") return loom::v1::ACCELERATOR_KIND_H200;
-  if (s == "gh200") return loom::v1::ACCELERATOR_KIND_GH200;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--accelerator: unknown kind '", s, "' (want cpu, h100, h200 or gh200)"));
+  absl::StatusOr<loom::v1::AcceleratorKind> kind = loom::ParseAcceleratorKind(s);
+  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--accelerator: ", kind.status().message()));
+  return kind;
 }
 
 }  // namespace
