@@ -16,6 +16,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOOM_HOME="${LOOM_HOME:-$ROOT/.loom}"
 BIN="${LOOM_BIN:-$ROOT/bazel-bin}"
+. "$ROOT/scripts/binaries.sh"
 CLUSTER="$LOOM_HOME/cluster"
 LOGS="$LOOM_HOME/logs"
 
@@ -43,7 +44,7 @@ start_daemon() {  # start_daemon NAME BINARY ARGS...
   local name=$1; shift
   local bin=$1; shift
   if [ ! -x "$bin" ]; then
-    echo "local_cluster: $bin is missing; build first: bazel build //services/... //worker/trainer:loom-trainer" >&2
+    echo "local_cluster: $bin is missing; build first: scripts/build.sh" >&2
     return 1
   fi
   rm -f "$CLUSTER/$name.json"
@@ -64,6 +65,11 @@ cmd_start() {
   done
   if ls "$CLUSTER"/*.pid >/dev/null 2>&1; then
     echo "local_cluster: a cluster seems to be running already (use stop first)" >&2
+    exit 1
+  fi
+  local missing; missing=$(loom_missing_binaries "$BIN")
+  if [ -n "$missing" ]; then
+    echo "local_cluster: not built: $(echo $missing); build first: scripts/build.sh" >&2
     exit 1
   fi
   mkdir -p "$CLUSTER" "$LOGS" "$LOOM_HOME/checkpoints" "$LOOM_HOME/work"

@@ -13,8 +13,7 @@ export LOOM_HOME="${LOOM_HOME:-$ROOT/.loom}"
 
 bash scripts/install_deps.sh
 echo "== building (first build takes a few minutes on 2 cores)"
-bazel build //services/scheduler:loom-scheduler //services/checkpoint:loom-checkpoint \
-  //services/worker:loom-worker //services/cli:loomctl //worker/trainer:loom-trainer
+bash scripts/build.sh
 
 cleanup() {
   scripts/local_cluster.sh stop || true
