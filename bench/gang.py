@@ -17,10 +17,13 @@ import time
 
 
 class Rank:
-    def __init__(self, rank, args, stderr_path, env=None):
+    def __init__(self, rank, args, stderr_path, env=None, memory_cap=None):
+        """memory_cap: a memory_cap.MemoryCap the process joins before exec (or None)."""
         self.rank = rank
         self.stderr = open(stderr_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+        self.memory_cap = memory_cap
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
+                                     preexec_fn=memory_cap.join_self if memory_cap else None)
         self.buf = b""
         self.events = []
         self.maxrss_bytes = None
@@ -88,12 +91,14 @@ def _reap(ranks, timeout_s):
         r.stderr.close()
 
 
-def run_loom(trainer, spec, world, log_prefix, extra=(), timeout_s=600, env=None):
-    """Runs a loom-trainer gang; returns the list of Rank objects (finished)."""
+def run_loom(trainer, spec, world, log_prefix, extra=(), timeout_s=600, env=None, caps=None):
+    """Runs a loom-trainer gang; returns the list of Rank objects (finished).
+    caps: one memory_cap.MemoryCap per rank, or None."""
+    caps = caps or [None] * world
     def args(rank, port):
         return [trainer, "--spec=" + spec, "--rank=%d" % rank, "--world_size=%d" % world,
                 "--master_port=%d" % port, "--collective_timeout_s=%d" % timeout_s] + list(extra)
-    ranks = [Rank(0, args(0, 0), "%s.rank0.stderr" % log_prefix, env)]
+    ranks = [Rank(0, args(0, 0), "%s.rank0.stderr" % log_prefix, env, caps[0])]
     if world > 1:
         _pump(ranks, 120, until=lambda: bool(ranks[0].of("rendezvous")))
         if not ranks[0].of("rendezvous"):
@@ -102,20 +107,23 @@ def run_loom(trainer, spec, world, log_prefix, extra=(), timeout_s=600, env=None
                                % log_prefix)
         port = ranks[0].of("rendezvous")[0]["port"]
         for rank in range(1, world):
-            ranks.append(Rank(rank, args(rank, port), "%s.rank%d.stderr" % (log_prefix, rank), env))
+            ranks.append(Rank(rank, args(rank, port), "%s.rank%d.stderr" % (log_prefix, rank), env,
+                              caps[rank]))
     finished = _pump(ranks, timeout_s)
     _reap(ranks, 5 if finished else 0)
     return ranks
 
 
-def run_python(script, script_args, world, log_prefix, timeout_s=600, env=None):
-    """Runs a torch.distributed python gang (each rank its own process)."""
+def run_python(script, script_args, world, log_prefix, timeout_s=600, env=None, caps=None):
+    """Runs a torch.distributed python gang (each rank its own process).
+    caps: one memory_cap.MemoryCap per rank, or None."""
+    caps = caps or [None] * world
     port = free_port()
     ranks = []
     for rank in range(world):
         a = ["/usr/bin/python3", script, "--rank=%d" % rank, "--world_size=%d" % world,
              "--master_port=%d" % port] + list(script_args)
-        ranks.append(Rank(rank, a, "%s.rank%d.stderr" % (log_prefix, rank), env))
+        ranks.append(Rank(rank, a, "%s.rank%d.stderr" % (log_prefix, rank), env, caps[rank]))
     finished = _pump(ranks, timeout_s)
     _reap(ranks, 5 if finished else 0)
     return ranks

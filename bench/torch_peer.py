@@ -6,8 +6,9 @@ torch.distributed over Gloo on CPU, one process per rank, as either
   --mode=ddp    DistributedDataParallel + torch.optim.AdamW (--gradient_as_bucket_view: DDP's
                 option that makes .grad views of its all-reduce buckets, saving one gradient copy), or
   --mode=zero1  DistributedDataParallel + ZeroRedundancyOptimizer(AdamW)  (ZeRO stage 1).
-Prints one JSON line per event on stdout: started, step (step_time_s, fwd_bwd_s, optimizer_s,
-loss), done. Run with Debian's /usr/bin/python3 (python3-torch 1.13).
+Prints one JSON line per event on stdout: process_start (rss_bytes after imports, before the
+model), started, step (step_time_s, fwd_bwd_s, optimizer_s, data_s, loss, grad_norm), done.
+--foreach runs AdamW(foreach=True). Run with Debian's /usr/bin/python3 (python3-torch 1.13).
 """
 import argparse
 import json
@@ -20,6 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def rss_bytes():
+    """This process's resident set now (VmRSS), bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def emit(**kw):
@@ -120,7 +127,12 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--weight_decay", type=float, default=0.01)
     ap.add_argument("--gradient_as_bucket_view", action="store_true")
+    ap.add_argument("--foreach", action="store_true",
+                    help="AdamW(foreach=True): the multi-tensor path a PyTorch user would pick")
     a = ap.parse_args()
+    # The interpreter's and libtorch_python's own memory, before anything is built: the benchmark
+    # reports peak memory with and without it.
+    emit(event="process_start", rss_bytes=rss_bytes())
     torch.set_num_threads(a.threads)
     c = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "initializer_range": 0.02}
     c.update(json.loads(a.config))
@@ -132,27 +144,36 @@ def main():
     ddp = nn.parallel.DistributedDataParallel(
         model, gradient_as_bucket_view=a.gradient_as_bucket_view)
     if a.mode == "ddp":
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay,
+                                foreach=a.foreach)
     else:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
                                       lr=a.lr, weight_decay=a.weight_decay)
     emit(event="started", rank=a.rank, world_size=a.world_size, params=nparams, mode=a.mode)
     gen = torch.Generator().manual_seed(1000 + a.rank)
+    # The timed step holds the same work as Loom's step_time_s: building the batch, forward,
+    # backward with the gradient all-reduce, the global gradient norm (DDP's gradients are
+    # already replicated, so it needs no collective of its own), the optimizer step, clearing the
+    # gradients and the all-reduce of the loss for reporting.
     for step in range(1, a.steps + 1):
-        ids = torch.randint(0, 256, (a.micro, a.seq + 1), generator=gen)
         t0 = time.perf_counter()
+        ids = torch.randint(0, 256, (a.micro, a.seq + 1), generator=gen)
+        tb = time.perf_counter()
         logits = ddp(ids[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, c["vocab_size"]), ids[:, 1:].reshape(-1))
         loss.backward()  # DDP all-reduces the gradients (bucketed, overlapped with backward)
         t1 = time.perf_counter()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
         opt.step()       # zero1: local AdamW on this rank's shard, then broadcast of params
         opt.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         lt = loss.detach().clone()
         dist.all_reduce(lt)
-        emit(event="step", step=step, loss=lt.item() / a.world_size, step_time_s=t2 - t0,
-             fwd_bwd_s=t1 - t0, optimizer_s=t2 - t1)
+        t3 = time.perf_counter()
+        emit(event="step", step=step, loss=lt.item() / a.world_size, step_time_s=t3 - t0,
+             fwd_bwd_s=t1 - tb, optimizer_s=t2 - t1, data_s=tb - t0,
+             grad_norm=float(grad_norm))
     dist.barrier()
     emit(event="done", step=a.steps)
     dist.destroy_process_group()

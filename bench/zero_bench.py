@@ -5,10 +5,16 @@ machine, in one run, with the same Llama shape, batch, sequence length and threa
   1. Loom ZeRO-3 vs PyTorch DDP (AdamW), 2 ranks: median step time and per-rank peak resident
      memory (ru_maxrss from wait4 = the kernel's VmHWM of each rank process; the larger rank).
   2. Loom ZeRO-1 vs torch.distributed.optim.ZeroRedundancyOptimizer (DDP + sharded AdamW).
-  3. Capacity under a per-rank memory cap: peak RSS of Loom ZeRO-3 with offload_optimizer and
-     offload_param on NVMe, and of PyTorch DDP, measured at two depths of the same width; the
-     bytes per parameter (slope) and fixed cost (intercept) of each give the largest model that
-     fits the cap; offload_capacity_ratio = Loom's largest / DDP's largest.
+  3. Capacity, measured (--capacity measured|both): every rank in its own cgroup v1 memory group
+     capped at --measured_cap_gib (bench/memory_cap.py); the model depth is searched for each
+     system (bench/capacity_search.py: doubling, then bisection) and a size fits only if 3+
+     optimizer steps finish with finite loss and no OOM kill. Systems: PyTorch DDP, Loom ZeRO-3,
+     Loom ZeRO-3 with offload_optimizer and offload_param on NVMe. Prints
+       capacity measured_ratio=<x> loom_params=<n> ddp_params=<m> cap_bytes=<c>
+     and offload_capacity_ratio in the last line is that measured ratio.
+     (--capacity fit|both also prints the older two-point extrapolation, labelled as one.)
+  Memory is reported with and without each process's RSS at start (process_start events), and
+  step time covers the same work on both sides (see the table's header line).
 Prints tables, a breakdown, and as the last line:
   zero3_vs_ddp step_time_ratio=<x> peak_memory_ratio=<y> offload_capacity_ratio=<z>
 Usage: bench/zero_bench.sh (builds loom-trainer, then runs this).
@@ -22,7 +28,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import capacity_search  # noqa: E402
 import gang  # noqa: E402
+import memory_cap  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Both systems run with the same environment: glibc's default allocator, and OpenMP and OpenBLAS
@@ -101,6 +109,14 @@ class Result:
         self.comm_s = [e["comm_s"] for e in steps if "comm_s" in e]  # Loom: blocked in collectives
         self.data_s = [e.get("data_s", 0.0) for e in steps]
         self.peak_rss = max((r.maxrss_bytes or 0) for r in ranks) if ranks else 0
+        # Peak minus what each process held before it built anything (process_start: the
+        # interpreter and libtorch_python for the peer, LibTorch and libraries for Loom).
+        self.peak_above_start = max(((r.maxrss_bytes or 0) -
+                                     (r.of("process_start")[0]["rss_bytes"]
+                                      if r.of("process_start") else 0)) for r in ranks) \
+            if ranks else 0
+        self.start_rss = max((r.of("process_start")[0]["rss_bytes"] if r.of("process_start")
+                              else 0) for r in ranks) if ranks else 0
         started = ranks[0].of("started") if ranks else []
         self.params = started[0].get("params") if started else None
         self.comm_bytes_per_step = None
@@ -115,23 +131,24 @@ class Result:
         return statistics.median(self.optimizer_s) if self.optimizer_s else float("nan")
 
 
-def run_loom(name, a, cfg, stage, steps, offload=None, env=None):
+def run_loom(name, a, cfg, stage, steps, offload=None, env=None, caps=None):
     spec = loom_spec(os.path.join(a.workdir, name + ".json"), cfg, a, stage, steps, offload)
     t0 = time.time()
     ranks = gang.run_loom(a.trainer, spec, a.world, os.path.join(a.workdir, name),
-                          timeout_s=a.timeout, env=env or ENV)
+                          timeout_s=a.timeout, env=env or ENV, caps=caps)
     r = Result(name, ranks, a.warmup, a.workdir)
     print("  ran %-28s in %5.1f s: %s" % (name, time.time() - t0,
                                          "ok" if r.ok else "FAILED: %s" % r.error), flush=True)
     return r
 
 
-def run_torch(name, a, cfg, mode, steps, env=None, extra=()):
+def run_torch(name, a, cfg, mode, steps, env=None, extra=(), caps=None):
     args = ["--mode=" + mode, "--config=" + json.dumps(cfg), "--micro=%d" % a.micro,
             "--seq=%d" % a.seq, "--steps=%d" % steps, "--threads=%d" % a.threads] + list(extra)
     t0 = time.time()
     ranks = gang.run_python(os.path.join(HERE, "torch_peer.py"), args, a.world,
-                            os.path.join(a.workdir, name), timeout_s=a.timeout, env=env or ENV)
+                            os.path.join(a.workdir, name), timeout_s=a.timeout, env=env or ENV,
+                            caps=caps)
     r = Result(name, ranks, a.warmup, a.workdir)
     print("  ran %-28s in %5.1f s: %s" % (name, time.time() - t0,
                                          "ok" if r.ok else "FAILED: %s" % r.error), flush=True)
@@ -168,6 +185,16 @@ def main():
                     help="reduce/allgather bucket elements (= DDP's 25 MiB bucket_cap_mb)")
     ap.add_argument("--max_live", type=int, default=16000000,
                     help="stage3_max_live_parameters (reuse distance and prefetch: half)")
+    ap.add_argument("--capacity", choices=("measured", "fit", "both", "none"), default="both",
+                    help="measured: search the model size under a cgroup cap per rank; fit: the "
+                         "older two-point extrapolation to --cap_gib; both; none")
+    ap.add_argument("--measured_cap_gib", type=float, default=3.0,
+                    help="per-rank cgroup memory cap of the measured capacity search")
+    ap.add_argument("--cap_steps", type=int, default=4,
+                    help="steps of each capacity probe (at least 3 must finish)")
+    ap.add_argument("--cap_start_layers", type=int, default=1)
+    ap.add_argument("--cap_max_layers", type=int, default=512,
+                    help="deepest probe of the search (a fit there is reported as a lower bound)")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--cap_mmap_threshold", type=int, default=262144,
                     help="MALLOC_MMAP_THRESHOLD_ of the capacity runs, both systems (0: default)")
@@ -198,7 +225,12 @@ def main():
 
     # 1. ZeRO-3 vs DDP (plus ZeRO-3 with the CPU optimizer, which on this CPU-only machine is
     #    what offload_optimizer "cpu" changes: the step runs in CpuAdam).
-    ddp = run_torch("torch_ddp", a, cfg, "ddp", a.steps)
+    ddp_default = run_torch("torch_ddp", a, cfg, "ddp", a.steps)
+    # The faster optimizer path a PyTorch user would pick; the ratios use the faster peer.
+    ddp_foreach = run_torch("torch_ddp_foreach", a, cfg, "ddp", a.steps, extra=["--foreach"])
+    ddp = ddp_default
+    if ddp_foreach.ok and (not ddp_default.ok or ddp_foreach.step() < ddp_default.step()):
+        ddp = ddp_foreach
     z3 = run_loom("loom_zero3", a, cfg, 3, a.steps)
     z3c = run_loom("loom_zero3_cpu_adam", a, cfg, 3, a.steps,
                    {"offload_optimizer": {"device": "cpu"}})
@@ -220,14 +252,14 @@ def main():
     if a.cap_mmap_threshold > 0:
         cap_env["MALLOC_MMAP_THRESHOLD_"] = str(a.cap_mmap_threshold)
     cap_runs = {}
-    for layers in (l1, l2):
+    for layers in ((l1, l2) if a.capacity in ("fit", "both") else ()):
         c = model_config(layers, a)
         cap_runs[("ddp", layers)] = run_torch("torch_ddp_cap_L%d" % layers, a, c, "ddp", 3,
                                               cap_env)
         cap_runs[("loom", layers)] = run_loom("loom_zero3_nvme_cap_L%d" % layers, a, c, 3, 3,
                                               nvme_offload, cap_env)
         if layers == a.layers:
-            cap_runs[("ddp_default", layers)] = ddp
+            cap_runs[("ddp_default", layers)] = ddp_default
             cap_runs[("zero3", layers)] = z3
         else:
             cap_runs[("ddp_default", layers)] = run_torch("torch_ddp_L%d" % layers, a, c, "ddp",
@@ -237,19 +269,32 @@ def main():
                                                       nvme_offload)
 
     print("\n== Loom ZeRO-3 vs PyTorch DDP (%d ranks, %.1fM params) ==" % (a.world, psi / 1e6))
-    print("%-34s %12s %12s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
-                                        "comm MiB/step"))
-    for r in (ddp, ddpv, z3, z3c, tz1, z1):
+    print("step time: median s of building the batch, forward, backward with gradient "
+          "reduction, global gradient norm, optimizer step, clearing gradients and the loss "
+          "all-reduce, on both sides")
+    print("%-34s %12s %12s %14s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
+                                             "at start MiB", "comm MiB/step"))
+    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1):
         if not r.ok:
             print("%-34s  not available: %s" % (r.name, r.error))
             continue
-        print("%-34s %12.3f %12.3f %14.0f %16s" % (
-            r.name, r.step(), r.opt(), mib(r.peak_rss),
+        print("%-34s %12.3f %12.3f %14.0f %14.0f %16s" % (
+            r.name, r.step(), r.opt(), mib(r.peak_rss), mib(r.start_rss),
             "%.0f" % mib(r.comm_bytes_per_step) if r.comm_bytes_per_step else "-"))
 
     step_ratio = z3.step() / ddp.step() if z3.ok and ddp.ok else float("nan")
-    mem_ratio = z3.peak_rss / ddp.peak_rss if z3.ok and ddp.ok else float("nan")
-    print("\nZeRO-3 / DDP: step time %.3f, peak memory %.3f" % (step_ratio, mem_ratio))
+    # Memory against the leaner of the two peers (foreach's multi-tensor temporaries cost RSS).
+    mem_peer = min((r for r in (ddp_default, ddp_foreach) if r.ok), key=lambda r: r.peak_rss,
+                   default=ddp)
+    mem_ratio = z3.peak_rss / mem_peer.peak_rss if z3.ok and mem_peer.ok else float("nan")
+    print("\nPeers for the ratios: step time against %s (the faster of AdamW's default and "
+          "foreach paths), memory against %s (the leaner)" % (ddp.name, mem_peer.name))
+    print("ZeRO-3 / DDP: step time %.3f, peak memory %.3f" % (step_ratio, mem_ratio))
+    if z3.ok and mem_peer.ok and mem_peer.peak_above_start > 0:
+        print("ZeRO-3 / DDP peak memory without each process's start-up RSS: %.3f "
+              "(%.0f / %.0f MiB above start)" % (z3.peak_above_start / mem_peer.peak_above_start,
+                                                 mib(z3.peak_above_start),
+                                                 mib(mem_peer.peak_above_start)))
     if z3c.ok and ddp.ok:
         print("ZeRO-3 with CpuAdam (offload_optimizer cpu) / DDP: step time %.3f, peak memory %.3f"
               % (z3c.step() / ddp.step(), z3c.peak_rss / ddp.peak_rss))
@@ -267,7 +312,7 @@ def main():
     # preparation; compute is the rest. DDP overlaps its bucketed all-reduce with backward, so
     # only forward+backward (including the all-reduce wait) and the optimizer can be separated.
     print("\nBreakdown (median s/step, rank 0)")
-    for r in (ddp, ddpv, z3, z3c, tz1, z1):
+    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1):
         if not r.ok:
             continue
         if r.comm_s:
@@ -280,8 +325,16 @@ def main():
             print("  %-24s forward+backward+all-reduce %.3f | optimizer %.3f" % (r.name, fb,
                                                                                    r.opt()))
 
-    # Capacity fit.
-    print("\n== Capacity under a %.1f GiB per-rank cap (model grows in depth at fixed width; "
+    measured = measure_capacity(a, nvme_offload, cap_env) if a.capacity in ("measured",
+                                                                             "both") else None
+    if a.capacity not in ("fit", "both"):
+        print("\ntotal benchmark time %.0f s; logs and specs in %s" % (time.time() - t_start,
+                                                                       a.workdir))
+        print("zero3_vs_ddp step_time_ratio=%.3f peak_memory_ratio=%.3f offload_capacity_ratio=%s"
+              % (step_ratio, mem_ratio, "%.2f" % measured if measured else "nan"))
+        return
+    # Capacity fit (an extrapolation; the measured search above is the reported figure).
+    print("\n== Capacity fit, EXTRAPOLATED, under a %.1f GiB per-rank cap (model grows in depth at fixed width; "
           "MALLOC_MMAP_THRESHOLD_=%d for both systems) ==" % (a.cap_gib, a.cap_mmap_threshold))
     cap = a.cap_gib * (1 << 30)
     fits = {}
@@ -321,8 +374,61 @@ def main():
               % (slopes["zero3"] / slopes["ddp_default"]))
     print("\ntotal benchmark time %.0f s; logs and specs in %s" % (time.time() - t_start,
                                                                    a.workdir))
+    if measured is not None:
+        print("extrapolated capacity ratio (two-point fit, not a measurement): %.2f" % cap_ratio)
+        cap_ratio = measured
     print("zero3_vs_ddp step_time_ratio=%.3f peak_memory_ratio=%.3f offload_capacity_ratio=%.2f"
           % (step_ratio, mem_ratio, cap_ratio))
+
+
+def measure_capacity(a, nvme_offload, cap_env):
+    """The measured capacity search (bench/capacity_search.py); returns Loom NVMe / DDP params."""
+    cap = int(a.measured_cap_gib * (1 << 30))
+    print("\n== Capacity, MEASURED: each rank in its own cgroup capped at %.2f GiB; a size fits if "
+          "%d+ optimizer steps finish with finite loss and no OOM kill ==" % (a.measured_cap_gib,
+                                                                               3))
+    if not memory_cap.available():
+        print("capacity: not measured (no writable cgroup v1 memory controller; run as root)")
+        return None
+
+    def params(layers):
+        return param_count(model_config(layers, a))
+
+    def ddp_run(name, layers, caps):
+        return run_torch(name, a, model_config(layers, a), "ddp", a.cap_steps, cap_env,
+                         caps=caps)
+
+    def loom_nvme_run(name, layers, caps):
+        return run_loom(name, a, model_config(layers, a), 3, a.cap_steps, nvme_offload, cap_env,
+                        caps=caps)
+
+    def loom_z3_run(name, layers, caps):
+        return run_loom(name, a, model_config(layers, a), 3, a.cap_steps, None, cap_env,
+                        caps=caps)
+
+    best = {}
+    for system, run in (("ddp", ddp_run), ("loom_zero3", loom_z3_run),
+                        ("loom_nvme", loom_nvme_run)):
+        fit, probes = capacity_search.search(system, cap, a.world, run, params,
+                                        start=a.cap_start_layers, max_layers=a.cap_max_layers)
+        best[system] = fit
+        print("  %-10s largest fit: %s" % (system, "%d layers, %.1fM params%s" % (
+            fit.layers, fit.params / 1e6,
+            " (a lower bound: every probe up to --cap_max_layers fit)"
+            if all(p.fit for p in probes) else "") if fit else
+            "none (even the smallest probe failed)"), flush=True)
+    ddp, loom = best["ddp"], best["loom_nvme"]
+    if not (ddp and loom):
+        print("capacity measured_ratio=nan loom_params=%s ddp_params=%s cap_bytes=%d" % (
+            loom.params if loom else 0, ddp.params if ddp else 0, cap))
+        return None
+    ratio = loom.params / ddp.params
+    z3 = best["loom_zero3"]
+    print("capacity loom_zero3_no_offload_params=%d ratio_vs_ddp=%.2f" % (
+        z3.params if z3 else 0, (z3.params / ddp.params) if z3 else float("nan")))
+    print("capacity measured_ratio=%.2f loom_params=%d ddp_params=%d cap_bytes=%d" % (
+        ratio, loom.params, ddp.params, cap))
+    return ratio
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@
 // other ranks must then be started with that port.
 //
 // Protocol with the worker daemon: stdout carries only JSON lines, one event each, flushed:
+//   {"event":"process_start","rss_bytes":b}               first, before anything is built: the
+//                                                          process's own resident bytes (VmRSS)
 //   {"event":"rendezvous","port":P}                       rank 0, once its TCPStore listens
 //   {"event":"warning","message":"deepspeed_config.<key>: ignored (...)"}   accepted, unused keys
 //   {"event":"started","rank":r,"world_size":N,"params":Ψ,"zero_stage":z,"partition_bytes":B,
@@ -127,8 +129,21 @@ int Fail(const absl::Status& status, int code) {
   return code;
 }
 
+// This process's resident set now (VmRSS from /proc/self/statm), bytes; 0 if unreadable.
+int64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * ::sysconf(_SC_PAGESIZE) : 0;
+}
+
 int Main() {
   using loom::engine::EngineOptions;
+  // Before anything is built: what the process costs by itself (LibTorch, libraries), so that
+  // benchmarks can report memory with and without it.
+  EmitLine(nlohmann::json({{"event", "process_start"}, {"rss_bytes", ResidentBytes()}}).dump());
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
