@@ -14,6 +14,8 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/json_util.h"
+#include "scheduler/job_spec_validation_files.h"
+#include "scheduler/job_spec_validation_limits.h"
 #include "worker/engine/ds_config.h"
 #include "worker/engine/model_config.h"
 
@@ -146,6 +148,7 @@ absl::Status ValidateTraining(const loom::v1::TrainingSpec& t, const engine::Lla
 absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
                              const JobSpecValidationOptions& options) {
   RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
+  RETURN_IF_ERROR(ValidateJobSpecLimits(spec));
 
   const loom::v1::ResourceSpec& r = spec.resources();
   if (r.num_ranks() < 1 || r.num_ranks() > kMaxNumRanks) {
@@ -193,10 +196,16 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
                                   "' holds neither model.safetensors nor "
                                   "model.safetensors.index.json (use loomctl consolidate)"));
     }
+    RETURN_IF_ERROR(ValidateInitFromShapes(dir, *model));
   }
 
   RETURN_IF_ERROR(ValidateDataset(spec.dataset(), *model, options));
   RETURN_IF_ERROR(ValidateTraining(spec.training(), *model));
+  if (!spec.dataset().path().empty()) {
+    RETURN_IF_ERROR(ValidateDatasetFiles(spec.dataset().path(), spec.dataset().holdout_fraction(),
+                                         int64_t{spec.training().sequence_length()} + 1,
+                                         options.dataset_files));
+  }
 
   if (!spec.has_deepspeed_config()) {
     return Invalid("deepspeed_config",

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "proto/common.pb.h"
+#include "scheduler/job_spec_validation_files.h"
 
 namespace loom {
 
@@ -24,18 +25,25 @@ struct JobSpecValidationOptions {
   // Where the built-in "fortunes" corpus lives when dataset.path is empty (Debian's `fortunes`
   // package installs it here).
   std::string fortunes_dir = "/usr/share/games/fortunes";
+  // How much of a dataset.path corpus is read at submission (ValidateDatasetFiles).
+  DatasetFileCheckOptions dataset_files;
 };
 
 // Checks, in this order (the first failure is returned):
 //   * no unknown fields anywhere in the message ("<path>: unknown field number N");
+//   * ValidateJobSpecLimits (job_spec_validation_limits.h): the name rule, bounded free text
+//     without control characters, the whole spec's size, no quoted numbers in the configs;
 //   * resources.num_ranks in [1, kMaxNumRanks]; resources.accelerator a known kind;
 //   * model.config present and accepted by ParseLlamaConfig ("model.config.<field>: ...");
+//   * model.init_from, if set: a directory with model.safetensors or its index whose tensor
+//     shapes match model.config (ValidateInitFromShapes; only the headers are read);
 //   * dataset.name or dataset.path present; a given path exists; name "fortunes" without a path
 //     needs options.fortunes_dir to exist (FAILED_PRECONDITION: a cluster setup problem, not
 //     the user's); other names need a path; tokenizer "" or "byte" (byte needs vocab_size >=
 //     256); holdout_fraction 0 (default) or in (0, 0.5];
 //   * training.steps >= 1; training.sequence_length in [2, max_position_embeddings];
 //     eval_every_steps, eval_batches >= 0; threads_per_rank in [0, kMaxThreadsPerRank];
+//   * dataset.path, if set: text files the trainer can split (ValidateDatasetFiles);
 //   * deepspeed_config present and accepted by ParseDeepSpeedConfig for world size num_ranks
 //     ("deepspeed_config.<key>: ...");
 //   * checkpoint.interval_steps >= 0; max_restarts >= 0.

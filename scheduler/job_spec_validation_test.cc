@@ -49,8 +49,10 @@ TEST(JobSpecValidationTest, InitFromMustBeAnExportDirectory) {
   ASSERT_TRUE(MakeDirs(dir).ok());
   spec.mutable_model()->set_init_from(dir);
   ExpectInvalid(spec, "model.init_from", "holds neither model.safetensors");
+  // A file that is not safetensors is refused naming it (matching exports:
+  // job_spec_validation_files_test.cc).
   ASSERT_TRUE(WriteFileAtomically(dir + "/model.safetensors", "x").ok());
-  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+  ExpectInvalid(spec, "model.init_from", "model.safetensors");
 }
 
 TEST(JobSpecValidationTest, RetentionFields) {
@@ -158,7 +160,13 @@ TEST(JobSpecValidationTest, DatasetPathMustExist) {
   JobSpec spec = ValidTestJobSpec();
   spec.mutable_dataset()->set_path(absl::StrCat(std::getenv("TEST_TMPDIR"), "/no-such-corpus"));
   ExpectInvalid(spec, "dataset.path", "no-such-corpus' does not exist");
-  spec.mutable_dataset()->set_path(std::getenv("TEST_TMPDIR"));
+  // An existing directory must also hold a corpus (job_spec_validation_files_test.cc).
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/corpus");
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  std::string text;
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&text, "fortune number ", i, " is a long one\n%\n");
+  ASSERT_TRUE(WriteFileAtomically(dir + "/fortunes", text).ok());
+  spec.mutable_dataset()->set_path(dir);
   EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
 }
 

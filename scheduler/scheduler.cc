@@ -614,6 +614,8 @@ absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
 absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
     const loom::v1::ListJobsRequest& request) {
   constexpr int kDefaultPageSize = 100, kMaxPageSize = 1000;
+  // Well under gRPC's default 4 MB receive limit (a job's spec is at most kMaxJobSpecBytes).
+  constexpr size_t kMaxPageBytes = 2 << 20;
   if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size: must be in [0, ", kMaxPageSize,
                                                    "], got ", request.page_size()));
@@ -631,6 +633,8 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
   }
   absl::MutexLock lock(&mu_);
   loom::v1::ListJobsResponse page;
+  size_t page_bytes = 0;
+  int64_t last_sequence = after;
   for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
     const JobRecord& job = jobs_.at(it->second);
     if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
@@ -641,11 +645,19 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
       continue;
     }
     if (page.jobs_size() == page_size) {
-      page.set_next_page_token(
-          absl::WebSafeBase64Escape(absl::StrCat("after:", jobs_.at(page.jobs(page_size - 1).id()).sequence)));
+      page.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat("after:", last_sequence)));
       break;
     }
-    *page.add_jobs() = JobRecordToProto(job);
+    loom::v1::Job proto = JobRecordToProto(job);
+    // Each repeated element costs its size plus a tag and a length prefix (at most 6 bytes).
+    const size_t bytes = proto.ByteSizeLong() + 6;
+    if (page.jobs_size() > 0 && page_bytes + bytes > kMaxPageBytes) {
+      page.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat("after:", last_sequence)));
+      break;
+    }
+    page_bytes += bytes;
+    last_sequence = job.sequence;
+    *page.add_jobs() = std::move(proto);
   }
   return page;
 }

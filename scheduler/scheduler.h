@@ -189,10 +189,13 @@ class Scheduler {
   // Jobs in `phase` (UNSPECIFIED = all) in submission order.
   absl::StatusOr<std::vector<loom::v1::Job>> ListJobs(loom::v1::JobPhase phase);
 
-  // One page of jobs in submission order, filtered by phase (UNSPECIFIED = all) and name prefix.
-  // page_size 0 means 100; INVALID_ARGUMENT for page_size outside [0, 1000] or a page_token
-  // that this scheduler did not issue. Tokens stay valid across restarts (they carry the
-  // submission sequence to continue after).
+  // One page of jobs in submission order, filtered by phase (UNSPECIFIED = all), name prefix,
+  // tenant and queue. page_size 0 means 100; INVALID_ARGUMENT for page_size outside [0, 1000]
+  // or a page_token that this scheduler did not issue. A page also ends early, with a
+  // next_page_token, before the job that would take its serialized size past 2 MiB (it always
+  // holds at least one job), so a page stays well under gRPC's 4 MB message limit whatever the
+  // jobs hold. Tokens stay valid across restarts (they carry the submission sequence to
+  // continue after).
   absl::StatusOr<loom::v1::ListJobsResponse> ListJobsPage(const loom::v1::ListJobsRequest& request);
 
   // Why `job_id` is not running (see ExplainPendingResponse). NOT_FOUND if unknown.

@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/accelerator_kind.h"
 #include "common/grpc_status.h"
+#include "services/cli/terminal_text.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/admin_service.grpc.pb.h"
 
@@ -22,7 +24,7 @@ namespace {
 int Fail(const grpc::Status& g) {
   absl::Status s = FromGrpcStatus(g);
   std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
-               std::string(s.message()).c_str());
+               cli::TerminalSafe(s.message()).c_str());
   return static_cast<int>(s.code());
 }
 
@@ -60,13 +62,15 @@ void PrintNode(const loom::v1::NodeInfo& n) {
   std::vector<std::string> labels;
   std::map<std::string, std::string> sorted(inv.labels().begin(), inv.labels().end());
   for (const auto& [k, v] : sorted) labels.push_back(absl::StrCat(k, "=", v));
-  std::printf("%-20s %-6s %5d/%-5d %-12s %-8s %-16s %-24s %s%s\n", n.node_id().c_str(),
+  // Node ids, labels and reasons come from workers and admins: escaped (terminal_text.h).
+  const std::string line = absl::StrFormat("%-20s %-6s %5d/%-5d %-12s %-8s %-16s %-24s %s%s", n.node_id().c_str(),
               (Kind(inv.accelerator()) + (inv.superchip() ? "*" : "")).c_str(), n.used_slots(),
               inv.slots(), inv.topology_domain().empty() ? "-" : inv.topology_domain().c_str(),
               inv.cpu_arch().empty() ? "-" : inv.cpu_arch().c_str(), State(n).c_str(),
               labels.empty() ? "-" : absl::StrJoin(labels, ",").c_str(),
               n.job_ids().empty() ? "-" : absl::StrJoin(n.job_ids(), ",").c_str(),
               n.admin_reason().empty() ? "" : absl::StrCat("  (", n.admin_reason(), ")").c_str());
+  std::printf("%s\n", cli::TerminalSafe(line).c_str());
 }
 
 }  // namespace

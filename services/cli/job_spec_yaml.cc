@@ -1,8 +1,10 @@
 #include "services/cli/job_spec_yaml.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdlib>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
@@ -89,7 +91,52 @@ json ScalarToJson(const YAML::Node& node) {
   return s;
 }
 
-absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path) {
+// What a document may expand to. yaml-cpp keeps an alias as a second reference to its anchor's
+// node, so nested aliases ("billion laughs": ten references to a list of ten references to ...)
+// cost nothing to load but grow exponentially when converted; the conversion stops at these.
+// A real job spec has about a hundred nodes and a few KiB of scalars.
+constexpr int64_t kMaxYamlNodes = 100'000;
+constexpr int64_t kMaxYamlScalarBytes = 4 << 20;
+
+// Counts aliases (`*name`) while yaml-cpp parses, so an over-budget error can say where the
+// expansion comes from.
+class AliasCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    if (aliases_++ == 0) first_ = mark;
+  }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  int64_t aliases() const { return aliases_; }
+  const YAML::Mark& first() const { return first_; }
+
+ private:
+  int64_t aliases_ = 0;
+  YAML::Mark first_;
+};
+
+struct ExpansionBudget {
+  int64_t nodes = 0;
+  int64_t scalar_bytes = 0;
+  bool exceeded() const { return nodes > kMaxYamlNodes || scalar_bytes > kMaxYamlScalarBytes; }
+};
+
+absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path,
+                                ExpansionBudget& budget) {
+  ++budget.nodes;
+  if (node.IsScalar()) budget.scalar_bytes += static_cast<int64_t>(node.Scalar().size());
+  if (budget.exceeded()) {
+    return absl::ResourceExhaustedError(path);  // rewritten by JobSpecFromYaml
+  }
   switch (node.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined:
@@ -99,7 +146,7 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path)
     case YAML::NodeType::Sequence: {
       json arr = json::array();
       for (size_t i = 0; i < node.size(); ++i) {
-        ASSIGN_OR_RETURN(json v, YamlToJson(node[i], absl::StrCat(path, "[", i, "]")));
+        ASSIGN_OR_RETURN(json v, YamlToJson(node[i], absl::StrCat(path, "[", i, "]"), budget));
         arr.push_back(std::move(v));
       }
       return arr;
@@ -115,7 +162,7 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path)
         if (obj.contains(key)) {
           return absl::InvalidArgumentError(absl::StrCat(child, ": duplicate key"));
         }
-        ASSIGN_OR_RETURN(obj[key], YamlToJson(kv.second, child));
+        ASSIGN_OR_RETURN(obj[key], YamlToJson(kv.second, child, budget));
       }
       return obj;
     }
@@ -142,10 +189,34 @@ absl::Status InlineJsonFile(json& obj, const std::string& key, const std::string
   return absl::OkStatus();
 }
 
-// Names the first key of `obj` that `desc` lacks, with its dotted path. Struct-typed fields
-// (free-form JSON) are not descended into.
-std::string FirstUnknownField(const json& obj, const google::protobuf::Descriptor* desc,
+// A string where a proto field wants a number or a boolean. protobuf's JSON parser accepts
+// "100" for numeric fields (the proto3 JSON form of int64), so a quoted number in YAML would be
+// coerced silently; "" if `value` is not such a string.
+std::string QuotedScalarError(const json& value, const google::protobuf::FieldDescriptor* f,
                               const std::string& path) {
+  using FD = google::protobuf::FieldDescriptor;
+  if (!value.is_string() || f->is_repeated()) return "";
+  const std::string text = value.get<std::string>().substr(0, 40);
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+    case FD::CPPTYPE_INT64:
+    case FD::CPPTYPE_UINT32:
+    case FD::CPPTYPE_UINT64:
+    case FD::CPPTYPE_DOUBLE:
+    case FD::CPPTYPE_FLOAT:
+      return absl::StrCat(path, ": expected a number, got the string \"", text,
+                          "\" (write it without quotes)");
+    case FD::CPPTYPE_BOOL:
+      return absl::StrCat(path, ": expected true or false, got the string \"", text, "\"");
+    default:
+      return "";
+  }
+}
+
+// Names the first key of `obj` that `desc` lacks, or the first quoted number, with its dotted
+// path. Struct-typed fields (free-form JSON) are not descended into.
+std::string FirstSchemaError(const json& obj, const google::protobuf::Descriptor* desc,
+                             const std::string& path) {
   if (!obj.is_object()) return "";
   for (const auto& [key, value] : obj.items()) {
     const google::protobuf::FieldDescriptor* f = desc->FindFieldByName(key);
@@ -156,9 +227,10 @@ std::string FirstUnknownField(const json& obj, const google::protobuf::Descripto
     if (f == nullptr) {
       return absl::StrCat(child, ": unknown field in ", desc->name());
     }
+    if (std::string quoted = QuotedScalarError(value, f, child); !quoted.empty()) return quoted;
     if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE &&
         f->message_type()->full_name() != "google.protobuf.Struct" && !f->is_repeated()) {
-      std::string inner = FirstUnknownField(value, f->message_type(), child);
+      std::string inner = FirstSchemaError(value, f->message_type(), child);
       if (!inner.empty()) return inner;
     }
   }
@@ -175,7 +247,12 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
                                                    LineAndColumn(yaml_text, bad), ")"));
   }
   YAML::Node root;
+  AliasCounter aliases;
   try {
+    std::istringstream in(yaml_text);
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(aliases)) {
+    }
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(file_name, ": invalid YAML: ", e.what()));
@@ -183,7 +260,20 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(file_name, ": a job spec must be a mapping"));
   }
-  auto converted = YamlToJson(root, "");
+  ExpansionBudget budget;
+  auto converted = YamlToJson(root, "", budget);
+  if (converted.status().code() == absl::StatusCode::kResourceExhausted) {
+    std::string why = absl::StrCat("the document expands to more than ", kMaxYamlNodes,
+                                   " nodes or ", kMaxYamlScalarBytes,
+                                   " bytes of scalars (stopped at ",
+                                   converted.status().message(), ")");
+    if (aliases.aliases() > 0) {
+      absl::StrAppend(&why, "; it has ", aliases.aliases(),
+                      " aliases (*name), the first at line ", aliases.first().line + 1,
+                      ": nested aliases multiply; write the values out");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", why));
+  }
   if (!converted.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(file_name, ": ", converted.status().message()));
@@ -215,7 +305,7 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
     }
     j["resources"]["accelerator"] = kind;
   }
-  std::string unknown = FirstUnknownField(j, loom::v1::JobSpec::descriptor(), "");
+  std::string unknown = FirstSchemaError(j, loom::v1::JobSpec::descriptor(), "");
   if (!unknown.empty()) return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", unknown));
 
   loom::v1::JobSpec spec;

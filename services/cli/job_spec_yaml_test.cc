@@ -5,6 +5,8 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 
@@ -79,6 +81,66 @@ TEST(JobSpecYamlTest, WrongTypeIsInvalidArgument) {
   text.replace(text.find("steps: 20"), 9, "steps: many");
   auto spec = JobSpecFromYaml(text, ".");
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+}
+
+// Regression: a ~600-byte file of nested aliases made `loomctl submit` grow to 3.2 GB and hang
+// (each level multiplies by ten: 10^9 scalars once expanded).
+TEST(JobSpecYamlTest, BillionLaughsIsRefusedQuickly) {
+  std::string text = "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    const char prev = static_cast<char>(c - 1);
+    absl::StrAppend(&text, std::string(1, c), ": &", std::string(1, c), " [");
+    for (int k = 0; k < 10; ++k) absl::StrAppend(&text, k ? "," : "", "*", std::string(1, prev));
+    absl::StrAppend(&text, "]\n");
+  }
+  absl::StrAppend(&text, "name: laughs\n");
+  ASSERT_LT(text.size(), 700u);
+  const absl::Time start = absl::Now();
+  auto spec = JobSpecFromYaml(text, ".", "laughs.yaml");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  const std::string msg(spec.status().message());
+  EXPECT_EQ(msg.rfind("laughs.yaml: the document expands to more than 100000 nodes", 0), 0u) << msg;
+  EXPECT_NE(msg.find("80 aliases (*name), the first at line 2"), std::string::npos) << msg;
+}
+
+// A single alias of a small mapping is fine (and expands as YAML says).
+TEST(JobSpecYamlTest, SmallAliasExpands) {
+  auto spec = JobSpecFromYaml(
+      "x: &opt {type: AdamW, params: {lr: 0.001}}\n", ".", "alias.yaml");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);  // x is unknown
+  EXPECT_NE(spec.status().message().find("x: unknown field"), std::string::npos) << spec.status();
+  spec = JobSpecFromYaml(absl::StrCat(kSpec, "queue: &q default\nname: *q\n"), ".");
+  // `name` appears twice now: the duplicate key is named.
+  EXPECT_NE(spec.status().message().find("name: duplicate key"), std::string::npos)
+      << spec.status();
+}
+
+// Regression: a quoted number was coerced by protobuf's JSON parser (steps: "20" read as 20).
+TEST(JobSpecYamlTest, QuotedNumberForANumericFieldIsRefused) {
+  std::string text = kSpec;
+  text.replace(text.find("steps: 20"), 9, "steps: \"20\"");
+  auto spec = JobSpecFromYaml(text, ".", "job.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_EQ(spec.status().message(),
+            "job.yaml: training.steps: expected a number, got the string \"20\" (write it without "
+            "quotes)");
+  text = kSpec;
+  text.replace(text.find("num_ranks: 2"), 12, "num_ranks: '2'");
+  spec = JobSpecFromYaml(text, ".", "job.yaml");
+  EXPECT_NE(spec.status().message().find("resources.num_ranks: expected a number"),
+            std::string::npos)
+      << spec.status();
+  text = kSpec;
+  text.replace(text.find("holdout_fraction: 0.05"), 22, "holdout_fraction: \"0.05\"");
+  spec = JobSpecFromYaml(text, ".", "job.yaml");
+  EXPECT_NE(spec.status().message().find("dataset.holdout_fraction: expected a number"),
+            std::string::npos)
+      << spec.status();
+  // The same document as JSON (what `loomctl submit spec.json` reads).
+  spec = JobSpecFromYaml(R"({"name": "j", "training": {"steps": "20"}})", ".", "job.json");
+  EXPECT_NE(spec.status().message().find("training.steps: expected a number"), std::string::npos)
+      << spec.status();
 }
 
 TEST(JobSpecYamlTest, MalformedYamlIsInvalidArgument) {

@@ -2,7 +2,8 @@
 //
 //   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id
 //   loomctl get JOB_ID [--json]           show one job
-//   loomctl list [--phase=RUNNING]        list jobs
+//   loomctl list [--phase=RUNNING] [--limit=N]
+//                                         list jobs (every page of ListJobs, or the first N)
 //   loomctl cancel JOB_ID                 graceful stop: the ranks write a final checkpoint, then
 //                                         stop (a job not running yet is cancelled at once)
 //   loomctl kill JOB_ID                   stop the ranks now, without a final checkpoint
@@ -39,6 +40,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -61,7 +63,9 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/admin_commands.h"
+#include "services/cli/job_printing.h"
 #include "services/cli/job_spec_yaml.h"
+#include "services/cli/terminal_text.h"
 #include "storage/checkpoint/verify.h"
 
 ABSL_FLAG(std::string, scheduler, "", "loom-scheduler address (host:port)");
@@ -74,6 +78,7 @@ ABSL_FLAG(std::string, request_id, "",
 ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
 ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)");
 ABSL_FLAG(std::string, name_prefix, "", "list: only jobs whose name starts with this");
+ABSL_FLAG(int64_t, limit, 0, "list: at most this many jobs (0 = all; every page is fetched)");
 ABSL_FLAG(int64_t, step, 0, "consolidate: checkpoint step (0 = newest committed)");
 ABSL_FLAG(std::string, output_dir, "", "consolidate: output directory");
 ABSL_FLAG(std::string, max_shard_size, "",
@@ -101,11 +106,14 @@ ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after th
 
 namespace {
 
+using loom::cli::PhaseName;
+using loom::cli::TerminalSafe;
 using loom::v1::Job;
 
 int Fail(const absl::Status& s) {
+  // Servers' messages quote what users sent (names, paths): escaped like everything printed.
   std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
-               std::string(s.message()).c_str());
+               TerminalSafe(s.message()).c_str());
   return static_cast<int>(s.code());
 }
 
@@ -163,11 +171,6 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials() {
   return *creds;
 }
 
-std::string PhaseName(loom::v1::JobPhase p) {
-  std::string n = loom::v1::JobPhase_Name(p);
-  return n.substr(std::string("JOB_PHASE_").size());
-}
-
 bool Terminal(loom::v1::JobPhase p) {
   return p == loom::v1::JOB_PHASE_SUCCEEDED || p == loom::v1::JOB_PHASE_FAILED ||
          p == loom::v1::JOB_PHASE_CANCELLED;
@@ -180,32 +183,6 @@ std::string ToJson(const google::protobuf::Message& m) {
   o.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
   return out;
-}
-
-void PrintJob(const Job& job) {
-  const auto& p = job.progress();
-  std::printf("id:       %s\nname:     %s\nphase:    %s\n", job.id().c_str(),
-              job.spec().name().c_str(), PhaseName(job.phase()).c_str());
-  if (!job.reason().empty()) std::printf("reason:   %s\n", job.reason().c_str());
-  if (!job.message().empty()) std::printf("message:  %s\n", job.message().c_str());
-  std::printf("ranks:    %d", job.spec().resources().num_ranks());
-  for (int i = 0; i < job.rank_nodes_size(); ++i) {
-    std::printf("%s%d@%s", i == 0 ? " (" : ", ", i, job.rank_nodes(i).c_str());
-  }
-  std::printf("%s\nattempt:  %d\n", job.rank_nodes_size() > 0 ? ")" : "", job.attempt());
-  std::printf("step:     %lld/%lld  loss %.4f  tokens/s %.0f\n",
-              static_cast<long long>(p.step()), static_cast<long long>(job.spec().training().steps()),
-              p.loss(), p.tokens_per_second());
-  if (p.has_eval_loss()) {
-    std::printf("held-out: %.4f after step %lld (before training: %.4f)\n", p.eval_loss(),
-                static_cast<long long>(p.eval_step()), p.initial_eval_loss());
-  }
-  if (p.last_checkpoint_step() > 0) {
-    std::printf("checkpoints: %s (last at step %lld)\n", job.checkpoint_dir().c_str(),
-                static_cast<long long>(p.last_checkpoint_step()));
-  } else {
-    std::printf("checkpoints: none yet (will be written under %s)\n", job.checkpoint_dir().c_str());
-  }
 }
 
 int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
@@ -233,7 +210,7 @@ int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
     if (job.phase() != last_phase) {
       std::printf("[%s] %s %s%s%s\n", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
                   id.c_str(), PhaseName(job.phase()).c_str(),
-                  job.message().empty() ? "" : ": ", job.message().c_str());
+                  job.message().empty() ? "" : ": ", TerminalSafe(job.message()).c_str());
       last_phase = job.phase();
     }
     const auto& p = job.progress();
@@ -279,7 +256,9 @@ int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
     if (p.last_checkpoint_step() > 0) {
       absl::StrAppend(&line, " ckpt ", p.last_checkpoint_step());
     }
-    if (!job.message().empty()) absl::StrAppend(&line, "  ", job.reason(), ": ", job.message());
+    if (!job.message().empty()) {
+      absl::StrAppend(&line, "  ", TerminalSafe(job.reason()), ": ", TerminalSafe(job.message()));
+    }
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     last = job.phase();
@@ -306,7 +285,7 @@ int Logs(loom::v1::JobService::Stub& stub, const std::string& id) {
   auto reader = stub.StreamLogs(ctx.get(), req);
   loom::v1::LogLine line;
   while (reader->Read(&line)) {
-    std::printf("[rank %d] %s\n", line.rank(), line.text().c_str());
+    std::printf("[rank %d] %s\n", line.rank(), TerminalSafe(line.text()).c_str());
     if (req.follow()) std::fflush(stdout);
   }
   grpc::Status s = reader->Finish();
@@ -427,7 +406,8 @@ int main(int argc, char** argv) {
       loom::v1::ListCheckpointsResponse resp;
       grpc::Status s = stub->ListCheckpoints(Context().get(), req, &resp);
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-        std::printf("job %s has no checkpoints (yet): %s\n", arg.c_str(), s.error_message().c_str());
+        std::printf("job %s has no checkpoints (yet): %s\n", TerminalSafe(arg).c_str(),
+                    TerminalSafe(s.error_message()).c_str());
         return 0;
       }
       if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
@@ -439,7 +419,7 @@ int main(int argc, char** argv) {
                     c.committed() ? "yes" : "no", c.ranks_reported(), c.world_size(),
                     static_cast<long long>(c.total_bytes()),
                     eval == c.metrics().end() ? "-" : absl::StrFormat("%.4f", eval->second).c_str(),
-                    c.path().c_str());
+                    TerminalSafe(c.path()).c_str());
       }
       return 0;
     }
@@ -522,9 +502,9 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->GetJob(Context().get(), req, &job);
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s\n", ToJson(job).c_str());
+      std::printf("%s\n", ToJson(job).c_str());  // JSON escapes control characters itself
     } else {
-      PrintJob(job);
+      std::printf("%s", loom::cli::FormatJob(job).c_str());
     }
     return 0;
   }
@@ -540,12 +520,20 @@ int main(int argc, char** argv) {
     }
     req.set_name_prefix(absl::GetFlag(FLAGS_name_prefix));
     req.set_tenant(absl::GetFlag(FLAGS_tenant));
+    const int64_t limit = absl::GetFlag(FLAGS_limit);
+    if (limit < 0) return Fail(absl::InvalidArgumentError("--limit: must be >= 0"));
+    // Pages of the server's default size (or just what --limit needs), fetched until the last
+    // page or --limit jobs.
+    if (limit > 0) req.set_page_size(static_cast<int32_t>(std::min<int64_t>(limit, 1000)));
     loom::v1::ListJobsResponse resp;
-    while (true) {  // every page
+    while (limit == 0 || resp.jobs_size() < limit) {
       loom::v1::ListJobsResponse page;
       grpc::Status s = stub->ListJobs(Context().get(), req, &page);
       if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-      for (loom::v1::Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
+      for (loom::v1::Job& j : *page.mutable_jobs()) {
+        if (limit > 0 && resp.jobs_size() == limit) break;
+        *resp.add_jobs() = std::move(j);
+      }
       if (page.next_page_token().empty()) break;
       req.set_page_token(page.next_page_token());
     }
@@ -553,14 +541,7 @@ int main(int argc, char** argv) {
       std::printf("%s\n", ToJson(resp).c_str());
       return 0;
     }
-    std::printf("%-16s %-20s %-10s %-6s %-12s %s\n", "ID", "NAME", "PHASE", "RANKS", "STEP", "LOSS");
-    for (const Job& j : resp.jobs()) {
-      std::printf("%-16s %-20s %-10s %-6d %-12s %s\n", j.id().c_str(), j.spec().name().c_str(),
-                  PhaseName(j.phase()).c_str(), j.spec().resources().num_ranks(),
-                  absl::StrCat(j.progress().step(), "/", j.spec().training().steps()).c_str(),
-                  j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()).c_str()
-                                          : "-");
-    }
+    std::printf("%s", loom::cli::FormatJobTable(resp.jobs()).c_str());
     return 0;
   }
   if (cmd == "cancel" || cmd == "kill") {
@@ -578,7 +559,7 @@ int main(int argc, char** argv) {
     }
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     std::printf("%s %s: %s\n", job.id().c_str(), PhaseName(job.phase()).c_str(),
-                job.message().c_str());
+                TerminalSafe(job.message()).c_str());
     return 0;
   }
   if (cmd == "watch") {
@@ -597,11 +578,11 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->ExplainPending(Context().get(), req, &resp);
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     std::printf("phase:    %s\nreason:   %s\nmessage:  %s\n", PhaseName(resp.phase()).c_str(),
-                resp.reason().c_str(), resp.message().c_str());
+                TerminalSafe(resp.reason()).c_str(), TerminalSafe(resp.message()).c_str());
     if (resp.queue_position() > 0) {
       std::printf("position: %d in its queue", resp.queue_position());
       for (int i = 0; i < resp.jobs_ahead_size(); ++i) {
-        std::printf("%s%s", i == 0 ? " (behind " : ", ", resp.jobs_ahead(i).c_str());
+        std::printf("%s%s", i == 0 ? " (behind " : ", ", TerminalSafe(resp.jobs_ahead(i)).c_str());
       }
       std::printf("%s\n", resp.jobs_ahead_size() > 0 ? ")" : "");
     }

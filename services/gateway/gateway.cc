@@ -189,9 +189,25 @@ void JobGateway::Register(httplib::Server& server) {
   });
   server.Get("/v1/jobs", [this, context, reply](const httplib::Request& req,
                                                 httplib::Response& res) {
-    // Query parameters are request fields; the JSON parser converts "JOB_PHASE_RUNNING" etc.
+    // Query parameters are request fields (proto or lowerCamelCase names); the JSON parser
+    // converts "JOB_PHASE_RUNNING" etc. page_size / pageSize must be a decimal integer: the JSON
+    // mapping would also take "1e2" or " 7", and its error would speak of a request body.
     nlohmann::json fields = nlohmann::json::object();
-    for (const auto& [key, value] : req.params) fields[key] = value;
+    for (const auto& [key, value] : req.params) {
+      if (key == "page_size" || key == "pageSize") {
+        int32_t size = 0;
+        if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos ||
+            !absl::SimpleAtoi(value, &size)) {
+          WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("page_size: '", value.substr(0, 32),
+                                  "' is not a non-negative integer"));
+          return;
+        }
+        fields[key] = size;
+        continue;
+      }
+      fields[key] = value;
+    }
     loom::v1::ListJobsRequest request;
     if (!ParseBody(fields.dump(), &request, res)) return;
     loom::v1::ListJobsResponse response;

@@ -233,9 +233,11 @@ TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
 }
 
 TEST_F(ClusterE2ETest, FailedRankFailsTheJobWithItsError) {
-  // A corpus file that exists (so admission accepts it) but is empty: every rank fails.
+  // A text corpus that admission only sniffs (over its 16 MiB split-check bound) but that holds
+  // a single paragraph, so the trainer's hold-out split leaves one side empty: every rank fails.
+  // (An empty file is refused at submission.)
   std::string empty = absl::StrCat(tmp_, "/empty.txt");
-  ASSERT_TRUE(WriteFileAtomically(empty, "").ok());
+  ASSERT_TRUE(WriteFileAtomically(empty, std::string((16 << 20) + 1, 'a')).ok());
   std::string yaml = kTinyJob;
   yaml.replace(yaml.find("dataset: {name: fortunes}"), 25,
                absl::StrCat("dataset: {name: custom, path: ", empty, "}"));

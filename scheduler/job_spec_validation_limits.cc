@@ -1,0 +1,268 @@
+#include "scheduler/job_spec_validation_limits.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/struct.pb.h"
+
+namespace loom {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+absl::Status Invalid(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Join(const std::string& prefix, absl::string_view field) {
+  return prefix.empty() ? std::string(field) : absl::StrCat(prefix, ".", field);
+}
+
+// A short, escaped excerpt of a user's string for an error message.
+std::string Excerpt(absl::string_view s) {
+  constexpr size_t kMax = 40;
+  std::string out = absl::CHexEscape(s.substr(0, kMax));
+  if (s.size() > kMax) absl::StrAppend(&out, "...");
+  return out;
+}
+
+// Offset of the first control character (C0, DEL, C1) in valid UTF-8 `s`, or npos.
+size_t FirstControlCharacter(absl::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) return i;
+    if (c == 0xC2 && i + 1 < s.size()) {
+      const unsigned char n = static_cast<unsigned char>(s[i + 1]);
+      if (n >= 0x80 && n <= 0x9F) return i;  // U+0080..U+009F (C1, e.g. CSI)
+    }
+  }
+  return absl::string_view::npos;
+}
+
+absl::Status CheckName(const std::string& name) {
+  if (name.empty()) return absl::OkStatus();
+  auto describe = [&](absl::string_view what) {
+    return Invalid("name", absl::StrCat(what, " (got \"", Excerpt(name), "\", ", name.size(),
+                                        " bytes); a job name is at most ", kMaxJobNameBytes,
+                                        " lowercase letters, digits and '-', starting and "
+                                        "ending with a letter or digit"));
+  };
+  if (name.size() > kMaxJobNameBytes) {
+    return describe(absl::StrCat("longer than ", kMaxJobNameBytes, " bytes"));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-') {
+      return describe(absl::StrCat("byte ", i, " is not a lowercase letter, digit or '-'"));
+    }
+  }
+  if (name.front() == '-' || name.back() == '-') {
+    return describe("starts or ends with '-'");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckText(const std::string& path, const std::string& value, size_t max_bytes) {
+  if (value.size() > max_bytes) {
+    return Invalid(path, absl::StrCat(value.size(), " bytes, more than the ", max_bytes,
+                                      " allowed (starts with \"", Excerpt(value), "\")"));
+  }
+  if (size_t bad = FirstInvalidUtf8(value); bad != std::string::npos) {
+    return Invalid(path, absl::StrCat("not UTF-8 (byte ", bad, ")"));
+  }
+  if (size_t bad = FirstControlCharacter(value); bad != std::string::npos) {
+    return Invalid(path, absl::StrCat("control character at byte ", bad, " (\"", Excerpt(value),
+                                      "\"); terminal escapes and line breaks are not allowed"));
+  }
+  return absl::OkStatus();
+}
+
+// Every string field outside the JSON configs (google.protobuf.Struct), recursively.
+absl::Status CheckStrings(const Message& msg, const std::string& path) {
+  const Reflection* refl = msg.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  refl->ListFields(msg, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const std::string child = Join(path, f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      const size_t limit =
+          (child == "model.init_from" || child == "dataset.path") ? kMaxSpecPathBytes
+                                                                    : kMaxSpecTextBytes;
+      if (f->is_repeated()) {
+        for (int i = 0; i < refl->FieldSize(msg, f); ++i) {
+          RETURN_IF_ERROR(CheckText(absl::StrCat(child, "[", i, "]"),
+                                    refl->GetRepeatedString(msg, f, i), limit));
+        }
+      } else {
+        RETURN_IF_ERROR(CheckText(child, refl->GetString(msg, f), limit));
+      }
+      continue;
+    }
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (f->message_type() == google::protobuf::Struct::descriptor()) continue;
+    if (f->is_repeated()) {
+      // A map's entries are named by the map field (resources.node_selector.key).
+      for (int i = 0; i < refl->FieldSize(msg, f); ++i) {
+        const Message& m = refl->GetRepeatedMessage(msg, f, i);
+        RETURN_IF_ERROR(f->is_map() ? CheckStrings(m, child)
+                                    : CheckStrings(m, absl::StrCat(child, "[", i, "]")));
+      }
+    } else {
+      RETURN_IF_ERROR(CheckStrings(refl->GetMessage(msg, f), child));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The top-level field of `spec` with the most serialized bytes, for the whole-spec error.
+std::pair<std::string, size_t> LargestField(const loom::v1::JobSpec& spec) {
+  const Reflection* refl = spec.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  refl->ListFields(spec, &fields);
+  std::pair<std::string, size_t> best{"", 0};
+  for (const FieldDescriptor* f : fields) {
+    size_t bytes = 0;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      bytes = refl->GetMessage(spec, f).ByteSizeLong();
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !f->is_repeated()) {
+      bytes = refl->GetString(spec, f).size();
+    }
+    if (bytes > best.second) best = {f->name(), bytes};
+  }
+  return best;
+}
+
+bool LooksNumeric(const std::string& s) {
+  double d;
+  return !s.empty() && absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos;
+}
+
+absl::Status StringForNumber(const std::string& path, const std::string& value) {
+  return Invalid(path, absl::StrCat("expected a number, got the string \"", Excerpt(value),
+                                    "\" (write it without quotes)"));
+}
+
+// deepspeed_config: every key DeepSpeed knows that takes a string takes a word or a path
+// ("AdamW", "cpu", "/nvme"), so a string that reads as a number is a quoted number.
+absl::Status CheckNoQuotedNumbers(const google::protobuf::Value& v, const std::string& path) {
+  switch (v.kind_case()) {
+    case google::protobuf::Value::kStringValue:
+      if (LooksNumeric(v.string_value())) return StringForNumber(path, v.string_value());
+      return absl::OkStatus();
+    case google::protobuf::Value::kStructValue:
+      for (const auto& [key, child] : v.struct_value().fields()) {
+        RETURN_IF_ERROR(CheckNoQuotedNumbers(child, Join(path, key)));
+      }
+      return absl::OkStatus();
+    case google::protobuf::Value::kListValue:
+      for (int i = 0; i < v.list_value().values_size(); ++i) {
+        RETURN_IF_ERROR(
+            CheckNoQuotedNumbers(v.list_value().values(i), absl::StrCat(path, "[", i, "]")));
+      }
+      return absl::OkStatus();
+    default:
+      return absl::OkStatus();
+  }
+}
+
+// model.config keys the engine reads as numbers (worker/engine/model_config.cc) and as booleans.
+constexpr const char* kModelNumberKeys[] = {
+    "vocab_size",          "hidden_size",      "intermediate_size",
+    "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
+    "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "initializer_range",   "bos_token_id",     "eos_token_id",
+    "head_dim"};
+constexpr const char* kModelBoolKeys[] = {"tie_word_embeddings", "attention_bias", "mlp_bias"};
+
+absl::Status CheckModelConfigTypes(const google::protobuf::Struct& config) {
+  for (const char* key : kModelNumberKeys) {
+    auto it = config.fields().find(key);
+    if (it != config.fields().end() &&
+        it->second.kind_case() == google::protobuf::Value::kStringValue) {
+      return StringForNumber(absl::StrCat("model.config.", key), it->second.string_value());
+    }
+  }
+  for (const char* key : kModelBoolKeys) {
+    auto it = config.fields().find(key);
+    if (it != config.fields().end() &&
+        it->second.kind_case() == google::protobuf::Value::kStringValue) {
+      return Invalid(absl::StrCat("model.config.", key),
+                     absl::StrCat("expected true or false, got the string \"",
+                                  Excerpt(it->second.string_value()), "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t FirstInvalidUtf8(absl::string_view s, bool allow_truncated_tail) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t extra;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3;
+      cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + extra >= s.size()) {
+      if (!allow_truncated_tail) return i;
+      for (size_t k = i + 1; k < s.size(); ++k) {
+        if ((static_cast<unsigned char>(s[k]) & 0xC0) != 0x80) return i;
+      }
+      return absl::string_view::npos;
+    }
+    for (size_t k = 1; k <= extra; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
+        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
+      return i;
+    }
+    i += extra + 1;
+  }
+  return absl::string_view::npos;
+}
+
+absl::Status ValidateJobSpecLimits(const loom::v1::JobSpec& spec) {
+  RETURN_IF_ERROR(CheckName(spec.name()));
+  RETURN_IF_ERROR(CheckStrings(spec, ""));
+  const size_t bytes = spec.ByteSizeLong();
+  if (bytes > kMaxJobSpecBytes) {
+    const auto [field, field_bytes] = LargestField(spec);
+    return Invalid("spec", absl::StrCat(bytes, " bytes serialized, more than the ",
+                                        kMaxJobSpecBytes, " allowed (largest field: ", field, ", ",
+                                        field_bytes, " bytes)"));
+  }
+  RETURN_IF_ERROR(CheckModelConfigTypes(spec.model().config()));
+  for (const auto& [key, value] : spec.deepspeed_config().fields()) {
+    RETURN_IF_ERROR(CheckNoQuotedNumbers(value, absl::StrCat("deepspeed_config.", key)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom

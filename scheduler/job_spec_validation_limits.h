@@ -1,0 +1,53 @@
+// File: scheduler/job_spec_validation_limits.h
+//
+// Size, character and type limits of a JobSpec, checked at admission before anything else
+// (ValidateJobSpec calls ValidateJobSpecLimits first). They keep every stored job small enough
+// that a page of ListJobs stays well under gRPC's 4 MB message limit (docs/job-spec.md "Limits"),
+// and keep terminal escapes and control characters out of what other users' tools print.
+#ifndef LOOM_SCHEDULER_JOB_SPEC_VALIDATION_LIMITS_H_
+#define LOOM_SCHEDULER_JOB_SPEC_VALIDATION_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/common.pb.h"
+
+namespace loom {
+
+// JobSpec.name: a Kubernetes object name (RFC 1123 label): at most 63 bytes of lowercase ASCII
+// letters, digits and '-', starting and ending with a letter or digit. "" is allowed (unnamed).
+inline constexpr size_t kMaxJobNameBytes = 63;
+// model.init_from and dataset.path: PATH_MAX.
+inline constexpr size_t kMaxSpecPathBytes = 4096;
+// Every other string field of the spec outside the two JSON configs (dataset.name, queue,
+// tokenizer, best_metric, ...).
+inline constexpr size_t kMaxSpecTextBytes = 256;
+// The whole spec, serialized (protobuf wire format; model.config and deepspeed_config included).
+// A real config.json plus ds_config.json is 1-3 KiB.
+inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
+
+// Offset of the first byte of `s` that does not start a valid UTF-8 sequence (overlong forms,
+// surrogates and code points past U+10FFFF are invalid), or npos if all of `s` is valid. With
+// `allow_truncated_tail`, a sequence cut off by the end of `s` is accepted (for a prefix of a
+// file). Thread-safe.
+size_t FirstInvalidUtf8(absl::string_view s, bool allow_truncated_tail = false);
+
+// Checks, in this order (the first failure is returned):
+//   * name: the RFC 1123 label rule above ("name: ...");
+//   * every string field of the spec outside model.config / deepspeed_config: at most
+//     kMaxSpecPathBytes (paths) or kMaxSpecTextBytes (others) bytes, and no control characters
+//     (U+0000-U+001F, U+007F-U+009F) ("<field path>: ...");
+//   * the serialized spec at most kMaxJobSpecBytes ("spec: ... (largest field: <field>)");
+//   * model.config: a field the engine reads as a number (hidden_size, rope_theta, ...) or a
+//     boolean (tie_word_embeddings) given as a string ("model.config.hidden_size: expected a
+//     number, got the string \"64\""); deepspeed_config: any string value that reads as a number
+//     ("deepspeed_config.<key path>: ...").
+// Errors: INVALID_ARGUMENT whose message starts with the field path. Thread-safe; no I/O.
+absl::Status ValidateJobSpecLimits(const loom::v1::JobSpec& spec);
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_JOB_SPEC_VALIDATION_LIMITS_H_

@@ -1,0 +1,64 @@
+#include "services/cli/job_printing.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/cli/terminal_text.h"
+
+namespace loom::cli {
+
+using loom::v1::Job;
+
+std::string PhaseName(loom::v1::JobPhase p) {
+  std::string n = loom::v1::JobPhase_Name(p);
+  return n.substr(std::string("JOB_PHASE_").size());
+}
+
+std::string FormatJob(const Job& job) {
+  const auto& p = job.progress();
+  std::string out = absl::StrFormat("id:       %s\nname:     %s\nphase:    %s\n",
+                                    TerminalSafe(job.id()), TerminalSafe(job.spec().name()),
+                                    PhaseName(job.phase()));
+  if (!job.reason().empty()) absl::StrAppend(&out, "reason:   ", TerminalSafe(job.reason()), "\n");
+  if (!job.message().empty()) {
+    absl::StrAppend(&out, "message:  ", TerminalSafe(job.message()), "\n");
+  }
+  absl::StrAppend(&out, "ranks:    ", job.spec().resources().num_ranks());
+  for (int i = 0; i < job.rank_nodes_size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? " (" : ", ", i, "@", TerminalSafe(job.rank_nodes(i)));
+  }
+  absl::StrAppend(&out, job.rank_nodes_size() > 0 ? ")" : "", "\nattempt:  ", job.attempt(), "\n");
+  absl::StrAppendFormat(&out, "step:     %lld/%lld  loss %.4f  tokens/s %.0f\n",
+                        static_cast<long long>(p.step()),
+                        static_cast<long long>(job.spec().training().steps()), p.loss(),
+                        p.tokens_per_second());
+  if (p.has_eval_loss()) {
+    absl::StrAppendFormat(&out, "held-out: %.4f after step %lld (before training: %.4f)\n",
+                          p.eval_loss(), static_cast<long long>(p.eval_step()),
+                          p.initial_eval_loss());
+  }
+  if (p.last_checkpoint_step() > 0) {
+    absl::StrAppendFormat(&out, "checkpoints: %s (last at step %lld)\n",
+                          TerminalSafe(job.checkpoint_dir()),
+                          static_cast<long long>(p.last_checkpoint_step()));
+  } else {
+    absl::StrAppend(&out, "checkpoints: none yet (will be written under ",
+                    TerminalSafe(job.checkpoint_dir()), ")\n");
+  }
+  return out;
+}
+
+std::string FormatJobTable(const google::protobuf::RepeatedPtrField<Job>& jobs) {
+  std::string out = absl::StrFormat("%-16s %-20s %-10s %-6s %-12s %s\n", "ID", "NAME", "PHASE",
+                                    "RANKS", "STEP", "LOSS");
+  for (const Job& j : jobs) {
+    absl::StrAppendFormat(
+        &out, "%-16s %-20s %-10s %-6d %-12s %s\n", TerminalSafeCut(j.id(), 40),
+        TerminalSafeCut(j.spec().name(), 40), PhaseName(j.phase()),
+        j.spec().resources().num_ranks(),
+        absl::StrCat(j.progress().step(), "/", j.spec().training().steps()),
+        j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()) : "-");
+  }
+  return out;
+}
+
+}  // namespace loom::cli
