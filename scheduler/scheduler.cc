@@ -153,6 +153,9 @@ absl::Status SchedulerOptions::Validate() const {
         absl::FormatDuration(heartbeat_timeout), "), got ",
         absl::FormatDuration(heartbeat_interval)));
   }
+  if (reregistration_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("reregistration_grace: must be >= 0");
+  }
   if (queues.queues.empty()) return absl::InvalidArgumentError("queues: at least one queue");
   if (default_max_infra_restarts < 0) {
     return absl::InvalidArgumentError(absl::StrCat("default_max_infra_restarts: must be >= 0, got ",
@@ -230,8 +233,12 @@ absl::Status Scheduler::Load() {
   const absl::Time now = clock_->Now();
   ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store_->ListNodes());
   for (NodeRecord& node : nodes) {
-    // Grace: the scheduler was down, so no node could heartbeat; each gets a full timeout.
-    if (!node.lost) node.last_heartbeat_time = now;
+    // Grace: the scheduler was down, so no node could heartbeat; each gets a full timeout, at
+    // least reregistration_grace, to come back (CheckNodeLiveness).
+    if (!node.lost) {
+      node.last_heartbeat_time = now;
+      awaiting_reregistration_.insert(node.id);
+    }
     nodes_[node.id] = std::move(node);
   }
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, store_->ListJobs(v1::JOB_PHASE_UNSPECIFIED));
@@ -895,6 +902,7 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
   node.last_heartbeat_time = clock_->Now();
   node.lost = false;
   RETURN_IF_ERROR(store_->UpsertNode(node));
+  awaiting_reregistration_.erase(node_id);
   const bool known = nodes_.count(node_id) > 0;
   nodes_[node_id] = std::move(node);
   LOG(INFO) << "node " << node_id << (known ? " re-registered: " : " registered: ")
@@ -927,6 +935,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     updated.last_heartbeat_time = clock_->Now();
     RETURN_IF_ERROR(store_->UpsertNode(updated));
     node_it->second = std::move(updated);
+    awaiting_reregistration_.erase(node_id);
   }
 
   loom::v1::HeartbeatResponse response;
@@ -1327,7 +1336,12 @@ absl::Status Scheduler::CheckHangs() {
 absl::Status Scheduler::CheckNodeLiveness() {
   const absl::Time now = clock_->Now();
   for (auto& [node_id, node] : nodes_) {
-    if (node.lost || now - node.last_heartbeat_time <= options_.heartbeat_timeout) continue;
+    // Not heard from since this scheduler started: at least the re-registration grace.
+    const absl::Duration timeout =
+        awaiting_reregistration_.count(node_id) > 0
+            ? std::max(options_.heartbeat_timeout, options_.reregistration_grace)
+            : options_.heartbeat_timeout;
+    if (node.lost || now - node.last_heartbeat_time <= timeout) continue;
     // Missed heartbeats alone do not make a node lost while a job with a rank on it is still
     // stepping (its rank 0, reporting through another node, advanced within the timeout): the
     // gang's collectives cannot progress without that node's ranks, so they are alive.
@@ -1355,7 +1369,7 @@ absl::Status Scheduler::CheckNodeLiveness() {
     const std::string message = absl::StrCat(
         "node ", node_id, " lost: no heartbeat for ",
         absl::FormatDuration(absl::Trunc(now - node.last_heartbeat_time, absl::Milliseconds(1))),
-        " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")");
+        " (timeout ", absl::FormatDuration(timeout), ")");
     LOG(WARNING) << message;
     std::set<std::string> affected;
     for (auto it = ranks_.begin(); it != ranks_.end();) {

@@ -67,7 +67,8 @@
 //     (latest request per job wins). Only Create() looks up resume checkpoints under the lock,
 //     before anything else can call in.
 //   * Create() reloads every job and node from the store. Non-terminal jobs keep their
-//     placement; nodes get a fresh heartbeat_timeout of grace; workers re-report the ranks they
+//     placement; nodes get max(heartbeat_timeout, reregistration_grace) from Create() to heartbeat
+//     or register again before they can be declared lost; workers re-report the ranks they
 //     run and are re-adopted. A heartbeat from an unknown or lost node is NOT_FOUND (the worker
 //     registers again).
 #ifndef LOOM_SCHEDULER_SCHEDULER_H_
@@ -115,6 +116,11 @@ struct SchedulerOptions {
   std::string checkpoint_root;
   // A node whose last heartbeat is older than this is declared lost. Default 10 s.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Re-registration grace after a scheduler start (as Slurm gives nodes after a controller
+  // restart): a node loaded from the store that has neither heartbeated nor registered since
+  // Create() is declared lost only after max(heartbeat_timeout, reregistration_grace) from
+  // Create(); once heard from it is judged by heartbeat_timeout again. Default 30 s, >= 0.
+  absl::Duration reregistration_grace = absl::Seconds(30);
   // Heartbeat period the scheduler asks workers for (RegisterWorkerResponse). Must be shorter
   // than heartbeat_timeout. Default 1 s.
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -407,6 +413,8 @@ class Scheduler {
   std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
   std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
+  // Nodes loaded by Create() not heard from since (SchedulerOptions::reregistration_grace).
+  std::set<std::string> awaiting_reregistration_ ABSL_GUARDED_BY(mu_);
   // Last cycle's queue order: per accelerator kind the waiting job ids in order
   // (ExplainPending's queue position). In memory only.
   std::map<loom::v1::AcceleratorKind, std::vector<std::string>> queue_order_ ABSL_GUARDED_BY(mu_);

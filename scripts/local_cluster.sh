@@ -8,6 +8,14 @@
 #   scripts/local_cluster.sh add-worker [--slots S]             one more worker (e.g. to replace one)
 #   scripts/local_cluster.sh status                             print daemons, their metrics, health
 #                                                               and readiness URLs, one per line
+#   scripts/local_cluster.sh restart NAME                       stop (if alive) and start again one
+#                                                               daemon: scheduler, checkpoint,
+#                                                               gateway or worker-N, with the flags
+#                                                               of its first start, on the address
+#                                                               its ready file holds (gRPC, HTTP and
+#                                                               metrics ports): the first start
+#                                                               binds port 0, a restart re-binds
+#                                                               what it got (docs/operations.md)
 # Authentication (optional): LOOM_AUTH_TOKENS_FILE (tokens file, docs/operations.md) and
 # LOOM_WORKER_TOKEN_FILE (the workers' token) turn it on for the scheduler, gateway and workers.
 #   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
@@ -24,10 +32,16 @@ ready_field() {  # ready_field FILE FIELD
   sed -n "s/.*\"$2\":\"\\([^\"]*\\)\".*/\\1/p" "$1"
 }
 
+alive() {  # alive PID: running (a zombie, exited but not yet reaped, is not)
+  kill -0 "$1" 2>/dev/null || return 1
+  local state; state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ "$state" != Z ]
+}
+
 wait_ready() {  # wait_ready NAME FILE PID
   local deadline=$((SECONDS + 30))
   while [ ! -s "$2" ]; do
-    if ! kill -0 "$3" 2>/dev/null; then
+    if ! alive "$3"; then
       echo "local_cluster: $1 exited during startup; last log lines:" >&2
       tail -n 20 "$LOGS/$1.log" >&2 || true
       return 1
@@ -41,6 +55,12 @@ wait_ready() {  # wait_ready NAME FILE PID
 }
 
 start_daemon() {  # start_daemon NAME BINARY ARGS...
+  # The command line is kept (NUL-separated) for `restart NAME`.
+  printf '%s\0' "$@" > "$CLUSTER/$1.cmd"
+  launch_daemon "$@"
+}
+
+launch_daemon() {  # launch_daemon NAME BINARY ARGS...
   local name=$1; shift
   local bin=$1; shift
   if [ ! -x "$bin" ]; then
@@ -138,6 +158,56 @@ cmd_add_worker() {
   cmd_status
 }
 
+url_port() {  # url_port URL-OR-HOST:PORT -> PORT ("" if none)
+  local rest=${1#*://}
+  rest=${rest%%/*}
+  case "$rest" in *:*) echo "${rest##*:}" ;; *) echo "" ;; esac
+}
+
+cmd_restart() {  # cmd_restart NAME
+  local name=${1:-}
+  if [ -z "$name" ] || [ ! -s "$CLUSTER/$name.cmd" ]; then
+    echo "local_cluster: restart: no daemon '${name}' under $LOOM_HOME (one of:" \
+      "$(cd "$CLUSTER" 2>/dev/null && ls ./*.cmd 2>/dev/null | sed 's|^\./||; s|\.cmd$||' | tr '\n' ' '))" >&2
+    exit 2
+  fi
+  local ready="$CLUSTER/$name.json"
+  if [ ! -s "$ready" ]; then
+    echo "local_cluster: restart: $ready is missing: $name never became ready, so its address is" \
+      "unknown (stop and start the cluster)" >&2
+    exit 1
+  fi
+  # The address it serves on: the ready file outlives a crashed (kill -9) daemon.
+  local grpc metrics http
+  grpc=$(url_port "$(ready_field "$ready" grpc_address)")
+  metrics=$(url_port "$(ready_field "$ready" metrics_url)")
+  http=$(url_port "$(ready_field "$ready" http_url)")
+  local keep=()  # the last occurrence of a flag wins
+  [ -z "$metrics" ] || keep+=(--metrics_port="$metrics")
+  if [ "$name" = gateway ]; then
+    [ -z "$http" ] || keep+=(--port="$http")
+  elif [ -n "$grpc" ]; then
+    keep+=(--port="$grpc")
+  fi
+  local pid; pid=$(cat "$CLUSTER/$name.pid" 2>/dev/null || echo "")
+  if [ -n "$pid" ] && alive "$pid"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 15))
+    while alive "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    if alive "$pid"; then
+      echo "local_cluster: pid $pid ignored SIGTERM; killing its process group" >&2
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+      deadline=$((SECONDS + 5))
+      while alive "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    fi
+  fi
+  local cmd=()
+  mapfile -d '' -t cmd < "$CLUSTER/$name.cmd"
+  launch_daemon "${cmd[@]}" "${keep[@]+"${keep[@]}"}"
+  echo "local_cluster: restarted $name (pid $(cat "$CLUSTER/$name.pid")) with" \
+    "${keep[*]:-the flags of its first start}"
+}
+
 cmd_status() {
   # One header line per daemon, then one URL per line: metrics, health, readiness (and the
   # gateway's REST API), so that scripts can grep "metrics " lines.
@@ -149,7 +219,7 @@ cmd_status() {
     local pid; pid=$(cat "$CLUSTER/$name.pid" 2>/dev/null || echo "?")
     local grpc; grpc=$(ready_field "$f" grpc_address)
     local state=running
-    kill -0 "$pid" 2>/dev/null || state=dead
+    alive "$pid" || state=dead
     local metrics; metrics=$(ready_field "$f" metrics_url)
     local base=${metrics%/metrics}
     printf '%-12s pid %-7s %-8s grpc %s\n' "$name" "$pid" "$state" "${grpc:--}"
@@ -171,17 +241,17 @@ cmd_stop() {
   for f in "$CLUSTER"/worker-*.pid "$CLUSTER"/gateway.pid "$CLUSTER"/checkpoint.pid "$CLUSTER"/scheduler.pid; do
     [ -e "$f" ] || continue
     local pid; pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); fi
+    if alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); fi
   done
   local deadline=$((SECONDS + 15))
   for pid in "${pids[@]+"${pids[@]}"}"; do
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
+    while alive "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    if alive "$pid"; then
       echo "local_cluster: pid $pid ignored SIGTERM; killing its process group" >&2
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
     fi
   done
-  rm -f "$CLUSTER"/*.pid "$CLUSTER"/*.json "$CLUSTER/auth.env"
+  rm -f "$CLUSTER"/*.pid "$CLUSTER"/*.json "$CLUSTER"/*.cmd "$CLUSTER/auth.env"
   echo "local_cluster: stopped (${#pids[@]} daemons)"
 }
 
@@ -189,7 +259,8 @@ case "${1:-}" in
   start) shift; cmd_start "$@" ;;
   add-worker) shift; cmd_add_worker "$@" ;;
   status) cmd_status ;;
+  restart) shift; cmd_restart "$@" ;;
   stop) cmd_stop ;;
-  *) echo "usage: $0 start [--workers N] [--slots S] | add-worker [--slots S] | status | stop" >&2
+  *) echo "usage: $0 start [--workers N] [--slots S] | add-worker [--slots S] | restart NAME | status | stop" >&2
      exit 2 ;;
 esac

@@ -11,7 +11,8 @@ namespace loom::worker {
 class SchedulerClient {
  public:
   virtual ~SchedulerClient() = default;
-  // UNAVAILABLE while the scheduler is unreachable (the daemon retries on its next tick).
+  // UNAVAILABLE or DEADLINE_EXCEEDED while the scheduler is unreachable (the daemon retries on
+  // its next tick).
   virtual absl::StatusOr<loom::v1::RegisterWorkerResponse> RegisterWorker(
       const loom::v1::RegisterWorkerRequest& request) = 0;
   // NOT_FOUND if the scheduler does not know this node (the daemon registers again).

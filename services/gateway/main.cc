@@ -2,6 +2,7 @@
 //
 //   loom-gateway --scheduler=HOST:PORT [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
 //                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
+//                [--reconnect_backoff_max=1s]
 //
 // Prints "LOOM_READY loom-gateway grpc=- metrics=URL http=URL" once serving HTTP on --host:--port
 // (common/daemon.h) and stops on SIGTERM or SIGINT. The metrics port also serves /healthz and
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/daemon.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "services/gateway/gateway.h"
@@ -33,6 +35,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind HTTP and /metrics to.
 ABSL_FLAG(int, port, 8080, "HTTP port of the REST API (0 = any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(30), "Deadline of each RPC to the scheduler.");
+ABSL_FLAG(absl::Duration, reconnect_backoff_max, loom::kDefaultReconnectBackoffMax,
+          "Longest wait between two attempts to connect to the scheduler (gRPC reconnect "
+          "backoff cap), so that requests work again soon after a scheduler restart.");
 ABSL_FLAG(std::string, ready_file, "", "Write {name, metrics_url} here once serving.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (same format as loom-scheduler's): reject requests without a known "
@@ -69,7 +74,14 @@ int main(int argc, char** argv) {
     LOG(WARNING) << "no --auth_tokens_file: the gateway forwards requests without checking "
                  << "tokens (the scheduler still checks them if it has authentication on)";
   }
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), *creds);
+  if (absl::Status s = loom::ValidateReconnectBackoff("--reconnect_backoff_max",
+                                                      absl::GetFlag(FLAGS_reconnect_backoff_max));
+      !s.ok()) {
+    LOG(ERROR) << s;
+    return 2;
+  }
+  auto channel = loom::CreateReconnectingChannel(absl::GetFlag(FLAGS_scheduler), *creds,
+                                                 absl::GetFlag(FLAGS_reconnect_backoff_max));
   auto stub = loom::v1::JobService::NewStub(channel);
   auto registry = std::make_shared<prometheus::Registry>();
   loom::gateway::GatewayOptions options;

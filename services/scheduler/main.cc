@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory under which each job's checkpoints live, <root>/<job id> (required).");
 ABSL_FLAG(int, heartbeat_timeout_s, 10,
           "Seconds without a heartbeat after which a worker node is declared lost.");
+ABSL_FLAG(absl::Duration, reregistration_grace, absl::Seconds(30),
+          "After a scheduler start, how long known nodes have to heartbeat or register again "
+          "before they can be declared lost (at least --heartbeat_timeout_s), so that a restart "
+          "re-adopts running jobs instead of failing them.");
 ABSL_FLAG(int, schedule_interval_ms, 200, "Period of the scheduling loop, in milliseconds.");
 ABSL_FLAG(double, hang_step_time_factor, 20,
           "A running job is hung when its step has not advanced for this many median step times "
@@ -108,6 +112,7 @@ int main(int argc, char** argv) {
   options.checkpoint_tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.scheduler.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  options.scheduler.reregistration_grace = absl::GetFlag(FLAGS_reregistration_grace);
   options.scheduler.hang_step_time_factor = absl::GetFlag(FLAGS_hang_step_time_factor);
   options.scheduler.hang_min_timeout = absl::Seconds(absl::GetFlag(FLAGS_hang_min_timeout_s));
   options.scheduler.cancel_grace = absl::GetFlag(FLAGS_cancel_grace);

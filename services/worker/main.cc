@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/accelerator_kind.h"
 #include "common/daemon.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -43,6 +44,10 @@ ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
 ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5),
           "deadline of each RegisterWorker / Heartbeat call to the scheduler");
+ABSL_FLAG(absl::Duration, reconnect_backoff_max, loom::kDefaultReconnectBackoffMax,
+          "longest wait between two attempts to connect to the scheduler (gRPC reconnect "
+          "backoff cap): after a scheduler restart the worker heartbeats again within about "
+          "1.2x this");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the worker token the scheduler expects (its --worker_token_file) when "
           "authentication is on");
@@ -51,7 +56,11 @@ ABSL_FLAG(std::string, tls_ca, "",
 
 namespace {
 
-// SchedulerClient over gRPC. Every call carries a deadline.
+// SchedulerClient over gRPC. Every call carries a deadline and waits for the channel to be
+// ready (wait_for_ready) within it: a fail-fast call on a channel in TRANSIENT_FAILURE fails at
+// once without polling, so a reconnection attempt's result was only noticed by gRPC's 5 s backup
+// poller and the worker came back seconds after the scheduler did. While the scheduler is down
+// a call thus takes up to --rpc_timeout (DEADLINE_EXCEEDED) instead of failing at once.
 class GrpcSchedulerClient : public loom::worker::SchedulerClient {
  public:
   GrpcSchedulerClient(std::shared_ptr<grpc::Channel> channel, std::string token,
@@ -64,6 +73,7 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
       const loom::v1::RegisterWorkerRequest& request) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+    ctx.set_wait_for_ready(true);
     loom::AddBearerToken(ctx, token_);
     loom::v1::RegisterWorkerResponse resp;
     grpc::Status s = stub_->RegisterWorker(&ctx, request, &resp);
@@ -75,6 +85,7 @@ class GrpcSchedulerClient : public loom::worker::SchedulerClient {
       const loom::v1::HeartbeatRequest& request) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+    ctx.set_wait_for_ready(true);
     loom::AddBearerToken(ctx, token_);
     loom::v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, request, &resp);
@@ -174,8 +185,16 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--tls_ca: " << creds.status();
     return 2;
   }
-  GrpcSchedulerClient client(grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler), *creds), *token,
-                             absl::GetFlag(FLAGS_rpc_timeout));
+  if (absl::Status s = loom::ValidateReconnectBackoff("--reconnect_backoff_max",
+                                                      absl::GetFlag(FLAGS_reconnect_backoff_max));
+      !s.ok()) {
+    LOG(ERROR) << s;
+    return 2;
+  }
+  GrpcSchedulerClient client(
+      loom::CreateReconnectingChannel(absl::GetFlag(FLAGS_scheduler), *creds,
+                                      absl::GetFlag(FLAGS_reconnect_backoff_max)),
+      *token, absl::GetFlag(FLAGS_rpc_timeout));
   loom::worker::WorkerDaemon daemon(options, &client, &metrics);
   (*endpoint)->SetReadyCheck([&daemon]() -> absl::Status {
     if (!daemon.Registered()) return absl::UnavailableError("not registered with the scheduler");

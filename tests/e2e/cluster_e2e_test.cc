@@ -415,33 +415,7 @@ TEST_F(ClusterE2ETest, CancelWritesACommittedFinalCheckpointAndLogsHoldTrainerLi
   EXPECT_EQ(kill_code, 9) << kill_out;
 }
 
-TEST_F(ClusterE2ETest, SchedulerKilledMidRunRestartsAndTheJobCompletes) {
-  std::string yaml = kTinyJob;
-  yaml.replace(yaml.find("steps: 8"), 8, "steps: 80");
-  loom::v1::Job job = Submit(yaml);
-  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
-  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
-
-  // kill -9 the scheduler, then start it again on the same database and port (the workers
-  // keep dialing that address).
-  scheduler_->Kill();
-  const std::string port = scheduler_info_.grpc_address.substr(
-      scheduler_info_.grpc_address.rfind(':') + 1);
-  ReadyInfo restarted;
-  scheduler_ = StartDaemon("scheduler-2", "services/scheduler/loom-scheduler",
-                           {absl::StrCat("--db=", tmp_, "/loom.db"),
-                            absl::StrCat("--checkpoint_root=", ckpt_root_),
-                            absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address),
-                            absl::StrCat("--port=", port)},
-                           &restarted);
-  ASSERT_EQ(restarted.grpc_address, scheduler_info_.grpc_address);
-
-  // The acknowledged job is still there, its ranks were re-adopted (same attempt) and it ends.
-  job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(3));
-  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
-  EXPECT_EQ(job.attempt(), 1);
-  EXPECT_EQ(job.progress().step(), 80);
-}
+// The scheduler kill -9 / restart tests live in scheduler_restart_e2e_test.cc.
 
 // Recovery: three single-slot workers; the scheduler declares a silent node lost after 3 s.
 class ClusterRecoveryE2ETest : public ClusterE2ETest {
