@@ -69,6 +69,25 @@ absl::Status ParseKindMap(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
+// A list of absolute paths ("data_roots", "tenants.x.data_roots").
+absl::Status ParseDataRoots(const YAML::Node& node, const std::string& path,
+                            std::vector<std::string>* out) {
+  if (!node.IsSequence()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": must be a list of absolute paths"));
+  }
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item = absl::StrCat(path, "[", i, "]");
+    if (!node[i].IsScalar()) return absl::InvalidArgumentError(absl::StrCat(item, ": must be a path"));
+    const std::string root = node[i].Scalar();
+    if (root.empty() || root[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(item, ": '", root, "' must be an absolute path"));
+    }
+    out->push_back(root);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t QueueConfig::Nominal(AcceleratorKind kind) const {
@@ -109,16 +128,24 @@ absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrCat("not valid YAML: ", e.what()));
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("top level: must be a map");
-  RETURN_IF_ERROR(CheckKeys(root, "", {"tenants", "queues"}));
+  RETURN_IF_ERROR(CheckKeys(root, "", {"tenants", "queues", "data_roots"}));
   QueuesConfig config;
   try {
+    if (root["data_roots"]) {
+      config.data_roots.emplace();
+      RETURN_IF_ERROR(ParseDataRoots(root["data_roots"], "data_roots", &*config.data_roots));
+    }
     if (root["tenants"]) {
       if (!root["tenants"].IsMap()) return absl::InvalidArgumentError("tenants: must be a map");
       for (const auto& kv : root["tenants"]) {
         ASSIGN_OR_RETURN(const std::string tenant, KeyString(kv.first, "tenants"));
         const std::string path = absl::StrCat("tenants.", tenant);
         if (!kv.second.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
-        RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight"}));
+        RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight", "data_roots"}));
+        if (kv.second["data_roots"]) {
+          RETURN_IF_ERROR(ParseDataRoots(kv.second["data_roots"], path + ".data_roots",
+                                         &config.tenant_data_roots[tenant]));
+        }
         double weight = 1;
         if (kv.second["weight"]) weight = kv.second["weight"].as<double>();
         if (!(weight > 0)) {

@@ -18,8 +18,11 @@
 //
 // Config file (YAML, loom-scheduler --queues_config):
 //
+//   data_roots:                 # optional: what every tenant's dataset.path / init_from may
+//     - /usr/share/games/fortunes #   name outside its jobs' checkpoints (default: the
+//                                 #   scheduler's --fortunes_dir); [] = nothing
 //   tenants:                    # optional; weight defaults to 1
-//     team-a: {weight: 2}
+//     team-a: {weight: 2, data_roots: [/data/team-a]}   # data_roots replace the top-level ones
 //   queues:
 //     - name: a-gpu
 //       tenant: team-a          # optional: "" = any tenant may submit
@@ -27,13 +30,14 @@
 //       borrowing_limit: {h100: 4}
 //
 // Quotas and borrowing limits are integers in [0, 10^12]; weights are finite and > 0; keys are
-// strings. Without a file there is one "default" queue, open to every tenant, with no quota.
+// strings; data roots are absolute paths (scheduler/path_policy.h says how they are used). Without a file there is one "default" queue, open to every tenant, with no quota.
 // Thread-safety: the config types are immutable values; QuotaLedger is not thread-safe.
 #ifndef LOOM_SCHEDULER_QUEUES_H_
 #define LOOM_SCHEDULER_QUEUES_H_
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +63,9 @@ struct QueueConfig {
 struct QueuesConfig {
   std::vector<QueueConfig> queues;  // in file order; names unique
   std::map<std::string, double> tenant_weights;  // absent tenant: weight 1
+  // Data roots of tenants without their own (absent: the scheduler's default, its fortunes dir).
+  std::optional<std::vector<std::string>> data_roots;
+  std::map<std::string, std::vector<std::string>> tenant_data_roots;
 
   // One "default" queue, open to every tenant, no quota.
   static QueuesConfig Default();
@@ -69,7 +76,7 @@ struct QueuesConfig {
 
 // Parses the YAML text above. INVALID_ARGUMENT naming the offending key path (e.g.
 // "queues[1].quota.h100: must be >= 0") for unknown keys, bad kinds, duplicate names, negative
-// quotas or non-positive weights.
+// quotas, non-positive weights or data roots that are not absolute paths.
 absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text);
 // Reads and parses `path`; NOT_FOUND / INVALID_ARGUMENT (prefixed with the path).
 absl::StatusOr<QueuesConfig> LoadQueuesConfig(const std::string& path);

@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "scheduler/job_state.h"
+#include "scheduler/path_policy.h"
 #include "scheduler/placement.h"
 #include "scheduler/preemption.h"
 
@@ -500,6 +501,8 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
       return earlier_submission(jobs_.at(known->second));
     }
   }
+  // Paths first: validation reads the files, and must not for a path the tenant may not name.
+  if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
   RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
   RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));
@@ -553,6 +556,22 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
   commit_mu_.Unlock();
   RETURN_IF_ERROR(sub.status);
   return JobRecordToProto(sub.job);
+}
+
+absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
+                                              const std::string& tenant) {
+  PathPolicy policy;
+  policy.checkpoint_root = options_.checkpoint_root;
+  policy.default_data_roots =
+      options_.queues.data_roots.value_or(std::vector<std::string>{options_.validation.fortunes_dir});
+  policy.tenant_data_roots = options_.queues.tenant_data_roots;
+  return ConfineJobSpecPaths(spec, tenant, policy,
+                             [this](const std::string& job_id) -> absl::StatusOr<std::string> {
+                               absl::MutexLock lock(&mu_);
+                               auto it = jobs_.find(job_id);
+                               if (it == jobs_.end()) return absl::NotFoundError(job_id);
+                               return it->second.tenant;
+                             });
 }
 
 void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
@@ -1125,6 +1144,7 @@ loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_
   a.set_master_addr(node == nodes_.end() ? job.rank_nodes.at(0) : NodeAddress(node->second));
   a.set_master_port(job.rendezvous_port);
   a.set_checkpoint_dir(job.checkpoint_dir);
+  a.set_tenant(job.tenant);
   if (job.attempt > 1) {
     auto r = resume_from_.find(job.id);
     if (r != resume_from_.end()) a.set_resume_from(r->second.path);

@@ -133,6 +133,11 @@ struct SchedulerOptions {
   // How long a graceful stop (CancelJob of a running job) may take before the ranks are killed.
   absl::Duration cancel_grace = absl::Minutes(2);
   JobSpecValidationOptions validation;
+  // Confine the paths a spec names (model.init_from, dataset.path) to the tenant's own jobs'
+  // checkpoint directories and its data roots (queues.data_roots / tenant_data_roots, default
+  // {validation.fortunes_dir}); scheduler/path_policy.h. PERMISSION_DENIED at submission.
+  // loom-scheduler turns it on (--confine_paths); off here so unit tests may use any temp path.
+  bool confine_paths = false;
 
   // Queues, tenants and quotas (scheduler/queues.h; docs/scheduling.md). Default: one "default"
   // queue open to every tenant, no quota.
@@ -317,6 +322,9 @@ class Scheduler {
   };
   // Stores `batch` in one transaction, then publishes the jobs (or their error).
   void CommitSubmissions(const std::vector<Submission*>& batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // SchedulerOptions::confine_paths: the spec's paths against the tenant's (PERMISSION_DENIED).
+  absl::Status ConfineSubmittedPaths(const loom::v1::JobSpec& spec, const std::string& tenant)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Persists `job` (checking its phase change against the state machine), then adopts it.
   absl::Status CommitJob(JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt of `job_id` on a failure: RECOVERING if restarts are left (the

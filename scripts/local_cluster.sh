@@ -18,6 +18,9 @@
 #                                                               what it got (docs/operations.md)
 # Authentication (optional): LOOM_AUTH_TOKENS_FILE (tokens file, docs/operations.md) and
 # LOOM_WORKER_TOKEN_FILE (the workers' token) turn it on for the scheduler, gateway and workers.
+# Data a job may name (docs/operations.md "Paths a job may name"): LOOM_QUEUES_CONFIG (the
+# scheduler's --queues_config, with data_roots) and LOOM_DATA_ROOTS (the workers' --data_roots);
+# both default to the fortunes corpus, /usr/share/games/fortunes.
 #   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
 set -euo pipefail
 
@@ -113,6 +116,7 @@ cmd_start() {
   start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
     --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints" \
     --checkpoint_service="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)" \
+    ${LOOM_QUEUES_CONFIG:+--queues_config="$LOOM_QUEUES_CONFIG"} \
     "${auth[@]+"${auth[@]}"}" "${sched_ckpt_token[@]+"${sched_ckpt_token[@]}"}"
   local gw_auth=()
   [ -z "${LOOM_AUTH_TOKENS_FILE:-}" ] || gw_auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE")
@@ -134,6 +138,8 @@ start_worker() {  # start_worker INDEX SLOTS
   start_daemon "worker-$1" "$BIN/services/worker/loom-worker" \
     --scheduler="$sched" --node_id="worker-$1" --slots="$2" \
     --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$1" \
+    --checkpoint_root="$LOOM_HOME/checkpoints" \
+    --data_roots="${LOOM_DATA_ROOTS:-/usr/share/games/fortunes}" \
     "${token[@]+"${token[@]}"}"
 }
 

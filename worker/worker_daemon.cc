@@ -16,6 +16,14 @@ absl::Status WorkerOptions::Validate() const {
   if (inventory.slots() < 1) return absl::InvalidArgumentError("inventory.slots: must be >= 1");
   if (trainer_path.empty()) return absl::InvalidArgumentError("trainer_path: required");
   if (work_dir.empty()) return absl::InvalidArgumentError("work_dir: required");
+  if (confine_paths) {
+    for (const std::string& root : paths.data_roots) {
+      if (root.empty() || (root[0] != '/' && root.find("=/") == std::string::npos)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data_roots: '", root, "' is neither /path nor tenant=/path"));
+      }
+    }
+  }
   if (heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat_interval: must be positive");
   }
@@ -59,19 +67,34 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   while (taken.count(index) > 0) ++index;
   po.extra_env.push_back(absl::StrCat("LOOM_ACCELERATOR_INDEX=", index));
   ranks_[key].accelerator_index = index;
-  auto proc = RankProcess::Start(a, po);
-  if (!proc.ok()) {
-    LOG(ERROR) << "cannot start rank " << a.rank() << " of " << a.job_id() << ": "
-               << proc.status();
-    // Reported as a failed rank so that the scheduler fails the attempt.
+  // Reported as a failed rank so that the scheduler fails the attempt.
+  auto fail = [&](const std::string& error) {
     loom::v1::RankStatus& st = ranks_[key].start_failure;
     st.set_job_id(a.job_id());
     st.set_attempt(a.attempt());
     st.set_rank(a.rank());
     st.set_state(loom::v1::RANK_STATE_FAILED);
     st.set_exit_code(-1);
-    st.set_error(absl::StrCat("worker ", options_.node_id, " could not start the trainer: ",
-                              proc.status().message()));
+    st.set_error(error);
+  };
+  loom::v1::RankAssignment checked = a;
+  if (options_.confine_paths) {
+    absl::StatusOr<loom::v1::RankAssignment> confined = CheckAssignmentPaths(a, options_.paths);
+    if (!confined.ok()) {
+      LOG(ERROR) << "refusing rank " << a.rank() << " of " << a.job_id() << ": "
+                 << confined.status();
+      fail(absl::StrCat("worker ", options_.node_id, " refused to start the trainer: ",
+                        confined.status().message()));
+      return;
+    }
+    checked = *std::move(confined);
+  }
+  auto proc = RankProcess::Start(checked, po);
+  if (!proc.ok()) {
+    LOG(ERROR) << "cannot start rank " << a.rank() << " of " << a.job_id() << ": "
+               << proc.status();
+    fail(absl::StrCat("worker ", options_.node_id, " could not start the trainer: ",
+                      proc.status().message()));
     return;
   }
   ranks_[key].process = std::move(*proc);

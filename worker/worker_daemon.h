@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/worker_service.pb.h"
+#include "worker/path_check.h"
 #include "worker/rank_process.h"
 #include "worker/scheduler_client.h"
 #include "worker/worker_metrics.h"
@@ -38,6 +39,12 @@ struct WorkerOptions {
   // A terminal rank status is reported this many times before the worker forgets the rank.
   int terminal_reports = 5;
   absl::Duration stop_grace = absl::Seconds(5);
+  // Check the assignment's paths (checkpoint_dir, model.init_from, dataset.path) against `paths`
+  // before starting its trainer (worker/path_check.h); a refused rank is reported FAILED with
+  // the PERMISSION_DENIED message and no trainer starts. loom-worker turns it on
+  // (--confine_paths); off here so unit tests may use any temp path.
+  bool confine_paths = false;
+  WorkerPathOptions paths;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;

@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <memory>
+#include <regex>
+#include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
 
@@ -36,11 +38,138 @@ std::string CodeName(grpc::StatusCode code) {
   return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
 }
 
-void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message) {
-  res.status = HttpStatusFromGrpc(code);
+// The error body with an explicit HTTP status (for errors of HTTP itself: 405, 411, 413, ...).
+void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode code,
+                    const std::string& message) {
+  res.status = http_status;
   nlohmann::json body = {{"code", static_cast<int>(code)}, {"status", CodeName(code)},
                          {"message", message}};
   res.set_content(body.dump(), kJson);
+}
+
+void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message) {
+  WriteHttpError(res, HttpStatusFromGrpc(code), code, message);
+}
+
+// The routes, as registered below; the table also answers 405 with `Allow` for a path served
+// under other methods.
+constexpr char kJobsRoute[] = "/v1/jobs";
+constexpr char kCancelRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)";
+constexpr char kKillRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+):kill)";
+constexpr char kLogsRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+)/logs)";
+constexpr char kJobRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+))";
+
+// "GET, POST" for a path some route serves, "" for one no route serves.
+std::string AllowedMethods(const std::string& path) {
+  static const auto* const kRoutes = new std::vector<std::pair<std::regex, std::string>>{
+      {std::regex("/healthz"), "GET"},       {std::regex("/v1/openapi.json"), "GET"},
+      {std::regex(kJobsRoute), "GET, POST"}, {std::regex(kCancelRoute), "POST"},
+      {std::regex(kKillRoute), "POST"},      {std::regex(kLogsRoute), "GET"},
+      {std::regex(kJobRoute), "GET"}};
+  for (const auto& [pattern, methods] : *kRoutes) {
+    if (std::regex_match(path, pattern)) return methods;
+  }
+  return "";
+}
+
+bool IsChunked(const httplib::Request& req) {
+  return absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+}
+
+// The declared Content-Length, or -1 when there is none or it is not a number.
+int64_t DeclaredLength(const httplib::Request& req) {
+  int64_t length = -1;
+  if (!req.has_header("Content-Length") ||
+      !absl::SimpleAtoi(req.get_header_value("Content-Length"), &length)) {
+    return -1;
+  }
+  return length;
+}
+
+std::string TooLarge(int64_t declared, size_t max) {
+  return absl::StrCat("request body", declared >= 0 ? absl::StrCat(" of ", declared, " bytes") : "",
+                      " is over the gateway's limit of ", max, " bytes (--max_body_bytes)");
+}
+
+// Reads a POST body through `reader` into *body, at most `max` bytes. A request with neither
+// Content-Length nor chunked encoding has no body (curl -XPOST without -d sends none): fine
+// unless `required` (411). On failure answers (411, 413 or 400) and returns false.
+bool ReadBody(const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& reader, size_t max, bool required,
+              std::string* body) {
+  if (!req.has_header("Content-Length") && !IsChunked(req)) {
+    if (!required) return true;
+    WriteHttpError(res, 411, grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat(req.method, " ", req.path,
+                                " needs a JSON body with a Content-Length header (or chunked "
+                                "transfer encoding)"));
+    return false;
+  }
+  bool too_large = false;
+  const bool read = reader([&](const char* data, size_t n) {
+    if (body->size() + n > max) {
+      too_large = true;
+      return false;
+    }
+    body->append(data, n);
+    return true;
+  });
+  if (too_large) {
+    WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(-1, max));
+    return false;
+  }
+  if (!read) {
+    WriteHttpError(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
+                   "the request body could not be read (truncated, or a bad chunked encoding)");
+    return false;
+  }
+  return true;
+}
+
+// The answer to an error cpp-httplib raised itself (no handler wrote a body): the status it chose
+// (or 405 for a path served under other methods), a gRPC code and a message saying what was wrong.
+void WriteLibraryError(const httplib::Request& req, httplib::Response& res) {
+  switch (res.status) {
+    case 404: {
+      const std::string allow = AllowedMethods(req.path);
+      if (allow.empty()) {
+        WriteError(res, grpc::StatusCode::NOT_FOUND,
+                   absl::StrCat("no route for ", req.method, " ", req.path));
+        return;
+      }
+      res.set_header("Allow", allow);
+      WriteHttpError(res, 405, grpc::StatusCode::UNIMPLEMENTED,
+                     absl::StrCat("method ", req.method, " is not allowed on ", req.path,
+                                  " (allowed: ", allow, ")"));
+      return;
+    }
+    case 400:
+      WriteHttpError(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
+                     "malformed HTTP request: its request line, headers or body could not be "
+                     "parsed");
+      return;
+    case 413:
+      WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, "request body too large");
+      return;
+    case 414:
+      WriteHttpError(res, 414, grpc::StatusCode::INVALID_ARGUMENT, "request URI too long");
+      return;
+    case 416:
+      WriteHttpError(res, 416, grpc::StatusCode::OUT_OF_RANGE,
+                     absl::StrCat("Range '", req.get_header_value("Range"),
+                                  "' cannot be satisfied"));
+      return;
+    default: {
+      // A handler's exception is a 500 with its what() in EXCEPTION_WHAT.
+      const std::string what = res.get_header_value("EXCEPTION_WHAT");
+      res.headers.erase("EXCEPTION_WHAT");
+      const bool server = res.status >= 500;
+      WriteHttpError(res, res.status,
+                     server ? grpc::StatusCode::INTERNAL : grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat(server ? "gateway error" : "bad request", " (HTTP ", res.status,
+                                  ")", what.empty() ? "" : ": ", what));
+    }
+  }
 }
 
 void WriteMessage(httplib::Response& res, const google::protobuf::Message& m) {
@@ -160,17 +289,39 @@ void JobGateway::Register(httplib::Server& server) {
     if (!authorization.empty()) AddAuthorizationMetadata(*ctx, authorization);
     return ctx;
   };
-  if (options_.auth != nullptr) {
-    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!absl::StartsWith(req.path, "/v1/jobs")) return httplib::Server::HandlerResponse::Unhandled;
-      absl::StatusOr<Caller> caller =
-          options_.auth->Authenticate(req.get_header_value("Authorization"));
-      if (caller.ok()) return httplib::Server::HandlerResponse::Unhandled;
-      WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
-      res.set_header("WWW-Authenticate", "Bearer");
+  // Before any body is read: a declared Content-Length over the limit is 413 (the body is not
+  // read; httplib then does not reuse the connection for more than its keep-alive count), and
+  // with `auth` a /v1/jobs* request without a known token is 401.
+  const size_t max_body = options_.max_body_bytes;
+  server.set_pre_routing_handler([this, max_body](const httplib::Request& req,
+                                                  httplib::Response& res) {
+    const int64_t declared = DeclaredLength(req);
+    if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
+      WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body));
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
-    });
-  }
+    }
+    if (options_.auth == nullptr || !absl::StartsWith(req.path, "/v1/jobs")) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    absl::StatusOr<Caller> caller =
+        options_.auth->Authenticate(req.get_header_value("Authorization"));
+    if (caller.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+    res.set_header("WWW-Authenticate", "Bearer");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // A client that asks before sending a large body (curl does above 1 MiB) is refused before it
+  // sends it.
+  server.set_expect_100_continue_handler([max_body](const httplib::Request& req,
+                                                    httplib::Response& res) {
+    const int64_t declared = DeclaredLength(req);
+    if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
+      WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body));
+      return 413;
+    }
+    return 100;
+  });
   // Answers with `resp` or the RPC's error.
   auto reply = [](httplib::Response& res, const grpc::Status& s,
                   const google::protobuf::Message& resp) {
@@ -187,7 +338,7 @@ void JobGateway::Register(httplib::Server& server) {
   server.Get("/v1/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(options_.openapi_json, kJson);
   });
-  server.Get("/v1/jobs", [this, context, reply](const httplib::Request& req,
+  server.Get(kJobsRoute, [this, context, reply](const httplib::Request& req,
                                                 httplib::Response& res) {
     // Query parameters are request fields (proto or lowerCamelCase names); the JSON parser
     // converts "JOB_PHASE_RUNNING" etc. page_size / pageSize must be a decimal integer: the JSON
@@ -213,28 +364,40 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::ListJobsResponse response;
     reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });
-  server.Post("/v1/jobs", [this, context, reply](const httplib::Request& req,
-                                                 httplib::Response& res) {
+  // POST routes read their bodies themselves (httplib's content readers): bounded by
+  // max_body_bytes also when chunked, and a body-less POST (no Content-Length) is not waited for.
+  server.Post(kJobsRoute, [this, context, reply, max_body](const httplib::Request& req,
+                                                           httplib::Response& res,
+                                                           const httplib::ContentReader& reader) {
+    std::string body;
+    if (!ReadBody(req, res, reader, max_body, /*required=*/true, &body)) return;
     loom::v1::SubmitJobRequest request;
-    if (!ParseBody(req.body, &request, res)) return;
+    if (!ParseBody(body, &request, res)) return;
     loom::v1::SubmitJobResponse response;
     reply(res, stub_->SubmitJob(context(req).get(), request, &response), response);
   });
-  server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)",
-              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
-                loom::v1::CancelJobRequest request;
-                request.set_job_id(req.matches[1]);
-                loom::v1::Job response;
-                reply(res, stub_->CancelJob(context(req).get(), request, &response), response);
-              });
-  server.Post(R"(/v1/jobs/([A-Za-z0-9_.-]+):kill)",
-              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
-                loom::v1::KillJobRequest request;
-                request.set_job_id(req.matches[1]);
-                loom::v1::Job response;
-                reply(res, stub_->KillJob(context(req).get(), request, &response), response);
-              });
-  server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+)/logs)",
+  // Cancel and kill take no body; one that is sent anyway is read (bounded) and ignored.
+  server.Post(kCancelRoute, [this, context, reply, max_body](const httplib::Request& req,
+                                                             httplib::Response& res,
+                                                             const httplib::ContentReader& reader) {
+    std::string ignored;
+    if (!ReadBody(req, res, reader, max_body, /*required=*/false, &ignored)) return;
+    loom::v1::CancelJobRequest request;
+    request.set_job_id(req.matches[1]);
+    loom::v1::Job response;
+    reply(res, stub_->CancelJob(context(req).get(), request, &response), response);
+  });
+  server.Post(kKillRoute, [this, context, reply, max_body](const httplib::Request& req,
+                                                           httplib::Response& res,
+                                                           const httplib::ContentReader& reader) {
+    std::string ignored;
+    if (!ReadBody(req, res, reader, max_body, /*required=*/false, &ignored)) return;
+    loom::v1::KillJobRequest request;
+    request.set_job_id(req.matches[1]);
+    loom::v1::Job response;
+    reply(res, stub_->KillJob(context(req).get(), request, &response), response);
+  });
+  server.Get(kLogsRoute,
              [this, context](const httplib::Request& req, httplib::Response& res) {
                loom::v1::StreamLogsRequest request;
                request.set_job_id(req.matches[1]);
@@ -298,7 +461,7 @@ void JobGateway::Register(httplib::Server& server) {
                    },
                    [ctx](bool /*success*/) { ctx->TryCancel(); });
              });
-  server.Get(R"(/v1/jobs/([A-Za-z0-9_.-]+))",
+  server.Get(kJobRoute,
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                loom::v1::GetJobRequest request;
                request.set_job_id(req.matches[1]);
@@ -316,14 +479,7 @@ void JobGateway::Register(httplib::Server& server) {
   }
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote its error
-    if (res.status == 404) {
-      WriteError(res, grpc::StatusCode::NOT_FOUND, absl::StrCat("no route for ", req.method, " ", req.path));
-      return;
-    }
-    nlohmann::json body = {{"code", static_cast<int>(grpc::StatusCode::UNKNOWN)},
-                           {"status", "UNKNOWN"},
-                           {"message", absl::StrCat("HTTP ", res.status)}};
-    res.set_content(body.dump(), kJson);
+    WriteLibraryError(req, res);
   });
 }
 

@@ -22,6 +22,13 @@
 // the HTTP status of HttpStatusFromGrpc (the mapping of google.rpc.Code / grpc-gateway). The
 // RPCs carry a deadline of `rpc_timeout` (followed log streams excepted).
 //
+// HTTP-level errors use the same body with their own status: 405 UNIMPLEMENTED with an `Allow`
+// header for a method a served path does not take; 411 INVALID_ARGUMENT for POST /v1/jobs
+// without Content-Length (or chunked encoding); 413 INVALID_ARGUMENT for a body over
+// `max_body_bytes` (refused from the declared Content-Length before the body is read, or while
+// reading a chunked one); 400 INVALID_ARGUMENT for a request httplib cannot parse; 404 NOT_FOUND
+// for an unknown path. A POST :cancel / :kill needs no body and no Content-Length (curl -XPOST).
+//
 // Authentication: the request's `Authorization` header is forwarded as the RPC's `authorization`
 // metadata, so the scheduler authenticates the caller and scopes it to its tenant (401 for
 // UNAUTHENTICATED, 404 for another tenant's job). With `auth` set the gateway also rejects
@@ -31,6 +38,7 @@
 
 #include <grpcpp/support/status.h>
 
+#include <cstddef>
 #include <string>
 
 #include "absl/time/time.h"
@@ -57,6 +65,9 @@ struct GatewayOptions {
   // If set, /v1/jobs* requests need a bearer token known to it (401 otherwise). Must outlive
   // the server.
   const TokenAuthenticator* auth = nullptr;
+  // Largest request body accepted, in bytes (413 above). The default is gRPC's default
+  // receive limit (4 MiB), which the scheduler would refuse anyway (RESOURCE_EXHAUSTED).
+  size_t max_body_bytes = 4 << 20;
 };
 
 // The HTTP status for a gRPC status code: OK 200, INVALID_ARGUMENT / FAILED_PRECONDITION /

@@ -39,6 +39,9 @@ ABSL_FLAG(absl::Duration, reconnect_backoff_max, loom::kDefaultReconnectBackoffM
           "Longest wait between two attempts to connect to the scheduler (gRPC reconnect "
           "backoff cap), so that requests work again soon after a scheduler restart.");
 ABSL_FLAG(std::string, ready_file, "", "Write {name, metrics_url} here once serving.");
+ABSL_FLAG(int64_t, max_body_bytes, 4 << 20,
+          "Largest request body accepted, in bytes (413 above; default 4 MiB, gRPC's default "
+          "message limit at the scheduler).");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (same format as loom-scheduler's): reject requests without a known "
           "token with 401 before calling the scheduler. The Authorization header is forwarded "
@@ -86,6 +89,11 @@ int main(int argc, char** argv) {
   auto registry = std::make_shared<prometheus::Registry>();
   loom::gateway::GatewayOptions options;
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  if (absl::GetFlag(FLAGS_max_body_bytes) < 1) {
+    LOG(ERROR) << "--max_body_bytes: must be >= 1, got " << absl::GetFlag(FLAGS_max_body_bytes);
+    return 2;
+  }
+  options.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes));
   options.openapi_json = kLoomOpenApiJson;
   options.registry = registry.get();
   options.auth = auth.get();

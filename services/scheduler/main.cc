@@ -70,6 +70,10 @@ ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle to verify loom-checkpoint (--checkpoint_service) over TLS; empty = plaintext.");
 ABSL_FLAG(std::string, fortunes_dir, "/usr/share/games/fortunes",
           "Where the built-in 'fortunes' dataset lives (checked at submission).");
+ABSL_FLAG(bool, confine_paths, true,
+          "Confine model.init_from and dataset.path to the tenant's own jobs' checkpoint "
+          "directories and its data roots (--queues_config data_roots; default --fortunes_dir); "
+          "PERMISSION_DENIED otherwise. Turn off only on a single-user machine.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   options.scheduler.heartbeat_interval =
       std::min(absl::Seconds(1), options.scheduler.heartbeat_timeout / 10);
   options.scheduler.validation.fortunes_dir = absl::GetFlag(FLAGS_fortunes_dir);
+  options.scheduler.confine_paths = absl::GetFlag(FLAGS_confine_paths);
   if (!absl::GetFlag(FLAGS_queues_config).empty()) {
     absl::StatusOr<loom::QueuesConfig> queues =
         loom::LoadQueuesConfig(absl::GetFlag(FLAGS_queues_config));

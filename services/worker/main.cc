@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "proto/worker_service.grpc.pb.h"
 #include "worker/inventory.h"
+#include "worker/path_check.h"
 #include "worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC address");
@@ -39,6 +40,16 @@ ABSL_FLAG(bool, superchip, false,
 ABSL_FLAG(std::string, trainer, "", "path of the loom-trainer executable (required)");
 ABSL_FLAG(std::string, work_dir, "", "directory for rank specs and logs (required)");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbeat period");
+ABSL_FLAG(bool, confine_paths, true,
+          "Check each assignment's checkpoint_dir, model.init_from and dataset.path against "
+          "--checkpoint_root and --data_roots before starting its trainer (worker/path_check.h)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "The checkpoint root as mounted here (the scheduler's --checkpoint_root); a job may "
+          "name paths under <root>/<job> only for jobs of its own tenant. Empty: init_from can "
+          "only name --data_roots");
+ABSL_FLAG(std::string, data_roots, "/usr/share/games/fortunes",
+          "Comma-separated data roots a spec's paths may name: /path (every tenant) or "
+          "tenant=/path");
 ABSL_FLAG(std::string, host, "127.0.0.1", "host for the /metrics endpoint");
 ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
 ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
@@ -154,6 +165,19 @@ int main(int argc, char** argv) {
   options.trainer_path = absl::GetFlag(FLAGS_trainer);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.confine_paths = absl::GetFlag(FLAGS_confine_paths);
+  options.paths.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  absl::StatusOr<std::vector<std::string>> data_roots =
+      loom::worker::ParseDataRoots(absl::GetFlag(FLAGS_data_roots));
+  if (!data_roots.ok()) {
+    LOG(ERROR) << "--data_roots: " << data_roots.status();
+    return 2;
+  }
+  options.paths.data_roots = *std::move(data_roots);
+  if (options.confine_paths && options.paths.checkpoint_root.empty()) {
+    LOG(WARNING) << "no --checkpoint_root: model.init_from may only name --data_roots, and job "
+                 << "directories get no owner record";
+  }
   if (absl::Status s = options.Validate(); !s.ok()) {
     LOG(ERROR) << "invalid flags: " << s;
     return 2;

@@ -70,10 +70,20 @@ class ClusterE2ETest : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
     checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
                               {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
+    // Data a job may name: the fortunes corpus and <tmp>/data (the scheduler's queues config,
+    // the workers' --data_roots); <tmp>/scheduler-only is allowed by the scheduler alone.
+    ASSERT_TRUE(MakeDirs(tmp_ + "/data").ok());
+    ASSERT_TRUE(MakeDirs(tmp_ + "/scheduler-only").ok());
+    ASSERT_TRUE(WriteFileAtomically(
+                    tmp_ + "/queues.yaml",
+                    absl::StrCat("data_roots: [/usr/share/games/fortunes, ", tmp_, "/data, ", tmp_,
+                                 "/scheduler-only]\nqueues: [{name: default}]\n"))
+                    .ok());
     // As in the local cluster: resume lookups and retention go through loom-checkpoint.
     std::vector<std::string> scheduler_args = {
         absl::StrCat("--db=", tmp_, "/loom.db"), absl::StrCat("--checkpoint_root=", ckpt_root_),
-        absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address)};
+        absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address),
+        absl::StrCat("--queues_config=", tmp_, "/queues.yaml")};
     for (const std::string& a : ExtraSchedulerArgs()) scheduler_args.push_back(a);
     scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler", scheduler_args,
                              &scheduler_info_);
@@ -84,7 +94,9 @@ class ClusterE2ETest : public ::testing::Test {
           {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
            absl::StrCat("--node_id=worker-", i), "--slots=1",
            absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
-           absl::StrCat("--work_dir=", tmp_, "/work-", i), "--heartbeat_interval=200ms"},
+           absl::StrCat("--work_dir=", tmp_, "/work-", i), "--heartbeat_interval=200ms",
+           absl::StrCat("--checkpoint_root=", ckpt_root_),
+           absl::StrCat("--data_roots=/usr/share/games/fortunes,", tmp_, "/data")},
           &info));
       worker_infos_.push_back(info);
     }
@@ -233,10 +245,10 @@ TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
 }
 
 TEST_F(ClusterE2ETest, FailedRankFailsTheJobWithItsError) {
-  // A text corpus that admission only sniffs (over its 16 MiB split-check bound) but that holds
-  // a single paragraph, so the trainer's hold-out split leaves one side empty: every rank fails.
-  // (An empty file is refused at submission.)
-  std::string empty = absl::StrCat(tmp_, "/empty.txt");
+  // A text corpus under the cluster's data root that admission only sniffs (over its 16 MiB
+  // split-check bound) but that holds a single paragraph, so the trainer's hold-out split leaves
+  // one side empty: every rank fails. (An empty file is refused at submission.)
+  std::string empty = absl::StrCat(tmp_, "/data/empty.txt");
   ASSERT_TRUE(WriteFileAtomically(empty, std::string((16 << 20) + 1, 'a')).ok());
   std::string yaml = kTinyJob;
   yaml.replace(yaml.find("dataset: {name: fortunes}"), 25,
@@ -246,6 +258,29 @@ TEST_F(ClusterE2ETest, FailedRankFailsTheJobWithItsError) {
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.message(), "rank")) << job.message();
   EXPECT_TRUE(absl::StrContains(job.message(), "empty.txt")) << job.message();
+}
+
+// The worker does not take the scheduler's word for a path: a corpus the scheduler admits (its
+// data roots include <tmp>/scheduler-only) but the workers' --data_roots do not is refused
+// before any trainer starts, and the job fails naming the field.
+TEST_F(ClusterE2ETest, WorkerRefusesAPathOutsideItsOwnDataRoots) {
+  const std::string corpus = absl::StrCat(tmp_, "/scheduler-only/corpus.txt");
+  std::string text;
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&text, "line ", i, " of a corpus\n%\n");
+  ASSERT_TRUE(WriteFileAtomically(corpus, text).ok());
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("dataset: {name: fortunes}"), 25,
+               absl::StrCat("dataset: {name: custom, path: ", corpus, "}"));
+  loom::v1::Job job = Submit(yaml);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_FAILED, absl::Minutes(2));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.message(), "refused to start the trainer: dataset.path: '" +
+                                                   corpus + "' is outside the data roots"))
+      << job.message();
+  // Each job directory records its owner for the workers' init_from checks.
+  auto owner = ReadFile(absl::StrCat(ckpt_root_, "/", job.id(), "/.loom-tenant"));
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(*owner, "default\n");
 }
 
 TEST_F(ClusterE2ETest, KillStopsRunningRanksPromptly) {

@@ -1,0 +1,100 @@
+#include "scheduler/path_policy.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace loom {
+namespace {
+
+// Whether resolved `path` is `root` or inside it (both resolved, no trailing '/').
+bool IsUnder(const std::string& path, const std::string& root) {
+  if (root == "/") return true;
+  return path == root || (absl::StartsWith(path, root) && path.size() > root.size() &&
+                          path[root.size()] == '/');
+}
+
+std::string StripTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+}  // namespace
+
+const std::vector<std::string>& PathPolicy::DataRoots(const std::string& tenant) const {
+  auto it = tenant_data_roots.find(tenant);
+  return it == tenant_data_roots.end() ? default_data_roots : it->second;
+}
+
+absl::StatusOr<std::string> ResolvePath(const std::string& field, const std::string& path) {
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' must be an absolute path"));
+  }
+  std::error_code error;
+  std::filesystem::path resolved = std::filesystem::weakly_canonical(path, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, ": '", path, "' cannot be resolved: ", error.message()));
+  }
+  return StripTrailingSlashes(resolved.lexically_normal().string());
+}
+
+absl::StatusOr<std::string> ConfinePath(const std::string& field, const std::string& path,
+                                        const std::string& tenant, const PathPolicy& policy,
+                                        const JobOwnerLookup& owner_of) {
+  ASSIGN_OR_RETURN(const std::string resolved, ResolvePath(field, path));
+  const std::string shown =
+      resolved == path ? absl::StrCat("'", path, "'") : absl::StrCat("'", path, "' (", resolved, ")");
+  if (!policy.checkpoint_root.empty()) {
+    absl::StatusOr<std::string> root = ResolvePath("checkpoint_root", policy.checkpoint_root);
+    if (root.ok() && IsUnder(resolved, *root)) {
+      // <root>/<job id>[/...]: allowed only in a directory of a job `tenant` owns.
+      const size_t skip = root->size() == 1 ? 1 : root->size() + 1;  // "<root>/"
+      const std::string rest = resolved.size() > skip ? resolved.substr(skip) : "";
+      const std::string job_id = rest.substr(0, rest.find('/'));
+      absl::StatusOr<std::string> owner =
+          job_id.empty() ? absl::NotFoundError("") : owner_of(job_id);
+      if (owner.ok() && *owner == tenant) return resolved;
+      return absl::PermissionDeniedError(absl::StrCat(
+          field, ": ", shown, " is in the checkpoint root but not in a checkpoint directory of a "
+          "job of tenant ", tenant, " (a job's checkpoints and exports are under ", *root,
+          "/<job id>/ and only its own tenant may name them)"));
+    }
+  }
+  const std::vector<std::string>& roots = policy.DataRoots(tenant);
+  std::vector<std::string> shown_roots;
+  for (const std::string& configured : roots) {
+    absl::StatusOr<std::string> root = ResolvePath("data_roots", configured);
+    if (!root.ok()) continue;  // the configuration is checked when it is loaded
+    if (IsUnder(resolved, *root)) return resolved;
+    shown_roots.push_back(configured);
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": ", shown, " is outside the data roots of tenant ", tenant, " (",
+      shown_roots.empty() ? "none configured" : absl::StrJoin(shown_roots, ", "),
+      ") and outside its jobs' checkpoint directories"));
+}
+
+absl::Status ConfineJobSpecPaths(const loom::v1::JobSpec& spec, const std::string& tenant,
+                                 const PathPolicy& policy, const JobOwnerLookup& owner_of,
+                                 loom::v1::JobSpec* resolved) {
+  if (resolved != nullptr) *resolved = spec;
+  if (!spec.model().init_from().empty()) {
+    ASSIGN_OR_RETURN(std::string path, ConfinePath("model.init_from", spec.model().init_from(),
+                                                   tenant, policy, owner_of));
+    if (resolved != nullptr) resolved->mutable_model()->set_init_from(path);
+  }
+  if (!spec.dataset().path().empty()) {
+    ASSIGN_OR_RETURN(std::string path, ConfinePath("dataset.path", spec.dataset().path(), tenant,
+                                                   policy, owner_of));
+    if (resolved != nullptr) resolved->mutable_dataset()->set_path(path);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom

@@ -1,0 +1,87 @@
+#include "worker/path_check.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "scheduler/path_policy.h"
+
+namespace loom::worker {
+namespace {
+
+// The tenant named by `dir`'s owner record; NOT_FOUND without one.
+absl::StatusOr<std::string> ReadOwner(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(absl::StrCat(dir, "/", kOwnerRecordName)));
+  return std::string(absl::StripAsciiWhitespace(text));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParseDataRoots(const std::string& flag) {
+  std::vector<std::string> roots;
+  for (absl::string_view entry : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+    const std::string e(absl::StripAsciiWhitespace(entry));
+    const size_t eq = e.find('=');
+    const bool tenant_entry = !e.empty() && e[0] != '/' && eq != std::string::npos && eq > 0;
+    const std::string path = tenant_entry ? e.substr(eq + 1) : e;
+    if (path.empty() || path[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data_roots: '", e, "' is neither an absolute path nor tenant=<absolute path>"));
+    }
+    roots.push_back(e);
+  }
+  return roots;
+}
+
+absl::StatusOr<loom::v1::RankAssignment> CheckAssignmentPaths(const loom::v1::RankAssignment& a,
+                                                              const WorkerPathOptions& options) {
+  const std::string tenant = a.tenant().empty() ? "default" : a.tenant();
+  PathPolicy policy;
+  for (const std::string& entry : options.data_roots) {
+    if (entry[0] == '/') {
+      policy.default_data_roots.push_back(entry);
+    } else if (entry.substr(0, entry.find('=')) == tenant) {
+      policy.default_data_roots.push_back(entry.substr(entry.find('=') + 1));
+    }
+  }
+  policy.checkpoint_root = options.checkpoint_root;
+  if (!options.checkpoint_root.empty()) {
+    // The job's own directory: exactly <root>/<job id>, recorded as this tenant's.
+    ASSIGN_OR_RETURN(const std::string root,
+                     ResolvePath("checkpoint_root", options.checkpoint_root));
+    ASSIGN_OR_RETURN(const std::string dir, ResolvePath("checkpoint_dir", a.checkpoint_dir()));
+    if (a.job_id().empty() || a.job_id().find('/') != std::string::npos ||
+        dir != absl::StrCat(root == "/" ? "" : root, "/", a.job_id())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "checkpoint_dir: '", a.checkpoint_dir(), "' is not ", root, "/", a.job_id(),
+          " (this worker's --checkpoint_root and the job id)"));
+    }
+    absl::StatusOr<std::string> owner = ReadOwner(dir);
+    if (owner.ok() && *owner != tenant) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "checkpoint_dir: ", dir, " belongs to another tenant than ", tenant));
+    }
+    if (!owner.ok()) {
+      if (!absl::IsNotFound(owner.status())) return owner.status();
+      RETURN_IF_ERROR(MakeDirs(dir));
+      absl::Status written =
+          WriteFileAtomically(absl::StrCat(dir, "/", kOwnerRecordName), tenant + "\n");
+      if (!written.ok()) {
+        return absl::InternalError(absl::StrCat("checkpoint_dir: cannot write the owner record: ",
+                                                written.message()));
+      }
+    }
+  }
+  const std::string ckpt_root = options.checkpoint_root;
+  loom::v1::RankAssignment checked = a;
+  RETURN_IF_ERROR(ConfineJobSpecPaths(
+      a.spec(), tenant, policy,
+      [&](const std::string& job_id) -> absl::StatusOr<std::string> {
+        return ReadOwner(absl::StrCat(ckpt_root, "/", job_id));
+      },
+      checked.mutable_spec()));
+  return checked;
+}
+
+}  // namespace loom::worker
