@@ -29,7 +29,7 @@ This file shares no code with the engine (nor with check_export.py). It
     the end every final weight.
 Tolerances (defaults by precision; measured on the tiny model of
 //worker/trainer:reference_trajectory_test, 8 steps, in brackets): fp32: loss rel 1e-5 [3e-8],
-grad norm rel 1e-5 [5e-7], final weights |loom - ref| <= 1e-5 [3e-7]; bf16: loss rel 1e-3
+grad norm rel 1e-5 [5e-7], final weights |loom - ref| <= 1e-5 [3e-7]; bf16: loss rel 1e-4
 [2e-5], grad norm rel 1e-2 [8e-4], the update (W_final - W_initial) within 3 % of the
 reference's (relative L2 norm over all parameters) [0.9 %], the 99.9th percentile of
 |loom - ref| over all weights <= 2e-3 [3e-4] and its maximum <= 2.5e-2 [1e-2: a few elements
@@ -260,7 +260,7 @@ def run(args):
                              f"[steps, {gas}, {micro}, window]")
     bf16 = bool(ds.get("bf16", {}).get("enabled", False))
     compute_dtype = torch.bfloat16 if bf16 else torch.float32
-    loss_rtol = args.loss_rtol if args.loss_rtol is not None else (1e-3 if bf16 else 1e-5)
+    loss_rtol = args.loss_rtol if args.loss_rtol is not None else (1e-4 if bf16 else 1e-5)
     norm_rtol = args.grad_norm_rtol if args.grad_norm_rtol is not None else (
         1e-2 if bf16 else 1e-5)
     weight_atol = args.weight_atol if args.weight_atol is not None else (2.5e-2 if bf16 else 1e-5)

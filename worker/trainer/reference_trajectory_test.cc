@@ -8,7 +8,7 @@
 // (asserted from the reference's own norms): a wrong clipping coefficient then changes the
 // relative scale of the gradients Adam sees, which Adam's scale invariance would hide if every
 // step were clipped by a similar factor. Tolerances are the script's (its docstring): fp32 loss
-// rel 1e-5, grad norm rel 1e-5, weights |a-b| <= 1e-5; bf16 loss rel 1e-3, grad norm rel 1e-2,
+// rel 1e-5, grad norm rel 1e-5, weights |a-b| <= 1e-5; bf16 loss rel 1e-4, grad norm rel 1e-2,
 // update within 3 % (rel L2), 99.9th percentile of |a-b| <= 2e-3, max |a-b| <= 2.5e-2.
 // Negative controls: the reference run with a spec that differs from what Loom ran (clipping
 // threshold x1.5, Adam beta2 0.99) must report a mismatch; a dump into a used directory fails
@@ -18,6 +18,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ struct Case {
   int stage;
   bool bf16;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::string CaseSpec(const Case& c, const json& ds_overrides = json::object()) {
   const std::string path = WriteSpec(c.name, kMicro, kSteps);
@@ -128,7 +131,7 @@ TEST_P(ReferenceTrajectoryTest, LoomMatchesPyTorchReference) {
   EXPECT_GE(above, 2) << rep["ref_grad_norm"].dump();
   EXPECT_LT(above, kSteps) << rep["ref_grad_norm"].dump();
   EXPECT_EQ(rep["clipped_steps"], above);
-  const double loss_tol = c.bf16 ? 1e-3 : 1e-5, weight_tol = c.bf16 ? 2.5e-2 : 1e-5;
+  const double loss_tol = c.bf16 ? 1e-4 : 1e-5, weight_tol = c.bf16 ? 2.5e-2 : 1e-5;
   EXPECT_LE(rep["max_loss_rel"].get<double>(), loss_tol);
   EXPECT_LE(rep["max_weight_abs"].get<double>(), weight_tol);
   if (c.bf16) {
