@@ -25,6 +25,7 @@
 #include "worker/engine/offload/offload_optimizer.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/partition.h"
+#include "worker/engine/trajectory.h"
 #include "worker/engine/zero_llama.h"
 
 namespace loom::engine {
@@ -60,6 +61,12 @@ class Trainer {
   void OptimizerStep(double lr, double grad_multiplier);
   json MemoryFields();
   absl::Status SaveCheckpoint(int64_t step);
+  // Every rank's shard of a checkpoint of `step` under `base_dir` (no event).
+  absl::Status WriteShards(const std::string& base_dir, int64_t step);
+  // --trajectory_dir: the weights as an HF export DIR/<name> (all ranks: shards, barrier; rank 0
+  // consolidates).
+  absl::Status ExportTrajectoryWeights(const std::string& shards_dir, int64_t step,
+                                       const std::string& name);
   // (step, value) of the latest training loss and held-out loss, for checkpoint metrics.
   std::pair<int64_t, double> metric_step_loss_{-1, 0};
   std::pair<int64_t, double> metric_eval_loss_{-1, 0};
@@ -92,6 +99,7 @@ class Trainer {
   std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: ApplyOptimizerStep in memory
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
+  std::unique_ptr<TrajectoryRecorder> trajectory_;  // null unless o_.trajectory_dir is set
 };
 
 absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
@@ -297,6 +305,7 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     }
     const auto data_t0 = std::chrono::steady_clock::now();
     at::Tensor win = Windows(corpus_.train, starts);
+    if (trajectory_ != nullptr) Check(trajectory_->AppendBatch(win.data_ptr<int64_t>(), micro, w));
     data_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
@@ -401,6 +410,22 @@ std::vector<int64_t> Trainer::PieceEnds(const storage::ShardManifest& m) const {
 }
 
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
+  RETURN_IF_ERROR(WriteShards(o_.checkpoint_dir, step));
+  Emit({{"event", "checkpoint"},
+        {"step", step},
+        {"dir", absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step))}});
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ExportTrajectoryWeights(const std::string& shards_dir, int64_t step,
+                                              const std::string& name) {
+  RETURN_IF_ERROR(WriteShards(shards_dir, step));
+  Check(coll_.Barrier());  // every rank's shard is written
+  if (coll_.rank() == 0) RETURN_IF_ERROR(trajectory_->ExportHf(shards_dir, step, name));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::WriteShards(const std::string& base_dir, int64_t step) {
   storage::ShardManifest m;
   m.step = step;
   m.rank = coll_.rank();
@@ -429,7 +454,7 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   std::vector<int64_t> ends = PieceEnds(m);
   const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
                                                           : std::vector<float*>();
-  const std::string dir = absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step));
+  const std::string dir = absl::StrCat(base_dir, "/", storage::StepDirName(step));
   // The loss-scaler state (identical on every rank) is written before rank 0's manifest, which
   // is part of what commits the checkpoint: a committed step always has it.
   if (scaler_.enabled() && coll_.rank() == 0) {
@@ -452,7 +477,6 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
         std::memcpy(dst, t.data_ptr<float>(), count * sizeof(float));
         return absl::OkStatus();
       }));
-  Emit({{"event", "checkpoint"}, {"step", step}, {"dir", dir}});
   return absl::OkStatus();
 }
 
@@ -593,6 +617,22 @@ absl::Status Trainer::Run() {
                   {"start_step", start}};
   started.update(MemoryFields());
   Emit(started);
+  if (!o_.trajectory_dir.empty()) {
+    TrajectoryShape shape;
+    shape.rank = coll_.rank();
+    shape.world_size = coll_.world_size();
+    shape.start_step = start;
+    shape.steps = o_.steps;
+    shape.gradient_accumulation_steps = o_.ds.gradient_accumulation_steps;
+    shape.micro_batch_size = o_.ds.train_micro_batch_size_per_gpu;
+    shape.sequence_length = o_.sequence_length;
+    shape.window = (o_.test_rank_sequence_length > 0 ? o_.test_rank_sequence_length
+                                                     : o_.sequence_length) + 1;
+    ASSIGN_OR_RETURN(trajectory_, TrajectoryRecorder::Open(o_.trajectory_dir, shape));
+    Check(coll_.Barrier());  // every rank checked the directory before anyone writes to it
+    RETURN_IF_ERROR(
+        ExportTrajectoryWeights(trajectory_->InitialShardsDir(), start, "initial_hf"));
+  }
   LOG(INFO) << "rank " << coll_.rank() << "/" << coll_.world_size() << ": "
             << LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
             << " bytes, corpus " << corpus_.train.size() << "/" << corpus_.heldout.size()
@@ -663,6 +703,7 @@ absl::Status Trainer::Run() {
                 << static_cast<int64_t>(global_tokens / std::max(secs, 1e-9)) << " tokens/s";
     }
     metric_step_loss_ = {s + 1, loss};
+    if (trajectory_ != nullptr) trajectory_->RecordStep(s + 1, loss, lr, grad_norm, skipped);
     const bool last = s + 1 == o_.steps;
     if (!last && o_.eval_every_steps > 0 && (s + 1) % o_.eval_every_steps == 0) {
       last_eval = Evaluate();
@@ -682,6 +723,10 @@ absl::Status Trainer::Run() {
   }
   if (!o_.checkpoint_dir.empty() && last_checkpoint != o_.steps) {
     RETURN_IF_ERROR(SaveCheckpoint(o_.steps));
+  }
+  if (trajectory_ != nullptr) {
+    RETURN_IF_ERROR(ExportTrajectoryWeights(trajectory_->FinalShardsDir(), o_.steps, "final_hf"));
+    RETURN_IF_ERROR(trajectory_->Finish());
   }
   RETURN_IF_ERROR(WriteFinalLogits());
   Check(coll_.Barrier());

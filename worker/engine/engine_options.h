@@ -37,6 +37,9 @@ struct EngineOptions {
   std::string resume_from;         // a step directory to resume from; empty: fresh start
   std::string job_id;
   absl::Duration collective_timeout = absl::Seconds(300);
+  // Non-empty: dump initial/final HF exports, every training window and per-step loss here
+  // (worker/engine/trajectory.h; loom-trainer --trajectory_dir), for an external reference.
+  std::string trajectory_dir;
   // Test hooks (loom-trainer --test_* flags; never set by the worker).
   // 1-based optimizer steps at which rank 0 writes +inf into its first gradient after backward.
   std::vector<int64_t> test_inject_inf_grad_steps;

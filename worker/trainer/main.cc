@@ -4,6 +4,12 @@
 //                [--master_port=P] [--checkpoint_dir=DIR] [--job_id=ID]
 //                [--resume_from=DIR/step_00000006] [--collective_timeout_s=300]
 //                [--malloc_mmap_threshold_bytes=0] [--malloc_trim_threshold_bytes=0]
+//                [--trajectory_dir=DIR]
+//
+// --trajectory_dir (debugging and the PyTorch reference test; the worker never passes it): every
+// rank writes into DIR (a fresh directory) the initial and final weights as Hugging Face exports
+// (initial_hf/, final_hf/), every training window it ran (tokens_rank_<r>.bin + .json) and rank 0
+// the per-step loss, lr and gradient norm (trajectory.json); format in worker/engine/trajectory.h.
 //
 // --spec is a loom.v1.JobSpec in protobuf's JSON mapping (preserve_proto_field_names); only
 // model.config, dataset, deepspeed_config, training and checkpoint are read. Rank 0 may use
@@ -97,6 +103,9 @@ ABSL_FLAG(int64_t, malloc_mmap_threshold_bytes, 0,
           "glibc M_MMAP_THRESHOLD set with mallopt at startup; 0: glibc's default (dynamic).");
 ABSL_FLAG(int64_t, malloc_trim_threshold_bytes, 0,
           "glibc M_TRIM_THRESHOLD set with mallopt at startup; 0: glibc's default.");
+ABSL_FLAG(std::string, trajectory_dir, "",
+          "Debug: dump initial/final HF exports, training token ids and per-step losses here "
+          "(worker/engine/trajectory.h).");
 // Test hooks (tests only; the worker never passes them).
 ABSL_FLAG(std::vector<std::string>, test_inject_inf_grad_steps, {},
           "Test only: 1-based steps at which rank 0 writes +inf into a gradient.");
@@ -166,6 +175,7 @@ int Main() {
   options->resume_from = absl::GetFlag(FLAGS_resume_from);
   options->job_id = absl::GetFlag(FLAGS_job_id);
   options->collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
+  options->trajectory_dir = absl::GetFlag(FLAGS_trajectory_dir);
   for (const std::string& v : absl::GetFlag(FLAGS_test_inject_inf_grad_steps)) {
     int64_t step = 0;
     if (!absl::SimpleAtoi(v, &step) || step < 1) {
