@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "scheduler/job_state.h"
 #include "scheduler/restart_policy.h"
 #include "scheduler/scheduler.h"
@@ -56,7 +57,10 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
   const std::string cause = RankExitMessage(st.rank(), node_id, st);
   const std::string combined = absl::StrCat(
       cause, " (likely the cause: ",
-      st.term_signal() > 0 ? "killed by a signal" : "it exited first",
+      st.term_signal() > 0 ? "killed by a signal"
+      : CauseScore(st) < CauseScore(blame.status)
+          ? "its own error, while the other only saw a peer go away"
+          : "it exited first",
       "); rank ", blame.status.rank(), " on node ", blame.node_id,
       " reported first: ", blame.cause_text.substr(0, 1024));
   JobRecord updated = job_it->second;
@@ -81,6 +85,14 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
     }
   }
   updated.failure_class = cls;
+  const bool infra = InfraBudget(cls);
+  const int32_t max_restarts =
+      infra ? (!updated.spec.has_max_infra_restarts() || updated.spec.max_infra_restarts() < 0
+                   ? options_.default_max_infra_restarts
+                   : updated.spec.max_infra_restarts())
+            : updated.spec.max_restarts();
+  const int32_t used = infra ? updated.state.infra_restarts() : updated.state.user_restarts();
+  const bool over_budget = updated.phase == v1::JOB_PHASE_RECOVERING && used > max_restarts;
   bool known = false;
   for (const std::string& n : updated.state.suspect_nodes()) known |= n == node_id;
   if (!known && !node_id.empty()) updated.state.add_suspect_nodes(node_id);
@@ -91,6 +103,17 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
   blame.node_id = node_id;
   blame.cause_text = combined;
   blame.failure_class = cls;
+  if (over_budget) {
+    // The real cause's budget has no restart left: the job ends as it would have at once.
+    updated.state.set_user_restarts(infra ? updated.state.user_restarts()
+                                          : updated.state.user_restarts() - 1);
+    updated.state.set_infra_restarts(infra ? updated.state.infra_restarts() - 1
+                                           : updated.state.infra_restarts());
+    RETURN_IF_ERROR(CommitJob(std::move(updated)));
+    return EndJob(st.job_id(), v1::JOB_PHASE_FAILED, cls, "RankFailed",
+                  absl::StrCat(combined, " (attempt ", st.attempt(), "; all ", max_restarts, " ",
+                               infra ? "infra" : "user", " restarts used)"));
+  }
   return CommitJob(std::move(updated));
 }
 

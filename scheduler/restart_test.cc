@@ -214,11 +214,46 @@ TEST_F(RestartTest, RankKilledBySignalIsBlamedOverAPeerThatSawTheConnectionClose
       "node node-b exited with code 1: Connection closed by peer"))
       << job.message();
   EXPECT_EQ(job.failure_class(), loom::v1::FAILURE_CLASS_OOM);  // exit 137
-  EXPECT_EQ(job.user_restarts(), 1);  // one restart, charged once
+  EXPECT_EQ(job.user_restarts(), 1);  // one restart, charged once, to the cause's budget
   // A third report (the peer again, or anything less likely) changes nothing.
   const std::string settled = job.message();
   Beat("node-b", {Failed(job, 1, 1, "Connection reset by peer", 0, 500)});
   EXPECT_EQ(Get(job.id()).message(), settled);
+}
+
+// Rank 1 fails on a CRC mismatch (data error); rank 0's "Connection reset by peer" arrives
+// first. With no user restart allowed, the job still recovers: the peer symptom is charged to the
+// infra budget provisionally, and rank 1's report confirms it there.
+TEST_F(RestartTest, PeerSymptomReportedBeforeADataErrorSpendsNoUserRestart) {
+  Job job = RunTwoRankJob(/*max_restarts=*/0, /*max_infra_restarts=*/1);
+  Beat("node-a", {Failed(job, 0, 1, "allgather: Read error: Connection reset by peer", 0, 2000)});
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RECOVERING);
+  Beat("node-b", {Failed(job, 1, kTrainerExitDataError,
+                         "step_00000008/rank_1.shard (rank 1): CRC-32 0badf00d, manifest says "
+                         "12345678", 0, 1000)});
+  job = Get(job.id());
+  EXPECT_EQ(job.phase(), loom::v1::JOB_PHASE_RECOVERING) << job.message();
+  EXPECT_EQ(job.user_restarts(), 0);
+  EXPECT_EQ(job.infra_restarts(), 1);
+  EXPECT_TRUE(absl::StrContains(job.message(), "attempt 1 failed: rank 1 on node node-b exited "
+                                               "with code 65 (data error)"))
+      << job.message();
+}
+
+// The same order with a real user error behind it: the restart moves to the user budget, and
+// with none left there the job ends FAILED as it would have at once.
+TEST_F(RestartTest, PeerSymptomThenAUserErrorWithNoUserRestartLeftFailsTheJob) {
+  Job job = RunTwoRankJob(/*max_restarts=*/0, /*max_infra_restarts=*/1);
+  Beat("node-a", {Failed(job, 0, 1, "Connection closed by peer", 0, 2000)});
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RECOVERING);
+  Beat("node-b", {Failed(job, 1, 1, "ValueError in the data loader", 0, 1000)});
+  job = Get(job.id());
+  EXPECT_EQ(job.phase(), loom::v1::JOB_PHASE_FAILED) << job.message();
+  EXPECT_EQ(job.user_restarts(), 0);
+  EXPECT_EQ(job.infra_restarts(), 0);
+  EXPECT_EQ(job.failure_class(), loom::v1::FAILURE_CLASS_USER);
+  EXPECT_TRUE(absl::StrContains(job.message(), "ValueError in the data loader")) << job.message();
+  EXPECT_TRUE(absl::StrContains(job.message(), "all 0 user restarts used")) << job.message();
 }
 
 TEST_F(RestartTest, BetweenEqualReportsTheRankThatExitedFirstIsBlamed) {

@@ -991,7 +991,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     }
     if (rt.stop_requested || job_it == jobs_.end() || IsTerminal(job_it->second.phase)) {
       // A rank of an attempt that already failed: perhaps the real cause, reporting late.
-      if (st.state() == v1::RANK_STATE_FAILED) RETURN_IF_ERROR(ReconsiderBlame(st, node_id));
+      if (st.state() == v1::RANK_STATE_FAILED) {
+        RETURN_IF_ERROR(ReconsiderBlame(st, node_id));
+        rt_it = ranks_.find(key);  // ending the job may have forgotten this ended rank
+        if (rt_it == ranks_.end()) continue;
+      }
       if (RankEnded(st.state())) {
         ranks_.erase(rt_it);
       } else {
@@ -1060,8 +1064,18 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       // Losing a peer whose node went silent is an infrastructure failure (infra budget).
       const RankExitClass exit = ClassifyRankExit(st, had_run);
       const bool own = suspect == node_id;
+      // A rank that only saw a peer go away is charged provisionally to the infra budget while
+      // it has restarts left (else the user's): the peer's own report re-attributes the failure
+      // and moves the restart to the real cause's budget (restart_attribution.cc).
+      const bool infra_left =
+          job.state.infra_restarts() <
+          (!job.spec.has_max_infra_restarts() || job.spec.max_infra_restarts() < 0
+               ? options_.default_max_infra_restarts
+               : job.spec.max_infra_restarts());
+      const bool provisional =
+          own && SawPeerGoAway(st) && exit.failure_class == v1::FAILURE_CLASS_USER && infra_left;
       const loom::v1::FailureClass failure_class =
-          own ? exit.failure_class : v1::FAILURE_CLASS_INFRA;
+          own && !provisional ? exit.failure_class : v1::FAILURE_CLASS_INFRA;
       const int32_t attempt = job.attempt;
       RETURN_IF_ERROR(FailAttempt(st.job_id(), failure_class, own ? exit.reason : "RankFailed",
                                   message, suspect, own && exit.final));
