@@ -1,6 +1,8 @@
 #include "scheduler/checkpoint_catalog.h"
 
+#include "absl/strings/str_cat.h"
 #include "storage/checkpoint/consolidate.h"
+#include "storage/checkpoint/resume_point.h"
 
 namespace loom {
 
@@ -16,6 +18,21 @@ absl::StatusOr<CommittedCheckpoint> LocalCheckpointCatalog::NewestCommitted(
     return newest.status();
   }
   return CommittedCheckpoint{newest->step, newest->path};
+}
+
+absl::StatusOr<CommittedCheckpoint> LocalCheckpointCatalog::NewestIntact(
+    const std::string& /*job_id*/, const std::string& checkpoint_dir) {
+  absl::StatusOr<storage::ResumePoint> point = storage::NewestIntactCheckpoint(checkpoint_dir);
+  if (!point.ok()) return point.status();
+  if (!point->checkpoint.has_value()) {
+    return absl::NotFoundError(
+        point->skipped.empty()
+            ? absl::StrCat("no committed checkpoint in ", checkpoint_dir)
+            : absl::StrCat("no intact committed checkpoint in ", checkpoint_dir, "; ",
+                           point->SkippedSummary()));
+  }
+  return CommittedCheckpoint{point->checkpoint->step, point->checkpoint->path,
+                             point->SkippedSummary()};
 }
 
 absl::StatusOr<std::vector<int64_t>> LocalCheckpointCatalog::ApplyRetention(

@@ -19,6 +19,9 @@ namespace loom {
 struct CommittedCheckpoint {
   int64_t step = 0;
   std::string path;  // the step directory, as the trainers see it
+  // NewestIntact only: newer committed steps that failed verification and were skipped
+  // ("skipped step 8 (<reason>)", joined by "; "); "" if none.
+  std::string skipped;
 };
 
 // Implementations must be thread-safe (the scheduler calls them from its scheduling loop and its
@@ -31,6 +34,16 @@ class CheckpointCatalog {
   // tell right now: the scheduler then waits rather than restarting from scratch.
   virtual absl::StatusOr<CommittedCheckpoint> NewestCommitted(const std::string& job_id,
                                                               const std::string& checkpoint_dir) = 0;
+  // The resume point of a restarted attempt: the newest committed checkpoint whose shards pass
+  // their CRC-32 check; newer committed ones that fail it are marked corrupt (so that listings
+  // show it and nothing resumes from them again) and named in `skipped`. Reads the chosen
+  // checkpoint once: never call it under a lock others wait on. NOT_FOUND when no intact
+  // committed checkpoint exists (its message then names the skipped steps, if any); other errors
+  // as NewestCommitted. Default: NewestCommitted, unverified.
+  virtual absl::StatusOr<CommittedCheckpoint> NewestIntact(const std::string& job_id,
+                                                           const std::string& checkpoint_dir) {
+    return NewestCommitted(job_id, checkpoint_dir);
+  }
   // Applies keep_last / keep_best / best_metric of `policy`; never deletes the newest committed
   // checkpoint or `protected_steps`. Returns the deleted steps.
   virtual absl::StatusOr<std::vector<int64_t>> ApplyRetention(
@@ -43,6 +56,9 @@ class LocalCheckpointCatalog : public CheckpointCatalog {
  public:
   absl::StatusOr<CommittedCheckpoint> NewestCommitted(const std::string& job_id,
                                                       const std::string& checkpoint_dir) override;
+  // storage::NewestIntactCheckpoint (storage/checkpoint/resume_point.h).
+  absl::StatusOr<CommittedCheckpoint> NewestIntact(const std::string& job_id,
+                                                   const std::string& checkpoint_dir) override;
   absl::StatusOr<std::vector<int64_t>> ApplyRetention(
       const std::string& job_id, const std::string& checkpoint_dir,
       const loom::v1::CheckpointPolicy& policy,

@@ -65,7 +65,8 @@ void JobSubscription::Push(loom::v1::JobEvent event) {
     if (!queue_.empty() && queue_.back().type() == "Progress" && event.type() != "Snapshot") {
       queue_.pop_back();  // superseded: every event carries the whole job
     }
-    if (IsTerminal(event.job().phase())) ended_ = true;
+    // A replayed "History" event of an ended job is followed by its snapshot.
+    if (IsTerminal(event.job().phase()) && event.type() != "History") ended_ = true;
     queue_.push_back(std::move(event));
     while (queue_.size() > kMaxQueuedJobEvents) {
       queue_.pop_front();

@@ -18,6 +18,7 @@
 #include "scheduler/path_policy.h"
 #include "scheduler/placement.h"
 #include "scheduler/preemption.h"
+#include "scheduler/restart_policy.h"
 
 namespace loom {
 namespace {
@@ -70,6 +71,16 @@ void AddSuspect(JobRecord* job, const std::string& node_id) {
   job->state.add_suspect_nodes(node_id);
 }
 
+// The message the job's current phase began with (its history's last entry: a waiting job's
+// in-memory message is overwritten by every scheduling cycle's pending reason).
+const std::string& PhaseMessage(const JobRecord& job) {
+  const auto& history = job.state.history();
+  if (!history.empty() && history.rbegin()->phase() == job.phase) {
+    return history.rbegin()->message();
+  }
+  return job.message;
+}
+
 bool Waiting(const JobRecord& job) {
   return job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
 }
@@ -88,30 +99,6 @@ void SetTimestamp(absl::Time t, google::protobuf::Timestamp* ts) {
   }
   ts->set_seconds(seconds);
   ts->set_nanos(static_cast<int32_t>(rem * 1000));
-}
-
-// Failure class of a failed rank (DESIGN.md "Job model"): OOM when the error or a SIGKILL exit
-// (137, what the kernel's OOM killer leaves) says so; SETUP when the rank never ran and could
-// not start (126/127: not executable / not found) or rendezvous; USER otherwise.
-loom::v1::FailureClass ClassifyRankFailure(const loom::v1::RankStatus& st, bool had_run) {
-  const std::string error = absl::AsciiStrToLower(st.error());
-  if (absl::StrContains(error, "out of memory") || st.exit_code() == 137) {
-    return v1::FAILURE_CLASS_OOM;
-  }
-  if (!had_run && (st.exit_code() == 126 || st.exit_code() == 127 ||
-                   absl::StrContains(error, "rendezvous"))) {
-    return v1::FAILURE_CLASS_SETUP;
-  }
-  return v1::FAILURE_CLASS_USER;
-}
-
-std::string RankExitMessage(int32_t rank, const std::string& node_id,
-                            const loom::v1::RankStatus& st) {
-  std::string msg = absl::StrCat("rank ", rank, " on node ", node_id, " exited with code ",
-                                 st.exit_code());
-  if (st.state() == v1::RANK_STATE_STOPPED) absl::StrAppend(&msg, " (stopped unrequested)");
-  if (!st.error().empty()) absl::StrAppend(&msg, ": ", st.error());
-  return msg;
 }
 
 // INVALID_ARGUMENT for an id too long to be real (and to be echoed back in an error).
@@ -168,6 +155,10 @@ absl::Status SchedulerOptions::Validate() const {
   if (ready_backoff_base <= absl::ZeroDuration() || ready_backoff_cap < ready_backoff_base) {
     return absl::InvalidArgumentError(
         "ready_backoff_base: must be > 0 and at most ready_backoff_cap");
+  }
+  if (restart_backoff_base < absl::ZeroDuration() || restart_backoff_cap < restart_backoff_base) {
+    return absl::InvalidArgumentError(
+        "restart_backoff_base: must be >= 0 and at most restart_backoff_cap");
   }
   return absl::OkStatus();
 }
@@ -312,7 +303,10 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   auto it = jobs_.find(job.id);
   if (it == jobs_.end()) return absl::InternalError(absl::StrCat("job ", job.id, " vanished"));
   const JobPhase from = it->second.phase;
-  if (from != job.phase) RETURN_IF_ERROR(Transition(from, job.phase));
+  if (from != job.phase) {
+    RETURN_IF_ERROR(Transition(from, job.phase));
+    AppendHistory(&job.state, clock_->Now(), job.phase, job.reason, job.message, job.attempt);
+  }
   if (deferred_writes_ != nullptr) {
     (*deferred_writes_)[job.id] = job;  // written in one transaction at the end of the cycle
   } else {
@@ -359,6 +353,20 @@ absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
   loom::v1::JobEvent snapshot;
   *snapshot.mutable_job() = JobRecordToProto(it->second);
   snapshot.set_type("Snapshot");
+  if (IsTerminal(it->second.phase)) {
+    // An ended job: replay its retained phase changes (its restarts and why) first.
+    for (const loom::internal::JobHistoryEntry& h : it->second.state.history()) {
+      loom::v1::JobEvent past;
+      *past.mutable_job() = snapshot.job();
+      past.mutable_job()->set_phase(static_cast<JobPhase>(h.phase()));
+      past.mutable_job()->set_reason(h.reason());
+      past.mutable_job()->set_message(h.message());
+      past.mutable_job()->set_attempt(h.attempt());
+      past.set_type("History");
+      SetTimestamp(absl::FromUnixMicros(h.time_us()), past.mutable_time());
+      sub->Push(std::move(past));
+    }
+  }
   sub->Push(std::move(snapshot));
   if (!sub->ended()) watchers_.emplace(job_id, sub);
   return sub;
@@ -407,7 +415,7 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
 absl::Status Scheduler::FailAttempt(const std::string& job_id,
                                     loom::v1::FailureClass failure_class,
                                     const std::string& reason, const std::string& message,
-                                    const std::string& suspect_node) {
+                                    const std::string& suspect_node, bool no_restart) {
   const JobRecord& job = jobs_.at(job_id);
   // RECOVERING: the attempt already ended. PENDING: requeued (preempted, drained) and its
   // ranks are only being stopped; no attempt is running that could fail.
@@ -429,6 +437,12 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
             : job.spec.max_restarts();
   const int32_t restarts_used = infra ? job.state.infra_restarts() : job.state.user_restarts();
   const char* budget = infra ? "infra" : "user";
+  if (no_restart) {
+    return EndJob(job_id, v1::JOB_PHASE_FAILED, failure_class, reason,
+                  absl::StrCat(message, " (attempt ", job.attempt,
+                               "; a configuration error fails the same way every time: not "
+                               "restarted)"));
+  }
   if (restarts_used >= max_restarts) {
     std::string final_message = message;
     if (max_restarts > 0) {
@@ -450,6 +464,16 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   updated.message = absl::StrCat("attempt ", job.attempt, " failed: ", message,
                                  "; restarting from the newest committed checkpoint (", budget,
                                  " restart ", restarts_used + 1, " of ", max_restarts, ")");
+  const absl::Duration backoff =
+      ExponentialBackoff(updated.state.user_restarts() + updated.state.infra_restarts(),
+                         options_.restart_backoff_base, options_.restart_backoff_cap);
+  if (backoff > absl::ZeroDuration() && updated.state.not_before_us() == 0) {
+    // (A gang-ready timeout set its own, longer backoff already.)
+    const absl::Time not_before = clock_->Now() + backoff;
+    updated.state.set_not_before_us(absl::ToUnixMicros(not_before));
+    absl::StrAppend(&updated.message, "; next attempt not before ", Utc(not_before),
+                    " (backoff ", absl::FormatDuration(backoff), ")");
+  }
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
   if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
@@ -529,6 +553,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
     job.create_time = clock_->Now();
     job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
     job.progress.set_total_steps(spec.training().steps());
+    AppendHistory(&job.state, job.create_time, job.phase, job.reason, job.message, 0);
     inflight_ids_.insert(job.id);
     if (!request_id.empty()) inflight_requests_.insert(request_id);
     absl::MutexLock queue_lock(&commit_mu_);
@@ -1005,6 +1030,12 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       continue;
     }
     if (rt.stop_requested || job_it == jobs_.end() || IsTerminal(job_it->second.phase)) {
+      // A rank of an attempt that already failed: perhaps the real cause, reporting late.
+      if (st.state() == v1::RANK_STATE_FAILED) {
+        RETURN_IF_ERROR(ReconsiderBlame(st, node_id));
+        rt_it = ranks_.find(key);  // ending the job may have forgotten this ended rank
+        if (rt_it == ranks_.end()) continue;
+      }
       if (RankEnded(st.state())) {
         ranks_.erase(rt_it);
       } else {
@@ -1071,9 +1102,24 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
         }
       }
       // Losing a peer whose node went silent is an infrastructure failure (infra budget).
+      const RankExitClass exit = ClassifyRankExit(st, had_run);
+      const bool own = suspect == node_id;
+      // A rank that only saw a peer go away is charged provisionally to the infra budget while
+      // it has restarts left (else the user's): the peer's own report re-attributes the failure
+      // and moves the restart to the real cause's budget (restart_attribution.cc).
+      const bool infra_left =
+          job.state.infra_restarts() <
+          (!job.spec.has_max_infra_restarts() || job.spec.max_infra_restarts() < 0
+               ? options_.default_max_infra_restarts
+               : job.spec.max_infra_restarts());
+      const bool provisional =
+          own && SawPeerGoAway(st) && exit.failure_class == v1::FAILURE_CLASS_USER && infra_left;
       const loom::v1::FailureClass failure_class =
-          suspect != node_id ? v1::FAILURE_CLASS_INFRA : ClassifyRankFailure(st, had_run);
-      RETURN_IF_ERROR(FailAttempt(st.job_id(), failure_class, "RankFailed", message, suspect));
+          own && !provisional ? exit.failure_class : v1::FAILURE_CLASS_INFRA;
+      const int32_t attempt = job.attempt;
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), failure_class, own ? exit.reason : "RankFailed",
+                                  message, suspect, own && exit.final));
+      RecordBlame(st.job_id(), attempt, st, node_id, message, failure_class);
       continue;
     }
     touched_jobs.insert(st.job_id());
@@ -1214,7 +1260,8 @@ absl::Status Scheduler::RunSchedulingCycle() {
   // The catalog may be a remote service: ask it without holding the lock.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
   for (const auto& [job_id, dir] : lookups) {
-    results.emplace(job_id, checkpoints_->NewestCommitted(job_id, dir));
+    // Verified (CRC-32): a corrupt newest step is marked and skipped (restart_policy.h).
+    results.emplace(job_id, checkpoints_->NewestIntact(job_id, dir));
   }
   absl::MutexLock lock(&mu_);
   const absl::Time looked_up = clock_->Now();
@@ -1417,7 +1464,13 @@ absl::Status Scheduler::CheckNodeLiveness() {
         // The attempt already ended (typically a peer rank failing with a collective error when
         // this node died): name the lost node in the job's message and avoid it.
         JobRecord updated = jobs_.at(job_id);
-        absl::StrAppend(&updated.message, "; then ", message, ": likely the cause");
+        // Onto the failure message (the in-memory one may be a pending reason by now).
+        updated.message = absl::StrCat(PhaseMessage(updated), "; then ", message,
+                                       ": likely the cause");
+        auto* history = updated.state.mutable_history();
+        if (!history->empty() && history->rbegin()->phase() == updated.phase) {
+          history->rbegin()->set_message(updated.message.substr(0, kMaxHistoryMessageBytes));
+        }
         AddSuspect(&updated, node_id);
         RETURN_IF_ERROR(CommitJob(std::move(updated)));
         continue;
@@ -1483,9 +1536,8 @@ absl::Status Scheduler::CheckReadyTimeouts() {
   for (const std::string& job_id : expired) {
     JobRecord& job = jobs_.at(job_id);
     const int32_t k = job.state.ready_timeouts() + 1;
-    absl::Duration backoff = options_.ready_backoff_base;
-    for (int32_t i = 1; i < k && backoff < options_.ready_backoff_cap; ++i) backoff *= 2;
-    backoff = std::min(backoff, options_.ready_backoff_cap);
+    const absl::Duration backoff =
+        ExponentialBackoff(k, options_.ready_backoff_base, options_.ready_backoff_cap);
     // Persisted by FailAttempt's commit below.
     job.state.set_ready_timeouts(k);
     job.state.set_not_before_us(absl::ToUnixMicros(now + backoff));
@@ -1679,8 +1731,12 @@ absl::Status Scheduler::PlacePendingJobs() {
       SetPendingReason(
           *record, "Backoff",
           absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(record->state.not_before_us())),
-                       " after ", record->state.ready_timeouts(),
-                       " consecutive gang-ready timeout(s)"));
+                       record->state.ready_timeouts() > 0
+                           ? absl::StrCat(" after ", record->state.ready_timeouts(),
+                                          " consecutive gang-ready timeout(s)")
+                           : absl::StrCat(" after restart ", record->state.user_restarts() +
+                                                                 record->state.infra_restarts()),
+                       "; ", PhaseMessage(*record)));
       continue;
     }
     const QueueConfig* queue = options_.queues.Find(QueueOf(spec));
@@ -1891,6 +1947,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
   updated.message = absl::StrCat("attempt ", updated.attempt, ": ", need,
                                  " ranks placed; waiting for rank 0's rendezvous port");
   resume_from_.erase(job_id);
+  blame_.erase(job_id);  // a new attempt: earlier failures are settled
   if (updated.attempt > 1) {
     absl::StatusOr<CommittedCheckpoint> newest = PrefetchedResume(job_id);
     if (!newest.ok() && !absl::IsNotFound(newest.status())) {
@@ -1902,11 +1959,18 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
       return false;
     }
     if (newest.ok()) resume_from_[job_id] = *newest;
-    absl::StrAppend(&updated.message,
-                    newest.ok() ? absl::StrCat(" (resuming from ", newest->path, ")")
-                                : std::string(" (no committed checkpoint: starting over)"));
+    if (newest.ok()) {
+      absl::StrAppend(&updated.message, " (resuming from ", newest->path,
+                      newest->skipped.empty() ? "" : absl::StrCat("; ", newest->skipped,
+                                                                  ": marked corrupt"),
+                      ")");
+    } else if (absl::StrContains(newest.status().message(), "skipped step")) {
+      absl::StrAppend(&updated.message, " (", newest.status().message(), ": starting over)");
+    } else {
+      absl::StrAppend(&updated.message, " (no committed checkpoint: starting over)");
+    }
     if (job.phase == v1::JOB_PHASE_RECOVERING) {
-      absl::StrAppend(&updated.message, ". Previously: ", job.message);  // why it restarted
+      absl::StrAppend(&updated.message, ". Previously: ", PhaseMessage(job));  // why it restarted
     }
   }
   if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();

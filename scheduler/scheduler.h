@@ -43,7 +43,14 @@
 //     preferring nodes that were not suspects of earlier failures (the failed rank's node, the
 //     lost node). Every rank of the new attempt resumes from the newest committed checkpoint
 //     (RankAssignment.resume_from; storage/checkpoint), or starts over if there is none. When
-//     no restart is left the job is FAILED with the last failure.
+//     no restart is left the job is FAILED with the last failure. Restarts back off
+//     exponentially (SchedulerOptions::restart_backoff_*). A trainer exit meaning
+//     "configuration error" fails the job at once; a data error (a checkpoint failing its CRC)
+//     is charged to the infra budget; the resume point is verified before it is chosen and
+//     corrupt steps are skipped (and marked); a later report of a likelier cause (a rank killed
+//     by a signal, or one that exited first) re-attributes the failure. See restart_policy.h.
+//   * History: every phase change is kept with the job (bounded, persisted in its state);
+//     WatchJob of an ended job replays it as "History" events before the snapshot.
 //   * Cancel vs kill (DESIGN.md "Job model"; Determined's cancel/kill). CancelJob is graceful: a
 //     RUNNING job moves to STOPPING and its ranks get a graceful stop (RankAssignment.graceful_stop:
 //     the worker sends SIGUSR1, the ranks agree on a step boundary, write a committed checkpoint
@@ -150,6 +157,11 @@ struct SchedulerOptions {
   absl::Duration ready_timeout = absl::Minutes(5);
   absl::Duration ready_backoff_base = absl::Seconds(10);
   absl::Duration ready_backoff_cap = absl::Minutes(10);
+  // A failed attempt (RECOVERING) is placed again only after restart_backoff_base x 2^(k-1)
+  // for the job's k-th restart (user + infra), at most restart_backoff_cap (restart_policy.h).
+  // Zero base: at once.
+  absl::Duration restart_backoff_base = absl::Seconds(1);
+  absl::Duration restart_backoff_cap = absl::Minutes(1);
   // A pending job that cannot be placed may preempt lower-priority jobs of its kind.
   bool enable_preemption = true;
   // Jobs behind a blocked head job may start when they do not delay it (docs/scheduling.md).
@@ -330,9 +342,18 @@ class Scheduler {
   // Ends the current attempt of `job_id` on a failure: RECOVERING if restarts are left (the
   // attempt's ranks are told to stop; `suspect_node` is avoided by later placements), else FAILED
   // through EndJob. A job already RECOVERING or terminal is left alone.
+  // `no_restart`: a deterministic failure (configuration error): FAILED whatever the budget.
   absl::Status FailAttempt(const std::string& job_id, loom::v1::FailureClass failure_class,
                            const std::string& reason, const std::string& message,
-                           const std::string& suspect_node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const std::string& suspect_node, bool no_restart = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Failure attribution (restart_policy.h): remembers the rank blamed for `attempt`'s failure,
+  // and re-attributes the failure when a likelier cause reports later (restart_attribution.cc).
+  void RecordBlame(const std::string& job_id, int32_t attempt, const loom::v1::RankStatus& st,
+                   const std::string& node_id, const std::string& cause_text,
+                   loom::v1::FailureClass failure_class) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReconsiderBlame(const loom::v1::RankStatus& st, const std::string& node_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job_id` in `phase` (FAILED or CANCELLED) and asks its live ranks to stop.
   // Ends the job SUCCEEDED (EndJob) and applies checkpoint retention without protecting the
   // attempt's starting checkpoint. Every success path goes through here.
@@ -451,6 +472,15 @@ class Scheduler {
   // Resume lookups of the current scheduling cycle, made outside the lock.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ResumeLookup> resume_cache_ ABSL_GUARDED_BY(mu_);
+  // The rank blamed for each job's last failed attempt. In memory only.
+  struct Blame {
+    int32_t attempt = 0;
+    loom::v1::RankStatus status;  // without log lines
+    std::string node_id;
+    std::string cause_text;  // as it appears in the job's message
+    loom::v1::FailureClass failure_class = loom::v1::FAILURE_CLASS_UNSPECIFIED;
+  };
+  std::map<std::string, Blame> blame_ ABSL_GUARDED_BY(mu_);
 
   // Checkpoint retention off the scheduler's lock: the latest request per job.
   absl::Mutex retention_mu_ ABSL_ACQUIRED_AFTER(mu_);

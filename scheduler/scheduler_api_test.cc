@@ -67,6 +67,8 @@ class SchedulerApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
     options_.checkpoint_root = TmpDir() + "/ckpt";
+    // Restarts at once (restart_test covers the backoff before them).
+    options_.restart_backoff_base = absl::ZeroDuration();
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";
     options_.cancel_grace = absl::Minutes(2);
     ASSERT_TRUE(MakeDirs(options_.validation.fortunes_dir).ok());

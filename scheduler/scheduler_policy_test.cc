@@ -31,6 +31,8 @@ class PolicyTest : public ::testing::Test {
  protected:
   void SetUp() override {
     options_.checkpoint_root = TmpDir() + "/ckpt";
+    // Restarts at once (restart_test covers the backoff before them).
+    options_.restart_backoff_base = absl::ZeroDuration();
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";
     ASSERT_TRUE(MakeDirs(options_.validation.fortunes_dir).ok());
     store_ = std::make_unique<InMemoryJobStore>();

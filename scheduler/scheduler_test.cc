@@ -65,6 +65,9 @@ class SchedulerTest : public ::testing::Test {
     options_.checkpoint_root = TmpDir() + "/ckpt";
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";
     ASSERT_TRUE(MakeDirs(options_.validation.fortunes_dir).ok());
+    // Restarts at once: these tests are about what a restart does (restart_test covers the
+    // backoff before it).
+    options_.restart_backoff_base = absl::ZeroDuration();
     store_ = std::make_unique<InMemoryJobStore>();
     Start();
   }

@@ -319,8 +319,12 @@ void RankProcess::ReadEvents(int fd) {
   // The trainer's stderr reaches EOF once it exited: the log file is complete.
   if (stderr_reader_.joinable()) stderr_reader_.join();
   std::string last_line = LastLine(log_path_);
+  const int64_t exit_time_us = absl::ToUnixMicros(absl::Now());
   absl::MutexLock l(&mu_);
   status_.set_exit_code(exit_code);
+  // For failure attribution (scheduler/restart_policy.h): which rank died first, and how.
+  status_.set_exit_time_us(exit_time_us);
+  if (WIFSIGNALED(wstatus)) status_.set_term_signal(WTERMSIG(wstatus));
   if (exit_code == 0 && saw_done_) {
     status_.set_state(loom::v1::RANK_STATE_SUCCEEDED);
   } else if (exit_code == 0 && saw_graceful_stop_ && graceful_requested_) {

@@ -3,7 +3,8 @@
 // The trainer speaks a line protocol on stdout: one JSON object per line, with an "event" field
 // ("rendezvous", "started", "eval", "step", "checkpoint", "done", "stopped", "error"; see
 // worker/trainer/main.cc). Its stderr goes through a pipe to a per-rank log file. RankProcess
-// parses the events into a loom.v1.RankStatus that the worker daemon reports in its heartbeats,
+// parses the events into a loom.v1.RankStatus that the worker daemon reports in its heartbeats
+// (with the exit code, the killing signal and the exit time once the process ended),
 // and keeps every stdout and stderr line in a bounded ring (LogRing, sequence-numbered) from
 // which the daemon sends new lines to the scheduler (StreamLogs).
 //

@@ -2,6 +2,7 @@
 
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
+#include "storage/checkpoint/corrupt_mark.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/checkpoint/verify.h"
 
@@ -97,6 +98,8 @@ void ToProto(const storage::CheckpointInfo& info, v1::CheckpointInfo* out) {
   out->set_ranks_reported(static_cast<int32_t>(info.ranks_reported.size()));
   out->set_total_bytes(info.total_bytes);
   for (const auto& [name, value] : info.metrics) (*out->mutable_metrics())[name] = value;
+  out->set_corrupt(info.corrupt);
+  out->set_corrupt_reason(info.corrupt_reason);
 }
 
 }  // namespace
@@ -185,7 +188,20 @@ grpc::Status CheckpointServiceImpl::VerifyCheckpoint(grpc::ServerContext* contex
     path = absl::StrCat(*dir, "/", storage::StepDirName(req->step()));
   }
   absl::StatusOr<storage::VerifyReport> report = storage::VerifyPath(path);
-  if (!report.ok()) return ToGrpcStatus(report.status());
+  if (!report.ok()) {
+    // A committed step whose shard fails its size or CRC-32 check is marked corrupt, so that
+    // listings show it and no resume (nor "newest" consolidation) picks it again.
+    if (absl::IsDataLoss(report.status()) &&
+        absl::StartsWith(path.substr(path.rfind('/') + 1), "step_") &&
+        !storage::CorruptMarkReason(path).has_value()) {
+      absl::Status marked =
+          storage::MarkCheckpointCorrupt(path, std::string(report.status().message()));
+      LOG(WARNING) << "VerifyCheckpoint " << path << ": " << report.status().message()
+                   << (marked.ok() ? "; marked corrupt"
+                                   : absl::StrCat("; cannot mark it corrupt: ", marked.ToString()));
+    }
+    return ToGrpcStatus(report.status());
+  }
   resp->set_kind(report->kind);
   for (const std::string& f : report->files) resp->add_files(f);
   resp->set_num_tensors(report->num_tensors);

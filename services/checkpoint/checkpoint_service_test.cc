@@ -19,6 +19,7 @@
 #include "common/daemon.h"
 #include "common/file_util.h"
 #include "proto/checkpoint_service.grpc.pb.h"
+#include "services/scheduler/grpc_checkpoint_catalog.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/safetensors/safetensors.h"
 #include "tests/testing/subprocess.h"
@@ -369,6 +370,76 @@ TEST_F(CheckpointServiceTest, GetAndVerifyOverGrpc) {
     EXPECT_EQ(stub_->VerifyCheckpoint(&ctx, req, &resp).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
+}
+
+// A committed step damaged on disk: VerifyCheckpoint marks it corrupt, ListCheckpoints shows it
+// so (not committed, with the reason), and the scheduler's resume choice over this API
+// (GrpcCheckpointCatalog::NewestIntact) skips it for the intact step before it.
+TEST_F(CheckpointServiceTest, CorruptStepIsMarkedListedAndSkippedAsResumePoint) {
+  const std::string job_dir = root_ + "/job-c";
+  WriteTinyCheckpoint(job_dir, 4, 2, {0, 1});
+  WriteTinyCheckpoint(job_dir, 8, 2, {0, 1});
+  GrpcCheckpointCatalog catalog(channel_, absl::Seconds(30));
+  auto before = catalog.NewestIntact("job-c", "");
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->step, 8);
+  EXPECT_EQ(before->skipped, "");
+
+  const std::string shard = job_dir + "/step_00000008/rank_1.shard";
+  std::string bytes = *ReadFile(shard);
+  bytes[bytes.size() / 2] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  auto list = [&] {
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsRequest req;
+    req.set_job_id("job-c");
+    v1::ListCheckpointsResponse resp;
+    EXPECT_TRUE(stub_->ListCheckpoints(&ctx, req, &resp).ok());
+    return resp;
+  };
+  // Listing reads no shard contents: until something verifies it, step 8 looks committed.
+  ASSERT_EQ(list().checkpoints_size(), 2);
+  EXPECT_TRUE(list().checkpoints(1).committed());
+
+  auto chosen = catalog.NewestIntact("job-c", "");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->step, 4);
+  EXPECT_EQ(chosen->path, job_dir + "/step_00000004");
+  EXPECT_NE(chosen->skipped.find("skipped step 8 ("), std::string::npos) << chosen->skipped;
+  EXPECT_NE(chosen->skipped.find("rank_1.shard"), std::string::npos) << chosen->skipped;
+
+  v1::ListCheckpointsResponse after = list();
+  ASSERT_EQ(after.checkpoints_size(), 2);
+  EXPECT_TRUE(after.checkpoints(0).committed());
+  EXPECT_FALSE(after.checkpoints(0).corrupt());
+  EXPECT_FALSE(after.checkpoints(1).committed());
+  EXPECT_TRUE(after.checkpoints(1).corrupt());
+  EXPECT_NE(after.checkpoints(1).corrupt_reason().find("CRC-32"), std::string::npos)
+      << after.checkpoints(1).corrupt_reason();
+  // The newest committed (consolidation's default) is now step 4, and a verify of step 8 still
+  // answers DATA_LOSS.
+  {
+    grpc::ClientContext ctx;
+    v1::VerifyCheckpointRequest req;
+    req.set_job_id("job-c");
+    req.set_step(8);
+    v1::VerifyCheckpointResponse resp;
+    EXPECT_EQ(stub_->VerifyCheckpoint(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::DATA_LOSS);
+  }
+  auto newest = catalog.NewestCommitted("job-c", "");
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, 4);
+
+  // Both corrupt: no intact resume point (NOT_FOUND naming the skipped steps).
+  const std::string shard4 = job_dir + "/step_00000004/rank_0.shard";
+  bytes = *ReadFile(shard4);
+  bytes[0] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(shard4, bytes).ok());
+  auto none = catalog.NewestIntact("job-c", "");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
+  EXPECT_NE(none.status().message().find("skipped step 8"), absl::string_view::npos);
+  EXPECT_NE(none.status().message().find("skipped step 4"), absl::string_view::npos);
 }
 
 TEST_F(CheckpointServiceTest, DefaultHealthServiceReportsServing) {

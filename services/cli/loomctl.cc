@@ -9,12 +9,14 @@
 //   loomctl kill JOB_ID                   stop the ranks now, without a final checkpoint
 //   loomctl wait JOB_ID                   follow a job's step, loss and tokens/s until it ends
 //   loomctl watch JOB_ID                  stream the job's events (WatchJob), one line each,
-//                                         until it ends
+//                                         until it ends; for an ended job its retained history
+//                                         (phase changes, restarts and why) first
 //   loomctl logs JOB_ID [--follow] [--rank=N] [--tail=N]
 //                                         the ranks' stdout/stderr lines (StreamLogs); logs live
 //                                         in the scheduler's memory only (bounded, not persisted)
 //   loomctl explain JOB_ID                why a job is not running: reason, queue position
-//   loomctl checkpoints JOB_ID            list a job's checkpoints
+//   loomctl checkpoints JOB_ID            list a job's checkpoints (COMMITTED "CORRUPT" for a
+//                                         step that failed verification, with the reason)
 //   loomctl consolidate JOB_ID [--step=N] [--output_dir=D] [--max_shard_size=5GB] [--dtype=bf16]
 //                                         write model.safetensors (or shards + index) + config.json
 //   loomctl checkpoint verify PATH        offline (no service): check a safetensors file, an export
@@ -51,6 +53,7 @@
 #include "absl/flags/usage.h"
 #include "absl/random/random.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -248,8 +251,11 @@ int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
   while (reader->Read(&event)) {
     const Job& job = event.job();
     const auto& p = job.progress();
+    // History events (an ended job's past phase changes) carry their own time.
+    const absl::Time when =
+        event.has_time() ? absl::FromUnixSeconds(event.time().seconds()) : absl::Now();
     std::string line = absl::StrFormat(
-        "[%s] %-12s %-10s step %lld/%lld", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()),
+        "[%s] %-12s %-10s step %lld/%lld", absl::FormatTime("%H:%M:%S", when, absl::LocalTimeZone()),
         event.type(), PhaseName(job.phase()), static_cast<long long>(p.step()),
         static_cast<long long>(job.spec().training().steps()));
     if (p.step() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.4f", p.loss()));
@@ -416,10 +422,14 @@ int main(int argc, char** argv) {
       for (const auto& c : resp.checkpoints()) {
         auto eval = c.metrics().find("eval_loss");
         std::printf("%-10lld %-10s %d/%-6d %-14lld %-10s %s\n", static_cast<long long>(c.step()),
-                    c.committed() ? "yes" : "no", c.ranks_reported(), c.world_size(),
+                    c.corrupt() ? "CORRUPT" : (c.committed() ? "yes" : "no"), c.ranks_reported(),
+                    c.world_size(),
                     static_cast<long long>(c.total_bytes()),
                     eval == c.metrics().end() ? "-" : absl::StrFormat("%.4f", eval->second).c_str(),
                     TerminalSafe(c.path()).c_str());
+        if (c.corrupt()) {
+          std::printf("           corrupt: %s\n", TerminalSafe(c.corrupt_reason()).c_str());
+        }
       }
       return 0;
     }

@@ -1,5 +1,6 @@
-// CheckpointCatalog over loom-checkpoint's gRPC API (ListCheckpoints, ApplyRetention), so the
-// scheduler needs no access to the checkpoint volume. Every call carries a deadline.
+// CheckpointCatalog over loom-checkpoint's gRPC API (ListCheckpoints, VerifyCheckpoint,
+// ApplyRetention), so the scheduler needs no access to the checkpoint volume. Every call carries
+// a deadline (a verification reads the whole checkpoint: size the deadline for that).
 #ifndef LOOM_SERVICES_SCHEDULER_GRPC_CHECKPOINT_CATALOG_H_
 #define LOOM_SERVICES_SCHEDULER_GRPC_CHECKPOINT_CATALOG_H_
 
@@ -29,6 +30,10 @@ class GrpcCheckpointCatalog : public CheckpointCatalog {
   // The service resolves job ids under its own checkpoint root; `checkpoint_dir` is unused.
   absl::StatusOr<CommittedCheckpoint> NewestCommitted(const std::string& job_id,
                                                       const std::string& checkpoint_dir) override;
+  // ListCheckpoints, then VerifyCheckpoint of the newest committed steps until one passes (the
+  // service marks those that fail with DATA_LOSS corrupt); steps already marked are skipped.
+  absl::StatusOr<CommittedCheckpoint> NewestIntact(const std::string& job_id,
+                                                   const std::string& checkpoint_dir) override;
   absl::StatusOr<std::vector<int64_t>> ApplyRetention(
       const std::string& job_id, const std::string& checkpoint_dir,
       const loom::v1::CheckpointPolicy& policy,

@@ -111,7 +111,8 @@ class WatchJobReactor final : public StreamReactor<loom::v1::JobEvent> {
       if (sub_ == nullptr || writing_ || finished_ || cancelled_) return;
       if (!sub_->Pop(&event_)) return;
       writing_ = true;
-      wrote_terminal_ = IsTerminal(event_.job().phase());
+      // (A replayed "History" event of an ended job is followed by its snapshot.)
+      wrote_terminal_ = IsTerminal(event_.job().phase()) && event_.type() != "History";
     }
     StartWrite(&event_);
   }

@@ -190,7 +190,9 @@ TEST_F(JobStreamsTest, WatchJobSendsSnapshotThenChangesAndEndsOkAtTheTerminalPha
   EXPECT_EQ(max_step, 5);
 }
 
-TEST_F(JobStreamsTest, WatchJobOfAnEndedJobSendsTheSnapshotAndEnds) {
+// An ended job's stream replays its history (one "History" event per phase change, oldest
+// first), then the snapshot, then ends.
+TEST_F(JobStreamsTest, WatchJobOfAnEndedJobSendsItsHistoryTheSnapshotAndEnds) {
   Job job = Submit(1);
   loom::v1::CancelJobRequest cancel;
   cancel.set_job_id(job.id());
@@ -202,6 +204,14 @@ TEST_F(JobStreamsTest, WatchJobOfAnEndedJobSendsTheSnapshotAndEnds) {
   req.set_job_id(job.id());
   auto reader = jobs_->WatchJob(ctx.get(), req);
   loom::v1::JobEvent e;
+  ASSERT_TRUE(reader->Read(&e));
+  EXPECT_EQ(e.type(), "History");
+  EXPECT_EQ(e.job().phase(), loom::v1::JOB_PHASE_PENDING);
+  EXPECT_GT(e.time().seconds(), 0);
+  ASSERT_TRUE(reader->Read(&e));
+  EXPECT_EQ(e.type(), "History");
+  EXPECT_EQ(e.job().phase(), loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(e.job().reason(), "Cancelled");
   ASSERT_TRUE(reader->Read(&e));
   EXPECT_EQ(e.type(), "Snapshot");
   EXPECT_EQ(e.job().phase(), loom::v1::JOB_PHASE_CANCELLED);

@@ -1,5 +1,7 @@
 #include "storage/checkpoint/consolidate.h"
 
+#include <optional>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -26,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/file_util.h"
+#include "storage/checkpoint/corrupt_mark.h"
 #include "common/status_macros.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/safetensors/safetensors.h"
@@ -199,6 +202,12 @@ absl::StatusOr<StepScan> ScanStep(const std::string& step_dir, int64_t step) {
     info.commit_status = absl::FailedPreconditionError(absl::StrCat(
         step_dir, ": not committed: world_size ", info.world_size, ", missing ranks ",
         RankList(info.missing_ranks), " (reported: ", RankList(info.ranks_reported), ")"));
+  } else if (std::optional<std::string> mark = CorruptMarkReason(step_dir); mark.has_value()) {
+    // Committed once, then failed verification (corrupt_mark.h): skipped like a partial one.
+    info.corrupt = true;
+    info.corrupt_reason = *mark;
+    info.commit_status =
+        absl::DataLossError(absl::StrCat(step_dir, ": marked corrupt: ", *mark));
   } else {
     info.committed = true;
   }

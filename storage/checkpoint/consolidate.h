@@ -50,6 +50,10 @@ struct CheckpointInfo {
   // disagree, DATA_LOSS for an unreadable manifest or a missing or wrongly sized shard. The
   // message names the step directory and the ranks/files concerned.
   absl::Status commit_status;
+  // Marked corrupt (corrupt_mark.h: a verification after the commit found a bad shard): then
+  // committed is false, corrupt_reason says what failed and commit_status is DATA_LOSS.
+  bool corrupt = false;
+  std::string corrupt_reason;
 };
 
 // Every step directory of `checkpoint_dir` (names "step_" + digits that StepDirName reproduces;

@@ -4,16 +4,20 @@
 // safetensors, which an independent PyTorch script then checks against the trainer's logits.
 #include <grpcpp/grpcpp.h>
 
+#include <dirent.h>
 #include <signal.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <map>
 #include <set>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
@@ -55,6 +59,29 @@ resources: {num_ranks: 2, accelerator: cpu}
 training: {steps: 8, sequence_length: 32, seed: 5, eval_batches: 2}
 checkpoint: {interval_steps: 4}
 )";
+
+// Pids of the loom-trainer processes of `job_id` (from /proc/<pid>/cmdline), by rank.
+std::map<int, pid_t> TrainerPids(const std::string& job_id) {
+  std::map<int, pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return out;
+  while (const dirent* e = ::readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    auto cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    if (!cmdline.ok() || !absl::StrContains(*cmdline, "loom-trainer")) continue;
+    std::vector<std::string> args = absl::StrSplit(*cmdline, '\0');
+    bool ours = false;
+    int rank = -1;
+    for (const std::string& a : args) {
+      ours |= a == absl::StrCat("--job_id=", job_id);
+      if (absl::StartsWith(a, "--rank=")) rank = std::atoi(a.c_str() + 7);
+    }
+    if (ours && rank >= 0) out[rank] = pid;
+  }
+  ::closedir(proc);
+  return out;
+}
 
 class ClusterE2ETest : public ::testing::Test {
  protected:
@@ -520,6 +547,98 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
   ASSERT_TRUE(checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok());
   ASSERT_EQ(list.checkpoints_size(), 1);
   EXPECT_EQ(list.checkpoints(0).step(), 120);
+}
+
+// A committed checkpoint damaged on disk (one byte of the newest committed step's rank 1 shard)
+// is verified before it is chosen as the resume point: the step is marked corrupt and skipped,
+// the job resumes from the intact step before it, says so in its history, and succeeds without
+// spending a user restart (max_restarts 0: a user failure would end the job).
+TEST_F(ClusterRecoveryE2ETest, CorruptNewestCheckpointIsSkippedForThePreviousIntactOne) {
+  std::string yaml = kTinyJob;
+  yaml.replace(yaml.find("steps: 8"), 8, "steps: 1000");
+  yaml.replace(yaml.find("interval_steps: 4"), 17, "interval_steps: 20");
+  loom::v1::Job job = Submit(absl::StrCat(yaml, "max_restarts: 0\nmax_infra_restarts: 2\n"));
+  absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (absl::Now() < deadline) {
+    job = WaitFor(job.id(), loom::v1::JOB_PHASE_RUNNING, absl::Minutes(2));
+    if (job.progress().last_checkpoint_step() >= 40) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(job.progress().last_checkpoint_step(), 40);
+  // Freeze both ranks (no newer checkpoint can appear), then damage the newest committed step.
+  std::map<int, pid_t> trainers = TrainerPids(job.id());
+  ASSERT_EQ(trainers.size(), 2u);
+  for (const auto& [rank, pid] : trainers) ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  absl::Cleanup resume_rank0 = [&] { ::kill(trainers[0], SIGCONT); };
+  loom::v1::ListCheckpointsRequest list_req;
+  list_req.set_job_id(job.id());
+  loom::v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok());
+  std::vector<int64_t> committed;
+  for (const auto& c : list.checkpoints()) {
+    if (c.committed()) committed.push_back(c.step());
+  }
+  ASSERT_GE(committed.size(), 2u);
+  const int64_t corrupt_step = committed.back();
+  const int64_t intact_step = committed[committed.size() - 2];
+  ASSERT_LT(corrupt_step, 1000);
+  {
+    std::fstream f(absl::StrCat(job.checkpoint_dir(), "/step_",
+                                absl::StrFormat("%08d", corrupt_step), "/rank_1.shard"),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(1000);
+    const char c = static_cast<char>(f.get());
+    f.seekp(1000);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  // Rank 1's node dies (worker and trainer): an infrastructure failure.
+  const std::string victim = job.rank_nodes(1);
+  workers_[victim.back() - '0']->Kill();
+  ::kill(trainers[1], SIGKILL);
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_RECOVERING, absl::Minutes(1));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RECOVERING) << job.message();
+  ::kill(trainers[0], SIGCONT);  // it is being stopped; let it go
+
+  job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(4));
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
+  EXPECT_EQ(job.progress().step(), 1000);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.user_restarts(), 0);
+  EXPECT_EQ(job.infra_restarts(), 1);
+  // Attempt 2 started from the intact step (its rank 0 log), not the corrupt one nor step 0.
+  bool resumed_from_intact = false;
+  for (int i = 0; i < NumWorkers(); ++i) {
+    auto log = ReadFile(absl::StrCat(tmp_, "/work-", i, "/", job.id(), "/attempt_2/rank_0.log"));
+    if (log.ok() && absl::StrContains(*log, absl::StrCat("start step ", intact_step, "\n"))) {
+      resumed_from_intact = true;
+    }
+  }
+  EXPECT_TRUE(resumed_from_intact) << "attempt 2 did not resume from step " << intact_step;
+  // The ended job's history (WatchJob) says what happened.
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  loom::v1::WatchJobRequest watch_req;
+  watch_req.set_job_id(job.id());
+  auto watch = jobs_->WatchJob(&watch_ctx, watch_req);
+  loom::v1::JobEvent e;
+  std::string second_start;
+  bool saw_recovering = false;
+  while (watch->Read(&e)) {
+    if (e.type() != "History") continue;
+    saw_recovering |= e.job().phase() == loom::v1::JOB_PHASE_RECOVERING;
+    if (e.job().phase() == loom::v1::JOB_PHASE_STARTING && e.job().attempt() == 2) {
+      second_start = e.job().message();
+    }
+  }
+  EXPECT_TRUE(watch->Finish().ok());
+  EXPECT_TRUE(saw_recovering);
+  EXPECT_TRUE(absl::StrContains(second_start, absl::StrCat("/step_",
+                                                           absl::StrFormat("%08d", intact_step),
+                                                           "; skipped step ", corrupt_step, " (")))
+      << second_start;
+  EXPECT_TRUE(absl::StrContains(second_start, "rank_1.shard")) << second_start;
+  EXPECT_TRUE(absl::StrContains(second_start, "CRC-32")) << second_start;
 }
 
 TEST_F(ClusterRecoveryE2ETest, WorkerThatStopsHeartbeatingWhileItsRankStepsKeepsItsJob) {

@@ -49,10 +49,12 @@
 //   {"event":"stopped","step":s,"checkpoint_step":s}      after SIGUSR1: graceful stop, with a
 //                                                          final checkpoint of step s (all ranks)
 //   {"event":"error","message":"..."}
-// Logs go to stderr. Exit codes: 0 done, or stopped gracefully (SIGUSR1: checkpoint at the next
-// step boundary every rank agrees on, then stop; the last event says which); 1 runtime error
-// (collective failure, I/O, LibTorch); 2 invalid flags/spec/config (INVALID_ARGUMENT); 143
-// stopped by SIGTERM/SIGINT at a step boundary (a second signal exits 143 immediately). At the end rank 0 writes
+// Logs go to stderr. Exit codes (worker/trainer/exit_codes.h): 0 done, or stopped gracefully
+// (SIGUSR1: checkpoint at the next step boundary every rank agrees on, then stop; the last event
+// says which); 1 runtime error (collective failure, I/O, LibTorch); 65 data error (a checkpoint
+// to resume from fails its size or CRC-32 check: DATA_LOSS); 78 invalid flags/spec/config
+// (INVALID_ARGUMENT: the scheduler does not retry it); 143 stopped by SIGTERM/SIGINT at a step
+// boundary (a second signal exits 143 immediately). At the end rank 0 writes
 // <checkpoint_dir>/final_logits.json.
 #include <malloc.h>
 #include <signal.h>
@@ -76,6 +78,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
+#include "worker/trainer/exit_codes.h"
 
 ABSL_FLAG(std::string, spec, "", "Path to the JobSpec JSON (protobuf JSON mapping).");
 ABSL_FLAG(int, rank, 0, "This process's rank in [0, world_size).");
@@ -131,6 +134,20 @@ void EmitLine(const std::string& line) {
   std::fflush(stdout);
 }
 
+constexpr int kConfigError = loom::kTrainerExitConfigError;
+
+// The exit code of a failed run (exit_codes.h).
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return kConfigError;
+    case absl::StatusCode::kDataLoss:
+      return loom::kTrainerExitDataError;
+    default:
+      return 1;
+  }
+}
+
 int Fail(const absl::Status& status, int code) {
   LOG(ERROR) << status;
   EmitLine(nlohmann::json({{"event", "error"}, {"message", std::string(status.message())}})
@@ -157,10 +174,10 @@ int Main() {
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--rank=", rank, " is not in [0, --world_size=", world, ")")), 2);
+                    "--rank=", rank, " is not in [0, --world_size=", world, ")")), kConfigError);
   }
   if (absl::GetFlag(FLAGS_collective_timeout_s) <= 0) {
-    return Fail(absl::InvalidArgumentError("--collective_timeout_s must be positive"), 2);
+    return Fail(absl::InvalidArgumentError("--collective_timeout_s must be positive"), kConfigError);
   }
   absl::StatusOr<std::string> spec_text =
       loom::ReadRegularFile(absl::GetFlag(FLAGS_spec), /*max_bytes=*/64 << 20);
@@ -169,7 +186,7 @@ int Main() {
                 2);
   }
   absl::StatusOr<EngineOptions> options = loom::engine::ParseJobSpecJson(*spec_text, world);
-  if (!options.ok()) return Fail(options.status(), 2);
+  if (!options.ok()) return Fail(options.status(), kConfigError);
   options->rank = rank;
   options->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options->resume_from = absl::GetFlag(FLAGS_resume_from);
@@ -179,7 +196,7 @@ int Main() {
   for (const std::string& v : absl::GetFlag(FLAGS_test_inject_inf_grad_steps)) {
     int64_t step = 0;
     if (!absl::SimpleAtoi(v, &step) || step < 1) {
-      return Fail(absl::InvalidArgumentError("--test_inject_inf_grad_steps: " + v), 2);
+      return Fail(absl::InvalidArgumentError("--test_inject_inf_grad_steps: " + v), kConfigError);
     }
     options->test_inject_inf_grad_steps.push_back(step);
   }
@@ -192,12 +209,12 @@ int Main() {
            layer < options->model.num_hidden_layers;
       options->test_layer_order.push_back(layer);
     }
-    if (!ok) return Fail(absl::InvalidArgumentError("--test_layer_order: " + order), 2);
+    if (!ok) return Fail(absl::InvalidArgumentError("--test_layer_order: " + order), kConfigError);
   }
   options->test_rank_sequence_length = absl::GetFlag(FLAGS_test_rank_sequence_length);
   if (options->test_rank_sequence_length < 0 ||
       options->test_rank_sequence_length > options->model.max_position_embeddings) {
-    return Fail(absl::InvalidArgumentError("--test_rank_sequence_length out of range"), 2);
+    return Fail(absl::InvalidArgumentError("--test_rank_sequence_length out of range"), kConfigError);
   }
 
   std::unique_ptr<loom::engine::Collectives> coll;
@@ -215,7 +232,7 @@ int Main() {
     };
     absl::StatusOr<std::unique_ptr<loom::engine::Collectives>> c =
         loom::engine::CreateGlooCollectives(g);
-    if (!c.ok()) return Fail(c.status(), c.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    if (!c.ok()) return Fail(c.status(), ExitCodeFor(c.status()));
     coll = std::move(*c);
   }
   LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
@@ -225,7 +242,7 @@ int Main() {
     LOG(WARNING) << s;
     return 143;
   }
-  return Fail(s, s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+  return Fail(s, ExitCodeFor(s));
 }
 
 }  // namespace
@@ -242,14 +259,14 @@ int main(int argc, char** argv) {
       t > 0) {
     if (t > (32 << 20) || mallopt(M_MMAP_THRESHOLD, static_cast<int>(t)) != 1) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--malloc_mmap_threshold_bytes=", t, ": not in (0, 32 MiB]")), 2);
+                      "--malloc_mmap_threshold_bytes=", t, ": not in (0, 32 MiB]")), kConfigError);
     }
   }
   if (const int64_t t = env_allocator ? 0 : absl::GetFlag(FLAGS_malloc_trim_threshold_bytes);
       t > 0) {
     if (t > (1LL << 30) || mallopt(M_TRIM_THRESHOLD, static_cast<int>(t)) != 1) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--malloc_trim_threshold_bytes=", t, ": not in (0, 1 GiB]")), 2);
+                      "--malloc_trim_threshold_bytes=", t, ": not in (0, 1 GiB]")), kConfigError);
     }
   }
   struct sigaction sa = {};

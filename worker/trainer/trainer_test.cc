@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint/consolidate.h"
 #include "storage/checkpoint/shard_format.h"
+#include "worker/trainer/exit_codes.h"
 #include "worker/trainer/gang_test_util.h"
 
 namespace {
@@ -367,7 +368,7 @@ TEST(TrainerErrorsTest, UnusableNvmePathIsAnErrorNamingIt) {
       WriteSpec("param_only_nvme", 6, 2, R"({"zero_optimization": {"stage": 3,
           "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})"),
       1, {});
-  EXPECT_EQ(p.exit_codes[0], 2);
+  EXPECT_EQ(p.exit_codes[0], loom::kTrainerExitConfigError);
   ASSERT_EQ(p.Of(0, "error").size(), 1u);
   EXPECT_NE(p.Of(0, "error")[0]["message"].get<std::string>().find(
                 "deepspeed_config.zero_optimization.offload_param.device"),
@@ -407,7 +408,7 @@ TEST_F(TrainerTest, ResumeFromACorruptShardIsRefusedNamingTheFile) {
     f.put(static_cast<char>(c ^ 0x40));
   }
   GangResult r = RunGang("corrupt", WriteSpec("corrupt", 3, 12), 2, {"--resume_from=" + copy});
-  EXPECT_EQ(r.exit_codes[1], 1);
+  EXPECT_EQ(r.exit_codes[1], loom::kTrainerExitDataError);
   EXPECT_NE(r.exit_codes[0], 0);
   std::vector<json> errors = r.Of(1, "error");
   ASSERT_EQ(errors.size(), 1u);
@@ -419,7 +420,7 @@ TEST_F(TrainerTest, ResumeFromACorruptShardIsRefusedNamingTheFile) {
 
 // The glibc allocator flags change where memory comes from, never the arithmetic: the same run
 // with a fixed 4 MiB mmap threshold and 64 MiB trim threshold gives bit-identical losses, and an
-// out-of-range threshold is an invalid flag (exit 2, error event naming it).
+// out-of-range threshold is an invalid flag (exit 78, error event naming it).
 TEST_F(TrainerTest, MallocFlagsDoNotChangeTheRunAndAreValidated) {
   GangResult r = RunGang("malloc", WriteSpec("malloc", 6, 12), 1,
                          {"--malloc_mmap_threshold_bytes=4194304",
@@ -433,18 +434,18 @@ TEST_F(TrainerTest, MallocFlagsDoNotChangeTheRunAndAreValidated) {
   }
   GangResult bad = RunGang("malloc_bad", WriteSpec("malloc_bad", 6, 2), 1,
                            {"--malloc_mmap_threshold_bytes=67108864"});
-  EXPECT_EQ(bad.exit_codes[0], 2);
+  EXPECT_EQ(bad.exit_codes[0], loom::kTrainerExitConfigError);
   std::vector<json> errors = bad.Of(0, "error");
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0]["message"].get<std::string>().find("--malloc_mmap_threshold_bytes"),
             std::string::npos);
 }
 
-TEST(TrainerErrorsTest, InvalidConfigExitsTwoWithAnErrorEvent) {
+TEST(TrainerErrorsTest, InvalidConfigExitsWithTheConfigErrorCodeAndAnErrorEvent) {
   GangResult r = RunGang(
       "bad", WriteSpec("bad", 2, 3, R"({"zero_optimization": {"stage": 3, "zenflow": {}}})"), 1,
       {});
-  EXPECT_EQ(r.exit_codes[0], 2);
+  EXPECT_EQ(r.exit_codes[0], loom::kTrainerExitConfigError);
   std::vector<json> errors = r.Of(0, "error");
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0]["message"].get<std::string>().find(
