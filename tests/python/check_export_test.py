@@ -16,7 +16,8 @@ asserts that:
     BF16 its effect is below the weights' rounding, and the BF16 config.json must equal the
     F32 one), a perturbed tensor;
   * it rejects (exit 2, malformed) a missing tensor and a config.json whose
-    tie_word_embeddings contradicts the tensors (so the flag is read from config.json).
+    tie_word_embeddings contradicts the tensors (so the flag is read from config.json);
+  * it reads a sharded export (--max_shard_size) through model.safetensors.index.json.
 """
 
 import argparse
@@ -102,10 +103,10 @@ def reference_tensors(step_dir):
     return tensors
 
 
-def export(consolidate, ckpt, out_dir, dtype):
+def export(consolidate, ckpt, out_dir, dtype, extra=()):
     """Runs loom-consolidate (newest committed step) into out_dir."""
     r = subprocess.run([consolidate, f"--checkpoint_dir={ckpt}", f"--output_dir={out_dir}",
-                        f"--dtype={dtype}"], capture_output=True, text=True, timeout=120)
+                        f"--dtype={dtype}", *extra], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"loom-consolidate exited {r.returncode}: {r.stderr}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -281,6 +282,16 @@ def main():
             code, output = checker.run(bad_dir, logits, atol)
             expect("tie_word_embeddings absent from config.json", code, 2 if tied else 0,
                    output)
+
+    # A sharded export (model-0000k-of-0000n.safetensors + index) is read through its index.
+    sharded = os.path.join(tmp, "export_untied2_sharded")
+    result = export(args.consolidate, os.path.join(tmp, "ckpt_untied2"), sharded, "fp32",
+                    ["--max_shard_size=100KB"])
+    code, output = checker.run(sharded, os.path.join(tmp, "ckpt_untied2", "final_logits.json"),
+                               ATOL["fp32"])
+    expect(f"sharded export ({len(result['files'])} files)", code, 0, output)
+    if len(result["files"]) < 2:
+        failures.append(f"sharded export wrote {result['files']}")
 
     # The command line itself: accepts a real export, and a missing file is exit 2 naming it.
     cli = [sys.executable, args.check_export, "--model_dir",
