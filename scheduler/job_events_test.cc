@@ -50,7 +50,11 @@ TEST(WakeDispatcherTest, RunsCallbacksAndNeverAfterClose) {
   waker->Close();
   const int before = runs.load();
   dispatcher.Wake(waker);
-  absl::SleepFor(absl::Milliseconds(50));
+  // The dispatcher runs its queue in order on one thread: once a fence queued after the closed
+  // waker has run, the closed waker's turn has passed.
+  absl::Notification fenced;
+  dispatcher.Wake(std::make_shared<Waker>([&] { fenced.Notify(); }));
+  ASSERT_TRUE(fenced.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(runs.load(), before);
   EXPECT_TRUE(waker->closed());
 }

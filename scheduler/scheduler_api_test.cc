@@ -333,7 +333,11 @@ TEST_F(SchedulerApiTest, SlowCheckpointCatalogDoesNotDelayHeartbeats) {
   ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RECOVERING);
 
   std::thread cycle([&] { EXPECT_TRUE(scheduler_->RunSchedulingCycle().ok()); });
-  while (catalog.lookups.load() == 0) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time lookup_deadline = absl::Now() + absl::Seconds(30);
+  while (catalog.lookups.load() == 0 && absl::Now() < lookup_deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GT(catalog.lookups.load(), 0) << "the cycle never looked up the resume point";
   // The lookup is in flight (2 s): heartbeats and reads are answered at once.
   const absl::Time t0 = absl::Now();
   Beat("node-c");

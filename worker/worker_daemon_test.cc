@@ -9,12 +9,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 
 namespace loom::worker {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 // Fake scheduler: records every request and replies with queued responses.
 class FakeSchedulerClient : public SchedulerClient {
@@ -308,13 +312,29 @@ TEST_F(WorkerDaemonTest, OutputLinesReachTheSchedulerOnceAndAgainAfterAFailedHea
   *start.add_start() = Assignment("job-logs", "graceful");
   client_.replies.push_back(start);
   TickUntil(d, "job-logs", loom::v1::RANK_STATE_RUNNING);
-  absl::SleepFor(absl::Milliseconds(200));  // a few stderr lines
-  {
+  // Heartbeats fail until one fails while carrying the trainer's stderr lines (the fake trainer
+  // writes one every 50 ms; deadline 10 s): those must be sent again by the next heartbeat.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool failed_with_lines = false;
+  while (!failed_with_lines && absl::Now() < deadline) {
+    {
+      absl::MutexLock l(&client_.mu_);
+      client_.next_status = absl::UnavailableError("scheduler restarting");
+    }
+    EXPECT_THAT(d.Tick(), StatusIs(absl::StatusCode::kUnavailable, "scheduler restarting"));
     absl::MutexLock l(&client_.mu_);
-    client_.next_status = absl::UnavailableError("scheduler restarting");
+    for (const auto& r : client_.heartbeats.back().ranks()) {
+      for (const auto& line : r.log_lines()) {
+        failed_with_lines |= line.text().find("fake trainer: tick") != std::string::npos;
+      }
+    }
+    if (!failed_with_lines) {
+      client_.mu_.Unlock();
+      absl::SleepFor(absl::Milliseconds(20));  // poll interval
+      client_.mu_.Lock();
+    }
   }
-  EXPECT_FALSE(d.Tick().ok());
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(failed_with_lines) << "no stderr line reached a heartbeat in 10 s";
   ASSERT_TRUE(d.Tick().ok());
   ASSERT_TRUE(d.Tick().ok());
   absl::MutexLock l(&client_.mu_);

@@ -8,10 +8,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/file_util.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace loom::cli {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 constexpr char kSpec[] = R"(
 name: tiny
@@ -198,8 +202,10 @@ TEST(JobSpecYamlTest, NonUtf8TextIsInvalidArgumentWithPosition) {
             std::string::npos)
       << spec.status();
   // Overlong encodings and surrogates are not UTF-8 either; real multi-byte text is fine.
-  EXPECT_FALSE(JobSpecFromYaml("name: \"\xc0\xaf\"\n", ".").ok());
-  EXPECT_FALSE(JobSpecFromYaml("name: \"\xed\xa0\x80\"\n", ".").ok());
+  EXPECT_THAT(JobSpecFromYaml("name: \"\xc0\xaf\"\n", "."),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not UTF-8 text"));
+  EXPECT_THAT(JobSpecFromYaml("name: \"\xed\xa0\x80\"\n", "."),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not UTF-8 text"));
   auto good = JobSpecFromYaml("name: \"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"\n", ".");
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->name(), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");

@@ -15,6 +15,8 @@
 #include "common/auth.h"
 #include "common/file_util.h"
 #include "common/grpc_credentials.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/job_service.grpc.pb.h"
 #include "proto/worker_service.grpc.pb.h"
@@ -23,6 +25,8 @@
 
 namespace loom {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 using loom::v1::Job;
 
@@ -267,8 +271,7 @@ TEST(SchedulerTlsTest, TlsCallWorksAndPlaintextCallFails) {
   auto ctx = Ctx("");
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   s = plain_jobs->ListJobs(ctx.get(), {}, &list);
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::UNAVAILABLE));
 
   // A client that does not trust the server's certificate fails too.
   const std::string other = absl::StrCat(
@@ -281,7 +284,8 @@ TEST(SchedulerTlsTest, TlsCallWorksAndPlaintextCallFails) {
       grpc::CreateChannel((*server)->grpc_address(), *wrong));
   ctx = Ctx("");
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-  EXPECT_FALSE(wrong_jobs->ListJobs(ctx.get(), {}, &list).ok());
+  EXPECT_THAT(wrong_jobs->ListJobs(ctx.get(), {}, &list),
+              StatusIs(grpc::StatusCode::UNAVAILABLE));
 
   EXPECT_EQ(MakeServerCredentials(dir + "/cert.pem", "").status().code(),
             absl::StatusCode::kInvalidArgument);

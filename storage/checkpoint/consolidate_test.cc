@@ -1,6 +1,7 @@
 #include "storage/checkpoint/consolidate.h"
 
 #include <dirent.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,11 +19,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/file_util.h"
+#include "common/testing/status_matchers.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/safetensors/safetensors.h"
 
 namespace loom::storage {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 struct FullParam {
   std::string name;
@@ -516,7 +520,8 @@ TEST(ConsolidateGarbageTest, ShardSizeOverflowIsNotCommitted) {
   EXPECT_FALSE((*list)[0].committed);
   EXPECT_NE((*list)[0].commit_status.message().find("shard size overflows"), std::string::npos)
       << (*list)[0].commit_status;
-  EXPECT_FALSE(Consolidate(dir, 0, "", ConsolidateOptions()).ok());
+  EXPECT_THAT(Consolidate(dir, 0, "", ConsolidateOptions()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 // Regression: the shape product overflowed silently (undefined behaviour).

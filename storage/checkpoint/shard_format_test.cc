@@ -1,5 +1,6 @@
 #include "storage/checkpoint/shard_format.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,9 +11,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/testing/status_matchers.h"
 
 namespace loom::storage {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 std::string NewDir(const std::string& name) {
   std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", ::getpid());
@@ -122,7 +126,8 @@ TEST(ShardPiecesTest, BadPiecesAndProducerErrorsCommitNothing) {
                                                     : absl::OkStatus();
                                     });
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_FALSE(ReadManifest(dir, 1).ok());  // no manifest: nothing committed
+  EXPECT_THAT(ReadManifest(dir, 1),  // no manifest: nothing committed
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_NE(::access((dir + "/" + ShardFileName(1)).c_str(), F_OK), 0);
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <map>
 #include <set>
@@ -656,13 +657,39 @@ TEST_F(ClusterRecoveryE2ETest, WorkerThatStopsHeartbeatingWhileItsRankStepsKeeps
   } while (absl::Now() < deadline);
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING);
   ASSERT_GE(job.progress().step(), 5);
-  ASSERT_LT(job.progress().step(), 200) << "too far along to freeze a worker for 7 s";
-  // Freeze (SIGSTOP) the worker daemon of rank 1 for twice the heartbeat timeout: it sends no
-  // heartbeats, while its trainer process keeps stepping with rank 0.
+  ASSERT_LT(job.progress().step(), 200) << "too far along to freeze a worker";
+  // Freeze (SIGSTOP) the worker daemon of rank 1: it sends no heartbeats, while its trainer
+  // process keeps stepping with rank 0 (whose worker still reports the job's step; a ZeRO-3
+  // step needs both ranks). The freeze lasts until the scheduler's heartbeat timeout (3 s) has
+  // passed and the reported step has advanced after it: the job stays RUNNING in attempt 1
+  // throughout, and the ranks kept stepping past the timeout.
   Subprocess& frozen = *workers_[job.rank_nodes(1).back() - '0'];
   ASSERT_EQ(::kill(frozen.pid(), SIGSTOP), 0);
-  absl::SleepFor(absl::Seconds(7));
-  ASSERT_EQ(::kill(frozen.pid(), SIGCONT), 0);
+  absl::Cleanup thaw = [&frozen] { ::kill(frozen.pid(), SIGCONT); };
+  const absl::Time frozen_at = absl::Now();
+  const absl::Time timeout_passed = frozen_at + absl::Seconds(3) + absl::Milliseconds(500);
+  int64_t step_at_timeout = -1, last_step = -1;
+  const absl::Time freeze_deadline = frozen_at + absl::Seconds(60);
+  while (absl::Now() < freeze_deadline) {
+    loom::v1::GetJobRequest get;
+    get.set_job_id(job.id());
+    ASSERT_TRUE(jobs_->GetJob(Ctx().get(), get, &job).ok());
+    ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RUNNING) << job.message();
+    ASSERT_EQ(job.attempt(), 1);
+    if (absl::Now() >= timeout_passed) {
+      if (step_at_timeout < 0) step_at_timeout = job.progress().step();
+      last_step = job.progress().step();
+      // Held for at least twice the timeout, and stepping went on after the timeout.
+      if (absl::Now() >= frozen_at + absl::Seconds(6) && last_step >= step_at_timeout + 5) break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // poll interval
+  }
+  std::cout << "frozen " << absl::ToDoubleSeconds(absl::Now() - frozen_at)
+            << " s: step " << step_at_timeout << " at the heartbeat timeout, " << last_step
+            << " at the end of the freeze\n";
+  ASSERT_GE(last_step, step_at_timeout + 5)
+      << "the ranks did not keep stepping past the heartbeat timeout";
+  std::move(thaw).Invoke();
   job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(3));
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message();
   EXPECT_EQ(job.attempt(), 1);  // never torn down

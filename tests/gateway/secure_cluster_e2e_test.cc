@@ -141,7 +141,15 @@ TEST_F(SecureClusterTest, EveryDaemonServesHealthAndReadiness) {
                     "--token_file=" + tmp_ + "/wrong.token", "--tls_ca=" + tmp_ + "/cert.pem"},
                    &bad_info);
   ASSERT_TRUE(bad);
-  absl::SleepFor(absl::Seconds(2));
+  // Wait (deadline 20 s) until the scheduler has refused it at least once.
+  const absl::Time refused_deadline = absl::Now() + absl::Seconds(20);
+  std::string bad_log;
+  while (absl::Now() < refused_deadline) {
+    bad_log = ReadFile(bad->log_path()).value_or("");
+    if (bad_log.find("heartbeat failed: UNAUTHENTICATED") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));  // poll interval
+  }
+  ASSERT_NE(bad_log.find("heartbeat failed: UNAUTHENTICATED"), std::string::npos) << bad_log;
   EXPECT_EQ(Status(bad_info, "/healthz"), 200);
   EXPECT_EQ(Status(bad_info, "/readyz"), 503);
 

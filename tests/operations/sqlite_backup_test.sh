@@ -25,7 +25,13 @@ for i in 1 2 3; do "$CTL" --scheduler="$addr" submit "$JOB" > "$T/submit$i.out";
 # Writes keep coming while the backup runs (a submission loop in the background).
 ( for i in $(seq 5); do "$CTL" --scheduler="$addr" submit "$JOB" >/dev/null; done ) &
 writer=$!
-sleep 0.3
+# Back up once the writer's first submission is in (deadline 10 s), so that the backup overlaps
+# its writes.
+for _ in $(seq 100); do
+  [ "$(sqlite3 "$T/loom.db" "SELECT count(*) FROM jobs")" -gt 3 ] && break
+  sleep 0.1
+done
+[ "$(sqlite3 "$T/loom.db" "SELECT count(*) FROM jobs")" -gt 3 ] || { echo "writer made no submission in 10 s"; exit 1; }
 sqlite3 "$T/loom.db" ".backup '$T/backup.db'"
 wait "$writer"
 [ "$(sqlite3 "$T/loom.db" "SELECT count(*) FROM jobs")" = 8 ]

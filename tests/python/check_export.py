@@ -4,14 +4,18 @@
 Usage:
   /usr/bin/python3 check_export.py --model_dir DIR --logits final_logits.json [--atol 1e-4]
 
-DIR holds model.safetensors (F32/F16/BF16/F64 tensors with Hugging Face Llama names) and
-config.json. final_logits.json is written by loom-trainer's rank 0 at the end of training:
+DIR holds config.json and model.safetensors, or the shards listed by
+model.safetensors.index.json (F32/F16/BF16/F64 tensors with Hugging Face Llama names).
+Whether lm_head.weight must be present is read from config.json's tie_word_embeddings (absent:
+false, LlamaConfig's default), never guessed from the tensors: an untied config without
+lm_head.weight, or a tied one with it, is malformed. final_logits.json is written by loom-trainer's rank 0 at the end of training:
 {"tokens": [t0, ..., t31], "logits": [[vocab floats] per position]}, computed by the live
 ZeRO-3 model. This script parses the safetensors file itself (8-byte little-endian header
 length, JSON header, raw little-endian data; TECHNIQUES.md §5.3), rebuilds the Llama forward
 pass in plain PyTorch (Hugging Face LlamaForCausalLM semantics, written independently of the
-C++ engine; tied embeddings when lm_head.weight is absent) in float64, runs it on the tokens
-and compares with the C++ logits. Prints the max absolute difference; exits 0 when it is
+C++ engine; half-split rotary embedding, query head h reads key/value head h // (Hq / Hkv),
+RMSNorm with config.json's rms_norm_eps) in float64, runs it on the tokens and compares with
+the C++ logits. Prints the max absolute difference; exits 0 when it is
 <= atol, 1 on a mismatch, 2 on malformed input.
 
 Needs only Debian's python3-torch (1.13) and the standard library: no safetensors or
@@ -83,6 +87,37 @@ def read_safetensors(path):
     return tensors
 
 
+def read_model_tensors(model_dir):
+    """model.safetensors, or every shard named by model.safetensors.index.json's weight_map."""
+    index_path = os.path.join(model_dir, "model.safetensors.index.json")
+    if not os.path.exists(index_path):
+        return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    with open(index_path) as f:
+        weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ExportError(f"{index_path}: no weight_map object")
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        for name, t in read_safetensors(os.path.join(model_dir, shard)).items():
+            if weight_map.get(name) != shard:
+                raise ExportError(f"{index_path}: {name} is in {shard} but the weight_map says "
+                                  f"{weight_map.get(name)}")
+            tensors[name] = t
+    missing = set(weight_map) - set(tensors)
+    if missing:
+        raise ExportError(f"{index_path}: tensors in the weight_map but in no shard: "
+                          f"{sorted(missing)}")
+    return tensors
+
+
+def tie_word_embeddings(cfg):
+    """config.json's tie_word_embeddings; absent means false (transformers' LlamaConfig)."""
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ExportError(f"config.json: tie_word_embeddings is {tied!r}, not true or false")
+    return tied
+
+
 def expected_names(cfg, tied):
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(cfg["num_hidden_layers"]):
@@ -95,7 +130,7 @@ def expected_names(cfg, tied):
     return set(names)
 
 
-def llama_logits(w, cfg, tokens):
+def llama_logits(w, cfg, tokens, tied):
     """Hugging Face LlamaForCausalLM forward for one sequence; returns [T, vocab] float64."""
     hidden = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
@@ -143,7 +178,7 @@ def llama_logits(w, cfg, tokens):
         up = x @ w[p + "mlp.up_proj.weight"].T
         h = h + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
     h = norm(h, w["model.norm.weight"])
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    head = w["model.embed_tokens.weight"] if tied else w["lm_head.weight"]
     return h @ head.T
 
 
@@ -156,15 +191,21 @@ def main(argv=None):
     try:
         with open(os.path.join(args.model_dir, "config.json")) as f:
             cfg = json.load(f)
-        weights = read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
-        tied = "lm_head.weight" not in weights
-        if tied and cfg.get("tie_word_embeddings") is False:
+        if not isinstance(cfg, dict):
+            raise ExportError("config.json is not a JSON object")
+        weights = read_model_tensors(args.model_dir)
+        tied = tie_word_embeddings(cfg)
+        if tied and "lm_head.weight" in weights:
+            raise ExportError("config.json has tie_word_embeddings true but the export holds "
+                              "lm_head.weight (a tied head is model.embed_tokens.weight)")
+        if not tied and "lm_head.weight" not in weights:
             raise ExportError("lm_head.weight is missing but config.json has "
-                              "tie_word_embeddings false")
+                              "tie_word_embeddings false (or absent: LlamaConfig's default)")
         want = expected_names(cfg, tied)
         missing, unexpected = want - set(weights), set(weights) - want
         if missing or unexpected:
             raise ExportError(f"missing tensors {sorted(missing)}, unexpected {sorted(unexpected)}")
+        dtypes = ",".join(sorted({str(v.dtype).replace("torch.", "") for v in weights.values()}))
         weights = {k: v.to(torch.float64) for k, v in weights.items()}
         with open(args.logits) as f:
             ref = json.load(f)
@@ -174,14 +215,15 @@ def main(argv=None):
         print(f"check_export: error: {e}", file=sys.stderr)
         return 2
     with torch.no_grad():
-        ours = llama_logits(weights, cfg, tokens)
+        ours = llama_logits(weights, cfg, tokens, tied)
     if ours.shape != cpp.shape:
         print(f"check_export: shape mismatch: python {tuple(ours.shape)} vs "
               f"C++ {tuple(cpp.shape)}")
         return 1
     diff = (ours - cpp).abs().max().item()
     ok = diff <= args.atol
-    print(f"check_export: {len(tokens)} tokens, vocab {cpp.shape[1]}, tied={tied}: "
+    print(f"check_export: {len(tokens)} tokens, vocab {cpp.shape[1]}, tied={tied}, "
+          f"dtype {dtypes}: "
           f"max |python - C++| = {diff:.3e} (atol {args.atol:g}) -> {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 

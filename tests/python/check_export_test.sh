@@ -2,4 +2,5 @@
 # Runs check_export_test.py with Debian's python3-torch (not the first python3 on PATH).
 set -euo pipefail
 exec /usr/bin/python3 tests/python/check_export_test.py \
-  --trainer worker/trainer/loom-trainer --check_export tests/python/check_export.py
+  --trainer worker/trainer/loom-trainer --consolidate storage/checkpoint/loom-consolidate \
+  --check_export tests/python/check_export.py

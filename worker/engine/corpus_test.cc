@@ -5,10 +5,14 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace loom::engine {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 TEST(SplitFortuneRecordsTest, SplitsOnPercentLines) {
   std::vector<std::string> r = SplitFortuneRecords("a b\nc\n%\nd\n%\n%\ne\n");
@@ -56,14 +60,12 @@ TEST(LoadCorpusTest, SingleTextFileAndErrors) {
 
   o.holdout_fraction = 0.7;
   c = LoadCorpus(o);
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("dataset.holdout_fraction"), std::string::npos);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument, "dataset.holdout_fraction"));
 
   o.holdout_fraction = 0.05;
   o.path = path + ".missing";
   c = LoadCorpus(o);
-  ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kNotFound, o.path));
 }
 
 TEST(CorpusTest, FifoOrDeviceAsDatasetIsRefusedWithoutBlocking) {

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/engine/ds_config_internal.h"
 #include "worker/engine/json_fields.h"
 
 namespace loom::engine {
@@ -19,61 +20,18 @@ using json_fields::Join;
 
 namespace {
 
-constexpr char kRoot[] = "deepspeed_config";
-
-absl::Status Invalid(const std::string& path, const std::string& msg) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
-}
-
-absl::Status Unsupported(const std::string& path, const std::string& what) {
-  return Invalid(path, absl::StrCat(what, " is not supported yet"));
-}
-
-// Rejects keys of `obj` outside `known`.
-absl::Status CheckKeys(const json& obj, const std::string& path,
-                       const std::set<std::string>& known) {
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (known.count(it.key()) == 0) return Invalid(Join(path, it.key()), "unknown key");
-  }
-  return absl::OkStatus();
-}
-
-// Keys present in `obj` that the engine accepts without implementing them: a warning each.
-void WarnIgnored(const json& obj, const std::string& path, const std::set<std::string>& keys,
-                 const std::string& why, std::vector<std::string>* warnings) {
-  for (const std::string& k : keys) {
-    if (obj.contains(k)) warnings->push_back(absl::StrCat(Join(path, k), ": ignored (", why, ")"));
-  }
-}
-
-absl::StatusOr<const json*> OptObject(const json& obj, const std::string& key,
-                                      const std::string& path) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return static_cast<const json*>(nullptr);
-  if (!it->is_object()) return Invalid(Join(path, key), "expected a JSON object");
-  return &*it;
-}
-
-template <typename T, typename R>
-absl::Status Read(R result, T* out) {
-  if (!result.ok()) return result.status();
-  if (result->has_value()) *out = static_cast<T>(**result);
-  return absl::OkStatus();
-}
-
-absl::Status ReadInt(const json& o, const std::string& k, const std::string& p, int64_t* out) {
-  return Read(json_fields::OptInt(o, k, p), out);
-}
-absl::Status ReadDouble(const json& o, const std::string& k, const std::string& p, double* out) {
-  return Read(json_fields::OptDouble(o, k, p), out);
-}
-absl::Status ReadBool(const json& o, const std::string& k, const std::string& p, bool* out) {
-  return Read(json_fields::OptBool(o, k, p), out);
-}
-absl::Status ReadString(const json& o, const std::string& k, const std::string& p,
-                        std::string* out) {
-  return Read(json_fields::OptString(o, k, p), out);
-}
+using ds_config_internal::kRoot;
+using ds_config_internal::Invalid;
+using ds_config_internal::Unsupported;
+using ds_config_internal::CheckKeys;
+using ds_config_internal::WarnIgnored;
+using ds_config_internal::OptObject;
+using ds_config_internal::ReadInt;
+using ds_config_internal::ReadDouble;
+using ds_config_internal::ReadBool;
+using ds_config_internal::ReadString;
+using ds_config_internal::ParseOffload;
+using ds_config_internal::ParseAio;
 
 absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(const json* opt, OptObject(root, "optimizer", kRoot));
@@ -206,59 +164,6 @@ absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
   return absl::OkStatus();
 }
 
-absl::Status ParseOffload(const json& zero, const std::string& key, const std::string& zpath,
-                          OffloadConfig* o, bool is_param) {
-  o->buffer_count = is_param ? 5 : 4;
-  ASSIGN_OR_RETURN(const json* off, OptObject(zero, key, zpath));
-  if (off == nullptr) return absl::OkStatus();
-  const std::string path = Join(zpath, key);
-  RETURN_IF_ERROR(CheckKeys(*off, path,
-                            {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
-                             "pin_memory", "pipeline_read", "pipeline_write", "fast_init",
-                             "ratio", "super_offload", "cpuadam_cores_perc", "pipeline"}));
-  RETURN_IF_ERROR(ReadString(*off, "device", path, &o->device));
-  RETURN_IF_ERROR(ReadString(*off, "nvme_path", path, &o->nvme_path));
-  RETURN_IF_ERROR(ReadInt(*off, "buffer_count", path, &o->buffer_count));
-  RETURN_IF_ERROR(ReadInt(*off, "buffer_size", path, &o->buffer_size));
-  RETURN_IF_ERROR(ReadInt(*off, "max_in_cpu", path, &o->max_in_cpu));
-  RETURN_IF_ERROR(ReadBool(*off, "pin_memory", path, &o->pin_memory));
-  RETURN_IF_ERROR(ReadBool(*off, "pipeline_read", path, &o->pipeline_read));
-  RETURN_IF_ERROR(ReadBool(*off, "pipeline_write", path, &o->pipeline_write));
-  RETURN_IF_ERROR(ReadBool(*off, "fast_init", path, &o->fast_init));
-  RETURN_IF_ERROR(ReadDouble(*off, "ratio", path, &o->ratio));
-  if (o->device != "none" && o->device != "cpu" && o->device != "nvme") {
-    return Invalid(Join(path, "device"),
-                   absl::StrCat("\"", o->device, "\" is not one of none, cpu, nvme"));
-  }
-  if (o->device == "nvme" && o->nvme_path.empty()) {
-    return Invalid(Join(path, "nvme_path"), "required when device is nvme");
-  }
-  bool super = false;
-  RETURN_IF_ERROR(ReadBool(*off, "super_offload", path, &super));
-  if (super) return Unsupported(Join(path, "super_offload"), "SuperOffload");
-  return absl::OkStatus();
-}
-
-absl::Status ParseAio(const json& root, DeepSpeedConfig* c) {
-  ASSIGN_OR_RETURN(const json* aio, OptObject(root, "aio", kRoot));
-  if (aio == nullptr) return absl::OkStatus();
-  const std::string path = Join(kRoot, "aio");
-  RETURN_IF_ERROR(CheckKeys(*aio, path,
-                            {"block_size", "queue_depth", "thread_count", "single_submit",
-                             "overlap_events", "use_gds", "intra_op_parallelism"}));
-  RETURN_IF_ERROR(ReadInt(*aio, "block_size", path, &c->aio.block_size));
-  RETURN_IF_ERROR(ReadInt(*aio, "queue_depth", path, &c->aio.queue_depth));
-  if (c->aio.block_size < 4096 || c->aio.block_size % 4096 != 0) {
-    return Invalid(Join(path, "block_size"),
-                   absl::StrCat(c->aio.block_size, " is not a positive multiple of 4096"));
-  }
-  if (c->aio.queue_depth < 1 || c->aio.queue_depth > 4096) {
-    return Invalid(Join(path, "queue_depth"),
-                   absl::StrCat(c->aio.queue_depth, " is not in [1, 4096]"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(const json* z, OptObject(root, "zero_optimization", kRoot));
   ZeroConfig& zc = c->zero;
@@ -317,8 +222,10 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
     RETURN_IF_ERROR(ReadBool(*z, "round_robin_gradients", path, &zc.round_robin_gradients));
     RETURN_IF_ERROR(
         ReadBool(*z, "ignore_unused_parameters", path, &zc.ignore_unused_parameters));
-    RETURN_IF_ERROR(ParseOffload(*z, "offload_param", path, &zc.offload_param, true));
-    RETURN_IF_ERROR(ParseOffload(*z, "offload_optimizer", path, &zc.offload_optimizer, false));
+    RETURN_IF_ERROR(ParseOffload(*z, "offload_param", path, &zc.offload_param, true,
+                                 &c->warnings));
+    RETURN_IF_ERROR(ParseOffload(*z, "offload_optimizer", path, &zc.offload_optimizer, false,
+                                 &c->warnings));
     if (auto it = z->find("zenflow"); it != z->end() && !it->is_null()) {
       return Unsupported(Join(path, "zenflow"), "ZenFlow");
     }

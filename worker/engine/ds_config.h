@@ -9,7 +9,12 @@
 // stage3_model_persistence_threshold, ...) and rejected with INVALID_ARGUMENT "<path>: ... is not
 // supported yet" when they would (ZenFlow, ZeRO++, fp16 auto_cast, ...). Offload sections
 // (offload_optimizer / offload_param with device cpu or nvme) are parsed and accepted here; the
-// engine decides at start whether it implements them.
+// engine decides at start whether it implements them. Of their keys, device, nvme_path,
+// buffer_count, offload_param.buffer_size, offload_optimizer.pipeline_read / pipeline_write and
+// offload_optimizer.ratio act; pin_memory, max_in_cpu, fast_init, cpuadam_cores_perc, pipeline,
+// offload_param.pipeline_read / pipeline_write / ratio and offload_optimizer.buffer_size are
+// type-checked and warned about. In "aio", block_size and queue_depth act; thread_count,
+// intra_op_parallelism, single_submit, overlap_events and use_gds are warned about.
 #ifndef LOOM_WORKER_ENGINE_DS_CONFIG_H_
 #define LOOM_WORKER_ENGINE_DS_CONFIG_H_
 
@@ -55,13 +60,14 @@ struct OffloadConfig {
   std::string device = "none";  // none | cpu | nvme
   std::string nvme_path;
   int64_t buffer_count = 0;  // 5 (param) / 4 (optimizer)
-  int64_t buffer_size = 100000000;
+  int64_t buffer_size = 100000000;  // elements; used by offload_param only
+  // Parsed for DeepSpeed's defaults but not acted on (a warning when present): see above.
   int64_t max_in_cpu = 1000000000;
   bool pin_memory = true;
-  bool pipeline_read = false;
-  bool pipeline_write = false;
+  bool pipeline_read = false;   // used by offload_optimizer only
+  bool pipeline_write = false;  // used by offload_optimizer only
   bool fast_init = false;
-  double ratio = 1.0;
+  double ratio = 1.0;  // offload_optimizer: the engine refuses < 1
 };
 
 // zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Sizes are in elements.
@@ -107,7 +113,7 @@ struct Fp16Config {
 // NVMe async I/O (DeepSpeed "aio" section, TECHNIQUES.md §0): Loom's io_uring swapper submits
 // transfers in block_size pieces with up to queue_depth in flight. The other keys
 // (thread_count, single_submit, overlap_events, use_gds, intra_op_parallelism) tune libaio
-// threading and are accepted without effect.
+// threading: they are type-checked and ignored with a warning each.
 struct AioConfig {
   int64_t block_size = 1048576;  // bytes; a positive multiple of 4096
   int64_t queue_depth = 8;

@@ -1,12 +1,19 @@
 #include "worker/engine/ds_config.h"
 
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace loom::engine {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 constexpr char kGood[] = R"({
   "train_batch_size": 24, "train_micro_batch_size_per_gpu": 3,
@@ -93,10 +100,7 @@ TEST(ParseDeepSpeedConfigTest, DefaultsAndBatchArithmetic) {
 
 void ExpectError(const std::string& json, int world, const std::string& needle) {
   absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(json, world);
-  ASSERT_FALSE(c.ok()) << json;
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find(needle), std::string::npos)
-      << c.status().message() << " lacks " << needle;
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument, needle)) << json;
 }
 
 // Regression: micro * gas * world overflowed int64 (undefined behaviour), and a micro-batch or
@@ -199,13 +203,15 @@ TEST(ParseDeepSpeedConfigTest, StagesPrecisionOffloadAndWarnings) {
   EXPECT_FALSE(c->bf16_enabled);
   EXPECT_EQ(c->zero.offload_optimizer.device, "cpu");
   EXPECT_FALSE(c->zero.offload_optimizer.pin_memory);
-  ASSERT_EQ(c->warnings.size(), 3u);
+  ASSERT_EQ(c->warnings.size(), 4u);
   std::string all;
   for (const std::string& w : c->warnings) all += w + "\n";
   EXPECT_NE(all.find("deepspeed_config.zero_optimization.round_robin_gradients: ignored"),
             std::string::npos) << all;
   EXPECT_NE(all.find("deepspeed_config.wall_clock_breakdown: ignored"), std::string::npos);
   EXPECT_NE(all.find("deepspeed_config.tensorboard: ignored"), std::string::npos);
+  EXPECT_NE(all.find("deepspeed_config.zero_optimization.offload_optimizer.pin_memory: ignored"),
+            std::string::npos);
   c = ParseDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 2,
       "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
@@ -279,12 +285,88 @@ TEST(ParseDeepSpeedConfigTest, AioSection) {
   EXPECT_EQ(c->aio.block_size, 262144);
   EXPECT_EQ(c->aio.queue_depth, 32);
   c = ParseDeepSpeedConfig("{" + ok + R"(, "aio": {"block_size": 1000}})", 1);
-  EXPECT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("deepspeed_config.aio.block_size"), std::string::npos);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument, "deepspeed_config.aio.block_size"));
   c = ParseDeepSpeedConfig("{" + ok + R"(, "aio": {"depth": 3}})", 1);
-  EXPECT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("deepspeed_config.aio.depth: unknown key"),
-            std::string::npos);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "deepspeed_config.aio.depth: unknown key"));
+}
+
+// Every offload and aio key Loom accepts without acting on it gets exactly one warning naming
+// its full path; the keys Loom implements get none.
+TEST(ParseDeepSpeedConfigTest, IgnoredOffloadAndAioKeysEachWarn) {
+  const std::string head = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 3, )";
+  struct Case {
+    std::string json_tail;  // appended after head
+    std::string path;       // the warning's key path
+  };
+  const std::string z = "deepspeed_config.zero_optimization.";
+  const std::vector<Case> cases = {
+      {R"("offload_optimizer": {"device": "cpu", "pin_memory": true}}})",
+       z + "offload_optimizer.pin_memory"},
+      {R"("offload_param": {"device": "cpu", "pin_memory": false}}})",
+       z + "offload_param.pin_memory"},
+      {R"("offload_param": {"device": "cpu", "max_in_cpu": 1e9}}})",
+       z + "offload_param.max_in_cpu"},
+      {R"("offload_optimizer": {"device": "cpu", "max_in_cpu": 1e9}}})",
+       z + "offload_optimizer.max_in_cpu"},
+      {R"("offload_optimizer": {"device": "cpu", "fast_init": true}}})",
+       z + "offload_optimizer.fast_init"},
+      {R"("offload_param": {"device": "cpu", "fast_init": false}}})",
+       z + "offload_param.fast_init"},
+      {R"("offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": 0.8}}})",
+       z + "offload_optimizer.cpuadam_cores_perc"},
+      {R"("offload_optimizer": {"device": "cpu", "pipeline": true}}})",
+       z + "offload_optimizer.pipeline"},
+      {R"("offload_param": {"device": "cpu", "pipeline": false}}})", z + "offload_param.pipeline"},
+      {R"("offload_param": {"device": "cpu", "pipeline_read": true}}})",
+       z + "offload_param.pipeline_read"},
+      {R"("offload_param": {"device": "cpu", "pipeline_write": true}}})",
+       z + "offload_param.pipeline_write"},
+      {R"("offload_param": {"device": "cpu", "ratio": 0.5}}})", z + "offload_param.ratio"},
+      {R"("offload_optimizer": {"device": "cpu", "buffer_size": 1000}}})",
+       z + "offload_optimizer.buffer_size"},
+      {R"("offload_optimizer": {"device": "none"}}, "aio": {"thread_count": 2}})",
+       "deepspeed_config.aio.thread_count"},
+      {R"("offload_optimizer": {"device": "none"}}, "aio": {"single_submit": true}})",
+       "deepspeed_config.aio.single_submit"},
+      {R"("offload_optimizer": {"device": "none"}}, "aio": {"overlap_events": false}})",
+       "deepspeed_config.aio.overlap_events"},
+      {R"("offload_optimizer": {"device": "none"}}, "aio": {"use_gds": false}})",
+       "deepspeed_config.aio.use_gds"},
+      {R"("offload_optimizer": {"device": "none"}}, "aio": {"intra_op_parallelism": 1}})",
+       "deepspeed_config.aio.intra_op_parallelism"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<DeepSpeedConfig> r = ParseDeepSpeedConfig(head + c.json_tail, 2);
+    ASSERT_TRUE(r.ok()) << c.path << ": " << r.status();
+    ASSERT_EQ(r->warnings.size(), 1u) << c.path;
+    EXPECT_EQ(r->warnings[0].rfind(c.path + ": ignored (", 0), 0u) << r->warnings[0];
+  }
+  // The implemented keys are silent.
+  absl::StatusOr<DeepSpeedConfig> r = ParseDeepSpeedConfig(
+      head + R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x", "buffer_count": 6,
+          "pipeline_read": true, "pipeline_write": true, "ratio": 1.0},
+        "offload_param": {"device": "nvme", "nvme_path": "/tmp/x", "buffer_count": 5,
+          "buffer_size": 1000}}, "aio": {"block_size": 8192, "queue_depth": 4}})",
+      2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->warnings.empty()) << r->warnings[0];
+  EXPECT_TRUE(r->zero.offload_optimizer.pipeline_read);
+  EXPECT_EQ(r->zero.offload_param.buffer_size, 1000);
+  // Ignored keys are still type-checked, naming the key.
+  for (const auto& [tail, path] : std::vector<std::pair<std::string, std::string>>{
+           {R"("offload_optimizer": {"device": "cpu", "pipeline": "yes"}}})",
+            z + "offload_optimizer.pipeline"},
+           {R"("offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": "most"}}})",
+            z + "offload_optimizer.cpuadam_cores_perc"},
+           {R"("offload_optimizer": {"device": "none"}}, "aio": {"use_gds": 1.5}})",
+            "deepspeed_config.aio.use_gds"},
+           {R"("offload_optimizer": {"device": "none"}}, "aio": {"thread_count": "x"}})",
+            "deepspeed_config.aio.thread_count"}}) {
+    r = ParseDeepSpeedConfig(head + tail, 2);
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument, path + ": expected"));
+  }
 }
 
 }  // namespace

@@ -2,10 +2,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace loom::engine {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 constexpr char kTiny[] = R"({
   "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
@@ -47,10 +51,7 @@ TEST(ParseLlamaConfigTest, DefaultsKvHeadsAndAcceptsIntegralFloats) {
 
 void ExpectError(const std::string& json, const std::string& needle) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(json);
-  ASSERT_FALSE(c.ok()) << json;
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find(needle), std::string::npos)
-      << c.status().message() << " lacks " << needle;
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument, needle)) << json;
 }
 
 TEST(ParseLlamaConfigTest, ErrorsNameTheField) {

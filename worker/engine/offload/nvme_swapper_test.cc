@@ -10,10 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace loom::engine::offload {
 namespace {
+
+using ::loom::testing::StatusIs;
 
 std::string TmpDir(const std::string& name) {
   return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
@@ -181,9 +185,7 @@ TEST(NvmeSwapperTest, InvalidOptionsAndOversizedRecordsAreRefused) {
   o = Options("bad", true);
   o.dir = "/proc/loom_no_such_dir/x";
   auto fail = NvmeSwapper::Create(o);
-  EXPECT_FALSE(fail.ok());
-  EXPECT_NE(fail.status().message().find("/proc/loom_no_such_dir"), std::string::npos)
-      << fail.status();
+  EXPECT_THAT(fail, StatusIs(absl::StatusCode::kNotFound, "/proc/loom_no_such_dir"));
 }
 
 TEST(NvmeSwapperTest, FilesAreRemovedWithTheSwapper) {

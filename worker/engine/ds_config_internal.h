@@ -1,0 +1,90 @@
+// Internal to ds_config.cc and ds_config_offload.cc: the key-policy helpers of the DeepSpeed
+// config parser (ds_config.h has the policy) and the offload / aio section parsers. Not a public
+// API. Errors are INVALID_ARGUMENT "<key path>: <what>"; all functions are pure and thread-safe.
+#ifndef LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_
+#define LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/ds_config.h"
+#include "worker/engine/json_fields.h"
+
+namespace loom::engine::ds_config_internal {
+
+using nlohmann::json;
+using json_fields::Join;
+
+inline constexpr char kRoot[] = "deepspeed_config";
+
+inline absl::Status Invalid(const std::string& path, const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
+}
+
+inline absl::Status Unsupported(const std::string& path, const std::string& what) {
+  return Invalid(path, absl::StrCat(what, " is not supported yet"));
+}
+
+// Rejects keys of `obj` outside `known`.
+inline absl::Status CheckKeys(const json& obj, const std::string& path,
+                       const std::set<std::string>& known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (known.count(it.key()) == 0) return Invalid(Join(path, it.key()), "unknown key");
+  }
+  return absl::OkStatus();
+}
+
+// Keys present in `obj` that the engine accepts without implementing them: a warning each.
+inline void WarnIgnored(const json& obj, const std::string& path, const std::set<std::string>& keys,
+                 const std::string& why, std::vector<std::string>* warnings) {
+  for (const std::string& k : keys) {
+    if (obj.contains(k)) warnings->push_back(absl::StrCat(Join(path, k), ": ignored (", why, ")"));
+  }
+}
+
+inline absl::StatusOr<const json*> OptObject(const json& obj, const std::string& key,
+                                      const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return static_cast<const json*>(nullptr);
+  if (!it->is_object()) return Invalid(Join(path, key), "expected a JSON object");
+  return &*it;
+}
+
+template <typename T, typename R>
+absl::Status Read(R result, T* out) {
+  if (!result.ok()) return result.status();
+  if (result->has_value()) *out = static_cast<T>(**result);
+  return absl::OkStatus();
+}
+
+inline absl::Status ReadInt(const json& o, const std::string& k, const std::string& p, int64_t* out) {
+  return Read(json_fields::OptInt(o, k, p), out);
+}
+inline absl::Status ReadDouble(const json& o, const std::string& k, const std::string& p, double* out) {
+  return Read(json_fields::OptDouble(o, k, p), out);
+}
+inline absl::Status ReadBool(const json& o, const std::string& k, const std::string& p, bool* out) {
+  return Read(json_fields::OptBool(o, k, p), out);
+}
+inline absl::Status ReadString(const json& o, const std::string& k, const std::string& p,
+                        std::string* out) {
+  return Read(json_fields::OptString(o, k, p), out);
+}
+
+// zero_optimization.<key> (offload_param when is_param, else offload_optimizer) into `o`, with
+// DeepSpeed's defaults; warnings for the keys Loom does not act on.
+absl::Status ParseOffload(const json& zero, const std::string& key, const std::string& zpath,
+                          OffloadConfig* o, bool is_param, std::vector<std::string>* warnings);
+
+// The top-level "aio" section into c->aio; warnings for the libaio keys.
+absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
+
+}  // namespace loom::engine::ds_config_internal
+
+#endif  // LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_
