@@ -66,8 +66,15 @@ def run_trainer(trainer, spec_path, world, ckpt, deadline_s=180):
     procs = [subprocess.Popen(base + ["--rank=0", "--master_port=0"], stdout=subprocess.PIPE,
                               text=True)]
     if world > 1:
-        line = procs[0].stdout.readline()
-        port = json.loads(line)["port"]
+        port = None
+        while port is None:  # rank 0's events up to its rendezvous (process_start comes first)
+            line = procs[0].stdout.readline()
+            if not line:
+                procs[0].kill()
+                raise SystemExit("rank 0 exited before its rendezvous event")
+            event = json.loads(line)
+            if event.get("event") == "rendezvous":
+                port = event["port"]
         for r in range(1, world):
             procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"],
                                           stdout=subprocess.DEVNULL))

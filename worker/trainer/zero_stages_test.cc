@@ -35,6 +35,7 @@
 #include "storage/checkpoint/consolidate.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/safetensors/safetensors.h"
+#include "worker/trainer/exit_codes.h"
 #include "worker/trainer/gang_test_util.h"
 
 namespace {
@@ -739,7 +740,7 @@ TEST(ZeroStagesKeyPolicyTest, WarningsAndOffloadRefusal) {
   // Offload itself is implemented (worker/engine/offload); partial offload is not.
   json off = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}};
   GangResult o = RunGang("offload", Spec("offload", 1, 1, off), 1, {});
-  EXPECT_EQ(o.exit_codes[0], 2);
+  EXPECT_EQ(o.exit_codes[0], loom::kTrainerExitConfigError);  // a configuration error: no restart
   std::vector<json> errors = o.Of(0, "error");
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0]["message"].get<std::string>().find(
