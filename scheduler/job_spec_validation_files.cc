@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/utf8.h"
 #include "common/status_macros.h"
 #include "scheduler/job_spec_validation_limits.h"
 #include "storage/safetensors/safetensors.h"

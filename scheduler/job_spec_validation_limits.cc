@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/struct.pb.h"
@@ -205,48 +206,6 @@ absl::Status CheckModelConfigTypes(const google::protobuf::Struct& config) {
 }
 
 }  // namespace
-
-size_t FirstInvalidUtf8(absl::string_view s, bool allow_truncated_tail) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t extra;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + extra >= s.size()) {
-      if (!allow_truncated_tail) return i;
-      for (size_t k = i + 1; k < s.size(); ++k) {
-        if ((static_cast<unsigned char>(s[k]) & 0xC0) != 0x80) return i;
-      }
-      return absl::string_view::npos;
-    }
-    for (size_t k = 1; k <= extra; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
-        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
-      return i;
-    }
-    i += extra + 1;
-  }
-  return absl::string_view::npos;
-}
 
 absl::Status ValidateJobSpecLimits(const loom::v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckName(spec.name()));

@@ -29,11 +29,8 @@ inline constexpr size_t kMaxSpecTextBytes = 256;
 // A real config.json plus ds_config.json is 1-3 KiB.
 inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
 
-// Offset of the first byte of `s` that does not start a valid UTF-8 sequence (overlong forms,
-// surrogates and code points past U+10FFFF are invalid), or npos if all of `s` is valid. With
-// `allow_truncated_tail`, a sequence cut off by the end of `s` is accepted (for a prefix of a
-// file). Thread-safe.
-size_t FirstInvalidUtf8(absl::string_view s, bool allow_truncated_tail = false);
+// FirstInvalidUtf8 (the UTF-8 check of every string here) is loom::FirstInvalidUtf8 in
+// common/utf8.h.
 
 // Checks, in this order (the first failure is returned):
 //   * name: the RFC 1123 label rule above ("name: ...");

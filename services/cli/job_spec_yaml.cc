@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -22,45 +23,6 @@ using nlohmann::json;
 
 // Spec files and the JSON files they name are small; a bigger one is a mistake (or /dev/zero).
 constexpr int64_t kMaxSpecFileBytes = 64 << 20;
-
-// Offset of the first byte of `s` that is not valid UTF-8, or npos. proto3 strings and JSON text
-// must be UTF-8, and yaml-cpp passes any bytes through.
-size_t FirstInvalidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t extra;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + extra >= s.size()) return i;
-    for (size_t k = 1; k <= extra; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
-    if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
-        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
-      return i;
-    }
-    i += extra + 1;
-  }
-  return std::string::npos;
-}
 
 // "line L, column C" (1-based) of byte `offset` of `s`.
 std::string LineAndColumn(const std::string& s, size_t offset) {

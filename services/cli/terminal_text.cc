@@ -3,39 +3,19 @@
 #include <cstdint>
 
 #include "absl/strings/str_format.h"
+#include "common/utf8.h"
 
 namespace loom::cli {
 namespace {
 
-// Length of the valid UTF-8 sequence starting at s[i] (2-4), or 0 if none starts there.
+// Length of the valid multi-byte UTF-8 sequence starting at s[i] (2-4), or 0 if none starts
+// there or it is a C1 control (escaped by the caller).
 size_t Utf8SequenceLength(absl::string_view s, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(s[i]);
-  size_t extra;
-  uint32_t cp;
-  if ((c & 0xE0) == 0xC0) {
-    extra = 1;
-    cp = c & 0x1F;
-  } else if ((c & 0xF0) == 0xE0) {
-    extra = 2;
-    cp = c & 0x0F;
-  } else if ((c & 0xF8) == 0xF0) {
-    extra = 3;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + extra >= s.size()) return 0;
-  for (size_t k = 1; k <= extra; ++k) {
-    const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
-      (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
-    return 0;
-  }
-  if (cp >= 0x80 && cp <= 0x9F) return 0;  // C1 control: escaped by the caller
-  return extra + 1;
+  uint32_t cp = 0;
+  const int n = DecodeUtf8(s, i, &cp);
+  if (n < 2) return 0;
+  if (cp >= 0x80 && cp <= 0x9F) return 0;
+  return static_cast<size_t>(n);
 }
 
 // Appends the escaped form of the character at s[i]; returns the bytes it consumed.
