@@ -310,7 +310,9 @@ class LocalClusterRestartTest : public RestartTestBase {
     worker_metrics_ = {Ready("worker-0").metrics_url, Ready("worker-1").metrics_url};
   }
   void TearDown() override {
-    if (started_) EXPECT_EQ(Script({"stop"}), 0) << Output();
+    if (started_) {
+      EXPECT_EQ(Script({"stop"}), 0) << Output();
+    }
   }
 
   // Runs the script with `args`; returns its exit code (output in Output()).
