@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "scheduler/field_path.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -26,13 +27,6 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 
-absl::Status Invalid(absl::string_view path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
-
-std::string Join(const std::string& prefix, absl::string_view field) {
-  return prefix.empty() ? std::string(field) : absl::StrCat(prefix, ".", field);
-}
 
 // Walks `msg` and its set sub-messages; the first message with unknown fields (fields a newer
 // client sent that this binary does not know) is reported with its path.
@@ -42,7 +36,7 @@ absl::Status CheckNoUnknownFields(const Message& msg, const std::string& path) {
   if (!unknown.empty()) {
     std::vector<int> numbers;
     for (int i = 0; i < unknown.field_count(); ++i) numbers.push_back(unknown.field(i).number());
-    return Invalid(path.empty() ? "spec" : path,
+    return InvalidField(path.empty() ? "spec" : path,
                    absl::StrCat("unknown field number", numbers.size() > 1 ? "s " : " ",
                                 absl::StrJoin(numbers, ", "), " (", msg.GetTypeName(), ")"));
   }
@@ -53,10 +47,10 @@ absl::Status CheckNoUnknownFields(const Message& msg, const std::string& path) {
     if (f->is_repeated()) {
       for (int i = 0; i < refl->FieldSize(msg, f); ++i) {
         RETURN_IF_ERROR(CheckNoUnknownFields(refl->GetRepeatedMessage(msg, f, i),
-                                             absl::StrCat(Join(path, f->name()), "[", i, "]")));
+                                             absl::StrCat(JoinFieldPath(path, f->name()), "[", i, "]")));
       }
     } else {
-      RETURN_IF_ERROR(CheckNoUnknownFields(refl->GetMessage(msg, f), Join(path, f->name())));
+      RETURN_IF_ERROR(CheckNoUnknownFields(refl->GetMessage(msg, f), JoinFieldPath(path, f->name())));
     }
   }
   return absl::OkStatus();
@@ -74,7 +68,7 @@ absl::StatusOr<std::string> StructToJson(const google::protobuf::Message& m,
   std::string json;
   auto status = google::protobuf::util::MessageToJsonString(m, &json);
   if (!status.ok()) {
-    return Invalid(path, absl::StrCat("cannot convert to JSON: ", status.ToString()));
+    return InvalidField(path, absl::StrCat("cannot convert to JSON: ", status.ToString()));
   }
   return json;
 }
@@ -87,11 +81,11 @@ bool PathExists(const std::string& path) {
 absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const engine::LlamaConfig& model,
                              const JobSpecValidationOptions& options) {
   if (d.name().empty() && d.path().empty()) {
-    return Invalid("dataset", "dataset.name or dataset.path is required (e.g. name: fortunes)");
+    return InvalidField("dataset", "dataset.name or dataset.path is required (e.g. name: fortunes)");
   }
   if (!d.path().empty()) {
     if (!PathExists(d.path())) {
-      return Invalid("dataset.path", absl::StrCat("'", d.path(), "' does not exist"));
+      return InvalidField("dataset.path", absl::StrCat("'", d.path(), "' does not exist"));
     }
   } else if (d.name() == "fortunes") {
     if (!PathExists(options.fortunes_dir)) {
@@ -101,42 +95,42 @@ absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const engine::Llama
           "set dataset.path"));
     }
   } else {
-    return Invalid("dataset.name", absl::StrCat("'", d.name(),
+    return InvalidField("dataset.name", absl::StrCat("'", d.name(),
                                                 "' is not a built-in dataset (built-in: fortunes); "
                                                 "set dataset.path to its files"));
   }
   if (!d.tokenizer().empty() && d.tokenizer() != "byte") {
-    return Invalid("dataset.tokenizer",
+    return InvalidField("dataset.tokenizer",
                    absl::StrCat("unknown tokenizer '", d.tokenizer(), "' (supported: byte)"));
   }
   if (model.vocab_size < 256) {
-    return Invalid("dataset.tokenizer",
+    return InvalidField("dataset.tokenizer",
                    absl::StrCat("the byte tokenizer needs model.config.vocab_size >= 256, got ",
                                 model.vocab_size));
   }
   if (d.holdout_fraction() != 0.0 && !(d.holdout_fraction() > 0.0 && d.holdout_fraction() <= 0.5)) {
-    return Invalid("dataset.holdout_fraction",
+    return InvalidField("dataset.holdout_fraction",
                    absl::StrCat("must be in (0, 0.5], got ", d.holdout_fraction()));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateTraining(const loom::v1::TrainingSpec& t, const engine::LlamaConfig& model) {
-  if (t.steps() < 1) return Invalid("training.steps", absl::StrCat("must be >= 1, got ", t.steps()));
+  if (t.steps() < 1) return InvalidField("training.steps", absl::StrCat("must be >= 1, got ", t.steps()));
   if (t.sequence_length() < 2 || t.sequence_length() > model.max_position_embeddings) {
-    return Invalid("training.sequence_length",
+    return InvalidField("training.sequence_length",
                    absl::StrCat("must be in [2, model.config.max_position_embeddings = ",
                                 model.max_position_embeddings, "], got ", t.sequence_length()));
   }
   if (t.eval_every_steps() < 0) {
-    return Invalid("training.eval_every_steps",
+    return InvalidField("training.eval_every_steps",
                    absl::StrCat("must be >= 0, got ", t.eval_every_steps()));
   }
   if (t.eval_batches() < 0) {
-    return Invalid("training.eval_batches", absl::StrCat("must be >= 0, got ", t.eval_batches()));
+    return InvalidField("training.eval_batches", absl::StrCat("must be >= 0, got ", t.eval_batches()));
   }
   if (t.threads_per_rank() < 0 || t.threads_per_rank() > kMaxThreadsPerRank) {
-    return Invalid("training.threads_per_rank",
+    return InvalidField("training.threads_per_rank",
                    absl::StrCat("must be in [0, ", kMaxThreadsPerRank, "], got ",
                                 t.threads_per_rank()));
   }
@@ -152,33 +146,33 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
 
   const loom::v1::ResourceSpec& r = spec.resources();
   if (r.num_ranks() < 1 || r.num_ranks() > kMaxNumRanks) {
-    return Invalid("resources.num_ranks",
+    return InvalidField("resources.num_ranks",
                    absl::StrCat("must be in [1, ", kMaxNumRanks, "], got ", r.num_ranks()));
   }
   if (!loom::v1::AcceleratorKind_IsValid(r.accelerator())) {
-    return Invalid("resources.accelerator", absl::StrCat("unknown kind ", r.accelerator()));
+    return InvalidField("resources.accelerator", absl::StrCat("unknown kind ", r.accelerator()));
   }
   // The placement fields, checked as workers' inventories are (RegisterWorker): a value no node
   // can ever report would leave the job pending forever.
   if (!r.cpu_arch().empty() && r.cpu_arch() != "x86_64" && r.cpu_arch() != "aarch64") {
-    return Invalid("resources.cpu_arch",
+    return InvalidField("resources.cpu_arch",
                    absl::StrCat("must be x86_64 or aarch64 (or empty), got '",
                                 absl::CEscape(r.cpu_arch().substr(0, 64)), "'"));
   }
   if (r.accelerator_memory_bytes() < 0) {
-    return Invalid("resources.accelerator_memory_bytes", "must be >= 0");
+    return InvalidField("resources.accelerator_memory_bytes", "must be >= 0");
   }
-  if (r.host_memory_bytes() < 0) return Invalid("resources.host_memory_bytes", "must be >= 0");
+  if (r.host_memory_bytes() < 0) return InvalidField("resources.host_memory_bytes", "must be >= 0");
   for (const auto& [key, value] : r.node_selector()) {
     if (key.empty() || key.size() > 63 || value.size() > 63) {
-      return Invalid("resources.node_selector",
+      return InvalidField("resources.node_selector",
                      absl::StrCat("keys must be 1-63 bytes and values at most 63 bytes (key '",
                                   absl::CEscape(key.substr(0, 64)), "')"));
     }
   }
 
   if (!spec.model().has_config()) {
-    return Invalid("model.config", "required (a Hugging Face Llama config.json object)");
+    return InvalidField("model.config", "required (a Hugging Face Llama config.json object)");
   }
   ASSIGN_OR_RETURN(std::string model_json, StructToJson(spec.model().config(), "model.config"));
   absl::StatusOr<engine::LlamaConfig> model = engine::ParseLlamaConfig(model_json);
@@ -187,11 +181,11 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
     const std::string& dir = spec.model().init_from();
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return Invalid("model.init_from", absl::StrCat("'", dir, "' is not a directory"));
+      return InvalidField("model.init_from", absl::StrCat("'", dir, "' is not a directory"));
     }
     if (::access(absl::StrCat(dir, "/model.safetensors").c_str(), R_OK) != 0 &&
         ::access(absl::StrCat(dir, "/model.safetensors.index.json").c_str(), R_OK) != 0) {
-      return Invalid("model.init_from",
+      return InvalidField("model.init_from",
                      absl::StrCat("'", dir,
                                   "' holds neither model.safetensors nor "
                                   "model.safetensors.index.json (use loomctl consolidate)"));
@@ -208,7 +202,7 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   }
 
   if (!spec.has_deepspeed_config()) {
-    return Invalid("deepspeed_config",
+    return InvalidField("deepspeed_config",
                    "required (a DeepSpeed ds_config.json object with at least "
                    "train_micro_batch_size_per_gpu and optimizer)");
   }
@@ -217,28 +211,28 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   if (!ds.ok()) return WithPrefix(ds.status(), "deepspeed_config");
 
   if (spec.checkpoint().interval_steps() < 0) {
-    return Invalid("checkpoint.interval_steps",
+    return InvalidField("checkpoint.interval_steps",
                    absl::StrCat("must be >= 0, got ", spec.checkpoint().interval_steps()));
   }
   if (spec.checkpoint().keep_last() < 0) {
-    return Invalid("checkpoint.keep_last",
+    return InvalidField("checkpoint.keep_last",
                    absl::StrCat("must be >= 0 (0 keeps every checkpoint), got ",
                                 spec.checkpoint().keep_last()));
   }
   if (spec.checkpoint().keep_best() < 0) {
-    return Invalid("checkpoint.keep_best",
+    return InvalidField("checkpoint.keep_best",
                    absl::StrCat("must be >= 0, got ", spec.checkpoint().keep_best()));
   }
   const std::string& metric = spec.checkpoint().best_metric();
   if (!metric.empty() && metric != "eval_loss" && metric != "train_loss") {
-    return Invalid("checkpoint.best_metric",
+    return InvalidField("checkpoint.best_metric",
                    absl::StrCat("'", metric, "' is not recorded (eval_loss or train_loss)"));
   }
   if (spec.max_restarts() < 0) {
-    return Invalid("max_restarts", absl::StrCat("must be >= 0, got ", spec.max_restarts()));
+    return InvalidField("max_restarts", absl::StrCat("must be >= 0, got ", spec.max_restarts()));
   }
   if (spec.max_infra_restarts() < -1) {
-    return Invalid("max_infra_restarts",
+    return InvalidField("max_infra_restarts",
                    absl::StrCat("must be >= 0, or -1 for the scheduler's default; got ",
                                 spec.max_infra_restarts()));
   }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "scheduler/field_path.h"
 #include "common/utf8.h"
 #include "common/status_macros.h"
 #include "scheduler/job_spec_validation_limits.h"
@@ -28,11 +29,8 @@
 namespace loom {
 namespace {
 
-absl::Status Invalid(absl::string_view path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 
-absl::Status DatasetError(absl::string_view what) { return Invalid("dataset.path", what); }
+absl::Status DatasetError(absl::string_view what) { return InvalidField("dataset.path", what); }
 
 struct CorpusFile {
   std::string path;
@@ -144,7 +142,7 @@ absl::Status ValidateDatasetFiles(const std::string& path, double holdout_fracti
   const int64_t train = static_cast<int64_t>(corpus->train.size());
   const int64_t heldout = static_cast<int64_t>(corpus->heldout.size());
   if (train < window_tokens || heldout < window_tokens) {
-    return Invalid("training.sequence_length",
+    return InvalidField("training.sequence_length",
                    absl::StrCat("a window of sequence_length + 1 = ", window_tokens,
                                 " tokens does not fit the corpus at dataset.path '", path,
                                 "' (", train, " train and ", heldout,
@@ -166,28 +164,28 @@ absl::Status ValidateInitFromShapes(const std::string& dir, const engine::LlamaC
     if (it != readers.end()) return it->second.get();
     absl::StatusOr<std::unique_ptr<safetensors::Reader>> r =
         safetensors::Reader::Open(absl::StrCat(dir, "/", file));
-    if (!r.ok()) return Invalid("model.init_from", r.status().message());
+    if (!r.ok()) return InvalidField("model.init_from", r.status().message());
     return (readers[file] = std::move(*r)).get();
   };
   const std::string index_path = absl::StrCat(dir, "/model.safetensors.index.json");
   struct stat st;
   if (::stat(index_path.c_str(), &st) == 0) {
     absl::StatusOr<std::string> text = ReadRegularFile(index_path, 64 << 20);
-    if (!text.ok()) return Invalid("model.init_from", text.status().message());
+    if (!text.ok()) return InvalidField("model.init_from", text.status().message());
     nlohmann::json index = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
         !index["weight_map"].is_object()) {
-      return Invalid("model.init_from", absl::StrCat(index_path, ": no weight_map object"));
+      return InvalidField("model.init_from", absl::StrCat(index_path, ": no weight_map object"));
     }
     for (const auto& [name, file] : index["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
-        return Invalid("model.init_from", absl::StrCat(index_path, ": weight_map[\"", name,
+        return InvalidField("model.init_from", absl::StrCat(index_path, ": weight_map[\"", name,
                                                        "\"] is not a file name in ", dir));
       }
       ASSIGN_OR_RETURN(const safetensors::Reader* reader, open(file.get<std::string>()));
       const safetensors::TensorEntry* e = reader->Find(name);
       if (e == nullptr) {
-        return Invalid("model.init_from",
+        return InvalidField("model.init_from",
                        absl::StrCat(index_path, ": tensor '", name, "' is mapped to ",
                                     file.get<std::string>(), ", which does not hold it"));
       }
@@ -205,18 +203,18 @@ absl::Status ValidateInitFromShapes(const std::string& dir, const engine::LlamaC
     implied.insert(p.name);
     auto it = tensors.find(p.name);
     if (it == tensors.end()) {
-      return Invalid("model.init_from",
+      return InvalidField("model.init_from",
                      absl::StrCat("tensor '", p.name, "' (shape ", Shape(p.shape),
                                   " for model.config) is missing from ", dir));
     }
     if (it->second.shape != p.shape) {
-      return Invalid("model.init_from",
+      return InvalidField("model.init_from",
                      absl::StrCat("tensor '", p.name, "' has shape ", Shape(it->second.shape),
                                   " in ", it->second.file, "; model.config implies ",
                                   Shape(p.shape)));
     }
     if (it->second.dtype != "F32" && it->second.dtype != "BF16") {
-      return Invalid("model.init_from", absl::StrCat("tensor '", p.name, "' is ",
+      return InvalidField("model.init_from", absl::StrCat("tensor '", p.name, "' is ",
                                                      it->second.dtype, " in ", it->second.file,
                                                      "; only F32 and BF16 are read"));
     }
@@ -225,7 +223,7 @@ absl::Status ValidateInitFromShapes(const std::string& dir, const engine::LlamaC
   for (const auto& [name, entry] : tensors) {
     if (implied.count(name) || IsRotaryBuffer(name)) continue;
     if (absl::StartsWith(name, "model.layers.")) {
-      return Invalid("model.init_from",
+      return InvalidField("model.init_from",
                      absl::StrCat("tensor '", name, "' in ", entry.file,
                                   " is not part of the model model.config describes "
                                   "(num_hidden_layers ", config.num_hidden_layers, ")"));

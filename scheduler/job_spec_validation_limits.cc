@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "scheduler/field_path.h"
 #include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -21,13 +22,6 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 
-absl::Status Invalid(absl::string_view path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
-
-std::string Join(const std::string& prefix, absl::string_view field) {
-  return prefix.empty() ? std::string(field) : absl::StrCat(prefix, ".", field);
-}
 
 // A short, escaped excerpt of a user's string for an error message.
 std::string Excerpt(absl::string_view s) {
@@ -53,7 +47,7 @@ size_t FirstControlCharacter(absl::string_view s) {
 absl::Status CheckName(const std::string& name) {
   if (name.empty()) return absl::OkStatus();
   auto describe = [&](absl::string_view what) {
-    return Invalid("name", absl::StrCat(what, " (got \"", Excerpt(name), "\", ", name.size(),
+    return InvalidField("name", absl::StrCat(what, " (got \"", Excerpt(name), "\", ", name.size(),
                                         " bytes); a job name is at most ", kMaxJobNameBytes,
                                         " lowercase letters, digits and '-', starting and "
                                         "ending with a letter or digit"));
@@ -75,14 +69,14 @@ absl::Status CheckName(const std::string& name) {
 
 absl::Status CheckText(const std::string& path, const std::string& value, size_t max_bytes) {
   if (value.size() > max_bytes) {
-    return Invalid(path, absl::StrCat(value.size(), " bytes, more than the ", max_bytes,
+    return InvalidField(path, absl::StrCat(value.size(), " bytes, more than the ", max_bytes,
                                       " allowed (starts with \"", Excerpt(value), "\")"));
   }
   if (size_t bad = FirstInvalidUtf8(value); bad != std::string::npos) {
-    return Invalid(path, absl::StrCat("not UTF-8 (byte ", bad, ")"));
+    return InvalidField(path, absl::StrCat("not UTF-8 (byte ", bad, ")"));
   }
   if (size_t bad = FirstControlCharacter(value); bad != std::string::npos) {
-    return Invalid(path, absl::StrCat("control character at byte ", bad, " (\"", Excerpt(value),
+    return InvalidField(path, absl::StrCat("control character at byte ", bad, " (\"", Excerpt(value),
                                       "\"); terminal escapes and line breaks are not allowed"));
   }
   return absl::OkStatus();
@@ -94,7 +88,7 @@ absl::Status CheckStrings(const Message& msg, const std::string& path) {
   std::vector<const FieldDescriptor*> fields;
   refl->ListFields(msg, &fields);
   for (const FieldDescriptor* f : fields) {
-    const std::string child = Join(path, f->name());
+    const std::string child = JoinFieldPath(path, f->name());
     if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
       const size_t limit =
           (child == "model.init_from" || child == "dataset.path") ? kMaxSpecPathBytes
@@ -149,7 +143,7 @@ bool LooksNumeric(const std::string& s) {
 }
 
 absl::Status StringForNumber(const std::string& path, const std::string& value) {
-  return Invalid(path, absl::StrCat("expected a number, got the string \"", Excerpt(value),
+  return InvalidField(path, absl::StrCat("expected a number, got the string \"", Excerpt(value),
                                     "\" (write it without quotes)"));
 }
 
@@ -162,7 +156,7 @@ absl::Status CheckNoQuotedNumbers(const google::protobuf::Value& v, const std::s
       return absl::OkStatus();
     case google::protobuf::Value::kStructValue:
       for (const auto& [key, child] : v.struct_value().fields()) {
-        RETURN_IF_ERROR(CheckNoQuotedNumbers(child, Join(path, key)));
+        RETURN_IF_ERROR(CheckNoQuotedNumbers(child, JoinFieldPath(path, key)));
       }
       return absl::OkStatus();
     case google::protobuf::Value::kListValue:
@@ -197,7 +191,7 @@ absl::Status CheckModelConfigTypes(const google::protobuf::Struct& config) {
     auto it = config.fields().find(key);
     if (it != config.fields().end() &&
         it->second.kind_case() == google::protobuf::Value::kStringValue) {
-      return Invalid(absl::StrCat("model.config.", key),
+      return InvalidField(absl::StrCat("model.config.", key),
                      absl::StrCat("expected true or false, got the string \"",
                                   Excerpt(it->second.string_value()), "\""));
     }
@@ -213,7 +207,7 @@ absl::Status ValidateJobSpecLimits(const loom::v1::JobSpec& spec) {
   const size_t bytes = spec.ByteSizeLong();
   if (bytes > kMaxJobSpecBytes) {
     const auto [field, field_bytes] = LargestField(spec);
-    return Invalid("spec", absl::StrCat(bytes, " bytes serialized, more than the ",
+    return InvalidField("spec", absl::StrCat(bytes, " bytes serialized, more than the ",
                                         kMaxJobSpecBytes, " allowed (largest field: ", field, ", ",
                                         field_bytes, " bytes)"));
   }
