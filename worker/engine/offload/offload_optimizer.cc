@@ -18,31 +18,19 @@ OffloadOptimizer::OffloadOptimizer(const OffloadOptimizerOptions& options)
 
 absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::Create(
     const OffloadOptimizerOptions& options, const std::vector<int64_t>& partition_numels) {
-  if (options.sub_group_size <= 0) {
-    return absl::InvalidArgumentError("zero_optimization.sub_group_size: must be positive");
-  }
+  ASSIGN_OR_RETURN(optim::SubGroupPlan plan,
+                   optim::SubGroupPlan::Create(partition_numels, options.sub_group_size));
   std::unique_ptr<OffloadOptimizer> o(new OffloadOptimizer(options));
+  o->plan_.emplace(std::move(plan));
   o->numels_ = partition_numels;
   int64_t max_numel = 0;
-  for (int64_t n : partition_numels) {
-    o->offsets_.push_back(o->total_);
-    o->total_ += n;
-    max_numel = std::max(max_numel, n);
-  }
-  // Sub-groups: whole parameters, greedily up to sub_group_size elements.
   for (size_t i = 0; i < partition_numels.size(); ++i) {
-    if (o->groups_.empty() ||
-        o->groups_.back().numel + partition_numels[i] > options.sub_group_size) {
-      Group g;
-      g.first = g.last = i;
-      g.offset = o->offsets_[i];
-      o->groups_.push_back(g);
-    }
-    o->groups_.back().last = i + 1;
-    o->groups_.back().numel += partition_numels[i];
+    o->offsets_.push_back(o->plan_->partition_offset(i));
+    max_numel = std::max(max_numel, partition_numels[i]);
   }
+  o->total_ = o->plan_->total_numel();
   int64_t max_group = 0;
-  for (const Group& g : o->groups_) max_group = std::max(max_group, g.numel);
+  for (const Group& g : o->plan_->sub_groups()) max_group = std::max(max_group, g.numel);
 
   if (options.optimizer_nvme) {
     if (options.optimizer_buffer_count < 3) {
@@ -65,7 +53,7 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::Create(
     so.queue_depth = options.aio_queue_depth;
     ASSIGN_OR_RETURN(o->opt_swapper_, NvmeSwapper::Create(so));
     std::vector<int64_t> bytes;
-    for (const Group& g : o->groups_) bytes.push_back(g.numel * 4);
+    for (const Group& g : o->plan_->sub_groups()) bytes.push_back(g.numel * 4);
     ASSIGN_OR_RETURN(o->s_master_, o->opt_swapper_->AddStream("fp32_master", bytes));
     ASSIGN_OR_RETURN(o->s_m_, o->opt_swapper_->AddStream("exp_avg", bytes));
     ASSIGN_OR_RETURN(o->s_v_, o->opt_swapper_->AddStream("exp_avg_sq", bytes));
@@ -132,9 +120,8 @@ absl::Status OffloadOptimizer::InitParam(size_t i, const float* values) {
   // filled stays in one buffer (read first: a record never written reads as zeros) and is
   // written when the next group starts or before anything else touches the files. Moments stay
   // unwritten, which reads as zeros.
-  const auto it = std::upper_bound(groups_.begin(), groups_.end(), i,
-                                   [](size_t v, const Group& g) { return v < g.last; });
-  const int64_t record = it - groups_.begin();
+  const int64_t record = plan_->sub_group_of(i);
+  const Group* it = &plan_->sub_group(record);
   if (record != init_group_) {
     RETURN_IF_ERROR(FinishInit());
     ASSIGN_OR_RETURN(init_buf_, opt_swapper_->Acquire());
@@ -190,7 +177,7 @@ absl::Status OffloadOptimizer::Step(int64_t t, double lr, const std::vector<floa
     return absl::InvalidArgumentError("offload step: one gradient and parameter per partition");
   }
   if (!options_.optimizer_nvme) {
-    for (const Group& g : groups_) {
+    for (const Group& g : plan_->sub_groups()) {
       if (master_is_model()) {
         // The model's tensors are the master: update them in place, parameter by parameter.
         for (size_t i = g.first; i < g.last; ++i) {
@@ -230,7 +217,7 @@ absl::Status OffloadOptimizer::Step(int64_t t, double lr, const std::vector<floa
   for (int64_t gi = 0; gi < n; ++gi) {
     if (prefetch && gi + 1 < n) RETURN_IF_ERROR(start_reads(gi + 1, &next));
     for (int k = 0; k < 3; ++k) RETURN_IF_ERROR(sw.WaitRead(cur.buf[k]));
-    const Group& g = groups_[gi];
+    const Group& g = plan_->sub_group(gi);
     UpdateGroup(g, t, lr, sw.floats(cur.buf[0]), sw.floats(cur.buf[1]), sw.floats(cur.buf[2]),
                 grads);
     RETURN_IF_ERROR(PublishGroup(g, sw.floats(cur.buf[0]), model_params));
@@ -288,7 +275,7 @@ absl::Status OffloadOptimizer::ExportGroupSection(int64_t g, int which,
   if (g < 0 || g >= num_sub_groups() || which < 0 || which > 2) {
     return absl::OutOfRangeError(absl::StrCat("sub-group ", g, " section ", which));
   }
-  const Group& gr = groups_[g];
+  const Group& gr = plan_->sub_group(g);
   if (options_.optimizer_nvme) {
     const int streams[3] = {s_master_, s_m_, s_v_};
     return opt_swapper_->Read(streams[which], g, dst, gr.numel * 4);
@@ -313,7 +300,7 @@ absl::Status OffloadOptimizer::ImportGroupSection(int64_t g, int which,
   if (g < 0 || g >= num_sub_groups() || which < 0 || which > 2) {
     return absl::OutOfRangeError(absl::StrCat("sub-group ", g, " section ", which));
   }
-  const Group& gr = groups_[g];
+  const Group& gr = plan_->sub_group(g);
   if (options_.optimizer_nvme) {
     const int streams[3] = {s_master_, s_m_, s_v_};
     RETURN_IF_ERROR(opt_swapper_->Write(streams[which], g, src, gr.numel * 4));
@@ -341,7 +328,7 @@ absl::Status OffloadOptimizer::ExportState(const std::vector<float*>& model_para
   float* outs[3] = {master, exp_avg, exp_avg_sq};
   for (int64_t g = 0; g < num_sub_groups(); ++g) {
     for (int k = 0; k < 3; ++k) {
-      RETURN_IF_ERROR(ExportGroupSection(g, k, model_params, outs[k] + groups_[g].offset));
+      RETURN_IF_ERROR(ExportGroupSection(g, k, model_params, outs[k] + plan_->sub_group(g).offset));
     }
   }
   return absl::OkStatus();
@@ -353,7 +340,7 @@ absl::Status OffloadOptimizer::ImportState(const std::vector<float*>& model_para
   const float* ins[3] = {master, exp_avg, exp_avg_sq};
   for (int64_t g = 0; g < num_sub_groups(); ++g) {
     for (int k = 0; k < 3; ++k) {
-      RETURN_IF_ERROR(ImportGroupSection(g, k, model_params, ins[k] + groups_[g].offset));
+      RETURN_IF_ERROR(ImportGroupSection(g, k, model_params, ins[k] + plan_->sub_group(g).offset));
     }
   }
   return absl::OkStatus();

@@ -13,7 +13,8 @@
 // Layout: the rank's flat partition is the concatenation of its parameter partitions (p_i
 // elements each, in model order — the order of the checkpoint sections). Sub-groups are runs of
 // whole parameters of at most sub_group_size elements (a larger parameter is a sub-group of its
-// own), as DeepSpeed's stage 3 builds fp32 sub-groups; each is one record of each NVMe stream.
+// own), as DeepSpeed's stage 3 builds fp32 sub-groups: the cut of optim::SubGroupPlan
+// (worker/engine/optim/sub_groups.h), plan(). Each is one record of each NVMe stream.
 //
 // Where things live (fp32 training: the "16-bit" model parameter is fp32 too):
 //   optimizer cpu,  params in memory: master = the model's partition tensors (updated in place,
@@ -32,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/offload/cpu_adam.h"
 #include "worker/engine/offload/nvme_swapper.h"
+#include "worker/engine/optim/sub_groups.h"
 
 namespace loom::engine::offload {
 
@@ -110,11 +113,13 @@ class OffloadOptimizer {
                                   float* dst);
   absl::Status ImportGroupSection(int64_t g, int which, const std::vector<float*>& model_params,
                                   const float* src);
-  int64_t group_end(int64_t g) const { return groups_[g].offset + groups_[g].numel; }
+  int64_t group_end(int64_t g) const { return plan_->group_end(g); }
+  // The sub-group cut (its readiness state is unused here).
+  const optim::SubGroupPlan& plan() const { return *plan_; }
 
   bool params_nvme() const { return options_.params_nvme; }
   bool optimizer_nvme() const { return options_.optimizer_nvme; }
-  int64_t num_sub_groups() const { return static_cast<int64_t>(groups_.size()); }
+  int64_t num_sub_groups() const { return plan_->num_sub_groups(); }
   // Bytes of model state this object keeps in host memory (moments, master copies, buffers).
   int64_t resident_bytes() const;
   const CpuAdam& adam() const { return adam_; }
@@ -123,11 +128,7 @@ class OffloadOptimizer {
   int64_t nvme_bytes_written() const;
 
  private:
-  struct Group {
-    size_t first = 0, last = 0;  // parameters [first, last)
-    int64_t offset = 0;          // flat element offset
-    int64_t numel = 0;
-  };
+  using Group = optim::SubGroup;
   OffloadOptimizer(const OffloadOptimizerOptions& options);
   // Updates the sub-group whose master/m/v are at the given pointers.
   void UpdateGroup(const Group& g, int64_t t, double lr, float* master, float* m, float* v,
@@ -142,7 +143,7 @@ class OffloadOptimizer {
   OffloadOptimizerOptions options_;
   CpuAdam adam_;
   std::vector<int64_t> numels_, offsets_;
-  std::vector<Group> groups_;
+  std::optional<optim::SubGroupPlan> plan_;  // set by Create
   int64_t total_ = 0;
   // Host-memory state (optimizer cpu).
   std::vector<float> master_, exp_avg_, exp_avg_sq_;
