@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace loom::engine::offload {
 
 // ---- ThreadPool ----
@@ -202,9 +204,9 @@ bool CpuAdam::ForceIsa(Isa isa) {
   return true;
 }
 
-void CpuAdam::Step(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
-                   float* exp_avg_sq, int64_t n) {
-  const CpuAdamOptions& o = options_;
+namespace {
+
+Coeffs MakeCoeffs(const CpuAdamOptions& o, int64_t t, double lr) {
   const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, static_cast<double>(t)) : 1.0;
   const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, static_cast<double>(t)) : 1.0;
   Coeffs c;
@@ -219,6 +221,26 @@ void CpuAdam::Step(int64_t t, double lr, float* param, const float* grad, float*
   c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   c.eps = static_cast<float>(o.eps);
   c.neg_step = static_cast<float>(-(lr / bc1));
+  return c;
+}
+
+}  // namespace
+
+CpuAdam::~CpuAdam() { Drain(); }
+
+void CpuAdam::Drain() {
+  if (async_.joinable()) async_.join();
+}
+
+void CpuAdam::Step(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
+                   float* exp_avg_sq, int64_t n) {
+  Drain();
+  RunKernel(t, lr, param, grad, exp_avg, exp_avg_sq, n);
+}
+
+void CpuAdam::RunKernel(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, int64_t n) {
+  const Coeffs c = MakeCoeffs(options_, t, lr);
   const KernelFn kernel = KernelFor(isa_);
   // Chunks of whole 64-byte lines (16 floats), at least 16K elements so that a thread's share
   // outweighs waking it.
@@ -227,6 +249,100 @@ void CpuAdam::Step(int64_t t, double lr, float* param, const float* grad, float*
     kernel(c, param + b, grad != nullptr ? grad + b : nullptr, exp_avg + b, exp_avg_sq + b,
            e - b);
   });
+}
+
+void CpuAdam::StepRange(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, int64_t begin, int64_t end) {
+  if (end <= begin) return;
+  Step(t, lr, param + begin, grad != nullptr ? grad + begin : nullptr, exp_avg + begin,
+       exp_avg_sq + begin, end - begin);
+}
+
+namespace {
+
+absl::Status CheckIndices(const char* what, const std::vector<int64_t>& indices, int64_t limit,
+                          int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CpuAdam: shape [", rows, ", ", cols, "] is negative"));
+  }
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] < 0 || indices[i] >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat("CpuAdam: ", what, " index ", indices[i],
+                                                     " (entry ", i, ") is outside [0, ", limit,
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuAdam::StepRows(int64_t t, double lr, float* param, const float* grad,
+                               float* exp_avg, float* exp_avg_sq, int64_t rows, int64_t cols,
+                               const std::vector<int64_t>& row_indices) {
+  if (absl::Status s = CheckIndices("row", row_indices, rows, rows, cols); !s.ok()) return s;
+  for (int64_t r : row_indices) StepRange(t, lr, param, grad, exp_avg, exp_avg_sq, r * cols,
+                                          (r + 1) * cols);
+  return absl::OkStatus();
+}
+
+absl::Status CpuAdam::StepColumns(int64_t t, double lr, float* param, const float* grad,
+                                  float* exp_avg, float* exp_avg_sq, int64_t rows, int64_t cols,
+                                  const std::vector<int64_t>& column_indices) {
+  if (absl::Status s = CheckIndices("column", column_indices, cols, rows, cols); !s.ok()) {
+    return s;
+  }
+  const int64_t k = static_cast<int64_t>(column_indices.size());
+  const int64_t n = rows * k;
+  if (n == 0) return absl::OkStatus();
+  // Gathered [rows, k] copies of the selected elements; the kernel is element-wise, so the
+  // layout does not change the result.
+  std::vector<float> p(n), g(grad != nullptr ? n : 0), m(n), v(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t src = r * cols + column_indices[j], dst = r * k + j;
+      p[dst] = param[src];
+      if (grad != nullptr) g[dst] = grad[src];
+      m[dst] = exp_avg[src];
+      v[dst] = exp_avg_sq[src];
+    }
+  }
+  Step(t, lr, p.data(), grad != nullptr ? g.data() : nullptr, m.data(), v.data(), n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t dst = r * cols + column_indices[j], src = r * k + j;
+      param[dst] = p[src];
+      exp_avg[dst] = m[src];
+      exp_avg_sq[dst] = v[src];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuAdam::StartStepAsync(int64_t t, double lr, float* param, const float* grad,
+                                     float* exp_avg, float* exp_avg_sq, int64_t n) {
+  if (async_.joinable()) {
+    return absl::FailedPreconditionError(
+        "CpuAdam::StartStepAsync: a step is already in flight (Wait for it first)");
+  }
+  if (n < 0 || (n > 0 && (param == nullptr || exp_avg == nullptr || exp_avg_sq == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CpuAdam::StartStepAsync: n = ", n, " with a null param, exp_avg or exp_avg_sq"));
+  }
+  async_ = std::thread(
+      [this, t, lr, param, grad, exp_avg, exp_avg_sq, n] {
+        RunKernel(t, lr, param, grad, exp_avg, exp_avg_sq, n);
+      });
+  return absl::OkStatus();
+}
+
+absl::Status CpuAdam::Wait() {
+  if (!async_.joinable()) {
+    return absl::FailedPreconditionError("CpuAdam::Wait: no asynchronous step in flight");
+  }
+  async_.join();
+  return absl::OkStatus();
 }
 
 }  // namespace loom::engine::offload

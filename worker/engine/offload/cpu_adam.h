@@ -21,8 +21,17 @@
 // op-by-op update the results differ by at most a few ulp per step (LibTorch's vectorised
 // add/addcmul use FMA on AVX2); see cpu_adam_test.cc for the measured bound.
 //
-// Thread-safety: Step() is not thread-safe (one caller at a time); it uses the object's own
-// worker threads.
+// Partial and asynchronous updates (for ZenFlow, TECHNIQUES.md §2.4, and SuperOffload, §4.1):
+// StepRange updates a contiguous range of a partition, StepRows / StepColumns the selected rows
+// or columns of a row-major [rows, cols] partition, and StartStepAsync / Wait run a full Step
+// on a worker thread. Every one applies exactly the per-element math of Step, so an update of
+// some elements is bit-identical to the same elements of a full Step on the same data
+// (cpu_adam_partial_test.cc checks each against a scalar reference loop and against Step).
+//
+// Thread-safety: one caller at a time (Step, StepRange, StepRows, StepColumns, StartStepAsync,
+// Wait); they use the object's own worker threads. An asynchronous step runs on one more
+// thread; a synchronous call made while it is in flight first waits for it (so updates apply in
+// call order), which is why overlapping work should use a second CpuAdam or wait explicitly.
 #ifndef LOOM_WORKER_ENGINE_OFFLOAD_CPU_ADAM_H_
 #define LOOM_WORKER_ENGINE_OFFLOAD_CPU_ADAM_H_
 
@@ -33,6 +42,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace loom::engine::offload {
 
@@ -90,6 +101,40 @@ class CpuAdam {
   void Step(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
             float* exp_avg_sq, int64_t n);
 
+  // Step of the elements [begin, end) only (0 <= begin <= end <= the arrays' length); the
+  // arrays are the whole partition (not offset by begin). The rest is left untouched.
+  void StepRange(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
+                 float* exp_avg_sq, int64_t begin, int64_t end);
+
+  // The arrays are a row-major [rows, cols] fp32 matrix (rows * cols elements). StepRows
+  // updates the listed rows (each a contiguous run of cols elements); StepColumns the listed
+  // columns (gathered into a contiguous buffer, stepped, scattered back: 4 extra copies of the
+  // selected elements). Indices must be distinct and in [0, rows) resp. [0, cols); duplicates
+  // would apply the step twice. ZenFlow flattens W[out, in] transposed, so its "columns" are
+  // rows here. Errors: INVALID_ARGUMENT naming the bad index or shape; nothing is updated then.
+  absl::Status StepRows(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, int64_t rows, int64_t cols,
+                        const std::vector<int64_t>& row_indices);
+  absl::Status StepColumns(int64_t t, double lr, float* param, const float* grad,
+                           float* exp_avg, float* exp_avg_sq, int64_t rows, int64_t cols,
+                           const std::vector<int64_t>& column_indices);
+
+  // Asynchronous Step: starts Step(t, lr, ...) on a worker thread and returns at once. Until
+  // Wait() returns, param / exp_avg / exp_avg_sq belong to the step and `grad` must not change:
+  // the caller accumulates the next gradients into a second buffer meanwhile (double
+  // buffering, as ZenFlow's overlap_grad[state] and SuperOffload's per-sub-group fp32 grad
+  // slots). Errors: FAILED_PRECONDITION when a step is already in flight; INVALID_ARGUMENT for
+  // n < 0 or a null param/exp_avg/exp_avg_sq.
+  absl::Status StartStepAsync(int64_t t, double lr, float* param, const float* grad,
+                              float* exp_avg, float* exp_avg_sq, int64_t n);
+  // Blocks until the asynchronous step has finished; OK once it has, FAILED_PRECONDITION when
+  // none was started since the last Wait.
+  absl::Status Wait();
+  bool step_in_flight() const { return async_.joinable(); }
+  ~CpuAdam();
+  CpuAdam(const CpuAdam&) = delete;
+  CpuAdam& operator=(const CpuAdam&) = delete;
+
   // Forces a kernel (tests, benchmarks). Returns false (and keeps the current one) if the CPU
   // lacks the instruction set.
   bool ForceIsa(Isa isa);
@@ -99,9 +144,16 @@ class CpuAdam {
   const CpuAdamOptions& options() const { return options_; }
 
  private:
+  // Waits for an asynchronous step, if any (before a synchronous update).
+  void Drain();
+  // The fused update over n elements on the pool (Step without the Drain).
+  void RunKernel(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
+                 float* exp_avg_sq, int64_t n);
+
   CpuAdamOptions options_;
   Isa isa_;
   ThreadPool pool_;
+  std::thread async_;  // the asynchronous step in flight, if joinable
 };
 
 }  // namespace loom::engine::offload
