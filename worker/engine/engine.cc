@@ -8,22 +8,25 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "storage/checkpoint/shard_format.h"
+#include "worker/engine/checkpoint_io.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/corpus.h"
 #include "worker/engine/loss_scaler.h"
 #include "worker/engine/offload/offload_optimizer.h"
-#include "worker/engine/optimizer.h"
+#include "worker/engine/optim/in_memory_adam.h"
+#include "worker/engine/optim/offload_pipeline.h"
+#include "worker/engine/optim/optimizer_pipeline.h"
+#include "worker/engine/optim/step_validation.h"
+#include "worker/engine/optim/sub_groups.h"
 #include "worker/engine/partition.h"
 #include "worker/engine/trajectory.h"
 #include "worker/engine/zero_llama.h"
@@ -33,8 +36,6 @@ namespace loom::engine {
 using nlohmann::json;
 
 namespace {
-
-constexpr int64_t kFinalLogitTokens = 32;
 
 void Check(const absl::Status& s) {
   if (!s.ok()) throw CollectiveError(s);
@@ -57,35 +58,34 @@ class Trainer {
   // One optimizer step (0-based `step`): GAS micro-batches, overflow check (fp16), clip, Adam.
   // Returns the mean loss; *skipped when an fp16 overflow skipped the update.
   double TrainStep(int64_t step, double* grad_norm, double* lr, bool* skipped);
-  // The optimizer update of this rank's partitions (offloaded: sub-group by sub-group).
-  void OptimizerStep(double lr, double grad_multiplier);
+  // After the last micro-step: sub-group events, overflow check, global norm and clip, then the
+  // pipeline's FinishStep (commit, or roll back on overflow). `step`: 0-based, as TrainStep's;
+  // `scale`: this step's loss scale.
+  void OptimizerStep(int64_t step, double scale, double* grad_norm, bool* skipped);
+  // Parameter i's reduced gradient partition is final for this step: raises its sub-group's
+  // OnSubGroupReady once the whole sub-group is. The ZeRO provider's OnPartitionGradReady
+  // listener (engineer A's split) is to call this; today the Trainer calls it after
+  // FinishMicroStep for every parameter, in order.
+  void OnPartitionGradReady(size_t i);
+  // pipeline_ over the model's partitions: the offload optimizer's when offload_ is set, else
+  // in-memory Adam cut by zero_optimization.sub_group_size.
+  absl::Status SetUpPipeline();
   json MemoryFields();
   absl::Status SaveCheckpoint(int64_t step);
-  // Every rank's shard of a checkpoint of `step` under `base_dir` (no event).
-  absl::Status WriteShards(const std::string& base_dir, int64_t step);
-  // --trajectory_dir: the weights as an HF export DIR/<name> (all ranks: shards, barrier; rank 0
-  // consolidates).
-  absl::Status ExportTrajectoryWeights(const std::string& shards_dir, int64_t step,
-                                       const std::string& name);
+  // The optimizer step and the recorded losses of `step`, for a checkpoint of it.
+  CheckpointMeta MetaAt(int64_t step) const;
   // (step, value) of the latest training loss and held-out loss, for checkpoint metrics.
   std::pair<int64_t, double> metric_step_loss_{-1, 0};
   std::pair<int64_t, double> metric_eval_loss_{-1, 0};
-  absl::Status LoadCheckpoint(const std::string& step_dir, int64_t* step);
-  absl::Status WriteFinalLogits();
   // 0 = go on, 1 = checkpoint and stop, 2 = stop now; the same on every rank (all-reduce MAX).
   int StopAgreed();
   // ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer / offload_param): builds
   // offload_ and the model hooks that hand it each parameter as it is created.
   absl::Status SetUpOffload(ZeroOptions* z);
-  // The model's fp32 master partitions (null when the parameters live on NVMe).
-  std::vector<float*> MasterPointers();
   // offload_param nvme: parameter partition reads started ahead of their fetch (param -> swap
   // buffer), see ZeroOptions::read_ahead.
   std::map<size_t, int> read_ahead_;
   int64_t param_reads_ahead_ = 0;  // fetches served by a read started ahead
-  // Where the checkpoint's sections are cut for streaming: after every parameter partition,
-  // or after every offload sub-group.
-  std::vector<int64_t> PieceEnds(const storage::ShardManifest& m) const;
 
   const EngineOptions& o_;
   Collectives& coll_;
@@ -96,7 +96,10 @@ class Trainer {
   std::unique_ptr<ZeroLlama> model_;
   int64_t optimizer_step_ = 0;
   LossScaler scaler_;
-  std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: ApplyOptimizerStep in memory
+  std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: optimizer state in memory
+  std::unique_ptr<optim::OptimizerPipeline> pipeline_;   // every optimizer update goes here
+  std::optional<optim::SubGroupPlan> ready_;             // pipeline_'s cut: this step's readiness
+  std::unique_ptr<CheckpointIo> checkpoints_;
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
   std::unique_ptr<TrajectoryRecorder> trajectory_;  // null unless o_.trajectory_dir is set
@@ -210,15 +213,6 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   return absl::OkStatus();
 }
 
-std::vector<float*> Trainer::MasterPointers() {
-  std::vector<float*> out;
-  for (ZeroParam& p : model_->params()) {
-    out.push_back(offload_ != nullptr && offload_->params_nvme() ? nullptr
-                                                                 : p.master.data_ptr<float>());
-  }
-  return out;
-}
-
 ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
   ZeroOptions z;
   z.stage = ds.zero.stage;
@@ -233,8 +227,6 @@ ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
   z.max_reuse_distance = ds.zero.stage3_max_reuse_distance;
   return z;
 }
-
-constexpr char kLossScalerFile[] = "loss_scaler.json";
 
 at::Tensor Trainer::Windows(const std::vector<uint8_t>& stream,
                             const std::vector<int64_t>& starts) {
@@ -297,6 +289,10 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   const std::vector<int64_t>* order =
       o_.test_layer_order_step == step + 1 ? &o_.test_layer_order : nullptr;
   const double scale = scaler_.scale();
+  *lr = LearningRateAtStep(o_.ds, optimizer_step_);  // skipped steps do not advance the schedule
+  // Opened before the last backward, so sub-group events raised during it land in this step.
+  ready_->ResetReadiness();
+  Check(pipeline_->BeginStep(optimizer_step_ + 1, *lr));
   double loss_sum = 0;
   for (int64_t m = 0; m < gas; ++m) {
     std::vector<int64_t> starts;
@@ -319,72 +315,83 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     model_->FinishMicroStep();
   }
   const double mean_loss = MeanAcrossRanks(loss_sum / gas);
+  OptimizerStep(step, scale, grad_norm, skipped);
+  return mean_loss;
+}
 
+void Trainer::OnPartitionGradReady(size_t i) {
+  absl::StatusOr<int64_t> k = ready_->MarkParamReady(i);
+  Check(k.status());
+  if (*k >= 0) Check(pipeline_->OnSubGroupReady(*k));
+}
+
+void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool* skipped) {
   at::NoGradGuard no_grad;
-  *lr = LearningRateAtStep(o_.ds, optimizer_step_);  // skipped steps do not advance the schedule
   *skipped = false;
   const std::vector<int64_t>& inject = o_.test_inject_inf_grad_steps;
-  if (r == 0 && std::find(inject.begin(), inject.end(), step + 1) != inject.end()) {
+  if (coll_.rank() == 0 &&
+      std::find(inject.begin(), inject.end(), step + 1) != inject.end()) {
     ZeroParam& p = model_->params()[0];
     if (p.grad.defined()) p.grad.view({-1})[0] = std::numeric_limits<float>::infinity();
   }
-  if (scaler_.enabled()) {
-    // Overflow anywhere skips the step on every rank (flag all-reduced with MAX).
-    at::Tensor flag = at::full({1}, model_->any_nonfinite_grad() ? 1.0 : 0.0, at::kDouble);
-    Check(coll_.AllReduce(flag, ReduceOp::kMax));
-    if (flag.item<double>() > 0) {
-      model_->ClearGrads();
-      scaler_.Update(/*overflow=*/true);
-      *skipped = true;
-      *grad_norm = 0;
-      return mean_loss;
-    }
+  // Until the ZeRO provider raises them as its reductions complete: every partition's gradient
+  // is final after FinishMicroStep.
+  for (size_t i = 0; i < model_->params().size(); ++i) OnPartitionGradReady(i);
+  optim::ValidationInputs in;
+  in.check_overflow = scaler_.enabled();
+  in.loss_scale = scale;
+  in.gradient_clipping = o_.ds.gradient_clipping;
+  in.grads_partitioned = model_->grads_partitioned();
+  absl::StatusOr<optim::StepValidation> v = optim::ValidateStep(
+      coll_, in, [this] { return model_->any_nonfinite_grad(); },
+      [this] { return model_->LocalGradSquaredNorm(); });
+  Check(v.status());
+  if (v->overflow) {
+    Check(pipeline_->FinishStep(*v));  // rolls back: the step is skipped on every rank
+    model_->ClearGrads();
+    scaler_.Update(/*overflow=*/true);
+    *skipped = true;
+    *grad_norm = 0;
+    return;
   }
-  // Global norm of the (scaled) gradients = sqrt(all-reduce SUM of Σ local partition ||g||^2);
-  // padding grads are zero; stage 0 holds the full gradients on every rank.
-  at::Tensor sq = at::full({1}, model_->LocalGradSquaredNorm(), at::kDouble);
-  if (model_->grads_partitioned()) Check(coll_.AllReduce(sq, ReduceOp::kSum));
-  const double norm = std::sqrt(sq.item<double>());
-  *grad_norm = norm / scale;
-  // DeepSpeed ZeRO: clip = ((norm / scale) + 1e-6) / max_norm; grads *= 1 / (clip * scale) when
-  // clip > 1, else 1 / scale (unscale and clip fused).
-  double combined = scale;
-  if (o_.ds.gradient_clipping > 0) {
-    const double clip = (norm / scale + 1e-6) / o_.ds.gradient_clipping;
-    if (clip > 1.0) combined = clip * scale;
-  }
-  ++optimizer_step_;
+  *grad_norm = v->grad_norm;
   const auto t_opt = std::chrono::steady_clock::now();
-  OptimizerStep(*lr, combined == 1.0 ? 1.0 : 1.0 / combined);
+  Check(pipeline_->FinishStep(*v));
+  ++optimizer_step_;
   last_optimizer_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
   model_->RefreshParams();
   model_->ClearGrads();
   scaler_.Update(/*overflow=*/false);
-  return mean_loss;
 }
 
-void Trainer::OptimizerStep(double lr, double grad_multiplier) {
+absl::Status Trainer::SetUpPipeline() {
+  optim::PartitionSource source = [this](size_t i) {
+    ZeroParam& p = model_->params()[i];
+    return OptimizerPartition{p.master, p.grad, p.exp_avg, p.exp_avg_sq};
+  };
   if (offload_ != nullptr) {
     // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
     // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).
-    std::vector<const float*> grads;
-    for (ZeroParam& p : model_->params()) {
-      if (p.grad.defined() && grad_multiplier != 1.0) p.grad.mul_(grad_multiplier);
-      grads.push_back(p.grad.defined() ? p.grad.data_ptr<float>() : nullptr);
-    }
-    Check(offload_->Step(optimizer_step_, lr, MasterPointers(), grads));
-    return;
+    pipeline_ = optim::MakeOffloadPipeline(offload_.get(), std::move(source));
+  } else {
+    std::vector<int64_t> numels;
+    for (const ZeroParam& p : model_->params()) numels.push_back(p.master.numel());
+    ASSIGN_OR_RETURN(optim::SubGroupPlan plan,
+                     optim::SubGroupPlan::Create(numels, o_.ds.zero.sub_group_size));
+    pipeline_ =
+        optim::MakeInMemoryAdamPipeline(o_.ds.optimizer, std::move(plan), std::move(source));
   }
-  OptimizerStepArgs args;
-  args.step = optimizer_step_;
-  args.lr = lr;
-  args.grad_multiplier = grad_multiplier;
-  // In memory every partition is updated on its own; sub_group_size shapes only the offloaded
-  // step (its NVMe records and CpuAdam calls).
-  std::vector<OptimizerPartition> all;
-  for (ZeroParam& p : model_->params()) all.push_back({p.master, p.grad, p.exp_avg, p.exp_avg_sq});
-  ApplyOptimizerStep(o_.ds.optimizer, args, all);
+  ready_.emplace(pipeline_->plan());
+  return absl::OkStatus();
+}
+
+CheckpointMeta Trainer::MetaAt(int64_t step) const {
+  CheckpointMeta meta;
+  meta.optimizer_step = optimizer_step_;
+  if (metric_step_loss_.first == step) meta.metrics["train_loss"] = metric_step_loss_.second;
+  if (metric_eval_loss_.first == step) meta.metrics["eval_loss"] = metric_eval_loss_.second;
+  return meta;
 }
 
 json Trainer::MemoryFields() {
@@ -397,169 +404,12 @@ json Trainer::MemoryFields() {
           {"peak_bytes", m.peak_total()}};
 }
 
-std::vector<int64_t> Trainer::PieceEnds(const storage::ShardManifest& m) const {
-  std::vector<int64_t> ends;
-  if (offload_ != nullptr) {  // sub-groups: runs of whole partitions, in the same order
-    for (int64_t g = 0; g < offload_->num_sub_groups(); ++g) ends.push_back(offload_->group_end(g));
-  } else {
-    for (const storage::ShardParam& p : m.params) {
-      ends.push_back(p.partition_offset + p.partition_numel);
-    }
-  }
-  return ends;
-}
-
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
-  RETURN_IF_ERROR(WriteShards(o_.checkpoint_dir, step));
+  RETURN_IF_ERROR(checkpoints_->WriteShards(o_.checkpoint_dir, step, MetaAt(step)));
   Emit({{"event", "checkpoint"},
         {"step", step},
         {"dir", absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step))}});
   return absl::OkStatus();
-}
-
-absl::Status Trainer::ExportTrajectoryWeights(const std::string& shards_dir, int64_t step,
-                                              const std::string& name) {
-  RETURN_IF_ERROR(WriteShards(shards_dir, step));
-  Check(coll_.Barrier());  // every rank's shard is written
-  if (coll_.rank() == 0) RETURN_IF_ERROR(trajectory_->ExportHf(shards_dir, step, name));
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::WriteShards(const std::string& base_dir, int64_t step) {
-  storage::ShardManifest m;
-  m.step = step;
-  m.rank = coll_.rank();
-  m.world_size = coll_.world_size();
-  m.zero_stage = o_.ds.zero.stage;  // the per-parameter partition layout for every stage
-  m.model_config_json = LlamaConfigToHfJson(o_.model);
-  m.tokenizer = o_.tokenizer;
-  m.optimizer_step = optimizer_step_;
-  m.optimizer = o_.ds.optimizer.name();
-  m.sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
-  // Recorded for retention (keep the best by eval_loss): identical on every rank, since both
-  // losses are all-reduced means.
-  if (metric_step_loss_.first == step) m.metrics["train_loss"] = metric_step_loss_.second;
-  if (metric_eval_loss_.first == step) m.metrics["eval_loss"] = metric_eval_loss_.second;
-  for (size_t i = 0; i < model_->params().size(); ++i) {
-    const ZeroParam& p = model_->params()[i];
-    storage::ShardParam sp;
-    sp.name = p.spec.name;
-    sp.shape = p.spec.shape;
-    sp.numel = p.numel;
-    m.params.push_back(sp);
-  }
-  storage::AssignPartitionLayout(m);
-  // Streamed one piece at a time (a parameter partition, or an offload sub-group), so saving
-  // needs one piece of memory rather than a copy of the rank's 12 bytes per element of state.
-  std::vector<int64_t> ends = PieceEnds(m);
-  const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
-                                                          : std::vector<float*>();
-  const std::string dir = absl::StrCat(base_dir, "/", storage::StepDirName(step));
-  // The loss-scaler state (identical on every rank) is written before rank 0's manifest, which
-  // is part of what commits the checkpoint: a committed step always has it.
-  if (scaler_.enabled() && coll_.rank() == 0) {
-    const LossScaler::State st = scaler_.state();
-    json j = {{"scale", st.scale},
-              {"cur_iter", st.cur_iter},
-              {"last_overflow_iter", st.last_overflow_iter},
-              {"cur_hysteresis", st.cur_hysteresis}};
-    RETURN_IF_ERROR(MakeDirs(dir));
-    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), j.dump()));
-  }
-  RETURN_IF_ERROR(storage::WriteShardPieces(
-      dir, m, ends,
-      [&](size_t section, size_t piece, int64_t, int64_t count, float* dst) -> absl::Status {
-        if (offload_ != nullptr) {
-          return offload_->ExportGroupSection(static_cast<int64_t>(piece),
-                                              static_cast<int>(section), masters, dst);
-        }
-        const at::Tensor t = model_->CheckpointPartition(piece, static_cast<int>(section));
-        std::memcpy(dst, t.data_ptr<float>(), count * sizeof(float));
-        return absl::OkStatus();
-      }));
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::LoadCheckpoint(const std::string& dir, int64_t* step) {
-  ASSIGN_OR_RETURN(storage::ShardManifest m0, storage::ReadManifest(dir, 0));
-  if (m0.world_size != coll_.world_size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "resume_from: ", dir, " was written with world size ", m0.world_size,
-        " but this run has world size ", coll_.world_size(),
-        " (ZeRO-3 shards cannot be resharded here; consolidate and restart instead)"));
-  }
-  ASSIGN_OR_RETURN(storage::ShardManifest m, storage::ReadManifest(dir, coll_.rank()));
-  std::vector<ZeroParam>& params = model_->params();
-  if (m.params.size() != params.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "resume_from: ", dir, " has ", m.params.size(), " parameters, the model has ",
-        params.size()));
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (m.params[i].name != params[i].spec.name || m.params[i].shape != params[i].spec.shape ||
-        m.params[i].partition_numel != params[i].slice.partition_numel) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "resume_from: ", dir, " parameter ", i, " is ", m.params[i].name,
-          ", the model expects ", params[i].spec.name, " with the same shape"));
-    }
-  }
-  if (m.sections != std::vector<std::string>{"fp32_params", "exp_avg", "exp_avg_sq"}) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "resume_from: ", dir, " has sections [", absl::StrJoin(m.sections, ", "),
-        "], expected [fp32_params, exp_avg, exp_avg_sq]"));
-  }
-  if (scaler_.enabled()) {
-    const std::string path = absl::StrCat(dir, "/", kLossScalerFile);
-    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20));
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("scale")) {
-      return absl::FailedPreconditionError(absl::StrCat("resume_from: ", path, " is not valid"));
-    }
-    LossScaler::State st;
-    st.scale = j.value("scale", 1.0);
-    st.cur_iter = j.value("cur_iter", int64_t{0});
-    st.last_overflow_iter = j.value("last_overflow_iter", int64_t{-1});
-    st.cur_hysteresis = j.value("cur_hysteresis", int64_t{1});
-    scaler_.set_state(st);
-  }
-  // Verified (size, CRC-32) before anything is loaded, then streamed piece by piece (every rank
-  // in the same order: stage 0 all-gathers each piece).
-  const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
-                                                          : std::vector<float*>();
-  RETURN_IF_ERROR(storage::ReadShardPieces(
-      dir, m, PieceEnds(m),
-      [&](size_t section, size_t piece, int64_t, int64_t, const float* src) -> absl::Status {
-        if (offload_ != nullptr) {
-          return offload_->ImportGroupSection(static_cast<int64_t>(piece),
-                                              static_cast<int>(section), masters, src);
-        }
-        model_->LoadPartition(piece, static_cast<int>(section), src);
-        return absl::OkStatus();
-      }));
-  model_->RefreshParams();
-  optimizer_step_ = m.optimizer_step;
-  *step = m.step;
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::WriteFinalLogits() {
-  at::NoGradGuard no_grad;
-  const int64_t n = std::min<int64_t>({kFinalLogitTokens, o_.model.max_position_embeddings,
-                                       static_cast<int64_t>(corpus_.heldout.size())});
-  std::vector<int64_t> tokens(corpus_.heldout.begin(), corpus_.heldout.begin() + n);
-  at::Tensor ids = at::tensor(tokens, at::kLong).view({1, n});
-  at::Tensor logits =
-      model_->Forward(ids).to(at::kFloat).squeeze(0).contiguous();  // all ranks gather
-  if (coll_.rank() != 0 || o_.checkpoint_dir.empty()) return absl::OkStatus();
-  json rows = json::array();
-  const float* p = logits.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    rows.push_back(std::vector<float>(p + i * o_.model.vocab_size,
-                                      p + (i + 1) * o_.model.vocab_size));
-  }
-  json out = {{"tokens", tokens}, {"logits", std::move(rows)}};
-  RETURN_IF_ERROR(MakeDirs(o_.checkpoint_dir));
-  return WriteFileAtomically(o_.checkpoint_dir + "/final_logits.json", out.dump());
 }
 
 // Debian's LibTorch calls whatever BLAS the libblas.so.3 alternative provides (BLAS_INFO=generic),
@@ -593,6 +443,8 @@ absl::Status Trainer::Run() {
   ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), zopts));
+  RETURN_IF_ERROR(SetUpPipeline());
+  checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, offload_.get(), scaler_);
   if (offload_ != nullptr) {
     // What the offload optimizer keeps in host memory (moments, master copies, swap buffers) is
     // this rank's memory too: on a CPU node it is the same RAM the model uses.
@@ -600,7 +452,9 @@ absl::Status Trainer::Run() {
     model_->memory().ResetPeaks();
   }
   int64_t start = 0;
-  if (!o_.resume_from.empty()) RETURN_IF_ERROR(LoadCheckpoint(o_.resume_from, &start));
+  if (!o_.resume_from.empty()) {
+    RETURN_IF_ERROR(checkpoints_->Load(o_.resume_from, &start, &optimizer_step_));
+  }
   if (start > o_.steps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "training.steps: ", o_.steps, " is below the resumed checkpoint's step ", start));
@@ -618,20 +472,11 @@ absl::Status Trainer::Run() {
   started.update(MemoryFields());
   Emit(started);
   if (!o_.trajectory_dir.empty()) {
-    TrajectoryShape shape;
-    shape.rank = coll_.rank();
-    shape.world_size = coll_.world_size();
-    shape.start_step = start;
-    shape.steps = o_.steps;
-    shape.gradient_accumulation_steps = o_.ds.gradient_accumulation_steps;
-    shape.micro_batch_size = o_.ds.train_micro_batch_size_per_gpu;
-    shape.sequence_length = o_.sequence_length;
-    shape.window = (o_.test_rank_sequence_length > 0 ? o_.test_rank_sequence_length
-                                                     : o_.sequence_length) + 1;
+    const TrajectoryShape shape = TrajectoryShapeFor(o_, coll_.rank(), coll_.world_size(), start);
     ASSIGN_OR_RETURN(trajectory_, TrajectoryRecorder::Open(o_.trajectory_dir, shape));
     Check(coll_.Barrier());  // every rank checked the directory before anyone writes to it
-    RETURN_IF_ERROR(
-        ExportTrajectoryWeights(trajectory_->InitialShardsDir(), start, "initial_hf"));
+    RETURN_IF_ERROR(checkpoints_->ExportTrajectoryWeights(
+        *trajectory_, trajectory_->InitialShardsDir(), start, "initial_hf", MetaAt(start)));
   }
   LOG(INFO) << "rank " << coll_.rank() << "/" << coll_.world_size() << ": "
             << LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
@@ -725,10 +570,11 @@ absl::Status Trainer::Run() {
     RETURN_IF_ERROR(SaveCheckpoint(o_.steps));
   }
   if (trajectory_ != nullptr) {
-    RETURN_IF_ERROR(ExportTrajectoryWeights(trajectory_->FinalShardsDir(), o_.steps, "final_hf"));
+    RETURN_IF_ERROR(checkpoints_->ExportTrajectoryWeights(
+        *trajectory_, trajectory_->FinalShardsDir(), o_.steps, "final_hf", MetaAt(o_.steps)));
     RETURN_IF_ERROR(trajectory_->Finish());
   }
-  RETURN_IF_ERROR(WriteFinalLogits());
+  RETURN_IF_ERROR(checkpoints_->WriteFinalLogits(corpus_.heldout));
   Check(coll_.Barrier());
   Emit({{"event", "done"},
         {"step", o_.steps},

@@ -1,0 +1,213 @@
+#include "worker/engine/checkpoint_io.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "storage/checkpoint/shard_format.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/loss_scaler.h"
+#include "worker/engine/model_config.h"
+#include "worker/engine/offload/offload_optimizer.h"
+#include "worker/engine/zero_llama.h"
+
+namespace loom::engine {
+
+using nlohmann::json;
+
+namespace {
+constexpr int64_t kFinalLogitTokens = 32;
+constexpr char kLossScalerFile[] = "loss_scaler.json";
+}  // namespace
+
+CheckpointIo::CheckpointIo(const EngineOptions& options, Collectives& collectives,
+                           ZeroLlama& model, offload::OffloadOptimizer* offload,
+                           LossScaler& scaler)
+    : o_(options), coll_(collectives), model_(model), offload_(offload), scaler_(scaler) {}
+
+std::vector<float*> CheckpointIo::MasterPointers() const {
+  std::vector<float*> out;
+  for (ZeroParam& p : model_.params()) {
+    out.push_back(offload_ != nullptr && offload_->params_nvme() ? nullptr
+                                                                 : p.master.data_ptr<float>());
+  }
+  return out;
+}
+
+std::vector<int64_t> CheckpointIo::PieceEnds(const storage::ShardManifest& m) const {
+  std::vector<int64_t> ends;
+  if (offload_ != nullptr) {  // sub-groups: runs of whole partitions, in the same order
+    for (int64_t g = 0; g < offload_->num_sub_groups(); ++g) ends.push_back(offload_->group_end(g));
+  } else {
+    for (const storage::ShardParam& p : m.params) {
+      ends.push_back(p.partition_offset + p.partition_numel);
+    }
+  }
+  return ends;
+}
+
+absl::Status CheckpointIo::WriteShards(const std::string& base_dir, int64_t step,
+                                       const CheckpointMeta& meta) {
+  storage::ShardManifest m;
+  m.step = step;
+  m.rank = coll_.rank();
+  m.world_size = coll_.world_size();
+  m.zero_stage = o_.ds.zero.stage;  // the per-parameter partition layout for every stage
+  m.model_config_json = LlamaConfigToHfJson(o_.model);
+  m.tokenizer = o_.tokenizer;
+  m.optimizer_step = meta.optimizer_step;
+  m.optimizer = o_.ds.optimizer.name();
+  m.sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
+  // Recorded for retention (keep the best by eval_loss): identical on every rank, since both
+  // losses are all-reduced means.
+  for (const auto& [name, value] : meta.metrics) m.metrics[name] = value;
+  for (size_t i = 0; i < model_.params().size(); ++i) {
+    const ZeroParam& p = model_.params()[i];
+    storage::ShardParam sp;
+    sp.name = p.spec.name;
+    sp.shape = p.spec.shape;
+    sp.numel = p.numel;
+    m.params.push_back(sp);
+  }
+  storage::AssignPartitionLayout(m);
+  std::vector<int64_t> ends = PieceEnds(m);
+  const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
+                                                          : std::vector<float*>();
+  const std::string dir = absl::StrCat(base_dir, "/", storage::StepDirName(step));
+  if (scaler_.enabled() && coll_.rank() == 0) {
+    const LossScaler::State st = scaler_.state();
+    json j = {{"scale", st.scale},
+              {"cur_iter", st.cur_iter},
+              {"last_overflow_iter", st.last_overflow_iter},
+              {"cur_hysteresis", st.cur_hysteresis}};
+    RETURN_IF_ERROR(MakeDirs(dir));
+    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), j.dump()));
+  }
+  RETURN_IF_ERROR(storage::WriteShardPieces(
+      dir, m, ends,
+      [&](size_t section, size_t piece, int64_t, int64_t count, float* dst) -> absl::Status {
+        if (offload_ != nullptr) {
+          return offload_->ExportGroupSection(static_cast<int64_t>(piece),
+                                              static_cast<int>(section), masters, dst);
+        }
+        const at::Tensor t = model_.CheckpointPartition(piece, static_cast<int>(section));
+        std::memcpy(dst, t.data_ptr<float>(), count * sizeof(float));
+        return absl::OkStatus();
+      }));
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* optimizer_step) {
+  ASSIGN_OR_RETURN(storage::ShardManifest m0, storage::ReadManifest(dir, 0));
+  if (m0.world_size != coll_.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: ", dir, " was written with world size ", m0.world_size,
+        " but this run has world size ", coll_.world_size(),
+        " (ZeRO-3 shards cannot be resharded here; consolidate and restart instead)"));
+  }
+  ASSIGN_OR_RETURN(storage::ShardManifest m, storage::ReadManifest(dir, coll_.rank()));
+  std::vector<ZeroParam>& params = model_.params();
+  if (m.params.size() != params.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: ", dir, " has ", m.params.size(), " parameters, the model has ",
+        params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (m.params[i].name != params[i].spec.name || m.params[i].shape != params[i].spec.shape ||
+        m.params[i].partition_numel != params[i].slice.partition_numel) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resume_from: ", dir, " parameter ", i, " is ", m.params[i].name,
+          ", the model expects ", params[i].spec.name, " with the same shape"));
+    }
+  }
+  if (m.sections != std::vector<std::string>{"fp32_params", "exp_avg", "exp_avg_sq"}) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: ", dir, " has sections [", absl::StrJoin(m.sections, ", "),
+        "], expected [fp32_params, exp_avg, exp_avg_sq]"));
+  }
+  if (scaler_.enabled()) {
+    const std::string path = absl::StrCat(dir, "/", kLossScalerFile);
+    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20));
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("scale")) {
+      return absl::FailedPreconditionError(absl::StrCat("resume_from: ", path, " is not valid"));
+    }
+    LossScaler::State st;
+    st.scale = j.value("scale", 1.0);
+    st.cur_iter = j.value("cur_iter", int64_t{0});
+    st.last_overflow_iter = j.value("last_overflow_iter", int64_t{-1});
+    st.cur_hysteresis = j.value("cur_hysteresis", int64_t{1});
+    scaler_.set_state(st);
+  }
+  // Verified (size, CRC-32) before anything is loaded, then streamed piece by piece (every rank
+  // in the same order: stage 0 all-gathers each piece).
+  const std::vector<float*> masters = offload_ != nullptr ? MasterPointers()
+                                                          : std::vector<float*>();
+  RETURN_IF_ERROR(storage::ReadShardPieces(
+      dir, m, PieceEnds(m),
+      [&](size_t section, size_t piece, int64_t, int64_t, const float* src) -> absl::Status {
+        if (offload_ != nullptr) {
+          return offload_->ImportGroupSection(static_cast<int64_t>(piece),
+                                              static_cast<int>(section), masters, src);
+        }
+        model_.LoadPartition(piece, static_cast<int>(section), src);
+        return absl::OkStatus();
+      }));
+  model_.RefreshParams();
+  *optimizer_step = m.optimizer_step;
+  *step = m.step;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointIo::WriteFinalLogits(const std::vector<uint8_t>& heldout) {
+  at::NoGradGuard no_grad;
+  const int64_t n = std::min<int64_t>(
+      {kFinalLogitTokens, o_.model.max_position_embeddings, static_cast<int64_t>(heldout.size())});
+  std::vector<int64_t> tokens(heldout.begin(), heldout.begin() + n);
+  at::Tensor ids = at::tensor(tokens, at::kLong).view({1, n});
+  at::Tensor logits =
+      model_.Forward(ids).to(at::kFloat).squeeze(0).contiguous();  // all ranks gather
+  if (coll_.rank() != 0 || o_.checkpoint_dir.empty()) return absl::OkStatus();
+  json rows = json::array();
+  const float* p = logits.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    rows.push_back(std::vector<float>(p + i * o_.model.vocab_size,
+                                      p + (i + 1) * o_.model.vocab_size));
+  }
+  json out = {{"tokens", tokens}, {"logits", std::move(rows)}};
+  RETURN_IF_ERROR(MakeDirs(o_.checkpoint_dir));
+  return WriteFileAtomically(o_.checkpoint_dir + "/final_logits.json", out.dump());
+}
+
+absl::Status CheckpointIo::ExportTrajectoryWeights(TrajectoryRecorder& trajectory,
+                                                   const std::string& shards_dir, int64_t step,
+                                                   const std::string& name,
+                                                   const CheckpointMeta& meta) {
+  RETURN_IF_ERROR(WriteShards(shards_dir, step, meta));
+  RETURN_IF_ERROR(coll_.Barrier());  // every rank's shard is written
+  if (coll_.rank() == 0) RETURN_IF_ERROR(trajectory.ExportHf(shards_dir, step, name));
+  return absl::OkStatus();
+}
+
+TrajectoryShape TrajectoryShapeFor(const EngineOptions& o, int rank, int world_size,
+                                   int64_t start_step) {
+  TrajectoryShape shape;
+  shape.rank = rank;
+  shape.world_size = world_size;
+  shape.start_step = start_step;
+  shape.steps = o.steps;
+  shape.gradient_accumulation_steps = o.ds.gradient_accumulation_steps;
+  shape.micro_batch_size = o.ds.train_micro_batch_size_per_gpu;
+  shape.sequence_length = o.sequence_length;
+  shape.window =
+      (o.test_rank_sequence_length > 0 ? o.test_rank_sequence_length : o.sequence_length) + 1;
+  return shape;
+}
+
+}  // namespace loom::engine
