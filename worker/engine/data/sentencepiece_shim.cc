@@ -33,6 +33,8 @@ std::string PieceOrEmpty(const sentencepiece::SentencePieceProcessor& p, int id)
 
 }  // namespace
 
+namespace {
+
 std::string Load(const std::string& serialized, std::shared_ptr<const SpModel>* model,
                  SpInfo* info) {
   auto m = std::make_shared<SpModel>();
@@ -70,4 +72,13 @@ std::string Train(const std::vector<std::string>& sentences,
   return s.ok() ? "" : s.ToString();
 }
 
+const SpApi kApi = {&Load, &Encode, &Decode, &Train};
+
+}  // namespace
+
 }  // namespace loom::engine::spm
+
+extern "C" __attribute__((visibility("default"))) const loom::engine::spm::SpApi*
+loom_sentencepiece_api() {
+  return &loom::engine::spm::kApi;
+}

@@ -1,11 +1,14 @@
 #include "worker/engine/data/tokenizer.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
@@ -28,6 +31,58 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// Where libloom_sentencepiece.so may be: $LOOM_SENTENCEPIECE_LIB; the runfiles of the running
+// binary or test (Bazel data dependency); beside the binary.
+std::vector<std::string> ShimCandidates() {
+  constexpr char kRel[] = "loom/worker/engine/data/libloom_sentencepiece.so";
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("LOOM_SENTENCEPIECE_LIB")) out.push_back(env);
+  for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* d = std::getenv(var)) out.push_back(absl::StrCat(d, "/", kRel));
+  }
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    const std::string self(exe, static_cast<size_t>(n));
+    out.push_back(absl::StrCat(self, ".runfiles/", kRel));
+    out.push_back(absl::StrCat(self.substr(0, self.rfind('/') + 1), "libloom_sentencepiece.so"));
+  }
+  return out;
+}
+
+// Loads libloom_sentencepiece.so once per process (never unloaded); see sentencepiece_shim.h for
+// why it is dlopen-ed with RTLD_LOCAL | RTLD_DEEPBIND instead of linked.
+absl::StatusOr<const spm::SpApi*> SentencePieceApi() {
+  static std::once_flag once;
+  static const spm::SpApi* api = nullptr;
+  static std::string error;
+  std::call_once(once, [] {
+    std::string tried;
+    for (const std::string& path : ShimCandidates()) {
+      if (!Exists(path)) {
+        absl::StrAppend(&tried, " ", path, " (absent)");
+        continue;
+      }
+      void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      if (h == nullptr) {
+        absl::StrAppend(&tried, " ", path, " (", ::dlerror(), ")");
+        continue;
+      }
+      auto fn = reinterpret_cast<spm::SpApiFn>(::dlsym(h, spm::kSpApiSymbol));
+      if (fn == nullptr) {
+        absl::StrAppend(&tried, " ", path, " (no ", spm::kSpApiSymbol, ")");
+        continue;
+      }
+      api = fn();
+      return;
+    }
+    error = absl::StrCat("cannot load libloom_sentencepiece.so (set LOOM_SENTENCEPIECE_LIB); "
+                         "tried:", tried);
+  });
+  if (api == nullptr) return absl::FailedPreconditionError(absl::StrCat("dataset.tokenizer: ", error));
+  return api;
+}
+
 }  // namespace
 
 std::shared_ptr<const Tokenizer> Tokenizer::Byte() {
@@ -37,14 +92,16 @@ std::shared_ptr<const Tokenizer> Tokenizer::Byte() {
 
 absl::StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromSentencePiece(
     std::string serialized, absl::string_view source) {
+  ASSIGN_OR_RETURN(const spm::SpApi* api, SentencePieceApi());
   std::shared_ptr<const spm::SpModel> model;
   spm::SpInfo info;
-  std::string err = spm::Load(serialized, &model, &info);
+  std::string err = api->load(serialized, &model, &info);
   if (!err.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not a SentencePiece model: ", err));
   }
   std::shared_ptr<Tokenizer> t(new Tokenizer());
+  t->api_ = api;
   t->model_ = std::move(model);
   t->serialized_ = std::move(serialized);
   t->vocab_size_ = info.vocab_size;
@@ -70,7 +127,7 @@ absl::Status Tokenizer::Encode(absl::string_view text, absl::string_view where,
         absl::StrCat(where, ": invalid UTF-8 at byte offset ", bad));
   }
   std::vector<int> ids;
-  std::string err = spm::Encode(*model_, std::string(text), &ids);
+  std::string err = api_->encode(*model_, std::string(text), &ids);
   if (!err.empty()) return absl::InternalError(absl::StrCat(where, ": SentencePiece: ", err));
   out->insert(out->end(), ids.begin(), ids.end());
   return absl::OkStatus();
@@ -86,7 +143,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids) c
     return s;
   }
   std::string text;
-  std::string err = spm::Decode(*model_, std::vector<int>(ids.begin(), ids.end()), &text);
+  std::string err = api_->decode(*model_, std::vector<int>(ids.begin(), ids.end()), &text);
   if (!err.empty()) return absl::InvalidArgumentError(absl::StrCat("SentencePiece: ", err));
   return text;
 }
@@ -145,8 +202,9 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> TrainSentencePiece(
       {"input_sentence_size", "0"},
       {"minloglevel", "1"},
   };
+  ASSIGN_OR_RETURN(const spm::SpApi* api, SentencePieceApi());
   std::string serialized;
-  std::string err = spm::Train(sentences, kwargs, &serialized);
+  std::string err = api->train(sentences, kwargs, &serialized);
   if (!err.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.vocab_size: SentencePiece training failed: ", err));

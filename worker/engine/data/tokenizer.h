@@ -2,7 +2,9 @@
 // default) and SentencePiece (Kudo & Richardson 2018, https://arxiv.org/abs/1808.06226) through
 // Debian's libsentencepiece: a given tokenizer.model, or one trained on the job's corpus (BPE or
 // unigram) before training starts and recorded beside the job's checkpoints so that a restart
-// reuses it. Torch-free.
+// reuses it. Torch-free. SentencePiece runs in libloom_sentencepiece.so, loaded at first use
+// (sentencepiece_shim.h says why); a binary that uses it needs that library in its runfiles
+// (a data dependency of :tokenizer), beside it, or at $LOOM_SENTENCEPIECE_LIB.
 //
 // Thread-safety: a Tokenizer is immutable after construction; Encode is safe from any thread.
 #ifndef LOOM_WORKER_ENGINE_DATA_TOKENIZER_H_
@@ -20,6 +22,7 @@ namespace loom::engine {
 
 namespace spm {
 struct SpModel;
+struct SpApi;
 }
 
 // The job spec's dataset.tokenizer fields (proto/common.proto DatasetSpec).
@@ -68,6 +71,7 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  const spm::SpApi* api_ = nullptr;  // libloom_sentencepiece.so (sentencepiece_shim.h)
   std::shared_ptr<const spm::SpModel> model_;
   std::string serialized_;
   int64_t vocab_size_ = 256;
