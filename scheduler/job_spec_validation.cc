@@ -99,11 +99,42 @@ absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const engine::Llama
                                                 "' is not a built-in dataset (built-in: fortunes); "
                                                 "set dataset.path to its files"));
   }
-  if (!d.tokenizer().empty() && d.tokenizer() != "byte") {
+  const std::string tokenizer = d.tokenizer().empty() ? "byte" : d.tokenizer();
+  if (tokenizer != "byte" && tokenizer != "sentencepiece") {
     return InvalidField("dataset.tokenizer",
-                   absl::StrCat("unknown tokenizer '", d.tokenizer(), "' (supported: byte)"));
+                   absl::StrCat("unknown tokenizer '", d.tokenizer(),
+                                "' (supported: byte, sentencepiece)"));
   }
-  if (model.vocab_size < 256) {
+  const std::string format = d.format().empty() ? "text" : d.format();
+  if (format != "text" && format != "jsonl" && format != "tokens") {
+    return InvalidField("dataset.format", absl::StrCat("unknown format '", d.format(),
+                                                       "' (supported: text, jsonl, tokens)"));
+  }
+  if (!d.token_dtype().empty() && d.token_dtype() != "uint16" && d.token_dtype() != "uint32") {
+    return InvalidField("dataset.token_dtype",
+                        absl::StrCat("'", d.token_dtype(), "' is not uint16 or uint32"));
+  }
+  if (!d.tokenizer_model().empty() && !PathExists(d.tokenizer_model())) {
+    return InvalidField("dataset.tokenizer_model",
+                        absl::StrCat("'", d.tokenizer_model(), "' does not exist"));
+  }
+  if (tokenizer == "sentencepiece" && d.tokenizer_model().empty()) {
+    if (format == "tokens") {
+      return InvalidField("dataset.tokenizer_model",
+                          "required for a token-file data set (it is already tokenized)");
+    }
+    if (!d.model_type().empty() && d.model_type() != "bpe" && d.model_type() != "unigram") {
+      return InvalidField("dataset.model_type",
+                          absl::StrCat("'", d.model_type(), "' is not bpe or unigram"));
+    }
+    if (d.vocab_size() < 8 || d.vocab_size() > model.vocab_size) {
+      return InvalidField("dataset.vocab_size",
+                          absl::StrCat("must be in [8, model.config.vocab_size ",
+                                       model.vocab_size, "] to train a SentencePiece tokenizer, got ",
+                                       d.vocab_size()));
+    }
+  }
+  if (tokenizer == "byte" && format != "tokens" && model.vocab_size < 256) {
     return InvalidField("dataset.tokenizer",
                    absl::StrCat("the byte tokenizer needs model.config.vocab_size >= 256, got ",
                                 model.vocab_size));
@@ -195,7 +226,8 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
 
   RETURN_IF_ERROR(ValidateDataset(spec.dataset(), *model, options));
   RETURN_IF_ERROR(ValidateTraining(spec.training(), *model));
-  if (!spec.dataset().path().empty()) {
+  if (!spec.dataset().path().empty() &&
+      (spec.dataset().format().empty() || spec.dataset().format() == "text")) {
     RETURN_IF_ERROR(ValidateDatasetFiles(spec.dataset().path(), spec.dataset().holdout_fraction(),
                                          int64_t{spec.training().sequence_length()} + 1,
                                          options.dataset_files));

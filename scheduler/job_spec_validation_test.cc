@@ -199,6 +199,32 @@ TEST(JobSpecValidationTest, TokenizerAndHoldout) {
   EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
 }
 
+TEST(JobSpecValidationTest, DataFormatAndSentencePieceFields) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_format("parquet");
+  ExpectInvalid(spec, "dataset.format", "'parquet'");
+  spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_format("tokens");
+  spec.mutable_dataset()->set_token_dtype("int8");
+  ExpectInvalid(spec, "dataset.token_dtype", "'int8'");
+  spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_tokenizer("sentencepiece");
+  ExpectInvalid(spec, "dataset.vocab_size", "got 0");  // neither a model nor a size to train
+  spec.mutable_dataset()->set_vocab_size(100000);       // more than model.config.vocab_size
+  ExpectInvalid(spec, "dataset.vocab_size", "got 100000");
+  spec.mutable_dataset()->set_vocab_size(200);
+  spec.mutable_dataset()->set_model_type("wordpiece");
+  ExpectInvalid(spec, "dataset.model_type", "'wordpiece'");
+  spec.mutable_dataset()->set_model_type("unigram");
+  EXPECT_TRUE(ValidateJobSpec(spec, TestOptions()).ok());
+  spec.mutable_dataset()->set_tokenizer_model("/nonexistent/tokenizer.model");
+  ExpectInvalid(spec, "dataset.tokenizer_model", "does not exist");
+  spec = ValidTestJobSpec();
+  spec.mutable_dataset()->set_tokenizer("sentencepiece");
+  spec.mutable_dataset()->set_format("tokens");
+  ExpectInvalid(spec, "dataset.tokenizer_model", "already tokenized");
+}
+
 TEST(JobSpecValidationTest, ModelConfigRequired) {
   JobSpec spec = ValidTestJobSpec();
   spec.clear_model();

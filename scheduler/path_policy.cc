@@ -94,6 +94,12 @@ absl::Status ConfineJobSpecPaths(const loom::v1::JobSpec& spec, const std::strin
                                                    policy, owner_of));
     if (resolved != nullptr) resolved->mutable_dataset()->set_path(path);
   }
+  if (!spec.dataset().tokenizer_model().empty()) {  // read by the trainer like dataset.path
+    ASSIGN_OR_RETURN(std::string path,
+                     ConfinePath("dataset.tokenizer_model", spec.dataset().tokenizer_model(),
+                                 tenant, policy, owner_of));
+    if (resolved != nullptr) resolved->mutable_dataset()->set_tokenizer_model(path);
+  }
   return absl::OkStatus();
 }
 

@@ -133,6 +133,15 @@ TEST_F(PathPolicyTest, SpecFieldsAreResolvedInPlace) {
   absl::Status denied = ConfineJobSpecPaths(spec, "team-a", policy_, owner);
   EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(absl::StartsWith(denied.message(), "dataset.path: '/etc/shadow'")) << denied;
+  spec.mutable_dataset()->set_path(data_a_ + "/corpus.txt");
+  spec.mutable_dataset()->set_tokenizer_model(data_b_ + "/tokenizer.model");
+  denied = ConfineJobSpecPaths(spec, "team-a", policy_, owner);
+  EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StartsWith(denied.message(), "dataset.tokenizer_model: '" + data_b_))
+      << denied;
+  spec.mutable_dataset()->set_tokenizer_model(data_a_ + "/./tokenizer.model");
+  ASSERT_TRUE(ConfineJobSpecPaths(spec, "team-a", policy_, owner, &resolved).ok());
+  EXPECT_EQ(resolved.dataset().tokenizer_model(), data_a_ + "/tokenizer.model");
 }
 
 TEST(QueuesConfigDataRootsTest, ParsesDefaultAndPerTenantRoots) {

@@ -186,6 +186,16 @@ TEST(JobSpecYamlTest, ExampleJobOfTheReadmeParses) {
             3);
 }
 
+TEST(JobSpecYamlTest, SentencePieceExampleParses) {
+  auto spec = ReadJobSpecFile(absl::StrCat(std::getenv("TEST_SRCDIR"),
+                                           "/loom/examples/fortunes-sentencepiece/job.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->dataset().tokenizer(), "sentencepiece");
+  EXPECT_EQ(spec->dataset().vocab_size(), 4000);
+  EXPECT_EQ(spec->dataset().model_type(), "bpe");
+  EXPECT_EQ(spec->model().config().fields().at("vocab_size").number_value(), 4000);
+}
+
 TEST(JobSpecYamlTest, QuotedNumbersStayStrings) {
   auto spec = JobSpecFromYaml("name: \"123\"\n", ".");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -31,6 +31,7 @@
 #include "storage/checkpoint/corrupt_mark.h"
 #include "common/status_macros.h"
 #include "storage/checkpoint/shard_format.h"
+#include "storage/checkpoint/tokenizer_export.h"
 #include "storage/safetensors/safetensors.h"
 
 namespace loom::storage {
@@ -626,6 +627,8 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   } cleanup{staging};
 
   // 1. Everything into the staging directory, each file fsynced.
+  ASSIGN_OR_RETURN(const std::vector<std::string> tokenizer_files,
+                   StageTokenizerFiles(checkpoint_dir, staging, &config));
   RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(staging, "/", kConfigName), config.dump(2) + "\n"));
   json weight_map = json::object();
   for (const ShardPlanFile& f : plan) {
@@ -659,6 +662,7 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(publish(kConfigName));
+  for (const std::string& name : tokenizer_files) RETURN_IF_ERROR(publish(name));
   for (const ShardPlanFile& f : plan) {
     if (sharded) RETURN_IF_ERROR(publish(f.file_name));
   }

@@ -165,11 +165,11 @@ absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* 
   return absl::OkStatus();
 }
 
-absl::Status CheckpointIo::WriteFinalLogits(const std::vector<uint8_t>& heldout) {
+absl::Status CheckpointIo::WriteFinalLogits(const TokenStream& heldout) {
   at::NoGradGuard no_grad;
   const int64_t n = std::min<int64_t>(
       {kFinalLogitTokens, o_.model.max_position_embeddings, static_cast<int64_t>(heldout.size())});
-  std::vector<int64_t> tokens(heldout.begin(), heldout.begin() + n);
+  std::vector<int64_t> tokens = heldout.Slice(0, n);
   at::Tensor ids = at::tensor(tokens, at::kLong).view({1, n});
   at::Tensor logits =
       model_.Forward(ids).to(at::kFloat).squeeze(0).contiguous();  // all ranks gather

@@ -1,6 +1,7 @@
-// Training corpus for language-model jobs: raw text documents, a byte-level tokenizer
-// (tokens 0..255), a deterministic train/held-out split and deterministic sample windows.
-// Torch-free.
+// Training corpus for language-model jobs: documents from a text directory/file or JSON Lines,
+// tokenised by the byte tokenizer (tokens 0..255) or SentencePiece (data/tokenizer.h), or
+// pre-tokenized flat token files (data/token_file.h, memory-mapped); a deterministic
+// train/held-out split and deterministic sample windows. Torch-free.
 //
 // Determinism contract (what makes an N-rank ZeRO-3 run equal a 1-rank run): every sample is
 // a window of `window` tokens whose start depends only on (seed, step, micro_step, global
@@ -15,35 +16,65 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "worker/engine/data/token_stream.h"
+#include "worker/engine/data/tokenizer.h"
 
 namespace loom::engine {
 
 inline constexpr char kFortunesPath[] = "/usr/share/games/fortunes";
 
 struct CorpusOptions {
-  // A directory (every regular, non-symlink file not ending in .dat or .u8, in name order) or a
-  // single text file.
+  // format "text": a directory (every regular, non-symlink file not ending in .dat or .u8, in
+  // name order) or a single text file. "jsonl": a .jsonl file or a directory of them.
+  // "tokens": a flat token file or a directory of .bin token files.
   std::string path = kFortunesPath;
-  // Fraction of documents held out for evaluation, in (0, 0.5].
+  std::string format = "text";        // dataset.format: text | jsonl | tokens
+  std::string text_field = "text";    // dataset.text_field (jsonl)
+  std::string token_dtype = "uint16"; // dataset.token_dtype (tokens): uint16 | uint32
+  // Fraction of documents (tokens: of tokens, cut at a document end) held out for evaluation,
+  // in (0, 0.5].
   double holdout_fraction = 0.05;
+  TokenizerOptions tokenizer;         // dataset.tokenizer, tokenizer_model, vocab_size, model_type
+  // From model.config (0 / -1: not checked): every token id must be < vocab_size, and a
+  // SentencePiece tokenizer's bos/eos ids must equal bos_token_id/eos_token_id. eos_token_id
+  // also separates documents in token files.
+  int64_t vocab_size = 0;
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  int64_t model_max_length = 0;       // max_position_embeddings, for tokenizer_config.json
+  // Run-time: where a SentencePiece tokenizer is recorded (the job's checkpoint directory;
+  // empty: not recorded), and this rank's share of a token file to validate.
+  std::string record_dir;
+  int rank = 0;
+  int world_size = 1;
 };
 
 struct Corpus {
-  std::vector<uint8_t> train;    // byte tokens of the training documents, concatenated
-  std::vector<uint8_t> heldout;  // byte tokens of the held-out documents, concatenated
+  TokenStream train;    // tokens of the training documents, concatenated
+  TokenStream heldout;  // tokens of the held-out documents, concatenated
+  // Documents per side (0 for token files, whose documents are not counted).
   int64_t train_documents = 0;
   int64_t heldout_documents = 0;
+  std::shared_ptr<const Tokenizer> tokenizer;  // byte, or the job's SentencePiece model
 };
 
 // Splits text into records separated by lines containing only "%" (fortune format). Empty
 // records are dropped. Each record keeps its trailing newline.
 std::vector<std::string> SplitFortuneRecords(absl::string_view text);
 
-// Loads the documents: fortune records; a single file without "%" separators is split into
-// blank-line-separated paragraphs. Document i goes to held-out iff
+// Loads the data set. Text: fortune records; a single file without "%" separators is split into
+// blank-line-separated paragraphs. JSONL: one document per line. Document i goes to held-out iff
 // Mix64(i ^ 0x6c6f6f6d) / 2^64 < holdout_fraction (a fixed split, independent of the seed).
-// Errors: NOT_FOUND (path), INVALID_ARGUMENT "dataset.holdout_fraction: ..." or
-// FAILED_PRECONDITION when a side ends up empty.
+// With SentencePiece every document is followed by the EOS id; the tokenizer is trained on the
+// training documents only (PrepareTokenizer). Token files: see TokenHoldoutCut; rank r of N
+// checks ids [r*n/N, (r+1)*n/N) of the n tokens (together the ranks check every token, and none
+// reads the whole file).
+// Errors (each naming the field and the file, with the byte offset or line where there is
+// one): NOT_FOUND (path), INVALID_ARGUMENT "dataset.holdout_fraction: ...", invalid UTF-8
+// (SentencePiece, JSONL) or JSON, a missing text field, a token id >= vocab_size, a token file
+// size that is not a multiple of the token width, "model.config.vocab_size/bos_token_id/
+// eos_token_id" disagreeing with the tokenizer; FAILED_PRECONDITION when a side of the split
+// ends up empty.
 absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options);
 
 // splitmix64 finaliser: a well-mixed 64-bit hash.

@@ -52,7 +52,7 @@ class Trainer {
  private:
   void Emit(json j) { emit_(j.dump()); }
   // [rows, seq+1] int64 windows of `stream` starting at `starts`.
-  at::Tensor Windows(const std::vector<uint8_t>& stream, const std::vector<int64_t>& starts);
+  at::Tensor Windows(const TokenStream& stream, const std::vector<int64_t>& starts);
   double MeanAcrossRanks(double local);
   double Evaluate();
   // One optimizer step (0-based `step`): GAS micro-batches, overflow check (fp16), clip, Adam.
@@ -228,14 +228,11 @@ ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
   return z;
 }
 
-at::Tensor Trainer::Windows(const std::vector<uint8_t>& stream,
-                            const std::vector<int64_t>& starts) {
+at::Tensor Trainer::Windows(const TokenStream& stream, const std::vector<int64_t>& starts) {
   const int64_t w = o_.sequence_length + 1;
   at::Tensor out = at::empty({static_cast<int64_t>(starts.size()), w}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
-  for (size_t i = 0; i < starts.size(); ++i) {
-    for (int64_t j = 0; j < w; ++j) dst[i * w + j] = stream[starts[i] + j];
-  }
+  for (size_t i = 0; i < starts.size(); ++i) stream.Copy(starts[i], w, dst + i * w);
   return out;
 }
 
@@ -426,7 +423,11 @@ static void LimitBlasThreads(int threads) {
 absl::Status Trainer::Run() {
   at::set_num_threads(o_.threads_per_rank);
   LimitBlasThreads(o_.threads_per_rank);
-  ASSIGN_OR_RETURN(corpus_, LoadCorpus(o_.data));
+  CorpusOptions data = o_.data;
+  data.record_dir = o_.checkpoint_dir;  // a SentencePiece tokenizer is recorded with the job
+  data.rank = coll_.rank();
+  data.world_size = coll_.world_size();
+  ASSIGN_OR_RETURN(corpus_, LoadCorpus(data));
   const int64_t w = o_.sequence_length + 1;
   if (static_cast<int64_t>(corpus_.train.size()) < w ||
       static_cast<int64_t>(corpus_.heldout.size()) < w) {

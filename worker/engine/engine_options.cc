@@ -64,9 +64,54 @@ absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int
   }
   ASSIGN_OR_RETURN(std::optional<std::string> tok,
                    json_fields::OptString(dataset, "tokenizer", "dataset"));
-  if (tok.has_value() && !tok->empty() && *tok != "byte") {
-    return Invalid("dataset.tokenizer", absl::StrCat("\"", *tok, "\" is not supported yet "
-                                                     "(only \"byte\")"));
+  if (tok.has_value() && !tok->empty()) o.tokenizer = *tok;
+  if (o.tokenizer != "byte" && o.tokenizer != "sentencepiece") {
+    return Invalid("dataset.tokenizer",
+                   absl::StrCat("\"", o.tokenizer, "\" is not byte or sentencepiece"));
+  }
+  o.data.tokenizer.kind = o.tokenizer;
+  ASSIGN_OR_RETURN(std::optional<std::string> format,
+                   json_fields::OptString(dataset, "format", "dataset"));
+  if (format.has_value() && !format->empty()) o.data.format = *format;
+  if (o.data.format != "text" && o.data.format != "jsonl" && o.data.format != "tokens") {
+    return Invalid("dataset.format",
+                   absl::StrCat("\"", o.data.format, "\" is not text, jsonl or tokens"));
+  }
+  ASSIGN_OR_RETURN(std::optional<std::string> text_field,
+                   json_fields::OptString(dataset, "text_field", "dataset"));
+  if (text_field.has_value() && !text_field->empty()) o.data.text_field = *text_field;
+  ASSIGN_OR_RETURN(std::optional<std::string> token_dtype,
+                   json_fields::OptString(dataset, "token_dtype", "dataset"));
+  if (token_dtype.has_value() && !token_dtype->empty()) o.data.token_dtype = *token_dtype;
+  if (o.data.token_dtype != "uint16" && o.data.token_dtype != "uint32") {
+    return Invalid("dataset.token_dtype",
+                   absl::StrCat("\"", o.data.token_dtype, "\" is not uint16 or uint32"));
+  }
+  ASSIGN_OR_RETURN(std::optional<std::string> tokenizer_model,
+                   json_fields::OptString(dataset, "tokenizer_model", "dataset"));
+  o.data.tokenizer.model_path = tokenizer_model.value_or("");
+  ASSIGN_OR_RETURN(std::optional<int64_t> vocab,
+                   json_fields::OptInt(dataset, "vocab_size", "dataset"));
+  o.data.tokenizer.vocab_size = vocab.value_or(0);
+  ASSIGN_OR_RETURN(std::optional<std::string> model_type,
+                   json_fields::OptString(dataset, "model_type", "dataset"));
+  if (model_type.has_value() && !model_type->empty()) o.data.tokenizer.model_type = *model_type;
+  if (o.tokenizer == "sentencepiece" && o.data.tokenizer.model_path.empty()) {
+    if (o.data.format == "tokens") {
+      return Invalid("dataset.tokenizer_model",
+                     "required for a token-file data set (it is already tokenized)");
+    }
+    if (o.data.tokenizer.model_type != "bpe" && o.data.tokenizer.model_type != "unigram") {
+      return Invalid("dataset.model_type", absl::StrCat("\"", o.data.tokenizer.model_type,
+                                                        "\" is not bpe or unigram"));
+    }
+    if (o.data.tokenizer.vocab_size < 8 ||
+        o.data.tokenizer.vocab_size > o.model.vocab_size) {
+      return Invalid("dataset.vocab_size",
+                     absl::StrCat(o.data.tokenizer.vocab_size,
+                                  " is not in [8, model.config.vocab_size ", o.model.vocab_size,
+                                  "] (needed to train a SentencePiece tokenizer)"));
+    }
   }
   ASSIGN_OR_RETURN(std::optional<double> holdout,
                    json_fields::OptDouble(dataset, "holdout_fraction", "dataset"));
@@ -75,10 +120,14 @@ absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int
     return Invalid("dataset.holdout_fraction",
                    absl::StrCat(o.data.holdout_fraction, " is not in (0, 0.5]"));
   }
-  if (o.model.vocab_size < 256) {
+  if (o.tokenizer == "byte" && o.data.format != "tokens" && o.model.vocab_size < 256) {
     return Invalid("model.config.vocab_size",
                    absl::StrCat(o.model.vocab_size, " < 256 (the byte tokenizer needs 256)"));
   }
+  o.data.vocab_size = o.model.vocab_size;
+  o.data.bos_token_id = o.model.bos_token_id;
+  o.data.eos_token_id = o.model.eos_token_id;
+  o.data.model_max_length = o.model.max_position_embeddings;
 
   const json& training = Section(root, "training");
   ASSIGN_OR_RETURN(std::optional<int64_t> steps,

@@ -21,8 +21,11 @@ struct EngineOptions {
   std::string model_config_json;  // the spec's model.config object, as given
   std::string init_from;          // model.init_from: a Hugging Face export directory, or empty
   DeepSpeedConfig ds;
+  // dataset.*: path, format, text_field, token_dtype, holdout_fraction, tokenizer (kind,
+  // tokenizer_model, vocab_size, model_type) and model.config's vocab/bos/eos ids. The run-time
+  // fields (record_dir, rank, world_size) are filled in by the engine.
   CorpusOptions data;
-  std::string tokenizer = "byte";
+  std::string tokenizer = "byte";  // dataset.tokenizer (= data.tokenizer.kind)
   int64_t steps = 0;               // total optimizer steps (a resumed run continues up to it)
   int64_t sequence_length = 0;     // tokens per sample (targets are shifted by one)
   uint64_t seed = 0;

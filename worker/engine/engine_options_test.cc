@@ -39,6 +39,48 @@ TEST(ParseJobSpecJsonTest, ReadsEveryFieldAndAcceptsInt64Strings) {
   EXPECT_EQ(o->world_size, 2);
 }
 
+TEST(ParseJobSpecJsonTest, DatasetFormatAndSentencePieceFields) {
+  auto with = [](const std::string& dataset) {
+    std::string s = kSpec;
+    const std::string from = "{\"name\": \"fortunes\", \"tokenizer\": \"byte\"}";
+    s.replace(s.find(from), from.size(), dataset);
+    return s;
+  };
+  absl::StatusOr<EngineOptions> o = ParseJobSpecJson(
+      with(R"({"path": "/d", "format": "jsonl", "text_field": "body", "tokenizer": "sentencepiece",
+               "vocab_size": "200", "model_type": "unigram"})"),
+      2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->data.format, "jsonl");
+  EXPECT_EQ(o->data.text_field, "body");
+  EXPECT_EQ(o->data.tokenizer.kind, "sentencepiece");
+  EXPECT_EQ(o->data.tokenizer.vocab_size, 200);
+  EXPECT_EQ(o->data.tokenizer.model_type, "unigram");
+  EXPECT_EQ(o->data.vocab_size, 256);
+  EXPECT_EQ(o->data.eos_token_id, 2);
+  EXPECT_EQ(o->data.model_max_length, 64);
+  o = ParseJobSpecJson(
+      with(R"({"path": "/d", "format": "tokens", "token_dtype": "uint32",
+               "tokenizer": "sentencepiece", "tokenizer_model": "/t/tokenizer.model"})"),
+      2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->data.token_dtype, "uint32");
+  EXPECT_EQ(o->data.tokenizer.model_path, "/t/tokenizer.model");
+  EXPECT_THAT(ParseJobSpecJson(with(R"({"path": "/d", "format": "csv"})"), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dataset.format"));
+  EXPECT_THAT(ParseJobSpecJson(with(R"({"path": "/d", "format": "tokens", "token_dtype": "u8"})"), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dataset.token_dtype"));
+  EXPECT_THAT(ParseJobSpecJson(with(R"({"path": "/d", "tokenizer": "sentencepiece",
+                                        "vocab_size": 1000})"), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dataset.vocab_size"));
+  EXPECT_THAT(ParseJobSpecJson(with(R"({"path": "/d", "tokenizer": "sentencepiece",
+                                        "vocab_size": 100, "model_type": "wordpiece"})"), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dataset.model_type"));
+  EXPECT_THAT(ParseJobSpecJson(with(R"({"path": "/d", "format": "tokens",
+                                        "tokenizer": "sentencepiece"})"), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dataset.tokenizer_model"));
+}
+
 TEST(ParseJobSpecJsonTest, ErrorsNameTheField) {
   std::string spec = kSpec;
   auto with = [&](const std::string& from, const std::string& to) {
