@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
 
 #include "worker/engine/testing/thread_gang.h"
@@ -76,6 +78,32 @@ TEST(ThreadGangTest, AHungPeerFailsTheGangWithinTheTimeout) {
   EXPECT_FALSE(st[0].ok());
   EXPECT_TRUE(st[1].ok());
   EXPECT_FALSE(FirstFailure(st).ok());
+}
+
+// The gang's own deadline is the backstop: a rank stuck outside any collective (here waiting on
+// a signal that only comes after the gang returned) is reported DEADLINE_EXCEEDED at the
+// deadline and detached; RunGang returns instead of hanging.
+TEST(ThreadGangTest, ARankPastTheDeadlineIsReportedAndTheGangReturns) {
+  GangOptions o;
+  o.collective_timeout = absl::Seconds(5);
+  o.deadline = absl::Seconds(2);
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<absl::Status> st = RunGang(
+      2,
+      [released](int rank, Collectives&) {
+        if (rank == 1) released.wait_for(std::chrono::seconds(60));
+        return absl::OkStatus();
+      },
+      o);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  release->set_value();  // lets the detached rank finish
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_TRUE(st[0].ok()) << st[0];
+  EXPECT_EQ(st[1].code(), absl::StatusCode::kDeadlineExceeded) << st[1];
+  EXPECT_LT(waited, 30.0);
 }
 
 }  // namespace
