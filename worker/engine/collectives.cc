@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -52,6 +54,48 @@ absl::Status CheckCoalesced(const std::vector<at::Tensor>& fulls,
   return absl::OkStatus();
 }
 
+absl::Status CheckAllToAll(const at::Tensor& input, const at::Tensor& output, int world) {
+  if (!input.is_contiguous() || !output.is_contiguous() || input.dim() != 1 ||
+      output.dim() != 1 || input.numel() != output.numel() || input.numel() % world != 0 ||
+      input.scalar_type() != output.scalar_type()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "all-to-all: expected contiguous 1-d input and output [", world,
+        "*c] of one dtype, got ", input.numel(), " and ", output.numel()));
+  }
+  if (input.numel() > 0 && input.data_ptr() == output.data_ptr()) {
+    return absl::InvalidArgumentError("all-to-all: output must not alias input");
+  }
+  return absl::OkStatus();
+}
+
+// Subgroup ranks: non-empty, strictly increasing, in [0, world); name non-empty without '/'.
+absl::Status CheckSubgroup(const std::vector<int>& ranks, absl::string_view name, int world) {
+  if (name.empty() || absl::StrContains(name, "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("subgroup name: \"", name, "\" must be non-empty without '/'"));
+  }
+  if (ranks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("subgroup ", name, ": ranks is empty"));
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "subgroup ", name, ": ranks[", i, "] = ", ranks[i],
+          " (ranks must be strictly increasing, in [0, world size ", world, "))"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What Gloo moves for a tensor: bf16 as its 16-bit pattern (Gloo in LibTorch 1.13 has no bf16).
+at::Tensor Wire(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
+bool Is16BitFloat(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
 class DonePending : public PendingCollective {
  public:
   explicit DonePending(absl::Status s) : status_(std::move(s)) {}
@@ -65,7 +109,15 @@ std::unique_ptr<PendingCollective> Done(absl::Status s = absl::OkStatus()) {
   return std::make_unique<DonePending>(std::move(s));
 }
 
-enum Op { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kBroadcast = 4, kBarrier = 5 };
+enum Op {
+  kAllGather = 1,
+  kReduceScatter = 2,
+  kAllReduce = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+  kAllToAll = 6,
+  kNewSubgroup = 7,
+};
 
 class LocalCollectives : public Collectives {
  public:
@@ -109,6 +161,19 @@ class LocalCollectives : public Collectives {
   absl::Status Barrier() override {
     Record(kBarrier, 0, 0);
     return absl::OkStatus();
+  }
+  std::unique_ptr<PendingCollective> StartAllToAll(const at::Tensor& input,
+                                                   at::Tensor& output) override {
+    if (absl::Status s = CheckAllToAll(input, output, 1); !s.ok()) return Done(s);
+    Record(kAllToAll, input.numel(), input.numel());
+    output.copy_(input);
+    return Done();
+  }
+  absl::StatusOr<std::unique_ptr<Collectives>> NewSubgroup(const std::vector<int>& ranks,
+                                                           absl::string_view name) override {
+    if (absl::Status s = CheckSubgroup(ranks, name, 1); !s.ok()) return s;
+    Record(kNewSubgroup, static_cast<int64_t>(ranks.size()), 0);
+    return CreateLocalCollectives();
   }
 };
 
@@ -177,11 +242,14 @@ class GlooPending : public PendingCollective {
 
 class GlooCollectives : public Collectives {
  public:
+  using Device = std::shared_ptr<::gloo::transport::Device>;
+  // `store`: this group's store (the TCPStore, or a PrefixStore over it for a subgroup);
+  // `prefix`: its key prefix ("" for the world), the root of its subgroups' prefixes.
   GlooCollectives(c10::intrusive_ptr<c10d::Store> store,
-                  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int world,
-                  std::chrono::milliseconds timeout)
-      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world),
-        timeout_(timeout) {}
+                  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, Device device,
+                  std::string prefix, int rank, int world, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), pg_(std::move(pg)), device_(std::move(device)),
+        prefix_(std::move(prefix)), rank_(rank), world_(world), timeout_(timeout) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
@@ -200,10 +268,11 @@ class GlooCollectives : public Collectives {
     pending->keep_ = {part, full};
     bytes_communicated_ += part.nbytes();
     const int tag = NextTag();
+    const at::Tensor wire_part = Wire(part), wire_full = Wire(full);
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      SendTo(*pending, part, q, tag);
-      RecvFrom(*pending, full.narrow(0, q * p, p), q, tag);
+      SendTo(*pending, wire_part, q, tag);
+      RecvFrom(*pending, wire_full.narrow(0, q * p, p), q, tag);
     }
     full.narrow(0, rank_ * p, p).copy_(part);
     return pending;
@@ -225,7 +294,7 @@ class GlooCollectives : public Collectives {
     pending->keep_.insert(pending->keep_.end(), parts.begin(), parts.end());
     // Chunk `rank_` of every peer's tensor k arrives in received[k][q] (rank q's copy). With two
     // ranks it arrives in parts[k] itself: a + b == b + a exactly, so the rank-order sum needs no
-    // scratch.
+    // scratch. 16-bit floats travel as 16 bits and are summed in fp32 (rounded once).
     std::vector<std::vector<at::Tensor>> received(fulls.size());
     for (size_t k = 0; k < fulls.size(); ++k) {
       const int tag = NextTag();  // one per tensor: no reliance on Gloo's per-tag message order
@@ -237,14 +306,14 @@ class GlooCollectives : public Collectives {
           received[k][q] = fulls[k].narrow(0, rank_ * p, p);
           continue;
         }
-        SendTo(*pending, fulls[k].narrow(0, q * p, p), q, tag);
+        SendTo(*pending, Wire(fulls[k]).narrow(0, q * p, p), q, tag);
         if (world_ == 2) {
           received[k][q] = parts[k];
         } else {
           received[k][q] = at::empty({p}, parts[k].options());
           pending->keep_.push_back(received[k][q]);  // kept (or leaked) with the rest
         }
-        RecvFrom(*pending, received[k][q], q, tag);
+        RecvFrom(*pending, Wire(received[k][q]), q, tag);
       }
     }
     const int world = world_, rank = rank_;
@@ -253,6 +322,12 @@ class GlooCollectives : public Collectives {
     pending->finish_ = [received = std::move(received), outs, world, rank]() {
       for (size_t k = 0; k < outs.size(); ++k) {
         at::Tensor out = outs[k];
+        if (Is16BitFloat(out)) {  // fp32 accumulation in rank order, one rounding
+          at::Tensor acc = received[k][0].to(at::kFloat);
+          for (int q = 1; q < world; ++q) acc.add_(received[k][q].to(at::kFloat));
+          out.copy_(acc);
+          continue;
+        }
         if (world == 2) {
           out.add_(received[k][rank]);  // out holds the peer's chunk
           continue;
@@ -269,16 +344,23 @@ class GlooCollectives : public Collectives {
     auto pending = std::make_unique<GlooPending>("allreduce", timeout_, &blocked_seconds_);
     pending->keep_ = {tensor};
     std::vector<at::Tensor> tensors = {tensor};
+    if (tensor.scalar_type() == at::kBFloat16) {  // Gloo has no bf16: reduce an fp32 copy
+      at::Tensor wide = tensor.to(at::kFloat);
+      tensors = {wide};
+      pending->keep_.push_back(wide);
+      at::Tensor out = tensor;
+      pending->finish_ = [out, wide]() mutable { out.copy_(wide); };
+    }
     c10d::AllreduceOptions opts;
     opts.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-    bytes_communicated_ += tensor.nbytes();
+    bytes_communicated_ += tensors[0].nbytes();
     Start(*pending, [&] { return pg_->allreduce(tensors, opts); });
     return pending;
   }
 
   absl::Status Broadcast(at::Tensor& tensor, int root) override {
     Record(kBroadcast, tensor.numel(), tensor.numel());
-    std::vector<at::Tensor> tensors = {tensor};
+    std::vector<at::Tensor> tensors = {Wire(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     GlooPending pending("broadcast", timeout_, &blocked_seconds_);
@@ -291,6 +373,45 @@ class GlooCollectives : public Collectives {
     GlooPending pending("barrier", timeout_, &blocked_seconds_);
     Start(pending, [&] { return pg_->barrier(); });
     return pending.Wait();
+  }
+
+  std::unique_ptr<PendingCollective> StartAllToAll(const at::Tensor& input,
+                                                   at::Tensor& output) override {
+    if (absl::Status s = CheckAllToAll(input, output, world_); !s.ok()) return Done(s);
+    Record(kAllToAll, input.numel(), input.numel());
+    auto pending = std::make_unique<GlooPending>("alltoall", timeout_, &blocked_seconds_);
+    pending->keep_ = {input, output};
+    bytes_communicated_ += input.nbytes();
+    at::Tensor wire_in = Wire(input), wire_out = Wire(output);
+    std::vector<int64_t> equal_splits;  // empty: N equal chunks
+    Start(*pending,
+          [&] { return pg_->alltoall_base(wire_out, wire_in, equal_splits, equal_splits); });
+    return pending;
+  }
+
+  absl::StatusOr<std::unique_ptr<Collectives>> NewSubgroup(const std::vector<int>& ranks,
+                                                           absl::string_view name) override {
+    if (absl::Status s = CheckSubgroup(ranks, name, world_); !s.ok()) return s;
+    Record(kNewSubgroup, static_cast<int64_t>(ranks.size()), 0);
+    // Unique on every rank because every rank counts the same NewSubgroup calls (c10d names
+    // groups by a counter the same way).
+    const std::string prefix = absl::StrCat(prefix_, name, "#", ++subgroups_, "/");
+    const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    if (it == ranks.end()) return std::unique_ptr<Collectives>();
+    const int sub_rank = static_cast<int>(it - ranks.begin());
+    const int sub_world = static_cast<int>(ranks.size());
+    if (sub_world == 1) return CreateLocalCollectives();
+    try {
+      auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+      opts->devices.push_back(device_);
+      opts->threads = 1;
+      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, sub_rank, sub_world, opts);
+      return std::unique_ptr<Collectives>(
+          new GlooCollectives(store, pg, device_, prefix, sub_rank, sub_world, timeout_));
+    } catch (const std::exception& e) {
+      return FromException(absl::StrCat("subgroup ", name).c_str(), e);
+    }
   }
 
  private:
@@ -322,8 +443,11 @@ class GlooCollectives : public Collectives {
   }
 
   int tag_ = 0;
+  int subgroups_ = 0;  // NewSubgroup calls so far (every rank counts the same)
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  Device device_;
+  std::string prefix_;
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
@@ -361,13 +485,13 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOpt
     auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
     std::string bind = o.bind_address;
     if (bind.empty() && IsLoopback(o.master_addr)) bind = "127.0.0.1";
-    pg_opts->devices.push_back(bind.empty()
-                                   ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                   : c10d::ProcessGroupGloo::createDeviceForHostname(bind));
+    auto device = bind.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                               : c10d::ProcessGroupGloo::createDeviceForHostname(bind);
+    pg_opts->devices.push_back(device);
     pg_opts->threads = 1;
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, pg_opts);
     return std::unique_ptr<Collectives>(
-        new GlooCollectives(store, pg, o.rank, o.world_size, timeout));
+        new GlooCollectives(store, pg, device, "", o.rank, o.world_size, timeout));
   } catch (const std::exception& e) {
     return FromException("rendezvous", e);
   }

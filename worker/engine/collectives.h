@@ -1,18 +1,30 @@
-// Collective communication for the engine's data-parallel group, behind one interface so the
-// CPU path (c10d::ProcessGroupGloo) and a GPU path (NCCL's native reduce_scatter/allgather)
-// share the ZeRO code.
+// Collective communication for the engine's process groups, behind one interface so the CPU
+// path (c10d::ProcessGroupGloo) and a GPU path (NCCL's native reduce_scatter/allgather) share
+// the ZeRO code.
 //
-// Every rank must issue the same sequence of calls (TECHNIQUES.md §0). The Start* calls return a
-// handle at once (the collective runs on the backend's thread, so it overlaps with the caller's
-// compute: DeepSpeed's overlap_comm); the plain calls are Start + Wait. Collectives complete in
-// the order they were started. A timeout or a peer failure returns DEADLINE_EXCEEDED or
-// UNAVAILABLE/INTERNAL from Wait, and the group is unusable afterwards. Tensors passed to a Start*
-// call must stay alive and untouched until its Wait returns (the handle keeps references).
-// Tensors are contiguous CPU fp32 or fp16 (bf16 data is moved as fp16 bit patterns by the caller;
-// AllReduce also accepts float64/int64).
+// Every rank of a group must issue the same sequence of calls on it (TECHNIQUES.md §0). The
+// Start* calls return a handle at once (the collective runs on the backend's thread, so it
+// overlaps with the caller's compute: DeepSpeed's overlap_comm); the plain calls are Start +
+// Wait. Collectives of one group complete in the order they were started. A timeout or a peer
+// failure returns DEADLINE_EXCEEDED or UNAVAILABLE/INTERNAL from Wait, and the group is unusable
+// afterwards. Tensors passed to a Start* call must stay alive and untouched until its Wait
+// returns (the handle keeps references).
+//
+// Tensors are contiguous 1-d CPU tensors of one dtype per call: fp32, fp16 or bf16 (AllReduce
+// also accepts float64/int64). bf16 on the wire: Gloo (LibTorch 1.13) has no bf16 type, so the
+// Gloo implementation moves bf16 tensors of gathers, all-to-all and broadcast as their 16-bit
+// patterns (viewed as fp16: same element size, only bytes move); callers may pass bf16 directly
+// (passing bf16 already viewed as fp16, as zero_llama.cc's Wire() does, still works).
+// Reductions of 16-bit floats (bf16 and fp16 reduce-scatter) move the 16-bit values and sum
+// them in fp32, in rank order, rounding once to the tensor's dtype (DeepSpeed reduces in the
+// communication dtype; this keeps its wire bytes and the fp32 accumulation of the sum). A bf16
+// AllReduce is done in fp32 (a temporary: fp32 on the wire) and rounded back once.
+//
 // Every call is recorded in a running count and hash of (operation, element count), so tests can
-// check that all ranks issued the same collective sequence (TECHNIQUES.md §1.11 #7).
-// Not thread-safe: one caller thread at a time.
+// check that all ranks issued the same collective sequence (TECHNIQUES.md §1.11 #7). A subgroup
+// (NewSubgroup) is a Collectives of its own with its own rank, world size, count and hash.
+// Not thread-safe: one caller thread at a time per object (different groups may be driven by
+// different threads).
 #ifndef LOOM_WORKER_ENGINE_COLLECTIVES_H_
 #define LOOM_WORKER_ENGINE_COLLECTIVES_H_
 
@@ -25,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace loom::engine {
@@ -59,9 +72,28 @@ class Collectives {
       const std::vector<at::Tensor>& fulls, const std::vector<at::Tensor>& parts) = 0;
   // In place; every rank receives bit-identical results.
   virtual std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) = 0;
+  // All-to-all with equal splits (Gloo's alltoall_base; DeepSpeed-Ulysses' seq<->head swap,
+  // TECHNIQUES.md §3.1): input [N*c] is cut into N chunks of c; chunk j goes to rank j, and
+  // output [N*c] (preallocated, not overlapping input) receives rank j's chunk `rank()` at
+  // [j*c, (j+1)*c). Recorded as one collective of N*c elements, moving N*c.
+  virtual std::unique_ptr<PendingCollective> StartAllToAll(const at::Tensor& input,
+                                                           at::Tensor& output) = 0;
   // In place: every rank receives root's tensor.
   virtual absl::Status Broadcast(at::Tensor& tensor, int root) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // A subgroup of this group's ranks, built as c10d's new_group is: collective over this group
+  // (every rank calls it, with the same ranks and name, in the same order relative to other
+  // NewSubgroup calls; members block until every member arrived, non-members return at once).
+  // `ranks`: strictly increasing ranks of this group; subgroup rank i is ranks[i]. `name`:
+  // non-empty, no '/', (with a per-parent counter) the key prefix of the subgroup's rendezvous.
+  // Returns the subgroup for a member and nullptr for a non-member. A one-rank subgroup is local
+  // (no process group). Recorded in this group's count/hash as one collective of ranks.size()
+  // elements (moving none). Errors: INVALID_ARGUMENT for bad ranks or name; UNAVAILABLE /
+  // DEADLINE_EXCEEDED when members do not arrive within the timeout. The subgroup may outlive
+  // this object.
+  virtual absl::StatusOr<std::unique_ptr<Collectives>> NewSubgroup(const std::vector<int>& ranks,
+                                                                   absl::string_view name) = 0;
 
   absl::Status AllGather(const at::Tensor& part, at::Tensor& full) {
     return StartAllGather(part, full)->Wait();
@@ -71,6 +103,9 @@ class Collectives {
   }
   absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) {
     return StartAllReduce(tensor, op)->Wait();
+  }
+  absl::Status AllToAll(const at::Tensor& input, at::Tensor& output) {
+    return StartAllToAll(input, output)->Wait();
   }
 
   // Bytes this rank handed to collectives so far (inputs of gathers/reduces), for reporting.
@@ -85,6 +120,12 @@ class Collectives {
   int64_t elements_moved() const { return elements_moved_; }
   // Wall seconds the caller spent blocked in collective calls so far (in Wait: for a blocking
   // call, start to completion; for a started one, only the wait), for the trainer's "comm_s".
+  // On CPU (Gloo) Wait returns when the data is in the caller's tensors, so the host clock
+  // around Wait is the time the caller lost. On an accelerator, Wait only orders the compute
+  // stream after the communication stream and returns at once; there an implementation records
+  // a CUDA event on the compute stream before the Wait and one after it (after the
+  // stream-wait on the work), and adds cudaEventElapsedTime of the pair once the second event
+  // has completed (polled at the next Wait or at the step end, never synchronising per call).
   double blocked_seconds() const { return blocked_seconds_; }
 
  protected:
@@ -102,7 +143,8 @@ class Collectives {
   double blocked_seconds_ = 0;
 };
 
-// World size 1: every collective is a local copy; no process group.
+// World size 1: every collective is a local copy; no process group. NewSubgroup({0}) returns
+// another local group.
 std::unique_ptr<Collectives> CreateLocalCollectives();
 
 struct GlooOptions {
@@ -119,10 +161,12 @@ struct GlooOptions {
   std::function<void(int port)> on_listening;
 };
 
-// Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo. All-gather and
+// Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo (subgroups: a
+// c10d::PrefixStore over that store and a new ProcessGroupGloo of the members). All-gather and
 // reduce-scatter are point-to-point sends and receives between the caller's tensors (Gloo in
 // LibTorch 1.13 has neither reduce_scatter nor _allgather_base, and its allgather copies through
 // a full-size temporary); the reduce-scatter sums in rank order after the receives.
+// All-to-all is Gloo's alltoall_base with equal splits.
 // Errors: INVALID_ARGUMENT for bad ranks/ports, UNAVAILABLE / DEADLINE_EXCEEDED when peers do
 // not arrive within the timeout.
 absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOptions& options);

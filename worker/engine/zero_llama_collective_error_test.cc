@@ -1,0 +1,129 @@
+// Every collective of one ZeRO-3 optimizer step (two micro-steps: the first records the
+// stage-3 fetch trace, the second replays it with prefetches, then reduces and refreshes) made
+// to fail in turn with FailingCollectives: the step must throw CollectiveError carrying
+// exactly the injected status (never crash, hang or swallow it), on one rank (local
+// collectives) and on two ranks over real Gloo (the thread harness).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/testing/failing_collectives.h"
+#include "worker/engine/testing/thread_gang.h"
+#include "worker/engine/zero_llama.h"
+
+namespace loom::engine {
+namespace {
+
+using testing::FailingCollectives;
+
+LlamaConfig TinyConfig() {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.max_position_embeddings = 16;
+  c.initializer_range = 0.2;
+  return c;
+}
+
+ZeroOptions Stage3() {
+  ZeroOptions o;
+  o.stage = 3;
+  o.param_persistence_threshold = 0;  // every parameter is gathered
+  o.reduce_bucket_size = 600;         // several reduce-scatter buckets, two in flight
+  o.prefetch_bucket_size = 2000;      // replay prefetches
+  o.max_reuse_distance = 0;           // backward gathers again
+  return o;
+}
+
+// One optimizer step of two micro-steps through `model`.
+void Step(ZeroLlama& model) {
+  at::Tensor ids = at::arange(12, at::kLong).remainder(64).view({2, 6});
+  for (int micro = 0; micro < 2; ++micro) {
+    model.BeginMicroStep(/*last=*/micro == 1);
+    at::Tensor logits = model.Forward(ids);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, 64}), ids.reshape({-1}))
+        .backward();
+    model.FinishMicroStep();
+  }
+  model.RefreshParams();
+}
+
+absl::Status Injected(int64_t k) {
+  switch (k % 3) {
+    case 0:
+      return absl::DeadlineExceededError(absl::StrCat("injected timeout at ", k));
+    case 1:
+      return absl::UnavailableError(absl::StrCat("injected peer loss at ", k));
+    default:
+      return absl::InternalError(absl::StrCat("injected failure at ", k));
+  }
+}
+
+// Counts the collectives of Create and of one step on `world`, then fails each of the step's
+// in turn. Returns the number of step collectives (0 on a setup failure).
+int64_t FailEachCollectiveOfOneStep(Collectives& world) {
+  const LlamaConfig c = TinyConfig();
+  int64_t create_count = 0, step_count = 0;
+  {
+    FailingCollectives none(world, 0, absl::OkStatus());
+    absl::StatusOr<std::unique_ptr<ZeroLlama>> m = ZeroLlama::Create(c, &none, 5, nullptr,
+                                                                      Stage3());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return 0;
+    create_count = none.started();
+    Step(**m);
+    step_count = none.started() - create_count;
+    EXPECT_GT((*m)->prefetch_hits(), 0) << "the second micro-step must replay with prefetch";
+  }
+  for (int64_t k = 1; k <= step_count; ++k) {
+    const absl::Status want = Injected(k);
+    FailingCollectives f(world, create_count + k, want);
+    absl::StatusOr<std::unique_ptr<ZeroLlama>> m = ZeroLlama::Create(c, &f, 5, nullptr,
+                                                                      Stage3());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return 0;
+    bool threw = false;
+    try {
+      Step(**m);
+    } catch (const CollectiveError& e) {
+      threw = true;
+      EXPECT_EQ(e.status(), want) << "collective " << k << " of " << step_count;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "collective " << k << ": not a CollectiveError: " << e.what();
+      threw = true;
+    }
+    EXPECT_TRUE(threw) << "collective " << k << " of " << step_count << " failed silently";
+    EXPECT_TRUE(f.failed()) << k;
+  }
+  return step_count;
+}
+
+TEST(ZeroLlamaCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusOneRank) {
+  std::unique_ptr<Collectives> local = CreateLocalCollectives();
+  const int64_t n = FailEachCollectiveOfOneStep(*local);
+  // 2 micro-steps x (forward + backward gathers of 21 parameters) + reductions.
+  EXPECT_GT(n, 2 * 2 * 21);
+}
+
+TEST(ZeroLlamaCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusTwoRanks) {
+  std::vector<int64_t> counts(2);
+  std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& world) {
+    counts[rank] = FailEachCollectiveOfOneStep(world);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(testing::FirstFailure(st).ok()) << testing::FirstFailure(st);
+  EXPECT_EQ(counts[0], counts[1]);
+  EXPECT_GT(counts[0], 2 * 2 * 21);
+}
+
+}  // namespace
+}  // namespace loom::engine
