@@ -1,10 +1,11 @@
 // Supervision of one loom-trainer process (one rank of one attempt of a job).
 //
-// The trainer speaks a line protocol on stdout: one loom.TrainerEvent (proto/trainer_events.proto)
-// per line in protobuf's JSON mapping, read with protobuf's parser (worker/trainer/trainer_events.h;
-// fields this worker does not know are ignored, a line that is not an event is logged and skipped). Its stderr goes through a pipe to a per-rank log file. RankProcess
-// parses the events into a loom.v1.RankStatus that the worker daemon reports in its heartbeats
-// (with the exit code, the killing signal and the exit time once the process ended),
+// The trainer speaks a line protocol on stdout: one loom.TrainerEvent
+// (proto/trainer_events.proto) per line in protobuf's JSON mapping, read with protobuf's parser
+// (worker/trainer/trainer_events.h; fields this worker does not know are ignored, a line that is
+// not an event is logged and skipped). Its stderr goes through a pipe to a per-rank log file.
+// RankProcess parses the events into a loom.v1.RankStatus that the worker daemon reports in its
+// heartbeats (with the exit code, the killing signal and the exit time once the process ended),
 // and keeps every stdout and stderr line in a bounded ring (LogRing, sequence-numbered) from
 // which the daemon sends new lines to the scheduler (StreamLogs).
 //
