@@ -57,6 +57,8 @@ struct Child {
   std::vector<json> events;
   int exit_code = -1;
   bool eof = false;
+  // Not a loom-trainer (e.g. the PyTorch reference script): stdout lines are plain JSON objects.
+  bool plain_json = false;
 };
 
 inline Child Spawn(const std::vector<std::string>& args, const std::string& stderr_path) {
@@ -113,7 +115,8 @@ inline json FlatEventJson(const loom::TrainerEvent& ev) {
 }
 
 // Reads available stdout of `c` (waiting up to `ms`); parses complete lines into events. Every
-// stdout line must be a loom.TrainerEvent with no field the .proto lacks (protobuf's parser).
+// stdout line of a trainer must be a loom.TrainerEvent with no field the .proto lacks (protobuf's
+// parser); a plain_json child's lines are read as JSON objects.
 inline void Pump(Child& c, int ms) {
   if (c.eof) return;
   pollfd p{c.out_fd, POLLIN, 0};
@@ -130,6 +133,12 @@ inline void Pump(Child& c, int ms) {
   while ((pos = c.buffer.find('\n')) != std::string::npos) {
     std::string line = c.buffer.substr(0, pos);
     c.buffer.erase(0, pos + 1);
+    if (c.plain_json) {
+      json j = json::parse(line, nullptr, false);
+      EXPECT_FALSE(j.is_discarded()) << "stdout line is not JSON: " << line;
+      if (!j.is_discarded()) c.events.push_back(j);
+      continue;
+    }
     absl::StatusOr<loom::TrainerEvent> ev =
         loom::trainer::ParseTrainerEventLine(line, /*ignore_unknown_fields=*/false);
     EXPECT_TRUE(ev.ok()) << "stdout line is not a loom.TrainerEvent (" << ev.status()
