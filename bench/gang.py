@@ -2,18 +2,41 @@
 """Launches N ranks of a command as real processes and collects their JSON events and peak RSS.
 
 Used by bench/zero_bench.py. Two kinds of gangs:
-  * loom-trainer: rank 0 starts with --master_port=0 and reports {"event":"rendezvous","port":P}
-    on stdout; the others start with that port.
+  * loom-trainer: rank 0 starts with --master_port=0 and reports {"rendezvous":{"port":P}}
+    on stdout; the others start with that port. Its lines are loom.TrainerEvent messages in
+    protobuf JSON (proto/trainer_events.proto), read here as flat {"event": kind, ...} dicts.
   * python peers (bench/torch_peer.py): every rank gets --master_port=<free port> up front.
 Peak resident memory of each rank is ru_maxrss from wait4() (the kernel's VmHWM of that process).
 """
 import json
 import os
+import re
 import selectors
 import socket
 import subprocess
 import sys
 import time
+
+
+# The free-text fields of loom.TrainerEvent (proto/trainer_events.proto). Every other string value
+# in a loom-trainer event is an int64, which protobuf's JSON mapping writes as a string.
+_TEXT_FIELDS = {"message", "dir", "collective_hash", "offload_optimizer", "offload_param"}
+
+
+def flat_event(obj):
+    """A loom-trainer line {"<kind>": {fields}} as {"event": "<kind>", fields} with int64 fields
+    as ints; a python peer's line (already {"event": ...}) is returned as it is."""
+    if not isinstance(obj, dict) or "event" in obj or len(obj) != 1:
+        return obj
+    (kind, fields), = obj.items()
+    if not isinstance(fields, dict):
+        return obj
+    out = {"event": kind}
+    for k, v in fields.items():
+        if isinstance(v, str) and k not in _TEXT_FIELDS and re.fullmatch(r"-?[0-9]+", v):
+            v = int(v)
+        out[k] = v
+    return out
 
 
 class Rank:
@@ -34,7 +57,7 @@ class Rank:
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
             try:
-                self.events.append(json.loads(line))
+                self.events.append(flat_event(json.loads(line)))
             except ValueError:
                 sys.stderr.write("rank %d: non-JSON stdout: %r\n" % (self.rank, line[:200]))
 

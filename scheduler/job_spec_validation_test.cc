@@ -41,6 +41,19 @@ TEST(JobSpecValidationTest, ReferenceSpecIsValid) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST(JobSpecValidationTest, UnsupportedModelTypeIsRefusedNamingTheField) {
+  JobSpec spec = ValidTestJobSpec();
+  google::protobuf::Value type;
+  type.set_string_value("qwen3_moe");
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["model_type"] = type;
+  ExpectInvalid(spec, "model.config.model_type",
+                "\"qwen3_moe\" is not supported (supported: llama)");
+  type.set_string_value("llama");
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["model_type"] = type;
+  absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(JobSpecValidationTest, InitFromMustBeAnExportDirectory) {
   JobSpec spec = ValidTestJobSpec();
   spec.mutable_model()->set_init_from("/nonexistent/export");

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -18,6 +17,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/trainer/trainer_events.h"
 
 extern char** environ;
 
@@ -234,61 +234,82 @@ void RankProcess::ReadStderr(int fd, int log_fd) {
 }
 
 void RankProcess::HandleEvent(const std::string& line) {
-  nlohmann::json ev = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (ev.is_discarded() || !ev.is_object() || !ev.contains("event")) {
-    LOG(WARNING) << "trainer pid " << pid_ << " printed a non-event line: " << line;
+  // Unknown fields are ignored here (a newer trainer's extra field must not lose the event); the
+  // trainer's own tests parse strictly.
+  absl::StatusOr<loom::TrainerEvent> parsed =
+      loom::trainer::ParseTrainerEventLine(line, /*ignore_unknown_fields=*/true);
+  if (!parsed.ok()) {
+    LOG(WARNING) << "trainer pid " << pid_ << " printed a non-event line (" << parsed.status()
+                 << "): " << line;
     return;
   }
-  const std::string kind = ev.value("event", "");
+  const loom::TrainerEvent& ev = *parsed;
+  const double now_unix_s = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   absl::MutexLock l(&mu_);
   loom::v1::Progress* prog = status_.mutable_progress();
-  if (kind == "rendezvous") {
-    status_.set_rendezvous_port(ev.value("port", 0));
-  } else if (kind == "started") {
-    status_.set_state(loom::v1::RANK_STATE_RUNNING);
-    // Step and checkpoint ages count from the rank's start until the first of each arrives.
-    stats_.partition_bytes = ev.value("partition_bytes", 0.0);
-    stats_.last_step_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-    stats_.last_checkpoint_unix_seconds = stats_.last_step_unix_seconds;
-  } else if (kind == "step") {
-    status_.set_state(loom::v1::RANK_STATE_RUNNING);
-    prog->set_step(ev.value("step", int64_t{0}));
-    prog->set_loss(ev.value("loss", 0.0));
-    prog->set_tokens_per_second(ev.value("tokens_per_s", 0.0));
-    stats_.step_seconds = ev.value("step_time_s", 0.0);
-    stats_.partition_bytes = ev.value("partition_bytes", 0.0);
-    stats_.peak_gathered_bytes = ev.value("peak_gathered_bytes", 0.0);
-    stats_.communication_seconds = ev.value("comm_s", 0.0);
-    stats_.stall_seconds = stats_.communication_seconds + ev.value("data_s", 0.0);
-    stats_.optimizer_rollbacks += ev.value("optimizer_rollbacks", 0.0);
-    for (const char* kind : {"param", "grad", "optimizer_state", "buffer", "cached", "peak"}) {
-      auto it = ev.find(std::string(kind) + "_bytes");
-      if (it != ev.end() && it->is_number()) stats_.memory_bytes_by_kind[kind] = it->get<double>();
+  switch (ev.kind_case()) {
+    case loom::TrainerEvent::kRendezvous:
+      status_.set_rendezvous_port(ev.rendezvous().port());
+      break;
+    case loom::TrainerEvent::kStarted:
+      status_.set_state(loom::v1::RANK_STATE_RUNNING);
+      // Step and checkpoint ages count from the rank's start until the first of each arrives.
+      stats_.partition_bytes = static_cast<double>(ev.started().partition_bytes());
+      stats_.last_step_unix_seconds = now_unix_s;
+      stats_.last_checkpoint_unix_seconds = now_unix_s;
+      break;
+    case loom::TrainerEvent::kStep: {
+      const loom::TrainerEvent::Step& st = ev.step();
+      status_.set_state(loom::v1::RANK_STATE_RUNNING);
+      prog->set_step(st.step());
+      prog->set_loss(st.loss());
+      prog->set_tokens_per_second(st.tokens_per_s());
+      stats_.step_seconds = st.step_time_s();
+      stats_.partition_bytes = static_cast<double>(st.partition_bytes());
+      stats_.peak_gathered_bytes = static_cast<double>(st.peak_gathered_bytes());
+      stats_.communication_seconds = st.comm_s();
+      stats_.stall_seconds = st.comm_s() + st.data_s();
+      stats_.optimizer_rollbacks += static_cast<double>(st.optimizer_rollbacks());
+      for (const auto& [kind, bytes] :
+           {std::pair<const char*, int64_t>{"param", st.param_bytes()},
+            {"grad", st.grad_bytes()},
+            {"optimizer_state", st.optimizer_state_bytes()},
+            {"buffer", st.buffer_bytes()},
+            {"cached", st.cached_bytes()},
+            {"peak", st.peak_bytes()}}) {
+        stats_.memory_bytes_by_kind[kind] = static_cast<double>(bytes);
+      }
+      stats_.last_step_unix_seconds = now_unix_s;
+      break;
     }
-    stats_.last_step_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  } else if (kind == "eval") {
-    if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.value("loss", 0.0));
-    prog->set_eval_loss(ev.value("loss", 0.0));
-    prog->set_eval_step(ev.value("step", int64_t{0}));
-    prog->set_has_eval_loss(true);
-  } else if (kind == "checkpoint") {
-    prog->set_last_checkpoint_step(ev.value("step", int64_t{0}));
-    stats_.last_checkpoint_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  } else if (kind == "done") {
-    saw_done_ = true;
-    if (ev.contains("initial_eval_loss")) prog->set_initial_eval_loss(ev["initial_eval_loss"].get<double>());
-    if (ev.contains("final_eval_loss")) {
-      prog->set_eval_loss(ev["final_eval_loss"].get<double>());
-      prog->set_eval_step(ev.value("step", prog->step()));
+    case loom::TrainerEvent::kEval:
+      if (!prog->has_eval_loss()) prog->set_initial_eval_loss(ev.eval().loss());
+      prog->set_eval_loss(ev.eval().loss());
+      prog->set_eval_step(ev.eval().step());
       prog->set_has_eval_loss(true);
-    }
-  } else if (kind == "stopped") {
-    if (ev.contains("checkpoint_step")) {
-      saw_graceful_stop_ = true;
-      prog->set_last_checkpoint_step(ev.value("checkpoint_step", int64_t{0}));
-    }
-  } else if (kind == "error") {
-    status_.set_error(ev.value("message", "unknown error"));
+      break;
+    case loom::TrainerEvent::kCheckpoint:
+      prog->set_last_checkpoint_step(ev.checkpoint().step());
+      stats_.last_checkpoint_unix_seconds = now_unix_s;
+      break;
+    case loom::TrainerEvent::kDone:
+      saw_done_ = true;
+      prog->set_initial_eval_loss(ev.done().initial_eval_loss());
+      prog->set_eval_loss(ev.done().final_eval_loss());
+      prog->set_eval_step(ev.done().step());
+      prog->set_has_eval_loss(true);
+      break;
+    case loom::TrainerEvent::kStopped:
+      if (ev.stopped().has_checkpoint_step()) {
+        saw_graceful_stop_ = true;
+        prog->set_last_checkpoint_step(ev.stopped().checkpoint_step());
+      }
+      break;
+    case loom::TrainerEvent::kError:
+      status_.set_error(ev.error().message().empty() ? "unknown error" : ev.error().message());
+      break;
+    default:  // process_start, warning: nothing to report
+      break;
   }
 }
 

@@ -1,10 +1,11 @@
 // Supervision of one loom-trainer process (one rank of one attempt of a job).
 //
-// The trainer speaks a line protocol on stdout: one JSON object per line, with an "event" field
-// ("rendezvous", "started", "eval", "step", "checkpoint", "done", "stopped", "error"; see
-// worker/trainer/main.cc). Its stderr goes through a pipe to a per-rank log file. RankProcess
-// parses the events into a loom.v1.RankStatus that the worker daemon reports in its heartbeats
-// (with the exit code, the killing signal and the exit time once the process ended),
+// The trainer speaks a line protocol on stdout: one loom.TrainerEvent
+// (proto/trainer_events.proto) per line in protobuf's JSON mapping, read with protobuf's parser
+// (worker/trainer/trainer_events.h; fields this worker does not know are ignored, a line that is
+// not an event is logged and skipped). Its stderr goes through a pipe to a per-rank log file.
+// RankProcess parses the events into a loom.v1.RankStatus that the worker daemon reports in its
+// heartbeats (with the exit code, the killing signal and the exit time once the process ended),
 // and keeps every stdout and stderr line in a bounded ring (LogRing, sequence-numbered) from
 // which the daemon sends new lines to the scheduler (StreamLogs).
 //
@@ -58,10 +59,10 @@ struct RankStats {
   double communication_seconds = 0;
   double stall_seconds = 0;
   // Optimizer steps rolled back (SuperOffload's speculative step) since the process started;
-  // the sum of the step events' "optimizer_rollbacks" (absent today: stays 0).
+  // the sum of the step events' optimizer_rollbacks (0 today).
   double optimizer_rollbacks = 0;
-  // Per-kind peak memory of the last step, for the kinds the trainer reports ("param_bytes",
-  // "grad_bytes", "optimizer_state_bytes", "buffer_bytes", "cached_bytes", "peak_bytes" -> "param", ...).
+  // Per-kind peak memory of the last step (TrainerEvent.Step param_bytes, grad_bytes,
+  // optimizer_state_bytes, buffer_bytes, cached_bytes, peak_bytes -> "param", ...).
   std::map<std::string, double> memory_bytes_by_kind;
 };
 

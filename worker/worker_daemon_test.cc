@@ -361,7 +361,8 @@ TEST_F(WorkerDaemonTest, OutputLinesReachTheSchedulerOnceAndAgainAfterAFailedHea
     for (const auto& line : lines_of(i)) {
       EXPECT_EQ(line.sequence(), last + 1) << line.text();
       last = line.sequence();
-      saw_stdout |= line.stream() == "stdout" && line.text().find("\"event\"") != std::string::npos;
+      saw_stdout |= line.stream() == "stdout" &&
+                    line.text().find("{\"rendezvous\":") != std::string::npos;
       saw_stderr |= line.stream() == "stderr" &&
                     line.text().find("fake trainer: tick") != std::string::npos;
     }

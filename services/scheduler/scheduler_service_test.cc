@@ -157,6 +157,13 @@ TEST_F(SchedulerServiceTest, InvalidSpecsAreRejectedNamingTheField) {
   (*bad_heads.mutable_model()->mutable_config()->mutable_fields())["num_key_value_heads"] = Num(3);
   ExpectInvalid(bad_heads, "model.config.num_attention_heads");
 
+  // A model family the engine does not implement is refused at submission, not at the trainer.
+  JobSpec gpt2 = ValidTestJobSpec();
+  google::protobuf::Value gpt2_type;
+  gpt2_type.set_string_value("gpt2");
+  (*gpt2.mutable_model()->mutable_config()->mutable_fields())["model_type"] = gpt2_type;
+  ExpectInvalid(gpt2, "model.config.model_type: \"gpt2\" is not supported (supported: llama)");
+
   JobSpec unknown_ds_key = ValidTestJobSpec();
   (*unknown_ds_key.mutable_deepspeed_config()->mutable_fields())["not_a_deepspeed_key"] = Num(1);
   ExpectInvalid(unknown_ds_key, "deepspeed_config.not_a_deepspeed_key");

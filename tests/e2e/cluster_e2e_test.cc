@@ -384,7 +384,7 @@ TEST_F(ClusterE2ETest, CancelWritesACommittedFinalCheckpointAndLogsHoldTrainerLi
     std::set<std::string> kinds;
     for (const auto& l : lines) {
       if (absl::StrContains(l.text(), "joined")) kinds.insert(absl::StrCat("joined", l.rank()));
-      if (absl::StrContains(l.text(), "\"event\":\"step\"")) kinds.insert(absl::StrCat("step", l.rank()));
+      if (absl::StrContains(l.text(), "{\"step\":{")) kinds.insert(absl::StrCat("step", l.rank()));
     }
     have_both = kinds.size() == 4;
     if (!have_both) absl::SleepFor(absl::Milliseconds(300));

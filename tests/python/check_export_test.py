@@ -72,9 +72,9 @@ def run_trainer(trainer, spec_path, world, ckpt, deadline_s=180):
             if not line:
                 procs[0].kill()
                 raise SystemExit("rank 0 exited before its rendezvous event")
-            event = json.loads(line)
-            if event.get("event") == "rendezvous":
-                port = event["port"]
+            event = json.loads(line)  # a loom.TrainerEvent (proto/trainer_events.proto)
+            if "rendezvous" in event:
+                port = event["rendezvous"]["port"]
         for r in range(1, world):
             procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"],
                                           stdout=subprocess.DEVNULL))

@@ -5,11 +5,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/json_fields.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/common.pb.h"
 
 namespace loom::engine {
-
-using nlohmann::json;
 
 namespace {
 
@@ -17,85 +16,66 @@ absl::Status Invalid(const std::string& path, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
 }
 
-const json& Section(const json& root, const char* key) {
-  static const json kEmpty = json::object();
-  auto it = root.find(key);
-  if (it == root.end() || !it->is_object()) return kEmpty;
-  return *it;
+// A google.protobuf.Struct (model.config, deepspeed_config) as the JSON object its own parser
+// reads, keys sorted: a Struct is a map whose printing order is unspecified, and
+// model_config_json is written into checkpoints and exports, which must not depend on it.
+absl::StatusOr<std::string> StructJson(const google::protobuf::Message& m, const char* path) {
+  std::string json;
+  auto st = google::protobuf::util::MessageToJsonString(m, &json);
+  if (!st.ok()) {
+    return Invalid(path, absl::StrCat("cannot convert to JSON: ", st.message().ToString()));
+  }
+  nlohmann::json sorted = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (sorted.is_discarded()) return Invalid(path, "protobuf wrote JSON that does not parse");
+  return sorted.dump();
 }
 
 }  // namespace
 
-absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int world_size) {
-  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) return Invalid("spec", "not a JSON object");
+absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& spec,
+                                                       int world_size) {
   EngineOptions o;
   o.world_size = world_size;
 
-  const json& model = Section(root, "model");
-  auto cfg = model.find("config");
-  if (cfg == model.end() || !cfg->is_object()) {
-    return Invalid("model.config", "required object is missing");
-  }
-  o.model_config_json = cfg->dump();
-  if (auto init = model.find("init_from"); init != model.end()) {
-    if (!init->is_string()) return Invalid("model.init_from", "must be a string (a directory)");
-    o.init_from = init->get<std::string>();
-  }
+  if (!spec.model().has_config()) return Invalid("model.config", "required object is missing");
+  ASSIGN_OR_RETURN(o.model_config_json, StructJson(spec.model().config(), "model.config"));
+  o.init_from = spec.model().init_from();
   ASSIGN_OR_RETURN(o.model, ParseLlamaConfig(o.model_config_json));
 
-  auto ds = root.find("deepspeed_config");
-  if (ds == root.end() || !ds->is_object()) {
+  if (!spec.has_deepspeed_config()) {
     return Invalid("deepspeed_config", "required object is missing");
   }
-  ASSIGN_OR_RETURN(o.ds, ParseDeepSpeedConfig(ds->dump(), world_size));
+  ASSIGN_OR_RETURN(std::string ds_json, StructJson(spec.deepspeed_config(), "deepspeed_config"));
+  ASSIGN_OR_RETURN(o.ds, ParseDeepSpeedConfig(ds_json, world_size));
 
-  const json& dataset = Section(root, "dataset");
-  ASSIGN_OR_RETURN(std::optional<std::string> name,
-                   json_fields::OptString(dataset, "name", "dataset"));
-  ASSIGN_OR_RETURN(std::optional<std::string> path,
-                   json_fields::OptString(dataset, "path", "dataset"));
-  if (path.has_value() && !path->empty()) {
-    o.data.path = *path;
-  } else if (!name.has_value() || name->empty() || *name == "fortunes") {
+  const loom::v1::DatasetSpec& dataset = spec.dataset();
+  if (!dataset.path().empty()) {
+    o.data.path = dataset.path();
+  } else if (dataset.name().empty() || dataset.name() == "fortunes") {
     o.data.path = kFortunesPath;
   } else {
-    return Invalid("dataset.path", absl::StrCat("required for dataset \"", *name, "\""));
+    return Invalid("dataset.path", absl::StrCat("required for dataset \"", dataset.name(), "\""));
   }
-  ASSIGN_OR_RETURN(std::optional<std::string> tok,
-                   json_fields::OptString(dataset, "tokenizer", "dataset"));
-  if (tok.has_value() && !tok->empty()) o.tokenizer = *tok;
+  if (!dataset.tokenizer().empty()) o.tokenizer = dataset.tokenizer();
   if (o.tokenizer != "byte" && o.tokenizer != "sentencepiece") {
     return Invalid("dataset.tokenizer",
                    absl::StrCat("\"", o.tokenizer, "\" is not byte or sentencepiece"));
   }
   o.data.tokenizer.kind = o.tokenizer;
-  ASSIGN_OR_RETURN(std::optional<std::string> format,
-                   json_fields::OptString(dataset, "format", "dataset"));
-  if (format.has_value() && !format->empty()) o.data.format = *format;
+  if (!dataset.format().empty()) o.data.format = dataset.format();
   if (o.data.format != "text" && o.data.format != "jsonl" && o.data.format != "tokens") {
     return Invalid("dataset.format",
                    absl::StrCat("\"", o.data.format, "\" is not text, jsonl or tokens"));
   }
-  ASSIGN_OR_RETURN(std::optional<std::string> text_field,
-                   json_fields::OptString(dataset, "text_field", "dataset"));
-  if (text_field.has_value() && !text_field->empty()) o.data.text_field = *text_field;
-  ASSIGN_OR_RETURN(std::optional<std::string> token_dtype,
-                   json_fields::OptString(dataset, "token_dtype", "dataset"));
-  if (token_dtype.has_value() && !token_dtype->empty()) o.data.token_dtype = *token_dtype;
+  if (!dataset.text_field().empty()) o.data.text_field = dataset.text_field();
+  if (!dataset.token_dtype().empty()) o.data.token_dtype = dataset.token_dtype();
   if (o.data.token_dtype != "uint16" && o.data.token_dtype != "uint32") {
     return Invalid("dataset.token_dtype",
                    absl::StrCat("\"", o.data.token_dtype, "\" is not uint16 or uint32"));
   }
-  ASSIGN_OR_RETURN(std::optional<std::string> tokenizer_model,
-                   json_fields::OptString(dataset, "tokenizer_model", "dataset"));
-  o.data.tokenizer.model_path = tokenizer_model.value_or("");
-  ASSIGN_OR_RETURN(std::optional<int64_t> vocab,
-                   json_fields::OptInt(dataset, "vocab_size", "dataset"));
-  o.data.tokenizer.vocab_size = vocab.value_or(0);
-  ASSIGN_OR_RETURN(std::optional<std::string> model_type,
-                   json_fields::OptString(dataset, "model_type", "dataset"));
-  if (model_type.has_value() && !model_type->empty()) o.data.tokenizer.model_type = *model_type;
+  o.data.tokenizer.model_path = dataset.tokenizer_model();
+  o.data.tokenizer.vocab_size = dataset.vocab_size();
+  if (!dataset.model_type().empty()) o.data.tokenizer.model_type = dataset.model_type();
   if (o.tokenizer == "sentencepiece" && o.data.tokenizer.model_path.empty()) {
     if (o.data.format == "tokens") {
       return Invalid("dataset.tokenizer_model",
@@ -113,9 +93,7 @@ absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int
                                   "] (needed to train a SentencePiece tokenizer)"));
     }
   }
-  ASSIGN_OR_RETURN(std::optional<double> holdout,
-                   json_fields::OptDouble(dataset, "holdout_fraction", "dataset"));
-  if (holdout.has_value() && *holdout != 0) o.data.holdout_fraction = *holdout;
+  if (dataset.holdout_fraction() != 0) o.data.holdout_fraction = dataset.holdout_fraction();
   if (!(o.data.holdout_fraction > 0 && o.data.holdout_fraction <= 0.5)) {
     return Invalid("dataset.holdout_fraction",
                    absl::StrCat(o.data.holdout_fraction, " is not in (0, 0.5]"));
@@ -129,43 +107,37 @@ absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int
   o.data.eos_token_id = o.model.eos_token_id;
   o.data.model_max_length = o.model.max_position_embeddings;
 
-  const json& training = Section(root, "training");
-  ASSIGN_OR_RETURN(std::optional<int64_t> steps,
-                   json_fields::OptInt(training, "steps", "training"));
-  o.steps = steps.value_or(0);
+  const loom::v1::TrainingSpec& training = spec.training();
+  o.steps = training.steps();
   if (o.steps < 1) return Invalid("training.steps", absl::StrCat(o.steps, " must be >= 1"));
-  ASSIGN_OR_RETURN(std::optional<int64_t> seq,
-                   json_fields::OptInt(training, "sequence_length", "training"));
-  o.sequence_length = seq.value_or(0);
+  o.sequence_length = training.sequence_length();
   if (o.sequence_length < 2 || o.sequence_length > o.model.max_position_embeddings) {
     return Invalid("training.sequence_length",
                    absl::StrCat(o.sequence_length, " is not in [2, max_position_embeddings ",
                                 o.model.max_position_embeddings, "]"));
   }
-  ASSIGN_OR_RETURN(std::optional<int64_t> seed,
-                   json_fields::OptInt(training, "seed", "training"));
-  o.seed = static_cast<uint64_t>(seed.value_or(0));
-  ASSIGN_OR_RETURN(std::optional<int64_t> every,
-                   json_fields::OptInt(training, "eval_every_steps", "training"));
-  o.eval_every_steps = every.value_or(0);
+  o.seed = training.seed();
+  o.eval_every_steps = training.eval_every_steps();
   if (o.eval_every_steps < 0) return Invalid("training.eval_every_steps", "must be >= 0");
-  ASSIGN_OR_RETURN(std::optional<int64_t> eval_batches,
-                   json_fields::OptInt(training, "eval_batches", "training"));
-  o.eval_batches = eval_batches.value_or(0) == 0 ? 8 : *eval_batches;
+  o.eval_batches = training.eval_batches() == 0 ? 8 : training.eval_batches();
   if (o.eval_batches < 1) return Invalid("training.eval_batches", "must be >= 1");
-  ASSIGN_OR_RETURN(std::optional<int64_t> threads,
-                   json_fields::OptInt(training, "threads_per_rank", "training"));
-  o.threads_per_rank = static_cast<int>(threads.value_or(0) == 0 ? 1 : *threads);
+  o.threads_per_rank = training.threads_per_rank() == 0 ? 1 : training.threads_per_rank();
   if (o.threads_per_rank < 1) return Invalid("training.threads_per_rank", "must be >= 1");
 
-  const json& checkpoint = Section(root, "checkpoint");
-  ASSIGN_OR_RETURN(std::optional<int64_t> interval,
-                   json_fields::OptInt(checkpoint, "interval_steps", "checkpoint"));
-  o.checkpoint_interval_steps = interval.value_or(0);
+  o.checkpoint_interval_steps = spec.checkpoint().interval_steps();
   if (o.checkpoint_interval_steps < 0) {
     return Invalid("checkpoint.interval_steps", "must be >= 0");
   }
   return o;
+}
+
+absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int world_size) {
+  loom::v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions parse;
+  parse.ignore_unknown_fields = false;  // a misspelt field is an error, not a silent default
+  auto st = google::protobuf::util::JsonStringToMessage(json_text, &spec, parse);
+  if (!st.ok()) return Invalid("spec", st.message().ToString());
+  return EngineOptionsFromJobSpec(spec, world_size);
 }
 
 }  // namespace loom::engine

@@ -1,6 +1,10 @@
-// Everything one training rank needs to know about its job, parsed from a JobSpec in protobuf's
-// JSON mapping (proto/common.proto, preserve_proto_field_names). Torch-free and proto-free: the
-// trainer reads the JSON with nlohmann json so the engine never links protobuf.
+// Everything one training rank needs to know about its job, filled from the loom.v1.JobSpec
+// message (proto/common.proto) that the scheduler validated (scheduler/job_spec_validation.h):
+// one schema, read by protobuf's own parser on both sides. The two embedded documents keep their
+// own formats and parsers: model.config (a Hugging Face config.json, model_config.h) and
+// deepspeed_config (DeepSpeed's ds_config.json, ds_config.h). Torch-free; this header only
+// forward-declares the message, so the engine's LibTorch translation units do not include
+// generated protobuf headers.
 #ifndef LOOM_WORKER_ENGINE_ENGINE_OPTIONS_H_
 #define LOOM_WORKER_ENGINE_ENGINE_OPTIONS_H_
 
@@ -13,6 +17,10 @@
 #include "worker/engine/corpus.h"
 #include "worker/engine/ds_config.h"
 #include "worker/engine/model_config.h"
+
+namespace loom::v1 {
+class JobSpec;
+}  // namespace loom::v1
 
 namespace loom::engine {
 
@@ -55,10 +63,18 @@ struct EngineOptions {
   int64_t test_rank_sequence_length = 0;
 };
 
-// Parses a JobSpec JSON object (fields model.config, dataset, deepspeed_config, training,
-// checkpoint; others ignored) for `world_size` ranks. int64 fields may be JSON numbers or
-// strings. Errors: INVALID_ARGUMENT naming the field ("training.sequence_length: ..."),
-// "model.config.*" and "deepspeed_config.*" errors from the config parsers.
+// Fills the spec fields of EngineOptions from `spec` (model.config, model.init_from, dataset,
+// deepspeed_config, training, checkpoint; other fields are the scheduler's) for `world_size`
+// ranks, with the trainer's defaults for zero values (holdout_fraction 0.05, eval_batches 8,
+// threads_per_rank 1). Errors: INVALID_ARGUMENT naming the field ("training.sequence_length:
+// ..."), and the "model.config.*" / "deepspeed_config.*" errors of the config parsers.
+absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& spec,
+                                                       int world_size);
+
+// The trainer's --spec file: a JobSpec in protobuf's JSON mapping (what the worker writes:
+// worker/rank_process.cc; proto or lowerCamel field names, int64 as numbers or strings), read with
+// protobuf's JSON parser, then EngineOptionsFromJobSpec. A field JobSpec does not have, or a value
+// of the wrong type, is INVALID_ARGUMENT "spec: ..." with protobuf's message naming the field.
 absl::StatusOr<EngineOptions> ParseJobSpecJson(const std::string& json_text, int world_size);
 
 }  // namespace loom::engine

@@ -2,7 +2,9 @@
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "proto/common.pb.h"
 
 namespace loom::engine {
 namespace {
@@ -19,7 +21,7 @@ constexpr char kSpec[] = R"({
                        "zero_optimization": {"stage": 3}},
   "resources": {"num_ranks": 2},
   "training": {"steps": "12", "sequence_length": 32, "seed": "7", "eval_every_steps": "4"},
-  "checkpoint": {"interval_steps": "6", "consolidate_on_success": true}
+  "checkpoint": {"interval_steps": "6", "keep_last": 2}
 })";
 
 TEST(ParseJobSpecJsonTest, ReadsEveryFieldAndAcceptsInt64Strings) {
@@ -102,6 +104,80 @@ TEST(ParseJobSpecJsonTest, ErrorsNameTheField) {
                           "deepspeed_config.zero_optimization.foo: unknown key"));
   o = ParseJobSpecJson(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 5"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "model.config.hidden_size"));
+}
+
+// The path the worker takes: the JobSpec message it received, written as protobuf JSON
+// (worker/rank_process.cc), read back by the trainer, gives the same options as the message.
+TEST(ParseJobSpecJsonTest, WorkerJsonOfTheMessageGivesTheMessagesOptions) {
+  loom::v1::JobSpec spec;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(kSpec, &spec).ok());
+  spec.mutable_dataset()->set_holdout_fraction(0.25);
+  spec.mutable_training()->set_eval_batches(3);
+  spec.mutable_training()->set_threads_per_rank(2);
+  spec.mutable_model()->set_init_from("/models/tiny_hf");
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(spec, &json, print).ok());
+  absl::StatusOr<EngineOptions> from_json = ParseJobSpecJson(json, 2);
+  absl::StatusOr<EngineOptions> from_message = EngineOptionsFromJobSpec(spec, 2);
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  ASSERT_TRUE(from_message.ok()) << from_message.status();
+  for (const EngineOptions* o : {&*from_json, &*from_message}) {
+    EXPECT_EQ(o->steps, 12);
+    EXPECT_EQ(o->seed, 7u);
+    EXPECT_DOUBLE_EQ(o->data.holdout_fraction, 0.25);
+    EXPECT_EQ(o->eval_batches, 3);
+    EXPECT_EQ(o->threads_per_rank, 2);
+    EXPECT_EQ(o->init_from, "/models/tiny_hf");
+    EXPECT_EQ(o->model.num_hidden_layers, 2);
+    EXPECT_EQ(o->ds.zero.stage, 3);
+    EXPECT_EQ(o->ds.gradient_accumulation_steps, 2);
+  }
+  // Keys sorted, whatever order the Struct map prints in (it goes into checkpoints and exports).
+  EXPECT_EQ(from_json->model_config_json, from_message->model_config_json);
+  EXPECT_EQ(from_json->model_config_json,
+            R"({"hidden_size":64,"intermediate_size":128,"max_position_embeddings":64,)"
+            R"("num_attention_heads":4,"num_hidden_layers":2,"vocab_size":256})");
+  // lowerCamel names (protobuf's default JSON printing) are read too.
+  json.clear();
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(spec, &json).ok());
+  ASSERT_NE(json.find("\"sequenceLength\""), std::string::npos) << json;
+  from_json = ParseJobSpecJson(json, 2);
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  EXPECT_EQ(from_json->sequence_length, 32);
+}
+
+// protobuf's parser, not a hand-written one, decides what a JobSpec is: a field the schema does
+// not have, or a value of the wrong type, is refused naming the field.
+TEST(ParseJobSpecJsonTest, UnknownFieldsAndWrongTypesAreRefusedNamingTheField) {
+  std::string spec = kSpec;
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = spec;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  absl::StatusOr<EngineOptions> o =
+      ParseJobSpecJson(with("\"seed\": \"7\"", "\"seed\": \"7\", \"stpes\": 3"), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "stpes"));
+  o = ParseJobSpecJson(with("\"steps\": \"12\"", "\"steps\": \"twelve\""), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "spec: "));
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "steps"));
+  o = ParseJobSpecJson(with("\"name\": \"tiny\",", "\"name\": \"tiny\", \"model\": 3,"), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "spec: "));
+  o = ParseJobSpecJson("[1, 2]", 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "spec: "));
+  o = ParseJobSpecJson(with("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 2, "
+                            "\"model_type\": \"gpt2\""), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "model.config.model_type: \"gpt2\" is not supported"));
+  o = ParseJobSpecJson(with("\"deepspeed_config\"", "\"unused_config\""), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "unused_config"));
+  loom::v1::JobSpec no_ds;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(kSpec, &no_ds).ok());
+  no_ds.clear_deepspeed_config();
+  EXPECT_THAT(EngineOptionsFromJobSpec(no_ds, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "deepspeed_config: required"));
 }
 
 }  // namespace

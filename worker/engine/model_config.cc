@@ -15,6 +15,9 @@ namespace {
 
 constexpr char kPath[] = "model.config";
 
+// Hugging Face model_type values this engine trains (config.json "model_type"; absent = llama).
+constexpr const char* kSupportedModelTypes[] = {"llama"};
+
 absl::Status Field(const std::string& key, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(kPath, ".", key, ": ", msg));
 }
@@ -39,6 +42,20 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(kPath, ": not a JSON object"));
+  }
+  if (auto it = j.find("model_type"); it != j.end()) {
+    bool supported = false;
+    std::string list;
+    for (const char* t : kSupportedModelTypes) {
+      supported = supported || (it->is_string() && it->get<std::string>() == t);
+      absl::StrAppend(&list, list.empty() ? "" : ", ", t);
+    }
+    if (!supported) {
+      // dump() escapes control characters and invalid UTF-8 is replaced, so the message is safe.
+      return Field("model_type",
+                   absl::StrCat(it->dump(-1, ' ', false, json::error_handler_t::replace),
+                                " is not supported (supported: ", list, ")"));
+    }
   }
   LlamaConfig c;
   RETURN_IF_ERROR(ReadRequiredPositive(j, "vocab_size", &c.vocab_size));

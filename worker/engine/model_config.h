@@ -40,8 +40,10 @@ struct LlamaConfig {
 };
 
 // Parses a config.json object. Required: vocab_size, hidden_size, intermediate_size,
-// num_hidden_layers, num_attention_heads, max_position_embeddings. Other Hugging Face keys
-// (architectures, model_type, torch_dtype, ...) are accepted and ignored. Integer fields accept
+// num_hidden_layers, num_attention_heads, max_position_embeddings. model_type, when present,
+// must be a supported family ("llama"; kSupportedModelTypes in model_config.cc), else
+// INVALID_ARGUMENT "model.config.model_type: \"gpt2\" is not supported (supported: llama)".
+// Other Hugging Face keys (architectures, torch_dtype, ...) are accepted and ignored. Integer fields accept
 // JSON integers, integral floats (protobuf Struct numbers) and decimal strings.
 // Errors: INVALID_ARGUMENT naming the field as "model.config.<field>: ...", e.g.
 // "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4".

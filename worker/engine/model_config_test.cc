@@ -79,6 +79,20 @@ TEST(ParseLlamaConfigTest, ErrorsNameTheField) {
   ExpectError("[1]", "model.config: not a JSON object");
 }
 
+// Only the model families the engine implements are trained; the error names the field and lists
+// what is supported (a Qwen2 or GPT-2 config must not silently train as a Llama).
+TEST(ParseLlamaConfigTest, UnsupportedModelTypeIsRefusedNamingTheField) {
+  const std::string base = R"("vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16)";
+  ExpectError("{" + base + R"(, "model_type": "gpt2"})",
+              "model.config.model_type: \"gpt2\" is not supported (supported: llama)");
+  ExpectError("{" + base + R"(, "model_type": 7})",
+              "model.config.model_type: 7 is not supported (supported: llama)");
+  ExpectError("{" + base + R"(, "model_type": "Llama"})", "model.config.model_type");
+  EXPECT_TRUE(ParseLlamaConfig("{" + base + R"(, "model_type": "llama"})").ok());
+  EXPECT_TRUE(ParseLlamaConfig("{" + base + "}").ok());  // absent: llama
+}
+
 // Regression: vocab_size 1e15, 1e9 layers or hidden_size 2^40 were accepted; the trainer then
 // failed to allocate (or enumerated 9e9 tensor specs), and the parameter count overflowed int64.
 TEST(ParseLlamaConfigTest, AbsurdModelSizesAreRefused) {

@@ -1,5 +1,5 @@
 // Test helpers shared by the loom-trainer process tests: spawn a gang of real loom-trainer ranks
-// (rank 0 first on port 0, the others on the port it reports), collect their JSON events with a
+// (rank 0 first on port 0, the others on the port it reports), collect their events with a
 // deadline (on expiry every child is killed and the test fails), write job specs, and reassemble
 // full parameters from rank shards. Test-only; not thread-safe.
 #ifndef LOOM_WORKER_TRAINER_GANG_TEST_UTIL_H_
@@ -25,8 +25,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint/shard_format.h"
+#include "worker/trainer/trainer_events.h"
 
 extern char** environ;
 
@@ -54,6 +57,8 @@ struct Child {
   std::vector<json> events;
   int exit_code = -1;
   bool eof = false;
+  // Not a loom-trainer (e.g. the PyTorch reference script): stdout lines are plain JSON objects.
+  bool plain_json = false;
 };
 
 inline Child Spawn(const std::vector<std::string>& args, const std::string& stderr_path) {
@@ -78,7 +83,40 @@ inline Child Spawn(const std::vector<std::string>& args, const std::string& stde
   return c;
 }
 
-// Reads available stdout of `c` (waiting up to `ms`); parses complete lines into events.
+// A loom.TrainerEvent as the flat JSON object the tests read: {"event": "<kind>", <every field
+// of that kind's message, int64 as JSON numbers>} (an unset `optional` field is left out).
+// Generic over the message (protobuf reflection), so it follows the .proto.
+inline json FlatEventJson(const loom::TrainerEvent& ev) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* top = ev.GetReflection();
+  const FieldDescriptor* kind =
+      top->GetOneofFieldDescriptor(ev, ev.GetDescriptor()->FindOneofByName("kind"));
+  json out = json::object();
+  if (kind == nullptr) return out;
+  out["event"] = kind->name();
+  const google::protobuf::Message& m = top->GetMessage(ev, kind);
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < m.GetDescriptor()->field_count(); ++i) {
+    const FieldDescriptor* f = m.GetDescriptor()->field(i);
+    if (f->has_presence() && !r->HasField(m, f)) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32: out[f->name()] = r->GetInt32(m, f); break;
+      case FieldDescriptor::CPPTYPE_INT64: out[f->name()] = r->GetInt64(m, f); break;
+      case FieldDescriptor::CPPTYPE_UINT32: out[f->name()] = r->GetUInt32(m, f); break;
+      case FieldDescriptor::CPPTYPE_UINT64: out[f->name()] = r->GetUInt64(m, f); break;
+      case FieldDescriptor::CPPTYPE_DOUBLE: out[f->name()] = r->GetDouble(m, f); break;
+      case FieldDescriptor::CPPTYPE_FLOAT: out[f->name()] = r->GetFloat(m, f); break;
+      case FieldDescriptor::CPPTYPE_BOOL: out[f->name()] = r->GetBool(m, f); break;
+      case FieldDescriptor::CPPTYPE_STRING: out[f->name()] = r->GetString(m, f); break;
+      default: ADD_FAILURE() << "FlatEventJson: unhandled field " << f->full_name(); break;
+    }
+  }
+  return out;
+}
+
+// Reads available stdout of `c` (waiting up to `ms`); parses complete lines into events. Every
+// stdout line of a trainer must be a loom.TrainerEvent with no field the .proto lacks (protobuf's
+// parser); a plain_json child's lines are read as JSON objects.
 inline void Pump(Child& c, int ms) {
   if (c.eof) return;
   pollfd p{c.out_fd, POLLIN, 0};
@@ -95,9 +133,17 @@ inline void Pump(Child& c, int ms) {
   while ((pos = c.buffer.find('\n')) != std::string::npos) {
     std::string line = c.buffer.substr(0, pos);
     c.buffer.erase(0, pos + 1);
-    json j = json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << "stdout line is not JSON: " << line;
-    if (!j.is_discarded()) c.events.push_back(j);
+    if (c.plain_json) {
+      json j = json::parse(line, nullptr, false);
+      EXPECT_FALSE(j.is_discarded()) << "stdout line is not JSON: " << line;
+      if (!j.is_discarded()) c.events.push_back(j);
+      continue;
+    }
+    absl::StatusOr<loom::TrainerEvent> ev =
+        loom::trainer::ParseTrainerEventLine(line, /*ignore_unknown_fields=*/false);
+    EXPECT_TRUE(ev.ok()) << "stdout line is not a loom.TrainerEvent (" << ev.status()
+                         << "): " << line;
+    if (ev.ok()) c.events.push_back(FlatEventJson(*ev));
   }
 }
 

@@ -11,44 +11,19 @@
 // (initial_hf/, final_hf/), every training window it ran (tokens_rank_<r>.bin + .json) and rank 0
 // the per-step loss, lr and gradient norm (trajectory.json); format in worker/engine/trajectory.h.
 //
-// --spec is a loom.v1.JobSpec in protobuf's JSON mapping (preserve_proto_field_names); only
-// model.config, dataset, deepspeed_config, training and checkpoint are read. Rank 0 may use
-// --master_port=0: its TCPStore binds a free port and reports it in the rendezvous event; the
-// other ranks must then be started with that port.
+// --spec is a loom.v1.JobSpec (proto/common.proto) in protobuf's JSON mapping, as the worker
+// writes it, read with protobuf's JSON parser (a field JobSpec does not have is refused); only
+// model, dataset, deepspeed_config, training and checkpoint are used (engine_options.h). Rank 0
+// may use --master_port=0: its TCPStore binds a free port and reports it in the rendezvous
+// event; the other ranks must then be started with that port.
 //
-// Protocol with the worker daemon: stdout carries only JSON lines, one event each, flushed:
-//   {"event":"process_start","rss_bytes":b}               first, before anything is built: the
-//                                                          process's own resident bytes (VmRSS)
-//   {"event":"rendezvous","port":P}                       rank 0, once its TCPStore listens
-//   {"event":"warning","message":"deepspeed_config.<key>: ignored (...)"}   accepted, unused keys
-//   {"event":"started","rank":r,"world_size":N,"params":Ψ,"zero_stage":z,"partition_bytes":B,
-//    "start_step":s, + the memory fields below (current)}
-//   {"event":"eval","step":s,"loss":x}                    before training (step 0 or resume
-//                                                          step), every eval_every_steps, at end
-//   {"event":"step","step":s,"loss":x,"tokens_per_s":t,"step_time_s":u,"lr":l,"grad_norm":g,
-//    "loss_scale":S,"skipped":false,"optimizer_step":k,
-//    "gathered_bytes_between_steps":0,"peak_gathered_bytes":b,"partition_bytes":B,
-//    "prefetch_hits":h,"trace_invalidations":i,"on_demand_fetches":f,"param_reads_ahead":r,
-//    "param_bytes":P,"grad_bytes":G,"optimizer_state_bytes":O,"buffer_bytes":T,
-//    "cached_bytes":C,"peak_bytes":M,
-//    "comm_s":c,"data_s":d,"comm_elements":e}
-//      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
-//      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
-//      overflow skipped the update (loss_scale is the scale the step ran with).
-//      comm_s: seconds of the step the training thread was blocked in collectives; data_s:
-//      seconds it spent building the step's input batches (the worker exports
-//      loom_trainer_communication_seconds = comm_s, loom_trainer_stall_seconds = comm_s + data_s)
-//      comm_elements: the step's communication volume in elements (all-gather/reduce-scatter:
-//      N*p, all-reduce: 2x; TECHNIQUES.md §1.2)
-//      param_reads_ahead: parameter partitions (offload_param nvme) whose file read was started
-//      ahead of their all-gather, so far; cached_bytes: idle pooled buffers (MemoryKind kCached)
-//   {"event":"checkpoint","step":s,"dir":"<checkpoint_dir>/step_<s>"}
-//   {"event":"done","step":s,"initial_eval_loss":a,"final_eval_loss":b,"collective_count":c,
-//    "collective_hash":"hex"}                            equal on every rank
-//   {"event":"stopped","step":s}                          after SIGTERM/SIGINT (all ranks agree)
-//   {"event":"stopped","step":s,"checkpoint_step":s}      after SIGUSR1: graceful stop, with a
-//                                                          final checkpoint of step s (all ranks)
-//   {"event":"error","message":"..."}
+// Protocol with the worker daemon: stdout carries only loom.TrainerEvent messages
+// (proto/trainer_events.proto, whose field comments are the schema), one per line as protobuf
+// JSON, flushed: process_start first, rendezvous (rank 0), warning*, started, eval, step*, eval,
+// checkpoint*, then done, stopped or error. The engine emits flat JSON events
+// ({"event":"step",...}, worker/engine/engine.h); EmitEngineEvent below converts each into the
+// message, refusing a kind or field the .proto does not have (the line is then passed through
+// unchanged and logged, so the strict parsers of the trainer tests fail on the drift).
 // Logs go to stderr. Exit codes (worker/trainer/exit_codes.h): 0 done, or stopped gracefully
 // (SIGUSR1: checkpoint at the next step boundary every rank agrees on, then stop; the last event
 // says which); 1 runtime error (collective failure, I/O, LibTorch); 65 data error (a checkpoint
@@ -65,7 +40,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -79,8 +53,9 @@
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
 #include "worker/trainer/exit_codes.h"
+#include "worker/trainer/trainer_events.h"
 
-ABSL_FLAG(std::string, spec, "", "Path to the JobSpec JSON (protobuf JSON mapping).");
+ABSL_FLAG(std::string, spec, "", "Path to the loom.v1.JobSpec in protobuf's JSON mapping.");
 ABSL_FLAG(int, rank, 0, "This process's rank in [0, world_size).");
 ABSL_FLAG(int, world_size, 1, "Number of ranks.");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1", "Address of rank 0's TCPStore.");
@@ -134,6 +109,19 @@ void EmitLine(const std::string& line) {
   std::fflush(stdout);
 }
 
+void Emit(const loom::TrainerEvent& event) { EmitLine(loom::trainer::TrainerEventLine(event)); }
+
+// The engine's flat JSON event as a loom.TrainerEvent line (see the protocol above).
+void EmitEngineEvent(const std::string& json_line) {
+  absl::StatusOr<loom::TrainerEvent> event = loom::trainer::TrainerEventFromEngineJson(json_line);
+  if (!event.ok()) {
+    LOG(ERROR) << "engine event does not match proto/trainer_events.proto: " << event.status();
+    EmitLine(json_line);
+    return;
+  }
+  Emit(*event);
+}
+
 constexpr int kConfigError = loom::kTrainerExitConfigError;
 
 // The exit code of a failed run (exit_codes.h).
@@ -150,8 +138,9 @@ int ExitCodeFor(const absl::Status& status) {
 
 int Fail(const absl::Status& status, int code) {
   LOG(ERROR) << status;
-  EmitLine(nlohmann::json({{"event", "error"}, {"message", std::string(status.message())}})
-               .dump());
+  loom::TrainerEvent event;
+  event.mutable_error()->set_message(std::string(status.message()));
+  Emit(event);
   return code;
 }
 
@@ -169,7 +158,9 @@ int Main() {
   using loom::engine::EngineOptions;
   // Before anything is built: what the process costs by itself (LibTorch, libraries), so that
   // benchmarks can report memory with and without it.
-  EmitLine(nlohmann::json({{"event", "process_start"}, {"rss_bytes", ResidentBytes()}}).dump());
+  loom::TrainerEvent process_start;
+  process_start.mutable_process_start()->set_rss_bytes(ResidentBytes());
+  Emit(process_start);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
@@ -228,7 +219,9 @@ int Main() {
     g.master_port = absl::GetFlag(FLAGS_master_port);
     g.timeout = options->collective_timeout;
     g.on_listening = [](int port) {
-      EmitLine(nlohmann::json({{"event", "rendezvous"}, {"port", port}}).dump());
+      loom::TrainerEvent rendezvous;
+      rendezvous.mutable_rendezvous()->set_port(port);
+      Emit(rendezvous);
     };
     absl::StatusOr<std::unique_ptr<loom::engine::Collectives>> c =
         loom::engine::CreateGlooCollectives(g);
@@ -236,7 +229,8 @@ int Main() {
     coll = std::move(*c);
   }
   LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
-  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitLine, &g_stop, &g_checkpoint_stop);
+  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitEngineEvent, &g_stop,
+                                               &g_checkpoint_stop);
   if (s.ok()) return 0;
   if (s.code() == absl::StatusCode::kCancelled) {
     LOG(WARNING) << s;

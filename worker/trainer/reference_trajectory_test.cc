@@ -68,6 +68,7 @@ std::pair<int, json> RunReference(const std::string& name, const std::string& sp
   Child c = Spawn({"/usr/bin/python3", "tests/python/reference_trajectory.py",
                    "--spec=" + spec, "--dir=" + dir},
                   absl::StrCat(TmpDir(), "/", name, ".reference.stderr"));
+  c.plain_json = true;  // the script prints {"event":"reference",...}, not a loom.TrainerEvent
   const auto deadline = Clock::now() + std::chrono::seconds(kReferenceDeadlineS);
   while (!c.eof && Clock::now() < deadline) Pump(c, 100);
   if (!c.eof) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -452,6 +453,33 @@ TEST(TrainerErrorsTest, InvalidConfigExitsWithTheConfigErrorCodeAndAnErrorEvent)
                 "deepspeed_config.zero_optimization.zenflow"),
             std::string::npos);
   EXPECT_TRUE(r.Of(0, "started").empty());
+}
+
+// The spec is read by protobuf's parser: a field loom.v1.JobSpec does not have (here a misspelt
+// training.steps) and an unsupported model family are config errors naming the field, before
+// anything is built.
+TEST(TrainerErrorsTest, SpecFieldsOutsideTheSchemaAndUnsupportedModelTypesAreConfigErrors) {
+  for (const auto& [name, key, value, needle] :
+       {std::tuple<const char*, const char*, const char*, const char*>{
+            "misspelt", "training", R"({"stpes": "3"})", "stpes"},
+        {"gpt2", "model", R"({"model_type": "gpt2"})",
+         "model.config.model_type: \"gpt2\" is not supported (supported: llama)"}}) {
+    json spec = json::parse(*ReadText(WriteSpec(name, 2, 3)));
+    if (std::string(key) == "model") {
+      spec["model"]["config"].update(json::parse(value));
+    } else {
+      spec[key].update(json::parse(value));
+    }
+    const std::string path = absl::StrCat(TmpDir(), "/", name, ".edited.spec.json");
+    std::ofstream(path) << spec.dump();
+    GangResult r = RunGang(name, path, 1, {});
+    EXPECT_EQ(r.exit_codes[0], loom::kTrainerExitConfigError) << name;
+    std::vector<json> errors = r.Of(0, "error");
+    ASSERT_EQ(errors.size(), 1u) << name;
+    EXPECT_NE(errors[0]["message"].get<std::string>().find(needle), std::string::npos)
+        << errors[0]["message"];
+    EXPECT_TRUE(r.Of(0, "started").empty()) << name;
+  }
 }
 
 TEST(TrainerErrorsTest, SigtermStopsAllRanksAtAStepBoundary) {
