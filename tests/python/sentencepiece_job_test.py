@@ -33,6 +33,15 @@ import yaml
 STEPS, SEQ, INTERVAL, WORLD = 4, 32, 2, 2
 
 
+
+def flat(line):
+    """One loom.TrainerEvent line ({"<kind>": {fields}}, int64 as strings) as {"event": kind, ...}."""
+    (kind, fields), = json.loads(line).items()
+    out = {"event": kind}
+    for k, v in fields.items():
+        out[k] = int(v) if isinstance(v, str) and k != "message" and v.lstrip("-").isdigit() else v
+    return out
+
 def spec_from_example(example_dir):
     with open(os.path.join(example_dir, "job.yaml")) as f:
         job = yaml.safe_load(f)
@@ -58,13 +67,13 @@ def run_trainer(trainer, spec_path, ckpt, extra, deadline_s=600):
         line = procs[0].stdout.readline()
         if not line:
             raise AssertionError(f"rank 0 exited before its rendezvous (rc {procs[0].wait()})")
-        event = json.loads(line)
+        event = flat(line)
         if event.get("event") == "rendezvous":
             port = event["port"]
     for r in range(1, WORLD):
         procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"] + extra(r),
                                       stdout=subprocess.DEVNULL))
-    events = [json.loads(l) for l in procs[0].stdout]
+    events = [flat(l) for l in procs[0].stdout]
     for p in procs:
         try:
             p.wait(timeout=deadline_s)

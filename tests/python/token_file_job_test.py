@@ -25,6 +25,15 @@ import numpy as np
 VOCAB, EOS, SEQ = 512, 2, 16
 
 
+
+def flat(line):
+    """One loom.TrainerEvent line ({"<kind>": {fields}}, int64 as strings) as {"event": kind, ...}."""
+    (kind, fields), = json.loads(line).items()
+    out = {"event": kind}
+    for k, v in fields.items():
+        out[k] = int(v) if isinstance(v, str) and k != "message" and v.lstrip("-").isdigit() else v
+    return out
+
 def spec(path):
     return {"model": {"config": {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
                                  "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -55,14 +64,14 @@ def run(trainer, spec_path, world, extra=(), deadline_s=300):
         while port is None:
             line = procs[0].stdout.readline()
             assert line, f"rank 0 exited before its rendezvous (rc {procs[0].wait()})"
-            e = json.loads(line)
+            e = flat(line)
             events.append(e)
             if e.get("event") == "rendezvous":
                 port = e["port"]
         for r in range(1, world):
             procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"],
                                           stdout=subprocess.DEVNULL))
-    events += [json.loads(l) for l in procs[0].stdout]
+    events += [flat(l) for l in procs[0].stdout]
     rcs = [p.wait(timeout=deadline_s) for p in procs]
     return rcs, events
 
