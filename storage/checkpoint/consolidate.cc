@@ -608,6 +608,57 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
     return absl::OkStatus();
   };
 
+  // F32: the bytes pass unchanged, so the file is written here rather than through
+  // safetensors::WriteFile: the same header (PlanHeader + SerializeHeader, the reference writer's
+  // layout), then each rank slice copied inside the kernel (copy_file_range, as cp does) after
+  // its mapped bytes are checksummed (CopyRangeMapped). It lives in the staging directory, so a
+  // partial file is never published; fsynced before it is.
+  auto write_f32 = [&](const std::string& path,
+                       std::vector<safetensors::TensorSpec> specs) -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(safetensors::Header header,
+                     safetensors::PlanHeader(std::move(specs), safetensors::WriterOptions().metadata));
+    ASSIGN_OR_RETURN(std::string text, safetensors::SerializeHeader(header));
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) head[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    head += text;
+    ScopedFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (out.get() < 0) return ErrnoError("cannot create", path);
+    for (size_t done = 0; done < head.size();) {
+      const ssize_t k = ::pwrite(out.get(), head.data() + done, head.size() - done, done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return ErrnoError("cannot write", path);
+      done += static_cast<size_t>(k);
+    }
+    int64_t pos = static_cast<int64_t>(head.size());
+    int64_t unsynced = 0;
+    for (const safetensors::TensorEntry& e : header.tensors) {
+      const ShardParam& p = *by_name.at(e.name);
+      int64_t remaining = p.numel;
+      for (int32_t r = 0; r < world_size && remaining > 0; ++r) {
+        const int64_t take = std::min(p.partition_numel, remaining);
+        const int64_t off =
+            (section_offset + p.partition_offset) * static_cast<int64_t>(sizeof(float));
+        const int64_t left = take * static_cast<int64_t>(sizeof(float));
+        CrcPiece piece{off, left, Crc32(0, nullptr, 0)};
+        RETURN_IF_ERROR(CopyRangeMapped(
+            shards.fds[r].get(), off, left, chunk, shards.paths[r], out.get(), &pos, path,
+            [&](const char* data, size_t n) {
+              if (fused_crc) piece.crc = Crc32(piece.crc, data, n);
+              unsynced += static_cast<int64_t>(n);
+              if (options.writeback_bytes > 0 && unsynced >= options.writeback_bytes) {
+                unsynced = 0;  // a hint: errors surface in the fsync
+                (void)::sync_file_range(out.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+              }
+              return absl::OkStatus();
+            }));
+        if (fused_crc) pieces[static_cast<size_t>(r)].push_back(piece);
+        remaining -= take;
+      }
+    }
+    if (::fsync(out.get()) != 0) return ErrnoError("cannot fsync", path);
+    return pos;
+  };
+
   result.output_dir = output_dir.empty() ? DefaultConsolidationDir(checkpoint_dir, info.step)
                                          : output_dir;
   RETURN_IF_ERROR(MakeDirs(result.output_dir));
@@ -631,10 +682,15 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
       specs.push_back({p.name, dtype, p.shape});
       weight_map[name] = f.file_name;
     }
-    safetensors::WriterOptions writer_options;
-    writer_options.writeback_bytes = options.writeback_bytes;
-    ASSIGN_OR_RETURN(int64_t bytes, safetensors::WriteFile(absl::StrCat(staging, "/", f.file_name),
-                                                           std::move(specs), source, writer_options));
+    const std::string path = absl::StrCat(staging, "/", f.file_name);
+    int64_t bytes = 0;
+    if (bf16) {
+      safetensors::WriterOptions writer_options;
+      writer_options.writeback_bytes = options.writeback_bytes;
+      ASSIGN_OR_RETURN(bytes, safetensors::WriteFile(path, std::move(specs), source, writer_options));
+    } else {
+      ASSIGN_OR_RETURN(bytes, write_f32(path, std::move(specs)));
+    }
     result.safetensors_bytes += bytes;
   }
   if (sharded) {

@@ -30,6 +30,17 @@ using ChunkFn = std::function<absl::Status(const char* data, size_t size)>;
 absl::Status ForEachMappedChunk(int fd, int64_t offset, int64_t size, size_t chunk_bytes,
                                 const std::string& path, const ChunkFn& fn);
 
+// Copies bytes [offset, offset + size) of `in_fd` to `out_fd` at byte *out_offset (advanced by
+// size) inside the kernel (copy_file_range, page cache to page cache, as coreutils cp does),
+// calling `before_copy` on each chunk's mapped bytes (ForEachMappedChunk) just before the chunk is
+// copied, e.g. to checksum exactly the range being copied. Falls back to write(2) from the map
+// where copy_file_range is not supported for the pair of files (EXDEV, EINVAL, ENOSYS,
+// EOPNOTSUPP). Errors: those of ForEachMappedChunk and `before_copy`; ErrnoError("cannot write",
+// out_path) for the output (RESOURCE_EXHAUSTED when the disk is full). Same precondition.
+absl::Status CopyRangeMapped(int in_fd, int64_t offset, int64_t size, size_t chunk_bytes,
+                             const std::string& in_path, int out_fd, int64_t* out_offset,
+                             const std::string& out_path, const ChunkFn& before_copy);
+
 }  // namespace loom::storage
 
 #endif  // LOOM_STORAGE_CHECKPOINT_MAPPED_CHUNKS_H_
