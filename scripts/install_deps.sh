@@ -13,6 +13,8 @@ PACKAGES=(
   libopenblas0-pthread libgtest-dev libgmock-dev libbenchmark-dev
   # ZeRO-Infinity NVMe offload: asynchronous file I/O through io_uring
   liburing-dev
+  # checkpoint CRC-32s at PCLMULQDQ speed (ISA-L crc32_gzip_refl = zlib crc32)
+  libisal-dev
   # bearer-token hashing (libcrypto) and the TLS tests' self-signed certificates (openssl CLI)
   libssl-dev openssl
   # runtime tools and data

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/file_util.h"
 #include "storage/checkpoint/corrupt_mark.h"
+#include "storage/checkpoint/mapped_chunks.h"
 #include "common/status_macros.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/checkpoint/tokenizer_export.h"
@@ -364,17 +365,15 @@ absl::StatusOr<OpenShards> OpenShardFiles(const StepScan& scan) {
   return out;
 }
 
-// CRC-32 of `size` bytes of `fd` at `offset`, chained onto `crc`.
+// CRC-32 of `size` bytes of `fd` at `offset`, chained onto `crc`, computed on the page cache's
+// pages (ForEachMappedChunk, `chunk_bytes` at a time) rather than on a copy.
 absl::StatusOr<uint32_t> CrcRange(int fd, uint32_t crc, int64_t offset, int64_t size,
-                                  std::vector<char>& buffer, const std::string& path,
-                                  int32_t rank) {
-  while (size > 0) {
-    size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), size));
-    RETURN_IF_ERROR(PreadExactly(fd, buffer.data(), n, offset, path));
-    crc = Crc32(crc, buffer.data(), n);
-    offset += static_cast<int64_t>(n);
-    size -= static_cast<int64_t>(n);
-  }
+                                  size_t chunk_bytes, const std::string& path) {
+  RETURN_IF_ERROR(ForEachMappedChunk(fd, offset, size, chunk_bytes, path,
+                                     [&](const char* data, size_t n) {
+                                       crc = Crc32(crc, data, n);
+                                       return absl::OkStatus();
+                                     }));
   return crc;
 }
 
@@ -383,8 +382,7 @@ absl::StatusOr<uint32_t> CrcRange(int fd, uint32_t crc, int64_t offset, int64_t 
 // (the copy read them): only the bytes between them are read, and the pieces are combined in
 // file order with zlib's crc32_combine. Overlapping pieces (a malformed layout) fall back to a
 // full pass for that rank.
-absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards,
-                             std::vector<char>& buffer,
+absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards, size_t chunk_bytes,
                              std::vector<std::vector<CrcPiece>>* known = nullptr) {
   for (size_t r = 0; r < shards.fds.size(); ++r) {
     const int32_t rank = static_cast<int32_t>(r);
@@ -403,11 +401,12 @@ absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards,
     int64_t pos = 0;
     for (const CrcPiece& p : pieces) {
       if (p.size == 0) continue;
-      ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, p.offset - pos, buffer, shards.paths[r], rank));
+      ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, p.offset - pos, chunk_bytes, shards.paths[r]));
       crc = static_cast<uint32_t>(crc32_combine64(crc, p.crc, p.size));
       pos = p.offset + p.size;
     }
-    ASSIGN_OR_RETURN(crc, CrcRange(fd, crc, pos, m.shard_bytes - pos, buffer, shards.paths[r], rank));
+    ASSIGN_OR_RETURN(crc,
+                     CrcRange(fd, crc, pos, m.shard_bytes - pos, chunk_bytes, shards.paths[r]));
     if (crc != m.shard_crc32) {
       return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
                                                  shards.paths[r], rank, crc, m.shard_crc32));
@@ -531,12 +530,15 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   // anything, or (default) computed on the bytes the copy reads anyway, the rest of each shard
   // (other sections, padding, skipped tensors) read afterwards, the pieces combined in file order
   // (crc32_combine) and compared before anything is published.
-  std::vector<char> buffer(BufferSize(options.io_buffer_bytes));
-  std::vector<uint16_t> converted(bf16 ? buffer.size() / sizeof(float) : 0);
+  // Reads go through read-only maps of `chunk` bytes (mapped_chunks.h): the CRC-32 and the
+  // write(2) into the output both read the page cache's pages, with no pread copy in between,
+  // and the CRC of a chunk runs just before its write, while the chunk is in the CPU cache.
+  const size_t chunk = BufferSize(options.io_buffer_bytes);
+  std::vector<uint16_t> converted(bf16 ? chunk / sizeof(float) : 0);
   ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
   const bool fused_crc = options.verify_checksums && !options.checksum_before_writing;
   if (options.verify_checksums && !fused_crc) {
-    RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer));
+    RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, chunk));
   }
   std::vector<std::vector<CrcPiece>> pieces(static_cast<size_t>(world_size));
 
@@ -588,29 +590,74 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
       int64_t off = (section_offset + p.partition_offset) * static_cast<int64_t>(sizeof(float));
       int64_t left = take * static_cast<int64_t>(sizeof(float));
       CrcPiece piece{off, left, Crc32(0, nullptr, 0)};
-      while (left > 0) {
-        size_t n = static_cast<size_t>(std::min<int64_t>(buffer.size(), left));
-        RETURN_IF_ERROR(
-            PreadExactly(shards.fds[r].get(), buffer.data(), n, off, shards.paths[r]));
-        if (fused_crc) piece.crc = Crc32(piece.crc, buffer.data(), n);
-        if (bf16) {
-          const size_t count = n / sizeof(float);
-          for (size_t i = 0; i < count; ++i) {
-            float f;
-            std::memcpy(&f, buffer.data() + i * sizeof(float), sizeof(float));
-            converted[i] = Fp32ToBf16(f);
-          }
-          RETURN_IF_ERROR(sink(converted.data(), count * sizeof(uint16_t)));
-        } else {
-          RETURN_IF_ERROR(sink(buffer.data(), n));
-        }
-        off += static_cast<int64_t>(n);
-        left -= static_cast<int64_t>(n);
-      }
+      RETURN_IF_ERROR(ForEachMappedChunk(
+          shards.fds[r].get(), off, left, chunk, shards.paths[r],
+          [&](const char* data, size_t n) -> absl::Status {
+            if (fused_crc) piece.crc = Crc32(piece.crc, data, n);
+            if (!bf16) return sink(data, n);
+            const size_t count = n / sizeof(float);
+            for (size_t i = 0; i < count; ++i) {
+              float f;
+              std::memcpy(&f, data + i * sizeof(float), sizeof(float));
+              converted[i] = Fp32ToBf16(f);
+            }
+            return sink(converted.data(), count * sizeof(uint16_t));
+          }));
       if (fused_crc) pieces[static_cast<size_t>(r)].push_back(piece);
       remaining -= take;
     }
     return absl::OkStatus();
+  };
+
+  // F32: the bytes pass unchanged, so the file is written here rather than through
+  // safetensors::WriteFile: the same header (PlanHeader + SerializeHeader, the reference writer's
+  // layout), then each rank slice copied inside the kernel (copy_file_range, as cp does) after
+  // its mapped bytes are checksummed (CopyRangeMapped). It lives in the staging directory, so a
+  // partial file is never published; fsynced before it is.
+  auto write_f32 = [&](const std::string& path,
+                       std::vector<safetensors::TensorSpec> specs) -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(safetensors::Header header,
+                     safetensors::PlanHeader(std::move(specs), safetensors::WriterOptions().metadata));
+    ASSIGN_OR_RETURN(std::string text, safetensors::SerializeHeader(header));
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) head[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    head += text;
+    ScopedFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (out.get() < 0) return ErrnoError("cannot create", path);
+    for (size_t done = 0; done < head.size();) {
+      const ssize_t k = ::pwrite(out.get(), head.data() + done, head.size() - done, done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return ErrnoError("cannot write", path);
+      done += static_cast<size_t>(k);
+    }
+    int64_t pos = static_cast<int64_t>(head.size());
+    int64_t unsynced = 0;
+    for (const safetensors::TensorEntry& e : header.tensors) {
+      const ShardParam& p = *by_name.at(e.name);
+      int64_t remaining = p.numel;
+      for (int32_t r = 0; r < world_size && remaining > 0; ++r) {
+        const int64_t take = std::min(p.partition_numel, remaining);
+        const int64_t off =
+            (section_offset + p.partition_offset) * static_cast<int64_t>(sizeof(float));
+        const int64_t left = take * static_cast<int64_t>(sizeof(float));
+        CrcPiece piece{off, left, Crc32(0, nullptr, 0)};
+        RETURN_IF_ERROR(CopyRangeMapped(
+            shards.fds[r].get(), off, left, chunk, shards.paths[r], out.get(), &pos, path,
+            [&](const char* data, size_t n) {
+              if (fused_crc) piece.crc = Crc32(piece.crc, data, n);
+              unsynced += static_cast<int64_t>(n);
+              if (options.writeback_bytes > 0 && unsynced >= options.writeback_bytes) {
+                unsynced = 0;  // a hint: errors surface in the fsync
+                (void)::sync_file_range(out.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+              }
+              return absl::OkStatus();
+            }));
+        if (fused_crc) pieces[static_cast<size_t>(r)].push_back(piece);
+        remaining -= take;
+      }
+    }
+    if (::fsync(out.get()) != 0) return ErrnoError("cannot fsync", path);
+    return pos;
   };
 
   result.output_dir = output_dir.empty() ? DefaultConsolidationDir(checkpoint_dir, info.step)
@@ -638,10 +685,15 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
       specs.push_back({p.name, dtype, p.shape});
       weight_map[name] = f.file_name;
     }
-    safetensors::WriterOptions writer_options;
-    writer_options.writeback_bytes = options.writeback_bytes;
-    ASSIGN_OR_RETURN(int64_t bytes, safetensors::WriteFile(absl::StrCat(staging, "/", f.file_name),
-                                                           std::move(specs), source, writer_options));
+    const std::string path = absl::StrCat(staging, "/", f.file_name);
+    int64_t bytes = 0;
+    if (bf16) {
+      safetensors::WriterOptions writer_options;
+      writer_options.writeback_bytes = options.writeback_bytes;
+      ASSIGN_OR_RETURN(bytes, safetensors::WriteFile(path, std::move(specs), source, writer_options));
+    } else {
+      ASSIGN_OR_RETURN(bytes, write_f32(path, std::move(specs)));
+    }
     result.safetensors_bytes += bytes;
   }
   if (sharded) {
@@ -651,7 +703,7 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
   }
 
   // 2. The checksums must match.
-  if (fused_crc) RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer, &pieces));
+  if (fused_crc) RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, chunk, &pieces));
 
   // 3. Retire the previous output (its completion markers first), then publish, marker last.
   RETURN_IF_ERROR(RemovePreviousOutputs(result.output_dir));
@@ -702,9 +754,8 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
   if (!IsDir(dir)) return absl::NotFoundError(absl::StrCat("no directory ", step_dir));
   ASSIGN_OR_RETURN(StepScan scan, ScanStep(dir, step));
   if (!scan.info.committed) return scan.info.commit_status;
-  std::vector<char> buffer(BufferSize(io_buffer_bytes));
   ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
-  RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, buffer));
+  RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, BufferSize(io_buffer_bytes)));
   return std::move(scan.info);
 }
 

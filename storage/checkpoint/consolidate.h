@@ -8,11 +8,13 @@
 //   full = concat over ranks r = 0..N-1 of rank_r.fp32_params[offset : offset + p],
 //   truncated to the first n elements, viewed as S,
 // where `offset` is the parameter's partition_offset (the same on every rank). The bytes are
-// streamed straight from the shards (pread) to the output, so memory stays at one I/O buffer per
-// call regardless of model size.
+// streamed from the shards to the output through short-lived read-only maps of io_buffer_bytes
+// (mapped_chunks.h: the CRC-32 and the write read the page cache's pages, no pread copy), so
+// memory stays at one mapped chunk regardless of model size.
 //
-// Memory: one I/O buffer (half more for BF16), the writer's 1 MiB buffer, and 20 bytes per
-// (tensor, rank) of checksum bookkeeping.
+// Memory: one mapped chunk (plus half of it for BF16), the writer's 1 MiB buffer, and 20 bytes
+// per (tensor, rank) of checksum bookkeeping. Shards must not be truncated while a consolidation
+// reads them (committed shards are never rewritten).
 // Thread-compatible: distinct checkpoint/output directories may be processed concurrently; two
 // consolidations into the same output directory from one process must be serialised by the
 // caller (temporary file names carry the process id).
@@ -76,8 +78,8 @@ struct ConsolidateOptions {
   // Start asynchronous writeback of the output every this many bytes (sync_file_range), so the
   // disk writes while the copy goes on and the final fsync has little left; 0 = only the fsync.
   int64_t writeback_bytes = 32 << 20;
-  // Size of the single read buffer used for checksums and tensor copies (rounded up to a
-  // multiple of 4 bytes).
+  // Bytes mapped at a time for checksums and tensor copies (rounded up to a multiple of 4
+  // bytes).
   int64_t io_buffer_bytes = 4 << 20;
   // Output dtype: "F32" (bit-exact copy of the fp32 master weights) or "BF16" (round to nearest
   // even, Fp32ToBf16).

@@ -25,7 +25,7 @@ ABSL_FLAG(int64_t, step, 0, "Step to consolidate (0 = newest committed).");
 ABSL_FLAG(std::string, output_dir, "", "Output directory (default <checkpoint_dir>/step_N/hf).");
 ABSL_FLAG(std::string, max_shard_size, "", "Split into shards of at most this size (\"5GB\").");
 ABSL_FLAG(std::string, dtype, "fp32", "Output dtype: fp32 or bf16.");
-ABSL_FLAG(int64_t, io_buffer_bytes, 4 << 20, "Read buffer size in bytes.");
+ABSL_FLAG(int64_t, io_buffer_bytes, 4 << 20, "Bytes of a shard mapped at a time (checksums and copies).");
 ABSL_FLAG(bool, verify_checksums, true, "Check every shard's CRC-32 before writing.");
 ABSL_FLAG(bool, checksum_before_writing, false,
           "Full CRC-32 pass before writing (default: checksum the bytes as they are copied).");

@@ -115,9 +115,10 @@ TEST_F(ConsolidateProcessTest, StreamsUnderAnAddressSpaceCapFarBelowTheCheckpoin
               static_cast<long long>(checkpoint_bytes));
   ASSERT_LT(cap, checkpoint_bytes / 2) << "the cap would not prove anything";
 
-  // Control: the same cap stops a run that needs a checkpoint-sized buffer.
+  // Control: the same cap stops a run that maps a whole shard (half the checkpoint) at once: the
+  // checksum pass before writing with chunks as large as the checkpoint.
   Outcome control = RunTool({"--checkpoint_dir=" + Tmp() + "/big",
-                             "--output_dir=" + Tmp() + "/control",
+                             "--output_dir=" + Tmp() + "/control", "--checksum_before_writing",
                              absl::StrCat("--io_buffer_bytes=", checkpoint_bytes)},
                             static_cast<rlim_t>(cap), Tmp() + "/control.log");
   EXPECT_FALSE(WIFEXITED(control.wait_status) && WEXITSTATUS(control.wait_status) == 0)

@@ -141,7 +141,9 @@ absl::StatusOr<std::vector<float>> ReadShardVerified(const std::string& step_dir
 // Element offset of `section` (by name) inside the shard; NOT_FOUND if absent.
 absl::StatusOr<int64_t> SectionOffset(const ShardManifest& manifest, const std::string& section);
 
-// CRC-32 (zlib) of a byte range, chainable: crc = Crc32(crc, data, n).
+// CRC-32 of a byte range, the same value as zlib's crc32 (CRC-32/ISO-HDLC, the shard format's
+// checksum; zlib's crc32_combine combines it), chainable: crc = Crc32(crc, data, n); Crc32(0,
+// nullptr, 0) == 0. Computed with ISA-L's crc32_gzip_refl (PCLMULQDQ). Thread-safe.
 uint32_t Crc32(uint32_t crc, const void* data, size_t size_bytes);
 
 }  // namespace loom::storage
