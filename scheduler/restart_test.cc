@@ -52,6 +52,8 @@ class RestartTest : public ::testing::Test {
   void SetUp() override {
     const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     options_.checkpoint_root = absl::StrCat(TmpDir(), "/", name, "/ckpt");
+    // The tests count heartbeat intervals against a 10 s timeout (the default is 40 s).
+    options_.heartbeat_timeout = absl::Seconds(10);
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";
     ASSERT_TRUE(MakeDirs(options_.validation.fortunes_dir).ok());
     db_ = absl::StrCat(TmpDir(), "/", name, ".db");

@@ -135,6 +135,16 @@ absl::Status SchedulerOptions::Validate() const {
   if (cancel_grace <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("cancel_grace: must be > 0");
   }
+  if (resume_lookup_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume_lookup_wait: must be >= 0, got ", absl::FormatDuration(resume_lookup_wait)));
+  }
+  if (checkpoint_worker.retry_initial <= absl::ZeroDuration() ||
+      checkpoint_worker.retry_max < checkpoint_worker.retry_initial) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_worker.retry_initial: must be in (0, retry_max], got ",
+                     absl::FormatDuration(checkpoint_worker.retry_initial)));
+  }
   if (heartbeat_interval <= absl::ZeroDuration() || heartbeat_interval >= heartbeat_timeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat_interval: must be in (0, heartbeat_timeout = ",
@@ -201,17 +211,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
     RETURN_IF_ERROR(scheduler->Load());
     scheduler->UpdateGauges();
   }
-  Scheduler* raw = scheduler.get();
-  scheduler->retention_thread_ = std::thread([raw] { raw->RetentionLoop(); });
   return scheduler;
 }
 
 Scheduler::~Scheduler() {
-  {
-    absl::MutexLock lock(&retention_mu_);
-    retention_stop_ = true;
-  }
-  if (retention_thread_.joinable()) retention_thread_.join();
+  checkpoint_worker_.reset();  // waits for an in-flight catalog call (bounded by its deadline)
   std::vector<std::shared_ptr<JobSubscription>> subs;
   {
     absl::MutexLock lock(&mu_);
@@ -405,6 +409,7 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   RETURN_IF_ERROR(CommitJob(std::move(job)));
   LOG(INFO) << "job " << job_id << " " << JobPhaseName(phase) << ": " << message;
   last_step_advance_.erase(job_id);
+  rank_progress_.Forget(job_id);
   step_seconds_.erase(job_id);
   stops_.erase(job_id);
   resume_from_.erase(job_id);  // no attempt of an ended job resumes
@@ -478,6 +483,7 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
   last_step_advance_.erase(job_id);
+  rank_progress_.Forget(job_id);
   StopLiveRanks(job_id, /*graceful=*/false);
   return absl::OkStatus();
 }
@@ -1044,6 +1050,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       continue;
     }
     JobRecord& job = job_it->second;
+    // Every rank's step, not only rank 0's: any stepping rank proves the gang alive
+    // (CheckNodeLiveness), also while rank 0's own worker is silent.
+    if (st.has_progress()) {
+      rank_progress_.Observe(job.id, st.attempt(), st.rank(), st.progress().step(), clock_->Now());
+    }
     if (st.rank() == 0 && (st.rendezvous_port() < 0 || st.rendezvous_port() > 65535)) {
       // A broken worker: handing ranks 1..N-1 this port would only fail their rendezvous later.
       RETURN_IF_ERROR(FailAttempt(st.job_id(), v1::FAILURE_CLASS_SETUP, "RendezvousFailed",
@@ -1227,7 +1238,7 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
 
 absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
-  std::vector<std::pair<std::string, std::string>> lookups;  // (job id, checkpoint dir)
+  std::vector<std::pair<std::string, int32_t>> requested;  // (job id, attempt): new lookups
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckNodeLiveness());
@@ -1235,11 +1246,9 @@ absl::Status Scheduler::RunSchedulingCycle() {
     RETURN_IF_ERROR(CheckStops());
     RETURN_IF_ERROR(CheckReadyTimeouts());
     // Jobs that may be placed again this cycle need their resume checkpoint: waiting for a new
-    // attempt, and every rank of the previous one ended. With no rank left to write one, the
-    // answer only changes through retention (which keeps the newest), so a definite answer
-    // (found / NOT_FOUND) for the same attempt is reused for kResumeLookupTtl; errors are not.
-    const absl::Time now = clock_->Now();
-    std::map<std::string, ResumeLookup> still_cached;
+    // attempt, and every rank of the previous one ended. The lookups run on the checkpoint
+    // worker's thread (checkpoint_worker.h), never under this lock nor in this loop.
+    std::vector<std::string> wanted;
     for (const auto& [job_id, job] : jobs_) {
       if (job.attempt == 0 ||
           (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
@@ -1247,31 +1256,30 @@ absl::Status Scheduler::RunSchedulingCycle() {
       }
       auto r = ranks_.lower_bound({job_id, 0});
       if (r != ranks_.end() && r->first.first == job_id) continue;
-      auto cached = resume_cache_.find(job_id);
-      if (cached != resume_cache_.end() && cached->second.attempt == job.attempt &&
-          now - cached->second.time < kResumeLookupTtl) {
-        still_cached.insert(*cached);
-        continue;
+      wanted.push_back(job_id);
+      if (checkpoint_worker_->RequestResume(job_id, job.attempt, job.checkpoint_dir)) {
+        requested.emplace_back(job_id, job.attempt);
       }
-      lookups.emplace_back(job_id, job.checkpoint_dir);
     }
-    resume_cache_ = std::move(still_cached);  // also forgets jobs placed or ended meanwhile
+    checkpoint_worker_->RetainResume(wanted);  // forgets jobs placed or ended meanwhile
   }
-  // The catalog may be a remote service: ask it without holding the lock.
-  std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
-  for (const auto& [job_id, dir] : lookups) {
-    // Verified (CRC-32): a corrupt newest step is marked and skipped (restart_policy.h).
-    results.emplace(job_id, checkpoints_->NewestIntact(job_id, dir));
+  // A lookup asked for just now usually answers at once (a local catalog, a healthy service):
+  // give it resume_lookup_wait, off the lock, so that the job is placed in this cycle. A slow
+  // service delays only this; lookups already in flight are not waited for again.
+  if (!requested.empty()) {
+    checkpoint_worker_->AwaitResume(requested, options_.resume_lookup_wait);
   }
   absl::MutexLock lock(&mu_);
-  const absl::Time looked_up = clock_->Now();
-  for (const auto& [job_id, result] : results) {
-    auto job = jobs_.find(job_id);
-    if (job != jobs_.end() && (result.ok() || absl::IsNotFound(result.status()))) {
-      resume_cache_[job_id] = ResumeLookup{job->second.attempt, looked_up, result};
+  std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
+  for (const auto& [job_id, job] : jobs_) {
+    if (job.attempt == 0 ||
+        (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
+      continue;
     }
+    std::optional<CheckpointWorker::ResumeAnswer> answer =
+        checkpoint_worker_->Resume(job_id, job.attempt);
+    if (answer.has_value()) results.emplace(job_id, std::move(answer->result));
   }
-  for (const auto& [job_id, cached] : resume_cache_) results.emplace(job_id, cached.result);
   prefetched_resume_ = std::move(results);
   // Job writes of the placement pass are collected and stored in one transaction (one fsync)
   // before the lock is released, so no heartbeat reply can hand out a placement that is not
@@ -1303,7 +1311,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
 absl::StatusOr<CommittedCheckpoint> Scheduler::PrefetchedResume(const std::string& job_id) {
   auto it = prefetched_resume_.find(job_id);
   if (it == prefetched_resume_.end()) {
-    return absl::UnavailableError("lookup pending (next scheduling cycle)");
+    return absl::UnavailableError("lookup in progress (the checkpoint catalog has not answered yet)");
   }
   return it->second;
 }
@@ -1311,51 +1319,17 @@ absl::StatusOr<CommittedCheckpoint> Scheduler::PrefetchedResume(const std::strin
 void Scheduler::ApplyRetention(const JobRecord& job) {
   const loom::v1::CheckpointPolicy& policy = job.spec.checkpoint();
   if (policy.keep_last() <= 0) return;  // keep everything
-  RetentionTask task;
+  CheckpointWorker::RetentionTask task;
   task.checkpoint_dir = job.checkpoint_dir;
   task.policy = policy;
   if (auto r = resume_from_.find(job.id); r != resume_from_.end()) {
     task.protected_steps.push_back(r->second.step);  // the current attempt may still need it
   }
-  absl::MutexLock lock(&retention_mu_);
-  retention_queue_[job.id] = std::move(task);  // a newer request for the job replaces one queued
+  // Off the lock, retried with backoff; a newer request for the job replaces one queued.
+  checkpoint_worker_->RequestRetention(job.id, std::move(task));
 }
 
-void Scheduler::RetentionLoop() {
-  while (true) {
-    std::string job_id;
-    RetentionTask task;
-    {
-      absl::MutexLock lock(&retention_mu_);
-      retention_busy_ = false;
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retention_mu_) {
-        return retention_stop_ || !retention_queue_.empty();
-      };
-      retention_mu_.Await(absl::Condition(&ready));
-      if (retention_stop_) return;
-      job_id = retention_queue_.begin()->first;
-      task = std::move(retention_queue_.begin()->second);
-      retention_queue_.erase(retention_queue_.begin());
-      retention_busy_ = true;
-    }
-    absl::StatusOr<std::vector<int64_t>> deleted = checkpoints_->ApplyRetention(
-        job_id, task.checkpoint_dir, task.policy, task.protected_steps);
-    if (!deleted.ok()) {
-      LOG(WARNING) << "job " << job_id << ": checkpoint retention failed: " << deleted.status();
-    } else if (!deleted->empty()) {
-      LOG(INFO) << "job " << job_id << ": retention deleted checkpoints of steps "
-                << absl::StrJoin(*deleted, ", ");
-    }
-  }
-}
-
-void Scheduler::WaitForCheckpointRetention() {
-  absl::MutexLock lock(&retention_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retention_mu_) {
-    return retention_stop_ || (retention_queue_.empty() && !retention_busy_);
-  };
-  retention_mu_.Await(absl::Condition(&idle));
-}
+void Scheduler::WaitForCheckpointRetention() { checkpoint_worker_->WaitForRetention(); }
 
 void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
                                   int64_t to_step) {
@@ -1394,6 +1368,7 @@ absl::Status Scheduler::CheckHangs() {
   for (const auto& [job_id, message] : hung) {
     LOG(WARNING) << "job " << job_id << " hung: " << message;
     last_step_advance_.erase(job_id);
+  rank_progress_.Forget(job_id);
     step_seconds_.erase(job_id);
     RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "Hang", message, ""));
   }
@@ -1410,14 +1385,20 @@ absl::Status Scheduler::CheckNodeLiveness() {
             : options_.heartbeat_timeout;
     if (node.lost || now - node.last_heartbeat_time <= timeout) continue;
     // Missed heartbeats alone do not make a node lost while a job with a rank on it is still
-    // stepping (its rank 0, reporting through another node, advanced within the timeout): the
-    // gang's collectives cannot progress without that node's ranks, so they are alive.
+    // stepping (any of its ranks, reporting through another node, advanced within the timeout;
+    // rank_progress.h): the gang's collectives cannot progress without that node's ranks, so
+    // they are alive. The node is then "unreachable" (NodeInfo.unreachable): kept, but given no
+    // new ranks until it heartbeats again.
     std::string stepping_job;
     for (const auto& [key, rt] : ranks_) {
       if (rt.node_id != node_id) continue;
-      auto advanced = last_step_advance_.find(key.first);
-      if (advanced != last_step_advance_.end() &&
-          now - advanced->second <= options_.heartbeat_timeout) {
+      std::optional<absl::Time> advanced = rank_progress_.LastAdvance(key.first);
+      auto rank0 = last_step_advance_.find(key.first);
+      if (rank0 != last_step_advance_.end() &&
+          (!advanced.has_value() || rank0->second > *advanced)) {
+        advanced = rank0->second;
+      }
+      if (advanced.has_value() && now - *advanced <= options_.heartbeat_timeout) {
         stepping_job = key.first;
         break;
       }
@@ -1426,7 +1407,7 @@ absl::Status Scheduler::CheckNodeLiveness() {
       LOG_EVERY_N(WARNING, 20) << "node " << node_id << " has not heartbeated for "
                                << absl::FormatDuration(now - node.last_heartbeat_time)
                                << " but job " << stepping_job
-                               << " on it is still stepping; not declaring it lost";
+                               << " on it is still stepping; node unreachable, not lost";
       continue;
     }
     NodeRecord updated = node;
@@ -1520,6 +1501,7 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
   if (preempted && metrics_ != nullptr) metrics_->JobRestarted(v1::FAILURE_CLASS_PREEMPTED);
   LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
   last_step_advance_.erase(job_id);
+  rank_progress_.Forget(job_id);
   StopLiveRanks(job_id, /*graceful=*/false);
   return absl::OkStatus();
 }
@@ -1599,7 +1581,8 @@ absl::Status Scheduler::PlacePendingJobs() {
     p.inventory = node.inventory;
     p.live = !node.lost;
     p.cordoned = node.admin.cordoned() || node.admin.draining();
-    p.schedulable = p.live && !p.cordoned;
+    // An unreachable node is kept for its stepping ranks only: no new ranks until it heartbeats.
+    p.schedulable = p.live && !p.cordoned && !Unreachable(node, now);
     pool_nodes.push_back(std::move(p));
   }
   const NodePool pool(std::move(pool_nodes));
@@ -2037,11 +2020,16 @@ void Scheduler::UpdateGauges(bool with_tenant_counts) {
 
 namespace loom {
 
+bool Scheduler::Unreachable(const NodeRecord& node, absl::Time now) const {
+  return !node.lost && now - node.last_heartbeat_time > options_.heartbeat_timeout;
+}
+
 loom::v1::NodeInfo Scheduler::NodeInfoOf(const NodeRecord& node) const {
   loom::v1::NodeInfo info;
   info.set_node_id(node.id);
   *info.mutable_inventory() = node.inventory;
   info.set_live(!node.lost);
+  info.set_unreachable(Unreachable(node, clock_->Now()));
   info.set_cordoned(node.admin.cordoned() || node.admin.draining());
   info.set_draining(node.admin.draining());
   info.set_admin_reason(node.admin.reason());
@@ -2178,6 +2166,7 @@ void Scheduler::Resync() {
   nodes_.clear();
   ranks_.clear();
   last_step_advance_.clear();
+  rank_progress_.Clear();
   step_seconds_.clear();
   resume_from_.clear();
   queue_order_.clear();

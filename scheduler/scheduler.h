@@ -32,9 +32,11 @@
 //   * A RUNNING job whose step stops advancing for hang_step_time_factor x its median step time
 //     (at least hang_min_timeout) is hung: its attempt ends (reason "Hang", class INFRA).
 //   * A node is lost when it missed heartbeats for heartbeat_timeout AND no job with a rank on it
-//     advanced its step within that time (a late heartbeat alone never kills a job that is
-//     still stepping). A lost node fails every job with a rank on it (class INFRA, reason
-//     "NodeLost").
+//     advanced its step within that time, as reported by ANY of the job's ranks through any
+//     node (rank_progress.h: every rank's worker reports its ranks' steps; a late heartbeat
+//     alone never kills a job that is still stepping). Until then such a node is "unreachable"
+//     (NodeInfo.unreachable): kept, but given no new ranks. A lost node fails every job with a
+//     rank on it (class INFRA, reason "NodeLost").
 //   * Recovery: a failed attempt (rank failure, lost rank or node, bad rendezvous, hang, gang
 //     not ready) of a job with restarts left (spec.max_restarts for its own failures,
 //     spec.max_infra_restarts for infrastructure ones; two budgets) moves the job to
@@ -67,12 +69,13 @@
 //     per-subscriber queues; the ranks' output lines, which workers send in heartbeats, go to an
 //     in-memory JobLogBuffer (bounded, not persisted: a restart of the scheduler loses them).
 //   * The checkpoint catalog (possibly a remote service) is never called under the scheduler's
-//     lock once the scheduler runs: resume lookups happen in RunSchedulingCycle between two
-//     critical sections (placement of a recovering job waits for its lookup's result; while it
-//     waits for capacity a definite answer is reused for 30 s), and retention runs on a
-//     background thread
-//     (latest request per job wins). Only Create() looks up resume checkpoints under the lock,
-//     before anything else can call in.
+//     lock nor from the scheduling loop once the scheduler runs: resume lookups and retention
+//     run on the threads of a CheckpointWorker (checkpoint_worker.h) with their own queues and
+//     retries with backoff. A cycle waits at most resume_lookup_wait, off the lock, for the
+//     lookups it just requested; a job whose lookup has not answered stays waiting (reason
+//     "CheckpointsUnavailable"), nothing else does. Retention: the latest request per job wins,
+//     failures are retried until the service answers. Only Create() looks up resume
+//     checkpoints under the lock, before anything else can call in.
 //   * Create() reloads every job and node from the store. Non-terminal jobs keep their
 //     placement; nodes get max(heartbeat_timeout, reregistration_grace) from Create() to heartbeat
 //     or register again before they can be declared lost; workers re-report the ranks they
@@ -102,10 +105,12 @@
 #include "proto/job_service.pb.h"
 #include "proto/worker_service.pb.h"
 #include "scheduler/checkpoint_catalog.h"
+#include "scheduler/checkpoint_worker.h"
 #include "scheduler/clock.h"
 #include "scheduler/job_events.h"
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/queues.h"
+#include "scheduler/rank_progress.h"
 #include "scheduler/scheduler_metrics.h"
 #include "storage/job_store.h"
 
@@ -121,8 +126,11 @@ inline constexpr int32_t kMaxSlotsPerNode = 1024;
 struct SchedulerOptions {
   // Directory under which each job's checkpoints live (<checkpoint_root>/<job id>). Required.
   std::string checkpoint_root;
-  // A node whose last heartbeat is older than this is declared lost. Default 10 s.
-  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // A node whose last heartbeat is older than this is declared lost, unless a job with a rank
+  // on it is still stepping (then it is "unreachable": kept, no new ranks). Default 40 s, as
+  // Kubernetes' node-monitor grace period (Slurm's SlurmdTimeout: 300 s); docs/scheduling.md
+  // "Node liveness" says why.
+  absl::Duration heartbeat_timeout = absl::Seconds(40);
   // Re-registration grace after a scheduler start (as Slurm gives nodes after a controller
   // restart): a node loaded from the store that has neither heartbeated nor registered since
   // Create() is declared lost only after max(heartbeat_timeout, reregistration_grace) from
@@ -166,6 +174,12 @@ struct SchedulerOptions {
   bool enable_preemption = true;
   // Jobs behind a blocked head job may start when they do not delay it (docs/scheduling.md).
   bool enable_backfill = true;
+  // Resume lookups and retention (scheduler/checkpoint_worker.h): retry backoff and how long a
+  // definite resume answer is reused.
+  CheckpointWorkerOptions checkpoint_worker;
+  // How long a scheduling cycle waits (off the lock) for the resume lookups it just asked for;
+  // a job whose lookup has not answered by then waits for a later cycle. Default 1 s, >= 0.
+  absl::Duration resume_lookup_wait = absl::Seconds(1);
 
   // INVALID_ARGUMENT naming the field if the options are unusable.
   absl::Status Validate() const;
@@ -299,18 +313,6 @@ class Scheduler {
     int64_t final_checkpoint_step = -1;  // rank 0's, once it stopped gracefully
     bool training_finished = false;    // a rank succeeded before the stop took effect
   };
-  // A definite resume lookup (found or NOT_FOUND) for a job waiting to start `attempt` + 1.
-  struct ResumeLookup {
-    int32_t attempt = 0;
-    absl::Time time;
-    absl::StatusOr<CommittedCheckpoint> result;
-  };
-  static constexpr absl::Duration kResumeLookupTtl = absl::Seconds(30);
-  struct RetentionTask {
-    std::string checkpoint_dir;
-    loom::v1::CheckpointPolicy policy;
-    std::vector<int64_t> protected_steps;
-  };
   using RankKey = std::pair<std::string, int32_t>;  // (job id, rank)
 
   Scheduler(SchedulerOptions options, JobStore* store, Clock* clock, SchedulerMetrics* metrics,
@@ -320,6 +322,8 @@ class Scheduler {
         clock_(clock),
         metrics_(metrics),
         checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_),
+        checkpoint_worker_(
+            std::make_unique<CheckpointWorker>(checkpoints_, options_.checkpoint_worker, clock)),
         dispatcher_(std::make_unique<WakeDispatcher>()),
         logs_(std::make_unique<JobLogBuffer>(dispatcher_.get())) {}
 
@@ -392,6 +396,9 @@ class Scheduler {
                           const std::string& message, bool preempted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::NodeInfo NodeInfoOf(const NodeRecord& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Missed heartbeats for heartbeat_timeout but not lost (a job on it is still stepping).
+  bool Unreachable(const NodeRecord& node, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The queue name of a spec ("" means "default").
   static const std::string& QueueOf(const loom::v1::JobSpec& spec);
   // Median seconds per step of a RUNNING job (0 if fewer than 3 intervals are known).
@@ -422,7 +429,6 @@ class Scheduler {
   // UNAVAILABLE if it was not looked up.
   absl::StatusOr<CommittedCheckpoint> PrefetchedResume(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetentionLoop();
   std::string NewJobId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Immutable after construction.
@@ -432,6 +438,8 @@ class Scheduler {
   SchedulerMetrics* const metrics_;
   LocalCheckpointCatalog local_checkpoints_;
   CheckpointCatalog* const checkpoints_;
+  // Resume lookups and retention, on their own threads (reset first by the destructor).
+  std::unique_ptr<CheckpointWorker> checkpoint_worker_;
   const std::unique_ptr<WakeDispatcher> dispatcher_;  // before the users of it below
   const std::unique_ptr<JobLogBuffer> logs_;
 
@@ -451,6 +459,8 @@ class Scheduler {
   // step (at most 32, oldest first). In memory only.
   std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::deque<double>> step_seconds_ ABSL_GUARDED_BY(mu_);
+  // Every rank's latest step and when any rank of a job last advanced (node liveness).
+  RankProgress rank_progress_ ABSL_GUARDED_BY(mu_);
   // The checkpoint each job's current attempt resumes from (protected from retention); absent
   // when it starts over. Rebuilt lazily after a restart.
   std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);
@@ -469,9 +479,8 @@ class Scheduler {
   bool commit_leader_ ABSL_GUARDED_BY(commit_mu_) = false;
   std::map<std::string, StopRequest> stops_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
-  // Resume lookups of the current scheduling cycle, made outside the lock.
+  // Resume lookups answered by the checkpoint worker, for the current scheduling cycle.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, ResumeLookup> resume_cache_ ABSL_GUARDED_BY(mu_);
   // The rank blamed for each job's last failed attempt. In memory only.
   struct Blame {
     int32_t attempt = 0;
@@ -482,12 +491,6 @@ class Scheduler {
   };
   std::map<std::string, Blame> blame_ ABSL_GUARDED_BY(mu_);
 
-  // Checkpoint retention off the scheduler's lock: the latest request per job.
-  absl::Mutex retention_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::map<std::string, RetentionTask> retention_queue_ ABSL_GUARDED_BY(retention_mu_);
-  bool retention_busy_ ABSL_GUARDED_BY(retention_mu_) = false;
-  bool retention_stop_ ABSL_GUARDED_BY(retention_mu_) = false;
-  std::thread retention_thread_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

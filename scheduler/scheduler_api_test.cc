@@ -67,6 +67,8 @@ class SchedulerApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
     options_.checkpoint_root = TmpDir() + "/ckpt";
+    // The tests count heartbeat intervals against a 10 s timeout (the default is 40 s).
+    options_.heartbeat_timeout = absl::Seconds(10);
     // Restarts at once (restart_test covers the backoff before them).
     options_.restart_backoff_base = absl::ZeroDuration();
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";
@@ -319,7 +321,8 @@ TEST_F(SchedulerApiTest, HeartbeatLogLinesAreBufferedOnceEach) {
 }
 
 // A slow checkpoint service must not hold up heartbeats: the resume lookup of a recovering job
-// and retention run without the scheduler's lock.
+// and retention run on the checkpoint worker's threads (checkpoint_worker.h), never under the
+// scheduler's lock.
 TEST_F(SchedulerApiTest, SlowCheckpointCatalogDoesNotDelayHeartbeats) {
   SlowCatalog catalog(absl::Seconds(2));
   Start(&catalog);
@@ -344,7 +347,18 @@ TEST_F(SchedulerApiTest, SlowCheckpointCatalogDoesNotDelayHeartbeats) {
   Get(job.id());
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(500));
   cycle.join();
-  // Placement waited for the lookup and used its answer.
+  // That cycle waited resume_lookup_wait (1 s) off the lock, then left the job waiting for its
+  // lookup (still in flight); once answered, a later cycle places it with the answer.
+  Job waiting = Get(job.id());
+  if (waiting.phase() == loom::v1::JOB_PHASE_RECOVERING) {
+    EXPECT_EQ(waiting.reason(), "CheckpointsUnavailable");
+    EXPECT_NE(waiting.message().find("lookup in progress"), std::string::npos) << waiting.message();
+  }
+  const absl::Time place_deadline = absl::Now() + absl::Seconds(30);
+  while (Get(job.id()).phase() == loom::v1::JOB_PHASE_RECOVERING && absl::Now() < place_deadline) {
+    ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());
+    absl::SleepFor(absl::Milliseconds(50));  // the daemon's cycle period, shortened
+  }
   Job second = Get(job.id());
   EXPECT_EQ(second.phase(), loom::v1::JOB_PHASE_STARTING);
   EXPECT_EQ(second.attempt(), 2);

@@ -31,6 +31,8 @@ class PolicyTest : public ::testing::Test {
  protected:
   void SetUp() override {
     options_.checkpoint_root = TmpDir() + "/ckpt";
+    // The tests count heartbeat intervals against a 10 s timeout (the default is 40 s).
+    options_.heartbeat_timeout = absl::Seconds(10);
     // Restarts at once (restart_test covers the backoff before them).
     options_.restart_backoff_base = absl::ZeroDuration();
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
@@ -63,6 +64,8 @@ class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     options_.checkpoint_root = TmpDir() + "/ckpt";
+    // The tests count heartbeat intervals against a 10 s timeout (the default is 40 s).
+    options_.heartbeat_timeout = absl::Seconds(10);
     options_.validation.fortunes_dir = TmpDir() + "/fortunes";
     ASSERT_TRUE(MakeDirs(options_.validation.fortunes_dir).ok());
     // Restarts at once: these tests are about what a restart does (restart_test covers the
@@ -735,9 +738,16 @@ TEST(SchedulerOptionsTest, Validate) {
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
   o.checkpoint_root = "/tmp/x";
   EXPECT_TRUE(o.Validate().ok());
-  o.heartbeat_interval = absl::Seconds(20);
+  EXPECT_EQ(o.heartbeat_timeout, absl::Seconds(40));  // docs/scheduling.md "Node liveness"
+  o.heartbeat_interval = absl::Seconds(40);
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(o.Validate().message().find("heartbeat_interval"), std::string::npos);
+  o.heartbeat_interval = absl::Seconds(1);
+  o.resume_lookup_wait = absl::Seconds(-1);
+  EXPECT_NE(o.Validate().message().find("resume_lookup_wait"), std::string::npos);
+  o.resume_lookup_wait = absl::Seconds(1);
+  o.checkpoint_worker.retry_initial = absl::ZeroDuration();
+  EXPECT_NE(o.Validate().message().find("checkpoint_worker.retry_initial"), std::string::npos);
 }
 
 // Restart: a new Scheduler over the same SQLite file keeps every acknowledged job and re-adopts
@@ -1063,6 +1073,60 @@ TEST_F(SchedulerTest, SilentNodeWhoseJobKeepsSteppingIsNotLost) {
   EXPECT_EQ(lost.phase(), loom::v1::JOB_PHASE_FAILED);
   EXPECT_EQ(lost.reason(), "NodeLost");
   EXPECT_NE(lost.message().find("node-b"), std::string::npos) << lost.message();
+}
+
+// Regression (issue 16): the worker hosting rank 0 went silent (SIGSTOP) while both trainers
+// kept stepping; only rank 0's progress counted, so its node was declared lost after the
+// heartbeat timeout and the job restarted. Rank 1's steps (reported by node-b) prove the gang
+// alive: node-a is unreachable, not lost, gets no new ranks, and the job keeps its attempt.
+TEST_F(SchedulerTest, SilentRankZeroNodeIsKeptWhileAnotherRankSteps) {
+  Job job = RunTwoRankJob(/*max_restarts=*/0, /*spare_node=*/true);  // node-c idle
+  const int32_t attempt = job.attempt();
+  for (int step = 1; step <= 30; ++step) {  // 30 s: three times the 10 s timeout
+    clock_.Advance(absl::Seconds(1));
+    RankStatus st = Rank(job, 1, loom::v1::RANK_STATE_RUNNING);
+    st.mutable_progress()->set_step(step);
+    Beat("node-b", {st});
+    Beat("node-c");
+    Cycle();
+  }
+  Job kept = Get(job.id());
+  EXPECT_EQ(kept.phase(), loom::v1::JOB_PHASE_RUNNING) << kept.message();
+  EXPECT_EQ(kept.attempt(), attempt);
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "lost"), 0);
+  absl::StatusOr<std::vector<loom::v1::NodeInfo>> nodes = scheduler_->ListNodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  std::map<std::string, loom::v1::NodeInfo> by_id;
+  for (const loom::v1::NodeInfo& n : *nodes) by_id[n.node_id()] = n;
+  EXPECT_TRUE(by_id["node-a"].live());
+  EXPECT_TRUE(by_id["node-a"].unreachable());
+  EXPECT_FALSE(by_id["node-b"].unreachable());
+  // No new rank goes to the unreachable node: a 1-rank job lands on node-c, the next one waits.
+  Job one = Submit(1);
+  Job two = Submit(1);
+  Cycle();
+  EXPECT_EQ(Get(one.id()).phase(), loom::v1::JOB_PHASE_STARTING);
+  ASSERT_EQ(Get(one.id()).rank_nodes_size(), 1);
+  EXPECT_EQ(Get(one.id()).rank_nodes(0), "node-c");
+  EXPECT_EQ(Get(two.id()).phase(), loom::v1::JOB_PHASE_PENDING);
+  // node-a heartbeats again (SIGCONT): reachable, and rank 0's progress is the job's again.
+  RankStatus r0 = Rank(job, 0, loom::v1::RANK_STATE_RUNNING);
+  r0.mutable_progress()->set_step(31);
+  Beat("node-a", {r0});
+  Cycle();
+  EXPECT_EQ(Get(job.id()).progress().step(), 31);
+  EXPECT_EQ(Get(job.id()).attempt(), attempt);
+  // Once no rank steps any more, a silent node is lost after the timeout.
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+    Beat("node-c");
+    Cycle();
+  }
+  Job lost = Get(job.id());
+  EXPECT_EQ(lost.phase(), loom::v1::JOB_PHASE_FAILED);
+  EXPECT_EQ(lost.reason(), "NodeLost");
+  EXPECT_NE(lost.message().find("node-a"), std::string::npos) << lost.message();
 }
 
 // Regression: a node went silent while the job finished; rank 0 (elsewhere) SUCCEEDED, the silent

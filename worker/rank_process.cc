@@ -164,7 +164,12 @@ RankProcess::~RankProcess() {
 
 loom::v1::RankStatus RankProcess::Status() const {
   absl::MutexLock l(&mu_);
-  return status_;
+  loom::v1::RankStatus status = status_;
+  // Every rank's worker reports its rank's latest step and when it came (rank_progress.h).
+  if (status.progress().step() > 0 && stats_.last_step_unix_seconds > 0) {
+    status.set_last_step_time_us(static_cast<int64_t>(stats_.last_step_unix_seconds * 1e6));
+  }
+  return status;
 }
 
 RankStats RankProcess::Stats() const {

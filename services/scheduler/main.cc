@@ -23,8 +23,9 @@ ABSL_FLAG(std::string, ready_file, "",
 ABSL_FLAG(std::string, db, "", "SQLite database file holding jobs and nodes (required).");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory under which each job's checkpoints live, <root>/<job id> (required).");
-ABSL_FLAG(int, heartbeat_timeout_s, 10,
-          "Seconds without a heartbeat after which a worker node is declared lost.");
+ABSL_FLAG(int, heartbeat_timeout_s, 40,
+          "Seconds without a heartbeat after which a worker node is declared lost (unless a job "
+          "with a rank on it still reports new steps; docs/scheduling.md \"Node liveness\").");
 ABSL_FLAG(absl::Duration, reregistration_grace, absl::Seconds(30),
           "After a scheduler start, how long known nodes have to heartbeat or register again "
           "before they can be declared lost (at least --heartbeat_timeout_s), so that a restart "
