@@ -33,7 +33,7 @@
 //    "cached_bytes":C,"peak_bytes":M,
 //    "comm_s":c,"data_s":d,"comm_elements":e}
 //      memory fields are this rank's peak bytes during the step per kind (MemoryKind in
-//      worker/engine/zero_llama.h); peak_bytes is the peak of their sum. skipped: an fp16
+//      worker/engine/zero/memory_tracker.h); peak_bytes is the peak of their sum. skipped: an fp16
 //      overflow skipped the update (loss_scale is the scale the step ran with).
 //      comm_s: seconds of the step the training thread was blocked in collectives; data_s:
 //      seconds it spent building the step's input batches (the worker exports
