@@ -15,7 +15,8 @@
 #include "worker/engine/loss_scaler.h"
 #include "worker/engine/model_config.h"
 #include "worker/engine/offload/offload_optimizer.h"
-#include "worker/engine/zero_llama.h"
+#include "worker/engine/model/llama_model.h"
+#include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
 
@@ -27,9 +28,14 @@ constexpr char kLossScalerFile[] = "loss_scaler.json";
 }  // namespace
 
 CheckpointIo::CheckpointIo(const EngineOptions& options, Collectives& collectives,
-                           ZeroLlama& model, offload::OffloadOptimizer* offload,
-                           LossScaler& scaler)
-    : o_(options), coll_(collectives), model_(model), offload_(offload), scaler_(scaler) {}
+                           ZeroProvider& model, LlamaModel& llama,
+                           offload::OffloadOptimizer* offload, LossScaler& scaler)
+    : o_(options),
+      coll_(collectives),
+      model_(model),
+      llama_(llama),
+      offload_(offload),
+      scaler_(scaler) {}
 
 std::vector<float*> CheckpointIo::MasterPointers() const {
   std::vector<float*> out;
@@ -172,7 +178,7 @@ absl::Status CheckpointIo::WriteFinalLogits(const TokenStream& heldout) {
   std::vector<int64_t> tokens = heldout.Slice(0, n);
   at::Tensor ids = at::tensor(tokens, at::kLong).view({1, n});
   at::Tensor logits =
-      model_.Forward(ids).to(at::kFloat).squeeze(0).contiguous();  // all ranks gather
+      llama_.Forward(ids).to(at::kFloat).squeeze(0).contiguous();  // all ranks gather
   if (coll_.rank() != 0 || o_.checkpoint_dir.empty()) return absl::OkStatus();
   json rows = json::array();
   const float* p = logits.data_ptr<float>();

@@ -33,7 +33,8 @@ namespace loom::engine {
 
 class Collectives;
 class LossScaler;
-class ZeroLlama;
+class LlamaModel;
+class ZeroProvider;
 namespace offload {
 class OffloadOptimizer;
 }  // namespace offload
@@ -52,8 +53,10 @@ class CheckpointIo {
  public:
   // `offload`: the offload optimizer that owns master and moments, or null when the model's
   // partition tensors hold them. Every reference must outlive this object.
-  CheckpointIo(const EngineOptions& options, Collectives& collectives, ZeroLlama& model,
-               offload::OffloadOptimizer* offload, LossScaler& scaler);
+  // `model`: the parameter state (partitions); `llama`: the model written against it (final
+  // logits).
+  CheckpointIo(const EngineOptions& options, Collectives& collectives, ZeroProvider& model,
+               LlamaModel& llama, offload::OffloadOptimizer* offload, LossScaler& scaler);
 
   // This rank's shard of a checkpoint of `step` under base_dir/<StepDirName(step)>.
   absl::Status WriteShards(const std::string& base_dir, int64_t step, const CheckpointMeta& meta);
@@ -80,7 +83,8 @@ class CheckpointIo {
 
   const EngineOptions& o_;
   Collectives& coll_;
-  ZeroLlama& model_;
+  ZeroProvider& model_;
+  LlamaModel& llama_;
   offload::OffloadOptimizer* const offload_;
   LossScaler& scaler_;
 };

@@ -29,7 +29,9 @@
 #include "worker/engine/optim/sub_groups.h"
 #include "worker/engine/partition.h"
 #include "worker/engine/trajectory.h"
-#include "worker/engine/zero_llama.h"
+#include "worker/engine/model/llama_model.h"
+#include "worker/engine/zero/partition_source.h"
+#include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
 
@@ -40,6 +42,67 @@ namespace {
 void Check(const absl::Status& s) {
   if (!s.ok()) throw CollectiveError(s);
 }
+
+// ZeRO-Offload / ZeRO-Infinity as the provider's PartitionSource: every built parameter goes to
+// the offload optimizer; with offload_param nvme the stage-3 partitions live in its files and
+// all-gathers read them (reads started ahead of the prefetch trace, one swap buffer always left
+// for a fetch nobody hinted).
+class OffloadPartitionSource : public PartitionSource {
+ public:
+  OffloadPartitionSource(offload::OffloadOptimizer* offload, bool params_nvme,
+                         std::vector<int64_t> partition_numels)
+      : offload_(offload), params_nvme_(params_nvme), numels_(std::move(partition_numels)) {}
+
+  absl::Status OnParamBuilt(ParamId i, ZeroParam& p) override {
+    RETURN_IF_ERROR(offload_->InitParam(i, p.master.data_ptr<float>()));
+    if (params_nvme_) {
+      // The partition lives on file: master and shard become stride-0 placeholders of [p].
+      at::Tensor ph = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat).zero_();
+      p.master = ph;
+      p.shard_offloaded = true;
+      p.shard = p.shard.scalar_type() == at::kFloat
+                    ? ph
+                    : at::empty_strided({p.slice.partition_numel}, {0}, p.shard.options()).zero_();
+    }
+    return absl::OkStatus();
+  }
+  bool serves_partitions() const override { return params_nvme_; }
+  at::Tensor Fetch(ParamId i) override {
+    at::Tensor t = at::empty({numels_[i]}, at::kFloat);
+    auto it = read_ahead_.find(i);
+    if (it != read_ahead_.end()) {  // started by ReadAhead: usually complete by now
+      const int buffer = it->second;
+      read_ahead_.erase(it);
+      ++reads_ahead_;
+      Check(offload_->FinishFetchParam(i, buffer, t.data_ptr<float>()));
+    } else {
+      Check(offload_->FetchParam(i, t.data_ptr<float>()));
+    }
+    return t;
+  }
+  bool ReadAhead(ParamId i) override {
+    if (read_ahead_.count(i) != 0) return true;
+    if (static_cast<int64_t>(read_ahead_.size()) + 1 >= offload_->param_buffer_count()) {
+      return false;
+    }
+    absl::StatusOr<int> b = offload_->StartFetchParam(i);
+    if (!b.ok()) return false;  // a real read error shows up in the fetch itself
+    read_ahead_.emplace(i, *b);
+    return true;
+  }
+  void DropReadAhead() override {
+    for (const auto& [i, buffer] : read_ahead_) offload_->CancelFetchParam(buffer);
+    read_ahead_.clear();
+  }
+  int64_t reads_ahead() const { return reads_ahead_; }  // fetches served by a read ahead
+
+ private:
+  offload::OffloadOptimizer* offload_;
+  bool params_nvme_;
+  std::vector<int64_t> numels_;     // partition elements per parameter
+  std::map<size_t, int> read_ahead_;  // parameter -> swap buffer of a read started ahead
+  int64_t reads_ahead_ = 0;
+};
 
 class Trainer {
  public:
@@ -82,10 +145,8 @@ class Trainer {
   // ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer / offload_param): builds
   // offload_ and the model hooks that hand it each parameter as it is created.
   absl::Status SetUpOffload(ZeroOptions* z);
-  // offload_param nvme: parameter partition reads started ahead of their fetch (param -> swap
-  // buffer), see ZeroOptions::read_ahead.
-  std::map<size_t, int> read_ahead_;
-  int64_t param_reads_ahead_ = 0;  // fetches served by a read started ahead
+  // Offload's PartitionSource (null without offload); ZeroOptions::partition_source points here.
+  std::unique_ptr<OffloadPartitionSource> partition_source_;
 
   const EngineOptions& o_;
   Collectives& coll_;
@@ -93,7 +154,9 @@ class Trainer {
   const std::atomic<bool>* stop_;
   const std::atomic<bool>* checkpoint_stop_;
   Corpus corpus_;
-  std::unique_ptr<ZeroLlama> model_;
+  // The parameter state (ZeRO stage 0-3 provider) and the Llama model written against it.
+  std::unique_ptr<ZeroProvider> model_;
+  std::unique_ptr<LlamaModel> llama_;
   int64_t optimizer_step_ = 0;
   LossScaler scaler_;
   std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: optimizer state in memory
@@ -161,51 +224,9 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   }
   ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
   z->allocate_optimizer_state = false;
-  const bool params_nvme = oo_opts.params_nvme;
-  z->on_param = [this, params_nvme](size_t i, ZeroParam& p) -> absl::Status {
-    RETURN_IF_ERROR(offload_->InitParam(i, p.master.data_ptr<float>()));
-    if (params_nvme) {
-      // The partition lives on file: master and shard become stride-0 placeholders of [p].
-      at::Tensor ph = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat).zero_();
-      p.master = ph;
-      p.shard_offloaded = true;
-      p.shard = p.shard.scalar_type() == at::kFloat
-                    ? ph
-                    : at::empty_strided({p.slice.partition_numel}, {0}, p.shard.options()).zero_();
-    }
-    return absl::OkStatus();
-  };
-  if (params_nvme) {
-    z->fetch_partition = [this](size_t i) {
-      at::Tensor t = at::empty({PartitionNumel(model_->params()[i].numel, coll_.world_size())},
-                               at::kFloat);
-      auto it = read_ahead_.find(i);
-      if (it != read_ahead_.end()) {  // started by read_ahead: usually complete by now
-        const int buffer = it->second;
-        read_ahead_.erase(it);
-        ++param_reads_ahead_;
-        Check(offload_->FinishFetchParam(i, buffer, t.data_ptr<float>()));
-      } else {
-        Check(offload_->FetchParam(i, t.data_ptr<float>()));
-      }
-      return t;
-    };
-    // Reads ahead of the trace, one swap buffer always left for a fetch nobody hinted.
-    z->read_ahead = [this](size_t i) {
-      if (read_ahead_.count(i) != 0) return true;
-      if (static_cast<int64_t>(read_ahead_.size()) + 1 >= offload_->param_buffer_count()) {
-        return false;
-      }
-      absl::StatusOr<int> b = offload_->StartFetchParam(i);
-      if (!b.ok()) return false;  // a real read error shows up in the fetch itself
-      read_ahead_.emplace(i, *b);
-      return true;
-    };
-    z->drop_read_ahead = [this] {
-      for (const auto& [i, buffer] : read_ahead_) offload_->CancelFetchParam(buffer);
-      read_ahead_.clear();
-    };
-  }
+  partition_source_ = std::make_unique<OffloadPartitionSource>(offload_.get(),
+                                                               oo_opts.params_nvme, numels);
+  z->partition_source = partition_source_.get();
   LOG(INFO) << "offload: optimizer " << oo.device << ", params " << op.device << ", "
             << offload_->num_sub_groups() << " sub-groups, CpuAdam "
             << offload::CpuAdam::IsaName(offload_->adam().isa()) << " x" << oo_opts.adam.threads
@@ -267,7 +288,7 @@ double Trainer::Evaluate() {
       starts.push_back(EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
     }
     at::Tensor win = Windows(corpus_.heldout, starts);
-    at::Tensor logits = model_->Forward(win.narrow(1, 0, o_.sequence_length)).to(at::kFloat);
+    at::Tensor logits = llama_->Forward(win.narrow(1, 0, o_.sequence_length)).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, o_.model.vocab_size}),
         win.narrow(1, 1, o_.sequence_length).reshape({-1}));
@@ -302,9 +323,7 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     data_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
-    at::Tensor logits = model_->Forward(win.narrow(1, 0, seq), order).to(at::kFloat);
-    at::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, o_.model.vocab_size}), win.narrow(1, 1, seq).reshape({-1}));
+    at::Tensor loss = llama_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order).loss;
     loss_sum += loss.item<double>();
     at::Tensor scaled = loss / static_cast<double>(gas);
     if (scale != 1.0) scaled = scaled * scale;  // fp16: DeepSpeed scales loss/GAS
@@ -443,9 +462,13 @@ absl::Status Trainer::Run() {
   scaler_ = LossScaler(o_.ds.fp16);
   ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
   RETURN_IF_ERROR(SetUpOffload(&zopts));
-  ASSIGN_OR_RETURN(model_, ZeroLlama::Create(o_.model, &coll_, o_.seed, init.get(), zopts));
+  ASSIGN_OR_RETURN(model_, ZeroProvider::Create(LlamaParamSpecs(o_.model), &coll_,
+                                                {o_.seed, o_.model.initializer_range, init.get()},
+                                                zopts));
+  ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));
   RETURN_IF_ERROR(SetUpPipeline());
-  checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, offload_.get(), scaler_);
+  checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, *llama_, offload_.get(),
+                                                scaler_);
   if (offload_ != nullptr) {
     // What the offload optimizer keeps in host memory (moments, master copies, swap buffers) is
     // this rank's memory too: on a CPU node it is the same RAM the model uses.
@@ -531,7 +554,7 @@ absl::Status Trainer::Run() {
                {"skipped", skipped},
                {"optimizer_step", optimizer_step_},
                {"gathered_bytes_between_steps", mem.current(MemoryKind::kBuffers)},
-               {"param_reads_ahead", param_reads_ahead_},
+               {"param_reads_ahead", partition_source_ ? partition_source_->reads_ahead() : 0},
                {"peak_gathered_bytes", mem.peak(MemoryKind::kBuffers)},
                {"partition_bytes", model_->partition_bytes()},
                {"prefetch_hits", model_->prefetch_hits()},

@@ -1,4 +1,5 @@
-// The training loop of one rank: a ZeRO stage 0-3 Llama (worker/engine/zero_llama.h) on the
+// The training loop of one rank: a Llama (worker/engine/model/llama_model.h) over the ZeRO stage
+// 0-3 parameter provider (worker/engine/zero/zero_provider.h), trained on the
 // byte-level corpus with DeepSpeed semantics (gradient accumulation, bf16 or fp16 with dynamic
 // loss scaling, global-norm clipping fused with unscaling, Adam/AdamW on the fp32 partition per
 // sub-group via ApplyOptimizerStep (worker/engine/optimizer.h), DeepSpeed LR schedules),

@@ -14,7 +14,9 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/testing/failing_collectives.h"
 #include "worker/engine/testing/thread_gang.h"
-#include "worker/engine/zero_llama.h"
+#include "worker/engine/model/llama_model.h"
+#include "worker/engine/model_config.h"
+#include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
 namespace {
@@ -44,12 +46,31 @@ ZeroOptions Stage3() {
   return o;
 }
 
-// One optimizer step of two micro-steps through `model`.
-void Step(ZeroLlama& model) {
+// The ZeRO provider and the Llama model over it.
+struct Model {
+  std::unique_ptr<ZeroProvider> zero;
+  std::unique_ptr<LlamaModel> llama;
+};
+
+absl::StatusOr<Model> Create(const LlamaConfig& c, Collectives* coll, const ZeroOptions& o) {
+  Model m;
+  absl::StatusOr<std::unique_ptr<ZeroProvider>> z =
+      ZeroProvider::Create(LlamaParamSpecs(c), coll, {5, c.initializer_range, nullptr}, o);
+  if (!z.ok()) return z.status();
+  m.zero = std::move(*z);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> l = LlamaModel::Create(c, m.zero.get());
+  if (!l.ok()) return l.status();
+  m.llama = std::move(*l);
+  return m;
+}
+
+// One optimizer step of two micro-steps through `m`.
+void Step(Model& m) {
+  ZeroProvider& model = *m.zero;
   at::Tensor ids = at::arange(12, at::kLong).remainder(64).view({2, 6});
   for (int micro = 0; micro < 2; ++micro) {
     model.BeginMicroStep(/*last=*/micro == 1);
-    at::Tensor logits = model.Forward(ids);
+    at::Tensor logits = m.llama->Forward(ids);
     torch::nn::functional::cross_entropy(logits.reshape({-1, 64}), ids.reshape({-1}))
         .backward();
     model.FinishMicroStep();
@@ -75,25 +96,23 @@ int64_t FailEachCollectiveOfOneStep(Collectives& world) {
   int64_t create_count = 0, step_count = 0;
   {
     FailingCollectives none(world, 0, absl::OkStatus());
-    absl::StatusOr<std::unique_ptr<ZeroLlama>> m = ZeroLlama::Create(c, &none, 5, nullptr,
-                                                                      Stage3());
+    absl::StatusOr<Model> m = Create(c, &none, Stage3());
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return 0;
     create_count = none.started();
-    Step(**m);
+    Step(*m);
     step_count = none.started() - create_count;
-    EXPECT_GT((*m)->prefetch_hits(), 0) << "the second micro-step must replay with prefetch";
+    EXPECT_GT(m->zero->prefetch_hits(), 0) << "the second micro-step must replay with prefetch";
   }
   for (int64_t k = 1; k <= step_count; ++k) {
     const absl::Status want = Injected(k);
     FailingCollectives f(world, create_count + k, want);
-    absl::StatusOr<std::unique_ptr<ZeroLlama>> m = ZeroLlama::Create(c, &f, 5, nullptr,
-                                                                      Stage3());
+    absl::StatusOr<Model> m = Create(c, &f, Stage3());
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return 0;
     bool threw = false;
     try {
-      Step(**m);
+      Step(*m);
     } catch (const CollectiveError& e) {
       threw = true;
       EXPECT_EQ(e.status(), want) << "collective " << k << " of " << step_count;
@@ -107,14 +126,14 @@ int64_t FailEachCollectiveOfOneStep(Collectives& world) {
   return step_count;
 }
 
-TEST(ZeroLlamaCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusOneRank) {
+TEST(ZeroCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusOneRank) {
   std::unique_ptr<Collectives> local = CreateLocalCollectives();
   const int64_t n = FailEachCollectiveOfOneStep(*local);
   // 2 micro-steps x (forward + backward gathers of 21 parameters) + reductions.
   EXPECT_GT(n, 2 * 2 * 21);
 }
 
-TEST(ZeroLlamaCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusTwoRanks) {
+TEST(ZeroCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusTwoRanks) {
   std::vector<int64_t> counts(2);
   std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& world) {
     counts[rank] = FailEachCollectiveOfOneStep(world);

@@ -1,0 +1,204 @@
+#include "worker/engine/model/llama_model.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/engine/model/autograd_ops.h"
+
+namespace loom::engine {
+namespace {
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// [B, Hkv, S, d] -> [B, Hkv*n_rep, S, d], each kv head repeated n_rep times consecutively.
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, h, n_rep, s, d}).reshape({b, h * n_rep, s, d});
+}
+
+// Logits head + mean cross-entropy in fp32 (the ops the engine ran before the split).
+class FullLogitsLoss : public LossHead {
+ public:
+  FullLogitsLoss(ParamAccess* access, ParamId head, int64_t vocab)
+      : access_(access), head_(head), vocab_(vocab) {}
+  LossOutput Forward(const at::Tensor& hidden, const at::Tensor& labels) override {
+    access_->NoteUse(head_);
+    at::Tensor logits = LinearOp(access_, head_, hidden).to(at::kFloat);
+    LossOutput out;
+    out.loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab_}),
+                                                    labels.reshape({-1}));
+    out.token_count = labels.numel();
+    return out;
+  }
+
+ private:
+  ParamAccess* access_;
+  ParamId head_;
+  int64_t vocab_;
+};
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double theta,
+                                             const at::Tensor& positions) {
+  at::Tensor exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) /
+                         static_cast<double>(head_dim);
+  at::Tensor inv_freq = 1.0 / at::pow(theta, exponents);  // fp32, as HF computes it
+  at::Tensor t = positions.defined() ? positions.reshape({-1}).to(at::kFloat)
+                                     : at::arange(seq, at::kLong).to(at::kFloat);
+  at::Tensor freqs = at::outer(t, inv_freq);  // [seq, d/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + RotateHalf(x) * sin;
+}
+
+at::Tensor MaterializedCausalAttention::Forward(const at::Tensor& q, const at::Tensor& k_in,
+                                                const at::Tensor& v_in, const at::Tensor& masked,
+                                                at::ScalarType act) {
+  const int64_t n_rep = q.size(1) / k_in.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  at::Tensor k = RepeatKv(k_in, n_rep);
+  at::Tensor v = RepeatKv(v_in, n_rep);
+  at::Tensor scores = at::matmul(q, k.transpose(2, 3)) * scale;  // [B,Hq,S,S]
+  scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(act);
+  return at::matmul(probs, v);  // [B,Hq,S,d]
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, ParamAccess* access)
+    : config_(config), access_(access), core_(std::make_unique<MaterializedCausalAttention>()) {}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
+                                                               ParamAccess* access) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel(config, access));
+  std::map<std::string, ParamId> by_name;
+  const std::vector<ParamSpec>& have = access->param_specs();
+  for (ParamId i = 0; i < have.size(); ++i) by_name[have[i].name] = i;
+  std::map<std::string, ParamId> bound;
+  for (const ParamSpec& want : LlamaParamSpecs(config)) {
+    auto it = by_name.find(want.name);
+    if (it == by_name.end()) {
+      return absl::NotFoundError(absl::StrCat("model parameter ", want.name,
+                                              " is not in the parameter table"));
+    }
+    if (have[it->second].shape != want.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model parameter ", want.name, ": shape [", absl::StrJoin(have[it->second].shape, ","),
+          "] in the parameter table, the config needs [", absl::StrJoin(want.shape, ","), "]"));
+    }
+    bound[want.name] = it->second;
+  }
+  m->embed_ = bound.at("model.embed_tokens.weight");
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    m->layers_.push_back({bound.at(p + "input_layernorm.weight"),
+                          bound.at(p + "self_attn.q_proj.weight"),
+                          bound.at(p + "self_attn.k_proj.weight"),
+                          bound.at(p + "self_attn.v_proj.weight"),
+                          bound.at(p + "self_attn.o_proj.weight"),
+                          bound.at(p + "post_attention_layernorm.weight"),
+                          bound.at(p + "mlp.gate_proj.weight"), bound.at(p + "mlp.up_proj.weight"),
+                          bound.at(p + "mlp.down_proj.weight")});
+  }
+  m->final_norm_ = bound.at("model.norm.weight");
+  m->head_ = config.tie_word_embeddings ? m->embed_ : bound.at("lm_head.weight");
+  m->set_loss_head(nullptr);
+  return m;
+}
+
+void LlamaModel::set_attention_core(std::unique_ptr<AttentionCore> core) {
+  core_ = core ? std::move(core) : std::make_unique<MaterializedCausalAttention>();
+}
+
+void LlamaModel::set_loss_head(std::unique_ptr<LossHead> head) {
+  loss_head_ = head ? std::move(head)
+                    : std::make_unique<FullLogitsLoss>(access_, head_, config_.vocab_size);
+}
+
+at::Tensor LlamaModel::Linear(const at::Tensor& x, ParamId i) {
+  access_->NoteUse(i);
+  return LinearOp(access_, i, x);
+}
+
+at::Tensor LlamaModel::Norm(const at::Tensor& x, ParamId i) {
+  access_->NoteUse(i);
+  return RmsNormOp(access_, i, x, config_.rms_norm_eps);
+}
+
+at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, const at::Tensor& cos,
+                             const at::Tensor& sin, const at::Tensor& masked) {
+  const int64_t b = h_in.size(0), s = h_in.size(1);
+  const int64_t d = config_.head_dim(), hq = config_.num_attention_heads;
+  const int64_t hkv = config_.num_key_value_heads;
+  at::Tensor h = h_in;
+  at::Tensor x = Norm(h, l.input_norm);
+  at::Tensor q = Linear(x, l.q).view({b, s, hq, d}).transpose(1, 2);   // [B,Hq,S,d]
+  at::Tensor k = Linear(x, l.k).view({b, s, hkv, d}).transpose(1, 2);  // [B,Hkv,S,d]
+  at::Tensor v = Linear(x, l.v).view({b, s, hkv, d}).transpose(1, 2);
+  q = ApplyRope(q, cos, sin);
+  k = ApplyRope(k, cos, sin);
+  at::Tensor attn = core_->Forward(q, k, v, masked, access_->activation_dtype())
+                        .transpose(1, 2)
+                        .reshape({b, s, hq * d});
+  h = h + Linear(attn, l.o);
+  x = Norm(h, l.post_norm);
+  at::Tensor mlp = Linear(at::silu(Linear(x, l.gate)) * Linear(x, l.up), l.down);
+  return h + mlp;
+}
+
+at::Tensor LlamaModel::Hidden(const at::Tensor& ids, const std::vector<int64_t>* layer_order,
+                              const at::Tensor& positions) {
+  const int64_t s = ids.size(1);
+  const at::ScalarType act = access_->activation_dtype();
+  at::Tensor cos, sin, masked;
+  if (positions.defined()) {
+    auto tables = RopeTables(s, config_.head_dim(), config_.rope_theta, positions);
+    cos = tables.first.to(act);
+    sin = tables.second.to(act);
+    const at::Tensor p = positions.reshape({-1});
+    masked = p.unsqueeze(0) > p.unsqueeze(1);  // [i][j]: key j is after query i
+  } else {
+    auto it = rope_cache_.find(s);
+    if (it == rope_cache_.end()) {
+      auto tables = RopeTables(s, config_.head_dim(), config_.rope_theta);
+      it = rope_cache_.emplace(s, std::make_pair(tables.first.to(act), tables.second.to(act)))
+               .first;
+    }
+    cos = it->second.first;
+    sin = it->second.second;
+    masked = at::ones({s, s}, at::kBool).triu(1);  // true above the diagonal
+  }
+  access_->NoteUse(embed_);
+  at::Tensor h = EmbeddingOp(access_, embed_, ids);  // [B,S,H]
+  if (layer_order != nullptr) {
+    for (int64_t l : *layer_order) h = Layer(layers_.at(static_cast<size_t>(l)), h, cos, sin, masked);
+  } else {
+    for (const DecoderLayer& l : layers_) h = Layer(l, h, cos, sin, masked);
+  }
+  return Norm(h, final_norm_);
+}
+
+at::Tensor LlamaModel::Forward(const at::Tensor& ids, const std::vector<int64_t>* layer_order,
+                               const at::Tensor& positions) {
+  at::Tensor h = Hidden(ids, layer_order, positions);
+  return Linear(h, head_);  // [B,S,V]
+}
+
+LossOutput LlamaModel::Loss(const at::Tensor& ids, const at::Tensor& labels,
+                            const std::vector<int64_t>* layer_order, const at::Tensor& positions) {
+  return loss_head_->Forward(Hidden(ids, layer_order, positions), labels);
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,126 @@
+// A Llama decoder (Hugging Face LlamaForCausalLM semantics) written against ParamAccess: it
+// holds no parameters and no ZeRO code; parameters are bound BY NAME from the provider's
+// parameter table (LlamaParamSpecs names, e.g. "model.layers.3.self_attn.q_proj.weight").
+// Parallelism (ZeRO stages 0-3: worker/engine/zero) is the provider's business.
+//
+// Modules: embedding -> DecoderLayer x L (RMSNorm, attention with a pluggable AttentionCore,
+// RMSNorm, SwiGLU MLP; residuals) -> final RMSNorm -> head. The head is either the logits head
+// (Forward: [B,S,V]) or a LossHead (Loss: cross-entropy from hidden states and labels), so a
+// tiled logits+loss (ALST, issue 13) can replace the loss without materialising [B,S,V].
+//
+// Shapes: ids, labels [B,S] int64; hidden [B,S,H]; q [B,Hq,S,d], k/v [B,Hkv,S,d] with
+// d = head_dim; activations in the provider's activation dtype (fp32 or bf16).
+// Positions: optional int64 [S] global positions of the S tokens (RoPE angle and causal mask:
+// token j is visible to token i iff positions[j] <= positions[i]); default 0..S-1. Sequence
+// parallelism (issue 13) passes the global positions of its shard.
+// Every rank must run the same calls on tensors of the same shapes (the provider's collectives).
+// Errors: CollectiveError / c10::Error thrown. Not thread-safe.
+#ifndef LOOM_WORKER_ENGINE_MODEL_LLAMA_MODEL_H_
+#define LOOM_WORKER_ENGINE_MODEL_LLAMA_MODEL_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/model/param_access.h"
+#include "worker/engine/model_config.h"
+
+namespace loom::engine {
+
+// RoPE tables (HF LlamaRotaryEmbedding): cos, sin [S, d] fp32 for the positions
+// (default 0..S-1) with inv_freq = 1 / theta^(arange(0, d, 2) / d), emb = cat(freqs, freqs).
+std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double theta,
+                                             const at::Tensor& positions = at::Tensor());
+// x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) on the last dim.
+// x: [B, heads, S, d]; cos/sin: [S, d].
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The attention core: softmax(q k^T / sqrt(d) + mask) v with grouped KV heads.
+// q [B,Hq,S,d], k, v [B,Hkv,S,d] (RoPE applied), masked [S,S] bool (true = not visible) ->
+// [B,Hq,S,d] in the activation dtype. Implementations: MaterializedCausalAttention (default);
+// issue 13 adds Ulysses (all-to-all over a sequence-parallel group) and blockwise cores.
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  virtual at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& masked, at::ScalarType act) = 0;
+};
+
+// Materialises the [B,Hq,S,S] scores; softmax in fp32 (HF eager attention).
+class MaterializedCausalAttention : public AttentionCore {
+ public:
+  at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& masked, at::ScalarType act) override;
+};
+
+// Loss from the final hidden states: mean token cross-entropy of head(hidden) against labels.
+struct LossOutput {
+  at::Tensor loss;          // fp32 scalar: mean over token_count tokens (loss_sum / count)
+  int64_t token_count = 0;  // tokens the mean is over (B*S)
+};
+class LossHead {
+ public:
+  virtual ~LossHead() = default;
+  // hidden [B,S,H] (after the final norm), labels [B,S] int64.
+  virtual LossOutput Forward(const at::Tensor& hidden, const at::Tensor& labels) = 0;
+};
+
+class LlamaModel {
+ public:
+  // Binds every parameter LlamaParamSpecs(config) names to its id in access->param_specs();
+  // NOT_FOUND names a missing tensor, INVALID_ARGUMENT a shape mismatch. `access` must outlive
+  // the model.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& config,
+                                                            ParamAccess* access);
+
+  // ids [B,S] (S <= max_position_embeddings) -> logits [B,S,V] in the activation dtype.
+  // `layer_order` (optional) lists the decoder layers to run, in order (default 0..L-1; tests
+  // use it to change the module order). `positions`: see the file comment.
+  at::Tensor Forward(const at::Tensor& ids, const std::vector<int64_t>* layer_order = nullptr,
+                     const at::Tensor& positions = at::Tensor());
+  // The training loss: hidden states -> loss head (default: logits head + cross-entropy in
+  // fp32, the same ops as Forward followed by cross_entropy). labels [B,S] int64.
+  LossOutput Loss(const at::Tensor& ids, const at::Tensor& labels,
+                  const std::vector<int64_t>* layer_order = nullptr,
+                  const at::Tensor& positions = at::Tensor());
+  // Final hidden states [B,S,H] (after the final norm).
+  at::Tensor Hidden(const at::Tensor& ids, const std::vector<int64_t>* layer_order = nullptr,
+                    const at::Tensor& positions = at::Tensor());
+
+  // Replaces the attention core of every layer (default MaterializedCausalAttention) / the
+  // loss head (default: full logits + cross-entropy). Null restores the default.
+  void set_attention_core(std::unique_ptr<AttentionCore> core);
+  void set_loss_head(std::unique_ptr<LossHead> head);
+
+  const LlamaConfig& config() const { return config_; }
+  ParamAccess* access() const { return access_; }
+  // The lm_head (or the tied embedding) parameter id.
+  ParamId head_id() const { return head_; }
+
+ private:
+  struct DecoderLayer {
+    ParamId input_norm, q, k, v, o, post_norm, gate, up, down;
+  };
+  LlamaModel(const LlamaConfig& config, ParamAccess* access);
+  at::Tensor Linear(const at::Tensor& x, ParamId i);
+  at::Tensor Norm(const at::Tensor& x, ParamId i);
+  at::Tensor Layer(const DecoderLayer& l, const at::Tensor& h, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& masked);
+
+  LlamaConfig config_;
+  ParamAccess* access_;
+  ParamId embed_ = 0, final_norm_ = 0, head_ = 0;
+  std::vector<DecoderLayer> layers_;
+  std::unique_ptr<AttentionCore> core_;
+  std::unique_ptr<LossHead> loss_head_;
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> rope_cache_;  // default positions
+};
+
+}  // namespace loom::engine
+
+#endif  // LOOM_WORKER_ENGINE_MODEL_LLAMA_MODEL_H_
