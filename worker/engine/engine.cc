@@ -30,6 +30,7 @@
 #include "worker/engine/partition.h"
 #include "worker/engine/trajectory.h"
 #include "worker/engine/model/llama_model.h"
+#include "worker/engine/offload_partition_source.h"
 #include "worker/engine/zero/partition_source.h"
 #include "worker/engine/zero/zero_provider.h"
 
@@ -42,67 +43,6 @@ namespace {
 void Check(const absl::Status& s) {
   if (!s.ok()) throw CollectiveError(s);
 }
-
-// ZeRO-Offload / ZeRO-Infinity as the provider's PartitionSource: every built parameter goes to
-// the offload optimizer; with offload_param nvme the stage-3 partitions live in its files and
-// all-gathers read them (reads started ahead of the prefetch trace, one swap buffer always left
-// for a fetch nobody hinted).
-class OffloadPartitionSource : public PartitionSource {
- public:
-  OffloadPartitionSource(offload::OffloadOptimizer* offload, bool params_nvme,
-                         std::vector<int64_t> partition_numels)
-      : offload_(offload), params_nvme_(params_nvme), numels_(std::move(partition_numels)) {}
-
-  absl::Status OnParamBuilt(ParamId i, ZeroParam& p) override {
-    RETURN_IF_ERROR(offload_->InitParam(i, p.master.data_ptr<float>()));
-    if (params_nvme_) {
-      // The partition lives on file: master and shard become stride-0 placeholders of [p].
-      at::Tensor ph = at::empty_strided({p.slice.partition_numel}, {0}, at::kFloat).zero_();
-      p.master = ph;
-      p.shard_offloaded = true;
-      p.shard = p.shard.scalar_type() == at::kFloat
-                    ? ph
-                    : at::empty_strided({p.slice.partition_numel}, {0}, p.shard.options()).zero_();
-    }
-    return absl::OkStatus();
-  }
-  bool serves_partitions() const override { return params_nvme_; }
-  at::Tensor Fetch(ParamId i) override {
-    at::Tensor t = at::empty({numels_[i]}, at::kFloat);
-    auto it = read_ahead_.find(i);
-    if (it != read_ahead_.end()) {  // started by ReadAhead: usually complete by now
-      const int buffer = it->second;
-      read_ahead_.erase(it);
-      ++reads_ahead_;
-      Check(offload_->FinishFetchParam(i, buffer, t.data_ptr<float>()));
-    } else {
-      Check(offload_->FetchParam(i, t.data_ptr<float>()));
-    }
-    return t;
-  }
-  bool ReadAhead(ParamId i) override {
-    if (read_ahead_.count(i) != 0) return true;
-    if (static_cast<int64_t>(read_ahead_.size()) + 1 >= offload_->param_buffer_count()) {
-      return false;
-    }
-    absl::StatusOr<int> b = offload_->StartFetchParam(i);
-    if (!b.ok()) return false;  // a real read error shows up in the fetch itself
-    read_ahead_.emplace(i, *b);
-    return true;
-  }
-  void DropReadAhead() override {
-    for (const auto& [i, buffer] : read_ahead_) offload_->CancelFetchParam(buffer);
-    read_ahead_.clear();
-  }
-  int64_t reads_ahead() const { return reads_ahead_; }  // fetches served by a read ahead
-
- private:
-  offload::OffloadOptimizer* offload_;
-  bool params_nvme_;
-  std::vector<int64_t> numels_;     // partition elements per parameter
-  std::map<size_t, int> read_ahead_;  // parameter -> swap buffer of a read started ahead
-  int64_t reads_ahead_ = 0;
-};
 
 class Trainer {
  public:
