@@ -44,7 +44,7 @@ void Check(const absl::Status& s) {
   if (!s.ok()) throw CollectiveError(s);
 }
 
-class Trainer {
+class Trainer : public GradReadyListener {
  public:
   Trainer(const EngineOptions& o, Collectives& coll, const EventCallback& emit,
           const std::atomic<bool>* stop, const std::atomic<bool>* checkpoint_stop)
@@ -65,11 +65,12 @@ class Trainer {
   // pipeline's FinishStep (commit, or roll back on overflow). `step`: 0-based, as TrainStep's;
   // `scale`: this step's loss scale.
   void OptimizerStep(int64_t step, double scale, double* grad_norm, bool* skipped);
-  // Parameter i's reduced gradient partition is final for this step: raises its sub-group's
-  // OnSubGroupReady once the whole sub-group is. The ZeRO provider's OnPartitionGradReady
-  // listener (engineer A's split) is to call this; today the Trainer calls it after
-  // FinishMicroStep for every parameter, in order.
-  void OnPartitionGradReady(size_t i);
+  // GradReadyListener: parameter i's reduced gradient partition is final for this step (the ZeRO
+  // provider raises it as the last micro-step's reductions complete, during backward): raises
+  // its sub-group's OnSubGroupReady once the whole sub-group is. Idempotent within a step, so
+  // the sweep after FinishMicroStep marks the parameters the provider did not raise (no
+  // gradient this step).
+  void OnPartitionGradReady(ParamId i) override;
   // pipeline_ over the model's partitions: the offload optimizer's when offload_ is set, else
   // in-memory Adam cut by zero_optimization.sub_group_size.
   absl::Status SetUpPipeline();
@@ -102,6 +103,7 @@ class Trainer {
   std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: optimizer state in memory
   std::unique_ptr<optim::OptimizerPipeline> pipeline_;   // every optimizer update goes here
   std::optional<optim::SubGroupPlan> ready_;             // pipeline_'s cut: this step's readiness
+  std::vector<char> marked_;  // per parameter: OnPartitionGradReady seen in this step
   std::unique_ptr<CheckpointIo> checkpoints_;
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
@@ -250,6 +252,7 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   *lr = LearningRateAtStep(o_.ds, optimizer_step_);  // skipped steps do not advance the schedule
   // Opened before the last backward, so sub-group events raised during it land in this step.
   ready_->ResetReadiness();
+  marked_.assign(model_->params().size(), 0);
   Check(pipeline_->BeginStep(optimizer_step_ + 1, *lr));
   double loss_sum = 0;
   for (int64_t m = 0; m < gas; ++m) {
@@ -275,7 +278,9 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   return mean_loss;
 }
 
-void Trainer::OnPartitionGradReady(size_t i) {
+void Trainer::OnPartitionGradReady(ParamId i) {
+  if (marked_[i]) return;
+  marked_[i] = 1;
   absl::StatusOr<int64_t> k = ready_->MarkParamReady(i);
   Check(k.status());
   if (*k >= 0) Check(pipeline_->OnSubGroupReady(*k));
@@ -290,8 +295,8 @@ void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool*
     ZeroParam& p = model_->params()[0];
     if (p.grad.defined()) p.grad.view({-1})[0] = std::numeric_limits<float>::infinity();
   }
-  // Until the ZeRO provider raises them as its reductions complete: every partition's gradient
-  // is final after FinishMicroStep.
+  // The provider raised the parameters that got gradients as their reductions completed; the
+  // rest (no gradient this step) are final too.
   for (size_t i = 0; i < model_->params().size(); ++i) OnPartitionGradReady(i);
   optim::ValidationInputs in;
   in.check_overflow = scaler_.enabled();
@@ -339,6 +344,7 @@ absl::Status Trainer::SetUpPipeline() {
         optim::MakeInMemoryAdamPipeline(o_.ds.optimizer, std::move(plan), std::move(source));
   }
   ready_.emplace(pipeline_->plan());
+  model_->set_grad_ready_listener(this);
   return absl::OkStatus();
 }
 
