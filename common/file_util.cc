@@ -1,9 +1,11 @@
 #include "common/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -221,6 +223,23 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   absl::Status s = writer->Append(contents.data(), contents.size());
   if (!s.ok()) return s;
   return writer->Commit();
+}
+
+absl::StatusOr<std::vector<std::string>> ListRegularFiles(
+    const std::string& dir, const std::function<bool(absl::string_view name)>& keep) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoError("cannot open", dir);
+  std::vector<std::string> files;
+  while (dirent* e = ::readdir(d)) {
+    const absl::string_view name = e->d_name;
+    if (name == "." || name == ".." || !keep(name)) continue;
+    std::string path = absl::StrCat(dir, "/", name);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) files.push_back(std::move(path));
+  }
+  ::closedir(d);
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace loom

@@ -3,7 +3,9 @@
 #define LOOM_COMMON_FILE_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -96,6 +98,13 @@ class AtomicFileWriter {
 
 // Creates `path` and its parents (mkdir -p). OK if it exists.
 absl::Status MakeDirs(const std::string& path);
+
+// The regular files directly inside `dir` (symbolic links, directories and other kinds are
+// skipped; "." and ".." too) whose name `keep` accepts, as "<dir>/<name>", sorted by name, so
+// every rank and every restart sees the same order. ErrnoError("cannot open", dir) when the
+// directory cannot be opened (NOT_FOUND if it does not exist).
+absl::StatusOr<std::vector<std::string>> ListRegularFiles(
+    const std::string& dir, const std::function<bool(absl::string_view name)>& keep);
 
 // fsyncs a directory so that renames inside it are durable.
 absl::Status SyncDir(const std::string& dir);

@@ -100,6 +100,21 @@ TEST(FileUtilTest, ErrorsCarryCodesAndPaths) {
   EXPECT_EQ(io.message(), "cannot read /x: Input/output error");
 }
 
+TEST(FileUtilTest, ListRegularFilesKeepsSortedRegularFilesTheFilterAccepts) {
+  const std::string dir = TmpDir("listing");
+  for (const char* name : {"b.bin", "a.bin", "c.txt"}) {
+    ASSERT_TRUE(WriteFileAtomically(absl::StrCat(dir, "/", name), "x").ok());
+  }
+  ASSERT_TRUE(MakeDirs(dir + "/d.bin").ok());                                    // a directory
+  ASSERT_EQ(::symlink((dir + "/a.bin").c_str(), (dir + "/e.bin").c_str()), 0);  // a symlink
+  absl::StatusOr<std::vector<std::string>> files = ListRegularFiles(
+      dir, [](absl::string_view n) { return n.size() > 4 && n.substr(n.size() - 4) == ".bin"; });
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_THAT(*files, ::testing::ElementsAre(dir + "/a.bin", dir + "/b.bin"));
+  EXPECT_THAT(ListRegularFiles(dir + "/missing", [](absl::string_view) { return true; }),
+              StatusIs(absl::StatusCode::kNotFound, "missing"));
+}
+
 TEST(FileUtilTest, MakeDirsCreatesParentsAndRefusesFiles) {
   std::string dir = TmpDir("mk");
   ASSERT_TRUE(MakeDirs(dir + "/a/b/c").ok());

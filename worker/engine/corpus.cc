@@ -1,6 +1,5 @@
 #include "worker/engine/corpus.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -63,20 +62,11 @@ std::vector<std::string> SplitParagraphs(absl::string_view text) {
 }
 
 absl::StatusOr<std::vector<std::string>> ListCorpusFiles(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return absl::NotFoundError(absl::StrCat("dataset.path: cannot open ", dir));
-  std::vector<std::string> files;
-  while (dirent* e = readdir(d)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    if (absl::EndsWith(name, ".dat") || absl::EndsWith(name, ".u8")) continue;
-    std::string path = absl::StrCat(dir, "/", name);
-    struct stat st;
-    if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // skips symlinks
-    files.push_back(path);
-  }
-  closedir(d);
-  std::sort(files.begin(), files.end());
+  absl::StatusOr<std::vector<std::string>> files =
+      ListRegularFiles(dir, [](absl::string_view name) {
+        return !absl::EndsWith(name, ".dat") && !absl::EndsWith(name, ".u8");  // fortune indexes
+      });
+  if (!files.ok()) return absl::NotFoundError(absl::StrCat("dataset.path: cannot open ", dir));
   return files;
 }
 

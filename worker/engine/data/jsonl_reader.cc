@@ -1,6 +1,5 @@
 #include "worker/engine/data/jsonl_reader.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/utf8.h"
 
 namespace loom::engine {
@@ -60,18 +60,12 @@ absl::StatusOr<std::vector<std::string>> ListJsonlFiles(const std::string& path)
     return absl::NotFoundError(absl::StrCat("dataset.path: ", path, " does not exist"));
   }
   if (!S_ISDIR(st.st_mode)) return std::vector<std::string>{path};
-  std::vector<std::string> files;
-  DIR* d = ::opendir(path.c_str());
-  if (d == nullptr) return absl::NotFoundError(absl::StrCat("dataset.path: cannot open ", path));
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (!absl::EndsWith(name, ".jsonl")) continue;
-    const std::string f = absl::StrCat(path, "/", name);
-    struct stat fs;
-    if (::lstat(f.c_str(), &fs) == 0 && S_ISREG(fs.st_mode)) files.push_back(f);
+  absl::StatusOr<std::vector<std::string>> listed = ListRegularFiles(
+      path, [](absl::string_view name) { return absl::EndsWith(name, ".jsonl"); });
+  if (!listed.ok()) {
+    return absl::NotFoundError(absl::StrCat("dataset.path: cannot open ", path));
   }
-  ::closedir(d);
-  std::sort(files.begin(), files.end());
+  std::vector<std::string> files = std::move(*listed);
   if (files.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset.path: ", path, " holds no .jsonl files"));

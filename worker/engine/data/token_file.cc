@@ -1,6 +1,5 @@
 #include "worker/engine/data/token_file.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -80,17 +79,13 @@ absl::StatusOr<TokenStream> MapTokenFiles(const std::string& path, int width) {
   }
   std::vector<std::string> files;
   if (S_ISDIR(st.st_mode)) {
-    DIR* d = ::opendir(path.c_str());
-    if (d == nullptr) return ErrnoError("dataset.path: cannot open", path);
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (!absl::EndsWith(name, ".bin")) continue;
-      const std::string f = absl::StrCat(path, "/", name);
-      struct stat fs;
-      if (::lstat(f.c_str(), &fs) == 0 && S_ISREG(fs.st_mode)) files.push_back(f);
+    absl::StatusOr<std::vector<std::string>> listed = ListRegularFiles(
+        path, [](absl::string_view name) { return absl::EndsWith(name, ".bin"); });
+    if (!listed.ok()) {
+      return absl::Status(listed.status().code(),
+                          absl::StrCat("dataset.path: ", listed.status().message()));
     }
-    ::closedir(d);
-    std::sort(files.begin(), files.end());
+    files = std::move(*listed);
     if (files.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("dataset.path: ", path, " holds no .bin token files"));
