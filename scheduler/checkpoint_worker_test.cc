@@ -137,7 +137,9 @@ TEST(CheckpointWorkerTest, FailedLookupShowsItsErrorAndIsRetriedWithBackoff) {
   ASSERT_TRUE(a.has_value());
   // The first answer is the error (the job's reason shows it) or, if the retries were quicker
   // than this check, the definite answer after them.
-  if (!a->definite) EXPECT_TRUE(absl::IsUnavailable(a->result.status())) << a->result.status();
+  if (!a->definite) {
+    EXPECT_TRUE(absl::IsUnavailable(a->result.status())) << a->result.status();
+  }
   ASSERT_TRUE(catalog.AwaitCalls(4, 0));
   // The 4th call answered; its answer is stored right after the call returns.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

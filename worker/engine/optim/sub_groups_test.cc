@@ -77,7 +77,9 @@ TEST(SubGroupPlanTest, ReverseOrderEventsAsBackwardRaisesThem) {
     absl::StatusOr<int64_t> k = plan->MarkParamReady(i);
     ASSERT_TRUE(k.ok());
     if (*k >= 0) order.push_back(*k);
-    if (i > 0) EXPECT_FALSE(plan->all_ready());
+    if (i > 0) {
+      EXPECT_FALSE(plan->all_ready());
+    }
   }
   EXPECT_EQ(order, (std::vector<int64_t>{3, 2, 1, 0}));
   EXPECT_TRUE(plan->all_ready());

@@ -389,7 +389,9 @@ TEST(ZeroLlamaBufferPoolTest, SteadyStateReusesBuffersAndGradientsAreUnchanged) 
     for (int micro = 2; micro < 4; ++micro) {
       EXPECT_EQ(cached[micro], cached[1]) << "stage " << stage << " micro " << micro;
     }
-    if (stage == 2) EXPECT_EQ(cached[1], cached[0]);
+    if (stage == 2) {
+      EXPECT_EQ(cached[1], cached[0]);
+    }
   }
 }
 
