@@ -24,6 +24,15 @@ constexpr char kSpec[] = R"({
   "checkpoint": {"interval_steps": "6", "keep_last": 2}
 })";
 
+// kSpec with its first occurrence of `from` replaced by `to` (the test fails if it is absent).
+std::string With(const std::string& from, const std::string& to) {
+  std::string s = kSpec;
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
 TEST(ParseJobSpecJsonTest, ReadsEveryFieldAndAcceptsInt64Strings) {
   absl::StatusOr<EngineOptions> o = ParseJobSpecJson(kSpec, 2);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -43,10 +52,7 @@ TEST(ParseJobSpecJsonTest, ReadsEveryFieldAndAcceptsInt64Strings) {
 
 TEST(ParseJobSpecJsonTest, DatasetFormatAndSentencePieceFields) {
   auto with = [](const std::string& dataset) {
-    std::string s = kSpec;
-    const std::string from = "{\"name\": \"fortunes\", \"tokenizer\": \"byte\"}";
-    s.replace(s.find(from), from.size(), dataset);
-    return s;
+    return With("{\"name\": \"fortunes\", \"tokenizer\": \"byte\"}", dataset);
   };
   absl::StatusOr<EngineOptions> o = ParseJobSpecJson(
       with(R"({"path": "/d", "format": "jsonl", "text_field": "body", "tokenizer": "sentencepiece",
@@ -84,25 +90,19 @@ TEST(ParseJobSpecJsonTest, DatasetFormatAndSentencePieceFields) {
 }
 
 TEST(ParseJobSpecJsonTest, ErrorsNameTheField) {
-  std::string spec = kSpec;
-  auto with = [&](const std::string& from, const std::string& to) {
-    std::string s = spec;
-    s.replace(s.find(from), from.size(), to);
-    return s;
-  };
   absl::StatusOr<EngineOptions> o =
-      ParseJobSpecJson(with("\"sequence_length\": 32", "\"sequence_length\": 65"), 2);
+      ParseJobSpecJson(With("\"sequence_length\": 32", "\"sequence_length\": 65"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "training.sequence_length: 65"));
-  o = ParseJobSpecJson(with("\"steps\": \"12\"", "\"steps\": 0"), 2);
+  o = ParseJobSpecJson(With("\"steps\": \"12\"", "\"steps\": 0"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "training.steps"));
-  o = ParseJobSpecJson(with("\"vocab_size\": 256", "\"vocab_size\": 100"), 2);
+  o = ParseJobSpecJson(With("\"vocab_size\": 256", "\"vocab_size\": 100"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "model.config.vocab_size"));
-  o = ParseJobSpecJson(with("\"tokenizer\": \"byte\"", "\"tokenizer\": \"bpe\""), 2);
+  o = ParseJobSpecJson(With("\"tokenizer\": \"byte\"", "\"tokenizer\": \"bpe\""), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "dataset.tokenizer"));
-  o = ParseJobSpecJson(with("\"stage\": 3", "\"stage\": 3, \"foo\": 1"), 2);
+  o = ParseJobSpecJson(With("\"stage\": 3", "\"stage\": 3, \"foo\": 1"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument,
                           "deepspeed_config.zero_optimization.foo: unknown key"));
-  o = ParseJobSpecJson(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 5"), 2);
+  o = ParseJobSpecJson(With("\"num_attention_heads\": 4", "\"num_attention_heads\": 5"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "model.config.hidden_size"));
 }
 
@@ -151,27 +151,21 @@ TEST(ParseJobSpecJsonTest, WorkerJsonOfTheMessageGivesTheMessagesOptions) {
 // protobuf's parser, not a hand-written one, decides what a JobSpec is: a field the schema does
 // not have, or a value of the wrong type, is refused naming the field.
 TEST(ParseJobSpecJsonTest, UnknownFieldsAndWrongTypesAreRefusedNamingTheField) {
-  std::string spec = kSpec;
-  auto with = [&](const std::string& from, const std::string& to) {
-    std::string s = spec;
-    s.replace(s.find(from), from.size(), to);
-    return s;
-  };
   absl::StatusOr<EngineOptions> o =
-      ParseJobSpecJson(with("\"seed\": \"7\"", "\"seed\": \"7\", \"stpes\": 3"), 2);
+      ParseJobSpecJson(With("\"seed\": \"7\"", "\"seed\": \"7\", \"stpes\": 3"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "stpes"));
-  o = ParseJobSpecJson(with("\"steps\": \"12\"", "\"steps\": \"twelve\""), 2);
+  o = ParseJobSpecJson(With("\"steps\": \"12\"", "\"steps\": \"twelve\""), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "spec: "));
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "steps"));
-  o = ParseJobSpecJson(with("\"name\": \"tiny\",", "\"name\": \"tiny\", \"model\": 3,"), 2);
+  o = ParseJobSpecJson(With("\"name\": \"tiny\",", "\"name\": \"tiny\", \"model\": 3,"), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "spec: "));
   o = ParseJobSpecJson("[1, 2]", 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "spec: "));
-  o = ParseJobSpecJson(with("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 2, "
+  o = ParseJobSpecJson(With("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 2, "
                             "\"model_type\": \"gpt2\""), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument,
                           "model.config.model_type: \"gpt2\" is not supported"));
-  o = ParseJobSpecJson(with("\"deepspeed_config\"", "\"unused_config\""), 2);
+  o = ParseJobSpecJson(With("\"deepspeed_config\"", "\"unused_config\""), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "unused_config"));
   loom::v1::JobSpec no_ds;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(kSpec, &no_ds).ok());
