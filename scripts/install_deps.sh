@@ -15,6 +15,8 @@ PACKAGES=(
   liburing-dev
   # checkpoint CRC-32s at PCLMULQDQ speed (ISA-L crc32_gzip_refl = zlib crc32)
   libisal-dev
+  # the zip directory of DeepSpeed's torch.save checkpoints (loomctl consolidate --from-deepspeed)
+  libminizip-dev
   # bearer-token hashing (libcrypto) and the TLS tests' self-signed certificates (openssl CLI)
   libssl-dev openssl
   # runtime tools and data
