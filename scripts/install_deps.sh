@@ -21,6 +21,8 @@ PACKAGES=(
   libssl-dev openssl
   # runtime tools and data
   sentencepiece fortunes fortunes-min
+  # peak RSS of a child process (GNU time %M) in the DeepSpeed consolidation test and benchmark
+  time
   # tests: reference PyTorch for the independent export check
   python3-torch python3-numpy
   # logging facade used by the daemons

@@ -43,6 +43,8 @@ bool AllowedGlobal(const std::string& g) {
   return g == "collections.OrderedDict" || g == "torch._utils._rebuild_tensor_v2" ||
          g == "torch._utils._rebuild_parameter" || g == "torch.Size" ||
          g == "deepspeed.runtime.zero.config.ZeroStageEnum" ||
+         // Only as getattr(ZeroStageEnum, "<member>"), how Python 3.11+ pickles an Enum member.
+         g == "__builtin__.getattr" || g == "builtins.getattr" ||
          g == "deepspeed.runtime.fp16.loss_scaler.LossScaler" ||
          g == "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler" ||
          StorageTypes().count(g) > 0;
@@ -165,6 +167,15 @@ class Unpickler {
     } else if (g == "deepspeed.runtime.zero.config.ZeroStageEnum") {
       if (a.size() != 1 || !a[0]->is(PyValue::Kind::kInt)) return Bad("ZeroStageEnum of a non-int");
       stack_.push_back(a[0]);
+    } else if (g == "__builtin__.getattr" || g == "builtins.getattr") {
+      static const auto* members = new std::map<std::string, int64_t>{
+          {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}};
+      if (a.size() != 2 || !a[0]->is(PyValue::Kind::kGlobal) ||
+          a[0]->s != "deepspeed.runtime.zero.config.ZeroStageEnum" ||
+          !a[1]->is(PyValue::Kind::kString) || members->count(a[1]->s) == 0) {
+        return Bad("getattr other than ZeroStageEnum.<disabled|optimizer_states|gradients|weights>");
+      }
+      return PushInt(members->at(a[1]->s));
     } else if (g == "torch._utils._rebuild_parameter") {
       if (a.size() < 1 || !a[0]->is(PyValue::Kind::kTensor)) return Bad("_rebuild_parameter of a non-tensor");
       stack_.push_back(a[0]);

@@ -2,7 +2,8 @@
 // torch/serialization.py _save: dicts, OrderedDicts, lists, tuples, str, int, float, bool, None,
 // torch.Size, tensors as torch._utils._rebuild_tensor_v2 over a persistent-id storage), plus the
 // two DeepSpeed objects found in real ZeRO optimizer states: ZeroStageEnum (an int enum, read as
-// its int) and the fp16 loss scalers (kept as inert attribute dicts). Nothing is ever executed:
+// its int, pickled as ZeroStageEnum(2) or, by Python 3.11+, getattr(ZeroStageEnum, "gradients"))
+// and the fp16 loss scalers (kept as inert attribute dicts). Nothing is ever executed:
 // each allowed GLOBAL is a fixed, named interpretation here; any other GLOBAL, and any opcode
 // outside the subset, is INVALID_ARGUMENT naming the file, the byte and the global.
 //
