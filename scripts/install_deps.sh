@@ -15,10 +15,14 @@ PACKAGES=(
   liburing-dev
   # checkpoint CRC-32s at PCLMULQDQ speed (ISA-L crc32_gzip_refl = zlib crc32)
   libisal-dev
+  # the zip directory of DeepSpeed's torch.save checkpoints (loomctl consolidate --from-deepspeed)
+  libminizip-dev
   # bearer-token hashing (libcrypto) and the TLS tests' self-signed certificates (openssl CLI)
   libssl-dev openssl
   # runtime tools and data
   sentencepiece fortunes fortunes-min
+  # peak RSS of a child process (GNU time %M) in the DeepSpeed consolidation test and benchmark
+  time
   # tests: reference PyTorch for the independent export check
   python3-torch python3-numpy
   # logging facade used by the daemons

@@ -19,6 +19,9 @@
 //                                         step that failed verification, with the reason)
 //   loomctl consolidate JOB_ID [--step=N] [--output_dir=D] [--max_shard_size=5GB] [--dtype=bf16]
 //                                         write model.safetensors (or shards + index) + config.json
+//   loomctl consolidate --from-deepspeed DIR --output_dir=D [--max_shard_size=5GB]
+//                                         offline: a DeepSpeed ZeRO 1-3 checkpoint directory into
+//                                         safetensors, streaming (deepspeed_consolidate.h)
 //   loomctl checkpoint verify PATH        offline (no service): check a safetensors file, an export
 //                                         directory (single or sharded) or a Loom step_* directory;
 //                                         exit 0 valid, 3 invalid (first problem on stderr),
@@ -66,6 +69,7 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/admin_commands.h"
+#include "services/cli/deepspeed_command.h"
 #include "services/cli/job_printing.h"
 #include "services/cli/job_spec_yaml.h"
 #include "services/cli/terminal_text.h"
@@ -88,6 +92,9 @@ ABSL_FLAG(std::string, max_shard_size, "",
           "consolidate: split into model-0000k-of-0000n.safetensors of at most this size "
           "(\"5GB\", \"500MB\", bytes); empty = one model.safetensors");
 ABSL_FLAG(std::string, dtype, "fp32", "consolidate: output dtype, fp32 or bf16");
+ABSL_FLAG(std::string, from_deepspeed, "",
+          "consolidate: a DeepSpeed ZeRO checkpoint directory (save_dir with `latest`, or the tag "
+          "directory) to consolidate offline into --output_dir (also spelled --from-deepspeed)");
 ABSL_FLAG(int32_t, keep_last, 0, "checkpoint retain: committed checkpoints to keep");
 ABSL_FLAG(std::vector<std::string>, protect, {},
           "checkpoint delete/retain: steps that must not be deleted");
@@ -335,6 +342,8 @@ int main(int argc, char** argv) {
       "explain ID|checkpoints ID|"
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
+  std::vector<std::string> renamed_flags;
+  loom::cli::NormalizeDeepSpeedFlag(argc, argv, &renamed_flags);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -400,6 +409,11 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  if (cmd == "consolidate" && !absl::GetFlag(FLAGS_from_deepspeed).empty()) {
+    return loom::cli::RunDeepSpeedConsolidate(absl::GetFlag(FLAGS_from_deepspeed),
+                                              absl::GetFlag(FLAGS_output_dir),
+                                              absl::GetFlag(FLAGS_max_shard_size));
+  }
   if (cmd == "checkpoints" || cmd == "consolidate") {
     if (!need_arg("JOB_ID")) return 2;
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");

@@ -45,6 +45,51 @@ import torch
 DS_VERSION = "0.16.4"
 
 
+def _install_deepspeed_stand_ins():
+    """Real ZeRO optimizer states pickle two DeepSpeed objects: `zero_stage` as
+    deepspeed.runtime.zero.config.ZeroStageEnum (an int Enum) and, under fp16, `loss_scaler` as a
+    deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler instance. Without DeepSpeed installed,
+    classes of the same module and name (and the same pickled form) stand in for them, so that
+    write(..., deepspeed_objects=True) produces those pickles and torch.load can read them back."""
+    import enum
+    import sys
+    import types
+    try:
+        import deepspeed  # noqa: F401
+        return
+    except ImportError:
+        pass
+    names = ["deepspeed", "deepspeed.runtime", "deepspeed.runtime.zero",
+             "deepspeed.runtime.zero.config", "deepspeed.runtime.fp16",
+             "deepspeed.runtime.fp16.loss_scaler"]
+    for n in names:
+        sys.modules.setdefault(n, types.ModuleType(n))
+    config = sys.modules["deepspeed.runtime.zero.config"]
+    if not hasattr(config, "ZeroStageEnum"):
+        class ZeroStageEnum(int, enum.Enum):
+            disabled = 0
+            optimizer_states = 1
+            gradients = 2
+            weights = 3
+        ZeroStageEnum.__module__ = config.__name__
+        ZeroStageEnum.__qualname__ = "ZeroStageEnum"
+        config.ZeroStageEnum = ZeroStageEnum
+    scaler = sys.modules["deepspeed.runtime.fp16.loss_scaler"]
+    if not hasattr(scaler, "DynamicLossScaler"):
+        class DynamicLossScaler:
+            def __init__(self, init_scale=2.0 ** 16):
+                self.cur_scale = init_scale
+                self.cur_iter = 0
+                self.scale_window = 1000
+                self.dynamic = True
+        DynamicLossScaler.__module__ = scaler.__name__
+        DynamicLossScaler.__qualname__ = "DynamicLossScaler"
+        scaler.DynamicLossScaler = DynamicLossScaler
+
+
+_install_deepspeed_stand_ins()
+
+
 def partitioned_numel(numel, world_size):
     """Stage 3: elements per rank of a parameter of `numel` elements (ceil(numel / N))."""
     return -(-numel // world_size)
@@ -98,20 +143,38 @@ def _stage12_partition(tensors, names, rank, world_size):
 
 
 def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None, bf16=False,
-          sub_group_size=1_000_000_000, global_steps=1):
+          sub_group_size=1_000_000_000, global_steps=1, groups=None, shared_params=None,
+          deepspeed_objects=False):
     """Writes `tensors` (ordered {name: fp32 tensor}, the model's named_parameters order) as a
     DeepSpeed ZeRO-`stage` checkpoint of `world_size` data-parallel ranks; returns save_dir/tag.
 
     moments: optional {name: (exp_avg, exp_avg_sq)} of the same shapes, partitioned like the
     weights into the base optimizer state (as DeepSpeed's Adam state of the flat partition).
     bf16: name the optim files bf16_zero_pp_rank_... and store the stage 0-2 module in bf16.
-    Raises ValueError on a bad stage, world size, non-fp32 tensor or mismatched moments.
+    groups: optional list of name lists, the optimizer param groups in order (default: one group
+      of every name): param_shapes gets one OrderedDict per group; stage 1/2 one padded flat
+      partition per group; stage 3 sub-groups per group, in group order.
+    shared_params: optional {alias: source}: tied weights. The alias must not be in `tensors`
+      (DeepSpeed's named_parameters lists a tied Parameter once); it is recorded in the model
+      states' shared_params and read back as the source's tensor.
+    deepspeed_objects: pickle zero_stage as DeepSpeed's ZeroStageEnum and loss_scaler as a
+      DynamicLossScaler instance, as real DeepSpeed optimizer states do (stand-in classes when
+      DeepSpeed is absent: _install_deepspeed_stand_ins).
+    Raises ValueError on a bad stage, world size, non-fp32 tensor, mismatched moments or groups.
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError("stage: %r (must be 0, 1, 2 or 3)" % (stage,))
     if world_size < 1:
         raise ValueError("world_size: %r (must be >= 1)" % (world_size,))
     names = list(tensors)
+    groups = [list(g) for g in groups] if groups is not None else [names]
+    if sorted(n for g in groups for n in g) != sorted(names):
+        raise ValueError("groups: must list every tensor name exactly once")
+    names = [n for g in groups for n in g]
+    shared_params = dict(shared_params or {})
+    for alias, source in shared_params.items():
+        if alias in tensors or source not in tensors:
+            raise ValueError("shared_params[%r]: the alias must be absent, the source present" % alias)
     for n in names:
         if tensors[n].dtype != torch.float32:
             raise ValueError("tensors[%r]: dtype %s, expected torch.float32" % (n, tensors[n].dtype))
@@ -121,12 +184,12 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
     tag_dir = os.path.join(save_dir, tag)
     os.makedirs(tag_dir, exist_ok=True)
     config = _ds_config(world_size, stage, bf16)
-    param_shapes = [collections.OrderedDict((n, tensors[n].shape) for n in names)]
+    param_shapes = [collections.OrderedDict((n, tensors[n].shape) for n in g) for g in groups]
 
     def model_states(module):
         return {"module": module, "buffer_names": [], "param_shapes": param_shapes,
                 "frozen_param_shapes": collections.OrderedDict(), "frozen_param_fragments": {},
-                "shared_params": {}, "optimizer": None, "lr_scheduler": None,
+                "shared_params": shared_params, "optimizer": None, "lr_scheduler": None,
                 "global_steps": global_steps, "global_samples": global_steps * world_size,
                 "skipped_steps": 0, "dp_world_size": world_size, "mp_world_size": 1,
                 "ds_config": config, "ds_version": DS_VERSION}
@@ -149,24 +212,33 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
     prefix = "bf16_" if bf16 else ""
     for r in range(world_size):
         if stage == 3:
-            fp32 = _stage3_flats(tensors, names, r, world_size, sub_group_size)
+            fp32 = [f for g in groups
+                    for f in _stage3_flats(tensors, g, r, world_size, sub_group_size)]
             key = "fp32_flat_groups"
         else:
-            fp32 = [_stage12_partition(tensors, names, r, world_size)]
+            fp32 = [_stage12_partition(tensors, g, r, world_size) for g in groups]
             key = "single_partition_of_fp32_groups"
         state = {}
         if moments is not None:
             for i, which in enumerate(("exp_avg", "exp_avg_sq")):
                 view = {n: moments[n][i] for n in names}
-                flats = (_stage3_flats(view, names, r, world_size, sub_group_size) if stage == 3
-                         else [_stage12_partition(view, names, r, world_size)])
+                flats = ([f for g in groups
+                          for f in _stage3_flats(view, g, r, world_size, sub_group_size)]
+                         if stage == 3 else
+                         [_stage12_partition(view, g, r, world_size) for g in groups])
                 for g, flat in enumerate(flats):
                     state.setdefault(g, {"step": torch.tensor(float(global_steps))})[which] = flat
         base = {"state": state,
                 "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
                                   "weight_decay": 0.0, "params": list(range(len(fp32)))}]}
+        zero_stage, loss_scaler = stage, None
+        if deepspeed_objects:
+            import deepspeed.runtime.fp16.loss_scaler as ds_scaler
+            import deepspeed.runtime.zero.config as ds_config
+            zero_stage = ds_config.ZeroStageEnum(stage)
+            loss_scaler = ds_scaler.DynamicLossScaler()
         optim = {"optimizer_state_dict": {
-            "zero_stage": stage, "partition_count": world_size, "loss_scaler": None,
+            "zero_stage": zero_stage, "partition_count": world_size, "loss_scaler": loss_scaler,
             "dynamic_loss_scale": False, "overflow": False, "optimizer_state_dict": base,
             key: fp32}, "ds_config": config, "ds_version": DS_VERSION}
         torch.save(optim, os.path.join(
@@ -197,13 +269,17 @@ def read_fp32_state_dict(save_dir, tag=None):
     if not model_files:
         raise ValueError("%s: no *_model_states.pt" % ckpt)
     model0 = torch.load(model_files[0], map_location="cpu")
+    groups = model0["param_shapes"]
+    if isinstance(groups, dict):
+        groups = [groups]
     param_shapes = collections.OrderedDict()
-    for group in model0["param_shapes"]:
+    for group in groups:
         param_shapes.update(group)
+    shared = model0.get("shared_params") or {}
     if not optim_files:  # stage 0: the module holds the weights
         return collections.OrderedDict((n, model0["module"][n].float()) for n in param_shapes)
     optims = [torch.load(f, map_location="cpu")["optimizer_state_dict"] for f in optim_files]
-    stage = optims[0]["zero_stage"]
+    stage = int(optims[0]["zero_stage"])
     world_size = optims[0]["partition_count"]
     if isinstance(world_size, list):
         world_size = max(world_size)
@@ -211,15 +287,19 @@ def read_fp32_state_dict(save_dir, tag=None):
         raise ValueError("%s: %d optim files, partition_count %d" % (ckpt, len(optims), world_size))
     state = collections.OrderedDict()
     if stage <= 2:
-        full = torch.cat([o["single_partition_of_fp32_groups"][0] for o in optims])
-        offset = 0
-        for name, shape in param_shapes.items():
-            n = shape.numel()
-            state[name] = full.narrow(0, offset, n).view(shape)
-            offset += n
-        align = 2 * world_size
-        if -(-offset // align) != -(-full.numel() // align):
-            raise ValueError("%s: consumed %d of %d elements" % (ckpt, offset, full.numel()))
+        for g, group in enumerate(groups):
+            full = torch.cat([o["single_partition_of_fp32_groups"][g] for o in optims])
+            offset = 0
+            for name, shape in group.items():
+                n = shape.numel()
+                state[name] = full.narrow(0, offset, n).view(shape)
+                offset += n
+            align = 2 * world_size
+            if -(-offset // align) != -(-full.numel() // align):
+                raise ValueError("%s: group %d: consumed %d of %d elements"
+                                 % (ckpt, g, offset, full.numel()))
+        for alias, source in shared.items():
+            state[alias] = state[source]
         return state
     flats = [torch.cat(o["fp32_flat_groups"], 0) for o in optims]
     offset = 0
@@ -231,6 +311,8 @@ def read_fp32_state_dict(save_dir, tag=None):
         offset += p
     if offset * world_size != flats[0].numel() * world_size:
         raise ValueError("%s: consumed %d of %d elements per rank" % (ckpt, offset, flats[0].numel()))
+    for alias, source in shared.items():
+        state[alias] = state[source]
     return state
 
 
