@@ -239,6 +239,32 @@ TEST(ZenFlowPipelineTest, AccumulationSumsTheIntervalAndCarriesNothing) {
   });
 }
 
+// Adam is scale-invariant only up to eps: with eps comparable to the gradients, the CPU step
+// must see the interval's mean (sum / steps), not the sum (the explicit loss normalisation).
+TEST(ZenFlowPipelineTest, CpuStepSeesTheIntervalMeanNotTheSum) {
+  WithRank([](Collectives& coll) {
+    Model m = MakeModel();
+    const at::Tensor w0 = m.parts[0].param.clone();
+    ZenFlowOptions zo = Options(0.34, 0, 0, 3, false);
+    zo.adam.eps = 1e-2;
+    auto pipe = *ZenFlowPipeline::Create(zo, PlanOf(m), m.params,
+                                         [&m](size_t i) { return m.parts[i]; }, &coll);
+    at::Tensor sum = at::zeros_like(w0);
+    for (int64_t t = 1; t <= 3; ++t) {
+      SetGrads(m, t);
+      sum = sum + m.parts[0].grad;
+      ASSERT_TRUE(Step(*pipe, t).ok());
+    }
+    const at::Tensor un = UnselectedMask(*pipe, 0);
+    const at::Tensor g = sum / 3.0;
+    at::Tensor p = w0 * (1 - kLr * kWd);
+    const at::Tensor mo = g * 0.1, vo = g * g * 0.001;
+    const double bc1 = 1 - std::pow(0.9, 3), bc2 = 1 - std::pow(0.999, 3);
+    const at::Tensor want = p - (kLr / bc1) * mo / (vo.sqrt() / std::sqrt(bc2) + 1e-2);
+    ExpectClose(m.parts[0].param.masked_select(un), want.masked_select(un), "mean gradient");
+  });
+}
+
 TEST(ZenFlowPipelineTest, WithOverlapIntervalKLandsAtBoundaryKPlusOne) {
   WithRank([](Collectives& coll) {
     Model m = MakeModel();
