@@ -275,6 +275,13 @@ void RankProcess::HandleEvent(const std::string& line) {
       stats_.communication_seconds = st.comm_s();
       stats_.stall_seconds = st.comm_s() + st.data_s();
       stats_.optimizer_rollbacks += static_cast<double>(st.optimizer_rollbacks());
+      if (st.has_zenflow_stall_s()) {
+        stats_.zenflow = true;
+        stats_.zenflow_stall_seconds = st.zenflow_stall_s();
+        stats_.zenflow_selected_mass_fraction = st.zenflow_selected_mass_fraction();
+        stats_.zenflow_update_interval_steps = static_cast<double>(st.zenflow_update_interval());
+        stats_.zenflow_bytes_moved = static_cast<double>(st.zenflow_bytes_moved());
+      }
       for (const auto& [kind, bytes] :
            {std::pair<const char*, int64_t>{"param", st.param_bytes()},
             {"grad", st.grad_bytes()},

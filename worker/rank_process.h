@@ -61,6 +61,13 @@ struct RankStats {
   // Optimizer steps rolled back (SuperOffload's speculative step) since the process started;
   // the sum of the step events' optimizer_rollbacks (0 today).
   double optimizer_rollbacks = 0;
+  // ZenFlow's numbers of the last step (TrainerEvent.Step zenflow_*); `zenflow` is false for
+  // jobs without a zenflow block (then the worker exports no ZenFlow series).
+  bool zenflow = false;
+  double zenflow_stall_seconds = 0;
+  double zenflow_selected_mass_fraction = 0;
+  double zenflow_update_interval_steps = 0;
+  double zenflow_bytes_moved = 0;
   // Per-kind peak memory of the last step (TrainerEvent.Step param_bytes, grad_bytes,
   // optimizer_state_bytes, buffer_bytes, cached_bytes, peak_bytes -> "param", ...).
   std::map<std::string, double> memory_bytes_by_kind;

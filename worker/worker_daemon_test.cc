@@ -221,7 +221,11 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
                            "loom_trainer_stall_seconds{rank=\"0\"} 0.1875",
                            "loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2",
                            "loom_trainer_memory_bytes{kind=\"param\",rank=\"0\"} 1024",
-                           "loom_trainer_memory_bytes{kind=\"optimizer_state\",rank=\"0\"} 8192"}) {
+                           "loom_trainer_memory_bytes{kind=\"optimizer_state\",rank=\"0\"} 8192",
+                           "loom_trainer_zenflow_stall_seconds{rank=\"0\"} 0.03125",
+                           "loom_trainer_zenflow_selected_mass_fraction{rank=\"0\"} 0.5",
+                           "loom_trainer_zenflow_update_interval_steps{rank=\"0\"} 4",
+                           "loom_trainer_zenflow_bytes_moved{rank=\"0\"} 65536"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
   }
   // The step and checkpoint timestamps are current Unix times (within a minute of the test).

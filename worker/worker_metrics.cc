@@ -87,6 +87,28 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Name("loom_rank_accelerator_info")
               .Help("1 per starting or running rank: node id, accelerator index (the slot the "
                     "worker gave the rank), job id and rank; join with DCGM_FI_* on gpu.")
+              .Register(registry)),
+      zenflow_stall_seconds_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_zenflow_stall_seconds")
+              .Help("ZenFlow: seconds of the rank's last step its training thread waited on the "
+                    "CPU optimizer.")
+              .Register(registry)),
+      zenflow_selected_mass_fraction_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_zenflow_selected_mass_fraction")
+              .Help("ZenFlow: the selected columns' share of the 2-D gradients' L1 mass.")
+              .Register(registry)),
+      zenflow_update_interval_steps_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_zenflow_update_interval_steps")
+              .Help("ZenFlow: optimizer steps in the last completed CPU update interval.")
+              .Register(registry)),
+      zenflow_bytes_moved_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_zenflow_bytes_moved")
+              .Help("ZenFlow: bytes moved between the device-side partitions and the host "
+                    "buffers since the rank started.")
               .Register(registry)) {
   for (const char* r : {"ok", "error"}) heartbeats_.Add({{"result", r}});
 }
@@ -157,6 +179,12 @@ void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
   }
   communication_seconds_.Add(labels).Set(stats.communication_seconds);
   stall_seconds_.Add(labels).Set(stats.stall_seconds);
+  if (stats.zenflow) {
+    zenflow_stall_seconds_.Add(labels).Set(stats.zenflow_stall_seconds);
+    zenflow_selected_mass_fraction_.Add(labels).Set(stats.zenflow_selected_mass_fraction);
+    zenflow_update_interval_steps_.Add(labels).Set(stats.zenflow_update_interval_steps);
+    zenflow_bytes_moved_.Add(labels).Set(stats.zenflow_bytes_moved);
+  }
   for (const auto& [kind, bytes] : stats.memory_bytes_by_kind) {
     memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", kind}}).Set(bytes);
   }

@@ -38,6 +38,15 @@
 //   loom_trainer_optimizer_rollbacks_total{rank}        counter: optimizer steps rolled back
 //                                                        (SuperOffload's speculative CPU step);
 //                                                        stays 0 until SuperOffload exists
+//   loom_trainer_zenflow_stall_seconds{rank}            gauge: ZenFlow jobs only: seconds of the
+//                                                        last step the training thread waited on
+//                                                        the CPU optimizer
+//   loom_trainer_zenflow_selected_mass_fraction{rank}   gauge: selected columns' share of the 2-D
+//                                                        gradients' L1 mass (last selection)
+//   loom_trainer_zenflow_update_interval_steps{rank}    gauge: steps in the last CPU interval
+//   loom_trainer_zenflow_bytes_moved{rank}              gauge: bytes moved between device-side
+//                                                        partitions and host buffers since the
+//                                                        rank started (cumulative)
 //   loom_trainer_memory_bytes{rank,kind}                 also kind = param, grad, optimizer_state,
 //                                                        buffer, cached, peak (peak bytes of the last step
 //                                                        per kind) when the trainer reports them
@@ -115,6 +124,10 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& stall_seconds_;
   prometheus::Family<prometheus::Counter>& optimizer_rollbacks_;
   prometheus::Family<prometheus::Gauge>& accelerator_info_;
+  prometheus::Family<prometheus::Gauge>& zenflow_stall_seconds_;
+  prometheus::Family<prometheus::Gauge>& zenflow_selected_mass_fraction_;
+  prometheus::Family<prometheus::Gauge>& zenflow_update_interval_steps_;
+  prometheus::Family<prometheus::Gauge>& zenflow_bytes_moved_;
   absl::Mutex mu_;
   // (job id, attempt, rank) -> its loom_worker_rank_info series.
   std::map<std::tuple<std::string, int, int>, prometheus::Gauge*> info_ ABSL_GUARDED_BY(mu_);

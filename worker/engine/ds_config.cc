@@ -226,9 +226,7 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
                                  &c->warnings));
     RETURN_IF_ERROR(ParseOffload(*z, "offload_optimizer", path, &zc.offload_optimizer, false,
                                  &c->warnings));
-    if (auto it = z->find("zenflow"); it != z->end() && !it->is_null()) {
-      return Unsupported(Join(path, "zenflow"), "ZenFlow");
-    }
+    RETURN_IF_ERROR(ds_config_internal::ParseZenFlow(*z, path, &zc, &c->warnings));
     int64_t hpz = 1;
     RETURN_IF_ERROR(ReadInt(*z, "zero_hpz_partition_size", path, &hpz));
     if (hpz != 1) return Unsupported(Join(path, "zero_hpz_partition_size"), "ZeRO++ hpZ");

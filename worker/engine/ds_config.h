@@ -7,7 +7,8 @@
 // does not implement are accepted with a warning (DeepSpeedConfig::warnings, one line each naming
 // the key) when ignoring them cannot change results (logging knobs, round_robin_gradients,
 // stage3_model_persistence_threshold, ...) and rejected with INVALID_ARGUMENT "<path>: ... is not
-// supported yet" when they would (ZenFlow, ZeRO++, fp16 auto_cast, ...). Offload sections
+// supported yet" when they would (ZeRO++, fp16 auto_cast, ...). The zenflow block is parsed
+// and validated with DeepSpeed's constraints (ds_config_zenflow.cc). Offload sections
 // (offload_optimizer / offload_param with device cpu or nvme) are parsed and accepted here; the
 // engine decides at start whether it implements them. Of their keys, device, nvme_path,
 // buffer_count, offload_param.buffer_size, offload_optimizer.pipeline_read / pipeline_write and
@@ -70,6 +71,23 @@ struct OffloadConfig {
   double ratio = 1.0;  // offload_optimizer: the engine refuses < 1
 };
 
+// zero_optimization.zenflow (TECHNIQUES.md §2.6; DeepSpeed runtime/zenflow/zenflow_config.py),
+// parsed and validated in ds_config_zenflow.cc. Intervals are in optimizer steps (epochs for
+// select_strategy "epoch"); 0 in an *_interval field means "auto".
+struct ZenFlowConfig {
+  bool enabled = false;             // the block is present
+  double topk_ratio = 0.1;          // [0, 1]: share of each 2-D weight's columns updated at once
+  std::string select_strategy = "auto";  // auto | step | epoch
+  int64_t select_interval = 0;      // 0 = "auto" (one epoch)
+  int64_t update_interval = 0;      // 0 = "auto" (Zen-auto rule, TECHNIQUES-TESTS.md §2.1.5)
+  bool overlap_step = false;        // asynchronous CPU step with double buffers
+  bool offload = false;             // selective moments in host memory (no-op on a CPU node)
+  double auto_ratio = 0.99;         // (0, 1]: Zen-auto threshold
+  int64_t full_warm_up_rounds = 0;  // first steps are synchronous full-offload steps
+  double pt_reserved_cores_perc = 0.5;  // [0, 1]: cores kept by the training thread pool
+  int64_t steps_per_epoch = 0;      // 0 = from the data (DeepSpeed's newer key, ZF-U7)
+};
+
 // zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Sizes are in elements.
 struct ZeroConfig {
   int stage = 0;
@@ -95,6 +113,7 @@ struct ZeroConfig {
   bool ignore_unused_parameters = true;
   OffloadConfig offload_param;
   OffloadConfig offload_optimizer;
+  ZenFlowConfig zenflow;
   bool overlap_comm_effective() const { return overlap_comm.value_or(stage == 3); }
 };
 
@@ -143,7 +162,7 @@ struct DeepSpeedConfig {
 // must satisfy train_batch_size == micro * GAS * world_size.
 // Errors: INVALID_ARGUMENT naming the key path, e.g.
 // "deepspeed_config.zero_optimization.foo: unknown key" or
-// "deepspeed_config.zero_optimization.zenflow: ZenFlow is not supported yet".
+// "deepspeed_config.zero_optimization.zenflow.topk_ratio: 1.5 is not in [0, 1]".
 absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
                                                      int world_size);
 

@@ -82,6 +82,11 @@ inline absl::Status ReadString(const json& o, const std::string& k, const std::s
 absl::Status ParseOffload(const json& zero, const std::string& key, const std::string& zpath,
                           OffloadConfig* o, bool is_param, std::vector<std::string>* warnings);
 
+// zero_optimization.zenflow into zc->zenflow (after the stage, overlap_comm and offload sections
+// are read, which its constraints refer to); ds_config_zenflow.cc.
+absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig* zc,
+                          std::vector<std::string>* warnings);
+
 // The top-level "aio" section into c->aio; warnings for the libaio keys.
 absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
 

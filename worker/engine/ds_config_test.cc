@@ -148,7 +148,8 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
   ExpectError("{" + ok + R"(, "gradient_predivide_factor": 2.0})", 2,
               "deepspeed_config.gradient_predivide_factor");
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "zenflow": {}}})", 2,
-              "deepspeed_config.zero_optimization.zenflow: ZenFlow is not supported yet");
+              "deepspeed_config.zero_optimization.zenflow: requires "
+              "zero_optimization.offload_optimizer.device \"cpu\"");
   ExpectError(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
       "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW"},
       "zero_optimization": {"stage": 3}})", 2,

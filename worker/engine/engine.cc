@@ -33,6 +33,7 @@
 #include "worker/engine/offload_partition_source.h"
 #include "worker/engine/zero/partition_source.h"
 #include "worker/engine/zero/zero_provider.h"
+#include "worker/engine/zenflow_setup.h"
 
 namespace loom::engine {
 
@@ -102,6 +103,7 @@ class Trainer : public GradReadyListener {
   LossScaler scaler_;
   std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: optimizer state in memory
   std::unique_ptr<optim::OptimizerPipeline> pipeline_;   // every optimizer update goes here
+  optim::ZenFlowPipeline* zenflow_ = nullptr;            // pipeline_ when ZenFlow runs
   std::optional<optim::SubGroupPlan> ready_;             // pipeline_'s cut: this step's readiness
   std::vector<char> marked_;  // per parameter: OnPartitionGradReady seen in this step
   std::unique_ptr<CheckpointIo> checkpoints_;
@@ -114,6 +116,7 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   const ZeroConfig& zc = o_.ds.zero;
   const OffloadConfig& oo = zc.offload_optimizer;
   const OffloadConfig& op = zc.offload_param;
+  if (zc.zenflow.enabled) return absl::OkStatus();  // ZenFlow owns its host buffers
   if (oo.device == "none" && op.device != "nvme") {
     // offload_param "cpu" alone: on a CPU-only node the partitions are in host memory already.
     if (op.device == "cpu") LOG(INFO) << "offload_param cpu: parameters stay in host memory";
@@ -331,7 +334,15 @@ absl::Status Trainer::SetUpPipeline() {
     ZeroParam& p = model_->params()[i];
     return OptimizerPartition{p.master, p.grad, p.exp_avg, p.exp_avg_sq};
   };
-  if (offload_ != nullptr) {
+  if (o_.ds.zero.zenflow.enabled) {
+    // ZenFlow (zenflow_setup.h): selected columns every step, the rest on the CPU optimizer.
+    const int64_t epoch = static_cast<int64_t>(corpus_.train.size()) /
+                          std::max<int64_t>(1, o_.ds.train_batch_size * (o_.sequence_length + 1));
+    ASSIGN_OR_RETURN(std::unique_ptr<optim::ZenFlowPipeline> zf,
+                     MakeTrainerZenFlow(o_, coll_, *model_, epoch));
+    zenflow_ = zf.get();
+    pipeline_ = std::move(zf);
+  } else if (offload_ != nullptr) {
     // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
     // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).
     pipeline_ = optim::MakeOffloadPipeline(offload_.get(), std::move(source));
@@ -367,6 +378,11 @@ json Trainer::MemoryFields() {
 }
 
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
+  if (zenflow_ != nullptr) {  // before the shard, so a committed checkpoint has it
+    RETURN_IF_ERROR(SaveZenFlowState(
+        *zenflow_, absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step)),
+        coll_.rank()));
+  }
   RETURN_IF_ERROR(checkpoints_->WriteShards(o_.checkpoint_dir, step, MetaAt(step)));
   Emit({{"event", "checkpoint"},
         {"step", step},
@@ -424,6 +440,7 @@ absl::Status Trainer::Run() {
   int64_t start = 0;
   if (!o_.resume_from.empty()) {
     RETURN_IF_ERROR(checkpoints_->Load(o_.resume_from, &start, &optimizer_step_));
+    if (zenflow_ != nullptr) RETURN_IF_ERROR(LoadZenFlowState(*zenflow_, o_.resume_from, coll_.rank()));
   }
   if (start > o_.steps) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -510,6 +527,7 @@ absl::Status Trainer::Run() {
                {"comm_elements", coll_.elements_moved() - moved0},
                {"data_s", data_seconds_ - data0}};
     ev.update(MemoryFields());
+    if (zenflow_ != nullptr) ev.update(ZenFlowStepFields(*zenflow_));
     Emit(ev);
     // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.
     if (o_.ds.steps_per_print > 0 && ((s + 1) % o_.ds.steps_per_print == 0 || s == start)) {
@@ -531,6 +549,7 @@ absl::Status Trainer::Run() {
       last_checkpoint = s + 1;
     }
   }
+  if (zenflow_ != nullptr) zenflow_->Flush();  // the last CPU result into the final weights
   if (o_.steps > start) {
     last_eval = Evaluate();
     metric_eval_loss_ = {o_.steps, last_eval};

@@ -1,0 +1,412 @@
+#include "worker/engine/optim/zenflow_pipeline.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine::optim {
+namespace {
+
+offload::CpuAdamOptions WithThreads(offload::CpuAdamOptions o, int threads) {
+  o.threads = std::max(1, threads);
+  return o;
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const float* GradPtr(const OptimizerPartition& p) {
+  return p.grad.defined() ? p.grad.data_ptr<float>() : nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ZenFlowPipeline>> ZenFlowPipeline::Create(
+    const ZenFlowOptions& options, SubGroupPlan plan, std::vector<ZenFlowParam> params,
+    PartitionSource source, Collectives* collectives) {
+  if (params.size() != plan.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat("zenflow: ", params.size(),
+                                                   " parameter shapes for a plan of ",
+                                                   plan.num_params()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ZenFlowParam& p = params[i];
+    const int64_t n = p.cols > 0 ? p.rows * p.cols : p.end;
+    if (p.begin < 0 || p.end < p.begin || p.end > n || p.end - p.begin > plan.partition_numel(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("zenflow: parameter ", i, " partition [",
+                                                     p.begin, ", ", p.end,
+                                                     ") does not fit its shape or plan"));
+    }
+  }
+  return std::unique_ptr<ZenFlowPipeline>(new ZenFlowPipeline(
+      options, std::move(plan), std::move(params), std::move(source), collectives));
+}
+
+ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan plan,
+                                 std::vector<ZenFlowParam> params, PartitionSource source,
+                                 Collectives* collectives)
+    : OptimizerPipeline(std::move(plan)),
+      opt_(options),
+      params_(std::move(params)),
+      source_(std::move(source)),
+      coll_(collectives),
+      cpu_adam_(options.adam),
+      device_adam_(WithThreads(options.adam, options.device_threads)) {
+  const size_t n = params_.size();
+  selected_.resize(n);
+  sel_idx_.resize(n);
+  sel_m_.resize(n);
+  sel_v_.resize(n);
+  int64_t n2d = 0;
+  for (size_t i = 0; i < n; ++i) n2d += is2d(i) ? 1 : 0;
+  if (opt_.schedule.update_interval == 0) {
+    auto_ = std::make_unique<ZenFlowAutoInterval>(n2d, opt_.topk_ratio, opt_.auto_ratio);
+  }
+}
+
+ZenFlowPipeline::~ZenFlowPipeline() { Quiesce(); }
+
+void ZenFlowPipeline::Quiesce() {
+  if (worker_.joinable()) {
+    worker_.join();
+    pending_ = true;
+  }
+}
+
+void ZenFlowPipeline::Flush() {
+  WaitCpu();
+  if (pending_) Publish();
+}
+
+void ZenFlowPipeline::WaitCpu() {
+  if (!worker_.joinable()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  Quiesce();
+  metrics_.stall_s += Seconds(t0);
+}
+
+void ZenFlowPipeline::InitCpuCopies() {
+  const size_t n = params_.size();
+  cpu_param_.resize(n);
+  for (int b = 0; b < 2; ++b) acc_[b].resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!is2d(i)) continue;
+    OptimizerPartition p = source_(i);
+    cpu_param_[i] = p.param.clone();
+    for (int b = 0; b < 2; ++b) acc_[b][i] = at::zeros_like(p.param);
+  }
+  initialized_ = true;
+}
+
+void ZenFlowPipeline::BuildIndices(size_t i) {
+  const ZenFlowParam& p = params_[i];
+  std::vector<char> chosen(p.cols, 0);
+  for (int64_t j : selected_[i]) chosen[j] = 1;
+  std::vector<int64_t>& idx = sel_idx_[i];
+  idx.clear();
+  int64_t j = p.begin % p.cols;
+  for (int64_t f = p.begin; f < p.end; ++f) {
+    if (chosen[j]) idx.push_back(f - p.begin);
+    if (++j == p.cols) j = 0;
+  }
+  sel_m_[i] = at::zeros({static_cast<int64_t>(idx.size())}, at::kFloat);
+  sel_v_[i] = at::zeros({static_cast<int64_t>(idx.size())}, at::kFloat);
+}
+
+absl::Status ZenFlowPipeline::Reselect() {
+  // A CPU result in flight or pending goes in with the old selection first.
+  WaitCpu();
+  if (pending_) Publish();
+  std::vector<size_t> ids;
+  std::vector<ColumnParam> cp;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    OptimizerPartition p = source_(i);
+    ids.push_back(i);
+    cp.push_back({params_[i].rows, params_[i].cols, params_[i].begin, params_[i].end,
+                  GradPtr(p)});
+    // The CPU copy of the columns leaving the device takes the device's values.
+    float* cpu = cpu_param_[i].data_ptr<float>();
+    const float* master = p.param.data_ptr<float>();
+    for (int64_t e : sel_idx_[i]) cpu[e] = master[e];
+  }
+  absl::StatusOr<ColumnSelection> sel = SelectColumns(*coll_, cp, opt_.topk_ratio);
+  if (!sel.ok()) return sel.status();
+  double all = 0, chosen = 0;
+  for (size_t q = 0; q < ids.size(); ++q) {
+    const size_t i = ids[q];
+    selected_[i] = sel->selected[q];
+    for (double s : sel->sums[q]) all += s;
+    for (int64_t j : selected_[i]) chosen += sel->sums[q][j];
+    BuildIndices(i);
+    metrics_.bytes_moved += 8 * params_[i].cols;  // the column sums
+  }
+  metrics_.selected_mass_fraction = all > 0 ? chosen / all : 0.0;
+  sel_t_ = 0;
+  return absl::OkStatus();
+}
+
+void ZenFlowPipeline::UpdateSelected(size_t i, const OptimizerPartition& p) {
+  const std::vector<int64_t>& idx = sel_idx_[i];
+  if (idx.empty()) return;
+  const int64_t k = static_cast<int64_t>(idx.size());
+  std::vector<float> w(k), g(k, 0.0f);
+  float* master = p.param.data_ptr<float>();
+  const float* grad = GradPtr(p);
+  for (int64_t e = 0; e < k; ++e) {
+    w[e] = master[idx[e]];
+    if (grad != nullptr) g[e] = grad[idx[e]];
+  }
+  device_adam_.Step(sel_t_, lr_, w.data(), g.data(), sel_m_[i].data_ptr<float>(),
+                    sel_v_[i].data_ptr<float>(), k);
+  for (int64_t e = 0; e < k; ++e) master[idx[e]] = w[e];
+}
+
+void ZenFlowPipeline::Publish() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    OptimizerPartition p = source_(i);
+    float* master = p.param.data_ptr<float>();
+    const float* cpu = cpu_param_[i].data_ptr<float>();
+    const std::vector<int64_t>& idx = sel_idx_[i];
+    std::vector<float> keep(idx.size());
+    for (size_t e = 0; e < idx.size(); ++e) keep[e] = master[idx[e]];
+    std::memcpy(master, cpu, sizeof(float) * p.param.numel());
+    for (size_t e = 0; e < idx.size(); ++e) master[idx[e]] = keep[e];
+    metrics_.bytes_moved += 4 * p.param.numel();
+  }
+  pending_ = false;
+}
+
+void ZenFlowPipeline::RunCpuStep(int64_t t, double lr, int buffer) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    OptimizerPartition p = source_(i);
+    cpu_adam_.Step(t, lr, cpu_param_[i].data_ptr<float>(), acc_[buffer][i].data_ptr<float>(),
+                   p.exp_avg.data_ptr<float>(), p.exp_avg_sq.data_ptr<float>(),
+                   cpu_param_[i].numel());
+  }
+}
+
+absl::StatusOr<bool> ZenFlowPipeline::AutoBoundary() {
+  std::vector<size_t> ids;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (is2d(i)) ids.push_back(i);
+  }
+  const int64_t n = static_cast<int64_t>(ids.size());
+  at::Tensor stats = at::zeros({2 * n}, at::kDouble);
+  double* s = stats.data_ptr<double>();
+  for (int64_t q = 0; q < n; ++q) {
+    OptimizerPartition p = source_(ids[q]);
+    const float* g = GradPtr(p);
+    if (g == nullptr) continue;
+    const int64_t valid = params_[ids[q]].end - params_[ids[q]].begin;
+    double total = 0, critic = 0;
+    for (int64_t e = 0; e < valid; ++e) total += std::fabs(static_cast<double>(g[e]));
+    for (int64_t e : sel_idx_[ids[q]]) critic += std::fabs(static_cast<double>(g[e]));
+    s[q] = total;
+    s[n + q] = critic;
+  }
+  if (n > 0 && coll_->world_size() > 1) {
+    absl::Status st = coll_->AllReduce(stats, ReduceOp::kSum);
+    if (!st.ok()) return st;
+  }
+  s = stats.data_ptr<double>();
+  std::vector<double> total(s, s + n), critic(s + n, s + 2 * n);
+  double all = 0, chosen = 0;
+  for (int64_t q = 0; q < n; ++q) {
+    all += total[q];
+    chosen += critic[q];
+  }
+  metrics_.selected_mass_fraction = all > 0 ? chosen / all : 0.0;
+  return auto_->Observe(total, critic);
+}
+
+absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
+  metrics_.stall_s = 0;
+  if (!initialized_) InitCpuCopies();
+  const size_t n = params_.size();
+  std::vector<OptimizerPartition> parts(n);
+  for (size_t i = 0; i < n; ++i) {
+    parts[i] = source_(i);
+    // Unscale and clip once, in place, before anything reads the gradient (as the offload
+    // pipeline does, so the warm-up and the ZeRO-Offload limits agree bit for bit).
+    if (parts[i].grad.defined() && v.grad_multiplier != 1.0) parts[i].grad.mul_(v.grad_multiplier);
+  }
+  if (opt_.schedule.IsWarmUp(step_)) {
+    // Full offload: every element through the CPU optimizer, synchronously.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      float* target = is2d(i) ? cpu_param_[i].data_ptr<float>() : parts[i].param.data_ptr<float>();
+      cpu_adam_.Step(step_, lr_, target, GradPtr(parts[i]), parts[i].exp_avg.data_ptr<float>(),
+                     parts[i].exp_avg_sq.data_ptr<float>(), parts[i].param.numel());
+      if (is2d(i)) {
+        std::memcpy(parts[i].param.data_ptr<float>(), target, 4 * parts[i].param.numel());
+      }
+      metrics_.bytes_moved += 8 * parts[i].param.numel();  // gradient down, parameter up
+    }
+    metrics_.stall_s = Seconds(t0);
+    metrics_.update_interval = 1;
+    ++metrics_.cpu_updates;
+    return absl::OkStatus();
+  }
+  if (opt_.schedule.IsSelectBoundary(step_)) {
+    absl::Status s = Reselect();
+    if (!s.ok()) return s;
+  }
+  bool boundary = false;
+  if (auto_ != nullptr) {
+    absl::StatusOr<bool> b = AutoBoundary();
+    if (!b.ok()) return b.status();
+    boundary = *b;
+  } else {
+    boundary = opt_.schedule.IsUpdateBoundary(step_);
+  }
+  // Host accumulation of every 2-D gradient (the interval's sum).
+  for (size_t i = 0; i < n; ++i) {
+    if (!is2d(i) || !parts[i].grad.defined()) continue;
+    acc_[state_][i].add_(parts[i].grad);
+    metrics_.bytes_moved += 4 * parts[i].grad.numel();
+  }
+  ++acc_steps_[state_];
+  ++interval_steps_;
+  // The device-side update: selected columns and 1-D parameters, every step.
+  ++sel_t_;
+  for (size_t i = 0; i < n; ++i) {
+    if (is2d(i)) {
+      UpdateSelected(i, parts[i]);
+    } else {
+      device_adam_.Step(step_, lr_, parts[i].param.data_ptr<float>(), GradPtr(parts[i]),
+                        parts[i].exp_avg.data_ptr<float>(), parts[i].exp_avg_sq.data_ptr<float>(),
+                        parts[i].param.numel());
+    }
+  }
+  if (!boundary) return absl::OkStatus();
+  // Update boundary: the interval's mean gradient goes to the CPU optimizer.
+  const int b = state_;
+  if (acc_steps_[b] > 1) {
+    const double inv = 1.0 / static_cast<double>(acc_steps_[b]);
+    for (size_t i = 0; i < n; ++i) {
+      if (is2d(i)) acc_[b][i].mul_(inv);
+    }
+  }
+  metrics_.update_interval = interval_steps_;
+  interval_steps_ = 0;
+  ++metrics_.cpu_updates;
+  if (opt_.overlap_step) {
+    WaitCpu();  // interval k-1's step: its result lands now, one interval late
+    if (pending_) Publish();
+    const int64_t t = step_;
+    const double lr = lr_;
+    worker_ = std::thread([this, t, lr, b] { RunCpuStep(t, lr, b); });
+    state_ ^= 1;
+    for (size_t i = 0; i < n; ++i) {
+      if (is2d(i)) acc_[state_][i].zero_();
+    }
+    acc_steps_[state_] = 0;
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    RunCpuStep(step_, lr_, b);
+    metrics_.stall_s += Seconds(t0);
+    Publish();
+    for (size_t i = 0; i < n; ++i) {
+      if (is2d(i)) acc_[b][i].zero_();
+    }
+    acc_steps_[b] = 0;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ZenFlowPipeline::ExportState() {
+  Quiesce();
+  if (!initialized_) InitCpuCopies();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const std::vector<double> autos = auto_ ? auto_->State() : std::vector<double>{};
+  at::Tensor counters = at::tensor(std::vector<int64_t>{acc_steps_[0], acc_steps_[1], state_,
+                                                        pending_ ? 1 : 0, sel_t_,
+                                                        interval_steps_},
+                                   at::kLong);
+  out.emplace_back("counters", counters);
+  out.emplace_back("auto", at::tensor(autos, at::kDouble).reshape({-1}));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    const std::string p = absl::StrCat("param", i, ".");
+    out.emplace_back(p + "cpu_param", cpu_param_[i].clone());
+    out.emplace_back(p + "acc0", acc_[0][i].clone());
+    out.emplace_back(p + "acc1", acc_[1][i].clone());
+    out.emplace_back(p + "selected",
+                     at::tensor(selected_[i], at::kLong).reshape({-1}).clone());
+    out.emplace_back(p + "sel_exp_avg", sel_m_[i].defined() ? sel_m_[i].clone()
+                                                              : at::zeros({0}, at::kFloat));
+    out.emplace_back(p + "sel_exp_avg_sq", sel_v_[i].defined() ? sel_v_[i].clone()
+                                                                 : at::zeros({0}, at::kFloat));
+  }
+  return out;
+}
+
+absl::Status ZenFlowPipeline::ImportState(
+    const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  Quiesce();
+  if (!initialized_) InitCpuCopies();
+  std::vector<std::pair<std::string, at::Tensor>> want = ExportState();
+  if (state.size() != want.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("zenflow state: ", state.size(),
+                                                   " tensors, expected ", want.size()));
+  }
+  for (size_t q = 0; q < want.size(); ++q) {
+    const auto& [name, t] = state[q];
+    if (name != want[q].first || t.scalar_type() != want[q].second.scalar_type() ||
+        (name.find(".selected") == std::string::npos &&
+         name.find(".sel_exp_avg") == std::string::npos && name != "auto" &&
+         t.numel() != want[q].second.numel())) {
+      return absl::InvalidArgumentError(absl::StrCat("zenflow state: tensor ", q, " \"", name,
+                                                     "\" does not match \"", want[q].first,
+                                                     "\" of this run"));
+    }
+  }
+  const int64_t* c = state[0].second.data_ptr<int64_t>();
+  acc_steps_[0] = c[0];
+  acc_steps_[1] = c[1];
+  state_ = static_cast<int>(c[2]);
+  pending_ = c[3] != 0;
+  sel_t_ = c[4];
+  interval_steps_ = c[5];
+  if (auto_ != nullptr) {
+    const at::Tensor& a = state[1].second;
+    absl::Status s =
+        auto_->SetState(std::vector<double>(a.data_ptr<double>(), a.data_ptr<double>() + a.numel()));
+    if (!s.ok()) return s;
+  }
+  size_t q = 2;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    cpu_param_[i].copy_(state[q++].second);
+    acc_[0][i].copy_(state[q++].second);
+    acc_[1][i].copy_(state[q++].second);
+    const at::Tensor& s = state[q++].second;
+    selected_[i].assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+    for (int64_t j : selected_[i]) {
+      if (j < 0 || j >= params_[i].cols) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("zenflow state: param", i, ".selected: column ", j, " out of range"));
+      }
+    }
+    BuildIndices(i);
+    const at::Tensor& m = state[q++].second;
+    const at::Tensor& v = state[q++].second;
+    if (m.numel() != sel_m_[i].numel() || v.numel() != sel_v_[i].numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "zenflow state: param", i, ".sel_exp_avg: ", m.numel(), " values for ",
+          sel_m_[i].numel(), " selected elements"));
+    }
+    sel_m_[i].copy_(m);
+    sel_v_[i].copy_(v);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine::optim

@@ -1,0 +1,165 @@
+// ZenFlow (arXiv 2505.12242; TECHNIQUES.md §2, TECHNIQUES-TESTS.md §2.1): stall-free offloading
+// behind the OptimizerPipeline protocol (optimizer_pipeline.h).
+//
+// Per 2-D weight W [out, in] the top-k columns (input features, column_selection.h) are updated
+// "on the compute device" every step: here the model's in-memory fp32 master partition, with
+// fp32 Adam moments for the selected elements only (DeepSpeed keeps them in the 16-bit dtype with
+// no fp32 master; Loom keeps fp32 so bf16 runs do not lose their precision). Every column's
+// gradient (selected ones included, as DeepSpeed does, so the CPU moments integrate the full
+// gradient) is added into a host accumulation buffer; at an update boundary a CPU Adam applies
+// the interval's mean gradient (sum / number of steps: the explicit loss normalisation that
+// DeepSpeed's auto mode lacks) to its own fp32 copy of the partition, and the result is
+// published into the master for the unselected columns only: selected columns are never
+// overwritten by CPU values. 1-D parameters (norms, biases) are updated on the device every step.
+// The first full_warm_up_rounds steps are synchronous full ZeRO-Offload steps.
+//
+// overlap_step (DeepSpeed's "Parallel" variant, §2.4): the CPU step of interval k runs on a
+// worker thread while interval k+1 accumulates into the second buffer (double buffering: the
+// worker reads buffer s, training writes buffer s^1, never aliased); its result is published at
+// boundary k+1. Staleness: an unselected column's gradient of a step in interval k reaches the
+// master at the end of interval k+1, i.e. at most 2*update_interval - 1 steps later (at most
+// update_interval - 1 without overlap). A select boundary first waits for a CPU step in flight
+// and publishes it early, then re-selects: the CPU copy of the previously selected columns is
+// resynced from the master and the selective moments restart at zero with their own step count
+// (DeepSpeed keeps the old count, which inflates the first update ~3.2x, TECHNIQUES-TESTS.md
+// §2.1.2(b); Loom does not copy that).
+//
+// Step indices: the CPU Adam uses the optimizer step of the boundary as t (DeepSpeed's
+// micro_step + 1), so update_interval 1 with topk_ratio 0 and no overlap is ZeRO-Offload bit for
+// bit; 1-D parameters use the optimizer step too, with the model's moments (the ones warm-up's
+// CPU steps built). Gradients are unscaled and clipped with the step's grad_multiplier in place
+// before anything reads them (DeepSpeed clips only the CPU path).
+//
+// Sub-group events: OnSubGroupReady only records (the protocol's bookkeeping); all work happens
+// in FinishStep on the training thread, because the clip multiplier is known only then and the
+// selection's all-reduce must be issued in the same order on every rank. So the pipeline is
+// correct whether the provider raises the events during backward or after FinishMicroStep. An
+// overflowed (skipped) step leaves every buffer untouched: nothing ran before validation.
+//
+// Collectives (all in FinishStep, the same sequence on every rank): at a select boundary one
+// all-reduce (fp64) of the concatenated [in] column sums; in Zen-auto mode one all-reduce of
+// [2 * #2-D params] doubles per step after warm-up.
+//
+// Thread-safety: OptimizerPipeline's contract. The accessors (metrics, selection, state) are for
+// the training thread between steps. Quiesce() waits for a CPU step in flight (call it before
+// reading the moments or masters, e.g. for a checkpoint).
+#ifndef LOOM_WORKER_ENGINE_OPTIM_ZENFLOW_PIPELINE_H_
+#define LOOM_WORKER_ENGINE_OPTIM_ZENFLOW_PIPELINE_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/offload/cpu_adam.h"
+#include "worker/engine/optim/column_selection.h"
+#include "worker/engine/optim/optimizer_pipeline.h"
+
+namespace loom::engine::optim {
+
+// One parameter as this rank holds it. cols == 0: a 1-D parameter (always updated on the device).
+struct ZenFlowParam {
+  int64_t rows = 0, cols = 0;  // W [rows, cols] = [out, in]
+  int64_t begin = 0, end = 0;  // this rank's flat elements [begin, end) (partition.h)
+};
+
+struct ZenFlowOptions {
+  offload::CpuAdamOptions adam;  // hyper-parameters; threads = the CPU optimizer's threads
+  int device_threads = 1;        // threads of the selective ("device") update
+  double topk_ratio = 0.1;
+  ZenFlowSchedule schedule;      // update_interval 0 = Zen-auto
+  bool overlap_step = false;
+  double auto_ratio = 0.99;
+};
+
+// Observability, per the last committed step.
+struct ZenFlowMetrics {
+  double stall_s = 0;                  // training thread blocked on the CPU optimizer
+  double selected_mass_fraction = 0;   // Σ|g| of selected columns / Σ|g| of 2-D params (last
+                                       // selection, or every step in auto mode)
+  int64_t update_interval = 0;         // steps in the last completed CPU interval
+  int64_t bytes_moved = 0;             // cumulative bytes between device-side and host buffers
+  int64_t cpu_updates = 0;             // CPU steps started
+};
+
+class ZenFlowPipeline : public OptimizerPipeline {
+ public:
+  // params[i] describes the partitions source(i) returns (fp32 param [p_i], grad, exp_avg,
+  // exp_avg_sq all defined; the moments are the CPU optimizer's for 2-D parameters and the
+  // device update's for 1-D ones). `collectives` (not owned) must outlive the pipeline.
+  // Errors: INVALID_ARGUMENT for a parameter list that does not match the plan.
+  static absl::StatusOr<std::unique_ptr<ZenFlowPipeline>> Create(
+      const ZenFlowOptions& options, SubGroupPlan plan, std::vector<ZenFlowParam> params,
+      PartitionSource source, Collectives* collectives);
+  ~ZenFlowPipeline() override;
+
+  std::string name() const override { return "zenflow"; }
+  const ZenFlowMetrics& metrics() const { return metrics_; }
+  // Per parameter: the selected columns (empty for 1-D parameters and before the first select).
+  const std::vector<std::vector<int64_t>>& selection() const { return selected_; }
+  // The accumulation buffer training currently adds into, and its step count (tests).
+  const at::Tensor& accumulator(size_t i) const { return acc_[state_][i]; }
+  int64_t accumulated_steps() const { return acc_steps_[state_]; }
+  bool cpu_step_in_flight() const { return worker_.joinable(); }
+  // Waits for a CPU step in flight (its result stays pending for the next boundary).
+  void Quiesce();
+  // Waits for a CPU step in flight and publishes any pending result (end of training).
+  void Flush();
+
+  // Checkpoint: every piece of ZenFlow state that the model's master/exp_avg/exp_avg_sq
+  // sections do not hold (the CPU copy, both accumulators and counts, the selection with its
+  // moments and step count, the buffer state, the pending flag, the auto-interval counters),
+  // as named contiguous CPU tensors. ExportState quiesces first. ImportState checks names and
+  // sizes (INVALID_ARGUMENT naming the tensor).
+  std::vector<std::pair<std::string, at::Tensor>> ExportState();
+  absl::Status ImportState(const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+ protected:
+  absl::Status Commit(const StepValidation& validation) override;
+
+ private:
+  ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan plan,
+                  std::vector<ZenFlowParam> params, PartitionSource source,
+                  Collectives* collectives);
+  bool is2d(size_t i) const { return params_[i].cols > 0; }
+  void InitCpuCopies();
+  absl::Status Reselect();
+  // Builds sel_idx_ (local element indices of the selected columns) of parameter i.
+  void BuildIndices(size_t i);
+  void UpdateSelected(size_t i, const OptimizerPartition& p);
+  // cpu_param -> master for the unselected columns of every 2-D parameter.
+  void Publish();
+  // Blocks on the CPU step in flight, counting the wait as stall.
+  void WaitCpu();
+  void RunCpuStep(int64_t t, double lr, int buffer);
+  absl::StatusOr<bool> AutoBoundary();
+
+  const ZenFlowOptions opt_;
+  const std::vector<ZenFlowParam> params_;
+  const PartitionSource source_;
+  Collectives* const coll_;
+  offload::CpuAdam cpu_adam_, device_adam_;
+  std::thread worker_;
+  bool initialized_ = false;
+  std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy
+  std::vector<at::Tensor> acc_[2];     // per parameter [p_i]: host accumulators (2-D only)
+  int64_t acc_steps_[2] = {0, 0};
+  int state_ = 0;                      // the buffer training accumulates into
+  bool pending_ = false;               // a finished CPU result not yet published
+  std::vector<std::vector<int64_t>> selected_;
+  std::vector<std::vector<int64_t>> sel_idx_;
+  std::vector<at::Tensor> sel_m_, sel_v_;  // per 2-D parameter [|sel_idx|]
+  int64_t sel_t_ = 0;                  // selective Adam steps since the last selection
+  std::unique_ptr<ZenFlowAutoInterval> auto_;
+  int64_t interval_steps_ = 0;         // steps since the last update boundary
+  ZenFlowMetrics metrics_;
+};
+
+}  // namespace loom::engine::optim
+
+#endif  // LOOM_WORKER_ENGINE_OPTIM_ZENFLOW_PIPELINE_H_

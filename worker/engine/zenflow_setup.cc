@@ -1,0 +1,169 @@
+#include "worker/engine/zenflow_setup.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "storage/checkpoint/shard_format.h"
+#include "worker/engine/optim/column_selection.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr char kMagic[] = "LOOMZF01";
+
+void Put(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+
+}  // namespace
+
+std::pair<int, int> SplitZenFlowThreads(int threads, double perc) {
+  threads = std::max(1, threads);
+  const int pt = static_cast<int>(std::ceil(perc * threads));
+  if (pt <= 0 || pt >= threads) return {threads, threads};
+  return {pt, threads - pt};
+}
+
+absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
+    const EngineOptions& o, Collectives& coll, ZeroProvider& model, int64_t steps_per_epoch) {
+  const ZenFlowConfig& zf = o.ds.zero.zenflow;
+  const OptimizerConfig& oc = o.ds.optimizer;
+  optim::ZenFlowOptions zo;
+  zo.adam.beta1 = oc.beta1;
+  zo.adam.beta2 = oc.beta2;
+  zo.adam.eps = oc.eps;
+  zo.adam.weight_decay = oc.weight_decay;
+  zo.adam.decoupled_weight_decay = oc.decoupled_weight_decay;
+  zo.adam.bias_correction = oc.bias_correction;
+  const auto [pt, cpu] = SplitZenFlowThreads(o.threads_per_rank, zf.pt_reserved_cores_perc);
+  zo.adam.threads = zf.overlap_step ? cpu : std::max(1, o.threads_per_rank);
+  zo.device_threads = pt;
+  if (zf.overlap_step && pt < o.threads_per_rank) at::set_num_threads(pt);
+  zo.topk_ratio = zf.topk_ratio;
+  zo.overlap_step = zf.overlap_step;
+  zo.auto_ratio = zf.auto_ratio;
+  zo.schedule.warm_up = zf.full_warm_up_rounds;
+  zo.schedule.update_interval = zf.update_interval;
+  const int64_t epoch = zf.steps_per_epoch > 0 ? zf.steps_per_epoch : steps_per_epoch;
+  zo.schedule.select_interval =
+      optim::SelectIntervalSteps(zf.select_strategy, zf.select_interval, epoch);
+  if (zo.schedule.select_interval == 0) {
+    LOG(WARNING) << "zenflow: no epoch length for select_strategy \"" << zf.select_strategy
+                 << "\": columns are selected once and never re-selected";
+  }
+  std::vector<int64_t> numels;
+  std::vector<optim::ZenFlowParam> params;
+  for (const ZeroParam& p : model.params()) {
+    numels.push_back(p.master.numel());
+    optim::ZenFlowParam zp;
+    if (p.spec.shape.size() == 2) {
+      zp.rows = p.spec.shape[0];
+      zp.cols = p.spec.shape[1];
+    } else {
+      zp.rows = p.numel;
+    }
+    zp.begin = p.slice.begin;
+    zp.end = p.slice.end;
+    params.push_back(zp);
+  }
+  ASSIGN_OR_RETURN(optim::SubGroupPlan plan,
+                   optim::SubGroupPlan::Create(numels, o.ds.zero.sub_group_size));
+  optim::PartitionSource source = [&model](size_t i) {
+    ZeroParam& p = model.params()[i];
+    return OptimizerPartition{p.master, p.grad, p.exp_avg, p.exp_avg_sq};
+  };
+  LOG(INFO) << "zenflow: topk_ratio " << zf.topk_ratio << ", select every "
+            << zo.schedule.select_interval << " steps, update_interval "
+            << (zf.update_interval == 0 ? std::string("auto")
+                                        : std::to_string(zf.update_interval))
+            << ", overlap_step " << zf.overlap_step << ", warm-up " << zf.full_warm_up_rounds
+            << ", threads training " << pt << " / CPU optimizer " << zo.adam.threads;
+  return optim::ZenFlowPipeline::Create(zo, std::move(plan), std::move(params), source, &coll);
+}
+
+nlohmann::json ZenFlowStepFields(const optim::ZenFlowPipeline& pipeline) {
+  const optim::ZenFlowMetrics& m = pipeline.metrics();
+  return {{"zenflow_stall_s", m.stall_s},
+          {"zenflow_selected_mass_fraction", m.selected_mass_fraction},
+          {"zenflow_update_interval", m.update_interval},
+          {"zenflow_bytes_moved", m.bytes_moved}};
+}
+
+std::string ZenFlowStateFile(const std::string& step_dir, int rank) {
+  return absl::StrCat(step_dir, "/zenflow_rank", rank, ".bin");
+}
+
+absl::Status SaveZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
+                              int rank) {
+  std::vector<std::pair<std::string, at::Tensor>> state = pipeline.ExportState();
+  std::string out(kMagic, 8);
+  Put(&out, state.size());
+  for (const auto& [name, t0] : state) {
+    const at::Tensor t = t0.contiguous();
+    Put(&out, name.size());
+    out += name;
+    uint8_t dtype = t.scalar_type() == at::kFloat ? 0 : t.scalar_type() == at::kLong ? 1 : 2;
+    out.push_back(static_cast<char>(dtype));
+    Put(&out, static_cast<uint64_t>(t.numel()));
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  }
+  const uint32_t crc = storage::Crc32(0, out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(&crc), 4);
+  RETURN_IF_ERROR(MakeDirs(step_dir));
+  return WriteFileAtomically(ZenFlowStateFile(step_dir, rank), out);
+}
+
+absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
+                              int rank) {
+  const std::string path = ZenFlowStateFile(step_dir, rank);
+  absl::StatusOr<std::string> data = ReadFile(path);
+  if (!data.ok()) {
+    return absl::NotFoundError(absl::StrCat(path, ": ZenFlow state of this checkpoint: ",
+                                            data.status().message()));
+  }
+  const std::string& s = *data;
+  auto corrupt = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(path, ": ", why));
+  };
+  if (s.size() < 20 || std::memcmp(s.data(), kMagic, 8) != 0) return corrupt("not a state file");
+  uint32_t crc = 0;
+  std::memcpy(&crc, s.data() + s.size() - 4, 4);
+  if (storage::Crc32(0, s.data(), s.size() - 4) != crc) return corrupt("CRC-32 mismatch");
+  size_t pos = 8;
+  const size_t end = s.size() - 4;
+  auto get = [&](uint64_t* v) {
+    if (pos + 8 > end) return false;
+    std::memcpy(v, s.data() + pos, 8);
+    pos += 8;
+    return true;
+  };
+  uint64_t count = 0;
+  if (!get(&count) || count > (1u << 20)) return corrupt("bad tensor count");
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (uint64_t q = 0; q < count; ++q) {
+    uint64_t len = 0, numel = 0;
+    if (!get(&len) || pos + len + 1 > end) return corrupt("truncated name");
+    std::string name = s.substr(pos, len);
+    pos += len;
+    const uint8_t dtype = static_cast<uint8_t>(s[pos++]);
+    if (dtype > 2 || !get(&numel)) return corrupt(absl::StrCat(name, ": bad header"));
+    const at::ScalarType st = dtype == 0 ? at::kFloat : dtype == 1 ? at::kLong : at::kDouble;
+    const size_t bytes = numel * (dtype == 0 ? 4 : 8);
+    if (pos + bytes > end) return corrupt(absl::StrCat(name, ": truncated values"));
+    at::Tensor t = at::empty({static_cast<int64_t>(numel)}, st);
+    std::memcpy(t.data_ptr(), s.data() + pos, bytes);
+    pos += bytes;
+    state.emplace_back(std::move(name), std::move(t));
+  }
+  absl::Status st = pipeline.ImportState(state);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,58 @@
+// The Trainer's side of ZenFlow (zero_optimization.zenflow; optim/zenflow_pipeline.h): builds the
+// pipeline over a ZeRO provider's partitions, splits the rank's threads between the training
+// loop and the CPU optimizer (pt_reserved_cores_perc), and saves / loads the pipeline's state
+// next to a checkpoint's shards so that a resumed run continues bit for bit.
+//
+// State file: <step dir>/zenflow_rank<r>.bin, written atomically (temporary file + rename) before
+// the rank's shard, so a committed checkpoint always has it. Format (little-endian): magic
+// "LOOMZF01", u64 tensor count, then per tensor: u64 name length, name bytes, u8 dtype
+// (0 fp32, 1 int64, 2 fp64), u64 numel, the values, then a CRC-32 (zlib) of everything before.
+//
+// Thread-safety: the training thread. Errors: INVALID_ARGUMENT naming the zenflow key for a
+// configuration the engine cannot run; file errors naming the file (NOT_FOUND for a missing
+// state file when resuming a ZenFlow run, DATA_LOSS for a corrupt one).
+#ifndef LOOM_WORKER_ENGINE_ZENFLOW_SETUP_H_
+#define LOOM_WORKER_ENGINE_ZENFLOW_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/engine_options.h"
+#include "worker/engine/optim/zenflow_pipeline.h"
+#include "worker/engine/zero/zero_provider.h"
+
+namespace loom::engine {
+
+// DeepSpeed's _split_affinity (ZF-U2) on a thread count: the training loop keeps
+// ceil(perc * threads), the CPU optimizer gets the rest; if that leaves either side with none,
+// both use every thread. Returns {training, optimizer}.
+std::pair<int, int> SplitZenFlowThreads(int threads, double pt_reserved_cores_perc);
+
+// The pipeline over model's partitions (master, grad, exp_avg, exp_avg_sq of every parameter;
+// 2-D parameters by their [out, in] shape). steps_per_epoch: the data's epoch length in steps
+// (0 = unknown), used by select_strategy "epoch" / "auto" unless the config gives its own.
+absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
+    const EngineOptions& options, Collectives& collectives, ZeroProvider& model,
+    int64_t steps_per_epoch);
+
+// The step event's ZenFlow fields (trainer_events.proto Step, exported by the worker as
+// Prometheus gauges): zenflow_stall_s (seconds the training thread waited on the CPU
+// optimizer in the step), zenflow_selected_mass_fraction, zenflow_update_interval (steps in the
+// last completed CPU interval), zenflow_bytes_moved (cumulative bytes between the device-side
+// partition and the host buffers).
+nlohmann::json ZenFlowStepFields(const optim::ZenFlowPipeline& pipeline);
+
+std::string ZenFlowStateFile(const std::string& step_dir, int rank);
+absl::Status SaveZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
+                              int rank);
+absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
+                              int rank);
+
+}  // namespace loom::engine
+
+#endif  // LOOM_WORKER_ENGINE_ZENFLOW_SETUP_H_
