@@ -17,6 +17,7 @@
 #include "worker/engine/corpus.h"
 #include "worker/engine/ds_config.h"
 #include "worker/engine/model_config.h"
+#include "worker/engine/tiled_compute_options.h"
 
 namespace loom::v1 {
 class JobSpec;
@@ -41,6 +42,7 @@ struct EngineOptions {
   int64_t eval_batches = 8;        // held-out micro-batches per evaluation
   int threads_per_rank = 1;        // intra-op threads
   int64_t checkpoint_interval_steps = 0;  // 0: only at the end
+  TiledComputeOptions tiled;       // training.tiled_* (ALST tiled MLP / logits+loss)
   // Run-time (from flags, not the spec).
   int rank = 0;
   int world_size = 1;

@@ -154,7 +154,8 @@ at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, cons
                         .reshape({b, s, hq * d});
   h = h + Linear(attn, l.o);
   x = Norm(h, l.post_norm);
-  at::Tensor mlp = Linear(at::silu(Linear(x, l.gate)) * Linear(x, l.up), l.down);
+  at::Tensor mlp = mlp_core_ ? mlp_core_->Forward(x, l.gate, l.up, l.down)
+                            : Linear(at::silu(Linear(x, l.gate)) * Linear(x, l.up), l.down);
   return h + mlp;
 }
 

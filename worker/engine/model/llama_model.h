@@ -70,6 +70,16 @@ class LossHead {
   virtual LossOutput Forward(const at::Tensor& hidden, const at::Tensor& labels) = 0;
 };
 
+// The SwiGLU MLP of a decoder layer: down(silu(gate(x)) * up(x)), x [B,S,H] in the activation
+// dtype -> [B,S,H]; gate/up [I,H], down [H,I] parameter ids. Default (no core set): three
+// LinearOps. Implementation: TiledMlp (model/tiled_ops.h; ALST, issue 13). The core does its own
+// NoteUse bookkeeping.
+class MlpCore {
+ public:
+  virtual ~MlpCore() = default;
+  virtual at::Tensor Forward(const at::Tensor& x, ParamId gate, ParamId up, ParamId down) = 0;
+};
+
 class LlamaModel {
  public:
   // Binds every parameter LlamaParamSpecs(config) names to its id in access->param_specs();
@@ -96,6 +106,8 @@ class LlamaModel {
   // loss head (default: full logits + cross-entropy). Null restores the default.
   void set_attention_core(std::unique_ptr<AttentionCore> core);
   void set_loss_head(std::unique_ptr<LossHead> head);
+  // Replaces every layer's MLP (default: untiled LinearOps); null restores the default.
+  void set_mlp_core(std::unique_ptr<MlpCore> core) { mlp_core_ = std::move(core); }
 
   const LlamaConfig& config() const { return config_; }
   ParamAccess* access() const { return access_; }
@@ -118,6 +130,7 @@ class LlamaModel {
   std::vector<DecoderLayer> layers_;
   std::unique_ptr<AttentionCore> core_;
   std::unique_ptr<LossHead> loss_head_;
+  std::unique_ptr<MlpCore> mlp_core_;  // null: the untiled MLP
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> rope_cache_;  // default positions
 };
 
