@@ -6,12 +6,15 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "scheduler/admission_cycle.h"
 #include "scheduler/cluster_snapshot.h"
 #include "scheduler/record_helpers.h"
+#include "scheduler/restart_policy.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_internal.h"
 
 namespace loom {
 
@@ -144,6 +147,71 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
   VLOG(1) << "job " << job_id << " attempt " << placed.attempt << " placed: rank 0 on "
           << placement[0] << ", " << need << " ranks";
   return true;
+}
+
+absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string& reason,
+                                   const std::string& message, bool preempted) {
+  const JobRecord& job = jobs_.at(job_id);
+  if (job.phase != v1::JOB_PHASE_STARTING && job.phase != v1::JOB_PHASE_RUNNING) {
+    return absl::OkStatus();
+  }
+  JobRecord updated = job;
+  updated.phase = v1::JOB_PHASE_PENDING;
+  updated.reason = reason;
+  updated.message = message;
+  updated.failure_class = preempted ? v1::FAILURE_CLASS_PREEMPTED : v1::FAILURE_CLASS_UNSPECIFIED;
+  if (preempted) updated.state.set_preemptions(updated.state.preemptions() + 1);
+  updated.state.set_attempt_start_us(0);
+  RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  if (preempted && metrics_ != nullptr) metrics_->JobRestarted(v1::FAILURE_CLASS_PREEMPTED);
+  LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
+  last_step_advance_.erase(job_id);
+  rank_progress_.Forget(job_id);
+  StopLiveRanks(job_id, /*graceful=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::CheckReadyTimeouts() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> expired;
+  for (const auto& [job_id, job] : jobs_) {
+    if (job.phase != v1::JOB_PHASE_STARTING || job.state.attempt_start_us() <= 0) continue;
+    if (now - absl::FromUnixMicros(job.state.attempt_start_us()) > options_.ready_timeout) {
+      expired.push_back(job_id);
+    }
+  }
+  for (const std::string& job_id : expired) {
+    JobRecord& job = jobs_.at(job_id);
+    const int32_t k = job.state.ready_timeouts() + 1;
+    const absl::Duration backoff =
+        ExponentialBackoff(k, options_.ready_backoff_base, options_.ready_backoff_cap);
+    // Persisted by FailAttempt's commit below.
+    job.state.set_ready_timeouts(k);
+    job.state.set_not_before_us(absl::ToUnixMicros(now + backoff));
+    int running = 0;
+    std::string suspect;
+    std::vector<std::string> not_running;
+    for (auto it = ranks_.lower_bound({job_id, 0}); it != ranks_.end() && it->first.first == job_id;
+         ++it) {
+      if (it->second.state == v1::RANK_STATE_RUNNING ||
+          it->second.state == v1::RANK_STATE_SUCCEEDED) {
+        ++running;
+      } else {
+        if (suspect.empty()) suspect = it->second.node_id;
+        if (not_running.size() < 4) {
+          not_running.push_back(absl::StrCat("rank ", it->first.second, " on ", it->second.node_id));
+        }
+      }
+    }
+    const std::string message = absl::StrCat(
+        "only ", running, " of ", job.rank_nodes.size(), " ranks running ",
+        absl::FormatDuration(options_.ready_timeout), " after placement (not running: ",
+        absl::StrJoin(not_running, ", "), "); gang-ready timeout ", k, ", next attempt not before ",
+        Utc(now + backoff), " (backoff ", absl::FormatDuration(backoff), ")");
+    LOG(WARNING) << "job " << job_id << ": " << message;
+    RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "ReadyTimeout", message, suspect));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loom
