@@ -1,5 +1,6 @@
 // The Scheduler facade's side of the admission cycle: builds the ClusterSnapshot from its state
-// (under its lock), runs the pure cycle (admission_cycle.h) and applies the decisions in order.
+// (under its lock), runs the pure cycle (admission_cycle.h) and applies the decisions in order
+// (StartAttempt, RequeueJob, pending reasons); also the gang-ready timeouts (CheckReadyTimeouts).
 #include <string>
 #include <utility>
 #include <vector>
