@@ -107,6 +107,7 @@
 #include "scheduler/checkpoint_catalog.h"
 #include "scheduler/checkpoint_worker.h"
 #include "scheduler/clock.h"
+#include "scheduler/cluster_snapshot.h"
 #include "scheduler/job_events.h"
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/queues.h"
@@ -382,7 +383,10 @@ class Scheduler {
   // Records that `job_id`'s reported step moved from `from_step` to `to_step` now.
   void RecordStepAdvance(const std::string& job_id, int64_t from_step, int64_t to_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The placement pass (scheduler_admission.cc): BuildSnapshot, the pure admission cycle
+  // (admission_cycle.h), then its decisions applied in order.
   absl::Status PlacePendingJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ClusterSnapshot BuildSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts attempt + 1 of a waiting job on `placement` (node id per rank). False (reason
   // "CheckpointsUnavailable" set) when the resume checkpoint cannot be looked up.
   absl::StatusOr<bool> StartAttempt(const std::string& job_id,
@@ -399,8 +403,6 @@ class Scheduler {
   // Missed heartbeats for heartbeat_timeout but not lost (a job on it is still stepping).
   bool Unreachable(const NodeRecord& node, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The queue name of a spec ("" means "default").
-  static const std::string& QueueOf(const loom::v1::JobSpec& spec);
   // Median seconds per step of a RUNNING job (0 if fewer than 3 intervals are known).
   double MedianStepSeconds(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job on when its ranks' states say so (RUNNING / SUCCEEDED).

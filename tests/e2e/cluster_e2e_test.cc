@@ -2,9 +2,9 @@
 // (OS-chosen ports), real loom-trainer rank processes doing ZeRO-3 over Gloo, a real SQLite file.
 // A small job goes client -> scheduler -> workers -> ranks -> checkpoint shards -> consolidated
 // safetensors, which an independent PyTorch script then checks against the trainer's logits.
+// The daemons and polls are the shared fixture's (tests/e2e/testing/e2e_cluster.h).
 #include <grpcpp/grpcpp.h>
 
-#include <dirent.h>
 #include <signal.h>
 
 #include <cstdlib>
@@ -23,34 +23,18 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
-#include "proto/checkpoint_service.grpc.pb.h"
-#include "proto/job_service.grpc.pb.h"
-#include "services/cli/job_spec_yaml.h"
 #include "storage/safetensors/safetensors.h"
+#include "tests/e2e/testing/e2e_cluster.h"
 #include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
 
+using ::loom::e2e::TrainerPids;
 using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
 
-constexpr char kTinyJob[] = R"(
-name: e2e-tiny
-model:
-  config:
-    vocab_size: 256
-    hidden_size: 48
-    intermediate_size: 128
-    num_hidden_layers: 2
-    num_attention_heads: 4
-    num_key_value_heads: 2
-    max_position_embeddings: 64
-    rms_norm_eps: 1.0e-5
-    rope_theta: 10000
-    tie_word_embeddings: true
-dataset: {name: fortunes}
-deepspeed_config:
+const std::string kTinyJob = absl::StrCat("name: e2e-tiny", e2e::kTinyModelYaml, R"(deepspeed_config:
   train_micro_batch_size_per_gpu: 4
   gradient_accumulation_steps: 1
   gradient_clipping: 1.0
@@ -59,143 +43,29 @@ deepspeed_config:
 resources: {num_ranks: 2, accelerator: cpu}
 training: {steps: 8, sequence_length: 32, seed: 5, eval_batches: 2}
 checkpoint: {interval_steps: 4}
-)";
+)");
 
-// Pids of the loom-trainer processes of `job_id` (from /proc/<pid>/cmdline), by rank.
-std::map<int, pid_t> TrainerPids(const std::string& job_id) {
-  std::map<int, pid_t> out;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return out;
-  while (const dirent* e = ::readdir(proc)) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    auto cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    if (!cmdline.ok() || !absl::StrContains(*cmdline, "loom-trainer")) continue;
-    std::vector<std::string> args = absl::StrSplit(*cmdline, '\0');
-    bool ours = false;
-    int rank = -1;
-    for (const std::string& a : args) {
-      ours |= a == absl::StrCat("--job_id=", job_id);
-      if (absl::StartsWith(a, "--rank=")) rank = std::atoi(a.c_str() + 7);
-    }
-    if (ours && rank >= 0) out[rank] = pid;
-  }
-  ::closedir(proc);
-  return out;
-}
-
-class ClusterE2ETest : public ::testing::Test {
+class ClusterE2ETest : public e2e::E2EClusterTest {
  protected:
   virtual int NumWorkers() const { return 2; }
   virtual std::vector<std::string> ExtraSchedulerArgs() const { return {}; }
 
   void SetUp() override {
-    // Each test gets its own directory: database, checkpoints, ready files, logs.
-    tmp_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_TRUE(MakeDirs(tmp_).ok());
-    ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
-    ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
-    checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
-                              {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
+    E2EClusterTest::SetUp();
     // Data a job may name: the fortunes corpus and <tmp>/data (the scheduler's queues config,
     // the workers' --data_roots); <tmp>/scheduler-only is allowed by the scheduler alone.
     ASSERT_TRUE(MakeDirs(tmp_ + "/data").ok());
     ASSERT_TRUE(MakeDirs(tmp_ + "/scheduler-only").ok());
-    ASSERT_TRUE(WriteFileAtomically(
-                    tmp_ + "/queues.yaml",
-                    absl::StrCat("data_roots: [/usr/share/games/fortunes, ", tmp_, "/data, ", tmp_,
-                                 "/scheduler-only]\nqueues: [{name: default}]\n"))
-                    .ok());
-    // As in the local cluster: resume lookups and retention go through loom-checkpoint.
-    std::vector<std::string> scheduler_args = {
-        absl::StrCat("--db=", tmp_, "/loom.db"), absl::StrCat("--checkpoint_root=", ckpt_root_),
-        absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address),
-        absl::StrCat("--queues_config=", tmp_, "/queues.yaml")};
-    for (const std::string& a : ExtraSchedulerArgs()) scheduler_args.push_back(a);
-    scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler", scheduler_args,
-                             &scheduler_info_);
-    for (int i = 0; i < NumWorkers(); ++i) {
-      ReadyInfo info;
-      workers_.push_back(StartDaemon(
-          absl::StrCat("worker-", i), "services/worker/loom-worker",
-          {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
-           absl::StrCat("--node_id=worker-", i), "--slots=1",
-           absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
-           absl::StrCat("--work_dir=", tmp_, "/work-", i), "--heartbeat_interval=200ms",
-           absl::StrCat("--checkpoint_root=", ckpt_root_),
-           absl::StrCat("--data_roots=/usr/share/games/fortunes,", tmp_, "/data")},
-          &info));
-      worker_infos_.push_back(info);
-    }
-    jobs_ = loom::v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_info_.grpc_address, grpc::InsecureChannelCredentials()));
-    checkpoints_ = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(checkpoint_info_.grpc_address, grpc::InsecureChannelCredentials()));
+    e2e::ClusterOptions options;
+    options.num_workers = NumWorkers();
+    options.scheduler_args = ExtraSchedulerArgs();
+    options.queues_yaml =
+        absl::StrCat("data_roots: [/usr/share/games/fortunes, ", tmp_, "/data, ", tmp_,
+                     "/scheduler-only]\nqueues: [{name: default}]\n");
+    options.worker_data_roots = absl::StrCat("/usr/share/games/fortunes,", tmp_, "/data");
+    const absl::Status started = StartCluster(options);
+    ASSERT_TRUE(started.ok()) << started;
   }
-
-  std::unique_ptr<Subprocess> StartDaemon(const std::string& name, const std::string& binary,
-                                          std::vector<std::string> args, ReadyInfo* info) {
-    auto daemon = testing::StartDaemon(tmp_, name, binary, std::move(args), info);
-    EXPECT_TRUE(daemon.ok()) << daemon.status();
-    return daemon.ok() ? std::move(*daemon) : nullptr;
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx() {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    return ctx;
-  }
-
-  loom::v1::Job Submit(const std::string& yaml) {
-    auto spec = cli::JobSpecFromYaml(yaml, tmp_);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    loom::v1::SubmitJobRequest req;
-    *req.mutable_spec() = *spec;
-    loom::v1::SubmitJobResponse resp;
-    grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.job();
-  }
-
-  // Polls until the job reaches `phase` (or any terminal phase); fails after `timeout`.
-  loom::v1::Job WaitFor(const std::string& id, loom::v1::JobPhase phase,
-                        absl::Duration timeout = absl::Minutes(4)) {
-    absl::Time deadline = absl::Now() + timeout;
-    loom::v1::Job job;
-    while (absl::Now() < deadline) {
-      loom::v1::GetJobRequest req;
-      req.set_job_id(id);
-      grpc::Status s = jobs_->GetJob(Ctx().get(), req, &job);
-      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {  // e.g. a restarting scheduler
-        absl::SleepFor(absl::Milliseconds(200));
-        continue;
-      }
-      if (!s.ok()) {
-        ADD_FAILURE() << "GetJob " << id << ": " << s.error_message();
-        return job;
-      }
-      if (job.phase() == phase) return job;
-      if (job.phase() == loom::v1::JOB_PHASE_SUCCEEDED || job.phase() == loom::v1::JOB_PHASE_FAILED ||
-          job.phase() == loom::v1::JOB_PHASE_CANCELLED) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    ADD_FAILURE() << "job " << id << " is " << loom::v1::JobPhase_Name(job.phase()) << " ("
-                  << job.message() << "), wanted " << loom::v1::JobPhase_Name(phase)
-                  << "\nworker-0 log:\n" << testing::Tail(workers_[0]->log_path())
-                  << "\nscheduler log:\n" << testing::Tail(scheduler_->log_path());
-    return job;
-  }
-
-  std::string tmp_, ckpt_root_;
-  ReadyInfo scheduler_info_, checkpoint_info_;
-  std::vector<ReadyInfo> worker_infos_;
-  std::unique_ptr<Subprocess> scheduler_, checkpoint_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::unique_ptr<loom::v1::JobService::Stub> jobs_;
-  std::unique_ptr<loom::v1::CheckpointService::Stub> checkpoints_;
 };
 
 TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {

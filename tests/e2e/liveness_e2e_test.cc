@@ -9,6 +9,7 @@
 //   * loom-checkpoint frozen while jobs run and checkpoint: heartbeats (measured by a probe node
 //     heartbeating over real gRPC) are not delayed, no node is lost, no job restarts, and
 //     retention (keep_last) catches up after SIGCONT.
+// The daemons and polls are the shared fixture's (tests/e2e/testing/e2e_cluster.h).
 #include <grpcpp/grpcpp.h>
 
 #include <dirent.h>
@@ -23,22 +24,17 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
-#include "proto/checkpoint_service.grpc.pb.h"
-#include "proto/job_service.grpc.pb.h"
 #include "proto/worker_service.grpc.pb.h"
-#include "services/cli/job_spec_yaml.h"
+#include "tests/e2e/testing/e2e_cluster.h"
 #include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
 
-using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
 
 // The scheduler's heartbeat timeout in these tests: far shorter than the 20 s freezes (the
@@ -47,22 +43,7 @@ constexpr int kHeartbeatTimeoutS = 5;
 constexpr absl::Duration kFreeze = absl::Seconds(20);
 
 std::string TinyJob(int steps, const std::string& checkpoint, int ranks = 2) {
-  return absl::StrCat(R"(
-name: liveness
-model:
-  config:
-    vocab_size: 256
-    hidden_size: 48
-    intermediate_size: 128
-    num_hidden_layers: 2
-    num_attention_heads: 4
-    num_key_value_heads: 2
-    max_position_embeddings: 64
-    rms_norm_eps: 1.0e-5
-    rope_theta: 10000
-    tie_word_embeddings: true
-dataset: {name: fortunes}
-deepspeed_config:
+  return absl::StrCat("name: liveness", e2e::kTinyModelYaml, R"(deepspeed_config:
   train_micro_batch_size_per_gpu: 4
   gradient_accumulation_steps: 1
   optimizer: {type: AdamW, params: {lr: 0.003}}
@@ -70,21 +51,6 @@ deepspeed_config:
 resources: {num_ranks: )", ranks, R"(, accelerator: cpu}
 training: {steps: )", steps, R"(, sequence_length: 32, seed: 5, eval_batches: 1, eval_every_steps: 0}
 checkpoint: )", checkpoint, "\n");
-}
-
-// The value of the Prometheus sample `series` (exact text before the value), or -1.
-double Sample(const std::string& metrics_url, const std::string& series) {
-  absl::StatusOr<std::string> text = testing::HttpGet(metrics_url);
-  if (!text.ok()) return -1;
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
-    if (!absl::StartsWith(line, series) || line.size() <= series.size() + 1 ||
-        line[series.size()] != ' ') {
-      continue;
-    }
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-  }
-  return -1;
 }
 
 // step_* directories in a job's checkpoint directory (read directly: the service may be frozen).
@@ -97,108 +63,15 @@ int StepDirs(const std::string& dir) {
   return n;
 }
 
-class LivenessE2ETest : public ::testing::Test {
+class LivenessE2ETest : public e2e::E2EClusterTest {
  protected:
   void SetUp() override {
-    tmp_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_TRUE(MakeDirs(tmp_).ok());
-    ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
-    ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
-    checkpoint_ = StartDaemon("checkpoint", "services/checkpoint/loom-checkpoint",
-                              {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
-    ASSERT_NE(checkpoint_, nullptr);
-    // Resume lookups and retention go through loom-checkpoint, as in the local cluster.
-    scheduler_ = StartDaemon("scheduler", "services/scheduler/loom-scheduler",
-                             {absl::StrCat("--db=", tmp_, "/loom.db"),
-                              absl::StrCat("--checkpoint_root=", ckpt_root_),
-                              absl::StrCat("--checkpoint_service=", checkpoint_info_.grpc_address),
-                              absl::StrCat("--heartbeat_timeout_s=", kHeartbeatTimeoutS)},
-                             &scheduler_info_);
-    ASSERT_NE(scheduler_, nullptr);
-    for (int i = 0; i < 2; ++i) {
-      ReadyInfo info;
-      workers_.push_back(StartDaemon(
-          absl::StrCat("worker-", i), "services/worker/loom-worker",
-          {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
-           absl::StrCat("--node_id=worker-", i), "--slots=1",
-           absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
-           absl::StrCat("--work_dir=", tmp_, "/work-", i), "--heartbeat_interval=200ms",
-           absl::StrCat("--checkpoint_root=", ckpt_root_),
-           "--data_roots=/usr/share/games/fortunes"},
-          &info));
-      ASSERT_NE(workers_.back(), nullptr);
-    }
-    auto channel =
-        grpc::CreateChannel(scheduler_info_.grpc_address, grpc::InsecureChannelCredentials());
-    jobs_ = loom::v1::JobService::NewStub(channel);
-    worker_api_ = loom::v1::WorkerService::NewStub(channel);
-    checkpoints_ = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(checkpoint_info_.grpc_address, grpc::InsecureChannelCredentials()));
-  }
-
-  std::unique_ptr<Subprocess> StartDaemon(const std::string& name, const std::string& binary,
-                                          std::vector<std::string> args, ReadyInfo* info) {
-    auto daemon = testing::StartDaemon(tmp_, name, binary, std::move(args), info);
-    EXPECT_TRUE(daemon.ok()) << daemon.status();
-    return daemon.ok() ? std::move(*daemon) : nullptr;
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration deadline = absl::Seconds(30)) {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
-    return ctx;
-  }
-
-  loom::v1::Job Submit(const std::string& yaml) {
-    auto spec = cli::JobSpecFromYaml(yaml, tmp_);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    loom::v1::SubmitJobRequest req;
-    *req.mutable_spec() = *spec;
-    loom::v1::SubmitJobResponse resp;
-    grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.job();
-  }
-
-  loom::v1::Job Get(const std::string& id) {
-    loom::v1::GetJobRequest req;
-    req.set_job_id(id);
-    loom::v1::Job job;
-    grpc::Status s = jobs_->GetJob(Ctx().get(), req, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job;
-  }
-
-  void Kill(const std::string& id) {
-    loom::v1::KillJobRequest req;
-    req.set_job_id(id);
-    loom::v1::Job job;
-    grpc::Status s = jobs_->KillJob(Ctx().get(), req, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-  }
-
-  // Polls (every 100 ms) until `done(job)` holds; the last job seen. Fails if the job ends first
-  // or after `timeout`.
-  template <typename Fn>
-  loom::v1::Job WaitUntil(const std::string& id, Fn done, absl::Duration timeout,
-                          const std::string& what) {
-    const absl::Time deadline = absl::Now() + timeout;
-    loom::v1::Job job;
-    while (absl::Now() < deadline) {
-      job = Get(id);
-      if (done(job)) return job;
-      if (job.phase() == loom::v1::JOB_PHASE_SUCCEEDED ||
-          job.phase() == loom::v1::JOB_PHASE_FAILED ||
-          job.phase() == loom::v1::JOB_PHASE_CANCELLED) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(100));  // poll interval
-    }
-    ADD_FAILURE() << "job " << id << " is " << loom::v1::JobPhase_Name(job.phase()) << " ("
-                  << job.message() << "), waiting for " << what << "\nscheduler log:\n"
-                  << testing::Tail(scheduler_->log_path());
-    return job;
+    E2EClusterTest::SetUp();
+    e2e::ClusterOptions options;
+    options.scheduler_args = {absl::StrCat("--heartbeat_timeout_s=", kHeartbeatTimeoutS)};
+    options.worker_data_roots = "/usr/share/games/fortunes";
+    const absl::Status started = StartCluster(options);
+    ASSERT_TRUE(started.ok()) << started;
   }
 
   loom::v1::Job WaitStepping(const std::string& id, int64_t min_step) {
@@ -210,15 +83,9 @@ class LivenessE2ETest : public ::testing::Test {
         absl::Minutes(3), absl::StrCat("RUNNING at step >= ", min_step));
   }
 
-  double LostNodes() { return Sample(scheduler_info_.metrics_url, "loom_nodes{state=\"lost\"}"); }
-
-  std::string tmp_, ckpt_root_;
-  ReadyInfo scheduler_info_, checkpoint_info_;
-  std::unique_ptr<Subprocess> scheduler_, checkpoint_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::unique_ptr<loom::v1::JobService::Stub> jobs_;
-  std::unique_ptr<loom::v1::WorkerService::Stub> worker_api_;
-  std::unique_ptr<loom::v1::CheckpointService::Stub> checkpoints_;
+  double LostNodes() {
+    return e2e::MetricSample(scheduler_info_.metrics_url, "loom_nodes{state=\"lost\"}");
+  }
 };
 
 // Regression (issue 16): SIGSTOP of the worker daemon hosting rank 0 for 20 s (4x the heartbeat

@@ -10,6 +10,7 @@
 // part of what is tested). Proof of "the same attempt continued": a step strictly between 0 and
 // the total is observed before the outage, a later step of attempt 1 while RUNNING after it, the
 // job succeeds as attempt 1, no node is declared lost and no worker ran an attempt 2.
+// The daemons and polls are the shared fixture's (tests/e2e/testing/e2e_cluster.h).
 #include <grpcpp/grpcpp.h>
 
 #include <signal.h>
@@ -29,35 +30,21 @@
 #include "common/daemon.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
-#include "proto/job_service.grpc.pb.h"
-#include "services/cli/job_spec_yaml.h"
+#include "tests/e2e/testing/e2e_cluster.h"
 #include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
 
+using ::loom::e2e::Eventually;
+using ::loom::e2e::MetricSample;
 using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
 
 constexpr int kSteps = 2000;
 
 std::string JobYaml() {
-  return absl::StrCat(R"(
-name: e2e-restart
-model:
-  config:
-    vocab_size: 256
-    hidden_size: 48
-    intermediate_size: 128
-    num_hidden_layers: 2
-    num_attention_heads: 4
-    num_key_value_heads: 2
-    max_position_embeddings: 64
-    rms_norm_eps: 1.0e-5
-    rope_theta: 10000
-    tie_word_embeddings: true
-dataset: {name: fortunes}
-deepspeed_config:
+  return absl::StrCat("name: e2e-restart", e2e::kTinyModelYaml, R"(deepspeed_config:
   train_micro_batch_size_per_gpu: 4
   gradient_accumulation_steps: 1
   optimizer: {type: AdamW, params: {lr: 0.003}}
@@ -71,51 +58,14 @@ checkpoint: {interval_steps: 100000}
 
 bool FileExists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-// The value of the Prometheus sample `series` (exact text before the value), or -1.
-double Sample(const std::string& metrics_url, const std::string& series) {
-  absl::StatusOr<std::string> text = testing::HttpGet(metrics_url);
-  if (!text.ok()) return -1;
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
-    if (!absl::StartsWith(line, series) || line.size() <= series.size() + 1 ||
-        line[series.size()] != ' ') {
-      continue;
-    }
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-  }
-  return -1;
-}
-
 double Heartbeats(const std::string& worker_metrics_url, const char* result) {
-  return Sample(worker_metrics_url,
-                absl::StrCat("loom_worker_heartbeats_total{result=\"", result, "\"}"));
-}
-
-// Polls `fn` (every 100 ms) until it returns true; false after `timeout`.
-template <typename Fn>
-bool Eventually(Fn fn, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!fn()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return true;
+  return MetricSample(worker_metrics_url,
+                      absl::StrCat("loom_worker_heartbeats_total{result=\"", result, "\"}"));
 }
 
 // What both tests share: a job client and the checks around one scheduler outage.
-class RestartTestBase : public ::testing::Test {
+class RestartTestBase : public e2e::E2EClusterTest {
  protected:
-  void SetUp() override {
-    tmp_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_TRUE(MakeDirs(tmp_).ok());
-  }
-
-  void Connect(const std::string& scheduler_address) {
-    jobs_ = loom::v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_address, grpc::InsecureChannelCredentials()));
-  }
-
   // GetJob; UNAVAILABLE (a scheduler being restarted) answers false.
   bool Get(const std::string& id, loom::v1::Job* job) {
     grpc::ClientContext ctx;
@@ -129,18 +79,7 @@ class RestartTestBase : public ::testing::Test {
     return s.ok();
   }
 
-  std::string Submit() {
-    auto spec = cli::JobSpecFromYaml(JobYaml(), tmp_);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    loom::v1::SubmitJobRequest req;
-    *req.mutable_spec() = *spec;
-    loom::v1::SubmitJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    grpc::Status s = jobs_->SubmitJob(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.job().id();
-  }
+  std::string Submit() { return E2EClusterTest::Submit(JobYaml()).id(); }
 
   // Waits until attempt 1 of the job is RUNNING at a step > `after` (and < the total: still
   // training, so the step comes from the running ranks). Returns that step, or -1.
@@ -208,8 +147,8 @@ class RestartTestBase : public ::testing::Test {
     EXPECT_EQ(job.attempt(), 1);
     EXPECT_EQ(job.progress().step(), kSteps);
     // No node was declared lost (the restarted scheduler's view) and none ran an attempt 2.
-    EXPECT_EQ(Sample(scheduler_metrics, "loom_nodes{state=\"lost\"}"), 0);
-    EXPECT_EQ(Sample(scheduler_metrics, "loom_nodes{state=\"live\"}"), 2);
+    EXPECT_EQ(MetricSample(scheduler_metrics, "loom_nodes{state=\"lost\"}"), 0);
+    EXPECT_EQ(MetricSample(scheduler_metrics, "loom_nodes{state=\"live\"}"), 2);
     for (const std::string& dir : work_dirs) {
       EXPECT_TRUE(FileExists(absl::StrCat(dir, "/", id, "/attempt_1/rank_0.log")) ||
                   FileExists(absl::StrCat(dir, "/", id, "/attempt_1/rank_1.log")))
@@ -217,9 +156,6 @@ class RestartTestBase : public ::testing::Test {
       EXPECT_FALSE(FileExists(absl::StrCat(dir, "/", id, "/attempt_2"))) << dir;
     }
   }
-
-  std::string tmp_;
-  std::unique_ptr<loom::v1::JobService::Stub> jobs_;
 };
 
 // The daemons started directly, as the other end-to-end tests do.
@@ -227,47 +163,18 @@ class SchedulerRestartE2ETest : public RestartTestBase {
  protected:
   void SetUp() override {
     RestartTestBase::SetUp();
-    ckpt_root_ = absl::StrCat(tmp_, "/checkpoints");
-    ASSERT_TRUE(MakeDirs(ckpt_root_).ok());
-    auto ckpt = testing::StartDaemon(tmp_, "checkpoint", "services/checkpoint/loom-checkpoint",
-                                     {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &ckpt_info_);
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    checkpoint_ = std::move(*ckpt);
-    StartScheduler("scheduler", "0");
+    // The scheduler with its defaults (heartbeat timeout, re-registration grace) and the
+    // workers' default --reconnect_backoff_max: the delay under test.
+    e2e::ClusterOptions options;
+    options.workers_share_checkpoint_root = false;
+    const absl::Status started = StartCluster(options);
+    ASSERT_TRUE(started.ok()) << started;
     for (int i = 0; i < 2; ++i) {
-      ReadyInfo info;
-      // The workers' default --reconnect_backoff_max: the delay under test.
-      auto w = testing::StartDaemon(
-          tmp_, absl::StrCat("worker-", i), "services/worker/loom-worker",
-          {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
-           absl::StrCat("--node_id=worker-", i), "--slots=1",
-           absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
-           absl::StrCat("--work_dir=", tmp_, "/work-", i), "--heartbeat_interval=200ms"},
-          &info);
-      ASSERT_TRUE(w.ok()) << w.status();
-      workers_.push_back(std::move(*w));
-      worker_metrics_.push_back(info.metrics_url);
+      worker_metrics_.push_back(worker_infos_[i].metrics_url);
       work_dirs_.push_back(absl::StrCat(tmp_, "/work-", i));
     }
-    Connect(scheduler_info_.grpc_address);
   }
 
-  // The scheduler with its defaults (heartbeat timeout, re-registration grace).
-  void StartScheduler(const std::string& name, const std::string& port) {
-    auto s = testing::StartDaemon(
-        tmp_, name, "services/scheduler/loom-scheduler",
-        {absl::StrCat("--db=", tmp_, "/loom.db"), absl::StrCat("--checkpoint_root=", ckpt_root_),
-         absl::StrCat("--checkpoint_service=", ckpt_info_.grpc_address),
-         absl::StrCat("--port=", port)},
-        &scheduler_info_);
-    ASSERT_TRUE(s.ok()) << s.status();
-    scheduler_ = std::move(*s);
-  }
-
-  std::string ckpt_root_;
-  ReadyInfo ckpt_info_, scheduler_info_;
-  std::unique_ptr<Subprocess> checkpoint_, scheduler_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
   std::vector<std::string> worker_metrics_, work_dirs_;
 };
 
@@ -284,7 +191,8 @@ TEST_F(SchedulerRestartE2ETest, SchedulerKilledMidJobReadoptsTheSameAttempt) {
   const std::string old_address = scheduler_info_.grpc_address;
   scheduler_->Kill();  // SIGKILL
   WaitForFailedHeartbeats(worker_metrics_, errors, 5);
-  StartScheduler("scheduler-2", old_address.substr(old_address.rfind(':') + 1));
+  ASSERT_TRUE(
+      StartScheduler("scheduler-2", old_address.substr(old_address.rfind(':') + 1)).ok());
   ASSERT_EQ(scheduler_info_.grpc_address, old_address);
   // Within a couple of seconds (reconnect backoff capped at 1 s, heartbeats every 200 ms).
   const absl::Duration reconnect = WaitForHeartbeatsBack(worker_metrics_);

@@ -1,0 +1,437 @@
+// The Scheduler facade's rank reconciler: folds a node's heartbeat (rank reports) into job
+// state: rendezvous hand-out, progress and retention triggers, rank failures with their
+// classification and suspect node, lost ranks, assignments and stops in the reply; and the
+// cycle's liveness checks over the same state (step advances, hangs, node liveness). Runs under
+// the facade's lock (scheduler.h).
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "scheduler/job_state.h"
+#include "scheduler/path_policy.h"
+#include "scheduler/placement.h"
+#include "scheduler/preemption.h"
+#include "scheduler/record_helpers.h"
+#include "scheduler/restart_policy.h"
+#include "scheduler/scheduler_internal.h"
+
+namespace loom {
+
+absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
+    const loom::v1::HeartbeatRequest& request) {
+  RETURN_IF_ERROR(CheckIdLength("node_id", request.node_id()));
+  // Output lines first, without the scheduler's lock (the buffer has its own, and deduplicates
+  // lines of a retried heartbeat by sequence).
+  for (const loom::v1::RankStatus& st : request.ranks()) {
+    logs_->Append(st.job_id(), st.attempt(), st.rank(), st.log_lines());
+  }
+  absl::MutexLock lock(&mu_);
+  const std::string& node_id = request.node_id();
+  auto node_it = nodes_.find(node_id);
+  if (node_it == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is not registered; register again"));
+  }
+  if (node_it->second.lost) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " was declared lost; register again"));
+  }
+  {
+    NodeRecord updated = node_it->second;
+    updated.last_heartbeat_time = clock_->Now();
+    RETURN_IF_ERROR(store_->UpsertNode(updated));
+    node_it->second = std::move(updated);
+    awaiting_reregistration_.erase(node_id);
+  }
+
+  loom::v1::HeartbeatResponse response;
+  std::map<std::pair<std::string, int32_t>, bool> stops;  // (job id, attempt) -> graceful
+  auto add_stop = [&stops](const std::string& job_id, int32_t attempt, bool graceful) {
+    auto [it, inserted] = stops.emplace(std::make_pair(job_id, attempt), graceful);
+    if (!inserted) it->second = it->second && graceful;  // a kill overrides a graceful stop
+  };
+  std::set<RankKey> seen;
+  std::set<std::string> touched_jobs;
+
+  for (const loom::v1::RankStatus& st : request.ranks()) {
+    const RankKey key{st.job_id(), st.rank()};
+    auto rt_it = ranks_.find(key);
+    const bool ours = rt_it != ranks_.end() && rt_it->second.attempt == st.attempt() &&
+                      rt_it->second.node_id == node_id;
+    if (!ours) {
+      // An old attempt, an ended job, or a rank placed elsewhere: it must not keep running.
+      if (!RankEnded(st.state())) add_stop(st.job_id(), st.attempt(), false);
+      continue;
+    }
+    RankRuntime& rt = rt_it->second;
+    seen.insert(key);
+    const RankState previous = rt.state;
+    rt.reported = true;
+    rt.state = st.state();
+    const auto job_it = jobs_.find(st.job_id());
+    if (job_it != jobs_.end() && job_it->second.phase == v1::JOB_PHASE_STOPPING) {
+      // Graceful stop in progress: keep rank 0's progress (its final checkpoint step).
+      if (st.rank() == 0 && st.has_progress()) {
+        JobRecord updated = job_it->second;
+        updated.progress = MergeProgress(job_it->second.progress, st.progress());
+        if (updated.progress.total_steps() == 0) {
+          updated.progress.set_total_steps(updated.spec.training().steps());
+        }
+        if (!google::protobuf::util::MessageDifferencer::Equals(updated.progress,
+                                                                job_it->second.progress)) {
+          RETURN_IF_ERROR(CommitJob(std::move(updated)));
+        }
+      }
+      const bool graceful = rt.graceful_stop;
+      if (RankEnded(st.state())) {
+        RecordStoppingRank(st, node_id);
+        ranks_.erase(key);
+      } else {
+        add_stop(st.job_id(), st.attempt(), graceful);
+      }
+      continue;
+    }
+    if (rt.stop_requested || job_it == jobs_.end() || IsTerminal(job_it->second.phase)) {
+      // A rank of an attempt that already failed: perhaps the real cause, reporting late.
+      if (st.state() == v1::RANK_STATE_FAILED) {
+        RETURN_IF_ERROR(ReconsiderBlame(st, node_id));
+        rt_it = ranks_.find(key);  // ending the job may have forgotten this ended rank
+        if (rt_it == ranks_.end()) continue;
+      }
+      if (RankEnded(st.state())) {
+        ranks_.erase(rt_it);
+      } else {
+        add_stop(st.job_id(), st.attempt(), false);
+      }
+      continue;
+    }
+    JobRecord& job = job_it->second;
+    // Every rank's step, not only rank 0's: any stepping rank proves the gang alive
+    // (CheckNodeLiveness), also while rank 0's own worker is silent.
+    if (st.has_progress()) {
+      rank_progress_.Observe(job.id, st.attempt(), st.rank(), st.progress().step(), clock_->Now());
+    }
+    if (st.rank() == 0 && (st.rendezvous_port() < 0 || st.rendezvous_port() > 65535)) {
+      // A broken worker: handing ranks 1..N-1 this port would only fail their rendezvous later.
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), v1::FAILURE_CLASS_SETUP, "RendezvousFailed",
+                                  absl::StrCat("rank 0 on node ", node_id,
+                                               " reported rendezvous port ", st.rendezvous_port(),
+                                               ", outside [1, 65535]"),
+                                  node_id));
+      continue;
+    }
+    if (st.rank() == 0) {
+      JobRecord updated = job;
+      if (st.rendezvous_port() > 0 && job.rendezvous_port == 0) {
+        updated.rendezvous_port = st.rendezvous_port();
+        if (updated.phase == v1::JOB_PHASE_STARTING) {
+          updated.message = absl::StrCat("attempt ", job.attempt, ": rank 0 rendezvous at ",
+                                         NodeAddress(node_it->second), ":", st.rendezvous_port(),
+                                         "; waiting for every rank to run");
+        }
+        LOG(INFO) << "job " << job.id << " attempt " << job.attempt << ": rank 0 rendezvous at "
+                  << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
+      }
+      if (st.has_progress()) {
+        if (st.progress().last_checkpoint_step() > job.progress.last_checkpoint_step()) {
+          ApplyRetention(job);
+        }
+        if (st.progress().step() > job.progress.step()) {
+          RecordStepAdvance(job.id, job.progress.step(), st.progress().step());
+        }
+        updated.progress = MergeProgress(job.progress, st.progress());
+        if (updated.progress.total_steps() == 0) {
+          updated.progress.set_total_steps(job.spec.training().steps());
+        }
+      }
+      if (updated.rendezvous_port != job.rendezvous_port || updated.message != job.message ||
+          !google::protobuf::util::MessageDifferencer::Equals(updated.progress, job.progress)) {
+        RETURN_IF_ERROR(CommitJob(std::move(updated)));
+      }
+    }
+    if (st.state() == v1::RANK_STATE_FAILED || st.state() == v1::RANK_STATE_STOPPED) {
+      const bool had_run = previous == v1::RANK_STATE_RUNNING;
+      // A rank that lost a peer fails with a collective error ("connection reset"); the peer's
+      // node, gone silent, is the likely cause and the better suspect.
+      std::string suspect = node_id;
+      std::string message = RankExitMessage(st.rank(), node_id, st);
+      const absl::Time now = clock_->Now();
+      for (const std::string& peer : job.rank_nodes) {
+        auto n = nodes_.find(peer);
+        if (peer == node_id || n == nodes_.end()) continue;
+        const absl::Duration silent = now - n->second.last_heartbeat_time;
+        if (silent > 2 * options_.heartbeat_interval) {
+          suspect = peer;
+          absl::StrAppend(&message, " (node ", peer, ", with another rank of this job, has not "
+                          "heartbeated for ", absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
+                          ": likely the cause)");
+          break;
+        }
+      }
+      // Losing a peer whose node went silent is an infrastructure failure (infra budget).
+      const RankExitClass exit = ClassifyRankExit(st, had_run);
+      const bool own = suspect == node_id;
+      // A rank that only saw a peer go away is charged provisionally to the infra budget while
+      // it has restarts left (else the user's): the peer's own report re-attributes the failure
+      // and moves the restart to the real cause's budget (restart_attribution.cc).
+      const bool infra_left =
+          job.state.infra_restarts() <
+          (!job.spec.has_max_infra_restarts() || job.spec.max_infra_restarts() < 0
+               ? options_.default_max_infra_restarts
+               : job.spec.max_infra_restarts());
+      const bool provisional =
+          own && SawPeerGoAway(st) && exit.failure_class == v1::FAILURE_CLASS_USER && infra_left;
+      const loom::v1::FailureClass failure_class =
+          own && !provisional ? exit.failure_class : v1::FAILURE_CLASS_INFRA;
+      const int32_t attempt = job.attempt;
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), failure_class, own ? exit.reason : "RankFailed",
+                                  message, suspect, own && exit.final));
+      RecordBlame(st.job_id(), attempt, st, node_id, message, failure_class);
+      continue;
+    }
+    touched_jobs.insert(st.job_id());
+  }
+
+  // Ranks this node reported before but no longer does: the worker lost them. Ranks that
+  // were asked to stop and are not reported are gone: their slots are free.
+  for (auto it = ranks_.begin(); it != ranks_.end();) {
+    RankRuntime& rt = it->second;
+    if (rt.node_id != node_id || seen.count(it->first)) {
+      ++it;
+      continue;
+    }
+    if (rt.stop_requested) {
+      it = ranks_.erase(it);
+      continue;
+    }
+    if (rt.reported && !RankEnded(rt.state)) {
+      const std::string job_id = it->first.first;
+      const int32_t rank = it->first.second;
+      ++it;  // EndJob may erase entries of this job; resume from a fresh lookup below
+      RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "RankLost",
+                                  absl::StrCat("rank ", rank, " on node ", node_id,
+                                               " is no longer reported by its worker"),
+                                  node_id));
+      touched_jobs.erase(job_id);
+      it = ranks_.upper_bound({job_id, rank});
+      continue;
+    }
+    ++it;
+  }
+
+  for (const std::string& job_id : touched_jobs) RETURN_IF_ERROR(AdvanceJob(job_id));
+  RETURN_IF_ERROR(FinishStops());
+
+  // Replies: assignments not yet acknowledged, and stops.
+  for (auto& [key, rt] : ranks_) {
+    if (rt.node_id != node_id) continue;
+    if (rt.stop_requested) {
+      add_stop(key.first, rt.attempt, rt.graceful_stop);
+      continue;
+    }
+    if (rt.reported) continue;
+    const JobRecord& job = jobs_.at(key.first);
+    if (key.second != 0 && job.rendezvous_port == 0) continue;  // wait for rank 0's port
+    *response.add_start() = StartAssignment(job, key.second);
+  }
+  for (const auto& [job_attempt, graceful] : stops) {
+    loom::v1::RankAssignment* stop = response.add_stop();
+    stop->set_job_id(job_attempt.first);
+    stop->set_attempt(job_attempt.second);
+    stop->set_graceful_stop(graceful);
+  }
+  // Not the per-tenant job counts: they walk every job, and heartbeats arrive from every node
+  // every interval. Each scheduling cycle and the RPCs that change jobs refresh those.
+  UpdateGauges(/*with_tenant_counts=*/false);
+  return response;
+}
+
+loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_t rank) const {
+  loom::v1::RankAssignment a;
+  a.set_job_id(job.id);
+  a.set_attempt(job.attempt);
+  a.set_rank(rank);
+  a.set_world_size(static_cast<int32_t>(job.rank_nodes.size()));
+  *a.mutable_spec() = job.spec;
+  auto node = nodes_.find(job.rank_nodes.at(0));
+  a.set_master_addr(node == nodes_.end() ? job.rank_nodes.at(0) : NodeAddress(node->second));
+  a.set_master_port(job.rendezvous_port);
+  a.set_checkpoint_dir(job.checkpoint_dir);
+  a.set_tenant(job.tenant);
+  if (job.attempt > 1) {
+    auto r = resume_from_.find(job.id);
+    if (r != resume_from_.end()) a.set_resume_from(r->second.path);
+  }
+  return a;
+}
+
+absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
+  const JobRecord& job = jobs_.at(job_id);
+  if (IsTerminal(job.phase)) return absl::OkStatus();
+  int total = 0, running_or_done = 0, succeeded = 0;
+  for (auto it = ranks_.lower_bound({job_id, 0}); it != ranks_.end() && it->first.first == job_id;
+       ++it) {
+    ++total;
+    if (it->second.state == v1::RANK_STATE_SUCCEEDED) ++succeeded;
+    if (it->second.state == v1::RANK_STATE_SUCCEEDED || it->second.state == v1::RANK_STATE_RUNNING) {
+      ++running_or_done;
+    }
+  }
+  if (total == 0 || total != static_cast<int>(job.rank_nodes.size())) return absl::OkStatus();
+  if (succeeded == total) {
+    return MarkSucceeded(job_id, absl::StrCat("all ", total, " ranks succeeded"));
+  }
+  if (running_or_done == total && job.phase == v1::JOB_PHASE_STARTING) {
+    JobRecord updated = job;
+    updated.phase = v1::JOB_PHASE_RUNNING;
+    updated.state.set_ready_timeouts(0);  // the gang came up: backoff starts over
+    updated.reason = "Running";
+    updated.message = absl::StrCat("all ", total, " ranks running");
+    RETURN_IF_ERROR(CommitJob(std::move(updated)));
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
+                                  int64_t to_step) {
+  const absl::Time now = clock_->Now();
+  auto last = last_step_advance_.find(job_id);
+  // The first report of an attempt (from_step may be a resumed or stale step) gives no interval.
+  if (last != last_step_advance_.end() && from_step > 0 && to_step > from_step) {
+    std::deque<double>& window = step_seconds_[job_id];
+    window.push_back(absl::ToDoubleSeconds(now - last->second) /
+                     static_cast<double>(to_step - from_step));
+    if (window.size() > 32) window.pop_front();
+  }
+  last_step_advance_[job_id] = now;
+}
+
+absl::Status Scheduler::CheckHangs() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::pair<std::string, std::string>> hung;  // (job id, message)
+  for (const auto& [job_id, job] : jobs_) {
+    if (job.phase != v1::JOB_PHASE_RUNNING) continue;
+    auto last = last_step_advance_.find(job_id);
+    const double median_s = MedianStepSeconds(job_id);  // 0 until 3 steps were timed
+    if (last == last_step_advance_.end() || median_s <= 0) continue;
+    const absl::Duration threshold =
+        std::max(options_.hang_min_timeout, absl::Seconds(options_.hang_step_time_factor * median_s));
+    const absl::Duration idle = now - last->second;
+    if (idle > threshold) {
+      hung.emplace_back(job_id, absl::StrCat("no step progress for ",
+                                             absl::FormatDuration(absl::Trunc(idle, absl::Seconds(1))),
+                                             " after step ", job.progress.step(), " (limit ",
+                                             absl::FormatDuration(absl::Trunc(threshold, absl::Seconds(1))),
+                                             ", median step time ", absl::StrFormat("%.3f", median_s),
+                                             " s)"));
+    }
+  }
+  for (const auto& [job_id, message] : hung) {
+    LOG(WARNING) << "job " << job_id << " hung: " << message;
+    last_step_advance_.erase(job_id);
+  rank_progress_.Forget(job_id);
+    step_seconds_.erase(job_id);
+    RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "Hang", message, ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::CheckNodeLiveness() {
+  const absl::Time now = clock_->Now();
+  for (auto& [node_id, node] : nodes_) {
+    // Not heard from since this scheduler started: at least the re-registration grace.
+    const absl::Duration timeout =
+        awaiting_reregistration_.count(node_id) > 0
+            ? std::max(options_.heartbeat_timeout, options_.reregistration_grace)
+            : options_.heartbeat_timeout;
+    if (node.lost || now - node.last_heartbeat_time <= timeout) continue;
+    // Missed heartbeats alone do not make a node lost while a job with a rank on it is still
+    // stepping (any of its ranks, reporting through another node, advanced within the timeout;
+    // rank_progress.h): the gang's collectives cannot progress without that node's ranks, so
+    // they are alive. The node is then "unreachable" (NodeInfo.unreachable): kept, but given no
+    // new ranks until it heartbeats again.
+    std::string stepping_job;
+    for (const auto& [key, rt] : ranks_) {
+      if (rt.node_id != node_id) continue;
+      std::optional<absl::Time> advanced = rank_progress_.LastAdvance(key.first);
+      auto rank0 = last_step_advance_.find(key.first);
+      if (rank0 != last_step_advance_.end() &&
+          (!advanced.has_value() || rank0->second > *advanced)) {
+        advanced = rank0->second;
+      }
+      if (advanced.has_value() && now - *advanced <= options_.heartbeat_timeout) {
+        stepping_job = key.first;
+        break;
+      }
+    }
+    if (!stepping_job.empty()) {
+      LOG_EVERY_N(WARNING, 20) << "node " << node_id << " has not heartbeated for "
+                               << absl::FormatDuration(now - node.last_heartbeat_time)
+                               << " but job " << stepping_job
+                               << " on it is still stepping; node unreachable, not lost";
+      continue;
+    }
+    NodeRecord updated = node;
+    updated.lost = true;
+    RETURN_IF_ERROR(store_->UpsertNode(updated));
+    node = std::move(updated);
+    const std::string message = absl::StrCat(
+        "node ", node_id, " lost: no heartbeat for ",
+        absl::FormatDuration(absl::Trunc(now - node.last_heartbeat_time, absl::Milliseconds(1))),
+        " (timeout ", absl::FormatDuration(timeout), ")");
+    LOG(WARNING) << message;
+    std::set<std::string> affected;
+    for (auto it = ranks_.begin(); it != ranks_.end();) {
+      if (it->second.node_id == node_id) {
+        affected.insert(it->first.first);
+        it = ranks_.erase(it);  // the node is gone, and so are its ranks
+      } else {
+        ++it;
+      }
+    }
+    for (const std::string& job_id : affected) {
+      // Rank 0 reports SUCCEEDED only after the trainers' final barrier, which every rank
+      // reaches after writing its last checkpoint shard: the lost node's ranks had finished.
+      auto rank0 = ranks_.find({job_id, 0});
+      if (rank0 != ranks_.end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
+          !IsTerminal(jobs_.at(job_id).phase) &&
+          jobs_.at(job_id).phase != v1::JOB_PHASE_STOPPING) {
+        RETURN_IF_ERROR(MarkSucceeded(
+            job_id, absl::StrCat("training completed (rank 0 passed the final barrier of all ",
+                                 jobs_.at(job_id).rank_nodes.size(), " ranks); ", message,
+                                 " afterwards")));
+        continue;
+      }
+      if (jobs_.at(job_id).phase == v1::JOB_PHASE_RECOVERING) {
+        // The attempt already ended (typically a peer rank failing with a collective error when
+        // this node died): name the lost node in the job's message and avoid it.
+        JobRecord updated = jobs_.at(job_id);
+        // Onto the failure message (the in-memory one may be a pending reason by now).
+        updated.message = absl::StrCat(PhaseMessage(updated), "; then ", message,
+                                       ": likely the cause");
+        auto* history = updated.state.mutable_history();
+        if (!history->empty() && history->rbegin()->phase() == updated.phase) {
+          history->rbegin()->set_message(updated.message.substr(0, kMaxHistoryMessageBytes));
+        }
+        AddSuspect(&updated, node_id);
+        RETURN_IF_ERROR(CommitJob(std::move(updated)));
+        continue;
+      }
+      RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost", message, node_id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom

@@ -1,0 +1,78 @@
+#include "scheduler/scheduler_internal.h"
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "scheduler/placement.h"
+#include "scheduler/scheduler.h"
+
+namespace loom {
+
+// The job's progress once rank 0 of its current attempt reports `reported`. A new attempt's rank
+// starts with empty progress and, when it resumed, evaluates first at the resume step: the job
+// keeps its "before training" loss, and its last evaluation, checkpoint and step until the new
+// attempt reports newer ones.
+loom::v1::Progress MergeProgress(const loom::v1::Progress& job,
+                                 const loom::v1::Progress& reported) {
+  loom::v1::Progress merged = reported;
+  if (job.has_eval_loss()) {
+    merged.set_initial_eval_loss(job.initial_eval_loss());
+    if (!reported.has_eval_loss()) {
+      merged.set_has_eval_loss(true);
+      merged.set_eval_loss(job.eval_loss());
+      merged.set_eval_step(job.eval_step());
+    }
+  }
+  if (reported.step() == 0) {
+    merged.set_step(job.step());
+    merged.set_loss(job.loss());
+  }
+  merged.set_last_checkpoint_step(std::max(job.last_checkpoint_step(), reported.last_checkpoint_step()));
+  return merged;
+}
+
+
+AcceleratorKind KindOf(const loom::v1::JobSpec& spec) { return loom::KindOf(spec.resources()); }
+
+std::string KindName(AcceleratorKind kind) { return AcceleratorKindName(kind); }
+
+bool IsInfraClass(loom::v1::FailureClass c) {
+  return c == v1::FAILURE_CLASS_INFRA || c == v1::FAILURE_CLASS_SETUP;
+}
+
+void AddSuspect(JobRecord* job, const std::string& node_id) {
+  if (node_id.empty()) return;
+  for (const std::string& n : job->state.suspect_nodes()) {
+    if (n == node_id) return;
+  }
+  job->state.add_suspect_nodes(node_id);
+}
+
+void SetTimestamp(absl::Time t, google::protobuf::Timestamp* ts) {
+  const int64_t micros = absl::ToUnixMicros(t);
+  int64_t seconds = micros / 1000000;
+  int64_t rem = micros % 1000000;
+  if (rem < 0) {
+    rem += 1000000;
+    --seconds;
+  }
+  ts->set_seconds(seconds);
+  ts->set_nanos(static_cast<int32_t>(rem * 1000));
+}
+
+// INVALID_ARGUMENT for an id too long to be real (and to be echoed back in an error).
+absl::Status CheckIdLength(absl::string_view field, const std::string& id) {
+  if (id.size() <= kMaxIdBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", id.size(), " bytes, longer than ",
+                                                 kMaxIdBytes, " (starts with '",
+                                                 absl::CEscape(id.substr(0, 32)), "')"));
+}
+
+std::string NodeAddress(const NodeRecord& node) {
+  if (!node.inventory.address().empty()) return node.inventory.address();
+  if (!node.inventory.hostname().empty()) return node.inventory.hostname();
+  return node.id;
+}
+
+}  // namespace loom

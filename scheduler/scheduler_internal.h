@@ -1,0 +1,41 @@
+// File: scheduler/scheduler_internal.h
+//
+// Helpers shared by the files of the Scheduler facade (scheduler*.cc); not part of its API.
+// Thread-safety: pure functions.
+#ifndef LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_
+#define LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "proto/common.pb.h"
+#include "storage/job_store.h"
+
+namespace loom {
+
+using loom::v1::AcceleratorKind;
+using loom::v1::JobPhase;
+using loom::v1::RankState;
+
+// The job's progress once rank 0 of its current attempt reports `reported` (a new attempt keeps
+// the job's initial eval loss, last evaluation, checkpoint and step until it reports newer).
+loom::v1::Progress MergeProgress(const loom::v1::Progress& job,
+                                 const loom::v1::Progress& reported);
+AcceleratorKind KindOf(const loom::v1::JobSpec& spec);
+std::string KindName(AcceleratorKind kind);
+// INFRA or SETUP: charged to the infra restart budget.
+bool IsInfraClass(loom::v1::FailureClass c);
+// Adds `node_id` (if non-empty and new) to the job's suspect nodes.
+void AddSuspect(JobRecord* job, const std::string& node_id);
+void SetTimestamp(absl::Time t, google::protobuf::Timestamp* ts);
+// INVALID_ARGUMENT for an id too long to be real (and to be echoed back in an error).
+absl::Status CheckIdLength(absl::string_view field, const std::string& id);
+// The address ranks use to reach the node: inventory address, else hostname, else its id.
+std::string NodeAddress(const NodeRecord& node);
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_

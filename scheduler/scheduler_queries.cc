@@ -1,0 +1,151 @@
+// The Scheduler facade's read-only job queries: GetJob, JobTenant, ListJobs, ListJobsPage and
+// ExplainPending.
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "scheduler/job_state.h"
+#include "scheduler/path_policy.h"
+#include "scheduler/placement.h"
+#include "scheduler/preemption.h"
+#include "scheduler/record_helpers.h"
+#include "scheduler/restart_policy.h"
+#include "scheduler/scheduler_internal.h"
+
+namespace loom {
+
+absl::Status Scheduler::JobNotFound(const std::string& job_id) {
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
+absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return JobNotFound(job_id);
+  return JobRecordToProto(it->second);
+}
+
+absl::StatusOr<std::string> Scheduler::JobTenant(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return JobNotFound(job_id);
+  return it->second.tenant;
+}
+
+absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
+  absl::MutexLock lock(&mu_);
+  std::vector<loom::v1::Job> out;
+  for (const auto& [seq, id] : job_order_) {
+    const JobRecord& job = jobs_.at(id);
+    if (phase == v1::JOB_PHASE_UNSPECIFIED || job.phase == phase) {
+      out.push_back(JobRecordToProto(job));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
+    const loom::v1::ListJobsRequest& request) {
+  constexpr int kDefaultPageSize = 100, kMaxPageSize = 1000;
+  // Well under gRPC's default 4 MB receive limit (a job's spec is at most kMaxJobSpecBytes).
+  constexpr size_t kMaxPageBytes = 2 << 20;
+  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size: must be in [0, ", kMaxPageSize,
+                                                   "], got ", request.page_size()));
+  }
+  const int page_size = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  // Token: web-safe base64 of "after:<sequence>".
+  int64_t after = 0;
+  if (!request.page_token().empty()) {
+    std::string decoded;
+    if (!absl::WebSafeBase64Unescape(request.page_token(), &decoded) ||
+        !absl::StartsWith(decoded, "after:") ||
+        !absl::SimpleAtoi(decoded.substr(6), &after) || after < 0) {
+      return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  loom::v1::ListJobsResponse page;
+  size_t page_bytes = 0;
+  int64_t last_sequence = after;
+  for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
+    const JobRecord& job = jobs_.at(it->second);
+    if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
+    if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
+    if (!request.tenant().empty() && job.tenant != request.tenant()) continue;
+    if (!request.queue().empty() &&
+        QueueOf(job.spec) != request.queue()) {
+      continue;
+    }
+    if (page.jobs_size() == page_size) {
+      page.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat("after:", last_sequence)));
+      break;
+    }
+    loom::v1::Job proto = JobRecordToProto(job);
+    // Each repeated element costs its size plus a tag and a length prefix (at most 6 bytes).
+    const size_t bytes = proto.ByteSizeLong() + 6;
+    if (page.jobs_size() > 0 && page_bytes + bytes > kMaxPageBytes) {
+      page.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat("after:", last_sequence)));
+      break;
+    }
+    page_bytes += bytes;
+    last_sequence = job.sequence;
+    *page.add_jobs() = std::move(proto);
+  }
+  return page;
+}
+
+absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
+    const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return JobNotFound(job_id);
+  const JobRecord& job = it->second;
+  loom::v1::ExplainPendingResponse out;
+  out.set_phase(job.phase);
+  out.set_reason(job.reason);
+  out.set_message(job.message);
+  const bool waiting = job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
+  if (!waiting) return out;
+  const AcceleratorKind kind = KindOf(job.spec);
+  const std::vector<std::string>& order = queue_order_[kind];
+  if (auto pos = std::find(order.begin(), order.end(), job_id); pos != order.end()) {
+    // The order of the last scheduling cycle (priority, fair share, age); at most
+    // kMaxJobsAhead of the jobs ahead are named.
+    constexpr int kMaxJobsAhead = 100;
+    const int position = static_cast<int>(pos - order.begin()) + 1;
+    out.set_queue_position(position);
+    for (int i = 0; i + 1 < position && i < kMaxJobsAhead; ++i) out.add_jobs_ahead(order[i]);
+    return out;
+  }
+  // Not yet seen by a cycle: submission order among waiting jobs of its kind.
+  int position = 0;
+  for (const auto& [seq, id] : job_order_) {
+    const JobRecord& other = jobs_.at(id);
+    const bool other_waiting =
+        other.phase == v1::JOB_PHASE_PENDING || other.phase == v1::JOB_PHASE_RECOVERING;
+    if (!other_waiting || KindOf(other.spec) != kind) continue;
+    ++position;
+    if (id == job_id) break;
+    out.add_jobs_ahead(id);
+  }
+  out.set_queue_position(position);
+  return out;
+}
+
+}  // namespace loom
