@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/model/param_access.h"
+#include "worker/engine/sequence_parallel_config.h"
 
 namespace loom::engine {
 namespace {
@@ -87,23 +88,7 @@ struct HeadsToSeqFn : public torch::autograd::Function<HeadsToSeqFn> {
 }  // namespace
 
 absl::Status CheckUlyssesHeads(int64_t num_heads, int64_t num_kv_heads, int64_t sp_size) {
-  if (sp_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("deepspeed_config.sequence_parallel_size: ", sp_size, " must be >= 1"));
-  }
-  if (num_heads % sp_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.config.num_attention_heads: ", num_heads,
-        " is not divisible by deepspeed_config.sequence_parallel_size ", sp_size,
-        " (Ulysses gives every sequence-parallel rank H/P query heads)"));
-  }
-  if (num_kv_heads < 1 || (num_kv_heads % sp_size != 0 && sp_size % num_kv_heads != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.config.num_key_value_heads: ", num_kv_heads,
-        " must be divisible by deepspeed_config.sequence_parallel_size ", sp_size,
-        " or divide it (KV heads are split, or replicated when there are fewer than P)"));
-  }
-  return absl::OkStatus();
+  return CheckSequenceParallelHeads(num_heads, num_kv_heads, sp_size);
 }
 
 at::Tensor PackedCausalMask(const at::Tensor& positions) {
@@ -160,7 +145,8 @@ void UlyssesAttention::SetLocalPositions(const at::Tensor& positions) {
 }
 
 at::Tensor UlyssesAttention::Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& /*masked*/, at::ScalarType act) {
+                                     const at::Tensor& masked, at::ScalarType act) {
+  if (!enabled_) return inner_->Forward(q, k, v, masked, act);
   const int64_t p = group_->world_size();
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "Ulysses: q/k/v must be 4-d");
   TORCH_CHECK(q.size(1) == options_.num_heads && k.size(1) == options_.num_kv_heads &&

@@ -52,7 +52,8 @@ namespace loom::engine {
 
 // The preconditions of §3.1 for heads: H % P == 0 and (Hkv % P == 0 or P % Hkv == 0).
 // INVALID_ARGUMENT naming the config fields (num_attention_heads, num_key_value_heads,
-// sequence_parallel_size) and their values.
+// sequence_parallel_size) and their values (CheckSequenceParallelHeads,
+// worker/engine/sequence_parallel_config.h, which the scheduler's validation runs too).
 absl::Status CheckUlyssesHeads(int64_t num_heads, int64_t num_kv_heads, int64_t sp_size);
 
 // [S, S] bool, true = key j NOT visible to query i: see the file comment (documents start where
@@ -84,12 +85,18 @@ class UlyssesAttention : public AttentionCore {
   // Throws CollectiveError.
   void SetLocalPositions(const at::Tensor& positions);
 
-  // q [b, H, Sl, d], k, v [b, Hkv, Sl, d] -> [b, H, Sl, d] in `act`. `masked` is ignored.
+  // q [b, H, Sl, d], k, v [b, Hkv, Sl, d] -> [b, H, Sl, d] in `act`. `masked` is ignored (used
+  // only when disabled).
   at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& masked, at::ScalarType act) override;
 
-  // The global [S] positions and [S, S] mask of the last SetLocalPositions (undefined before).
+  // The global [S] positions of the last SetLocalPositions (undefined before).
   const at::Tensor& global_positions() const { return global_positions_; }
+
+  // Disabled, Forward runs the inner core on the tensors as given, with the model's mask (a
+  // full sequence on every rank, e.g. final logits; DeepSpeed's disable_in_eval). Default on.
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+  bool enabled() const { return enabled_; }
 
  private:
   UlyssesAttention(Collectives* group, const UlyssesOptions& options,
@@ -99,6 +106,7 @@ class UlyssesAttention : public AttentionCore {
   std::unique_ptr<AttentionCore> inner_;
   at::Tensor global_positions_;
   at::Tensor mask_;
+  bool enabled_ = true;
 };
 
 }  // namespace loom::engine
