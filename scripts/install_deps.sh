@@ -19,6 +19,9 @@ PACKAGES=(
   libssl-dev openssl
   # runtime tools and data
   sentencepiece fortunes fortunes-min
+  # one long continuous English text for the long-sequence (ALST) example (bible-kjv-text is
+  # compressed; the bible reader prints it: examples/bible-alst/make_corpus.sh)
+  bible-kjv bible-kjv-text
   # tests: reference PyTorch for the independent export check
   python3-torch python3-numpy
   # logging facade used by the daemons
