@@ -19,6 +19,7 @@
 #include "scheduler/job_spec_validation_limits.h"
 #include "worker/engine/ds_config.h"
 #include "worker/engine/model_config.h"
+#include "worker/engine/sequence_parallel_config.h"
 
 namespace loom {
 namespace {
@@ -241,6 +242,9 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   ASSIGN_OR_RETURN(std::string ds_json, StructToJson(spec.deepspeed_config(), "deepspeed_config"));
   absl::StatusOr<engine::DeepSpeedConfig> ds = engine::ParseDeepSpeedConfig(ds_json, r.num_ranks());
   if (!ds.ok()) return WithPrefix(ds.status(), "deepspeed_config");
+  RETURN_IF_ERROR(engine::ValidateSequenceParallel(  // Ulysses (issue 13): heads, S % P
+      model->num_attention_heads, model->num_key_value_heads, spec.training().sequence_length(),
+      ds->sequence_parallel_size));
 
   if (spec.checkpoint().interval_steps() < 0) {
     return InvalidField("checkpoint.interval_steps",

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -321,6 +323,35 @@ TEST(JobSpecValidationTest, UnknownFieldsSurviveTheWire) {
   JobSpec parsed;
   ASSERT_TRUE(parsed.ParseFromString(wire));
   ExpectInvalid(parsed, "spec", "unknown field number 77");
+}
+
+// Ulysses sequence parallelism (issue 13): every precondition refused at submission, naming the
+// field (the reference spec: 4 heads, 2 KV heads, 2 ranks, sequence_length 64).
+TEST(JobSpecValidationTest, SequenceParallelPreconditions) {
+  auto with = [](const std::vector<std::pair<std::string, double>>& ds,
+                 const std::vector<std::pair<std::string, double>>& model) {
+    JobSpec spec = ValidTestJobSpec();
+    for (const auto& [k, v] : ds) (*spec.mutable_deepspeed_config()->mutable_fields())[k] = Num(v);
+    for (const auto& [k, v] : model) {
+      (*spec.mutable_model()->mutable_config()->mutable_fields())[k] = Num(v);
+    }
+    return spec;
+  };
+  EXPECT_TRUE(ValidateJobSpec(with({{"sequence_parallel_size", 2}}, {}), TestOptions()).ok());
+  ExpectInvalid(with({{"sequence_parallel_size", 3}}, {}),
+                "deepspeed_config.sequence_parallel_size", "does not divide the world size 2");
+  ExpectInvalid(with({{"sequence_parallel_size", 2}}, {{"num_attention_heads", 1},
+                                                      {"num_key_value_heads", 1}}),
+                "model.config.num_attention_heads", "sequence_parallel_size 2");
+  ExpectInvalid(with({{"sequence_parallel_size", 2}},
+                     {{"hidden_size", 48}, {"num_attention_heads", 6}, {"num_key_value_heads", 3}}),
+                "model.config.num_key_value_heads", "3");
+  JobSpec odd = with({{"sequence_parallel_size", 2}}, {});
+  odd.mutable_training()->set_sequence_length(63);
+  ExpectInvalid(odd, "training.sequence_length", "not divisible by");
+  JobSpec longer = with({{"sequence_parallel_size", 2}}, {});
+  longer.mutable_training()->set_sequence_length(256);
+  ExpectInvalid(longer, "training.sequence_length", "max_position_embeddings = 128], got 256");
 }
 
 }  // namespace

@@ -23,6 +23,9 @@ PACKAGES=(
   sentencepiece fortunes fortunes-min
   # peak RSS of a child process (GNU time %M) in the DeepSpeed consolidation test and benchmark
   time
+  # one long continuous English text for the long-sequence (ALST) example (bible-kjv-text is
+  # compressed; the bible reader prints it: examples/bible-alst/make_corpus.sh)
+  bible-kjv bible-kjv-text
   # tests: reference PyTorch for the independent export check
   python3-torch python3-numpy
   # logging facade used by the daemons

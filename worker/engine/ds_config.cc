@@ -427,7 +427,9 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
        "memory_breakdown", "checkpoint", "data_types", "elasticity", "curriculum_learning",
        "data_efficiency", "disable_allgather", "sparse_gradients", "timers"}));
   DeepSpeedConfig c;
-  RETURN_IF_ERROR(ParseBatch(root, world_size, &c));
+  // Ulysses (ds_config_sequence_parallel.cc): the batch counts data-parallel ranks, world / P.
+  RETURN_IF_ERROR(ds_config_internal::ParseSequenceParallel(root, world_size, &c));
+  RETURN_IF_ERROR(ParseBatch(root, world_size / static_cast<int>(c.sequence_parallel_size), &c));
   RETURN_IF_ERROR(ReadDouble(root, "gradient_clipping", kRoot, &c.gradient_clipping));
   if (!(c.gradient_clipping >= 0)) {
     return Invalid(Join(kRoot, "gradient_clipping"), "must be >= 0");
@@ -472,17 +474,12 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
       return Unsupported(Join(Join(kRoot, key), "enabled"), key);
     }
   }
-  for (const char* key : {"communication_data_type", "seq_parallel_communication_data_type"}) {
+  for (const char* key : {"communication_data_type"}) {
     std::string dtype;
     RETURN_IF_ERROR(ReadString(root, key, kRoot, &dtype));
     if (!dtype.empty() && dtype != "fp32" && dtype != "float32") {
       return Unsupported(Join(kRoot, key), absl::StrCat("communication dtype \"", dtype, "\""));
     }
-  }
-  {
-    int64_t sp = 1;
-    RETURN_IF_ERROR(ReadInt(root, "sequence_parallel_size", kRoot, &sp));
-    if (sp != 1) return Unsupported(Join(kRoot, "sequence_parallel_size"), "sequence parallelism");
   }
   {
     ASSIGN_OR_RETURN(const json* dt, OptObject(root, "data_types", kRoot));

@@ -151,6 +151,11 @@ struct DeepSpeedConfig {
   Fp16Config fp16;
   bool bf16_enabled = false;
   AioConfig aio;
+  // Ulysses sequence parallelism (issue 13): sequence_parallel_size P (divides the world size;
+  // batch sizes count world / P data-parallel ranks) and seq_parallel_communication_data_type
+  // (fp32 default, or bf16 on the all-to-all wire).
+  int64_t sequence_parallel_size = 1;
+  bool seq_parallel_communication_bf16 = false;
   // Keys accepted but not implemented (ignoring them cannot change results), one message each:
   // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.
   std::vector<std::string> warnings;
@@ -159,7 +164,9 @@ struct DeepSpeedConfig {
 // Parses `json_text` (a JSON object) for a job of `world_size` data-parallel ranks.
 // Batch sizes follow DeepSpeed's _set_batch_related_parameters: any two of train_batch_size,
 // train_micro_batch_size_per_gpu and gradient_accumulation_steps determine the third; all three
-// must satisfy train_batch_size == micro * GAS * world_size.
+// must satisfy train_batch_size == micro * GAS * world_size (with sequence_parallel_size P, the
+// data-parallel size world_size / P, as DeepSpeed counts it: the P ranks of a sequence-parallel
+// group train on the same samples).
 // Errors: INVALID_ARGUMENT naming the key path, e.g.
 // "deepspeed_config.zero_optimization.foo: unknown key" or
 // "deepspeed_config.zero_optimization.zenflow.topk_ratio: 1.5 is not in [0, 1]".

@@ -90,6 +90,10 @@ absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig
 // The top-level "aio" section into c->aio; warnings for the libaio keys.
 absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
 
+// sequence_parallel_size (1 <= P, P divides world_size) and seq_parallel_communication_data_type
+// (fp32 default, bf16) into `c` (ds_config_sequence_parallel.cc).
+absl::Status ParseSequenceParallel(const json& root, int world_size, DeepSpeedConfig* c);
+
 }  // namespace loom::engine::ds_config_internal
 
 #endif  // LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_

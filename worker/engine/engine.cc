@@ -28,6 +28,8 @@
 #include "worker/engine/optim/step_validation.h"
 #include "worker/engine/optim/sub_groups.h"
 #include "worker/engine/partition.h"
+#include "worker/engine/process_groups.h"
+#include "worker/engine/sequence_parallel.h"
 #include "worker/engine/trajectory.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/tiled_ops.h"
@@ -111,6 +113,15 @@ class Trainer : public GradReadyListener {
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
   std::unique_ptr<TrajectoryRecorder> trajectory_;  // null unless o_.trajectory_dir is set
+  // Ulysses sequence parallelism (issue 13; sequence_parallel.h), null when
+  // sequence_parallel_size is 1: the named groups and the runner of the sharded micro-steps.
+  std::unique_ptr<ProcessGroups> groups_;
+  std::unique_ptr<SequenceParallelRunner> sp_;
+  // Data-parallel rank and size: the samples a rank sees (the world without sequence parallelism).
+  int64_t DataRank() const { return groups_ ? groups_->data_parallel().rank() : coll_.rank(); }
+  int64_t DataRanks() const {
+    return groups_ ? groups_->data_parallel_size() : coll_.world_size();
+  }
 };
 
 absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
@@ -224,7 +235,7 @@ int Trainer::StopAgreed() {
 double Trainer::Evaluate() {
   at::NoGradGuard no_grad;
   const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
-  const int64_t n = coll_.world_size(), r = coll_.rank();
+  const int64_t n = DataRanks(), r = DataRank();
   const int64_t total = o_.eval_batches * micro * n;  // same for any N at a fixed global batch
   const int64_t len = corpus_.heldout.size(), w = o_.sequence_length + 1;
   double sum = 0;
@@ -234,6 +245,11 @@ double Trainer::Evaluate() {
       starts.push_back(EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
     }
     at::Tensor win = Windows(corpus_.heldout, starts);
+    if (sp_ != nullptr) {  // the sequence-parallel group shares the window, 1/P each
+      sum += sp_->EvalLoss(win.narrow(1, 0, o_.sequence_length),
+                           win.narrow(1, 1, o_.sequence_length));
+      continue;
+    }
     at::Tensor logits = llama_->Forward(win.narrow(1, 0, o_.sequence_length)).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, o_.model.vocab_size}),
@@ -262,7 +278,12 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   for (int64_t m = 0; m < gas; ++m) {
     std::vector<int64_t> starts;
     for (int64_t i = 0; i < micro; ++i) {
-      starts.push_back(TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
+      // Sequence parallelism: micro-step m of data rank d reads global sample (m*D + d)*micro + i
+      // of the step, so (D, P=1, GAS) and (D/k, P=k, GAS*k) train on the same samples.
+      starts.push_back(sp_ != nullptr ? TrainWindowStart(o_.seed, step, 0,
+                                                         (m * DataRanks() + DataRank()) * micro + i,
+                                                         len, w)
+                                      : TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
     }
     const auto data_t0 = std::chrono::steady_clock::now();
     at::Tensor win = Windows(corpus_.train, starts);
@@ -270,8 +291,16 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     data_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
-    at::Tensor loss = llama_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order).loss;
-    loss_sum += loss.item<double>();
+    at::Tensor loss;
+    if (sp_ != nullptr) {  // this rank's shard; loss_r * n_r / N (sequence_parallel.h)
+      SequenceParallelRunner::MicroStep ms =
+          sp_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order);
+      loss = ms.backprop;
+      loss_sum += ms.loss;
+    } else {
+      loss = llama_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order).loss;
+      loss_sum += loss.item<double>();
+    }
     at::Tensor scaled = loss / static_cast<double>(gas);
     if (scale != 1.0) scaled = scaled * scale;  // fp16: DeepSpeed scales loss/GAS
     scaled.backward();
@@ -424,12 +453,27 @@ absl::Status Trainer::Run() {
   for (const std::string& w : o_.ds.warnings) Emit({{"event", "warning"}, {"message", w}});
   scaler_ = LossScaler(o_.ds.fp16);
   ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
+  if (o_.ds.sequence_parallel_size > 1) {  // Ulysses (issue 13, sequence_parallel.h)
+    if (!o_.trajectory_dir.empty() || o_.test_rank_sequence_length > 0) {
+      return absl::InvalidArgumentError(
+          "deepspeed_config.sequence_parallel_size: --trajectory_dir and "
+          "--test_rank_sequence_length are not supported with sequence parallelism");
+    }
+    ASSIGN_OR_RETURN(groups_, ProcessGroups::Create(coll_, o_.ds.sequence_parallel_size));
+    // The group's local gradients sum to the sample's gradient: average over data ranks only.
+    zopts.gradient_divide_factor = groups_->data_parallel_size();
+  }
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroProvider::Create(LlamaParamSpecs(o_.model), &coll_,
                                                 {o_.seed, o_.model.initializer_range, init.get()},
                                                 zopts));
   ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));
   RETURN_IF_ERROR(InstallTiledCompute(o_.tiled, &coll_, llama_.get()));  // ALST (issue 13)
+  if (groups_ != nullptr) {
+    ASSIGN_OR_RETURN(sp_, SequenceParallelRunner::Create(
+                              llama_.get(), groups_->sequence_parallel().collectives,
+                              o_.ds.seq_parallel_communication_bf16));
+  }
   RETURN_IF_ERROR(SetUpPipeline());
   checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, *llama_, offload_.get(),
                                                 scaler_);

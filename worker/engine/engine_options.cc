@@ -8,6 +8,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "proto/common.pb.h"
 #include "worker/engine/engine_options_tiled.h"
+#include "worker/engine/sequence_parallel_config.h"
 
 namespace loom::engine {
 
@@ -117,6 +118,9 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
                    absl::StrCat(o.sequence_length, " is not in [2, max_position_embeddings ",
                                 o.model.max_position_embeddings, "]"));
   }
+  RETURN_IF_ERROR(ValidateSequenceParallel(o.model.num_attention_heads,  // Ulysses (issue 13)
+                                           o.model.num_key_value_heads, o.sequence_length,
+                                           o.ds.sequence_parallel_size));
   o.seed = training.seed();
   o.eval_every_steps = training.eval_every_steps();
   if (o.eval_every_steps < 0) return Invalid("training.eval_every_steps", "must be >= 0");

@@ -1,0 +1,108 @@
+#include "worker/engine/sequence_parallel.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "worker/engine/model/param_access.h"
+
+namespace loom::engine {
+namespace {
+
+// Enables the Ulysses core for the scope of one runner call.
+class Enabled {
+ public:
+  explicit Enabled(UlyssesAttention* core) : core_(core) { core_->set_enabled(true); }
+  ~Enabled() { core_->set_enabled(false); }
+
+ private:
+  UlyssesAttention* core_;
+};
+
+}  // namespace
+
+at::Tensor ShiftLabels(const at::Tensor& labels) {
+  const int64_t s = labels.size(1);
+  at::Tensor out = at::full_like(labels, kIgnoreLabel);
+  if (s > 1) out.narrow(1, 0, s - 1).copy_(labels.narrow(1, 1, s - 1));
+  return out;
+}
+
+SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int64_t rank,
+                          int64_t sp_size) {
+  TORCH_CHECK(ids.dim() == 2 && targets.sizes() == ids.sizes(),
+              "sequence parallel: ids and targets must both be [B, S]");
+  const int64_t s = ids.size(1);
+  TORCH_CHECK(s % sp_size == 0, "training.sequence_length: ", s,
+              " is not divisible by deepspeed_config.sequence_parallel_size ", sp_size);
+  const int64_t sl = s / sp_size;
+  SequenceShard shard;
+  shard.ids = ids.narrow(1, rank * sl, sl).contiguous();
+  shard.labels = targets.narrow(1, rank * sl, sl).contiguous();
+  shard.positions = at::arange(rank * sl, (rank + 1) * sl, at::kLong);
+  shard.valid = shard.labels.ne(kIgnoreLabel).sum().item<int64_t>();
+  shard.global_valid = targets.ne(kIgnoreLabel).sum().item<int64_t>();
+  return shard;
+}
+
+absl::StatusOr<std::unique_ptr<SequenceParallelRunner>> SequenceParallelRunner::Create(
+    LlamaModel* model, Collectives* group, bool bf16_wire) {
+  const LlamaConfig& c = model->config();
+  UlyssesOptions o;
+  o.num_heads = c.num_attention_heads;
+  o.num_kv_heads = c.num_key_value_heads;
+  o.communication_dtype = bf16_wire ? at::kBFloat16 : at::kFloat;
+  absl::StatusOr<std::unique_ptr<UlyssesAttention>> core =
+      UlyssesAttention::Create(group, o, nullptr);
+  if (!core.ok()) return core.status();
+  UlyssesAttention* raw = core->get();
+  raw->set_enabled(false);
+  model->set_attention_core(std::move(*core));
+  return std::unique_ptr<SequenceParallelRunner>(new SequenceParallelRunner(model, group, raw));
+}
+
+double SequenceParallelRunner::SumOverGroup(double local) {
+  at::Tensor t = at::full({1}, local, at::kDouble);
+  absl::Status s = group_->AllReduce(t, ReduceOp::kSum);
+  if (!s.ok()) throw CollectiveError(s);
+  return t.item<double>();
+}
+
+SequenceParallelRunner::MicroStep SequenceParallelRunner::Loss(
+    const at::Tensor& ids, const at::Tensor& targets, const std::vector<int64_t>* layer_order) {
+  SequenceShard shard = ShardSample(ids, targets, group_->rank(), group_->world_size());
+  Enabled on(core_);
+  core_->SetLocalPositions(shard.positions);
+  at::Tensor labels = shard.labels;
+  if (shard.valid == 0) {
+    // An all-ignored shard: a finite loss on one token, multiplied by an exact zero below, so
+    // the backward (and its all-to-alls) runs with zero gradients instead of NaN.
+    labels = labels.clone();
+    labels.view({-1})[0] = 0;
+  }
+  LossOutput out = model_->Loss(shard.ids, labels, layer_order, shard.positions);
+  const double weight = shard.valid == 0 ? 0.0
+                                         : static_cast<double>(shard.valid) /
+                                               static_cast<double>(shard.global_valid);
+  MicroStep step;
+  step.backprop = out.loss * weight;
+  step.loss = SumOverGroup(out.loss.item<double>() * weight);
+  return step;
+}
+
+double SequenceParallelRunner::EvalLoss(const at::Tensor& ids, const at::Tensor& targets) {
+  at::NoGradGuard no_grad;
+  SequenceShard shard = ShardSample(ids, targets, group_->rank(), group_->world_size());
+  Enabled on(core_);
+  core_->SetLocalPositions(shard.positions);
+  at::Tensor logits =
+      model_->Forward(shard.ids, nullptr, shard.positions).to(at::kFloat);  // [B, S/P, V]
+  at::Tensor sum = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), shard.labels.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  return SumOverGroup(sum.item<double>()) /
+         static_cast<double>(std::max<int64_t>(shard.global_valid, 1));
+}
+
+}  // namespace loom::engine
