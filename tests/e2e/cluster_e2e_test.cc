@@ -30,6 +30,7 @@
 namespace loom {
 namespace {
 
+using ::loom::e2e::Eventually;
 using ::loom::e2e::TrainerPids;
 using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
@@ -411,12 +412,20 @@ TEST_F(ClusterRecoveryE2ETest, KilledWorkerMidTrainingResumesFromCheckpointAndMa
   EXPECT_NEAR(job.progress().eval_loss(), reference.progress().eval_loss(), 1e-5);
   EXPECT_NEAR(job.progress().loss(), reference.progress().loss(), 1e-5);
   EXPECT_DOUBLE_EQ(job.progress().initial_eval_loss(), reference.progress().initial_eval_loss());
-  // Retention (keep_last 1) left only the final checkpoint.
+  // Retention (keep_last 1) leaves only the final checkpoint. The scheduler's checkpoint worker
+  // applies retention asynchronously, after the commit (scheduler/checkpoint_worker.h), so the
+  // job can read SUCCEEDED before the older step is deleted: wait for it, with a deadline.
   loom::v1::ListCheckpointsRequest list_req;
   list_req.set_job_id(job.id());
   loom::v1::ListCheckpointsResponse list;
-  ASSERT_TRUE(checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok());
-  ASSERT_EQ(list.checkpoints_size(), 1);
+  bool one_left = Eventually(
+      [&] {
+        list.Clear();
+        return checkpoints_->ListCheckpoints(Ctx().get(), list_req, &list).ok() &&
+               list.checkpoints_size() == 1;
+      },
+      absl::Seconds(60));
+  ASSERT_TRUE(one_left) << "retention left " << list.checkpoints_size() << " checkpoints";
   EXPECT_EQ(list.checkpoints(0).step(), 120);
 }
 
