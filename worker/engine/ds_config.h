@@ -67,7 +67,12 @@ struct OffloadConfig {
   bool pipeline_read = false;   // used by offload_optimizer only
   bool pipeline_write = false;  // used by offload_optimizer only
   bool fast_init = false;
-  double ratio = 1.0;  // offload_optimizer: the engine refuses < 1
+  double ratio = 1.0;  // offload_optimizer: the engine refuses < 1 (without super_offload)
+  // SuperOffload (offload_optimizer only; parsed in ds_config_super_offload.cc, TECHNIQUES.md
+  // §4.2): speculative CPU Adam per sub-group during backward. With it, `ratio` is the fraction
+  // of sub-groups whose step runs on the CPU (the last ones), the rest in-memory Adam.
+  bool super_offload = false;
+  double cpuadam_cores_perc = 0.8;  // share (0, 1] of training.threads_per_rank for CPU Adam
 };
 
 // zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Sizes are in elements.

@@ -83,6 +83,9 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
                           OffloadConfig* o, bool is_param, std::vector<std::string>* warnings);
 
 // The top-level "aio" section into c->aio; warnings for the libaio keys.
+// offload_optimizer.super_offload / ratio / cpuadam_cores_perc (ds_config_super_offload.cc).
+absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is_param,
+                               OffloadConfig* o);
 absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
 
 }  // namespace loom::engine::ds_config_internal
