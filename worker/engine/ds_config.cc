@@ -199,6 +199,7 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
     ASSIGN_OR_RETURN(zc.overlap_comm, json_fields::OptBool(*z, "overlap_comm", path));
     RETURN_IF_ERROR(ReadBool(*z, "load_from_fp32_weights", path, &zc.load_from_fp32_weights));
     RETURN_IF_ERROR(ReadInt(*z, "sub_group_size", path, &zc.sub_group_size));
+    zc.sub_group_size_set = z->contains("sub_group_size");  // SuperOffload sizes it when unset
     RETURN_IF_ERROR(ReadInt(*z, "stage3_prefetch_bucket_size", path,
                             &zc.stage3_prefetch_bucket_size));
     RETURN_IF_ERROR(ReadInt(*z, "stage3_param_persistence_threshold", path,

@@ -87,6 +87,7 @@ struct ZeroConfig {
   std::optional<bool> overlap_comm;  // null -> true iff stage 3
   bool load_from_fp32_weights = true;
   int64_t sub_group_size = 1000000000;
+  bool sub_group_size_set = false;  // the key was given (SuperOffload's bucket model otherwise)
   int64_t stage3_prefetch_bucket_size = 50000000;
   int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_model_persistence_threshold = INT64_MAX;
