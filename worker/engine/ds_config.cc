@@ -199,6 +199,7 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
     ASSIGN_OR_RETURN(zc.overlap_comm, json_fields::OptBool(*z, "overlap_comm", path));
     RETURN_IF_ERROR(ReadBool(*z, "load_from_fp32_weights", path, &zc.load_from_fp32_weights));
     RETURN_IF_ERROR(ReadInt(*z, "sub_group_size", path, &zc.sub_group_size));
+    zc.sub_group_size_set = z->contains("sub_group_size");  // SuperOffload sizes it when unset
     RETURN_IF_ERROR(ReadInt(*z, "stage3_prefetch_bucket_size", path,
                             &zc.stage3_prefetch_bucket_size));
     RETURN_IF_ERROR(ReadInt(*z, "stage3_param_persistence_threshold", path,
@@ -227,6 +228,11 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
     RETURN_IF_ERROR(ParseOffload(*z, "offload_optimizer", path, &zc.offload_optimizer, false,
                                  &c->warnings));
     RETURN_IF_ERROR(ds_config_internal::ParseZenFlow(*z, path, &zc, &c->warnings));
+    if (zc.zenflow.enabled && zc.offload_optimizer.super_offload) {
+      // Both replace the offload optimizer's step (two OptimizerPipelines): one at a time.
+      return Invalid(Join(path, "zenflow"),
+                     "cannot be combined with offload_optimizer.super_offload: choose one");
+    }
     int64_t hpz = 1;
     RETURN_IF_ERROR(ReadInt(*z, "zero_hpz_partition_size", path, &hpz));
     if (hpz != 1) return Unsupported(Join(path, "zero_hpz_partition_size"), "ZeRO++ hpZ");

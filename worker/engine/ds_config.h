@@ -68,7 +68,12 @@ struct OffloadConfig {
   bool pipeline_read = false;   // used by offload_optimizer only
   bool pipeline_write = false;  // used by offload_optimizer only
   bool fast_init = false;
-  double ratio = 1.0;  // offload_optimizer: the engine refuses < 1
+  double ratio = 1.0;  // offload_optimizer: the engine refuses < 1 (without super_offload)
+  // SuperOffload (offload_optimizer only; parsed in ds_config_super_offload.cc, TECHNIQUES.md
+  // §4.2): speculative CPU Adam per sub-group during backward. With it, `ratio` is the fraction
+  // of sub-groups whose step runs on the CPU (the last ones), the rest in-memory Adam.
+  bool super_offload = false;
+  double cpuadam_cores_perc = 0.8;  // share (0, 1] of training.threads_per_rank for CPU Adam
 };
 
 // zero_optimization.zenflow (TECHNIQUES.md §2.6; DeepSpeed runtime/zenflow/zenflow_config.py),
@@ -100,6 +105,7 @@ struct ZeroConfig {
   std::optional<bool> overlap_comm;  // null -> true iff stage 3
   bool load_from_fp32_weights = true;
   int64_t sub_group_size = 1000000000;
+  bool sub_group_size_set = false;  // the key was given (SuperOffload's bucket model otherwise)
   int64_t stage3_prefetch_bucket_size = 50000000;
   int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_model_persistence_threshold = INT64_MAX;

@@ -88,6 +88,9 @@ absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig
                           std::vector<std::string>* warnings);
 
 // The top-level "aio" section into c->aio; warnings for the libaio keys.
+// offload_optimizer.super_offload / ratio / cpuadam_cores_perc (ds_config_super_offload.cc).
+absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is_param,
+                               OffloadConfig* o);
 absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
 
 // sequence_parallel_size (1 <= P, P divides world_size) and seq_parallel_communication_data_type

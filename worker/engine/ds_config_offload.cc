@@ -15,7 +15,7 @@ namespace {
 // offload_optimizer.pipeline_read / pipeline_write; offload_optimizer.ratio, refused below 1 by
 // the engine). None of them can change results: they tune memory placement and threading.
 void WarnIgnoredOffloadKeys(const json& off, const std::string& path, bool is_param,
-                            std::vector<std::string>* warnings) {
+                            bool super_offload, std::vector<std::string>* warnings) {
   WarnIgnored(off, path, {"pin_memory"},
               "Loom keeps offloaded state in pageable host memory; pinning only speeds "
               "accelerator copies",
@@ -23,8 +23,10 @@ void WarnIgnoredOffloadKeys(const json& off, const std::string& path, bool is_pa
   WarnIgnored(off, path, {"max_in_cpu"},
               "Loom keeps no host-memory cache of NVMe-offloaded parameters", warnings);
   WarnIgnored(off, path, {"fast_init"}, "optimizer-state initialisation speed only", warnings);
-  WarnIgnored(off, path, {"cpuadam_cores_perc"},
-              "Loom's CPU Adam uses training.threads_per_rank threads", warnings);
+  if (!super_offload) {  // SuperOffload reserves that share of the threads
+    WarnIgnored(off, path, {"cpuadam_cores_perc"},
+                "Loom's CPU Adam uses training.threads_per_rank threads", warnings);
+  }
   WarnIgnored(off, path, {"pipeline"},
               "DeepSpeed derives it from pipeline_read / pipeline_write; set those", warnings);
   if (is_param) {
@@ -62,7 +64,6 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
   RETURN_IF_ERROR(ReadBool(*off, "pipeline_write", path, &o->pipeline_write));
   RETURN_IF_ERROR(ReadBool(*off, "fast_init", path, &o->fast_init));
   RETURN_IF_ERROR(ReadDouble(*off, "ratio", path, &o->ratio));
-  RETURN_IF_ERROR(json_fields::OptDouble(*off, "cpuadam_cores_perc", path).status());
   RETURN_IF_ERROR(json_fields::OptBool(*off, "pipeline", path).status());
   if (o->device != "none" && o->device != "cpu" && o->device != "nvme") {
     return Invalid(Join(path, "device"),
@@ -71,10 +72,8 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
   if (o->device == "nvme" && o->nvme_path.empty()) {
     return Invalid(Join(path, "nvme_path"), "required when device is nvme");
   }
-  bool super = false;
-  RETURN_IF_ERROR(ReadBool(*off, "super_offload", path, &super));
-  if (super) return Unsupported(Join(path, "super_offload"), "SuperOffload");
-  WarnIgnoredOffloadKeys(*off, path, is_param, warnings);
+  RETURN_IF_ERROR(ParseSuperOffload(*off, path, is_param, o));
+  WarnIgnoredOffloadKeys(*off, path, is_param, o->super_offload, warnings);
   return absl::OkStatus();
 }
 

@@ -370,5 +370,63 @@ TEST(ParseDeepSpeedConfigTest, IgnoredOffloadAndAioKeysEachWarn) {
   }
 }
 
+// SuperOffload's keys as DeepSpeed spells them (TECHNIQUES.md §4.2): accepted without warnings,
+// with DeepSpeed's defaults; bad values are INVALID_ARGUMENT naming the key.
+TEST(ParseDeepSpeedConfigTest, SuperOffloadKeys) {
+  const std::string head = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 3, "offload_optimizer": )";
+  const std::string z = "deepspeed_config.zero_optimization.offload_optimizer.";
+  absl::StatusOr<DeepSpeedConfig> r = ParseDeepSpeedConfig(
+      head + R"({"device": "cpu", "super_offload": true, "ratio": 0.9,
+                 "cpuadam_cores_perc": 0.5}}})",
+      2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->warnings.empty()) << r->warnings[0];
+  EXPECT_TRUE(r->zero.offload_optimizer.super_offload);
+  EXPECT_EQ(r->zero.offload_optimizer.ratio, 0.9);
+  EXPECT_EQ(r->zero.offload_optimizer.cpuadam_cores_perc, 0.5);
+  r = ParseDeepSpeedConfig(head + R"({"device": "cpu", "super_offload": true}}})", 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->zero.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(r->zero.offload_optimizer.cpuadam_cores_perc, 0.8);
+  r = ParseDeepSpeedConfig(head + R"({"device": "cpu"}}})", 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->zero.offload_optimizer.super_offload);
+  for (const auto& [tail, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"device": "cpu", "super_offload": "yes"}}})", z + "super_offload: expected"},
+           {R"({"device": "cpu", "super_offload": true, "ratio": 1.5}}})",
+            z + "ratio: 1.5 is not in [0, 1]"},
+           {R"({"device": "cpu", "super_offload": true, "ratio": -0.1}}})",
+            z + "ratio: -0.1 is not in [0, 1]"},
+           {R"({"device": "cpu", "super_offload": true, "cpuadam_cores_perc": 0}}})",
+            z + "cpuadam_cores_perc: 0 is not in (0, 1]"},
+           {R"({"device": "cpu", "super_offload": true, "cpuadam_cores_perc": 1.2}}})",
+            z + "cpuadam_cores_perc: 1.2 is not in (0, 1]"},
+           {R"({"device": "nvme", "nvme_path": "/tmp/x", "super_offload": true}}})",
+            z + "super_offload: needs device \"cpu\""},
+           {R"({"device": "none", "super_offload": true}}})",
+            z + "super_offload: needs device \"cpu\""}}) {
+    r = ParseDeepSpeedConfig(head + tail, 2);
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument, message))
+        << tail;
+  }
+  r = ParseDeepSpeedConfig(
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+          "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu",
+          "super_offload": true}}})",
+      2);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "offload_param.super_offload: belongs to"));
+  // ZenFlow and SuperOffload each replace the offload optimizer's step: one at a time.
+  r = ParseDeepSpeedConfig(
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+          "super_offload": true}, "zenflow": {}}})",
+      2);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "zero_optimization.zenflow: cannot be combined with "
+                          "offload_optimizer.super_offload"));
+}
+
 }  // namespace
 }  // namespace loom::engine

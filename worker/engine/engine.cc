@@ -27,6 +27,7 @@
 #include "worker/engine/optim/optimizer_pipeline.h"
 #include "worker/engine/optim/step_validation.h"
 #include "worker/engine/optim/sub_groups.h"
+#include "worker/engine/optim/super_offload_setup.h"
 #include "worker/engine/partition.h"
 #include "worker/engine/process_groups.h"
 #include "worker/engine/sequence_parallel.h"
@@ -79,6 +80,8 @@ class Trainer : public GradReadyListener {
   // in-memory Adam cut by zero_optimization.sub_group_size.
   absl::Status SetUpPipeline();
   json MemoryFields();
+  // SuperOffload's step-event fields (super_ set): this step's rollbacks and overlap, counters.
+  json SuperOffloadFields();
   absl::Status SaveCheckpoint(int64_t step);
   // The optimizer step and the recorded losses of `step`, for a checkpoint of it.
   CheckpointMeta MetaAt(int64_t step) const;
@@ -108,6 +111,10 @@ class Trainer : public GradReadyListener {
   std::unique_ptr<optim::OptimizerPipeline> pipeline_;   // every optimizer update goes here
   optim::ZenFlowPipeline* zenflow_ = nullptr;            // pipeline_ when ZenFlow runs
   std::optional<optim::SubGroupPlan> ready_;             // pipeline_'s cut: this step's readiness
+  // SuperOffload (offload_optimizer.super_offload): pipeline_ itself, for its counters.
+  optim::SuperOffloadPipeline* super_ = nullptr;
+  optim::SuperOffloadChoice super_choice_;
+  optim::SuperOffloadStats super_prev_;  // counters at the previous step event
   std::vector<char> marked_;  // per parameter: OnPartitionGradReady seen in this step
   std::unique_ptr<CheckpointIo> checkpoints_;
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
@@ -135,6 +142,9 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
     return absl::OkStatus();
   }
   const std::string zpath = "deepspeed_config.zero_optimization.";
+  // SuperOffload: the moments stay with the model's partitions (host memory on a CPU node);
+  // the SuperOffload pipeline (SetUpPipeline) steps them.
+  if (oo.super_offload) return optim::CheckSuperOffloadJob(o_.ds);
   if (oo.device != "none" && oo.ratio != 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(
         zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
@@ -372,6 +382,24 @@ absl::Status Trainer::SetUpPipeline() {
                      MakeTrainerZenFlow(o_, coll_, *model_, epoch));
     zenflow_ = zf.get();
     pipeline_ = std::move(zf);
+  } else if (o_.ds.zero.offload_optimizer.super_offload) {
+    // SuperOffload: speculative CPU Adam per sub-group during backward, exact rollback/replay
+    // (optim/super_offload_pipeline.h); its copies count as optimizer state.
+    std::vector<int64_t> numels;
+    for (const ZeroParam& p : model_->params()) numels.push_back(p.master.numel());
+    ASSIGN_OR_RETURN(std::unique_ptr<optim::SuperOffloadPipeline> super,
+                     optim::MakeSuperOffloadPipelineForJob(
+                         o_.ds, o_.threads_per_rank, numels, std::move(source),
+                         [this] { return scaler_.scale(); }, &super_choice_));
+    super_ = super.get();
+    pipeline_ = std::move(super);
+    model_->memory().Acquire(MemoryKind::kOptimizerStates, super_->copy_bytes());
+    LOG(INFO) << "superoffload: " << pipeline_->plan().num_sub_groups() << " sub-groups of "
+              << super_choice_.sub_group_size << " elements ("
+              << (super_choice_.sub_group_size_modelled ? "modelled" : "sub_group_size")
+              << "), " << pipeline_->plan().num_sub_groups() - super_->first_cpu_sub_group()
+              << " on the CPU, CpuAdam x" << super_choice_.cpu_threads << ", casting "
+              << super_choice_.casting << ", " << super_->copy_bytes() << " rollback bytes";
   } else if (offload_ != nullptr) {
     // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
     // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).
@@ -405,6 +433,23 @@ json Trainer::MemoryFields() {
           {"buffer_bytes", m.peak(MemoryKind::kBuffers)},
           {"cached_bytes", m.peak(MemoryKind::kCached)},
           {"peak_bytes", m.peak_total()}};
+}
+
+json Trainer::SuperOffloadFields() {
+  const optim::SuperOffloadStats s = super_->stats(), p = super_prev_;
+  super_prev_ = s;
+  optim::SuperOffloadStats d;  // this step's share
+  d.speculative_s = s.speculative_s - p.speculative_s;
+  d.overlapped_s = s.overlapped_s - p.overlapped_s;
+  d.finish_work_s = s.finish_work_s - p.finish_work_s;
+  return {{"optimizer_rollbacks", s.step_rollbacks - p.step_rollbacks},
+          {"speculated_sub_groups", s.speculated},
+          {"speculation_hits", s.hits},
+          {"rollbacks_overflow", s.rollbacks_overflow},
+          {"rollbacks_clip", s.rollbacks_clip},
+          {"replays", s.replays},
+          {"optimizer_overlap_fraction", d.overlap_fraction()},
+          {"optimizer_work_s", d.speculative_s + d.finish_work_s}};
 }
 
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
@@ -501,6 +546,9 @@ absl::Status Trainer::Run() {
                   {"offload_optimizer", o_.ds.zero.offload_optimizer.device},
                   {"offload_param", o_.ds.zero.offload_param.device},
                   {"offload_resident_bytes", offload_ ? offload_->resident_bytes() : 0},
+                  {"superoffload_copy_bytes", super_ ? super_->copy_bytes() : 0},
+                  {"superoffload_casting", super_ ? super_choice_.casting : ""},
+                  {"superoffload_sub_group_size", super_ ? super_choice_.sub_group_size : 0},
                   {"start_step", start}};
   started.update(MemoryFields());
   Emit(started);
@@ -574,6 +622,7 @@ absl::Status Trainer::Run() {
                {"data_s", data_seconds_ - data0}};
     ev.update(MemoryFields());
     if (zenflow_ != nullptr) ev.update(ZenFlowStepFields(*zenflow_));
+    if (super_ != nullptr) ev.update(SuperOffloadFields());
     Emit(ev);
     // Progress in the rank's log every steps_per_print steps, as DeepSpeed prints it.
     if (o_.ds.steps_per_print > 0 && ((s + 1) % o_.ds.steps_per_print == 0 || s == start)) {

@@ -1,0 +1,292 @@
+#include "worker/engine/optim/super_offload_pipeline.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine::optim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+offload::CpuAdamOptions AdamOptions(const SuperOffloadOptions& o) {
+  offload::CpuAdamOptions a;
+  a.beta1 = o.optimizer.beta1;
+  a.beta2 = o.optimizer.beta2;
+  a.eps = o.optimizer.eps;
+  a.weight_decay = o.optimizer.weight_decay;
+  a.decoupled_weight_decay = o.optimizer.decoupled_weight_decay;
+  a.bias_correction = o.optimizer.bias_correction;
+  a.threads = std::max(1, o.cpu_threads);
+  return a;
+}
+
+bool AllFinite(const float* g, int64_t n) {
+  if (g == nullptr) return true;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!std::isfinite(g[j])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> SuperOffloadPipeline::Create(
+    const SuperOffloadOptions& options, SubGroupPlan plan, PartitionSource source) {
+  if (!(options.ratio >= 0.0 && options.ratio <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("deepspeed_config.zero_optimization.offload_optimizer.ratio: ",
+                     options.ratio, " is not in [0, 1]"));
+  }
+  return std::unique_ptr<SuperOffloadPipeline>(
+      new SuperOffloadPipeline(options, std::move(plan), std::move(source)));
+}
+
+SuperOffloadPipeline::SuperOffloadPipeline(const SuperOffloadOptions& options, SubGroupPlan plan,
+                                           PartitionSource source)
+    : OptimizerPipeline(std::move(plan)),
+      options_(options),
+      source_(std::move(source)),
+      adam_(AdamOptions(options)) {
+  const int64_t n = this->plan().num_sub_groups();
+  // DeepSpeed zero/stage3.py: sub-group i on the CPU iff i >= floor((1 - ratio) * n).
+  first_cpu_ = std::min<int64_t>(n, static_cast<int64_t>(std::floor((1.0 - options_.ratio) * n)));
+  cpu_.resize(n - first_cpu_);
+  for (int64_t k = first_cpu_; k < n; ++k) {
+    CpuGroup& g = cpu_[k - first_cpu_];
+    const size_t numel = static_cast<size_t>(this->plan().sub_group(k).numel);
+    g.param.resize(numel);
+    g.exp_avg.resize(numel);
+    g.exp_avg_sq.resize(numel);
+    if (options_.loss_scaled) g.grad.resize(numel);
+    copy_bytes_ += static_cast<int64_t>((options_.loss_scaled ? 4 : 3) * numel * sizeof(float));
+  }
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+SuperOffloadPipeline::~SuperOffloadPipeline() {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  worker_.join();
+}
+
+SuperOffloadStats SuperOffloadPipeline::stats() const {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  return stats_;
+}
+
+absl::Status SuperOffloadPipeline::OnBegin() {
+  const double scale = options_.loss_scale ? options_.loss_scale() : 1.0;
+  if (!(scale > 0) || !std::isfinite(scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(name(), ": loss scale ", scale));
+  }
+  if (scale != 1.0 && !options_.loss_scaled) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), ": loss scale ", scale, " but the pipeline was built without gradient slots"));
+  }
+  unscale_ = scale == 1.0 ? 1.0 : 1.0 / scale;  // as ValidateStep's multiplier without clipping
+  for (CpuGroup& g : cpu_) {
+    g.stepped = false;
+    g.nonfinite = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
+  if (!on_cpu(k)) return absl::OkStatus();  // device sub-groups step after validation
+  const SubGroup& sg = plan().sub_group(k);
+  Task t{k, step_, lr_, unscale_, {}};
+  for (size_t i = sg.first; i < sg.last; ++i) {
+    OptimizerPartition p = source_(i);
+    t.slices.push_back({p.param.data_ptr<float>(),
+                        p.grad.defined() ? p.grad.data_ptr<float>() : nullptr,
+                        p.exp_avg.data_ptr<float>(), p.exp_avg_sq.data_ptr<float>(),
+                        p.param.numel(), plan().partition_offset(i) - sg.offset});
+  }
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    queue_.push_back(std::move(t));
+  }
+  q_cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void SuperOffloadPipeline::WorkerLoop() {
+  std::unique_lock<std::mutex> l(q_mu_);
+  while (true) {
+    q_cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    l.unlock();
+    RunTask(t);
+    l.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void SuperOffloadPipeline::RunTask(const Task& t) {
+  CpuGroup& g = cpu_[t.k - first_cpu_];
+  g.start = Clock::now();
+  bool finite = true;
+  for (const Slice& s : t.slices) finite = finite && AllFinite(s.grad, s.numel);
+  if (!finite) {
+    g.nonfinite = true;  // the step overflows: nothing to speculate
+  } else {
+    for (const Slice& s : t.slices) {
+      std::memcpy(g.param.data() + s.offset, s.param, s.numel * sizeof(float));
+      std::memcpy(g.exp_avg.data() + s.offset, s.exp_avg, s.numel * sizeof(float));
+      std::memcpy(g.exp_avg_sq.data() + s.offset, s.exp_avg_sq, s.numel * sizeof(float));
+    }
+    const float mul = static_cast<float>(t.unscale);  // at::mul_'s fp32 scalar
+    for (const Slice& s : t.slices) {
+      const float* grad = s.grad;
+      if (grad != nullptr && t.unscale != 1.0) {
+        float* slot = g.grad.data() + s.offset;
+        for (int64_t j = 0; j < s.numel; ++j) slot[j] = s.grad[j] * mul;
+        grad = slot;
+      }
+      adam_.Step(t.step, t.lr, s.param, grad, s.exp_avg, s.exp_avg_sq, s.numel);
+    }
+    g.stepped = true;
+  }
+  g.end = Clock::now();
+}
+
+bool SuperOffloadPipeline::Drain() {
+  std::unique_lock<std::mutex> l(q_mu_);
+  return idle_cv_.wait_for(l, options_.wait_deadline,
+                           [this] { return queue_.empty() && !busy_; });
+}
+
+void SuperOffloadPipeline::AccountTasks(Clock::time_point finish_entered) {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  ++stats_.steps;
+  for (const CpuGroup& g : cpu_) {
+    if (!g.stepped && !g.nonfinite) continue;
+    if (g.stepped) ++stats_.speculated;
+    if (g.nonfinite) ++stats_.not_speculated_nonfinite;
+    stats_.speculative_s += Seconds(g.end - g.start);
+    stats_.overlapped_s +=
+        std::max(0.0, Seconds(std::min(g.end, finish_entered) - g.start));
+  }
+}
+
+int64_t SuperOffloadPipeline::RestoreAll() {
+  int64_t restored = 0;
+  for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) {
+    CpuGroup& g = cpu_[k - first_cpu_];
+    if (!g.stepped) continue;
+    const SubGroup& sg = plan().sub_group(k);
+    for (size_t i = sg.first; i < sg.last; ++i) {
+      OptimizerPartition p = source_(i);
+      const int64_t off = plan().partition_offset(i) - sg.offset;
+      const size_t bytes = p.param.numel() * sizeof(float);
+      std::memcpy(p.param.data_ptr<float>(), g.param.data() + off, bytes);
+      std::memcpy(p.exp_avg.data_ptr<float>(), g.exp_avg.data() + off, bytes);
+      std::memcpy(p.exp_avg_sq.data_ptr<float>(), g.exp_avg_sq.data() + off, bytes);
+    }
+    g.stepped = false;
+    ++restored;
+  }
+  return restored;
+}
+
+void SuperOffloadPipeline::StepCpuGroup(int64_t k, double multiplier) {
+  // The synchronous ZeRO-Offload step (offload_pipeline.cc): gradient multiplied in place, then
+  // CpuAdam per parameter.
+  const SubGroup& sg = plan().sub_group(k);
+  for (size_t i = sg.first; i < sg.last; ++i) {
+    OptimizerPartition p = source_(i);
+    const float* grad = nullptr;
+    if (p.grad.defined()) {
+      if (multiplier != 1.0) p.grad.mul_(multiplier);
+      grad = p.grad.data_ptr<float>();
+    }
+    adam_.Step(step_, lr_, p.param.data_ptr<float>(), grad, p.exp_avg.data_ptr<float>(),
+               p.exp_avg_sq.data_ptr<float>(), p.param.numel());
+  }
+}
+
+void SuperOffloadPipeline::StepDeviceGroups(double multiplier) {
+  OptimizerStepArgs args;
+  args.step = step_;
+  args.lr = lr_;
+  args.grad_multiplier = multiplier;
+  std::vector<OptimizerPartition> group;
+  for (int64_t k = 0; k < first_cpu_; ++k) {
+    const SubGroup& sg = plan().sub_group(k);
+    group.clear();
+    for (size_t i = sg.first; i < sg.last; ++i) group.push_back(source_(i));
+    ApplyOptimizerStep(options_.optimizer, args, group);
+  }
+}
+
+absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
+  const Clock::time_point entered = Clock::now();
+  if (!Drain()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        name(), ": step ", step_, ": speculative CPU Adam steps did not finish within ",
+        options_.wait_deadline.count(), " ms"));
+  }
+  AccountTasks(entered);
+  const Clock::time_point work0 = Clock::now();
+  int64_t rolled_back = 0, hits = 0;
+  if (v.clip_coef > 1.0) {
+    // Clipping is active: the speculative steps used the unclipped gradient. Restore them
+    // exactly and replay every CPU sub-group with the clipped one (clip-and-replay).
+    rolled_back = RestoreAll();
+    for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) {
+      StepCpuGroup(k, v.grad_multiplier);
+    }
+  } else {
+    for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) {
+      CpuGroup& g = cpu_[k - first_cpu_];
+      if (g.stepped) {
+        ++hits;  // the speculative step is the step
+      } else {
+        StepCpuGroup(k, v.grad_multiplier);  // not speculated (a non-finite bf16/fp32 gradient)
+      }
+      g.stepped = false;
+    }
+  }
+  StepDeviceGroups(v.grad_multiplier);
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.hits += hits;
+  stats_.rollbacks_clip += rolled_back;
+  stats_.replays += rolled_back;
+  if (rolled_back > 0) ++stats_.step_rollbacks;
+  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  return absl::OkStatus();
+}
+
+absl::Status SuperOffloadPipeline::Rollback() {
+  const Clock::time_point entered = Clock::now();
+  if (!Drain()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        name(), ": step ", step_, ": speculative CPU Adam steps did not finish within ",
+        options_.wait_deadline.count(), " ms (rollback)"));
+  }
+  AccountTasks(entered);
+  const Clock::time_point work0 = Clock::now();
+  const int64_t restored = RestoreAll();
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.rollbacks_overflow += restored;
+  if (restored > 0) ++stats_.step_rollbacks;
+  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine::optim

@@ -1,0 +1,176 @@
+// SuperOffload's optimizer pipeline (Lian et al., "SuperOffload: Unleashing the Power of
+// Large-Scale LLM Training on Superchips", ASPLOS'26, arXiv 2509.21271, §4 "speculation-then-
+// validation" and the heterogeneous optimizer; TECHNIQUES.md §4.1, TECHNIQUES-TESTS.md §2.2).
+//
+// Per optimizer step (the OptimizerPipeline protocol, optimizer_pipeline.h):
+//   OnSubGroupReady(k), k a CPU sub-group: sub-group k's CpuAdam step is queued at once to the
+//     pipeline's speculation thread (its own CpuAdam on the reserved threads) and runs while
+//     backward continues for the other sub-groups. Before stepping, the thread copies k's fp32
+//     masters and moments into k's snapshot (the exact rollback: a copy, not DeepSpeed's
+//     closed-form inverse, so a rollback restores them bit for bit whatever the gradients held),
+//     and steps on the unscaled, unclipped gradient g * (1 / loss_scale) (a separate fp32 slot
+//     when the loss scale is not 1; DeepSpeed speculates on the scaled gradient). A sub-group
+//     whose gradient holds an inf/NaN is not stepped (it is going to overflow anyway).
+//   FinishStep(v): waits for every queued step (applied to its own sub-group whatever the
+//     completion order). Overflow: every speculated sub-group is restored from its snapshot and
+//     nothing else runs (the step is skipped; the caller halves the loss scale). Clipping active
+//     (v.clip_coef > 1; DeepSpeed turns speculation off here): every speculated sub-group is
+//     restored and its step replayed with the gradient times v.grad_multiplier. Otherwise the
+//     speculative steps stand (a "hit"). The device sub-groups then take their in-memory
+//     Adam/AdamW step (ApplyOptimizerStep, worker/engine/optimizer.h) with v.grad_multiplier.
+//
+// Split (DeepSpeed zero/stage3.py): sub-group k's step runs on the CPU iff
+// k >= floor((1 - ratio) * num_sub_groups), so `ratio` (offload_optimizer.ratio) is the fraction
+// of sub-groups on the CPU: the last ones, whose gradients arrive first in backward. The others
+// are "device" sub-groups; on a CPU-only node both live in the same host memory, and the choice
+// only decides which optimizer code steps them after backward. Both sides take the same step
+// count, learning rate and hyper-parameters. CpuAdam equals torch's op-by-op update up to FMA
+// rounding (worker/engine/offload/cpu_adam.h), so changing ratio changes results only by that.
+//
+// State: the model's fp32 masters and moments (OptimizerPartition, as in-memory Adam), so a
+// checkpoint holds every sub-group's optimizer state and a resume continues the trajectory; the
+// pipeline adds the CPU sub-groups' snapshots (3 floats per element) and, when the loss scale
+// can differ from 1, their unscaled-gradient slots (1 float per element): copy_bytes().
+//
+// Thread-safety: OptimizerPipeline's contract. The speculation thread touches only the
+// partitions of the sub-groups it was handed, after their gradients are final; the model's
+// master of such a parameter may be its working stage-3 shard (fp32 training), which backward
+// no longer reads once the parameter's gradient is final. stats() may be called from any thread.
+// Errors: FinishStep returns DEADLINE_EXCEEDED when the queued steps do not finish within
+// options.wait_deadline (the step is then closed and training must stop, as for any FinishStep
+// error); Create returns INVALID_ARGUMENT naming offload_optimizer.ratio outside [0, 1].
+#ifndef LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
+#define LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/ds_config.h"
+#include "worker/engine/offload/cpu_adam.h"
+#include "worker/engine/optim/optimizer_pipeline.h"
+
+namespace loom::engine::optim {
+
+struct SuperOffloadOptions {
+  OptimizerConfig optimizer;  // both sides' hyper-parameters
+  double ratio = 1.0;         // fraction of sub-groups on the CPU (offload_optimizer.ratio)
+  int cpu_threads = 1;        // CpuAdam threads for the speculative steps (cpuadam_cores_perc)
+  // This step's loss scale, read at BeginStep (fp16 dynamic scaling); null = always 1.
+  std::function<double()> loss_scale;
+  bool loss_scaled = false;   // the scale can differ from 1: allocate the unscaled-grad slots
+  std::chrono::milliseconds wait_deadline{std::chrono::minutes(10)};
+};
+
+// Counters since Create (all steps). Times are wall seconds.
+struct SuperOffloadStats {
+  int64_t steps = 0;               // FinishStep calls
+  int64_t speculated = 0;          // sub-group steps started speculatively in OnSubGroupReady
+  int64_t hits = 0;                // of them, committed as they were
+  int64_t rollbacks_overflow = 0;  // sub-group steps undone because the step overflowed (fp16)
+  int64_t rollbacks_clip = 0;      // sub-group steps undone because clipping was active
+  int64_t replays = 0;             // sub-group steps replayed with the clip coefficient
+  int64_t not_speculated_nonfinite = 0;  // sub-groups not stepped: their gradient was non-finite
+  int64_t step_rollbacks = 0;      // optimizer steps in which anything was rolled back
+  double speculative_s = 0;        // the speculation thread's work (copies + CpuAdam)
+  double overlapped_s = 0;         // the part of it done before FinishStep was entered
+  double finish_work_s = 0;        // optimizer work inside FinishStep (restores, replays, device
+                                   // sub-groups), the wait for queued steps excluded
+  // Speculative sub-group steps committed / started (1 when none started).
+  double hit_rate() const { return speculated == 0 ? 1.0 : double(hits) / speculated; }
+  // The share of the optimizer's work hidden before FinishStep (under backward and validation).
+  double overlap_fraction() const {
+    const double total = speculative_s + finish_work_s;
+    return total <= 0 ? 0.0 : overlapped_s / total;
+  }
+};
+
+class SuperOffloadPipeline : public OptimizerPipeline {
+ public:
+  // `plan` cuts the source's partitions; the source returns defined fp32 param / exp_avg /
+  // exp_avg_sq tensors (contiguous) and the gradient (undefined = zero).
+  static absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> Create(
+      const SuperOffloadOptions& options, SubGroupPlan plan, PartitionSource source);
+  ~SuperOffloadPipeline() override;
+
+  std::string name() const override { return "superoffload"; }
+  // Sub-groups [first_cpu_sub_group(), num_sub_groups) step on the CPU.
+  int64_t first_cpu_sub_group() const { return first_cpu_; }
+  bool on_cpu(int64_t k) const { return k >= first_cpu_; }
+  // Bytes of the snapshots and gradient slots (what exact rollback costs), allocated at Create.
+  int64_t copy_bytes() const { return copy_bytes_; }
+  SuperOffloadStats stats() const;
+
+ protected:
+  absl::Status OnBegin() override;
+  absl::Status OnReady(int64_t k) override;
+  absl::Status Commit(const StepValidation& v) override;
+  absl::Status Rollback() override;
+
+ private:
+  struct Slice {  // one parameter of a queued sub-group
+    float* param;
+    const float* grad;  // null = zero
+    float* exp_avg;
+    float* exp_avg_sq;
+    int64_t numel;
+    int64_t offset;  // element offset within the sub-group
+  };
+  struct Task {
+    int64_t k;
+    int64_t step;
+    double lr;
+    double unscale;  // 1 / loss_scale
+    std::vector<Slice> slices;
+  };
+  struct CpuGroup {  // per CPU sub-group
+    std::vector<float> param, exp_avg, exp_avg_sq;  // the snapshot
+    std::vector<float> grad;                        // unscaled gradient (loss_scaled only)
+    bool stepped = false;  // this step: speculated and stepped (the snapshot is live)
+    bool nonfinite = false;
+    std::chrono::steady_clock::time_point start, end;
+  };
+
+  SuperOffloadPipeline(const SuperOffloadOptions& options, SubGroupPlan plan,
+                       PartitionSource source);
+  void WorkerLoop();
+  void RunTask(const Task& t);
+  // Waits until the queue is empty and no task runs; false on the deadline.
+  bool Drain();
+  // Restores every stepped CPU sub-group from its snapshot; returns how many.
+  int64_t RestoreAll();
+  void StepCpuGroup(int64_t k, double multiplier);
+  void StepDeviceGroups(double multiplier);
+  // Adds the finished tasks' times to stats_ (overlap measured against `finish_entered`).
+  void AccountTasks(std::chrono::steady_clock::time_point finish_entered);
+
+  const SuperOffloadOptions options_;
+  const PartitionSource source_;
+  int64_t first_cpu_ = 0;
+  int64_t copy_bytes_ = 0;
+  double unscale_ = 1.0;
+  std::vector<CpuGroup> cpu_;  // index k - first_cpu_
+  offload::CpuAdam adam_;      // speculation thread and replays (never concurrently)
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_, idle_cv_;
+  std::deque<Task> queue_;  // guarded by q_mu_
+  bool busy_ = false;       // guarded by q_mu_
+  bool stop_ = false;       // guarded by q_mu_
+  std::thread worker_;
+
+  mutable std::mutex stats_mu_;
+  SuperOffloadStats stats_;  // guarded by stats_mu_
+};
+
+}  // namespace loom::engine::optim
+
+#endif  // LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
