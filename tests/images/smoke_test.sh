@@ -2,6 +2,8 @@
 # Image smoke test (not in the default test command: building the images takes a debootstrap of
 # two Debian root file systems and about 3 GB of disk; README "Container images").
 #   sudo tests/images/smoke_test.sh [WORK_DIR]      (default /tmp/loom-images-smoke; removed at exit)
+#   sudo tests/images/smoke_test.sh --reuse WORK_DIR  checks the images a
+#        `scripts/build_images.sh --work_dir WORK_DIR --keep` left there (and removes them after)
 # Builds every image with scripts/build_images.sh, then for each one opens its root file system
 # (`buildah from` + `buildah mount`; podman cannot run containers in this sandbox) and runs the
 # entrypoint there with chroot as the image's user (uid 10001):
@@ -14,6 +16,8 @@
 # Exit status 0 when all pass.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REUSE=0
+if [ "${1:-}" = --reuse ]; then REUSE=1; shift; fi
 WORK=${1:-/tmp/loom-images-smoke}
 BUILDAH=(buildah --root "$WORK/storage" --runroot "$WORK/run" --storage-driver vfs)
 SCHED_PID=""
@@ -28,7 +32,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 cd "$ROOT"
-bash scripts/build_images.sh --work_dir "$WORK" --keep
+if [ "$REUSE" = 0 ]; then bash scripts/build_images.sh --work_dir "$WORK" --keep; fi
 mapfile -t IMAGES < <(bash scripts/build_images.sh --list)
 
 open_image() {  # open_image IMAGE: prints the mount point of a new working container
