@@ -10,10 +10,12 @@
 // where `offset` is the parameter's partition_offset (the same on every rank). The bytes are
 // streamed from the shards to the output through short-lived read-only maps of io_buffer_bytes
 // (mapped_chunks.h: the CRC-32 and the write read the page cache's pages, no pread copy), so
-// memory stays at one mapped chunk regardless of model size.
+// memory stays at one mapped chunk regardless of model size. For F32 the copy runs inside the
+// kernel (copy_file_range) while a second thread checksums the next chunk (overlapped_copy.h).
 //
-// Memory: one mapped chunk (plus half of it for BF16), the writer's 1 MiB buffer, and 20 bytes
-// per (tensor, rank) of checksum bookkeeping. Shards must not be truncated while a consolidation
+// Memory: one mapped chunk (F32: one per thread, and the checker thread's stack; BF16: plus half
+// of one), the writer's 1 MiB buffer, and under 100 bytes per (tensor, rank) of copy and
+// checksum bookkeeping. Shards must not be truncated while a consolidation
 // reads them (committed shards are never rewritten).
 // Thread-compatible: distinct checkpoint/output directories may be processed concurrently; two
 // consolidations into the same output directory from one process must be serialised by the
@@ -75,6 +77,11 @@ struct ConsolidateOptions {
   // combined in file order (zlib crc32_combine) before anything is published; the parameters are
   // read once. true: a full checksum pass before writing anything (reads them twice).
   bool checksum_before_writing = false;
+  // F32 output, checksums on the copy's bytes (checksum_before_writing false): true (default) =
+  // a checker thread computes the CRC-32 of chunk k + 1 while chunk k is copied
+  // (overlapped_copy.h), so the checksum is off the copy's critical path; false = one thread,
+  // each chunk checksummed just before it is copied. Same output bytes, same checks.
+  bool overlap_checksums = true;
   // Start asynchronous writeback of the output every this many bytes (sync_file_range), so the
   // disk writes while the copy goes on and the final fsync has little left; 0 = only the fsync.
   int64_t writeback_bytes = 32 << 20;
