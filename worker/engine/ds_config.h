@@ -119,6 +119,19 @@ struct AioConfig {
   int64_t queue_depth = 8;
 };
 
+// activation_checkpointing (DeepSpeed runtime/activation_checkpointing/config.py; TECHNIQUES.md
+// §3.4). The section being present turns on per-decoder-layer checkpointing (Loom's model
+// checkpoints every layer: there is no model code that would call checkpoint()). Acting keys:
+// cpu_checkpointing (checkpointed layer inputs kept in host memory). partition_activations true
+// is refused (not supported yet: it needs a model-parallel group); contiguous_memory_optimization,
+// number_checkpoints, synchronize_checkpoint_boundary and profile are type-checked and warned
+// about (they tune the allocator, timing and logging, not results). Parsed in
+// ds_config_activation.cc.
+struct ActivationCheckpointingConfig {
+  bool enabled = false;  // the section is present (and not null)
+  bool cpu_checkpointing = false;
+};
+
 struct DeepSpeedConfig {
   int64_t train_batch_size = 0;                // = micro * GAS * world (derived if absent)
   int64_t train_micro_batch_size_per_gpu = 0;  // samples per rank per micro-step
@@ -132,6 +145,7 @@ struct DeepSpeedConfig {
   Fp16Config fp16;
   bool bf16_enabled = false;
   AioConfig aio;
+  ActivationCheckpointingConfig activation_checkpointing;
   // Keys accepted but not implemented (ignoring them cannot change results), one message each:
   // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.
   std::vector<std::string> warnings;

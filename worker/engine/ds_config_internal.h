@@ -85,6 +85,10 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
 // The top-level "aio" section into c->aio; warnings for the libaio keys.
 absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
 
+// The top-level "activation_checkpointing" section into c->activation_checkpointing
+// (ds_config_activation.cc); warnings for the keys that do not act.
+absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c);
+
 }  // namespace loom::engine::ds_config_internal
 
 #endif  // LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_

@@ -30,6 +30,7 @@
 #include "worker/engine/partition.h"
 #include "worker/engine/trajectory.h"
 #include "worker/engine/model/llama_model.h"
+#include "worker/engine/model_execution.h"
 #include "worker/engine/offload_partition_source.h"
 #include "worker/engine/zero/partition_source.h"
 #include "worker/engine/zero/zero_provider.h"
@@ -412,6 +413,7 @@ absl::Status Trainer::Run() {
                                                 {o_.seed, o_.model.initializer_range, init.get()},
                                                 zopts));
   ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));
+  ApplyModelExecutionOptions(o_, llama_.get(), &model_->memory());  // attention core, checkpointing
   RETURN_IF_ERROR(SetUpPipeline());
   checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, *llama_, offload_.get(),
                                                 scaler_);
