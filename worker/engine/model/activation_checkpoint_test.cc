@@ -57,13 +57,23 @@ struct Result {
 
 enum class Mode { kOff, kCheckpoint, kCheckpointOffload };
 
-// One training micro-step (the last of its optimizer step) of the tiny model on this rank's
-// half of the batch.
-Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer) {
+// The batch, made once on the test thread (the global generator is shared by the rank threads).
+struct Batch {
+  at::Tensor ids, labels;
+};
+Batch MakeBatch() {
   const LlamaConfig c = Tiny();
   at::manual_seed(11);
-  const at::Tensor ids = at::randint(0, c.vocab_size, {4, 13}, at::kLong);
-  const at::Tensor labels = at::randint(0, c.vocab_size, {4, 13}, at::kLong);
+  return {at::randint(0, c.vocab_size, {4, 13}, at::kLong),
+          at::randint(0, c.vocab_size, {4, 13}, at::kLong)};
+}
+
+// One training micro-step (the last of its optimizer step) of the tiny model on this rank's
+// half of the batch.
+Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer, const Batch& batch) {
+  const LlamaConfig c = Tiny();
+  const at::Tensor& ids = batch.ids;
+  const at::Tensor& labels = batch.labels;
   CountingListener listener;
   ZeroOptions o;
   o.stage = stage;
@@ -119,10 +129,11 @@ TEST_P(ActivationCheckpointTest, OnEqualsOffAndOffloadEqualsNoOffloadBitForBit) 
   // Offloaded: one [2, 13, 16] fp32 input per decoder layer on each rank.
   const int64_t layer_input_bytes = 2 * 13 * c.hidden_size * 4;
   std::mutex mu;
+  const Batch batch = MakeBatch();
   std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& coll) {
-    const Result off = Step(coll, rank, stage, Mode::kOff, false);
-    const Result on = Step(coll, rank, stage, Mode::kCheckpoint, false);
-    const Result offload = Step(coll, rank, stage, Mode::kCheckpointOffload, false);
+    const Result off = Step(coll, rank, stage, Mode::kOff, false, batch);
+    const Result on = Step(coll, rank, stage, Mode::kCheckpoint, false, batch);
+    const Result offload = Step(coll, rank, stage, Mode::kCheckpointOffload, false, batch);
     std::lock_guard<std::mutex> lock(mu);
     const std::string what = absl::StrCat("stage ", stage, " rank ", rank);
     ExpectBitIdentical(on, off, what + " checkpointing on vs off");
@@ -146,9 +157,10 @@ TEST_P(ActivationCheckpointTest, OnEqualsOffAndOffloadEqualsNoOffloadBitForBit) 
 TEST_P(ActivationCheckpointTest, ComposesWithGradDeferral) {
   const int stage = GetParam();
   std::mutex mu;
+  const Batch batch = MakeBatch();
   std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& coll) {
-    const Result off = Step(coll, rank, stage, Mode::kOff, true);
-    const Result on = Step(coll, rank, stage, Mode::kCheckpointOffload, true);
+    const Result off = Step(coll, rank, stage, Mode::kOff, true, batch);
+    const Result on = Step(coll, rank, stage, Mode::kCheckpointOffload, true, batch);
     std::lock_guard<std::mutex> lock(mu);
     ExpectBitIdentical(on, off, absl::StrCat("stage ", stage, " rank ", rank, " deferred"));
     return absl::OkStatus();
