@@ -3,7 +3,8 @@
 // those with it off BIT FOR BIT (the recompute replays the same ops, and the layer's backward
 // hands the sink the same contributions in the same order), and with the inputs offloaded to
 // host memory equal those without offload bit for bit. Also: every parameter raises exactly one
-// "gradient ready" event (NoteUse counted once per forward use, not again in the recompute),
+// "gradient ready" event (this does not detect a NoteUse double count in the recompute: the
+// end-of-backward sweep still raises each event once),
 // the offloaded bytes are counted in MemoryKind::kActivationOffload between forward and
 // backward and released by it, and a GradDeferral around the backward composes.
 #include "worker/engine/model/activation_checkpoint.h"
