@@ -448,7 +448,7 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
   WarnIgnored(root, kRoot,
               {"wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
                "csv_monitor", "comms_logger", "memory_breakdown", "timers", "checkpoint",
-               "activation_checkpointing", "prescale_gradients", "zero_allow_untested_optimizer",
+               "prescale_gradients", "zero_allow_untested_optimizer",
                "zero_force_ds_cpu_optimizer", "disable_allgather"},
               "logging, checkpoint-engine or recomputation knob Loom does not implement; results "
               "are unchanged",
@@ -463,6 +463,7 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
 
   RETURN_IF_ERROR(ParsePrecision(root, &c));
   RETURN_IF_ERROR(ParseAio(root, &c));
+  RETURN_IF_ERROR(ds_config_internal::ParseActivationCheckpointing(root, &c));
   {
     ASSIGN_OR_RETURN(const json* amp, OptObject(root, "amp", kRoot));
     if (amp != nullptr) {

@@ -144,6 +144,19 @@ struct AioConfig {
   int64_t queue_depth = 8;
 };
 
+// activation_checkpointing (DeepSpeed runtime/activation_checkpointing/config.py; TECHNIQUES.md
+// §3.4). The section being present turns on per-decoder-layer checkpointing (Loom's model
+// checkpoints every layer: there is no model code that would call checkpoint()). Acting keys:
+// cpu_checkpointing (checkpointed layer inputs kept in host memory). partition_activations true
+// is refused (not supported yet: it needs a model-parallel group); contiguous_memory_optimization,
+// number_checkpoints, synchronize_checkpoint_boundary and profile are type-checked and warned
+// about (they tune the allocator, timing and logging, not results). Parsed in
+// ds_config_activation.cc.
+struct ActivationCheckpointingConfig {
+  bool enabled = false;  // the section is present (and not null)
+  bool cpu_checkpointing = false;
+};
+
 struct DeepSpeedConfig {
   int64_t train_batch_size = 0;                // = micro * GAS * world (derived if absent)
   int64_t train_micro_batch_size_per_gpu = 0;  // samples per rank per micro-step
@@ -162,6 +175,7 @@ struct DeepSpeedConfig {
   // (fp32 default, or bf16 on the all-to-all wire).
   int64_t sequence_parallel_size = 1;
   bool seq_parallel_communication_bf16 = false;
+  ActivationCheckpointingConfig activation_checkpointing;
   // Keys accepted but not implemented (ignoring them cannot change results), one message each:
   // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.
   std::vector<std::string> warnings;

@@ -428,5 +428,40 @@ TEST(ParseDeepSpeedConfigTest, SuperOffloadKeys) {
                           "offload_optimizer.super_offload"));
 }
 
+// activation_checkpointing (issue 13): present = per-layer checkpointing; cpu_checkpointing
+// acts; partition_activations refused; the tuning keys warn; unknown keys refused.
+TEST(ParseDeepSpeedConfigTest, ActivationCheckpointingSection) {
+  const std::string head = R"({"train_micro_batch_size_per_gpu": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, )";
+  absl::StatusOr<DeepSpeedConfig> r = ParseDeepSpeedConfig(head + R"("zero_optimization": {}})", 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->activation_checkpointing.enabled);
+  r = ParseDeepSpeedConfig(head + R"("activation_checkpointing": {}})", 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->activation_checkpointing.enabled);
+  EXPECT_FALSE(r->activation_checkpointing.cpu_checkpointing);
+  EXPECT_TRUE(r->warnings.empty());
+  r = ParseDeepSpeedConfig(head + R"("activation_checkpointing": {"cpu_checkpointing": true,
+      "partition_activations": false, "number_checkpoints": null, "profile": false}})", 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->activation_checkpointing.cpu_checkpointing);
+  ASSERT_EQ(r->warnings.size(), 2u);  // number_checkpoints, profile
+  EXPECT_EQ(r->warnings[0].rfind("deepspeed_config.activation_checkpointing.", 0), 0u);
+  r = ParseDeepSpeedConfig(head + R"("activation_checkpointing": {"partition_activations": true}})",
+                           2);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "deepspeed_config.activation_checkpointing.partition_activations"));
+  r = ParseDeepSpeedConfig(head + R"("activation_checkpointing": {"cpu_checkpoint": true}})", 2);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "deepspeed_config.activation_checkpointing.cpu_checkpoint: unknown key"));
+  r = ParseDeepSpeedConfig(head + R"("activation_checkpointing": {"cpu_checkpointing": "yes"}})",
+                           2);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "deepspeed_config.activation_checkpointing.cpu_checkpointing: expected"));
+  r = ParseDeepSpeedConfig(head + R"("activation_checkpointing": 3})", 2);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "deepspeed_config.activation_checkpointing: expected a JSON object"));
+}
+
 }  // namespace
 }  // namespace loom::engine

@@ -34,6 +34,7 @@
 #include "worker/engine/trajectory.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/tiled_ops.h"
+#include "worker/engine/model_execution.h"
 #include "worker/engine/offload_partition_source.h"
 #include "worker/engine/zero/partition_source.h"
 #include "worker/engine/zero/zero_provider.h"
@@ -513,11 +514,12 @@ absl::Status Trainer::Run() {
                                                 {o_.seed, o_.model.initializer_range, init.get()},
                                                 zopts));
   ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));
+  ApplyModelExecutionOptions(o_, llama_.get(), &model_->memory());  // attention core, checkpointing
   RETURN_IF_ERROR(InstallTiledCompute(o_.tiled, &coll_, llama_.get()));  // ALST (issue 13)
   if (groups_ != nullptr) {
     ASSIGN_OR_RETURN(sp_, SequenceParallelRunner::Create(
                               llama_.get(), groups_->sequence_parallel().collectives,
-                              o_.ds.seq_parallel_communication_bf16));
+                              o_.ds.seq_parallel_communication_bf16, MakeAttentionCore(o_)));
   }
   RETURN_IF_ERROR(SetUpPipeline());
   checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, *llama_, offload_.get(),

@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/engine/engine_options_model.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/common.pb.h"
 #include "worker/engine/engine_options_tiled.h"
@@ -129,6 +130,8 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   o.threads_per_rank = training.threads_per_rank() == 0 ? 1 : training.threads_per_rank();
   if (o.threads_per_rank < 1) return Invalid("training.threads_per_rank", "must be >= 1");
   RETURN_IF_ERROR(ParseTiledCompute(training, &o.tiled));
+
+  RETURN_IF_ERROR(ModelExecutionOptionsFromJobSpec(spec, &o));  // issue 13
 
   o.checkpoint_interval_steps = spec.checkpoint().interval_steps();
   if (o.checkpoint_interval_steps < 0) {

@@ -43,6 +43,14 @@ struct EngineOptions {
   int threads_per_rank = 1;        // intra-op threads
   int64_t checkpoint_interval_steps = 0;  // 0: only at the end
   TiledComputeOptions tiled;       // training.tiled_* (ALST tiled MLP / logits+loss)
+  // Attention core and activation checkpointing (issue 13; engine_options_model.cc):
+  // model.attn_implementation, model.attn_block_size, and checkpointing from deepspeed_config
+  // activation_checkpointing (enabled when the section is present; cpu_checkpointing) or
+  // training.activation_checkpoint_cpu_offload.
+  std::string attn_implementation = "eager";  // eager | flash_attention_2
+  int64_t attn_block_size = 128;
+  bool activation_checkpointing = false;
+  bool activation_checkpoint_cpu_offload = false;
   // Run-time (from flags, not the spec).
   int rank = 0;
   int world_size = 1;

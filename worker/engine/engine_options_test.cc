@@ -174,5 +174,37 @@ TEST(ParseJobSpecJsonTest, UnknownFieldsAndWrongTypesAreRefusedNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, "deepspeed_config: required"));
 }
 
+// Issue 13: attention core and activation checkpointing keys.
+TEST(ParseJobSpecJsonTest, AttentionCoreAndActivationCheckpointing) {
+  absl::StatusOr<EngineOptions> o = ParseJobSpecJson(kSpec, 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->attn_implementation, "eager");
+  EXPECT_EQ(o->attn_block_size, 128);
+  EXPECT_FALSE(o->activation_checkpointing);
+  EXPECT_FALSE(o->activation_checkpoint_cpu_offload);
+  const std::string model = "\"max_position_embeddings\": 64}";
+  o = ParseJobSpecJson(With(model, model + ", \"attn_implementation\": \"flash_attention_2\", "
+                                           "\"attn_block_size\": 32"),
+                       2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->attn_implementation, "flash_attention_2");
+  EXPECT_EQ(o->attn_block_size, 32);
+  o = ParseJobSpecJson(With(model, model + ", \"attn_implementation\": \"sdpa\""), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "model.attn_implementation"));
+  o = ParseJobSpecJson(With(model, model + ", \"attn_block_size\": -4"), 2);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "model.attn_block_size: -4"));
+  o = ParseJobSpecJson(
+      With("\"zero_optimization\"", "\"activation_checkpointing\": {}, \"zero_optimization\""), 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->activation_checkpointing);
+  EXPECT_FALSE(o->activation_checkpoint_cpu_offload);
+  o = ParseJobSpecJson(With("\"seed\": \"7\"",
+                            "\"seed\": \"7\", \"activation_checkpoint_cpu_offload\": true"),
+                       2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->activation_checkpointing);
+  EXPECT_TRUE(o->activation_checkpoint_cpu_offload);
+}
+
 }  // namespace
 }  // namespace loom::engine

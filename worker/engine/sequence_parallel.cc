@@ -47,14 +47,14 @@ SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int6
 }
 
 absl::StatusOr<std::unique_ptr<SequenceParallelRunner>> SequenceParallelRunner::Create(
-    LlamaModel* model, Collectives* group, bool bf16_wire) {
+    LlamaModel* model, Collectives* group, bool bf16_wire, std::unique_ptr<AttentionCore> inner) {
   const LlamaConfig& c = model->config();
   UlyssesOptions o;
   o.num_heads = c.num_attention_heads;
   o.num_kv_heads = c.num_key_value_heads;
   o.communication_dtype = bf16_wire ? at::kBFloat16 : at::kFloat;
   absl::StatusOr<std::unique_ptr<UlyssesAttention>> core =
-      UlyssesAttention::Create(group, o, nullptr);
+      UlyssesAttention::Create(group, o, std::move(inner));
   if (!core.ok()) return core.status();
   UlyssesAttention* raw = core->get();
   raw->set_enabled(false);

@@ -57,12 +57,12 @@ SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int6
 
 class SequenceParallelRunner {
  public:
-  // Installs a UlyssesAttention over `group` (wrapping the model's default attention core) in
+  // Installs a UlyssesAttention over `group` wrapping `inner` (null: the materialised core) in
   // `model`, disabled outside the runner's calls (Forward of full sequences, e.g. the final
-  // logits, run the plain core). `model` and `group` must outlive the runner.
-  static absl::StatusOr<std::unique_ptr<SequenceParallelRunner>> Create(LlamaModel* model,
-                                                                        Collectives* group,
-                                                                        bool bf16_wire);
+  // logits, run `inner` on the full sequence). `model` and `group` must outlive the runner.
+  static absl::StatusOr<std::unique_ptr<SequenceParallelRunner>> Create(
+      LlamaModel* model, Collectives* group, bool bf16_wire,
+      std::unique_ptr<AttentionCore> inner = nullptr);
 
   struct MicroStep {
     at::Tensor backprop;  // fp32 scalar: loss_r · n_r / N (see the file comment)

@@ -64,9 +64,22 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return x * cos + RotateHalf(x) * sin;
 }
 
+const at::Tensor& AttentionMask::Dense() const {
+  if (!dense_.defined()) {
+    const at::Tensor p = positions.reshape({-1});
+    dense_ = p.unsqueeze(0) > p.unsqueeze(1);  // [i][j]: key j is after query i
+    if (document_ids.defined()) {
+      const at::Tensor doc = document_ids.reshape({-1});
+      dense_ = dense_ | (doc.unsqueeze(0) != doc.unsqueeze(1));
+    }
+  }
+  return dense_;
+}
+
 at::Tensor MaterializedCausalAttention::Forward(const at::Tensor& q, const at::Tensor& k_in,
-                                                const at::Tensor& v_in, const at::Tensor& masked,
+                                                const at::Tensor& v_in, const AttentionMask& mask,
                                                 at::ScalarType act) {
+  const at::Tensor& masked = mask.Dense();
   const int64_t n_rep = q.size(1) / k_in.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   at::Tensor k = RepeatKv(k_in, n_rep);
@@ -127,18 +140,48 @@ void LlamaModel::set_loss_head(std::unique_ptr<LossHead> head) {
                     : std::make_unique<FullLogitsLoss>(access_, head_, config_.vocab_size);
 }
 
+void LlamaModel::NoteUse(ParamId i) {
+  switch (phase_) {
+    case CheckpointPhase::kNone:
+      access_->NoteUse(i);
+      return;
+    case CheckpointPhase::kForward: {  // grad mode is off here, the use still counts
+      at::AutoGradMode grad_on(true);
+      access_->NoteUse(i);
+      return;
+    }
+    case CheckpointPhase::kRecompute:  // counted in the checkpointed forward
+      return;
+  }
+}
+
 at::Tensor LlamaModel::Linear(const at::Tensor& x, ParamId i) {
-  access_->NoteUse(i);
+  NoteUse(i);
   return LinearOp(access_, i, x);
 }
 
 at::Tensor LlamaModel::Norm(const at::Tensor& x, ParamId i) {
-  access_->NoteUse(i);
+  NoteUse(i);
   return RmsNormOp(access_, i, x, config_.rms_norm_eps);
 }
 
 at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, const at::Tensor& cos,
-                             const at::Tensor& sin, const at::Tensor& masked) {
+                             const at::Tensor& sin, const AttentionMask& mask) {
+  if (checkpointing_.enabled && phase_ == CheckpointPhase::kNone &&
+      at::GradMode::is_enabled()) {
+    return CheckpointLayer(
+        [this, &l, cos, sin, mask](const at::Tensor& x, CheckpointPhase phase) {
+          const CheckpointPhase outer = phase_;
+          phase_ = phase;
+          struct Restore {
+            CheckpointPhase* p;
+            CheckpointPhase v;
+            ~Restore() { *p = v; }
+          } restore{&phase_, outer};
+          return Layer(l, x, cos, sin, mask);
+        },
+        h_in, access_->anchor(), checkpointing_);
+  }
   const int64_t b = h_in.size(0), s = h_in.size(1);
   const int64_t d = config_.head_dim(), hq = config_.num_attention_heads;
   const int64_t hkv = config_.num_key_value_heads;
@@ -149,7 +192,7 @@ at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, cons
   at::Tensor v = Linear(x, l.v).view({b, s, hkv, d}).transpose(1, 2);
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
-  at::Tensor attn = core_->Forward(q, k, v, masked, access_->activation_dtype())
+  at::Tensor attn = core_->Forward(q, k, v, mask, access_->activation_dtype())
                         .transpose(1, 2)
                         .reshape({b, s, hq * d});
   h = h + Linear(attn, l.o);
@@ -160,16 +203,17 @@ at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, cons
 }
 
 at::Tensor LlamaModel::Hidden(const at::Tensor& ids, const std::vector<int64_t>* layer_order,
-                              const at::Tensor& positions) {
+                              const at::Tensor& positions, const at::Tensor& document_ids) {
   const int64_t s = ids.size(1);
   const at::ScalarType act = access_->activation_dtype();
-  at::Tensor cos, sin, masked;
+  at::Tensor cos, sin;
+  AttentionMask mask;
+  mask.document_ids = document_ids;
   if (positions.defined()) {
     auto tables = RopeTables(s, config_.head_dim(), config_.rope_theta, positions);
     cos = tables.first.to(act);
     sin = tables.second.to(act);
-    const at::Tensor p = positions.reshape({-1});
-    masked = p.unsqueeze(0) > p.unsqueeze(1);  // [i][j]: key j is after query i
+    mask.positions = positions.reshape({-1});
   } else {
     auto it = rope_cache_.find(s);
     if (it == rope_cache_.end()) {
@@ -179,27 +223,28 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& ids, const std::vector<int64_t>*
     }
     cos = it->second.first;
     sin = it->second.second;
-    masked = at::ones({s, s}, at::kBool).triu(1);  // true above the diagonal
+    mask.positions = at::arange(s, at::kLong);
   }
   access_->NoteUse(embed_);
   at::Tensor h = EmbeddingOp(access_, embed_, ids);  // [B,S,H]
   if (layer_order != nullptr) {
-    for (int64_t l : *layer_order) h = Layer(layers_.at(static_cast<size_t>(l)), h, cos, sin, masked);
+    for (int64_t l : *layer_order) h = Layer(layers_.at(static_cast<size_t>(l)), h, cos, sin, mask);
   } else {
-    for (const DecoderLayer& l : layers_) h = Layer(l, h, cos, sin, masked);
+    for (const DecoderLayer& l : layers_) h = Layer(l, h, cos, sin, mask);
   }
   return Norm(h, final_norm_);
 }
 
 at::Tensor LlamaModel::Forward(const at::Tensor& ids, const std::vector<int64_t>* layer_order,
-                               const at::Tensor& positions) {
-  at::Tensor h = Hidden(ids, layer_order, positions);
+                               const at::Tensor& positions, const at::Tensor& document_ids) {
+  at::Tensor h = Hidden(ids, layer_order, positions, document_ids);
   return Linear(h, head_);  // [B,S,V]
 }
 
 LossOutput LlamaModel::Loss(const at::Tensor& ids, const at::Tensor& labels,
-                            const std::vector<int64_t>* layer_order, const at::Tensor& positions) {
-  return loss_head_->Forward(Hidden(ids, layer_order, positions), labels);
+                            const std::vector<int64_t>* layer_order, const at::Tensor& positions,
+                            const at::Tensor& document_ids) {
+  return loss_head_->Forward(Hidden(ids, layer_order, positions, document_ids), labels);
 }
 
 }  // namespace loom::engine

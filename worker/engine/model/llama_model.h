@@ -12,7 +12,8 @@
 // d = head_dim; activations in the provider's activation dtype (fp32 or bf16).
 // Positions: optional int64 [S] global positions of the S tokens (RoPE angle and causal mask:
 // token j is visible to token i iff positions[j] <= positions[i]); default 0..S-1. Sequence
-// parallelism (issue 13) passes the global positions of its shard.
+// parallelism (issue 13) passes the global positions of its shard. Document ids: optional
+// int64 [S]; tokens of different documents of a packed sample never attend to each other.
 // Every rank must run the same calls on tensors of the same shapes (the provider's collectives).
 // Errors: CollectiveError / c10::Error thrown. Not thread-safe.
 #ifndef LOOM_WORKER_ENGINE_MODEL_LLAMA_MODEL_H_
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/model/activation_checkpoint.h"
 #include "worker/engine/model/param_access.h"
 #include "worker/engine/model_config.h"
 
@@ -40,22 +42,38 @@ std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, doub
 // x: [B, heads, S, d]; cos/sin: [S, d].
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// Which keys each query may attend to, from the S tokens' global positions and, for packed
+// samples, their document ids: key j is visible to query i iff positions[j] <= positions[i]
+// and (document_ids undefined or document_ids[j] == document_ids[i]). Sequence parallelism
+// (issue 13) passes the global positions of its (gathered) shard. No [S,S] tensor exists
+// unless a core asks for Dense(). Not thread-safe (Dense() caches).
+struct AttentionMask {
+  at::Tensor positions;     // int64 [S], required
+  at::Tensor document_ids;  // int64 [S], optional (undefined: one document)
+  // [S,S] bool, true = NOT visible (materialising cores only); built once, then cached.
+  const at::Tensor& Dense() const;
+
+ private:
+  mutable at::Tensor dense_;
+};
+
 // The attention core: softmax(q k^T / sqrt(d) + mask) v with grouped KV heads.
-// q [B,Hq,S,d], k, v [B,Hkv,S,d] (RoPE applied), masked [S,S] bool (true = not visible) ->
-// [B,Hq,S,d] in the activation dtype. Implementations: MaterializedCausalAttention (default);
-// issue 13 adds Ulysses (all-to-all over a sequence-parallel group) and blockwise cores.
+// q [B,Hq,S,d], k, v [B,Hkv,S,d] (RoPE applied; Hq a multiple of Hkv) and the mask ->
+// [B,Hq,S,d] in the activation dtype `act`. Implementations: MaterializedCausalAttention
+// (default), BlockwiseCausalAttention (model/blockwise_attention.h, FlashAttention-2);
+// Ulysses (issue 13) wraps an inner core.
 class AttentionCore {
  public:
   virtual ~AttentionCore() = default;
   virtual at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& masked, at::ScalarType act) = 0;
+                             const AttentionMask& mask, at::ScalarType act) = 0;
 };
 
-// Materialises the [B,Hq,S,S] scores; softmax in fp32 (HF eager attention).
+// Materialises the [B,Hq,S,S] scores and mask.Dense(); softmax in fp32 (HF eager attention).
 class MaterializedCausalAttention : public AttentionCore {
  public:
   at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& masked, at::ScalarType act) override;
+                     const AttentionMask& mask, at::ScalarType act) override;
 };
 
 // Loss from the final hidden states: mean token cross-entropy of head(hidden) against labels.
@@ -92,15 +110,18 @@ class LlamaModel {
   // `layer_order` (optional) lists the decoder layers to run, in order (default 0..L-1; tests
   // use it to change the module order). `positions`: see the file comment.
   at::Tensor Forward(const at::Tensor& ids, const std::vector<int64_t>* layer_order = nullptr,
-                     const at::Tensor& positions = at::Tensor());
+                     const at::Tensor& positions = at::Tensor(),
+                     const at::Tensor& document_ids = at::Tensor());
   // The training loss: hidden states -> loss head (default: logits head + cross-entropy in
   // fp32, the same ops as Forward followed by cross_entropy). labels [B,S] int64.
   LossOutput Loss(const at::Tensor& ids, const at::Tensor& labels,
                   const std::vector<int64_t>* layer_order = nullptr,
-                  const at::Tensor& positions = at::Tensor());
+                  const at::Tensor& positions = at::Tensor(),
+                  const at::Tensor& document_ids = at::Tensor());
   // Final hidden states [B,S,H] (after the final norm).
   at::Tensor Hidden(const at::Tensor& ids, const std::vector<int64_t>* layer_order = nullptr,
-                    const at::Tensor& positions = at::Tensor());
+                    const at::Tensor& positions = at::Tensor(),
+                    const at::Tensor& document_ids = at::Tensor());
 
   // Replaces the attention core of every layer (default MaterializedCausalAttention) / the
   // loss head (default: full logits + cross-entropy). Null restores the default.
@@ -108,6 +129,10 @@ class LlamaModel {
   void set_loss_head(std::unique_ptr<LossHead> head);
   // Replaces every layer's MLP (default: untiled LinearOps); null restores the default.
   void set_mlp_core(std::unique_ptr<MlpCore> core) { mlp_core_ = std::move(core); }
+  // Per-decoder-layer activation checkpointing (model/activation_checkpoint.h); default off.
+  void set_activation_checkpointing(const ActivationCheckpointOptions& options) {
+    checkpointing_ = options;
+  }
 
   const LlamaConfig& config() const { return config_; }
   ParamAccess* access() const { return access_; }
@@ -119,10 +144,13 @@ class LlamaModel {
     ParamId input_norm, q, k, v, o, post_norm, gate, up, down;
   };
   LlamaModel(const LlamaConfig& config, ParamAccess* access);
+  // NoteUse(i) as the current phase wants it: as is; forced on (the no-grad forward of a
+  // checkpointed layer, so each forward use still counts once); skipped (its recompute).
+  void NoteUse(ParamId i);
   at::Tensor Linear(const at::Tensor& x, ParamId i);
   at::Tensor Norm(const at::Tensor& x, ParamId i);
   at::Tensor Layer(const DecoderLayer& l, const at::Tensor& h, const at::Tensor& cos,
-                   const at::Tensor& sin, const at::Tensor& masked);
+                   const at::Tensor& sin, const AttentionMask& mask);
 
   LlamaConfig config_;
   ParamAccess* access_;
@@ -131,6 +159,8 @@ class LlamaModel {
   std::unique_ptr<AttentionCore> core_;
   std::unique_ptr<LossHead> loss_head_;
   std::unique_ptr<MlpCore> mlp_core_;  // null: the untiled MLP
+  ActivationCheckpointOptions checkpointing_;
+  CheckpointPhase phase_ = CheckpointPhase::kNone;
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> rope_cache_;  // default positions
 };
 

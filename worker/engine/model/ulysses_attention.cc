@@ -91,15 +91,22 @@ absl::Status CheckUlyssesHeads(int64_t num_heads, int64_t num_kv_heads, int64_t 
   return CheckSequenceParallelHeads(num_heads, num_kv_heads, sp_size);
 }
 
-at::Tensor PackedCausalMask(const at::Tensor& positions) {
+AttentionMask PackedAttentionMask(const at::Tensor& positions) {
+  at::NoGradGuard no_grad;
   const at::Tensor pos = positions.reshape({-1}).to(at::kLong);
   const int64_t s = pos.size(0);
   at::Tensor starts = at::ones({s}, at::kLong);
   if (s > 1) {
     starts.narrow(0, 1, s - 1).copy_(pos.narrow(0, 1, s - 1).le(pos.narrow(0, 0, s - 1)));
   }
-  const at::Tensor doc = starts.cumsum(0);
-  return pos.unsqueeze(0).gt(pos.unsqueeze(1)).logical_or(doc.unsqueeze(0).ne(doc.unsqueeze(1)));
+  AttentionMask m;
+  m.positions = pos;
+  m.document_ids = starts.cumsum(0);
+  return m;
+}
+
+at::Tensor PackedCausalMask(const at::Tensor& positions) {
+  return PackedAttentionMask(positions).Dense();
 }
 
 at::Tensor UlyssesSeqToHeads(const at::Tensor& x, Collectives* group, at::ScalarType wire) {
@@ -141,12 +148,12 @@ void UlyssesAttention::SetLocalPositions(const at::Tensor& positions) {
   all.narrow(0, r * sl, sl).copy_(local);
   CheckCollective(group_->AllReduce(all, ReduceOp::kSum));  // zeros elsewhere: a concatenation
   global_positions_ = all;
-  mask_ = PackedCausalMask(all);
+  mask_ = PackedAttentionMask(all);
 }
 
 at::Tensor UlyssesAttention::Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& masked, at::ScalarType act) {
-  if (!enabled_) return inner_->Forward(q, k, v, masked, act);
+                                     const AttentionMask& mask, at::ScalarType act) {
+  if (!enabled_) return inner_->Forward(q, k, v, mask, act);
   const int64_t p = group_->world_size();
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "Ulysses: q/k/v must be 4-d");
   TORCH_CHECK(q.size(1) == options_.num_heads && k.size(1) == options_.num_kv_heads &&
@@ -154,10 +161,11 @@ at::Tensor UlyssesAttention::Forward(const at::Tensor& q, const at::Tensor& k, c
               "Ulysses: q/k/v have ", q.size(1), "/", k.size(1), "/", v.size(1),
               " heads, the options say ", options_.num_heads, "/", options_.num_kv_heads);
   const int64_t s = q.size(2) * p;
-  if (!mask_.defined() || mask_.size(0) != s) {
+  if (!mask_.positions.defined() || mask_.positions.size(0) != s) {
     TORCH_CHECK(!global_positions_.defined(), "Ulysses: SetLocalPositions gave ",
                 global_positions_.numel(), " global positions, the forward has ", s, " tokens");
-    mask_ = at::ones({s, s}, at::kBool).triu(1);  // positions 0..S-1
+    mask_ = AttentionMask();
+    mask_.positions = at::arange(s, at::kLong);  // positions 0..S-1, one document
   }
   at::Tensor kr = k, vr = v;
   if (options_.num_kv_heads % p != 0) {  // P % Hkv == 0: one replica per rank

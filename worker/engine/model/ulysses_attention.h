@@ -56,8 +56,12 @@ namespace loom::engine {
 // worker/engine/sequence_parallel_config.h, which the scheduler's validation runs too).
 absl::Status CheckUlyssesHeads(int64_t num_heads, int64_t num_kv_heads, int64_t sp_size);
 
-// [S, S] bool, true = key j NOT visible to query i: see the file comment (documents start where
-// positions do not increase). positions: [S] int64.
+// The mask of a packed sequence: positions [S] int64 as given, document_ids [S] int64 counting
+// from 1 and advancing wherever the position does not increase (see the file comment).
+AttentionMask PackedAttentionMask(const at::Tensor& positions);
+
+// Its [S, S] bool form (PackedAttentionMask(positions).Dense()): true = key j NOT visible to
+// query i.
 at::Tensor PackedCausalMask(const at::Tensor& positions);
 
 // The two all-to-alls, differentiable. `group` has P ranks; wire dtype kFloat or kBFloat16.
@@ -85,10 +89,12 @@ class UlyssesAttention : public AttentionCore {
   // Throws CollectiveError.
   void SetLocalPositions(const at::Tensor& positions);
 
-  // q [b, H, Sl, d], k, v [b, Hkv, Sl, d] -> [b, H, Sl, d] in `act`. `masked` is ignored (used
-  // only when disabled).
+  // q [b, H, Sl, d], k, v [b, Hkv, Sl, d] -> [b, H, Sl, d] in `act`. `mask` (the model's, over
+  // the local chunk) is ignored when enabled: the inner core gets the group's global mask (the
+  // gathered positions, and document ids where the positions restart); used as given when
+  // disabled.
   at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& masked, at::ScalarType act) override;
+                     const AttentionMask& mask, at::ScalarType act) override;
 
   // The global [S] positions of the last SetLocalPositions (undefined before).
   const at::Tensor& global_positions() const { return global_positions_; }
@@ -105,7 +111,7 @@ class UlyssesAttention : public AttentionCore {
   UlyssesOptions options_;
   std::unique_ptr<AttentionCore> inner_;
   at::Tensor global_positions_;
-  at::Tensor mask_;
+  AttentionMask mask_;  // over the global sequence; positions undefined until first use
   bool enabled_ = true;
 };
 

@@ -142,7 +142,7 @@ void ExpectEqualsUnsharded(const Case& c, at::ScalarType wire = at::kFloat) {
     at::Tensor lq = chunk(q).clone().requires_grad_(true);
     at::Tensor lk = chunk(k).clone().requires_grad_(true);
     at::Tensor lv = chunk(v).clone().requires_grad_(true);
-    at::Tensor out = (*core)->Forward(lq, lk, lv, at::Tensor(), at::kFloat);
+    at::Tensor out = (*core)->Forward(lq, lk, lv, AttentionMask(), at::kFloat);
     (out * chunk(w)).sum().backward();
     if (wire == at::kFloat) {
       EXPECT_TRUE(Close(out, chunk(ref))) << "rank " << rank << " max diff "
@@ -194,8 +194,8 @@ TEST(UlyssesAttentionTest, PackedDocumentsDoNotAttendAcrossTheBoundary) {
     if (!core.ok()) return core.status();
     (*core)->SetLocalPositions(positions.narrow(0, rank * sl, sl));
     auto chunk = [&](const at::Tensor& t) { return t.narrow(2, rank * sl, sl).contiguous(); };
-    at::Tensor a = (*core)->Forward(chunk(q), chunk(k), chunk(v), at::Tensor(), at::kFloat);
-    at::Tensor b = (*core)->Forward(chunk(q), chunk(k2), chunk(v2), at::Tensor(), at::kFloat);
+    at::Tensor a = (*core)->Forward(chunk(q), chunk(k), chunk(v), AttentionMask(), at::kFloat);
+    at::Tensor b = (*core)->Forward(chunk(q), chunk(k2), chunk(v2), AttentionMask(), at::kFloat);
     if (rank == 1) {
       EXPECT_TRUE(at::equal(a.narrow(2, 16, 48), b.narrow(2, 16, 48)));
       EXPECT_FALSE(at::equal(a.narrow(2, 0, 16), b.narrow(2, 0, 16)));

@@ -17,8 +17,17 @@ namespace loom::engine {
 //                     all-gather buffers
 //   kCached           idle buffers the provider's BufferPool keeps for reuse by the next
 //                     micro-step (resident, like PyTorch's reserved-but-unallocated memory)
-enum class MemoryKind { kParams = 0, kGrads = 1, kOptimizerStates = 2, kBuffers = 3, kCached = 4 };
-inline constexpr int kNumMemoryKinds = 5;
+//   kActivationOffload checkpointed decoder-layer inputs held in host memory between forward
+//                     and their recompute (model/activation_checkpoint.h, cpu_checkpointing)
+enum class MemoryKind {
+  kParams = 0,
+  kGrads = 1,
+  kOptimizerStates = 2,
+  kBuffers = 3,
+  kCached = 4,
+  kActivationOffload = 5,
+};
+inline constexpr int kNumMemoryKinds = 6;
 
 class MemoryTracker {
  public:
