@@ -124,8 +124,12 @@ TEST(SuperOffloadTrainerTest, EqualsSynchronousZeroOffloadForRatio0HalfAnd1OnOne
         ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps)) << name;
         const json& last = steps.back();
         EXPECT_EQ(last["speculation_hits"], last["speculated_sub_groups"]) << name;
-        if (ratio > 0) EXPECT_GT(last["speculated_sub_groups"].get<int64_t>(), 0) << name;
-        if (ratio == 0) EXPECT_EQ(last["speculated_sub_groups"].get<int64_t>(), 0) << name;
+        if (ratio > 0) {
+          EXPECT_GT(last["speculated_sub_groups"].get<int64_t>(), 0) << name;
+        }
+        if (ratio == 0) {
+          EXPECT_EQ(last["speculated_sub_groups"].get<int64_t>(), 0) << name;
+        }
         EXPECT_EQ(last["rollbacks_clip"].get<int64_t>() + last["rollbacks_overflow"].get<int64_t>(),
                   0)
             << name;
@@ -137,7 +141,9 @@ TEST(SuperOffloadTrainerTest, EqualsSynchronousZeroOffloadForRatio0HalfAnd1OnOne
         ASSERT_EQ(started.size(), 1u);
         EXPECT_EQ(started[0]["superoffload_casting"], "no transfer");
         EXPECT_EQ(started[0]["superoffload_sub_group_size"], 20000);
-        if (ratio > 0) EXPECT_GT(started[0]["superoffload_copy_bytes"].get<int64_t>(), 0);
+        if (ratio > 0) {
+          EXPECT_GT(started[0]["superoffload_copy_bytes"].get<int64_t>(), 0);
+        }
       }
     }
   }
