@@ -16,9 +16,11 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "worker/engine/collectives.h"
+#include "worker/engine/model/blockwise_attention.h"
 #include "worker/engine/testing/thread_gang.h"
 
 namespace loom::engine {
@@ -113,7 +115,10 @@ bool Close(const at::Tensor& a, const at::Tensor& b) {
   return at::le(at::abs(a - b), 1e-6 + 1e-5 * at::abs(b)).all().item<bool>();
 }
 
-void ExpectEqualsUnsharded(const Case& c, at::ScalarType wire = at::kFloat) {
+// inner_block > 0: Ulysses wraps BlockwiseCausalAttention(inner_block) instead of the default
+// materialised core (the trainer's `model.attn_implementation: flash_attention_2` with SP).
+void ExpectEqualsUnsharded(const Case& c, at::ScalarType wire = at::kFloat,
+                           int64_t inner_block = 0) {
   int64_t s = 0;
   std::vector<at::Tensor> pos;
   for (int64_t l : c.documents) {
@@ -135,7 +140,9 @@ void ExpectEqualsUnsharded(const Case& c, at::ScalarType wire = at::kFloat) {
   std::vector<absl::Status> st = RunGang(c.p, [&](int rank, Collectives& group) {
     auto chunk = [&](const at::Tensor& t) { return t.narrow(2, rank * sl, sl); };
     absl::StatusOr<std::unique_ptr<UlyssesAttention>> core =
-        UlyssesAttention::Create(&group, {c.heads, c.kv_heads, wire}, nullptr);
+        UlyssesAttention::Create(
+            &group, {c.heads, c.kv_heads, wire},
+            inner_block > 0 ? std::make_unique<BlockwiseCausalAttention>(inner_block) : nullptr);
     if (!core.ok()) return core.status();
     (*core)->SetLocalPositions(positions.narrow(0, rank * sl, sl));
     EXPECT_TRUE(at::equal((*core)->global_positions(), positions));
@@ -203,6 +210,16 @@ TEST(UlyssesAttentionTest, PackedDocumentsDoNotAttendAcrossTheBoundary) {
     return absl::OkStatus();
   });
   ASSERT_TRUE(FirstFailure(st).ok()) << FirstFailure(st);
+}
+
+// The blockwise (FlashAttention-2) core inside Ulysses: same outputs and input gradients as the
+// unsharded reference, with a block (24) that divides neither S nor the chunk, GQA, replicated KV
+// heads and packed documents (the document ids Ulysses derives from the gathered positions).
+TEST(UlyssesAttentionTest, BlockwiseInnerCoreEqualsUnsharded) {
+  ExpectEqualsUnsharded({2, 1, 8, 8, 16, {32}}, at::kFloat, 24);
+  ExpectEqualsUnsharded({2, 2, 8, 4, 16, {32}}, at::kFloat, 24);
+  ExpectEqualsUnsharded({4, 1, 8, 2, 16, {32}}, at::kFloat, 24);
+  ExpectEqualsUnsharded({2, 1, 4, 2, 16, {80, 48}}, at::kFloat, 24);
 }
 
 TEST(UlyssesAttentionTest, Bf16OnTheWireIsCloseButNotExact) {
