@@ -23,6 +23,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/process_groups.h"
 #include "worker/engine/testing/thread_gang.h"
+#include "worker/engine/testing/tiny_llama.h"
 #include "worker/engine/zero/replicated_provider.h"
 #include "worker/engine/zero/zero_provider.h"
 
@@ -51,18 +52,7 @@ TEST(ShardSampleTest, DeepSpeedAdapterShardsOfTheSixTokenSample) {
 
 constexpr double kAtol = 1e-6, kRtol = 1e-4;
 
-LlamaConfig Tiny() {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 32;
-  c.initializer_range = 0.2;
-  return c;
-}
+LlamaConfig Tiny() { return testing::TinyLlamaConfig(); }
 
 bool Close(const at::Tensor& got, const at::Tensor& want) {
   return ((got - want).abs() - kRtol * want.abs()).max().item<double>() <= kAtol;

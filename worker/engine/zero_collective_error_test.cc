@@ -14,6 +14,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/testing/failing_collectives.h"
 #include "worker/engine/testing/thread_gang.h"
+#include "worker/engine/testing/tiny_llama.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model_config.h"
 #include "worker/engine/zero/zero_provider.h"
@@ -24,15 +25,10 @@ namespace {
 using testing::FailingCollectives;
 
 LlamaConfig TinyConfig() {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
+  LlamaConfig c = testing::TinyLlamaConfig();
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
   c.max_position_embeddings = 16;
-  c.initializer_range = 0.2;
   return c;
 }
 

@@ -23,6 +23,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/testing/thread_gang.h"
+#include "worker/engine/testing/tiny_llama.h"
 #include "worker/engine/zero/memory_tracker.h"
 #include "worker/engine/zero/zero_provider.h"
 
@@ -30,16 +31,8 @@ namespace loom::engine {
 namespace {
 
 LlamaConfig Tiny() {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
+  LlamaConfig c = testing::TinyLlamaConfig(/*tie_word_embeddings=*/true);
   c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 32;
-  c.tie_word_embeddings = true;
-  c.initializer_range = 0.2;
   return c;
 }
 

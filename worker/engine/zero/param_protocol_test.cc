@@ -21,6 +21,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/model/autograd_ops.h"
 #include "worker/engine/model/llama_model.h"
+#include "worker/engine/testing/tiny_llama.h"
 #include "worker/engine/zero/replicated_provider.h"
 #include "worker/engine/zero/zero_provider.h"
 
@@ -29,19 +30,7 @@ namespace {
 
 constexpr double kAtol = 1e-6, kRtol = 1e-4;  // fp32 reduction-order tolerance
 
-LlamaConfig Tiny(bool tied = false) {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 32;
-  c.tie_word_embeddings = tied;
-  c.initializer_range = 0.2;
-  return c;
-}
+LlamaConfig Tiny(bool tied = false) { return testing::TinyLlamaConfig(tied); }
 
 template <typename Body>
 void RunThreads(int world, Body body) {
