@@ -7,6 +7,7 @@
 #include "worker/engine/optim/zenflow_pipeline.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -40,11 +41,13 @@ struct Model {
 };
 
 // World size `world`, rank `rank`: partitions of the same seeded full tensors.
+// Rank threads of a gang call these at once, so each draws from its own generator (the global
+// one, seeded per call, raced between the threads and made TwoRanksEqualOneRank flaky).
 Model MakeModel(int world = 1, int rank = 0) {
-  at::manual_seed(5);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
   Model m;
   for (const Shape& s : kShapes) {
-    at::Tensor full = at::randn({s.numel()}, at::kFloat) * 0.1;
+    at::Tensor full = at::randn({s.numel()}, gen, at::kFloat) * 0.1;
     PartitionSlice sl = ComputePartition(s.numel(), world, rank);
     OptimizerPartition p;
     p.param = at::zeros({sl.partition_numel}, at::kFloat);
@@ -60,9 +63,9 @@ Model MakeModel(int world = 1, int rank = 0) {
 
 // The reduced gradient of step t (1-based), full tensors, the same on every rank.
 std::vector<at::Tensor> FullGrads(int64_t t) {
-  at::manual_seed(1000 + t);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 + t);
   std::vector<at::Tensor> g;
-  for (const Shape& s : kShapes) g.push_back(at::randn({s.numel()}, at::kFloat) * 0.01);
+  for (const Shape& s : kShapes) g.push_back(at::randn({s.numel()}, gen, at::kFloat) * 0.01);
   return g;
 }
 
