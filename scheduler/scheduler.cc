@@ -150,9 +150,31 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
     }
   }
   const bool phase_changed = from != job.phase;
+  progress_dirty_.erase(job.id);  // this write (or the cycle's) carries the progress too
   it->second = std::move(job);
   PublishJobChange(it->second, phase_changed);
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::FlushProgress() {
+  absl::MutexLock lock(&mu_);
+  std::vector<JobRecord> records;
+  for (const std::string& id : progress_dirty_) {
+    auto it = jobs_.find(id);
+    if (it != jobs_.end()) records.push_back(it->second);
+  }
+  if (records.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(store_->UpdateJobs(records));
+  progress_dirty_.clear();
+  return absl::OkStatus();
+}
+
+void Scheduler::NoteProgress(const std::string& job_id, loom::v1::Progress progress) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  it->second.progress = std::move(progress);
+  progress_dirty_.insert(job_id);
+  PublishJobChange(it->second, /*phase_changed=*/false);
 }
 
 void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
@@ -385,6 +407,12 @@ absl::Status Scheduler::RunSchedulingCycle() {
   absl::Status placed = PlacePendingJobs();
   deferred_writes_ = nullptr;
   prefetched_resume_.clear();
+  // Progress-only changes since the last cycle ride along in the same transaction.
+  for (const std::string& id : progress_dirty_) {
+    auto it = jobs_.find(id);
+    if (it != jobs_.end() && deferred.count(id) == 0) deferred.emplace(id, it->second);
+  }
+  progress_dirty_.clear();
   if (!deferred.empty()) {
     std::vector<JobRecord> records;
     records.reserve(deferred.size());

@@ -285,6 +285,11 @@ class Scheduler {
   // quota admission, gang placement, backfill and preemption (docs/scheduling.md).
   absl::Status RunSchedulingCycle();
 
+  // Writes the progress that heartbeats reported since the last cycle (progress_dirty_) in one
+  // transaction; the daemon calls it after its last cycle at shutdown. The store's error if the
+  // write fails (memory keeps the progress).
+  absl::Status FlushProgress();
+
   // Operator API (proto/admin_service.proto). NOT_FOUND for an unknown node.
   absl::StatusOr<std::vector<loom::v1::NodeInfo>> ListNodes();
   absl::StatusOr<loom::v1::NodeInfo> CordonNode(const std::string& node_id,
@@ -344,6 +349,10 @@ class Scheduler {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Persists `job` (checking its phase change against the state machine), then adopts it.
   absl::Status CommitJob(JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets a job's progress in memory, publishes it and marks the job for the next cycle's write
+  // (progress_dirty_).
+  void NoteProgress(const std::string& job_id, loom::v1::Progress progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt of `job_id` on a failure: RECOVERING if restarts are left (the
   // attempt's ranks are told to stop; `suspect_node` is avoided by later placements), else FAILED
   // through EndJob. A job already RECOVERING or terminal is left alone.
@@ -474,6 +483,12 @@ class Scheduler {
   std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
   // During RunSchedulingCycle: job writes collected for one transaction (null otherwise).
   std::map<std::string, JobRecord>* deferred_writes_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Jobs whose only change since their last write is rank 0's progress (step, loss, tokens/s):
+  // held in memory (and published to watchers) at once, written with the next scheduling
+  // cycle's single transaction rather than one fsync per heartbeat (a restart loses at most one
+  // schedule interval of progress, which the workers report again). Everything else a heartbeat
+  // changes -- phases, the rendezvous port, a new checkpoint step -- is written at once.
+  std::set<std::string> progress_dirty_ ABSL_GUARDED_BY(mu_);
   // Group commit of submissions. Lock order: mu_ before commit_mu_.
   absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::CondVar commit_cv_;
