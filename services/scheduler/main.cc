@@ -31,6 +31,9 @@ ABSL_FLAG(absl::Duration, reregistration_grace, absl::Seconds(30),
           "before they can be declared lost (at least --heartbeat_timeout_s), so that a restart "
           "re-adopts running jobs instead of failing them.");
 ABSL_FLAG(int, schedule_interval_ms, 200, "Period of the scheduling loop, in milliseconds.");
+ABSL_FLAG(std::string, cycle_trace_file, "",
+          "If set, append one line per scheduling cycle (end time and duration in microseconds, "
+          "ok) to this file; the control-plane benchmark computes percentiles from it.");
 ABSL_FLAG(double, hang_step_time_factor, 20,
           "A running job is hung when its step has not advanced for this many median step times "
           "(and at least --hang_min_timeout_s).");
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.db_path = absl::GetFlag(FLAGS_db);
   options.schedule_interval = absl::Milliseconds(absl::GetFlag(FLAGS_schedule_interval_ms));
+  options.cycle_trace_path = absl::GetFlag(FLAGS_cycle_trace_file);
   options.checkpoint_service = absl::GetFlag(FLAGS_checkpoint_service);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   absl::StatusOr<std::string> worker_token = loom::ReadTokenFile(absl::GetFlag(FLAGS_worker_token_file));

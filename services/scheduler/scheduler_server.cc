@@ -7,7 +7,9 @@
 #include <grpcpp/server_builder.h>
 #include <prometheus/registry.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_credentials.h"
@@ -91,6 +93,13 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   ASSIGN_OR_RETURN(s->metrics_,
                    MetricsEndpoint::Start(options.host, options.metrics_port, s->registry_,
                                           [server = s.get()] { return server->Ready(); }));
+  if (!options.cycle_trace_path.empty()) {
+    s->cycle_trace_ = std::fopen(options.cycle_trace_path.c_str(), "ae");
+    if (s->cycle_trace_ == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cycle_trace_path: cannot open ", options.cycle_trace_path, ": ", std::strerror(errno)));
+    }
+  }
   s->loop_ = std::thread([server = s.get()] { server->LoopMain(); });
   LOG(INFO) << "loom-scheduler serving on " << s->grpc_address() << ", metrics at "
             << s->metrics_url() << ", database " << options.db_path;
@@ -110,8 +119,13 @@ std::string SchedulerServer::grpc_address() const {
 void SchedulerServer::LoopMain() {
   int consecutive_errors = 0;
   do {
+    const absl::Time start = absl::Now();
     absl::Status s = scheduler_->RunSchedulingCycle();
     cycle_ok_ = s.ok();
+    if (cycle_trace_ != nullptr) {
+      const absl::Time end = absl::Now();
+      TraceCycle(end, end - start, s.ok());
+    }
     if (!s.ok()) {
       // A store error (e.g. disk full) is retried next cycle; log the first and then sparsely.
       if (consecutive_errors++ % 50 == 0) LOG(ERROR) << "scheduling cycle failed: " << s;
@@ -119,6 +133,16 @@ void SchedulerServer::LoopMain() {
       consecutive_errors = 0;
     }
   } while (!stop_loop_.WaitForNotificationWithTimeout(options_.schedule_interval));
+  absl::Status flushed = scheduler_->FlushProgress();
+  if (!flushed.ok()) LOG(WARNING) << "progress of running jobs not stored at shutdown: " << flushed;
+}
+
+void SchedulerServer::TraceCycle(absl::Time end, absl::Duration took, bool ok) {
+  // A trace line is best effort: a full disk must not stop scheduling.
+  (void)std::fprintf(cycle_trace_, "%lld %lld %d\n",
+                     static_cast<long long>(absl::ToUnixMicros(end)),
+                     static_cast<long long>(absl::ToInt64Microseconds(took)), ok ? 1 : 0);
+  (void)std::fflush(cycle_trace_);
 }
 
 void SchedulerServer::Shutdown(absl::Duration deadline) {
@@ -133,6 +157,10 @@ void SchedulerServer::Shutdown(absl::Duration deadline) {
   }
   if (!stop_loop_.HasBeenNotified()) stop_loop_.Notify();
   if (loop_.joinable()) loop_.join();
+  if (cycle_trace_ != nullptr) {
+    (void)std::fclose(cycle_trace_);
+    cycle_trace_ = nullptr;
+  }
   LOG(INFO) << "loom-scheduler on " << grpc_address() << " stopped";
 }
 

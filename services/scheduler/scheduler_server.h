@@ -10,6 +10,7 @@
 #include <grpcpp/server.h>
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -60,6 +61,11 @@ struct SchedulerServerOptions {
   std::string checkpoint_tls_ca;
   // Bearer token for the calls to checkpoint_service (its --service_token_file); empty = none.
   std::string checkpoint_token;
+  // If set, one line per scheduling cycle is appended to this file: "<end unix us> <duration
+  // us> <0|1 ok>\n" (the control-plane benchmark reads exact percentiles from it; the
+  // loom_scheduling_cycle_seconds histogram only has buckets). Opened at Start; an unopenable
+  // path is INVALID_ARGUMENT naming it. Empty = off.
+  std::string cycle_trace_path;
   SchedulerOptions scheduler;
 
   // INVALID_ARGUMENT naming the field.
@@ -95,6 +101,7 @@ class SchedulerServer {
   std::unique_ptr<CheckpointCatalog> checkpoints_;  // before scheduler_, which uses it
   explicit SchedulerServer(SchedulerServerOptions options) : options_(std::move(options)) {}
   void LoopMain();
+  void TraceCycle(absl::Time end, absl::Duration took, bool ok);
 
   const SchedulerServerOptions options_;
   std::unique_ptr<SqliteJobStore> store_;
@@ -114,6 +121,7 @@ class SchedulerServer {
   int port_ = 0;
   absl::Notification stop_loop_;
   std::thread loop_;
+  std::FILE* cycle_trace_ = nullptr;  // options_.cycle_trace_path; written by the loop thread only
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
