@@ -146,6 +146,10 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
         absl::StrCat("cannot start ", options.trainer_path, ": ", std::strerror(rc)));
   }
   p->pid_ = pid;
+  {
+    absl::MutexLock l(&p->mu_);
+    p->stats_.process_id = pid;
+  }
   LOG(INFO) << "started rank " << a.rank() << "/" << a.world_size() << " of " << a.job_id()
             << " attempt " << a.attempt() << " pid " << pid << " log " << p->log_path_;
   int read_fd = out_pipe[0], err_fd = err_pipe[0];
@@ -262,6 +266,7 @@ void RankProcess::HandleEvent(const std::string& line) {
       stats_.partition_bytes = static_cast<double>(ev.started().partition_bytes());
       stats_.last_step_unix_seconds = now_unix_s;
       stats_.last_checkpoint_unix_seconds = now_unix_s;
+      stats_.superoffload = !ev.started().superoffload_casting().empty();
       break;
     case loom::TrainerEvent::kStep: {
       const loom::TrainerEvent::Step& st = ev.step();
@@ -281,6 +286,15 @@ void RankProcess::HandleEvent(const std::string& line) {
         stats_.zenflow_selected_mass_fraction = st.zenflow_selected_mass_fraction();
         stats_.zenflow_update_interval_steps = static_cast<double>(st.zenflow_update_interval());
         stats_.zenflow_bytes_moved = static_cast<double>(st.zenflow_bytes_moved());
+      }
+      if (stats_.superoffload) {
+        stats_.superoffload_speculated = static_cast<double>(st.speculated_sub_groups());
+        stats_.superoffload_hits = static_cast<double>(st.speculation_hits());
+        stats_.superoffload_rollbacks_overflow = static_cast<double>(st.rollbacks_overflow());
+        stats_.superoffload_rollbacks_clip = static_cast<double>(st.rollbacks_clip());
+        stats_.superoffload_replays = static_cast<double>(st.replays());
+        stats_.superoffload_overlap_fraction = st.optimizer_overlap_fraction();
+        stats_.superoffload_optimizer_work_seconds = st.optimizer_work_s();
       }
       for (const auto& [kind, bytes] :
            {std::pair<const char*, int64_t>{"param", st.param_bytes()},

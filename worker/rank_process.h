@@ -47,6 +47,9 @@ struct RankProcessOptions {
 // Per-step numbers of a rank that the heartbeat does not carry; the worker exports them as
 // Prometheus gauges (worker/worker_metrics.h). Zero until the rank reports "started".
 struct RankStats {
+  // The trainer's pid: the cumulative counts below are per process (worker_metrics.h turns them
+  // into counter increments per process, so two processes of one rank number never mix).
+  int64_t process_id = 0;
   double step_seconds = 0;         // wall time of the last optimizer step ("step_time_s")
   double partition_bytes = 0;      // this rank's ZeRO-3 parameter partition ("partition_bytes")
   double peak_gathered_bytes = 0;  // peak all-gathered parameter bytes in the last step
@@ -68,6 +71,18 @@ struct RankStats {
   double zenflow_selected_mass_fraction = 0;
   double zenflow_update_interval_steps = 0;
   double zenflow_bytes_moved = 0;
+  // SuperOffload's numbers (TrainerEvent.Step speculated_sub_groups ... optimizer_work_s);
+  // `superoffload` is set by a "started" event naming a superoffload_casting (SuperOffload jobs
+  // only; then the worker exports the loom_trainer_superoffload_* series). The counts are
+  // cumulative since the trainer process started; the fraction and seconds are the last step's.
+  bool superoffload = false;
+  double superoffload_speculated = 0;     // sub-group steps started during backward
+  double superoffload_hits = 0;           // of them, committed as they were
+  double superoffload_rollbacks_overflow = 0;
+  double superoffload_rollbacks_clip = 0;
+  double superoffload_replays = 0;        // replayed with the clip coefficient
+  double superoffload_overlap_fraction = 0;
+  double superoffload_optimizer_work_seconds = 0;
   // Per-kind peak memory of the last step (TrainerEvent.Step param_bytes, grad_bytes,
   // optimizer_state_bytes, buffer_bytes, cached_bytes, peak_bytes -> "param", ...).
   std::map<std::string, double> memory_bytes_by_kind;

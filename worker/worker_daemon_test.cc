@@ -197,6 +197,45 @@ TEST_F(WorkerDaemonTest, TrainerStartsWithNoBlockedSignalsEvenIfTheDaemonBlocksS
   EXPECT_EQ(st.error(), "SigBlk=0000000000000000");
 }
 
+// SuperOffload's step-event counts reach Prometheus: cumulative counts as counters (not counted
+// twice over repeated ticks), the hit rate from them, rollbacks and replays per reason, and the
+// last step's overlap fraction; a job without SuperOffload exports none of these series.
+TEST_F(WorkerDaemonTest, SuperOffloadRankExportsSpeculationRollbackAndOverlapMetrics) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-super", "superoffload");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-super", loom::v1::RANK_STATE_RUNNING);
+  std::string text;
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    ASSERT_TRUE(d.Tick().ok());
+    text = prometheus::TextSerializer().Serialize(registry_.Collect());
+    if (text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 2") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(d.Tick().ok());  // a repeated tick must not count the same steps again
+  text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  for (const char* line :
+       {"loom_trainer_superoffload_speculated_sub_groups_total{rank=\"0\"} 8\n",
+        "loom_trainer_superoffload_speculation_hits_total{rank=\"0\"} 6\n",
+        "loom_trainer_superoffload_speculation_hit_rate{rank=\"0\"} 0.75\n",
+        "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"overflow\"} 1\n",
+        "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"clip\"} 1\n",
+        "loom_trainer_superoffload_replays_total{rank=\"0\",reason=\"clip\"} 1\n",
+        "loom_trainer_superoffload_optimizer_overlap_fraction{rank=\"0\"} 0.875\n",
+        "loom_trainer_superoffload_optimizer_work_seconds{rank=\"0\"} 0.25\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
+  }
+  loom::v1::HeartbeatResponse stop;
+  *stop.add_stop() = Assignment("job-super", "superoffload");
+  {
+    absl::MutexLock l(&client_.mu_);
+    client_.replies.push_back(stop);
+  }
+  TickUntil(d, "job-super", loom::v1::RANK_STATE_STOPPED);
+}
+
 TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
   loom::v1::HeartbeatResponse start;
@@ -243,6 +282,9 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
       "loom_rank_accelerator_info{accelerator_index=\"0\",job_id=\"job-hang\",node=\"",
       Options(FakeTrainer()).node_id, "\",rank=\"0\"} 1");
   EXPECT_NE(text.find(accel), std::string::npos) << accel << " missing:\n" << text;
+  // Not a SuperOffload job: none of its series.
+  EXPECT_EQ(text.find("loom_trainer_superoffload_speculation_hit_rate{"), std::string::npos)
+      << text;
   // Repeated ticks do not count the same rollbacks again.
   ASSERT_TRUE(d.Tick().ok());
   text = prometheus::TextSerializer().Serialize(registry_.Collect());

@@ -1,8 +1,10 @@
 #include "worker/worker_metrics.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace loom::worker {
 
@@ -80,7 +82,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
           prometheus::BuildCounter()
               .Name("loom_trainer_optimizer_rollbacks_total")
               .Help("Optimizer steps rolled back (SuperOffload's speculative CPU optimizer "
-                    "step). Stays 0 until SuperOffload is implemented.")
+                    "step: steps in which any sub-group was rolled back).")
               .Register(registry)),
       accelerator_info_(
           prometheus::BuildGauge()
@@ -109,6 +111,46 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Name("loom_trainer_zenflow_bytes_moved")
               .Help("ZenFlow: bytes moved between the device-side partitions and the host "
                     "buffers since the rank started.")
+              .Register(registry)),
+      superoffload_speculated_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_superoffload_speculated_sub_groups_total")
+              .Help("SuperOffload: sub-group CPU optimizer steps started speculatively during "
+                    "backward.")
+              .Register(registry)),
+      superoffload_hits_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_superoffload_speculation_hits_total")
+              .Help("SuperOffload: speculative sub-group steps committed as they were.")
+              .Register(registry)),
+      superoffload_hit_rate_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_superoffload_speculation_hit_rate")
+              .Help("SuperOffload: speculation hits / speculative sub-group steps since the rank "
+                    "started (0 before any).")
+              .Register(registry)),
+      superoffload_rollbacks_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_superoffload_rollbacks_total")
+              .Help("SuperOffload: speculative sub-group steps undone, by reason (overflow: fp16 "
+                    "non-finite gradients, the step skipped; clip: gradient clipping active).")
+              .Register(registry)),
+      superoffload_replays_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_superoffload_replays_total")
+              .Help("SuperOffload: rolled-back sub-group steps run again, by reason (clip: with "
+                    "the clip coefficient).")
+              .Register(registry)),
+      superoffload_overlap_fraction_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_superoffload_optimizer_overlap_fraction")
+              .Help("SuperOffload: share of the last step's optimizer work done before the end "
+                    "of backward.")
+              .Register(registry)),
+      superoffload_optimizer_work_seconds_(
+          prometheus::BuildGauge()
+              .Name("loom_trainer_superoffload_optimizer_work_seconds")
+              .Help("SuperOffload: seconds of optimizer work in the last step.")
               .Register(registry)) {
   for (const char* r : {"ok", "error"}) heartbeats_.Add({{"result", r}});
 }
@@ -188,15 +230,43 @@ void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
   for (const auto& [kind, bytes] : stats.memory_bytes_by_kind) {
     memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", kind}}).Set(bytes);
   }
-  prometheus::Counter& rollbacks = optimizer_rollbacks_.Add(labels);
   absl::MutexLock l(&mu_);
-  auto [it, inserted] = rollbacks_seen_.emplace(rank, 0.0);
-  // A smaller cumulative value is a new process for this rank number: all of it is new.
-  const double delta = stats.optimizer_rollbacks >= it->second
-                           ? stats.optimizer_rollbacks - it->second
-                           : stats.optimizer_rollbacks;
-  if (delta > 0) rollbacks.Increment(delta);
-  it->second = stats.optimizer_rollbacks;
+  const int64_t pid = stats.process_id;
+  AddCumulative(optimizer_rollbacks_.Add(labels), rank, "optimizer_rollbacks", pid,
+                stats.optimizer_rollbacks);
+  if (stats.superoffload) {
+    const std::string r = std::to_string(rank);
+    AddCumulative(superoffload_speculated_.Add(labels), rank, "speculated", pid,
+                  stats.superoffload_speculated);
+    AddCumulative(superoffload_hits_.Add(labels), rank, "hits", pid,
+                  stats.superoffload_hits);
+    AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "overflow"}}), rank,
+                  "rollbacks_overflow", pid, stats.superoffload_rollbacks_overflow);
+    AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "clip"}}), rank,
+                  "rollbacks_clip", pid, stats.superoffload_rollbacks_clip);
+    AddCumulative(superoffload_replays_.Add({{"rank", r}, {"reason", "clip"}}), rank, "replays", pid,
+                  stats.superoffload_replays);
+    superoffload_hit_rate_.Add(labels).Set(
+        stats.superoffload_speculated > 0
+            ? stats.superoffload_hits / stats.superoffload_speculated
+            : 0.0);
+    superoffload_overlap_fraction_.Add(labels).Set(stats.superoffload_overlap_fraction);
+    superoffload_optimizer_work_seconds_.Add(labels).Set(
+        stats.superoffload_optimizer_work_seconds);
+  }
+}
+
+void WorkerMetrics::AddCumulative(prometheus::Counter& counter, int rank, const std::string& name,
+                                  int64_t pid, double cumulative) {
+  std::vector<std::pair<int64_t, double>>& seen = cumulative_seen_[{rank, name}];
+  auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& e) { return e.first == pid; });
+  if (it == seen.end()) {
+    if (seen.size() >= kProcessesPerRank) seen.erase(seen.begin());
+    seen.emplace_back(pid, 0.0);
+    it = seen.end() - 1;
+  }
+  if (cumulative > it->second) counter.Increment(cumulative - it->second);
+  it->second = std::max(it->second, cumulative);
 }
 
 void WorkerMetrics::RecordAcceleratorAssignments(const std::string& node,

@@ -36,8 +36,8 @@
 //                                                        batches ("data_s"); step_seconds -
 //                                                        stall_seconds is compute time
 //   loom_trainer_optimizer_rollbacks_total{rank}        counter: optimizer steps rolled back
-//                                                        (SuperOffload's speculative CPU step);
-//                                                        stays 0 until SuperOffload exists
+//                                                        (SuperOffload's speculative CPU step:
+//                                                        steps with any sub-group rolled back)
 //   loom_trainer_zenflow_stall_seconds{rank}            gauge: ZenFlow jobs only: seconds of the
 //                                                        last step the training thread waited on
 //                                                        the CPU optimizer
@@ -47,6 +47,29 @@
 //   loom_trainer_zenflow_bytes_moved{rank}              gauge: bytes moved between device-side
 //                                                        partitions and host buffers since the
 //                                                        rank started (cumulative)
+//   SuperOffload jobs only (offload_optimizer.super_offload; the trainer's step events):
+//   loom_trainer_superoffload_speculated_sub_groups_total{rank}
+//                                                        counter: sub-group CPU optimizer steps
+//                                                        started speculatively during backward
+//   loom_trainer_superoffload_speculation_hits_total{rank}
+//                                                        counter: of them, committed unchanged
+//   loom_trainer_superoffload_speculation_hit_rate{rank} gauge: hits / speculated since the rank
+//                                                        started (0 before any speculation)
+//   loom_trainer_superoffload_rollbacks_total{rank,reason}
+//                                                        counter: speculative sub-group steps
+//                                                        undone; reason = "overflow" (fp16
+//                                                        non-finite gradients: the step was
+//                                                        skipped) or "clip" (gradient clipping
+//                                                        was active)
+//   loom_trainer_superoffload_replays_total{rank,reason} counter: rolled-back sub-group steps run
+//                                                        again; reason = "clip" (with the clip
+//                                                        coefficient); an overflow never replays
+//   loom_trainer_superoffload_optimizer_overlap_fraction{rank}
+//                                                        gauge: share (0-1) of the last step's
+//                                                        optimizer work done before the end of
+//                                                        backward (hidden under it)
+//   loom_trainer_superoffload_optimizer_work_seconds{rank}
+//                                                        gauge: that optimizer work, seconds
 //   loom_trainer_memory_bytes{rank,kind}                 also kind = param, grad, optimizer_state,
 //                                                        buffer, cached, peak (peak bytes of the last step
 //                                                        per kind) when the trainer reports them
@@ -70,6 +93,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -128,13 +152,28 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& zenflow_selected_mass_fraction_;
   prometheus::Family<prometheus::Gauge>& zenflow_update_interval_steps_;
   prometheus::Family<prometheus::Gauge>& zenflow_bytes_moved_;
+  prometheus::Family<prometheus::Counter>& superoffload_speculated_;
+  prometheus::Family<prometheus::Counter>& superoffload_hits_;
+  prometheus::Family<prometheus::Gauge>& superoffload_hit_rate_;
+  prometheus::Family<prometheus::Counter>& superoffload_rollbacks_;
+  prometheus::Family<prometheus::Counter>& superoffload_replays_;
+  prometheus::Family<prometheus::Gauge>& superoffload_overlap_fraction_;
+  prometheus::Family<prometheus::Gauge>& superoffload_optimizer_work_seconds_;
   absl::Mutex mu_;
   // (job id, attempt, rank) -> its loom_worker_rank_info series.
   std::map<std::tuple<std::string, int, int>, prometheus::Gauge*> info_ ABSL_GUARDED_BY(mu_);
   // (job id, rank, accelerator index) -> its loom_rank_accelerator_info series.
   std::map<AcceleratorAssignment, prometheus::Gauge*> accelerator_series_ ABSL_GUARDED_BY(mu_);
-  // rank -> the last cumulative optimizer_rollbacks seen (to turn it into counter increments).
-  std::map<int, double> rollbacks_seen_ ABSL_GUARDED_BY(mu_);
+  // (rank, series name) -> (trainer pid, the last cumulative count seen from it), newest last,
+  // at most kProcessesPerRank: a rank number's processes (a succeeded one of an earlier job and
+  // a running one, or two attempts) each count on their own, never against each other.
+  static constexpr size_t kProcessesPerRank = 4;
+  std::map<std::pair<int, std::string>, std::vector<std::pair<int64_t, double>>> cumulative_seen_
+      ABSL_GUARDED_BY(mu_);
+  // Adds to `counter` what `cumulative` (a count since trainer process `pid` started) grew by
+  // since the last call for (rank, name, pid); all of it for a process not seen before.
+  void AddCumulative(prometheus::Counter& counter, int rank, const std::string& name,
+                     int64_t pid, double cumulative) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace loom::worker

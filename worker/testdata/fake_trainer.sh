@@ -33,6 +33,15 @@ case "$name" in
     echo '{"step":{"step":3,"loss":5.0,"tokens_per_s":100}}'
     i=0
     while true; do i=$((i+1)); echo "fake trainer: tick $i" >&2; sleep 0.05; done ;;
+  superoffload)
+    # A SuperOffload rank: its "started" names the casting choice; two steps with cumulative
+    # sub-group counts, then it runs until SIGTERM.
+    echo "{\"started\":{\"rank\":$rank,\"world_size\":1,\"superoffload_casting\":\"no transfer\"}}"
+    echo '{"step":{"step":"1","loss":5.0,"speculated_sub_groups":"4","speculation_hits":"3","rollbacks_clip":"1","replays":"1","optimizer_overlap_fraction":0.75,"optimizer_work_s":0.5}}'
+    echo '{"step":{"step":"2","loss":4.5,"speculated_sub_groups":"8","speculation_hits":"6","rollbacks_overflow":"1","rollbacks_clip":"1","replays":"1","optimizer_overlap_fraction":0.875,"optimizer_work_s":0.25}}'
+    echo '{"checkpoint":{"step":"2","dir":"/tmp/x"}}'
+    trap 'exit 143' TERM
+    while true; do sleep 0.05; done ;;
   hang)
     echo '{"step":{"step":"1","loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":"4096","peak_gathered_bytes":"16384","comm_s":0.125,"data_s":0.0625,"optimizer_rollbacks":"2","param_bytes":"1024","optimizer_state_bytes":"8192","zenflow_stall_s":0.03125,"zenflow_selected_mass_fraction":0.5,"zenflow_update_interval":"4","zenflow_bytes_moved":"65536"}}'
     echo '{"checkpoint":{"step":"1","dir":"/tmp/x"}}'

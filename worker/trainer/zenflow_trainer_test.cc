@@ -7,10 +7,15 @@
 //     loss falls, and the step events carry the ZenFlow metrics (interval, mass, bytes).
 //   * ResumeIsBitForBit: save at step 3 (a CPU step in flight) -> resume -> steps 4-6 and the
 //     step-6 checkpoint equal the uninterrupted run's bit for bit; the state file is required.
+//   * Fp16InjectedInfSkipsTheStepOnBothSides: fp16 with an inf injected into rank 0's gradient
+//     at step 3 (selection live, an interval half accumulated): the step is skipped, the loss
+//     scale halves, and the parameters, moments and ZenFlow's whole state (device-side selective
+//     moments, host accumulators, CPU copy) equal step 2's bit for bit; step 4 trains again.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -155,6 +160,42 @@ TEST(ZenFlowTrainerTest, ResumeIsBitForBit) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0]["message"].get<std::string>().find("zenflow_rank0.bin"), std::string::npos)
       << errors[0]["message"];
+}
+
+TEST(ZenFlowTrainerTest, Fp16InjectedInfSkipsTheStepOnBothSides) {
+  json zfb = ZenFlowBlock();
+  zfb["select_interval"] = 4;
+  zfb["update_interval"] = 4;  // steps 2-5 form one interval: step 3 is mid-interval
+  const std::string spec = Spec("zf_fp16", 4, Zero(2, zfb), /*bf16=*/false,
+                                /*checkpoint_interval=*/1);
+  json j = json::parse(*ReadText(spec));
+  j["deepspeed_config"]["fp16"] = {{"enabled", true},
+                                   {"initial_scale_power", 8},
+                                   {"loss_scale_window", 100},
+                                   {"hysteresis", 1}};
+  std::ofstream(spec) << j.dump(2);
+  GangResult r = RunJob("zf_fp16", spec, {"--test_inject_inf_grad_steps=3"});
+  std::vector<json> steps = r.Of(0, "step");
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_FALSE(steps[1]["skipped"].get<bool>());
+  EXPECT_TRUE(steps[2]["skipped"].get<bool>());
+  EXPECT_FALSE(steps[3]["skipped"].get<bool>());
+  EXPECT_EQ(steps[2]["loss_scale"].get<double>(), 256.0);
+  EXPECT_EQ(steps[3]["loss_scale"].get<double>(), 128.0);
+  EXPECT_GT(steps[2]["zenflow_selected_mass_fraction"].get<double>(), 0.0);
+  auto dir = [](int step) { return Dir("zf_fp16") + "/" + loom::storage::StepDirName(step); };
+  ExpectSameSections(dir(2), dir(3), "skipped step 3 vs step 2");
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string file = absl::StrCat("/zenflow_rank", rank, ".bin");
+    std::optional<std::string> s2 = ReadText(dir(2) + file), s3 = ReadText(dir(3) + file),
+                               s4 = ReadText(dir(4) + file);
+    ASSERT_TRUE(s2 && s3 && s4) << file;
+    EXPECT_TRUE(*s3 == *s2) << file << ": ZenFlow state changed by the skipped step 3";
+    EXPECT_FALSE(*s4 == *s2) << file << ": step 4 did not update ZenFlow's state";
+  }
+  auto p2 = Reassemble(dir(2), 2, "fp32_params"), p4 = Reassemble(dir(4), 2, "fp32_params");
+  ASSERT_FALSE(p2.empty());
+  EXPECT_NE(p4, p2) << "step 4 did not update the parameters";
 }
 
 }  // namespace
