@@ -41,15 +41,29 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ "${#missing[@]}" -eq 0 ]; then
-  echo "install_deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
-echo "install_deps: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+else
+  echo "install_deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The OpenAPI validator of //services/gateway:openapi_lint_test: Redocly's CLI from the npm
+# registry, pinned (1.x runs on Debian 12's nodejs 18.19), in a fixed prefix the test looks in.
+REDOCLY_VERSION=1.34.5
+REDOCLY_PREFIX=/opt/loom/redocly
+if [ "$("$REDOCLY_PREFIX/node_modules/.bin/redocly" --version 2>/dev/null)" != "$REDOCLY_VERSION" ]; then
+  if ! command -v npm >/dev/null; then
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+  fi
+  echo "install_deps: installing @redocly/cli@$REDOCLY_VERSION into $REDOCLY_PREFIX"
+  $SUDO mkdir -p "$REDOCLY_PREFIX"
+  $SUDO npm install --prefix "$REDOCLY_PREFIX" --no-audit --no-fund --loglevel=error \
+    "@redocly/cli@$REDOCLY_VERSION"
+fi
 echo "install_deps: done"

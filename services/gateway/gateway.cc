@@ -3,11 +3,13 @@
 #include <google/protobuf/util/json_util.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <grpcpp/client_context.h>
 #include <httplib.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <regex>
 #include <utility>
@@ -21,62 +23,26 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_credentials.h"
+#include "services/gateway/gateway_http.h"
 
 namespace loom::gateway {
 namespace {
 
-constexpr char kJson[] = "application/json";
-
-// Canonical upper-case name of a gRPC code ("NOT_FOUND").
-std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  int c = static_cast<int>(code);
-  return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
-}
-
-// The error body with an explicit HTTP status (for errors of HTTP itself: 405, 411, 413, ...).
-void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode code,
-                    const std::string& message) {
-  res.status = http_status;
-  nlohmann::json body = {{"code", static_cast<int>(code)}, {"status", CodeName(code)},
-                         {"message", message}};
-  res.set_content(body.dump(), kJson);
-}
-
-void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message) {
-  WriteHttpError(res, HttpStatusFromGrpc(code), code, message);
-}
-
-// The routes, as registered below; the table also answers 405 with `Allow` for a path served
-// under other methods.
-constexpr char kJobsRoute[] = "/v1/jobs";
-constexpr char kCancelRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+):cancel)";
-constexpr char kKillRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+):kill)";
-constexpr char kLogsRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+)/logs)";
-constexpr char kJobRoute[] = R"(/v1/jobs/([A-Za-z0-9_.-]+))";
+using internal::Access;
+using internal::CodeName;
+using internal::kJson;
+using internal::ReadBody;
+using internal::TooLarge;
+using internal::WriteError;
+using internal::WriteHttpError;
 
 // "GET, POST" for a path some route serves, "" for one no route serves.
 std::string AllowedMethods(const std::string& path) {
-  static const auto* const kRoutes = new std::vector<std::pair<std::regex, std::string>>{
-      {std::regex("/healthz"), "GET"},       {std::regex("/v1/openapi.json"), "GET"},
-      {std::regex(kJobsRoute), "GET, POST"}, {std::regex(kCancelRoute), "POST"},
-      {std::regex(kKillRoute), "POST"},      {std::regex(kLogsRoute), "GET"},
-      {std::regex(kJobRoute), "GET"}};
-  for (const auto& [pattern, methods] : *kRoutes) {
-    if (std::regex_match(path, pattern)) return methods;
-  }
-  return "";
+  const internal::RouteInfo* route = internal::FindRoute(path);
+  return route == nullptr ? "" : route->methods;
 }
 
-bool IsChunked(const httplib::Request& req) {
-  return absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
-}
-
-// The declared Content-Length, or -1 when there is none or it is not a number.
+// DeclaredLength: the declared Content-Length, or -1 when there is none or it is not a number.
 int64_t DeclaredLength(const httplib::Request& req) {
   int64_t length = -1;
   if (!req.has_header("Content-Length") ||
@@ -86,45 +52,11 @@ int64_t DeclaredLength(const httplib::Request& req) {
   return length;
 }
 
-std::string TooLarge(int64_t declared, size_t max) {
-  return absl::StrCat("request body", declared >= 0 ? absl::StrCat(" of ", declared, " bytes") : "",
-                      " is over the gateway's limit of ", max, " bytes (--max_body_bytes)");
-}
-
-// Reads a POST body through `reader` into *body, at most `max` bytes. A request with neither
-// Content-Length nor chunked encoding has no body (curl -XPOST without -d sends none): fine
-// unless `required` (411). On failure answers (411, 413 or 400) and returns false.
-bool ReadBody(const httplib::Request& req, httplib::Response& res,
-              const httplib::ContentReader& reader, size_t max, bool required,
-              std::string* body) {
-  if (!req.has_header("Content-Length") && !IsChunked(req)) {
-    if (!required) return true;
-    WriteHttpError(res, 411, grpc::StatusCode::INVALID_ARGUMENT,
-                   absl::StrCat(req.method, " ", req.path,
-                                " needs a JSON body with a Content-Length header (or chunked "
-                                "transfer encoding)"));
-    return false;
-  }
-  bool too_large = false;
-  const bool read = reader([&](const char* data, size_t n) {
-    if (body->size() + n > max) {
-      too_large = true;
-      return false;
-    }
-    body->append(data, n);
-    return true;
-  });
-  if (too_large) {
-    WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(-1, max));
-    return false;
-  }
-  if (!read) {
-    WriteHttpError(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
-                   "the request body could not be read (truncated, or a bad chunked encoding)");
-    return false;
-  }
-  return true;
-}
+// When the request being answered on this thread reached routing (httplib runs a request's
+// pre-routing handler, handler, content provider and logger on one thread); unset for requests
+// httplib refused before routing (a malformed request line, ...).
+thread_local bool request_started = false;
+thread_local absl::Time request_start;
 
 // The answer to an error cpp-httplib raised itself (no handler wrote a body): the status it chose
 // (or 405 for a path served under other methods), a gRPC code and a message saying what was wrong.
@@ -170,43 +102,6 @@ void WriteLibraryError(const httplib::Request& req, httplib::Response& res) {
                                   ")", what.empty() ? "" : ": ", what));
     }
   }
-}
-
-void WriteMessage(httplib::Response& res, const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions print;
-  print.always_print_primitive_fields = true;
-  std::string out;
-  auto st = google::protobuf::util::MessageToJsonString(m, &out, print);
-  if (!st.ok()) {
-    WriteError(res, grpc::StatusCode::INTERNAL,
-               absl::StrCat("cannot encode the response as JSON: ", st.message().as_string()));
-    return;
-  }
-  res.status = 200;
-  res.set_content(out, kJson);
-}
-
-// Parses `json` into `m` (unknown fields are an error); on failure answers 400 and returns false.
-bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res) {
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = false;
-  auto st = google::protobuf::util::JsonStringToMessage(json.empty() ? "{}" : json, m, opts);
-  if (!st.ok()) {
-    WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-               absl::StrCat("request body is not a valid ", m->GetDescriptor()->full_name(),
-                            " in JSON: ", st.message().as_string()));
-    return false;
-  }
-  return true;
-}
-
-// One LogLine in the canonical JSON mapping (single line).
-std::string LineJson(const loom::v1::LogLine& line) {
-  google::protobuf::util::JsonPrintOptions print;
-  print.always_print_primitive_fields = true;
-  std::string out;
-  (void)google::protobuf::util::MessageToJsonString(line, &out, print);
-  return out;
 }
 
 // follow=true|false|1|0, rank=N (repeatable, or comma-separated), tail_lines=N (or tail=N). On a
@@ -280,36 +175,41 @@ JobGateway::JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions
 void JobGateway::Register(httplib::Server& server) {
   // The RPC's context: deadline, and the caller's Authorization header as gRPC metadata.
   auto context = [this](const httplib::Request& req) {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      absl::ToChronoMilliseconds(options_.rpc_timeout));
-    // A header gRPC cannot carry is dropped: the call then goes unauthenticated (and is
-    // answered 401 where authentication is on) instead of aborting the gateway.
-    const std::string authorization = req.get_header_value("Authorization");
-    if (!authorization.empty()) AddAuthorizationMetadata(*ctx, authorization);
-    return ctx;
+    return internal::MakeContext(req, options_.rpc_timeout);
   };
   // Before any body is read: a declared Content-Length over the limit is 413 (the body is not
   // read; httplib then does not reuse the connection for more than its keep-alive count), and
-  // with `auth` a /v1/jobs* request without a known token is 401.
+  // with `auth` a /v1/ request (but the OpenAPI document) without a known token is 401, and one
+  // to an admin route (nodes, checkpoints) with a user token 403, as the gRPC services do.
   const size_t max_body = options_.max_body_bytes;
   server.set_pre_routing_handler([this, max_body](const httplib::Request& req,
                                                   httplib::Response& res) {
+    request_started = true;
+    request_start = absl::Now();
     const int64_t declared = DeclaredLength(req);
     if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
       WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body));
       res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (options_.auth == nullptr || !absl::StartsWith(req.path, "/v1/jobs")) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
+    const internal::RouteInfo* route = internal::FindRoute(req.path);
+    const bool open = route != nullptr ? route->access == Access::kOpen
+                                       : !absl::StartsWith(req.path, "/v1/");
+    if (options_.auth == nullptr || open) return httplib::Server::HandlerResponse::Unhandled;
     absl::StatusOr<Caller> caller =
         options_.auth->Authenticate(req.get_header_value("Authorization"));
-    if (caller.ok()) return httplib::Server::HandlerResponse::Unhandled;
-    WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
-    res.set_header("WWW-Authenticate", "Bearer");
-    return httplib::Server::HandlerResponse::Handled;
+    if (!caller.ok()) {
+      WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (route != nullptr && route->access == Access::kAdmin && !caller->admin()) {
+      WriteError(res, grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat(route->route, " needs an admin token (tenant '", caller->tenant,
+                              "' has the user role)"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
   });
   // A client that asks before sending a large body (curl does above 1 MiB) is refused before it
   // sends it.
@@ -324,13 +224,7 @@ void JobGateway::Register(httplib::Server& server) {
   });
   // Answers with `resp` or the RPC's error.
   auto reply = [](httplib::Response& res, const grpc::Status& s,
-                  const google::protobuf::Message& resp) {
-    if (s.ok()) {
-      WriteMessage(res, resp);
-    } else {
-      WriteError(res, s.error_code(), s.error_message());
-    }
-  };
+                  const google::protobuf::Message& resp) { internal::Reply(res, s, resp); };
 
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
@@ -338,7 +232,7 @@ void JobGateway::Register(httplib::Server& server) {
   server.Get("/v1/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(options_.openapi_json, kJson);
   });
-  server.Get(kJobsRoute, [this, context, reply](const httplib::Request& req,
+  server.Get(internal::kJobsRoute, [this, context, reply](const httplib::Request& req,
                                                 httplib::Response& res) {
     // Query parameters are request fields (proto or lowerCamelCase names); the JSON parser
     // converts "JOB_PHASE_RUNNING" etc. page_size / pageSize must be a decimal integer: the JSON
@@ -360,24 +254,24 @@ void JobGateway::Register(httplib::Server& server) {
       fields[key] = value;
     }
     loom::v1::ListJobsRequest request;
-    if (!ParseBody(fields.dump(), &request, res)) return;
+    if (!internal::ParseBody(fields.dump(), &request, res)) return;
     loom::v1::ListJobsResponse response;
     reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });
   // POST routes read their bodies themselves (httplib's content readers): bounded by
   // max_body_bytes also when chunked, and a body-less POST (no Content-Length) is not waited for.
-  server.Post(kJobsRoute, [this, context, reply, max_body](const httplib::Request& req,
+  server.Post(internal::kJobsRoute, [this, context, reply, max_body](const httplib::Request& req,
                                                            httplib::Response& res,
                                                            const httplib::ContentReader& reader) {
     std::string body;
     if (!ReadBody(req, res, reader, max_body, /*required=*/true, &body)) return;
     loom::v1::SubmitJobRequest request;
-    if (!ParseBody(body, &request, res)) return;
+    if (!internal::ParseBody(body, &request, res)) return;
     loom::v1::SubmitJobResponse response;
     reply(res, stub_->SubmitJob(context(req).get(), request, &response), response);
   });
   // Cancel and kill take no body; one that is sent anyway is read (bounded) and ignored.
-  server.Post(kCancelRoute, [this, context, reply, max_body](const httplib::Request& req,
+  server.Post(internal::kCancelRoute, [this, context, reply, max_body](const httplib::Request& req,
                                                              httplib::Response& res,
                                                              const httplib::ContentReader& reader) {
     std::string ignored;
@@ -387,7 +281,7 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::Job response;
     reply(res, stub_->CancelJob(context(req).get(), request, &response), response);
   });
-  server.Post(kKillRoute, [this, context, reply, max_body](const httplib::Request& req,
+  server.Post(internal::kKillRoute, [this, context, reply, max_body](const httplib::Request& req,
                                                            httplib::Response& res,
                                                            const httplib::ContentReader& reader) {
     std::string ignored;
@@ -397,7 +291,7 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::Job response;
     reply(res, stub_->KillJob(context(req).get(), request, &response), response);
   });
-  server.Get(kLogsRoute,
+  server.Get(internal::kLogsRoute,
              [this, context](const httplib::Request& req, httplib::Response& res) {
                loom::v1::StreamLogsRequest request;
                request.set_job_id(req.matches[1]);
@@ -409,7 +303,7 @@ void JobGateway::Register(httplib::Server& server) {
                  // Each line is protobuf's JSON already: joined, not parsed and dumped again.
                  std::vector<std::string> lines;
                  loom::v1::LogLine line;
-                 while (reader->Read(&line)) lines.push_back(LineJson(line));
+                 while (reader->Read(&line)) lines.push_back(internal::MessageJson(line));
                  grpc::Status s = reader->Finish();
                  if (!s.ok()) {
                    WriteError(res, s.error_code(), s.error_message());
@@ -456,25 +350,49 @@ void JobGateway::Register(httplib::Server& server) {
                        sink.done();
                        return true;
                      }
-                     std::string out = LineJson(line) + "\n";
+                     std::string out = internal::MessageJson(line) + "\n";
                      return sink.write(out.data(), out.size());
                    },
                    [ctx](bool /*success*/) { ctx->TryCancel(); });
              });
-  server.Get(kJobRoute,
+  server.Get(internal::kJobRoute,
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                loom::v1::GetJobRequest request;
                request.set_job_id(req.matches[1]);
                loom::v1::Job response;
                reply(res, stub_->GetJob(context(req).get(), request, &response), response);
              });
+  RegisterExplainAndWatch(server);
+  RegisterCheckpointRoutes(server);
+  RegisterAdminRoutes(server);
   if (options_.registry != nullptr) {
+    // By route template (never the raw path: ids would make a series per job), method and status.
     auto* requests = &prometheus::BuildCounter()
                           .Name("loom_gateway_requests_total")
-                          .Help("HTTP requests answered by the gateway, by method and status.")
+                          .Help("HTTP requests answered by the gateway, by route template "
+                                "(\"unmatched\" for paths no route serves), method and status.")
                           .Register(*options_.registry);
-    server.set_logger([requests](const httplib::Request& req, const httplib::Response& res) {
-      requests->Add({{"method", req.method}, {"code", std::to_string(res.status)}}).Increment();
+    auto* seconds = &prometheus::BuildHistogram()
+                         .Name("loom_gateway_request_duration_seconds")
+                         .Help("Time from routing a request to the end of its response (of the "
+                               "whole stream for :watch and followed logs), by route, method "
+                               "and status.")
+                         .Register(*options_.registry);
+    server.set_logger([requests, seconds](const httplib::Request& req,
+                                          const httplib::Response& res) {
+      const internal::RouteInfo* route = internal::FindRoute(req.path);
+      const std::map<std::string, std::string> labels = {
+          {"route", route != nullptr ? route->route : "unmatched"},
+          {"method", req.method},
+          {"code", std::to_string(res.status)}};
+      requests->Add(labels).Increment();
+      if (request_started) {
+        static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+            60, 300};
+        seconds->Add(labels, *kBuckets).Observe(absl::ToDoubleSeconds(absl::Now() - request_start));
+        request_started = false;
+      }
     });
   }
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

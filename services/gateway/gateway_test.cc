@@ -261,9 +261,9 @@ TEST_F(GatewayTest, ErrorsCarryTheGrpcCodeAndMatchingHttpStatus) {
   EXPECT_EQ(again["status"], "FAILED_PRECONDITION");
 
   // No such route.
-  auto [route_code, route] = Get("/v1/nodes");
+  auto [route_code, route] = Get("/v1/widgets");
   EXPECT_EQ(route_code, 404);
-  EXPECT_EQ(route["message"], "no route for GET /v1/nodes");
+  EXPECT_EQ(route["message"], "no route for GET /v1/widgets");
 
   // Scheduler gone: UNAVAILABLE -> 503.
   grpc_server_->Shutdown();
@@ -297,9 +297,17 @@ TEST_F(GatewayTest, ServesOpenApiHealthAndRequestMetrics) {
     if (text.find("code=\"404\"") != std::string::npos) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_NE(text.find("loom_gateway_requests_total{code=\"404\",method=\"GET\"} 1"), std::string::npos)
+  EXPECT_NE(text.find("loom_gateway_requests_total{code=\"404\",method=\"GET\",route=\"/v1/jobs/{id}\"} 1"),
+            std::string::npos)
       << text;
-  EXPECT_NE(text.find("loom_gateway_requests_total{code=\"200\",method=\"GET\"} 2"), std::string::npos)
+  EXPECT_NE(text.find("loom_gateway_requests_total{code=\"200\",method=\"GET\",route=\"/v1/openapi.json\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("loom_gateway_requests_total{code=\"200\",method=\"GET\",route=\"/healthz\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("loom_gateway_request_duration_seconds_count{code=\"404\",method=\"GET\",route=\"/v1/jobs/{id}\"} 1"),
+            std::string::npos)
       << text;
 }
 

@@ -1,6 +1,6 @@
 // loom-gateway: the REST/JSON gateway to loom-scheduler's JobService (services/gateway/gateway.h).
 //
-//   loom-gateway --scheduler=HOST:PORT [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
+//   loom-gateway --scheduler=HOST:PORT [--checkpoint=HOST:PORT] [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
 //                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
 //                [--reconnect_backoff_max=1s]
 //
@@ -31,6 +31,12 @@
 extern const char kLoomOpenApiJson[];  // services/gateway/openapi.json, embedded by a genrule
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC address");
+ABSL_FLAG(std::string, checkpoint, "",
+          "loom-checkpoint gRPC address for the /v1/jobs/{id}/checkpoints routes; empty = those "
+          "routes answer 501.");
+ABSL_FLAG(absl::Duration, sse_keepalive, absl::Seconds(15),
+          "How often a quiet GET /v1/jobs/{id}:watch event stream sends a keep-alive comment "
+          "(a client that went away is noticed within this time).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind HTTP and /metrics to.");
 ABSL_FLAG(int, port, 8080, "HTTP port of the REST API (0 = any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
@@ -47,7 +53,8 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "token with 401 before calling the scheduler. The Authorization header is forwarded "
           "to the scheduler either way.");
 ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle to verify the scheduler's TLS certificate; empty = plaintext gRPC.");
+          "PEM CA bundle to verify the scheduler's (and loom-checkpoint's) TLS certificate; empty = "
+          "plaintext gRPC.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -86,6 +93,16 @@ int main(int argc, char** argv) {
   auto channel = loom::CreateReconnectingChannel(absl::GetFlag(FLAGS_scheduler), *creds,
                                                  absl::GetFlag(FLAGS_reconnect_backoff_max));
   auto stub = loom::v1::JobService::NewStub(channel);
+  auto admin = loom::v1::AdminService::NewStub(channel);
+  std::unique_ptr<loom::v1::CheckpointService::Stub> checkpoints;
+  if (const std::string address = absl::GetFlag(FLAGS_checkpoint); !address.empty()) {
+    checkpoints = loom::v1::CheckpointService::NewStub(loom::CreateReconnectingChannel(
+        address, *creds, absl::GetFlag(FLAGS_reconnect_backoff_max)));
+  }
+  if (absl::GetFlag(FLAGS_sse_keepalive) <= absl::ZeroDuration()) {
+    LOG(ERROR) << "--sse_keepalive: must be > 0, got " << absl::GetFlag(FLAGS_sse_keepalive);
+    return 2;
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   loom::gateway::GatewayOptions options;
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
@@ -97,6 +114,9 @@ int main(int argc, char** argv) {
   options.openapi_json = kLoomOpenApiJson;
   options.registry = registry.get();
   options.auth = auth.get();
+  options.admin = admin.get();
+  options.checkpoints = checkpoints.get();
+  options.sse_keepalive = absl::GetFlag(FLAGS_sse_keepalive);
   loom::gateway::JobGateway gateway(stub.get(), options);
 
   httplib::Server server;

@@ -111,7 +111,7 @@ TEST(GatewayE2ETest, RestRoundTripThroughTheRealScheduler) {
   // The gateway's own metrics endpoint counts what it answered.
   auto metrics = testing::HttpGet(gw_info->metrics_url);
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_NE(metrics->find("loom_gateway_requests_total{code=\"400\",method=\"POST\"}"), std::string::npos)
+  EXPECT_NE(metrics->find("loom_gateway_requests_total{code=\"400\",method=\"POST\",route=\"/v1/jobs\"}"), std::string::npos)
       << *metrics;
   ASSERT_TRUE(WriteFileAtomically(tmp + "/gateway.metrics", *metrics).ok());
   EXPECT_EQ(std::system(("/usr/bin/promtool check metrics < " + tmp + "/gateway.metrics > " + tmp +

@@ -206,10 +206,10 @@ TEST_F(GatewayHttpTest, WrongMethodIs405WithAllow) {
         << err;
   }
   // An unknown path stays 404.
-  auto resp = RawRequest(port_, absl::StrCat("GET /v1/nodes HTTP/1.1\r\n", Host(), "\r\n"));
+  auto resp = RawRequest(port_, absl::StrCat("GET /v1/widgets HTTP/1.1\r\n", Host(), "\r\n"));
   ASSERT_TRUE(resp.ok()) << resp.status();
   EXPECT_EQ(resp->status, 404);
-  EXPECT_EQ(ErrorBody(*resp)["message"], "no route for GET /v1/nodes");
+  EXPECT_EQ(ErrorBody(*resp)["message"], "no route for GET /v1/widgets");
 }
 
 // Regression: an oversized body was read whole and forwarded, and came back 429

@@ -1,0 +1,173 @@
+#include "services/gateway/gateway_http.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
+#include "services/gateway/gateway.h"
+
+namespace loom::gateway::internal {
+namespace {
+
+bool IsChunked(const httplib::Request& req) {
+  return absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+}
+
+}  // namespace
+
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  int c = static_cast<int>(code);
+  return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
+}
+
+void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode code,
+                    const std::string& message) {
+  res.status = http_status;
+  nlohmann::json body = {{"code", static_cast<int>(code)}, {"status", CodeName(code)},
+                         {"message", message}};
+  res.set_content(body.dump(), kJson);
+}
+
+void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message) {
+  WriteHttpError(res, HttpStatusFromGrpc(code), code, message);
+}
+
+std::string MessageJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, print);
+  return out;
+}
+
+void WriteMessage(httplib::Response& res, const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  std::string out;
+  auto st = google::protobuf::util::MessageToJsonString(m, &out, print);
+  if (!st.ok()) {
+    WriteError(res, grpc::StatusCode::INTERNAL,
+               absl::StrCat("cannot encode the response as JSON: ", st.message().as_string()));
+    return;
+  }
+  res.status = 200;
+  res.set_content(out, kJson);
+}
+
+void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf::Message& resp) {
+  if (s.ok()) {
+    WriteMessage(res, resp);
+  } else {
+    WriteError(res, s.error_code(), s.error_message());
+  }
+}
+
+bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res) {
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  auto st = google::protobuf::util::JsonStringToMessage(json.empty() ? "{}" : json, m, opts);
+  if (!st.ok()) {
+    WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+               absl::StrCat("request body is not a valid ", m->GetDescriptor()->full_name(),
+                            " in JSON: ", st.message().as_string()));
+    return false;
+  }
+  return true;
+}
+
+std::string TooLarge(int64_t declared, size_t max) {
+  return absl::StrCat("request body", declared >= 0 ? absl::StrCat(" of ", declared, " bytes") : "",
+                      " is over the gateway's limit of ", max, " bytes (--max_body_bytes)");
+}
+
+bool ReadBody(const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& reader, size_t max, bool required,
+              std::string* body) {
+  if (!req.has_header("Content-Length") && !IsChunked(req)) {
+    if (!required) return true;
+    WriteHttpError(res, 411, grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat(req.method, " ", req.path,
+                                " needs a JSON body with a Content-Length header (or chunked "
+                                "transfer encoding)"));
+    return false;
+  }
+  bool too_large = false;
+  const bool read = reader([&](const char* data, size_t n) {
+    if (body->size() + n > max) {
+      too_large = true;
+      return false;
+    }
+    body->append(data, n);
+    return true;
+  });
+  if (too_large) {
+    WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(-1, max));
+    return false;
+  }
+  if (!read) {
+    WriteHttpError(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
+                   "the request body could not be read (truncated, or a bad chunked encoding)");
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<grpc::ClientContext> MakeContext(const httplib::Request& req,
+                                                 absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  const std::string authorization = req.get_header_value("Authorization");
+  if (!authorization.empty()) AddAuthorizationMetadata(*ctx, authorization);
+  return ctx;
+}
+
+const RouteInfo* FindRoute(const std::string& path) {
+  struct Entry {
+    std::regex pattern;
+    RouteInfo info;
+  };
+  static const auto* const kRoutes = new std::vector<Entry>{
+      {std::regex("/healthz"), {"/healthz", "GET", Access::kOpen}},
+      {std::regex("/v1/openapi.json"), {"/v1/openapi.json", "GET", Access::kOpen}},
+      {std::regex(kJobsRoute), {"/v1/jobs", "GET, POST", Access::kUser}},
+      {std::regex(kCancelRoute), {"/v1/jobs/{id}:cancel", "POST", Access::kUser}},
+      {std::regex(kKillRoute), {"/v1/jobs/{id}:kill", "POST", Access::kUser}},
+      {std::regex(kExplainRoute), {"/v1/jobs/{id}:explain", "GET", Access::kUser}},
+      {std::regex(kWatchRoute), {"/v1/jobs/{id}:watch", "GET", Access::kUser}},
+      {std::regex(kLogsRoute), {"/v1/jobs/{id}/logs", "GET", Access::kUser}},
+      {std::regex(kCheckpointsRoute), {"/v1/jobs/{id}/checkpoints", "GET", Access::kAdmin}},
+      {std::regex(kRetentionRoute),
+       {"/v1/jobs/{id}/checkpoints:applyRetention", "POST", Access::kAdmin}},
+      {std::regex(kConsolidateRoute),
+       {"/v1/jobs/{id}/checkpoints/{step}:consolidate", "POST", Access::kAdmin}},
+      {std::regex(kVerifyRoute),
+       {"/v1/jobs/{id}/checkpoints/{step}:verify", "POST", Access::kAdmin}},
+      {std::regex(kCheckpointRoute),
+       {"/v1/jobs/{id}/checkpoints/{step}", "GET, DELETE", Access::kAdmin}},
+      {std::regex(kJobRoute), {"/v1/jobs/{id}", "GET", Access::kUser}},
+      {std::regex(kQueuesRoute), {"/v1/queues", "GET", Access::kUser}},
+      {std::regex(kNodesRoute), {"/v1/nodes", "GET", Access::kAdmin}},
+      {std::regex(kCordonRoute), {"/v1/nodes/{id}:cordon", "POST", Access::kAdmin}},
+      {std::regex(kUncordonRoute), {"/v1/nodes/{id}:uncordon", "POST", Access::kAdmin}},
+      {std::regex(kDrainRoute), {"/v1/nodes/{id}:drain", "POST", Access::kAdmin}},
+  };
+  for (const Entry& e : *kRoutes) {
+    if (std::regex_match(path, e.pattern)) return &e.info;
+  }
+  return nullptr;
+}
+
+}  // namespace loom::gateway::internal

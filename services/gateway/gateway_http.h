@@ -1,0 +1,98 @@
+// Shared pieces of loom-gateway's route handlers (services/gateway/gateway.h): the error body,
+// protobuf's JSON mapping both ways, bounded body reading, the RPC context carrying the caller's
+// Authorization header, and the table of route templates (for 405 `Allow` and the metrics'
+// `route` label). Internal to services/gateway; thread-safe (no state).
+#ifndef LOOM_SERVICES_GATEWAY_GATEWAY_HTTP_H_
+#define LOOM_SERVICES_GATEWAY_GATEWAY_HTTP_H_
+
+#include <google/protobuf/message.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+#include <httplib.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace loom::gateway::internal {
+
+inline constexpr char kJson[] = "application/json";
+
+// Canonical upper-case name of a gRPC code ("NOT_FOUND").
+std::string CodeName(grpc::StatusCode code);
+
+// {"code": <gRPC code number>, "status": "NOT_FOUND", "message": ...} with an explicit HTTP
+// status (for errors of HTTP itself: 405, 411, 413, ...).
+void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode code,
+                    const std::string& message);
+// The same body with the HTTP status of HttpStatusFromGrpc(code).
+void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message);
+
+// One message in protobuf's canonical JSON mapping (one line; default-valued fields printed).
+std::string MessageJson(const google::protobuf::Message& m);
+// 200 with MessageJson(m) (500 INTERNAL if it cannot be encoded).
+void WriteMessage(httplib::Response& res, const google::protobuf::Message& m);
+// `resp` if `s` is OK, else the error of `s`.
+void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf::Message& resp);
+
+// Parses `json` ("" = {}) into `m`; unknown fields are an error. On failure answers 400
+// INVALID_ARGUMENT naming the message type and returns false.
+bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res);
+
+// Reads a request body through `reader` into *body, at most `max` bytes. A request with neither
+// Content-Length nor chunked encoding has no body (curl -XPOST without -d sends none): fine
+// unless `required` (411). On failure answers (411, 413 or 400) and returns false.
+bool ReadBody(const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& reader, size_t max, bool required, std::string* body);
+std::string TooLarge(int64_t declared, size_t max);
+
+// A client context with a deadline of `timeout` from now and the request's Authorization header
+// as the `authorization` metadata (a value gRPC metadata cannot carry is dropped, so the call
+// goes unauthenticated instead of aborting the process).
+std::unique_ptr<grpc::ClientContext> MakeContext(const httplib::Request& req,
+                                                 absl::Duration timeout);
+
+// The routes' path patterns (httplib regexes; req.matches[1] is the job or node id, [2] the step).
+#define LOOM_GW_ID "([A-Za-z0-9_.-]+)"
+inline constexpr char kJobsRoute[] = "/v1/jobs";
+inline constexpr char kJobRoute[] = "/v1/jobs/" LOOM_GW_ID;
+inline constexpr char kCancelRoute[] = "/v1/jobs/" LOOM_GW_ID ":cancel";
+inline constexpr char kKillRoute[] = "/v1/jobs/" LOOM_GW_ID ":kill";
+inline constexpr char kLogsRoute[] = "/v1/jobs/" LOOM_GW_ID "/logs";
+inline constexpr char kExplainRoute[] = "/v1/jobs/" LOOM_GW_ID ":explain";
+inline constexpr char kWatchRoute[] = "/v1/jobs/" LOOM_GW_ID ":watch";
+inline constexpr char kCheckpointsRoute[] = "/v1/jobs/" LOOM_GW_ID "/checkpoints";
+inline constexpr char kRetentionRoute[] = "/v1/jobs/" LOOM_GW_ID "/checkpoints:applyRetention";
+inline constexpr char kCheckpointRoute[] = "/v1/jobs/" LOOM_GW_ID "/checkpoints/([^/:]+)";
+inline constexpr char kConsolidateRoute[] =
+    "/v1/jobs/" LOOM_GW_ID "/checkpoints/([^/:]+):consolidate";
+inline constexpr char kVerifyRoute[] = "/v1/jobs/" LOOM_GW_ID "/checkpoints/([^/:]+):verify";
+inline constexpr char kQueuesRoute[] = "/v1/queues";
+inline constexpr char kNodesRoute[] = "/v1/nodes";
+inline constexpr char kCordonRoute[] = "/v1/nodes/" LOOM_GW_ID ":cordon";
+inline constexpr char kUncordonRoute[] = "/v1/nodes/" LOOM_GW_ID ":uncordon";
+inline constexpr char kDrainRoute[] = "/v1/nodes/" LOOM_GW_ID ":drain";
+#undef LOOM_GW_ID
+
+// Who may call a route when the gateway checks tokens itself (GatewayOptions::auth).
+enum class Access {
+  kOpen,   // no token needed (/healthz, /v1/openapi.json)
+  kUser,   // any known token (the scheduler scopes it to its tenant)
+  kAdmin,  // an admin token (403 for a user token), as the gRPC service behind it demands
+};
+
+// A route as registered: its template ("/v1/jobs/{id}"), the methods it takes and its access.
+struct RouteInfo {
+  const char* route;
+  const char* methods;
+  Access access;
+};
+
+// The route serving `path`, or null for a path no route serves.
+const RouteInfo* FindRoute(const std::string& path);
+
+}  // namespace loom::gateway::internal
+
+#endif  // LOOM_SERVICES_GATEWAY_GATEWAY_HTTP_H_
