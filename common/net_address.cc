@@ -45,6 +45,22 @@ std::string JoinHostPort(absl::string_view host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
+std::string ReplaceUrlHost(const std::string& url, absl::string_view host) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const size_t start = scheme + 3;
+  size_t end = start;
+  if (end < url.size() && url[end] == '[') {
+    end = url.find(']', end);
+    end = end == std::string::npos ? url.size() : end + 1;
+  }
+  end = url.find_first_of(":/", end);
+  if (end == std::string::npos) end = url.size();
+  std::string h(host);
+  if (absl::StrContains(h, ':') && !absl::StartsWith(h, "[")) h = absl::StrCat("[", h, "]");
+  return absl::StrCat(url.substr(0, start), h, url.substr(end));
+}
+
 absl::StatusOr<std::string> LocalAddressToward(const std::string& peer) {
   if (peer.empty()) return absl::InvalidArgumentError("empty peer address");
   std::string host = peer;

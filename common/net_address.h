@@ -34,6 +34,11 @@ absl::StatusOr<std::string> AdvertisedAddress(absl::string_view bind_flag,
 // "host:port", with brackets around an IPv6 literal ("[fd00::1]:50051").
 std::string JoinHostPort(absl::string_view host, int port);
 
+// `url` ("scheme://HOST:PORT/path", HOST possibly a bracketed IPv6 literal) with HOST replaced
+// by `host` (bracketed if IPv6): a daemon's bound metrics URL as other hosts dial it. `url`
+// unchanged if it has no "://".
+std::string ReplaceUrlHost(const std::string& url, absl::string_view host);
+
 // The local address the kernel would use as the source of a packet to `peer` (a host name or
 // literal): a UDP socket connect()ed to peer:9 and read back with getsockname() (no packet is
 // sent). It is the interface on the route to `peer`, so 127.0.0.1 for a loopback peer and the

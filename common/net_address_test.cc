@@ -70,6 +70,15 @@ TEST(NetAddressTest, JoinHostPortBracketsIpv6) {
   EXPECT_EQ(JoinHostPort("node-3", 7), "node-3:7");
 }
 
+TEST(NetAddressTest, ReplaceUrlHost) {
+  EXPECT_EQ(ReplaceUrlHost("http://0.0.0.0:41235/metrics", "10.213.7.1"),
+            "http://10.213.7.1:41235/metrics");
+  EXPECT_EQ(ReplaceUrlHost("http://[::]:41235/metrics", "fd00::1"),
+            "http://[fd00::1]:41235/metrics");
+  EXPECT_EQ(ReplaceUrlHost("http://node:8080", "10.0.0.2"), "http://10.0.0.2:8080");
+  EXPECT_EQ(ReplaceUrlHost("not a url", "10.0.0.2"), "not a url");
+}
+
 TEST(NetAddressTest, LocalAddressTowardLoopbackIsLoopback) {
   EXPECT_EQ(*LocalAddressToward("127.0.0.1"), "127.0.0.1");
 }
