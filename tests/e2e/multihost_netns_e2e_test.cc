@@ -219,6 +219,7 @@ TEST_F(MultihostNetnsE2ETest, TrainsAcrossHostsAndRecoversWhenALinkGoesDown) {
   job = Get(job.id());
   ASSERT_LT(job.progress().step(), kSteps) << "the job ended before the link went down";
   const int64_t committed = job.progress().last_checkpoint_step();
+  const int64_t step_at_down = job.progress().step();
   const int32_t attempt = job.attempt();
   // The link of rank 0's host (the TCPStore's) goes down; a replacement registers from a fresh
   // namespace.
@@ -231,7 +232,7 @@ TEST_F(MultihostNetnsE2ETest, TrainsAcrossHostsAndRecoversWhenALinkGoesDown) {
 
   job = WaitFor(job.id(), loom::v1::JOB_PHASE_SUCCEEDED, absl::Minutes(5));
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED) << job.message() << "\n" << WorkerLogs();
-  std::cout << "link of host " << rank0_host << " down at step " << job.progress().step()
+  std::cout << "link of host " << rank0_host << " down at step " << step_at_down
             << " (committed " << committed << "); job SUCCEEDED "
             << absl::ToDoubleSeconds(absl::Now() - down_at) << " s later, attempt "
             << job.attempt() << "\n";
