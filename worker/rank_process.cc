@@ -70,12 +70,15 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
       absl::StrCat("--spec=", spec_path),
       absl::StrCat("--rank=", a.rank()),
       absl::StrCat("--world_size=", a.world_size()),
-      absl::StrCat("--master_addr=", a.master_addr().empty() ? "127.0.0.1" : a.master_addr()),
+      absl::StrCat("--master_addr=", a.master_addr()),
       absl::StrCat("--master_port=", a.master_port()),
       absl::StrCat("--checkpoint_dir=", a.checkpoint_dir()),
       absl::StrCat("--job_id=", a.job_id()),
   };
   if (!a.resume_from().empty()) args.push_back(absl::StrCat("--resume_from=", a.resume_from()));
+  if (!options.bind_address.empty()) {
+    args.push_back(absl::StrCat("--bind_address=", options.bind_address));
+  }
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);

@@ -42,6 +42,9 @@ struct RankProcessOptions {
   absl::Duration stop_grace = absl::Seconds(5);
   // Extra environment entries ("KEY=VALUE") for the trainer.
   std::vector<std::string> extra_env;
+  // The node's advertised address: the trainer's Gloo transport binds it (--bind_address).
+  // Empty: the trainer picks the local address on the route to master_addr.
+  std::string bind_address;
 };
 
 // Per-step numbers of a rank that the heartbeat does not carry; the worker exports them as

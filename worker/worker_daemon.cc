@@ -58,6 +58,7 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   po.trainer_path = options_.trainer_path;
   po.run_dir = absl::StrCat(options_.work_dir, "/", a.job_id(), "/attempt_", a.attempt());
   po.stop_grace = options_.stop_grace;
+  po.bind_address = options_.inventory.address();  // this node's advertised address
   // The lowest slot no unfinished rank of this node holds: the accelerator this rank uses.
   std::set<int> taken;
   for (const auto& [k, r] : ranks_) {

@@ -26,9 +26,15 @@
 #include "common/grpc_credentials.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "services/checkpoint/checkpoint_service.h"
 
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind gRPC and /metrics to.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to bind gRPC and /metrics to (0.0.0.0: every interface; then "
+          "--advertise_address is required).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Address other hosts dial to reach this service, written to the ready line/file "
+          "(default: --host)");
 ABSL_FLAG(int, port, 0, "gRPC port (0 = any free port, reported on the LOOM_READY line).");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
 ABSL_FLAG(std::string, ready_file, "",
@@ -100,6 +106,12 @@ int main(int argc, char** argv) {
   loom::CheckpointServiceImpl service(options, *registry);
 
   const std::string host = absl::GetFlag(FLAGS_host);
+  absl::StatusOr<std::string> advertised = loom::AdvertisedAddress(
+      "--host", host, "--advertise_address", absl::GetFlag(FLAGS_advertise_address));
+  if (!advertised.ok()) {
+    LOG(ERROR) << advertised.status();
+    return 2;
+  }
   int port = 0;
   auto creds = loom::MakeServerCredentials(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
   if (!creds.ok()) {
@@ -126,13 +138,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   absl::Status announced = loom::AnnounceReady(
-      {"loom-checkpoint", absl::StrCat(host, ":", port), (*metrics)->url()},
+      {"loom-checkpoint", loom::JoinHostPort(*advertised, port),
+       loom::ReplaceUrlHost((*metrics)->url(), *advertised)},
       absl::GetFlag(FLAGS_ready_file));
   if (!announced.ok()) {
     LOG(ERROR) << "cannot announce readiness: " << announced;
     return 1;
   }
-  LOG(INFO) << "loom-checkpoint serving " << host << ":" << port << " over " << root;
+  LOG(INFO) << "loom-checkpoint serving " << host << ":" << port << " (advertised as "
+            << loom::JoinHostPort(*advertised, port) << ") over " << root;
 
   grpc::Server* srv = server->get();
   const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);

@@ -13,9 +13,15 @@
 #include "common/daemon.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "services/scheduler/scheduler_server.h"
 
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind gRPC and /metrics to.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to bind gRPC and /metrics to (0.0.0.0: every interface; then "
+          "--advertise_address is required).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Address other hosts dial to reach this scheduler, written to the ready line/file "
+          "(default: --host)");
 ABSL_FLAG(int, port, 0, "gRPC port (0 = any free port, reported in the ready line/file).");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
 ABSL_FLAG(std::string, ready_file, "",
@@ -92,6 +98,13 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  absl::StatusOr<std::string> advertised = loom::AdvertisedAddress(
+      "--host", absl::GetFlag(FLAGS_host), "--advertise_address",
+      absl::GetFlag(FLAGS_advertise_address));
+  if (!advertised.ok()) {
+    std::fprintf(stderr, "loom-scheduler: %s\n", advertised.status().ToString().c_str());
+    return 2;
+  }
   loom::SchedulerServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
@@ -155,7 +168,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   absl::Status ready = loom::AnnounceReady(
-      {"loom-scheduler", (*server)->grpc_address(), (*server)->metrics_url()},
+      {"loom-scheduler", loom::JoinHostPort(*advertised, (*server)->port()),
+       loom::ReplaceUrlHost((*server)->metrics_url(), *advertised)},
       absl::GetFlag(FLAGS_ready_file));
   if (!ready.ok()) {
     std::fprintf(stderr, "loom-scheduler: %s\n", ready.ToString().c_str());

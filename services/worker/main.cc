@@ -17,6 +17,7 @@
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "proto/worker_service.grpc.pb.h"
 #include "worker/inventory.h"
 #include "worker/path_check.h"
@@ -26,8 +27,11 @@ ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC addres
 ABSL_FLAG(std::string, node_id, "", "unique node id (default: hostname-pid)");
 ABSL_FLAG(int, slots, 1, "rank slots this node offers");
 ABSL_FLAG(std::string, accelerator, "cpu", "accelerator kind: cpu, h100, h200, gh200");
-ABSL_FLAG(std::string, address, "127.0.0.1",
-          "address other nodes use to reach this node's ranks (rendezvous host)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "address other nodes use to reach this node's ranks: the rendezvous host (MASTER_ADDR) "
+          "when a rank 0 runs here and every rank's Gloo bind address (default: --address, "
+          "else --host)");
+ABSL_FLAG(std::string, address, "", "older name of --advertise_address");
 ABSL_FLAG(std::string, topology_domain, "",
           "topology domain (NVLink island / rack) of this node; \"\" = its own domain");
 ABSL_FLAG(std::string, labels, "", "node labels k=v,k2=v2 matched by jobs' node_selector");
@@ -50,7 +54,9 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 ABSL_FLAG(std::string, data_roots, "/usr/share/games/fortunes",
           "Comma-separated data roots a spec's paths may name: /path (every tenant) or "
           "tenant=/path");
-ABSL_FLAG(std::string, host, "127.0.0.1", "host for the /metrics endpoint");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "address the /metrics endpoint binds (0.0.0.0: every interface; then "
+          "--advertise_address is required)");
 ABSL_FLAG(int, metrics_port, 0, "port for /metrics (0 = any free port)");
 ABSL_FLAG(std::string, ready_file, "", "write {name, metrics_url, pid} here once serving");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(5),
@@ -143,7 +149,15 @@ int main(int argc, char** argv) {
   options.inventory.set_accelerator(*accelerator);
   options.inventory.set_slots(absl::GetFlag(FLAGS_slots));
   options.inventory.set_hostname(hostname);
-  options.inventory.set_address(absl::GetFlag(FLAGS_address));
+  absl::StatusOr<std::string> advertised = loom::AdvertisedAddress(
+      "--host", absl::GetFlag(FLAGS_host), "--advertise_address",
+      absl::GetFlag(FLAGS_advertise_address).empty() ? absl::GetFlag(FLAGS_address)
+                                                     : absl::GetFlag(FLAGS_advertise_address));
+  if (!advertised.ok()) {
+    LOG(ERROR) << advertised.status();
+    return 2;
+  }
+  options.inventory.set_address(*advertised);
   options.inventory.set_host_memory_bytes(
       absl::GetFlag(FLAGS_host_memory_bytes) > 0
           ? absl::GetFlag(FLAGS_host_memory_bytes)
@@ -228,7 +242,8 @@ int main(int argc, char** argv) {
   // would call std::terminate (regression: an unwritable --ready_file aborted the process).
   // SIGTERM/SIGINT stay blocked meanwhile, so one arriving now is handled by the thread below.
   absl::Status ready = loom::AnnounceReady(
-      {"loom-worker", "", (*endpoint)->url()}, absl::GetFlag(FLAGS_ready_file));
+      {"loom-worker", "", loom::ReplaceUrlHost((*endpoint)->url(), *advertised)},
+      absl::GetFlag(FLAGS_ready_file));
   if (!ready.ok()) {
     LOG(ERROR) << ready;
     endpoint->reset();  // stops serving (and joins) before `daemon`, which /readyz reads, goes

@@ -453,10 +453,6 @@ class GlooCollectives : public Collectives {
   std::chrono::milliseconds timeout_;
 };
 
-bool IsLoopback(const std::string& addr) {
-  return addr == "localhost" || absl::StartsWith(addr, "127.") || addr == "::1";
-}
-
 }  // namespace
 
 std::unique_ptr<Collectives> CreateLocalCollectives() {
@@ -483,8 +479,9 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOpt
     auto store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     if (o.rank == 0 && o.on_listening) o.on_listening(store->getPort());
     auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    std::string bind = o.bind_address;
-    if (bind.empty() && IsLoopback(o.master_addr)) bind = "127.0.0.1";
+    // The address given (the trainer passes its node's advertised address); no address is
+    // inferred from master_addr here.
+    const std::string& bind = o.bind_address;
     auto device = bind.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
                                : c10d::ProcessGroupGloo::createDeviceForHostname(bind);
     pg_opts->devices.push_back(device);

@@ -153,8 +153,9 @@ struct GlooOptions {
   std::string master_addr = "127.0.0.1";
   // Rank 0 listens here (0: the OS chooses); other ranks connect to master_addr:master_port.
   int master_port = 0;
-  // Address this rank's Gloo transport binds to ("" : 127.0.0.1 when master_addr is a loopback
-  // address, else the machine's hostname).
+  // Address this rank's Gloo transport binds to and its peers dial (loom-trainer passes its
+  // node's advertised address, common/net_address.h GlooBindAddress); "" : the machine's
+  // hostname (Gloo's default device). No address is inferred from master_addr.
   std::string bind_address;
   absl::Duration timeout = absl::Seconds(300);
   // Rank 0 only: called with the bound TCPStore port once it listens, before waiting for peers.

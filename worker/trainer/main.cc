@@ -1,6 +1,6 @@
 // loom-trainer: one training rank of a Loom job (ZeRO-3 Llama over c10d Gloo).
 //
-//   loom-trainer --spec=job.json --rank=R --world_size=N [--master_addr=127.0.0.1]
+//   loom-trainer --spec=job.json --rank=R --world_size=N [--master_addr=127.0.0.1] [--bind_address=A]
 //                [--master_port=P] [--checkpoint_dir=DIR] [--job_id=ID]
 //                [--resume_from=DIR/step_00000006] [--collective_timeout_s=300]
 //                [--malloc_mmap_threshold_bytes=0] [--malloc_trim_threshold_bytes=0]
@@ -49,6 +49,7 @@
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
@@ -58,7 +59,13 @@
 ABSL_FLAG(std::string, spec, "", "Path to the loom.v1.JobSpec in protobuf's JSON mapping.");
 ABSL_FLAG(int, rank, 0, "This process's rank in [0, world_size).");
 ABSL_FLAG(int, world_size, 1, "Number of ranks.");
-ABSL_FLAG(std::string, master_addr, "127.0.0.1", "Address of rank 0's TCPStore.");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "Address of rank 0's TCPStore: rank 0's node's advertised address (loom-worker passes "
+          "the scheduler's; the default suits ranks started by hand on one host).");
+ABSL_FLAG(std::string, bind_address, "",
+          "Address this rank's Gloo transport binds and advertises to its peers (loom-worker "
+          "passes its --advertise_address; empty: the local address on the route to "
+          "--master_addr, common/net_address.h).");
 ABSL_FLAG(int, master_port, 0, "Port of rank 0's TCPStore (0 on rank 0: let the OS choose).");
 ABSL_FLAG(std::string, checkpoint_dir, "", "Directory for step_<S>/rank_<r>.shard and logits.");
 ABSL_FLAG(std::string, job_id, "", "Job id (for logs).");
@@ -216,6 +223,14 @@ int Main() {
     g.rank = rank;
     g.world_size = world;
     g.master_addr = absl::GetFlag(FLAGS_master_addr);
+    if (g.master_addr.empty()) {
+      return Fail(absl::InvalidArgumentError("--master_addr: required when --world_size > 1"),
+                  kConfigError);
+    }
+    absl::StatusOr<std::string> bind =
+        loom::GlooBindAddress(absl::GetFlag(FLAGS_bind_address), g.master_addr);
+    if (!bind.ok()) return Fail(bind.status(), ExitCodeFor(bind.status()));
+    g.bind_address = *bind;
     g.master_port = absl::GetFlag(FLAGS_master_port);
     g.timeout = options->collective_timeout;
     g.on_listening = [](int port) {

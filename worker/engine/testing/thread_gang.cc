@@ -30,6 +30,7 @@ void RunRank(const std::shared_ptr<GangState>& st, int rank, int world,
   absl::Status status;
   std::unique_ptr<Collectives> group;
   GlooOptions o;
+  o.bind_address = "127.0.0.1";  // in-process ranks: the gang's own address is loopback
   o.rank = rank;
   o.world_size = world;
   o.timeout = timeout;

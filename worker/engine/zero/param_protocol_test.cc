@@ -40,6 +40,7 @@ void RunThreads(int world, Body body) {
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       GlooOptions o;
+      o.bind_address = "127.0.0.1";  // in-process ranks: the gang's own address is loopback
       o.rank = r;
       o.world_size = world;
       o.timeout = absl::Seconds(60);
