@@ -18,6 +18,7 @@
 #include "scheduler/job_spec_validation_files.h"
 #include "scheduler/job_spec_validation_limits.h"
 #include "worker/engine/ds_config.h"
+#include "worker/engine/engine_options_tiled.h"
 #include "worker/engine/model_config.h"
 #include "worker/engine/sequence_parallel_config.h"
 
@@ -245,6 +246,9 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   RETURN_IF_ERROR(engine::ValidateSequenceParallel(  // Ulysses (issue 13): heads, S % P
       model->num_attention_heads, model->num_key_value_heads, spec.training().sequence_length(),
       ds->sequence_parallel_size));
+  // ALST keys (issue 13): training.tiled_*, model.attn_implementation / attn_block_size,
+  // activation checkpointing; the trainer's own parser (engine_options_tiled.h).
+  RETURN_IF_ERROR(engine::ValidateAlstKeys(spec, *ds));
 
   if (spec.checkpoint().interval_steps() < 0) {
     return InvalidField("checkpoint.interval_steps",

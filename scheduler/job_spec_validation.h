@@ -46,6 +46,9 @@ struct JobSpecValidationOptions {
 //   * dataset.path, if set: text files the trainer can split (ValidateDatasetFiles);
 //   * deepspeed_config present and accepted by ParseDeepSpeedConfig for world size num_ranks
 //     ("deepspeed_config.<key>: ...");
+//   * the ALST keys (training.tiled_*, model.attn_implementation, model.attn_block_size,
+//     training.activation_checkpoint_cpu_offload) by the trainer's parser, ValidateAlstKeys
+//     (worker/engine/engine_options_tiled.h), after the sequence-parallel preconditions;
 //   * checkpoint.interval_steps >= 0; max_restarts >= 0.
 // Errors: INVALID_ARGUMENT whose message starts with the field path, except the missing default
 // corpus above. Reads the file system (dataset paths). Thread-safe.

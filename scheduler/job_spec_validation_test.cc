@@ -354,5 +354,65 @@ TEST(JobSpecValidationTest, SequenceParallelPreconditions) {
   ExpectInvalid(longer, "training.sequence_length", "max_position_embeddings = 128], got 256");
 }
 
+// ALST's tiled-compute, attention-core and checkpointing keys (issue 13) are refused at
+// submission, naming the field, by the trainer's own parser (ValidateAlstKeys).
+TEST(JobSpecValidationTest, AlstKeysAreValidatedAtSubmission) {
+  JobSpec ok = ValidTestJobSpec();
+  ok.mutable_training()->set_tiled_mlp_compute(true);
+  ok.mutable_training()->set_tiled_mlp_tile_size(16);
+  ok.mutable_training()->set_tiled_logits_loss(true);
+  ok.mutable_training()->set_tiled_logits_loss_tile_size(0);
+  ok.mutable_training()->set_activation_checkpoint_cpu_offload(true);
+  ok.mutable_model()->set_attn_implementation("flash_attention_2");
+  ok.mutable_model()->set_attn_block_size(24);
+  absl::Status s = ValidateJobSpec(ok, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_training()->set_tiled_mlp_tile_size(-1);
+  spec.mutable_training()->set_tiled_mlp_compute(true);
+  ExpectInvalid(spec, "training.tiled_mlp_tile_size", "-1 must be >= 0");
+  spec = ValidTestJobSpec();
+  spec.mutable_training()->set_tiled_mlp_tile_size(32);  // switch off: a typo, not ignored
+  ExpectInvalid(spec, "training.tiled_mlp_tile_size", "tiled_mlp_compute is false");
+  spec = ValidTestJobSpec();
+  spec.mutable_training()->set_tiled_logits_loss(true);
+  spec.mutable_training()->set_tiled_logits_loss_tile_size(-5);
+  ExpectInvalid(spec, "training.tiled_logits_loss_tile_size", "-5 must be >= 0");
+  spec = ValidTestJobSpec();
+  spec.mutable_training()->set_tiled_logits_loss_tile_size(128);
+  ExpectInvalid(spec, "training.tiled_logits_loss_tile_size", "tiled_logits_loss is false");
+  spec = ValidTestJobSpec();
+  spec.mutable_model()->set_attn_implementation("sdpa");
+  ExpectInvalid(spec, "model.attn_implementation", "\"sdpa\" is not eager or flash_attention_2");
+  spec = ValidTestJobSpec();
+  spec.mutable_model()->set_attn_block_size(-3);
+  ExpectInvalid(spec, "model.attn_block_size", "-3 must be >= 1");
+
+  // deepspeed_config.activation_checkpointing: unknown keys, wrong types, unsupported values.
+  auto with_ac = [](const std::string& key, const google::protobuf::Value& v) {
+    JobSpec j = ValidTestJobSpec();
+    google::protobuf::Value section;
+    (*section.mutable_struct_value()->mutable_fields())[key] = v;
+    (*j.mutable_deepspeed_config()->mutable_fields())["activation_checkpointing"] = section;
+    return j;
+  };
+  google::protobuf::Value yes;
+  yes.set_bool_value(true);
+  s = ValidateJobSpec(with_ac("cpu_checkpointing", yes), TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+  ExpectInvalid(with_ac("cpu_chekpointing", yes),
+                "deepspeed_config.activation_checkpointing.cpu_chekpointing", "unknown");
+  ExpectInvalid(with_ac("cpu_checkpointing", Num(1)),
+                "deepspeed_config.activation_checkpointing.cpu_checkpointing");
+  ExpectInvalid(with_ac("partition_activations", yes),
+                "deepspeed_config.activation_checkpointing.partition_activations");
+
+  // A sequence longer than max_position_embeddings: both numbers in the message.
+  spec = ValidTestJobSpec();
+  spec.mutable_training()->set_sequence_length(129);
+  ExpectInvalid(spec, "training.sequence_length", "max_position_embeddings = 128], got 129");
+}
+
 }  // namespace
 }  // namespace loom

@@ -261,11 +261,10 @@ double Trainer::Evaluate() {
                            win.narrow(1, 1, o_.sequence_length));
       continue;
     }
-    at::Tensor logits = llama_->Forward(win.narrow(1, 0, o_.sequence_length)).to(at::kFloat);
-    at::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, o_.model.vocab_size}),
-        win.narrow(1, 1, o_.sequence_length).reshape({-1}));
-    sum += loss.item<double>();
+    // Through the loss head (tiled when training.tiled_logits_loss is on; sequence_parallel.h).
+    const HeldOutLoss h = HeldOutLossOf(llama_.get(), win.narrow(1, 0, o_.sequence_length),
+                                        win.narrow(1, 1, o_.sequence_length));
+    sum += h.sum / static_cast<double>(std::max<int64_t>(h.tokens, 1));
   }
   return MeanAcrossRanks(sum / o_.eval_batches);
 }

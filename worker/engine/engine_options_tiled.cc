@@ -34,4 +34,32 @@ absl::Status ParseTiledCompute(const loom::v1::TrainingSpec& training, TiledComp
                        out->logits_loss, "tiled_logits_loss");
 }
 
+absl::Status ParseModelExecution(const loom::v1::JobSpec& spec,
+                                 const ActivationCheckpointingConfig& ac, ModelExecutionKeys* out) {
+  const loom::v1::ModelSpec& model = spec.model();
+  if (!model.attn_implementation().empty()) out->attn_implementation = model.attn_implementation();
+  if (out->attn_implementation != "eager" && out->attn_implementation != "flash_attention_2") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.attn_implementation: \"", out->attn_implementation,
+                     "\" is not eager or flash_attention_2"));
+  }
+  if (model.attn_block_size() != 0) out->attn_block_size = model.attn_block_size();
+  if (out->attn_block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.attn_block_size: ", out->attn_block_size, " must be >= 1"));
+  }
+  const bool arctic_offload = spec.training().activation_checkpoint_cpu_offload();
+  out->activation_checkpointing = ac.enabled || arctic_offload;
+  out->activation_checkpoint_cpu_offload = ac.cpu_checkpointing || arctic_offload;
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAlstKeys(const loom::v1::JobSpec& spec, const DeepSpeedConfig& ds) {
+  TiledComputeOptions tiled;
+  absl::Status st = ParseTiledCompute(spec.training(), &tiled);
+  if (!st.ok()) return st;
+  ModelExecutionKeys keys;
+  return ParseModelExecution(spec, ds.activation_checkpointing, &keys);
+}
+
 }  // namespace loom::engine

@@ -91,18 +91,26 @@ SequenceParallelRunner::MicroStep SequenceParallelRunner::Loss(
   return step;
 }
 
+HeldOutLoss HeldOutLossOf(LlamaModel* model, const at::Tensor& ids, const at::Tensor& targets,
+                          const at::Tensor& positions) {
+  at::NoGradGuard no_grad;
+  // Through the loss head, not Forward + cross_entropy: with the tiled head the full logits
+  // never exist in evaluation either.
+  LossOutput out = model->Loss(ids, targets, nullptr, positions);
+  HeldOutLoss h;
+  // Both heads average over the non-ignored targets (FullLogitsLoss's token_count is B*S).
+  h.tokens = targets.ne(kIgnoreLabel).sum().item<int64_t>();
+  if (h.tokens > 0) h.sum = out.loss.item<double>() * static_cast<double>(h.tokens);
+  return h;
+}
+
 double SequenceParallelRunner::EvalLoss(const at::Tensor& ids, const at::Tensor& targets) {
   at::NoGradGuard no_grad;
   SequenceShard shard = ShardSample(ids, targets, group_->rank(), group_->world_size());
   Enabled on(core_);
   core_->SetLocalPositions(shard.positions);
-  at::Tensor logits =
-      model_->Forward(shard.ids, nullptr, shard.positions).to(at::kFloat);  // [B, S/P, V]
-  at::Tensor sum = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), shard.labels.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-  return SumOverGroup(sum.item<double>()) /
-         static_cast<double>(std::max<int64_t>(shard.global_valid, 1));
+  const HeldOutLoss h = HeldOutLossOf(model_, shard.ids, shard.labels, shard.positions);
+  return SumOverGroup(h.sum) / static_cast<double>(std::max<int64_t>(shard.global_valid, 1));
 }
 
 }  // namespace loom::engine

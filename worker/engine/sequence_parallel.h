@@ -55,6 +55,19 @@ struct SequenceShard {
 SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int64_t rank,
                           int64_t sp_size);
 
+// Held-out (no-grad) loss of ids/targets [B, S] (targets already shifted, -100 ignored)
+// through the model's loss head: the tiled logits+loss head when training.tiled_logits_loss
+// installed it (model/tiled_ops.h), so evaluation never builds the [B, S, V] logits either;
+// otherwise the default head (full logits + cross-entropy, fp32). positions: optional global
+// positions [S]. Every rank that shares a tile-count group or a ZeRO-3 partition must call it
+// equally often. Throws CollectiveError / c10::Error.
+struct HeldOutLoss {
+  double sum = 0;      // Σ token cross-entropy over the valid targets (fp64 from the fp32 mean)
+  int64_t tokens = 0;  // valid targets (0: sum is 0)
+};
+HeldOutLoss HeldOutLossOf(LlamaModel* model, const at::Tensor& ids, const at::Tensor& targets,
+                          const at::Tensor& positions = at::Tensor());
+
 class SequenceParallelRunner {
  public:
   // Installs a UlyssesAttention over `group` wrapping `inner` (null: the materialised core) in
@@ -71,7 +84,8 @@ class SequenceParallelRunner {
   // One micro-step's forward on this rank's shard of the sample ids/targets [B, S].
   MicroStep Loss(const at::Tensor& ids, const at::Tensor& targets,
                  const std::vector<int64_t>* layer_order = nullptr);
-  // Held-out loss of a sample (no gradient): its token-mean cross-entropy, every rank.
+  // Held-out loss of a sample (no gradient): its token-mean cross-entropy, every rank, through
+  // the model's loss head (HeldOutLossOf on this rank's shard, summed over the group).
   double EvalLoss(const at::Tensor& ids, const at::Tensor& targets);
 
   Collectives* group() const { return group_; }

@@ -3,14 +3,16 @@
 // those with it off BIT FOR BIT (the recompute replays the same ops, and the layer's backward
 // hands the sink the same contributions in the same order), and with the inputs offloaded to
 // host memory equal those without offload bit for bit. Also: every parameter raises exactly one
-// "gradient ready" event (this does not detect a NoteUse double count in the recompute: the
-// end-of-backward sweep still raises each event once),
+// "gradient ready" event, and the same events as without checkpointing arrive DURING the
+// backward (from the provider's count of contributions, not from the end-of-backward sweep in
+// FinishMicroStep, which would hide a NoteUse double count in the recompute),
 // the offloaded bytes are counted in MemoryKind::kActivationOffload between forward and
 // backward and released by it, and a GradDeferral around the backward composes.
 #include "worker/engine/model/activation_checkpoint.h"
 
 #include <torch/torch.h>
 
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,14 +40,20 @@ LlamaConfig Tiny() {
 
 class CountingListener : public GradReadyListener {
  public:
-  void OnPartitionGradReady(ParamId i) override { ++events[i]; }
+  void OnPartitionGradReady(ParamId i) override {
+    ++events[i];
+    if (in_backward) ++during_backward[i];
+  }
   std::map<ParamId, int> events;
+  std::map<ParamId, int> during_backward;  // raised inside loss.backward() (and the deferral)
+  bool in_backward = false;                // CPU autograd runs on the calling thread
 };
 
 struct Result {
   double loss = 0;
   std::vector<at::Tensor> grads;   // this rank's gradient (partition), per parameter
   std::map<ParamId, int> events;   // grad-ready events per parameter
+  std::map<ParamId, int> during_backward;  // those raised before FinishMicroStep
   int64_t offloaded_after_forward = -1, offloaded_after_backward = -1;
 };
 
@@ -85,6 +93,7 @@ Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer, const
   LossOutput out = model->Loss(ids.narrow(0, 2 * rank, 2), labels.narrow(0, 2 * rank, 2));
   Result r;
   r.offloaded_after_forward = zero->memory().current(MemoryKind::kActivationOffload);
+  listener.in_backward = true;
   if (defer) {
     std::vector<ParamId> all;
     for (ParamId i = 0; i < zero->param_specs().size(); ++i) all.push_back(i);
@@ -94,11 +103,13 @@ Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer, const
   } else {
     out.loss.backward();
   }
+  listener.in_backward = false;
   zero->FinishMicroStep();
   r.offloaded_after_backward = zero->memory().current(MemoryKind::kActivationOffload);
   r.loss = out.loss.item<double>();
   for (const ZeroParam& p : zero->params()) r.grads.push_back(p.grad.clone());
   r.events = listener.events;
+  r.during_backward = listener.during_backward;
   return r;
 }
 
@@ -141,6 +152,35 @@ TEST_P(ActivationCheckpointTest, OnEqualsOffAndOffloadEqualsNoOffloadBitForBit) 
     EXPECT_EQ(on.offloaded_after_forward, 0) << what;
     EXPECT_EQ(offload.offloaded_after_forward, c.num_hidden_layers * layer_input_bytes) << what;
     EXPECT_EQ(offload.offloaded_after_backward, 0) << what;
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : st) EXPECT_TRUE(s.ok()) << s;
+}
+
+// A NoteUse double count in the recompute (each checkpointed use counted in the no-grad forward
+// AND again in its recompute) leaves the provider waiting for contributions that never come:
+// no parameter of a checkpointed layer would be ready during backward, and only the
+// end-of-backward sweep would raise its event, still once. So: the events raised during the
+// backward are the same, once each, with checkpointing (and offload) as without, and without
+// checkpointing most parameters are ready during the backward (the test is not vacuous).
+TEST_P(ActivationCheckpointTest, GradReadyEventsArriveDuringBackwardOncePerPartition) {
+  const int stage = GetParam();
+  const size_t num_params = LlamaParamSpecs(Tiny()).size();
+  std::mutex mu;
+  const Batch batch = MakeBatch();
+  std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& coll) {
+    const Result off = Step(coll, rank, stage, Mode::kOff, false, batch);
+    const Result on = Step(coll, rank, stage, Mode::kCheckpoint, false, batch);
+    const Result offload = Step(coll, rank, stage, Mode::kCheckpointOffload, false, batch);
+    std::lock_guard<std::mutex> lock(mu);
+    const std::string what = absl::StrCat("stage ", stage, " rank ", rank);
+    EXPECT_GE(2 * off.during_backward.size(), num_params) << what;
+    EXPECT_EQ(on.during_backward, off.during_backward) << what << " checkpointing";
+    EXPECT_EQ(offload.during_backward, off.during_backward) << what << " offload";
+    for (const auto& [id, n] : on.during_backward) EXPECT_EQ(n, 1) << what << " param " << id;
+    std::cout << what << ": " << off.during_backward.size() << " of " << num_params
+              << " parameters ready during backward, " << on.during_backward.size()
+              << " with checkpointing\n";
     return absl::OkStatus();
   });
   for (const absl::Status& s : st) EXPECT_TRUE(s.ok()) << s;
