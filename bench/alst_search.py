@@ -83,6 +83,9 @@ def rung_spec(rung, a, seq):
                 "eval_every_steps": "0", "eval_batches": 1, "threads_per_rank": a.threads}
     if level >= RUNGS.index("tiled_loss"):
         training["tiled_logits_loss"] = True
+        # The default tile (the tokens of 64 MiB of fp32 logits, 524 at this vocabulary) is
+        # sized for an accelerator; under a cap of a few hundred MiB it is a third of the cap.
+        training["tiled_logits_loss_tile_size"] = a.loss_tile
     if level >= RUNGS.index("tiled_mlp"):
         training["tiled_mlp_compute"] = True
     return {"name": "alst-bench-%s" % rung.replace("_", "-"),
@@ -138,6 +141,9 @@ def main():
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--kv_heads", type=int, default=2)
     ap.add_argument("--block", type=int, default=128, help="model.attn_block_size")
+    ap.add_argument("--loss_tile", type=int, default=32,
+                    help="training.tiled_logits_loss_tile_size: tokens per loss tile (32: 4 MiB "
+                         "of fp32 logits at a 32,000 vocabulary; 0 = the trainer's 64 MiB rule)")
     ap.add_argument("--bucket", type=int, default=6553600)
     ap.add_argument("--max_live", type=int, default=10000000)
     ap.add_argument("--threads", type=int, default=1, help="threads per rank")
@@ -156,8 +162,13 @@ def main():
                     help="probe the rungs above the baseline up to this multiple of the "
                          "baseline's max S only (default 16, issue 13's target; 0: up to "
                          "--max_seq); a fit there is a lower bound, printed with '>='")
+    ap.add_argument("--target_first", type=int, default=1,
+                    help="1: each rung above the baseline first probes --max_ratio x the "
+                         "baseline's S and searches below it only if that fails")
     ap.add_argument("--rungs", default=",".join(RUNGS))
     ap.add_argument("--no_breakdown", action="store_true")
+    ap.add_argument("--breakdown_grace_s", type=float, default=300,
+                    help="breakdown runs may start until --deadline_s + this")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per probe")
     ap.add_argument("--mmap_threshold", type=int, default=262144,
                     help="MALLOC_MMAP_THRESHOLD_ of every rank (as zero_bench's capacity runs: "
@@ -218,11 +229,25 @@ def main():
             return "S=%-7d" % p.layers
 
         try:
-            fit, probes = capacity_search.search(rung, cap, 2, run, lambda s: params,
-                                                 start=start, max_layers=limit,
-                                                 min_steps=a.steps, quantum=a.quantum,
-                                                 resolution=a.resolution, describe=describe,
-                                                 log=lambda s: print(s, flush=True))
+            fit, probes = None, []
+            if a.target_first and rung != "baseline" and limit < a.max_seq:
+                # The target first: a fit at --max_ratio x the baseline's S settles the rung
+                # (a lower bound) in one probe; otherwise search below it.
+                p = capacity_search.probe(rung, limit, params, cap, 2, run, a.steps)
+                print("  %-10s %s: %-4s peak %6.0f MiB  (%s, %.0f s)" % (
+                    rung, describe(p), "fits" if p.fit else "no", p.peak_bytes / 2**20,
+                    p.reason, p.seconds), flush=True)
+                probes = [p]
+                if p.fit:
+                    fit = p
+                limit -= a.quantum
+            if fit is None:
+                fit, more = capacity_search.search(rung, cap, 2, run, lambda s: params,
+                                                   start=min(start, limit), max_layers=limit,
+                                                   min_steps=a.steps, quantum=a.quantum,
+                                                   resolution=a.resolution, describe=describe,
+                                                   log=lambda s: print(s, flush=True))
+                probes += more
         except TimeoutError:
             print("  %s: not finished, --deadline_s %.0f passed" % (rung, a.deadline_s))
             best[rung] = None
@@ -250,7 +275,7 @@ def main():
         "rung", "max S", "cap/S B/token", "peak RSS/S B/token", "cgroup peak/S B/token",
         "tokens/s", "x baseline"))
     base = best.get("baseline")
-    for rung in rungs:
+    for rung in [r for r in RUNGS if r in rungs]:
         fit = best.get(rung)
         if fit is None:
             print("%-13s %9s" % (rung, "not run (deadline)" if rung in timed_out else "none"))
@@ -262,8 +287,8 @@ def main():
             fit.peak_bytes / fit.layers, r.tokens_per_s,
             lower + "%.2f" % (fit.layers / base.layers) if base else "-"))
 
-    if base and not a.no_breakdown and not timed_out:
-        breakdown(a, runs, base.layers, rungs)
+    if base and not a.no_breakdown:
+        breakdown(a, runs, base.layers, rungs, t_start)
 
     print("\ntotal benchmark time %.0f s; logs and specs in %s; load average %s" % (
         time.time() - t_start, a.workdir, " ".join("%.1f" % x for x in os.getloadavg())))
@@ -281,12 +306,17 @@ def main():
                                                                          else 0))
 
 
-def breakdown(a, runs, seq, rungs):
+def breakdown(a, runs, seq, rungs, t_start):
     """Every rung at the baseline's largest S, uncapped: what holds the baseline's bytes."""
     print("\n== measured breakdown at the baseline's max S=%d (no cap; peak RSS of the larger "
           "rank, ru_maxrss) ==" % seq)
     rows = []
-    for rung in rungs:
+    for rung in RUNGS:  # in ladder order, whatever order the search ran them in
+        if rung not in rungs:
+            continue
+        if a.deadline_s and time.time() - t_start > a.deadline_s + a.breakdown_grace_s:
+            print("  %-13s not run (--deadline_s + --breakdown_grace_s passed)" % rung)
+            continue
         r = runs.run(rung, seq, None, tag="nocap")
         if not r.ok:
             print("  %-13s failed: %s" % (rung, r.error))
@@ -305,9 +335,9 @@ def breakdown(a, runs, seq, rungs):
     # What the removed pieces should be, from the shapes (fp32, one sample of S tokens a rank).
     v, h, i, l = a.vocab, a.hidden, a.intermediate, a.layers
     print("  shapes at S=%d, fp32: [S, vocab] logits %.1f MiB each (log-softmax output and its "
-          "gradient are as large); MLP [S, intermediate] %.1f MiB each (4 saved per layer "
+          "gradient are as large); MLP [S, intermediate] %.2f MiB each (4 saved per layer "
           "untiled, recomputed in backward under checkpointing); a layer's checkpointed input "
-          "[S, hidden] %.1f MiB (x %d layers)" % (seq, mib(seq * v * 4), mib(seq * i * 4),
+          "[S, hidden] %.2f MiB (x %d layers)" % (seq, mib(seq * v * 4), mib(seq * i * 4),
                                                  mib(seq * h * 4), l))
 
 

@@ -261,6 +261,11 @@ double Trainer::Evaluate() {
                            win.narrow(1, 1, o_.sequence_length));
       continue;
     }
+    if (o_.tiled.logits_loss) {  // through the tiled head: no [S, vocab] logits in eval either
+      sum += llama_->Loss(win.narrow(1, 0, o_.sequence_length),
+                          win.narrow(1, 1, o_.sequence_length)).loss.item<double>();
+      continue;
+    }
     at::Tensor logits = llama_->Forward(win.narrow(1, 0, o_.sequence_length)).to(at::kFloat);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, o_.model.vocab_size}),

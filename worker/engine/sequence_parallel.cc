@@ -93,16 +93,9 @@ SequenceParallelRunner::MicroStep SequenceParallelRunner::Loss(
 
 double SequenceParallelRunner::EvalLoss(const at::Tensor& ids, const at::Tensor& targets) {
   at::NoGradGuard no_grad;
-  SequenceShard shard = ShardSample(ids, targets, group_->rank(), group_->world_size());
-  Enabled on(core_);
-  core_->SetLocalPositions(shard.positions);
-  at::Tensor logits =
-      model_->Forward(shard.ids, nullptr, shard.positions).to(at::kFloat);  // [B, S/P, V]
-  at::Tensor sum = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), shard.labels.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-  return SumOverGroup(sum.item<double>()) /
-         static_cast<double>(std::max<int64_t>(shard.global_valid, 1));
+  // The training forward without its backward: through the installed loss head, so that with
+  // training.tiled_logits_loss eval never builds the shard's [B, S/P, V] logits either.
+  return Loss(ids, targets).loss;
 }
 
 }  // namespace loom::engine
