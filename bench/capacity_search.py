@@ -52,17 +52,24 @@ def probe(system, layers, params, cap_bytes, world, run, min_steps):
 
 
 def search(system, cap_bytes, world, run, param_count, start=1, max_layers=512, min_steps=3,
-           log=print):
-    """Returns (largest fitting Probe or None, list of every Probe run)."""
+           log=print, quantum=1, resolution=0.0, describe=None):
+    """Returns (largest fitting Probe or None, list of every Probe run).
+
+    The searched size is `layers` here; bench/alst_search.py searches the sequence length with
+    the same code: `quantum` (default 1) is the step every probed size is a multiple of (the
+    bisection's midpoint is rounded down to it), and the bisection stops once the gap between
+    the largest fit and the smallest failure is at most max(quantum, resolution * fit).
+    describe(probe) -> str replaces the "L=... params" part of each log line."""
     probes = {}
 
     def at(layers):
         if layers not in probes:
             p = probe(system, layers, param_count(layers), cap_bytes, world, run, min_steps)
             probes[layers] = p
-            log("  %-10s L=%-4d %8.1fM params: %-4s peak %6.0f MiB  (%s, %.0f s)" % (
-                system, layers, p.params / 1e6, "fits" if p.fit else "no", p.peak_bytes / 2**20,
-                p.reason, p.seconds))
+            what = describe(p) if describe else "L=%-4d %8.1fM params" % (layers, p.params / 1e6)
+            log("  %-10s %s: %-4s peak %6.0f MiB  (%s, %.0f s)" % (
+                system, what, "fits" if p.fit else "no", p.peak_bytes / 2**20, p.reason,
+                p.seconds))
         return probes[layers]
 
     lo, hi = None, None  # deepest fit, shallowest failure
@@ -78,8 +85,10 @@ def search(system, cap_bytes, world, run, param_count, start=1, max_layers=512, 
         return None, list(probes.values())
     if hi is None:
         return probes[lo], list(probes.values())  # fit up to max_layers: a lower bound
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+    while hi - lo > max(quantum, resolution * lo):
+        mid = (lo + hi) // 2 // quantum * quantum
+        if mid <= lo:
+            break
         if at(mid).fit:
             lo = mid
         else:
