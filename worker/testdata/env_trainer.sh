@@ -12,7 +12,10 @@ for a in "$@"; do
   esac
 done
 dir=$(dirname "$spec")
-env > "$dir/env_rank_$rank.tmp" && mv "$dir/env_rank_$rank.tmp" "$dir/env_rank_$rank.txt"
+# The environment block exactly as execve passed it (/proc/$$/environ), duplicates included: the
+# shell itself would keep only one of two entries with the same name, a C program's getenv the
+# first.
+tr '\0' '\n' < /proc/$$/environ > "$dir/env_rank_$rank.tmp" && mv "$dir/env_rank_$rank.tmp" "$dir/env_rank_$rank.txt"
 [ "$rank" = 0 ] && echo "{\"rendezvous\":{\"port\":$((29500 + $(od -An -N1 -tu1 /dev/urandom)))}}"
 echo "{\"started\":{\"rank\":$rank,\"world_size\":${WORLD_SIZE:-1}}}"
 echo '{"step":{"step":"1","loss":5.0,"tokens_per_s":100}}'
