@@ -144,7 +144,8 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
     std::sort(labels.begin(), labels.end());
     note(arch, selector, absl::StrCat("node_selector ", absl::StrJoin(labels, ",")));
   }
-  note(selector, per_node, absl::StrCat("accelerators_per_node ", e.per_node));
+  // Counted after NodeMatches (schedulable), so only when the key is set.
+  if (e.per_node > 0) note(selector, per_node, absl::StrCat("accelerators_per_node ", e.per_node));
   return e;
 }
 
