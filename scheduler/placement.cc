@@ -66,7 +66,7 @@ std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
     return absl::StrCat(static_cast<int>(KindOf(resources)), "|",
                         resources.require_single_domain() ? 1 : 0, "|",
                         resources.accelerator_memory_bytes(), "|", resources.host_memory_bytes(),
-                        "|", resources.cpu_arch());
+                        "|", resources.cpu_arch(), "|", resources.accelerators_per_node());
   }
   loom::v1::ResourceSpec key = resources;
   key.set_num_ranks(0);
@@ -87,11 +87,12 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
   Eligibility e;
   e.kind = KindOf(r);
   e.require_single_domain = r.require_single_domain();
+  e.per_node = std::max(0, r.accelerators_per_node());
   e.member.assign(pool.size(), 0);
   std::map<int, std::vector<int>> by_domain;
   std::map<int, int64_t> domain_capacity;
   // Funnel counts for the explanation.
-  int live = 0, uncordoned = 0, accel_mem = 0, host_mem = 0, arch = 0, selector = 0;
+  int live = 0, uncordoned = 0, accel_mem = 0, host_mem = 0, arch = 0, selector = 0, per_node = 0;
   for (int i = 0; i < pool.size(); ++i) {
     const PoolNode& n = pool.node(i);
     const loom::v1::NodeInventory& inv = n.inventory;
@@ -109,10 +110,14 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
     if (!SelectorMatches(inv, r)) continue;
     ++selector;
     if (!NodeMatches(n, r)) continue;
+    if (inv.slots() < e.per_node) continue;  // cannot hold accelerators_per_node ranks
+    ++per_node;
+    // With accelerators_per_node k a node holds exactly k of the gang's ranks.
+    const int64_t slots = e.per_node > 0 ? e.per_node : inv.slots();
     e.member[i] = 1;
     by_domain[pool.domain(i)].push_back(i);
-    domain_capacity[pool.domain(i)] += inv.slots();
-    e.capacity += inv.slots();
+    domain_capacity[pool.domain(i)] += slots;
+    e.capacity += slots;
   }
   for (auto& [d, nodes] : by_domain) {
     e.max_domain_capacity = std::max(e.max_domain_capacity, domain_capacity[d]);
@@ -139,6 +144,8 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
     std::sort(labels.begin(), labels.end());
     note(arch, selector, absl::StrCat("node_selector ", absl::StrJoin(labels, ",")));
   }
+  // Counted after NodeMatches (schedulable), so only when the key is set.
+  if (e.per_node > 0) note(selector, per_node, absl::StrCat("accelerators_per_node ", e.per_node));
   return e;
 }
 
@@ -224,6 +231,22 @@ std::vector<int> PlaceOnce(const NodePool& pool, const Eligibility& e, const std
 std::vector<int> PlaceGang(const NodePool& pool, const Eligibility& e, const std::vector<int>& free,
                            int need, const std::vector<char>& avoid) {
   if (need <= 0) return {};
+  if (e.per_node > 0) {
+    // accelerators_per_node k: place need / k units of k ranks, at most one per node, then
+    // give each chosen node k consecutive ranks (torchrun's node_rank * k + local_rank).
+    const int k = e.per_node;
+    if (need % k != 0) return {};
+    std::vector<int> units(free.size());
+    for (size_t i = 0; i < free.size(); ++i) units[i] = free[i] >= k ? 1 : 0;
+    Eligibility unit_e = e;
+    unit_e.per_node = 0;
+    std::vector<int> nodes = PlaceGang(pool, unit_e, units, need / k, avoid);
+    std::sort(nodes.begin(), nodes.end());
+    std::vector<int> placement;
+    placement.reserve(need);
+    for (int i : nodes) placement.insert(placement.end(), k, i);
+    return placement;
+  }
   if (!avoid.empty()) {
     std::vector<int> p = PlaceOnce(pool, e, free, need, avoid);
     if (!p.empty()) return p;

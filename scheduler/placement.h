@@ -13,7 +13,10 @@
 //     one with the fewest free slots that still fit (best fit; ties by domain name). Otherwise,
 //     unless the job requires a single domain, domains are taken by most free slots first
 //     (fewest domains; ties by name) until the gang fits. Ranks are spread round-robin, one per
-//     node per round, over the chosen nodes in id order.
+//     node per round, over the chosen nodes in id order. With accelerators_per_node k, each
+//     node used gets exactly k consecutive ranks (nodes with fewer than k slots, or fewer than
+//     k free, are not used).
+//   * Which device of a node each rank gets is device_binding.h's job.
 //   * Nodes to avoid (suspects of the job's earlier failures) are left out when the gang fits
 //     without them.
 //
@@ -63,6 +66,9 @@ class NodePool {
 struct Eligibility {
   loom::v1::AcceleratorKind kind = loom::v1::ACCELERATOR_KIND_CPU;
   bool require_single_domain = false;
+  // ResourceSpec.accelerators_per_node (0 = any packing): nodes with fewer slots are not
+  // eligible, and PlaceGang gives each node it uses exactly this many consecutive ranks.
+  int per_node = 0;
   std::vector<std::pair<int, std::vector<int>>> groups;  // (domain, node indices)
   std::vector<char> member;  // per pool node: 1 if eligible
   int64_t capacity = 0;      // slots over eligible nodes

@@ -78,6 +78,9 @@ absl::Status Scheduler::Load() {
         RankRuntime rt;
         rt.attempt = job.attempt;
         rt.node_id = job.rank_nodes[rank];
+        if (job.state.rank_device_indices_size() == static_cast<int>(job.rank_nodes.size())) {
+          rt.device_index = job.state.rank_device_indices(rank);
+        }
         // Ranks known to have started (all of a RUNNING job, rank 0 once it published its
         // rendezvous port) are re-adopted as running: a worker that no longer reports one lost
         // it (RankLost), and it must not silently restart from step 0 under the same attempt.

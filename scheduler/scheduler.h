@@ -310,7 +310,16 @@ class Scheduler {
     bool reported = false;        // the worker has reported this rank at least once
     bool stop_requested = false;  // the job ended; the worker must stop the rank
     bool graceful_stop = false;   // with stop_requested: checkpoint, then stop (CancelJob)
+    // The node device it is bound to (device_binding.h; JobSchedulingState.rank_device_indices),
+    // -1 = none. Held until the entry is erased or the rank ended.
+    int32_t device_index = -1;
   };
+  // Per accelerator kind: the most slots of a registered, not lost node (submission check of
+  // resources.accelerators_per_node). Takes mu_.
+  std::map<loom::v1::AcceleratorKind, int> LargestRegisteredNodes() ABSL_LOCKS_EXCLUDED(mu_);
+  // Per node: the device indices live ranks of jobs other than `job_id` hold (device_binding.h).
+  std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A graceful stop in progress (job STOPPING). In memory only (Load re-creates it).
   struct StopRequest {
     absl::Time deadline;               // escalate to kill after this

@@ -15,6 +15,8 @@
 #include "scheduler/record_helpers.h"
 #include "scheduler/restart_policy.h"
 #include "scheduler/scheduler.h"
+
+#include "scheduler/device_binding.h"
 #include "scheduler/scheduler_internal.h"
 
 namespace loom {
@@ -136,6 +138,23 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     }
   }
   if (updated.start_time == absl::InfinitePast()) updated.start_time = clock_->Now();
+  {
+    // Device binding (device_binding.h): each rank its own device of its node.
+    std::map<std::string, std::vector<int32_t>> devices;
+    for (const std::string& node_id : placement) {
+      auto n = nodes_.find(node_id);
+      if (n == nodes_.end() || devices.count(node_id)) continue;
+      for (const auto& d : n->second.inventory.devices()) devices[node_id].push_back(d.index());
+    }
+    absl::StatusOr<std::vector<int32_t>> bound =
+        BindDevices(placement, devices, HeldDevices(job_id));
+    if (!bound.ok()) {
+      SetPendingReason(jobs_.at(job_id), "DevicesUnavailable", std::string(bound.status().message()));
+      return false;
+    }
+    updated.state.clear_rank_device_indices();
+    for (int32_t index : *bound) updated.state.add_rank_device_indices(index);
+  }
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
   last_step_advance_.erase(job_id);  // the new attempt's first report gives no interval
   const JobRecord& placed = jobs_.at(job_id);
@@ -143,6 +162,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     RankRuntime rt;
     rt.attempt = placed.attempt;
     rt.node_id = placement[rank];
+    rt.device_index = placed.state.rank_device_indices(rank);
     ranks_[{job_id, rank}] = rt;
   }
   VLOG(1) << "job " << job_id << " attempt " << placed.attempt << " placed: rank 0 on "

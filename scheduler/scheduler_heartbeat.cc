@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "scheduler/device_binding.h"
 #include "scheduler/job_state.h"
 #include "scheduler/path_policy.h"
 #include "scheduler/placement.h"
@@ -258,6 +259,15 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   return response;
 }
 
+std::map<std::string, std::set<int32_t>> Scheduler::HeldDevices(const std::string& job_id) const {
+  std::map<std::string, std::set<int32_t>> held;
+  for (const auto& [key, rt] : ranks_) {
+    if (key.first == job_id || rt.device_index < 0 || RankEnded(rt.state)) continue;
+    held[rt.node_id].insert(rt.device_index);
+  }
+  return held;
+}
+
 loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_t rank) const {
   loom::v1::RankAssignment a;
   a.set_job_id(job.id);
@@ -270,6 +280,15 @@ loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_
   a.set_master_port(job.rendezvous_port);
   a.set_checkpoint_dir(job.checkpoint_dir);
   a.set_tenant(job.tenant);
+  // Device binding (device_binding.h): the rank's own device and its place among the attempt's
+  // ranks on its node.
+  auto rt = ranks_.find({job.id, rank});
+  if (rt != ranks_.end() && rt->second.device_index >= 0) {
+    a.add_device_indices(rt->second.device_index);
+  }
+  const auto [local_rank, local_world_size] = LocalRank(job.rank_nodes, rank);
+  a.set_local_rank(local_rank);
+  a.set_local_world_size(local_world_size);
   if (job.attempt > 1) {
     auto r = resume_from_.find(job.id);
     if (r != resume_from_.end()) a.set_resume_from(r->second.path);

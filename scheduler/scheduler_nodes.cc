@@ -48,6 +48,21 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
     return absl::InvalidArgumentError(absl::StrCat("inventory.cpu_arch: must be x86_64 or aarch64, got '",
                                                    absl::CEscape(inventory.cpu_arch().substr(0, 32)), "'"));
   }
+  if (inventory.devices_size() > 0) {
+    // Device binding (device_binding.h): one rank slot per device, distinct indices.
+    if (inventory.devices_size() != inventory.slots()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "inventory.devices: ", inventory.devices_size(), " devices but ", inventory.slots(),
+          " slots (a node with devices offers one slot per device)"));
+    }
+    std::set<int32_t> indices;
+    for (const auto& d : inventory.devices()) {
+      if (d.index() < 0 || !indices.insert(d.index()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("inventory.devices: index ", d.index(), " is negative or repeats"));
+      }
+    }
+  }
   for (const auto& [key, value] : inventory.labels()) {
     if (key.empty() || key.size() > 63 || value.size() > 63) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -2,6 +2,8 @@
 // and the group commit of concurrent submissions into one store transaction.
 #include "scheduler/scheduler.h"
 
+#include "scheduler/job_spec_validation_accelerators.h"
+
 #include <algorithm>
 #include <set>
 #include <utility>
@@ -66,6 +68,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
   // Paths first: validation reads the files, and must not for a path the tenant may not name.
   if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
+  RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
   RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
   RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));
   Submission sub;
@@ -166,6 +169,21 @@ void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
   }
   // Only the job counts changed (UpdateGauges would also walk every rank and node).
   if (metrics_ != nullptr) metrics_->SetJobCounts(phase_counts_);
+}
+
+}  // namespace loom
+
+namespace loom {
+
+std::map<loom::v1::AcceleratorKind, int> Scheduler::LargestRegisteredNodes() {
+  absl::MutexLock lock(&mu_);
+  std::map<loom::v1::AcceleratorKind, int> largest;
+  for (const auto& [id, node] : nodes_) {
+    if (node.lost) continue;
+    int& most = largest[node.inventory.accelerator()];
+    most = std::max(most, node.inventory.slots());
+  }
+  return largest;
 }
 
 }  // namespace loom

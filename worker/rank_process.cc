@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -83,7 +84,14 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_store;
-  for (char** e = environ; *e != nullptr; ++e) env_store.emplace_back(*e);
+  // extra_env replaces inherited entries of the same name (glibc's getenv returns the first
+  // match, so an inherited CUDA_VISIBLE_DEVICES would otherwise win over the rank's own).
+  std::set<std::string> overridden;
+  for (const std::string& e : options.extra_env) overridden.insert(e.substr(0, e.find('=')));
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    if (overridden.count(entry.substr(0, entry.find('='))) == 0) env_store.push_back(entry);
+  }
   for (const std::string& e : options.extra_env) env_store.push_back(e);
   std::vector<char*> envp;
   for (std::string& s : env_store) envp.push_back(s.data());

@@ -40,7 +40,8 @@ struct RankProcessOptions {
   std::string run_dir;
   // Time between SIGTERM and SIGKILL when stopping.
   absl::Duration stop_grace = absl::Seconds(5);
-  // Extra environment entries ("KEY=VALUE") for the trainer.
+  // Extra environment entries ("KEY=VALUE") for the trainer; each replaces an inherited entry of
+  // the same name.
   std::vector<std::string> extra_env;
   // The node's advertised address: the trainer's Gloo transport binds it (--bind_address).
   // Empty: the trainer picks the local address on the route to master_addr.

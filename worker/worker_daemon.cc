@@ -8,12 +8,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/rank_env.h"
 
 namespace loom::worker {
 
 absl::Status WorkerOptions::Validate() const {
   if (node_id.empty()) return absl::InvalidArgumentError("node_id: required");
   if (inventory.slots() < 1) return absl::InvalidArgumentError("inventory.slots: must be >= 1");
+  if (inventory.devices_size() > 0 && inventory.slots() != inventory.devices_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inventory.slots: ", inventory.slots(), " on a node with ",
+                     inventory.devices_size(), " devices (must be equal: one rank per device)"));
+  }
   if (trainer_path.empty()) return absl::InvalidArgumentError("trainer_path: required");
   if (work_dir.empty()) return absl::InvalidArgumentError("work_dir: required");
   if (confine_paths) {
@@ -66,7 +72,8 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   }
   int index = 0;
   while (taken.count(index) > 0) ++index;
-  po.extra_env.push_back(absl::StrCat("LOOM_ACCELERATOR_INDEX=", index));
+  // The scheduler's binding wins over the local choice (worker/rank_env.h).
+  if (!a.device_indices().empty()) index = a.device_indices(0);
   ranks_[key].accelerator_index = index;
   // Reported as a failed rank so that the scheduler fails the attempt.
   auto fail = [&](const std::string& error) {
@@ -78,6 +85,15 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
     st.set_exit_code(-1);
     st.set_error(error);
   };
+  absl::StatusOr<std::vector<std::string>> env =
+      RankEnvironment(a, options_.inventory, index, options_.nccl);
+  if (!env.ok()) {
+    LOG(ERROR) << "refusing rank " << a.rank() << " of " << a.job_id() << ": " << env.status();
+    fail(absl::StrCat("worker ", options_.node_id, " refused to start the trainer: ",
+                      env.status().message()));
+    return;
+  }
+  po.extra_env = *std::move(env);
   loom::v1::RankAssignment checked = a;
   if (options_.confine_paths) {
     absl::StatusOr<loom::v1::RankAssignment> confined = CheckAssignmentPaths(a, options_.paths);

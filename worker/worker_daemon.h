@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "proto/worker_service.pb.h"
 #include "worker/path_check.h"
+#include "worker/rank_env.h"
 #include "worker/rank_process.h"
 #include "worker/scheduler_client.h"
 #include "worker/worker_metrics.h"
@@ -32,7 +33,9 @@ inline constexpr size_t kMaxLogBytesPerHeartbeat = 512 << 10;
 
 struct WorkerOptions {
   std::string node_id;                  // required, unique in the cluster
-  loom::v1::NodeInventory inventory;    // slots >= 1 required
+  // slots >= 1 required; with devices (a GPU node), slots equal to their count. Each rank's
+  // environment binds it to its devices (worker/rank_env.h).
+  loom::v1::NodeInventory inventory;
   std::string trainer_path;             // loom-trainer executable, required
   std::string work_dir;                 // per-rank run dirs and logs, required
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
@@ -45,6 +48,8 @@ struct WorkerOptions {
   // (--confine_paths); off here so unit tests may use any temp path.
   bool confine_paths = false;
   WorkerPathOptions paths;
+  // NCCL_SOCKET_IFNAME / NCCL_IB_HCA given to every rank when set (worker/rank_env.h).
+  NcclEnvOptions nccl;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;

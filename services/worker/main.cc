@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/net_address.h"
 #include "proto/worker_service.grpc.pb.h"
+#include "worker/gpu_inventory.h"
 #include "worker/inventory.h"
 #include "worker/path_check.h"
 #include "worker/worker_daemon.h"
@@ -26,7 +27,19 @@
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50051", "loom-scheduler gRPC address");
 ABSL_FLAG(std::string, node_id, "", "unique node id (default: hostname-pid)");
 ABSL_FLAG(int, slots, 1, "rank slots this node offers");
-ABSL_FLAG(std::string, accelerator, "cpu", "accelerator kind: cpu, h100, h200, gh200");
+ABSL_FLAG(std::string, accelerator, "cpu",
+          "accelerator kind: cpu, h100, h200, gh200, or auto (ask --nvidia_smi: its GPUs set the "
+          "kind, slots and memory and every rank is bound to its own device; no nvidia-smi = cpu)");
+ABSL_FLAG(std::string, nvidia_smi, "nvidia-smi",
+          "nvidia-smi executable (a path or a name on PATH) that --accelerator=auto runs with "
+          "--query-gpu=index,uuid,name,memory.total --format=csv,noheader,nounits");
+ABSL_FLAG(std::string, gpu_inventory_file, "",
+          "a recorded output of that nvidia-smi query to use instead of running it (implies "
+          "--accelerator=auto; worker/testdata/nvidia_smi_*.csv)");
+ABSL_FLAG(std::string, nccl_socket_ifname, "",
+          "NCCL_SOCKET_IFNAME given to every rank (e.g. eth0); empty = not set");
+ABSL_FLAG(std::string, nccl_ib_hca, "", "NCCL_IB_HCA given to every rank (e.g. mlx5_0,mlx5_1); "
+          "empty = not set");
 ABSL_FLAG(std::string, advertise_address, "",
           "address other nodes use to reach this node's ranks: the rendezvous host (MASTER_ADDR) "
           "when a rank 0 runs here and every rank's Gloo bind address (default: --address, "
@@ -136,7 +149,11 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  auto accelerator = ParseAccelerator(absl::GetFlag(FLAGS_accelerator));
+  const bool detect_accelerators = absl::GetFlag(FLAGS_accelerator) == "auto" ||
+                                   !absl::GetFlag(FLAGS_gpu_inventory_file).empty();
+  auto accelerator = detect_accelerators ? absl::StatusOr<loom::v1::AcceleratorKind>(
+                                               loom::v1::ACCELERATOR_KIND_CPU)
+                                         : ParseAccelerator(absl::GetFlag(FLAGS_accelerator));
   if (!accelerator.ok()) {
     LOG(ERROR) << accelerator.status();
     return 2;
@@ -176,6 +193,23 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--accelerator_memory_bytes: must be >= 0";
     return 2;
   }
+  if (detect_accelerators) {
+    // Device inventory (worker/gpu_inventory.h): each rank gets its own device.
+    const std::string& file = absl::GetFlag(FLAGS_gpu_inventory_file);
+    absl::StatusOr<loom::worker::GpuInventory> gpus =
+        file.empty() ? loom::worker::DetectGpuInventory(absl::GetFlag(FLAGS_nvidia_smi))
+                     : loom::worker::ReadGpuInventoryFile(file);
+    if (!gpus.ok()) {
+      LOG(ERROR) << gpus.status();
+      return 2;
+    }
+    loom::worker::ApplyGpuInventory(*gpus, &options.inventory);
+    LOG(INFO) << "accelerators: " << gpus->devices.size() << " x '" << gpus->model << "' ("
+              << loom::AcceleratorKindName(options.inventory.accelerator()) << "), "
+              << options.inventory.slots() << " slots";
+  }
+  options.nccl.socket_ifname = absl::GetFlag(FLAGS_nccl_socket_ifname);
+  options.nccl.ib_hca = absl::GetFlag(FLAGS_nccl_ib_hca);
   options.trainer_path = absl::GetFlag(FLAGS_trainer);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
