@@ -199,12 +199,12 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         return save, tag
 
     def expect_error(self, save_dir, code, *needles):
-        rc, _, stderr = run_loomctl(["--from-deepspeed", save_dir, "--output_dir",
-                                        os.path.join(self.dir, "never")])
+        never = tempfile.mkdtemp(prefix="never_", dir=self.dir)  # one per call: subtests apart
+        rc, _, stderr = run_loomctl(["--from-deepspeed", save_dir, "--output_dir", never])
         self.assertEqual(rc, code, stderr)
         for needle in needles:
             self.assertIn(needle, stderr)
-        self.assertFalse(os.path.exists(os.path.join(self.dir, "never", "model.safetensors")))
+        self.assertFalse(os.path.exists(os.path.join(never, "model.safetensors")))
         return stderr
 
     def test_missing_rank_file(self):
