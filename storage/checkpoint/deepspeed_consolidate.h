@@ -31,8 +31,9 @@
 // lm_head.weight <-> model.embed_tokens.weight the tensor is written as model.embed_tokens.weight)
 // and is listed in skipped_tensors. Each file is written crash-safely (AtomicFileWriter).
 //
-// Memory: the metadata trees of one file at a time, a list of (rank, byte offset, elements)
-// pieces per tensor, one piece buffer and the writer's 1 MiB buffer: independent of model size.
+// Memory: the metadata tree of the rank-0 model states plus that of one other file at a time, a
+// list of (file, byte offset, elements) pieces per tensor, one piece buffer (and, for bf16/fp16
+// frozen parameters, its fp32 widening) and the writer's 1 MiB buffer: independent of model size.
 //
 // Errors (each message names the file concerned):
 //   NOT_FOUND            DIR, the tag directory, the model-states file or every optim file absent.
