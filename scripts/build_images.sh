@@ -70,13 +70,21 @@ binaries_of() {
 }
 rootfs_of() { [ "$1" = loom-worker ] && echo worker || echo control; }
 
-for tool in debootstrap buildah bazel chroot ldd dpkg; do
+for tool in debootstrap buildah bazel chroot ldd dpkg tar; do
   if ! command -v "$tool" >/dev/null; then
     echo "build_images: $tool is missing (apt-get install debootstrap buildah; bazel: scripts/install_deps.sh)" >&2
     exit 2
   fi
 done
-if [ "$(id -u)" != 0 ]; then echo "build_images: needs root (debootstrap, chroot)" >&2; exit 2; fi
+if [ "$(id -u)" != 0 ]; then echo "build_images: needs root (debootstrap, chroot): run it as root or with sudo" >&2; exit 2; fi
+# Disk: ~1.5 GB of image storage + 1.2 GB of root fs tarballs + one root fs directory at a time.
+NEED_KB=$((4 * 1024 * 1024))
+parent=$WORK; while [ ! -d "$parent" ]; do parent=$(dirname "$parent"); done
+free_kb=$(df -Pk "$parent" | awk 'NR == 2 {print $4}')
+if [ "${free_kb:-0}" -lt "$NEED_KB" ]; then
+  echo "build_images: $parent has $((free_kb / 1024)) MiB free; the build needs about 4 GiB under --work_dir $WORK" >&2
+  exit 2
+fi
 ARCH=$(dpkg --print-architecture)
 case "$ARCH" in amd64|arm64) ;; *) echo "build_images: architecture $ARCH is not amd64 or arm64" >&2; exit 2 ;; esac
 
@@ -143,6 +151,7 @@ make_rootfs() {  # make_rootfs KIND BINARIES...
   [ "$kind" = worker ] && pkgs="$pkgs fortunes"
   echo "build_images: rootfs $kind ($ARCH): $(echo $pkgs)"
   mkdir -p "$WORK/debs"
+  rm -rf "$dir"  # a partial root fs left by an interrupted run
   debootstrap --variant=minbase --arch="$ARCH" --cache-dir="$WORK/debs" \
     --include="$(echo $pkgs | tr ' ' ',')" bookworm "$dir" "$MIRROR" > "$WORK/debootstrap-$kind.log" 2>&1 || {
       echo "build_images: debootstrap failed; tail of $WORK/debootstrap-$kind.log:" >&2
@@ -180,6 +189,9 @@ for image in "${IMAGES[@]}"; do
   done
   cp "deploy/images/$image.Containerfile" "$ctx/Containerfile"
   echo "build_images: $REGISTRY/$image:$TAG"
+  # A second run with --keep into the same --work_dir: replace the tag's image, do not leave the
+  # old one behind as an untagged copy.
+  "${BUILDAH[@]}" rmi --force "$REGISTRY/$image:$TAG" >/dev/null 2>&1 || true
   "${BUILDAH[@]}" bud --isolation chroot --arch "$ARCH" --layers=false -f "$ctx/Containerfile" \
     -t "$REGISTRY/$image:$TAG" "$ctx" > "$WORK/bud-$image.log" 2>&1 || {
       echo "build_images: buildah bud failed; tail of $WORK/bud-$image.log:" >&2

@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint/consolidate.h"
 #include "storage/checkpoint/deepspeed_archive.h"
+#include "storage/checkpoint/deepspeed_frozen.h"
 #include "storage/checkpoint/deepspeed_pickle.h"
 #include "storage/safetensors/safetensors.h"
 
@@ -31,7 +32,8 @@ using K = PyValue::Kind;
 
 constexpr int64_t kMaxPickleBytes = 256 << 20;
 
-// A run of fp32 elements at a byte offset of one rank's archive.
+// A run of elements at a byte offset of one archive: fp32 partitions of the optim file of rank
+// `rank`, or (frozen parameters, OutTensor::dtype) of model-states file `rank - N`.
 struct Segment {
   int rank = 0;
   int64_t byte_offset = 0;
@@ -42,6 +44,7 @@ struct OutTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<Segment> pieces;
+  std::string dtype = "F32";  // of the stored elements; written as F32
 };
 
 struct Param {
@@ -234,10 +237,13 @@ absl::StatusOr<DeepSpeedConsolidateResult> ConsolidateDeepSpeed(
   std::vector<std::vector<Param>> groups;
   std::map<std::string, std::string> shared;  // alias -> source
   int64_t dp_world_size = 0;
+  std::unique_ptr<TorchArchive> model_archive;
+  deepspeed::PyRef model_top;
   {
-    ASSIGN_OR_RETURN(auto archive, TorchArchive::Open(model_file));
-    ASSIGN_OR_RETURN(std::string pkl, archive->ReadPickle(kMaxPickleBytes));
-    ASSIGN_OR_RETURN(deepspeed::PyRef top, deepspeed::Unpickle(pkl, model_file));
+    ASSIGN_OR_RETURN(model_archive, TorchArchive::Open(model_file));
+    ASSIGN_OR_RETURN(std::string pkl, model_archive->ReadPickle(kMaxPickleBytes));
+    ASSIGN_OR_RETURN(model_top, deepspeed::Unpickle(pkl, model_file));
+    const deepspeed::PyRef& top = model_top;
     if (!top->is(K::kDict)) return Invalid(model_file, "the pickled object is not a dict");
     ASSIGN_OR_RETURN(groups, ParamShapes(*top, model_file));
     if (const PyValue* sp = top->Get("shared_params"); sp != nullptr && sp->is(K::kDict)) {
@@ -246,13 +252,10 @@ absl::StatusOr<DeepSpeedConsolidateResult> ConsolidateDeepSpeed(
         shared[k->s] = v->s;
       }
     }
-    for (const char* key : {"frozen_param_shapes", "buffer_names"}) {
-      const PyValue* v = top->Get(key);
-      if (v != nullptr && (v->is(K::kDict) || v->is(K::kList)) && !(v->entries.empty() && v->items.empty())) {
-        return absl::UnimplementedError(absl::StrCat(
-            model_file, ": non-empty '", key, "' (frozen parameters and persistent buffers are not "
-            "consolidated yet)"));
-      }
+    if (const PyValue* v = top->Get("buffer_names");
+        v != nullptr && (v->is(K::kDict) || v->is(K::kList)) && !(v->entries.empty() && v->items.empty())) {
+      return absl::UnimplementedError(absl::StrCat(
+          model_file, ": non-empty 'buffer_names' (persistent buffers are not consolidated yet)"));
     }
     if (const PyValue* d = top->Get("dp_world_size"); d != nullptr && d->is(K::kInt)) dp_world_size = d->i;
   }
@@ -375,6 +378,22 @@ absl::StatusOr<DeepSpeedConsolidateResult> ConsolidateDeepSpeed(
     }
   }
 
+  // Frozen parameters (deepspeed_frozen.h), from the model-states files.
+  ASSIGN_OR_RETURN(deepspeed::FrozenParams frozen,
+                   deepspeed::ReadFrozenParams(std::move(model_archive), *model_top, result.checkpoint_dir,
+                                               r0.zero_stage, static_cast<int>(n_ranks)));
+  model_top.reset();
+  for (deepspeed::FrozenParam& f : frozen.params) {
+    OutTensor t{f.name, f.shape, {}, f.dtype};
+    for (const deepspeed::FrozenPiece& p : f.pieces) {
+      t.pieces.push_back(Segment{static_cast<int>(n_ranks) + p.file, p.byte_offset, p.elements});
+    }
+    tensors.push_back(std::move(t));
+  }
+  std::vector<const TorchArchive*> archives;  // Segment::rank -> archive
+  for (const RankState& rs : ranks) archives.push_back(rs.archive.get());
+  for (const auto& a : frozen.archives) archives.push_back(a.get());
+
   // Names: wrapper prefix off, ties once.
   std::set<std::string> present;
   for (const OutTensor& t : tensors) present.insert(t.name);
@@ -407,15 +426,24 @@ absl::StatusOr<DeepSpeedConsolidateResult> ConsolidateDeepSpeed(
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", output_dir, ": ", ec.message()));
   const int64_t piece = std::max<int64_t>(4, options.piece_bytes / 4 * 4);
   std::vector<char> buffer(static_cast<size_t>(piece));
+  std::vector<float> widened;  // frozen BF16/F16 elements as fp32
   const safetensors::TensorSource source = [&](const safetensors::TensorEntry& e,
                                                const safetensors::ByteSink& sink) -> absl::Status {
     const OutTensor& t = tensors[by_name.at(e.name)];
+    const int64_t eb = t.dtype == "F32" ? 4 : deepspeed::FrozenElementBytes(t.dtype);
+    const int64_t chunk = piece / 4 * eb;  // stored bytes per read: `piece` bytes of output
     for (const Segment& s : t.pieces) {
-      const TorchArchive& a = *ranks[s.rank].archive;
-      for (int64_t done = 0; done < s.elements * 4;) {
-        const int64_t n = std::min<int64_t>(piece, s.elements * 4 - done);
+      const TorchArchive& a = *archives[s.rank];
+      for (int64_t done = 0; done < s.elements * eb;) {
+        const int64_t n = std::min<int64_t>(chunk, s.elements * eb - done);
         RETURN_IF_ERROR(a.ReadAt(s.byte_offset + done, buffer.data(), static_cast<size_t>(n)));
-        RETURN_IF_ERROR(sink(buffer.data(), static_cast<size_t>(n)));
+        if (eb == 4 && t.dtype == "F32") {
+          RETURN_IF_ERROR(sink(buffer.data(), static_cast<size_t>(n)));
+        } else {
+          widened.resize(static_cast<size_t>(n / eb));
+          deepspeed::WidenToF32(t.dtype, buffer.data(), n / eb, widened.data());
+          RETURN_IF_ERROR(sink(reinterpret_cast<const char*>(widened.data()), widened.size() * 4));
+        }
         done += n;
       }
     }

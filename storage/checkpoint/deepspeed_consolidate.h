@@ -10,7 +10,10 @@
 //   mp_rank_00_model_states.pt (stage 1-2) or zero_pp_rank_0_mp_rank_00_model_states.pt (stage
 //     3): param_shapes = a list with one ordered dict name -> torch.Size per optimizer param
 //     group in flattening order (a single dict is accepted too), shared_params {alias: source},
-//     dp_world_size.
+//     dp_world_size, and for frozen parameters (requires_grad=False) frozen_param_shapes +
+//     frozen_param_fragments (stage 3: each rank's partition in its own
+//     zero_pp_rank_<r>_mp_rank_00_model_states.pt; deepspeed_frozen.h). Frozen BF16/F16
+//     fragments are written widened to F32.
 //   [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt, r = 0..N-1: optimizer_state_dict with
 //     zero_stage, partition_count N (an int or one per group) and the fp32 master partition:
 //     stage 1-2 single_partition_of_fp32_groups: per group g, rank r's 1-D slice of the group's
@@ -28,8 +31,9 @@
 // lm_head.weight <-> model.embed_tokens.weight the tensor is written as model.embed_tokens.weight)
 // and is listed in skipped_tensors. Each file is written crash-safely (AtomicFileWriter).
 //
-// Memory: the metadata trees of one file at a time, a list of (rank, byte offset, elements)
-// pieces per tensor, one piece buffer and the writer's 1 MiB buffer: independent of model size.
+// Memory: the metadata tree of the rank-0 model states plus that of one other file at a time, a
+// list of (file, byte offset, elements) pieces per tensor, one piece buffer (and, for bf16/fp16
+// frozen parameters, its fp32 widening) and the writer's 1 MiB buffer: independent of model size.
 //
 // Errors (each message names the file concerned):
 //   NOT_FOUND            DIR, the tag directory, the model-states file or every optim file absent.
@@ -39,7 +43,9 @@
 //   INVALID_ARGUMENT     a pickle outside the subset torch.save writes (deepspeed_pickle.h), a
 //                        missing or mistyped key, a non-fp32 or non-contiguous partition, param
 //                        shapes whose numels do not match the partitions, duplicate output names.
-//   UNIMPLEMENTED        frozen parameters or persistent buffers (not consolidated yet), stage 0.
+//                        A frozen parameter whose fragment is missing, of the wrong size or dtype
+//                        (deepspeed_frozen.h) is INVALID_ARGUMENT naming its model-states file.
+//   UNIMPLEMENTED        persistent buffers (not consolidated yet), stage 0.
 // Thread-compatible: distinct output directories may be written concurrently.
 #ifndef LOOM_STORAGE_CHECKPOINT_DEEPSPEED_CONSOLIDATE_H_
 #define LOOM_STORAGE_CHECKPOINT_DEEPSPEED_CONSOLIDATE_H_

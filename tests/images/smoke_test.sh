@@ -30,6 +30,14 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+for tool in buildah chroot curl; do
+  command -v "$tool" >/dev/null || { echo "images smoke_test: $tool is missing (apt-get install buildah curl)" >&2; exit 2; }
+done
+if [ "$(id -u)" != 0 ]; then echo "images smoke_test: needs root (buildah mount, chroot): run it as root or with sudo" >&2; exit 2; fi
+if [ "$REUSE" = 1 ] && [ ! -d "$WORK/storage" ]; then
+  echo "images smoke_test: --reuse $WORK: no image storage at $WORK/storage (run scripts/build_images.sh --work_dir $WORK --keep first)" >&2
+  trap - EXIT; exit 2
+fi
 
 cd "$ROOT"
 if [ "$REUSE" = 0 ]; then bash scripts/build_images.sh --work_dir "$WORK" --keep; fi
@@ -42,7 +50,8 @@ open_image() {  # open_image IMAGE: prints the mount point of a new working cont
 
 for image in "${IMAGES[@]}"; do
   name=${image##*/}; name=${name%%:*}
-  user=$("${BUILDAH[@]}" inspect --format '{{.OCIv1.Config.User}}' "$image")
+  user=$("${BUILDAH[@]}" inspect --format '{{.OCIv1.Config.User}}' "$image" 2>/dev/null) ||
+    fail "$image is not in $WORK/storage (did scripts/build_images.sh finish?)"
   entry=$("${BUILDAH[@]}" inspect --format '{{.OCIv1.Config.Entrypoint}}' "$image")
   [ "$user" = "10001:10001" ] || fail "$image runs as '$user', not 10001:10001"
   [ "$entry" = "[/usr/local/bin/$name]" ] || fail "$image entrypoint is $entry"

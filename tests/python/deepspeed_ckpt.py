@@ -18,8 +18,12 @@ Layout written by `write(save_dir, tensors, world_size, stage)` (N = world_size)
 Each file is a `torch.save` pickle of a dict:
   model states: module (stage 0-2: the full weights, in the training dtype; stage 3: empty
     placeholders for the partitioned parameters), buffer_names [], param_shapes [OrderedDict
-    name -> torch.Size] (one group, in flattening order), frozen_param_shapes OrderedDict(),
-    frozen_param_fragments {}, shared_params {}, optimizer None, lr_scheduler None, global_steps,
+    name -> torch.Size] (one group, in flattening order), frozen_param_shapes OrderedDict
+    name -> torch.Size and frozen_param_fragments {name: tensor} of the frozen (requires_grad=
+    False) parameters, in their own dtype (stage 2: the whole parameter; stage 3: each rank's
+    file holds its 1-D ds_tensor partition of ceil(n/N) elements, zero-padded, as
+    engine._get_zero_frozen_param_attributes saves them), shared_params {}, optimizer None,
+    lr_scheduler None, global_steps,
     global_samples, skipped_steps 0, dp_world_size N, mp_world_size 1, ds_config, ds_version.
   optim states: {optimizer_state_dict: {zero_stage, partition_count N, loss_scaler None,
     dynamic_loss_scale False, overflow False, optimizer_state_dict (the base Adam state of the
@@ -100,11 +104,11 @@ def _ds_config(world_size, stage, bf16):
             "bf16": {"enabled": bool(bf16)}}
 
 
-def _stage3_partition(full, rank, world_size):
+def _stage3_partition(full, rank, world_size, dtype=torch.float32):
     """Rank `rank`'s zero-padded partition of `full` (flattened), p = ceil(n/N) elements."""
     flat = full.reshape(-1)
     p = partitioned_numel(flat.numel(), world_size)
-    part = torch.zeros(p, dtype=torch.float32)
+    part = torch.zeros(p, dtype=dtype)
     lo, hi = min(rank * p, flat.numel()), min((rank + 1) * p, flat.numel())
     part[: hi - lo] = flat[lo:hi]
     return part
@@ -144,7 +148,7 @@ def _stage12_partition(tensors, names, rank, world_size):
 
 def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None, bf16=False,
           sub_group_size=1_000_000_000, global_steps=1, groups=None, shared_params=None,
-          deepspeed_objects=False):
+          deepspeed_objects=False, frozen=None):
     """Writes `tensors` (ordered {name: fp32 tensor}, the model's named_parameters order) as a
     DeepSpeed ZeRO-`stage` checkpoint of `world_size` data-parallel ranks; returns save_dir/tag.
 
@@ -160,6 +164,9 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
     deepspeed_objects: pickle zero_stage as DeepSpeed's ZeroStageEnum and loss_scaler as a
       DynamicLossScaler instance, as real DeepSpeed optimizer states do (stand-in classes when
       DeepSpeed is absent: _install_deepspeed_stand_ins).
+    frozen: optional ordered {name: tensor} of frozen parameters (float32, bfloat16 or float16;
+      stage 2 or 3 only, as DeepSpeed saves them only when it partitions gradients): recorded in
+      frozen_param_shapes / frozen_param_fragments, not in param_shapes or the fp32 partitions.
     Raises ValueError on a bad stage, world size, non-fp32 tensor, mismatched moments or groups.
     """
     if stage not in (0, 1, 2, 3):
@@ -171,9 +178,14 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
     if sorted(n for g in groups for n in g) != sorted(names):
         raise ValueError("groups: must list every tensor name exactly once")
     names = [n for g in groups for n in g]
+    frozen = collections.OrderedDict(frozen or {})
+    if frozen and stage < 2:
+        raise ValueError("frozen: DeepSpeed saves frozen parameters only at stage 2 or 3")
+    if any(n in tensors for n in frozen):
+        raise ValueError("frozen: a name is also a trainable tensor")
     shared_params = dict(shared_params or {})
     for alias, source in shared_params.items():
-        if alias in tensors or source not in tensors:
+        if alias in tensors or alias in frozen or (source not in tensors and source not in frozen):
             raise ValueError("shared_params[%r]: the alias must be absent, the source present" % alias)
     for n in names:
         if tensors[n].dtype != torch.float32:
@@ -186,9 +198,11 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
     config = _ds_config(world_size, stage, bf16)
     param_shapes = [collections.OrderedDict((n, tensors[n].shape) for n in g) for g in groups]
 
-    def model_states(module):
+    frozen_shapes = collections.OrderedDict((n, v.shape) for n, v in frozen.items())
+
+    def model_states(module, fragments):
         return {"module": module, "buffer_names": [], "param_shapes": param_shapes,
-                "frozen_param_shapes": collections.OrderedDict(), "frozen_param_fragments": {},
+                "frozen_param_shapes": frozen_shapes, "frozen_param_fragments": fragments,
                 "shared_params": shared_params, "optimizer": None, "lr_scheduler": None,
                 "global_steps": global_steps, "global_samples": global_steps * world_size,
                 "skipped_steps": 0, "dp_world_size": world_size, "mp_world_size": 1,
@@ -197,12 +211,17 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
     if stage < 3:
         dtype = torch.bfloat16 if bf16 else torch.float32
         module = collections.OrderedDict((n, tensors[n].to(dtype)) for n in names)
-        torch.save(model_states(module), os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
+        module.update((n, v.clone()) for n, v in frozen.items())
+        fragments = collections.OrderedDict((n, v.detach().clone()) for n, v in frozen.items())
+        torch.save(model_states(module, fragments),
+                   os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
         del module
     else:
-        placeholders = collections.OrderedDict((n, torch.empty(0)) for n in names)
+        placeholders = collections.OrderedDict((n, torch.empty(0)) for n in names + list(frozen))
         for r in range(world_size):
-            torch.save(model_states(placeholders),
+            fragments = collections.OrderedDict(
+                (n, _stage3_partition(v, r, world_size, v.dtype)) for n, v in frozen.items())
+            torch.save(model_states(placeholders, fragments),
                        os.path.join(tag_dir, "zero_pp_rank_%d_mp_rank_00_model_states.pt" % r))
     if stage == 0:
         with open(os.path.join(save_dir, "latest"), "w") as f:
@@ -258,6 +277,9 @@ def read_fp32_state_dict(save_dir, tag=None):
     `get_fp32_state_dict_from_zero_checkpoint` does (TECHNIQUES.md §5.2): torch.load of every
     model-states and optim-states file, stage 1/2: cat of the partitions walked with param_shapes;
     stage 3: per param cat over ranks of rank_r[o : o + ceil(n/N)], first n elements, view(shape).
+    Frozen parameters as _zero2_merge_frozen_params (the stored fragment) and
+    _zero3_merge_frozen_params (cat of every rank's fragment, first n elements, view(shape)) do,
+    in their stored dtype.
     Returns an OrderedDict name -> tensor. Raises ValueError naming the file on a bad layout."""
     if tag is None:
         with open(os.path.join(save_dir, "latest")) as f:
@@ -286,7 +308,10 @@ def read_fp32_state_dict(save_dir, tag=None):
     if len(optims) != world_size:
         raise ValueError("%s: %d optim files, partition_count %d" % (ckpt, len(optims), world_size))
     state = collections.OrderedDict()
+    frozen_shapes = model0.get("frozen_param_shapes") or {}
     if stage <= 2:
+        for name in frozen_shapes:
+            state[name] = model0["frozen_param_fragments"][name]
         for g, group in enumerate(groups):
             full = torch.cat([o["single_partition_of_fp32_groups"][g] for o in optims])
             offset = 0
@@ -301,6 +326,12 @@ def read_fp32_state_dict(save_dir, tag=None):
         for alias, source in shared.items():
             state[alias] = state[source]
         return state
+    if frozen_shapes:
+        models = [torch.load(f, map_location="cpu") for f in model_files]
+        for name, shape in frozen_shapes.items():
+            frags = tuple(m["frozen_param_fragments"][name] for m in models)
+            state[name] = torch.cat(frags, 0).narrow(0, 0, shape.numel()).view(shape)
+        del models
     flats = [torch.cat(o["fp32_flat_groups"], 0) for o in optims]
     offset = 0
     for name, shape in param_shapes.items():

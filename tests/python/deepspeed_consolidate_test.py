@@ -85,7 +85,8 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         for n in expected:
             self.assertEqual(got[n].dtype, torch.float32, n)
             self.assertEqual(tuple(got[n].shape), tuple(ref[n].shape), n)
-            self.assertTrue(torch.equal(got[n], ref[n]), n)
+            # Frozen bf16/fp16 parameters: zero_to_fp32 keeps their dtype, Loom widens to fp32.
+            self.assertTrue(torch.equal(got[n], ref[n].float()), n)
         if tied_alias is not None:
             self.assertTrue(torch.equal(ref[tied_alias], got["model.embed_tokens.weight"]))
 
@@ -118,6 +119,78 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         for k, v in ref.items():
             self.assertTrue(torch.equal(got[k[len("module."):]], v), k)
 
+    def frozen_model(self, dtype, seed=5):
+        """Frozen (requires_grad=False) parameters beside small_model's trainable ones: numels
+        21, 35 and 5 (not all divisible by 2 or 3), in `dtype`; the fp16 case holds a subnormal,
+        -0.0 and the largest half value."""
+        g = torch.Generator().manual_seed(seed)
+        shapes = [("model.embed_tokens.weight", (7, 3)),
+                  ("model.layers.0.self_attn.k_proj.weight", (5, 7)),
+                  ("model.layers.0.post_attention_layernorm.weight", (5,))]
+        frozen = collections.OrderedDict(
+            (n, torch.randn(*s, generator=g).to(dtype)) for n, s in shapes)
+        if dtype == torch.float16:
+            frozen["model.layers.0.post_attention_layernorm.weight"] = torch.tensor(
+                [6e-8, -0.0, 65504.0, 1e-5, -3.5], dtype=torch.float16)
+        trainable = collections.OrderedDict(
+            (k, v) for k, v in small_model().items() if k != "model.embed_tokens.weight")
+        return trainable, frozen
+
+    def test_frozen_params_stage2_and_3_equal_zero_to_fp32(self):
+        for stage in (2, 3):
+            for n in (2, 3):
+                for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                    with self.subTest(stage=stage, world_size=n, dtype=dtype):
+                        t, frozen = self.frozen_model(dtype)
+                        save = os.path.join(self.dir, "frozen_s%d_n%d_%s" % (stage, n, dtype))
+                        # lm_head tied to the frozen embedding, as a frozen-embedding fine-tune has it.
+                        deepspeed_ckpt.write(save, t, n, stage, frozen=frozen, sub_group_size=8,
+                                             shared_params={"lm_head.weight":
+                                                            "model.embed_tokens.weight"})
+                        out, _ = self.consolidate(save)
+                        ref = deepspeed_ckpt.read_fp32_state_dict(save)
+                        for name, v in frozen.items():  # the reference keeps the stored dtype
+                            self.assertEqual(ref[name].dtype, dtype, name)
+                            self.assertTrue(torch.equal(ref[name], v), name)
+                        self.assert_equal_to_reference(save, out, tied_alias="lm_head.weight")
+
+    def frozen_fixture(self, stage, n=3):
+        save = os.path.join(self.dir, "bad_frozen_s%d_n%d" % (stage, n))
+        t, frozen = self.frozen_model(torch.bfloat16)
+        tag = deepspeed_ckpt.write(save, t, n, stage, frozen=frozen)
+        model = os.path.join(tag, "mp_rank_00_model_states.pt" if stage < 3 else
+                             "zero_pp_rank_1_mp_rank_00_model_states.pt")
+        return save, tag, model
+
+    def test_frozen_fragment_missing_or_wrong_size(self):
+        name = "model.layers.0.self_attn.k_proj.weight"  # 35 elements: 12 per rank at N = 3
+        for stage in (2, 3):
+            with self.subTest(stage=stage, case="missing"):
+                save, tag, model = self.frozen_fixture(stage)
+                states = torch.load(model)
+                del states["frozen_param_fragments"][name]
+                torch.save(states, model)
+                self.expect_error(save, 3, model, "frozen_param_fragments has no '%s'" % name)
+            with self.subTest(stage=stage, case="wrong size"):
+                save, tag, model = self.frozen_fixture(stage)
+                states = torch.load(model)
+                frag = states["frozen_param_fragments"][name]
+                states["frozen_param_fragments"][name] = frag.reshape(-1)[:-1].clone()
+                torch.save(states, model)
+                want = 35 if stage < 3 else 12
+                self.expect_error(save, 3, model, name, "has %d elements, expected %d"
+                                  % (want - 1, want))
+            with self.subTest(stage=stage, case="no fragments dict"):
+                save, tag, model = self.frozen_fixture(stage)
+                states = torch.load(model)
+                states["frozen_param_fragments"] = None
+                torch.save(states, model)
+                self.expect_error(save, 3, model, "no 'frozen_param_fragments'")
+        with self.subTest(case="stage 3 rank model-states file missing"):
+            save, tag, model = self.frozen_fixture(3)
+            os.remove(model)
+            self.expect_error(save, 9, model, "missing")
+
     # ---- bad input: exit status and the file named --------------------------------------
 
     def fixture(self, stage=3, n=3):
@@ -126,12 +199,12 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         return save, tag
 
     def expect_error(self, save_dir, code, *needles):
-        rc, _, stderr = run_loomctl(["--from-deepspeed", save_dir, "--output_dir",
-                                        os.path.join(self.dir, "never")])
+        never = tempfile.mkdtemp(prefix="never_", dir=self.dir)  # one per call: subtests apart
+        rc, _, stderr = run_loomctl(["--from-deepspeed", save_dir, "--output_dir", never])
         self.assertEqual(rc, code, stderr)
         for needle in needles:
             self.assertIn(needle, stderr)
-        self.assertFalse(os.path.exists(os.path.join(self.dir, "never", "model.safetensors")))
+        self.assertFalse(os.path.exists(os.path.join(never, "model.safetensors")))
         return stderr
 
     def test_missing_rank_file(self):
