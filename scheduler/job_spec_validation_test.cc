@@ -49,11 +49,24 @@ TEST(JobSpecValidationTest, UnsupportedModelTypeIsRefusedNamingTheField) {
   type.set_string_value("qwen3_moe");
   (*spec.mutable_model()->mutable_config()->mutable_fields())["model_type"] = type;
   ExpectInvalid(spec, "model.config.model_type",
-                "\"qwen3_moe\" is not supported (supported: llama)");
+                "\"qwen3_moe\" is not supported (supported: llama, qwen2)");
   type.set_string_value("llama");
   (*spec.mutable_model()->mutable_config()->mutable_fields())["model_type"] = type;
   absl::Status s = ValidateJobSpec(spec, TestOptions());
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// Qwen2 is a supported family; its sliding-window attention is not, and is refused at
+// submission naming the field.
+TEST(JobSpecValidationTest, Qwen2IsAcceptedAndItsSlidingWindowRefused) {
+  JobSpec spec = ValidTestJobSpec();
+  auto& fields = *spec.mutable_model()->mutable_config()->mutable_fields();
+  fields["model_type"].set_string_value("qwen2");
+  fields["use_sliding_window"].set_bool_value(false);
+  absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+  fields["use_sliding_window"].set_bool_value(true);
+  ExpectInvalid(spec, "model.config.use_sliding_window", "true is not supported");
 }
 
 TEST(JobSpecValidationTest, InitFromMustBeAnExportDirectory) {

@@ -162,7 +162,7 @@ TEST_F(SchedulerServiceTest, InvalidSpecsAreRejectedNamingTheField) {
   google::protobuf::Value gpt2_type;
   gpt2_type.set_string_value("gpt2");
   (*gpt2.mutable_model()->mutable_config()->mutable_fields())["model_type"] = gpt2_type;
-  ExpectInvalid(gpt2, "model.config.model_type: \"gpt2\" is not supported (supported: llama)");
+  ExpectInvalid(gpt2, "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)");
 
   JobSpec unknown_ds_key = ValidTestJobSpec();
   (*unknown_ds_key.mutable_deepspeed_config()->mutable_fields())["not_a_deepspeed_key"] = Num(1);

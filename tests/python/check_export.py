@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent check of an exported Loom model against the trainer's own logits.
+"""Independent check of an exported Loom model (Llama or Qwen2) against the trainer's own logits.
 
 Usage:
   /usr/bin/python3 check_export.py --model_dir DIR --logits final_logits.json [--atol 1e-4]
@@ -10,11 +10,14 @@ Whether lm_head.weight must be present is read from config.json's tie_word_embed
 false, LlamaConfig's default), never guessed from the tensors: an untied config without
 lm_head.weight, or a tied one with it, is malformed. final_logits.json is written by loom-trainer's rank 0 at the end of training:
 {"tokens": [t0, ..., t31], "logits": [[vocab floats] per position]}, computed by the live
-ZeRO-3 model. This script parses the safetensors file itself (8-byte little-endian header
-length, JSON header, raw little-endian data; TECHNIQUES.md §5.3), rebuilds the Llama forward
-pass in plain PyTorch (Hugging Face LlamaForCausalLM semantics, written independently of the
-C++ engine; half-split rotary embedding, query head h reads key/value head h // (Hq / Hkv),
-RMSNorm with config.json's rms_norm_eps) in float64, runs it on the tokens and compares with
+ZeRO-3 model. The family is config.json's model_type: "llama" (absent: llama) or "qwen2"
+(Hugging Face Qwen2ForCausalLM: Llama plus self_attn.{q,k,v}_proj.bias, no o_proj bias; a
+use_sliding_window true config is refused as malformed). This script parses the safetensors
+file itself (8-byte little-endian header length, JSON header, raw little-endian data;
+TECHNIQUES.md §5.3), rebuilds the Llama forward pass in plain PyTorch (Hugging Face
+LlamaForCausalLM semantics, written independently of the C++ engine; half-split rotary
+embedding, query head h reads key/value head h // (Hq / Hkv), RMSNorm with config.json's
+rms_norm_eps) in float64, runs it on the tokens and compares with
 the C++ logits. Prints the max absolute difference; exits 0 when it is
 <= atol, 1 on a mismatch, 2 on malformed input.
 
@@ -118,12 +121,33 @@ def tie_word_embeddings(cfg):
     return tied
 
 
+_MODEL_TYPES = ("llama", "qwen2")
+
+
+def model_type(cfg):
+    """config.json's model_type ("llama" when absent); anything else is malformed here."""
+    mt = cfg.get("model_type", "llama")
+    if mt not in _MODEL_TYPES:
+        raise ExportError(f"config.json: model_type {mt!r} is not one of {list(_MODEL_TYPES)}")
+    if mt == "qwen2" and cfg.get("use_sliding_window", False) is not False:
+        raise ExportError("config.json: use_sliding_window must be false (sliding-window "
+                          "attention is not modelled)")
+    return mt
+
+
+def qkv_bias(cfg):
+    """Qwen2 has biases on q_proj, k_proj and v_proj (and nowhere else)."""
+    return model_type(cfg) == "qwen2"
+
+
 def expected_names(cfg, tied):
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
+        if qkv_bias(cfg):
+            names += [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
         names += [p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
     if not tied:
         names.append("lm_head.weight")
@@ -131,7 +155,8 @@ def expected_names(cfg, tied):
 
 
 def llama_logits(w, cfg, tokens, tied):
-    """Hugging Face LlamaForCausalLM forward for one sequence; returns [T, vocab] float64."""
+    """Hugging Face LlamaForCausalLM (or Qwen2ForCausalLM: q/k/v biases) forward for one
+    sequence; returns [T, vocab] float64."""
     hidden = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads") or n_heads
@@ -158,12 +183,18 @@ def llama_logits(w, cfg, tokens, tied):
     h = w["model.embed_tokens.weight"][ids]  # [T, H]
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     group = n_heads // n_kv
+    bias = qkv_bias(cfg)
+
+    def proj(x, name):  # x @ W^T (+ b for Qwen2's q/k/v)
+        y = x @ w[name + ".weight"].T
+        return y + w[name + ".bias"] if bias else y
+
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = norm(h, w[p + "input_layernorm.weight"])
-        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(T, n_heads, head_dim).transpose(0, 1)
-        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(T, n_kv, head_dim).transpose(0, 1)
-        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(T, n_kv, head_dim).transpose(0, 1)
+        q = proj(x, p + "self_attn.q_proj").view(T, n_heads, head_dim).transpose(0, 1)
+        k = proj(x, p + "self_attn.k_proj").view(T, n_kv, head_dim).transpose(0, 1)
+        v = proj(x, p + "self_attn.v_proj").view(T, n_kv, head_dim).transpose(0, 1)
         q, k = rotate(q), rotate(k)
         heads = []
         for hq in range(n_heads):
@@ -222,7 +253,8 @@ def main(argv=None):
         return 1
     diff = (ours - cpp).abs().max().item()
     ok = diff <= args.atol
-    print(f"check_export: {len(tokens)} tokens, vocab {cpp.shape[1]}, tied={tied}, "
+    print(f"check_export: {cfg.get('model_type', 'llama')}, {len(tokens)} tokens, "
+          f"vocab {cpp.shape[1]}, tied={tied}, "
           f"dtype {dtypes}: "
           f"max |python - C++| = {diff:.3e} (atol {args.atol:g}) -> {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1

@@ -15,8 +15,9 @@ namespace {
 
 constexpr char kPath[] = "model.config";
 
-// Hugging Face model_type values this engine trains (config.json "model_type"; absent = llama).
-constexpr const char* kSupportedModelTypes[] = {"llama"};
+// Hugging Face model_type values this engine trains (config.json "model_type"; absent = llama),
+// in ModelType order.
+constexpr const char* kSupportedModelTypes[] = {"llama", "qwen2"};
 
 absl::Status Field(const std::string& key, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(kPath, ".", key, ": ", msg));
@@ -43,12 +44,18 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(kPath, ": not a JSON object"));
   }
+  LlamaConfig c;
   if (auto it = j.find("model_type"); it != j.end()) {
     bool supported = false;
     std::string list;
+    int index = 0;
     for (const char* t : kSupportedModelTypes) {
-      supported = supported || (it->is_string() && it->get<std::string>() == t);
+      if (!supported && it->is_string() && it->get<std::string>() == t) {
+        supported = true;
+        c.model_type = static_cast<ModelType>(index);
+      }
       absl::StrAppend(&list, list.empty() ? "" : ", ", t);
+      ++index;
     }
     if (!supported) {
       // dump() escapes control characters and invalid UTF-8 is replaced, so the message is safe.
@@ -57,7 +64,6 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
                                 " is not supported (supported: ", list, ")"));
     }
   }
-  LlamaConfig c;
   RETURN_IF_ERROR(ReadRequiredPositive(j, "vocab_size", &c.vocab_size));
   RETURN_IF_ERROR(ReadRequiredPositive(j, "hidden_size", &c.hidden_size));
   RETURN_IF_ERROR(ReadRequiredPositive(j, "intermediate_size", &c.intermediate_size));
@@ -92,6 +98,17 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   // Features this engine does not implement change the model's function: refuse them.
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     return Field("rope_scaling", "RoPE scaling is not supported yet");
+  }
+  if (c.model_type == ModelType::kQwen2) {
+    // Qwen2's sliding-window attention (use_sliding_window, sliding_window, max_window_layers)
+    // changes the mask; the engine implements full causal attention only.
+    ASSIGN_OR_RETURN(std::optional<bool> sliding,
+                     json_fields::OptBool(j, "use_sliding_window", kPath));
+    if (sliding.value_or(false)) {
+      return Field("use_sliding_window",
+                   "true is not supported (Qwen2 sliding-window attention is not implemented; "
+                   "set it to false)");
+    }
   }
   if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
     return Field("attention_bias", "attention biases are not supported yet");
@@ -142,7 +159,8 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   const __int128 V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size;
   const __int128 d = c.head_dim();
   const __int128 q = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
-  const __int128 per_layer = 2 * H + 2 * q * H + 2 * kv_dim * H + 3 * I * H;
+  const __int128 biases = c.qkv_bias() ? q + 2 * kv_dim : 0;
+  const __int128 per_layer = 2 * H + 2 * q * H + 2 * kv_dim * H + 3 * I * H + biases;
   const __int128 total =
       V * H * (c.tie_word_embeddings ? 1 : 2) + H + per_layer * c.num_hidden_layers;
   if (total > kMaxLlamaParams) {
@@ -157,14 +175,22 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
 
 std::string LlamaConfigToHfJson(const LlamaConfig& c) {
   json j;
-  j["architectures"] = json::array({"LlamaForCausalLM"});
-  j["model_type"] = "llama";
+  if (c.model_type == ModelType::kQwen2) {  // transformers' Qwen2Config keys
+    j["architectures"] = json::array({"Qwen2ForCausalLM"});
+    j["model_type"] = "qwen2";
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_hidden_layers;
+  } else {
+    j["architectures"] = json::array({"LlamaForCausalLM"});
+    j["model_type"] = "llama";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  }
   j["hidden_act"] = "silu";
   j["torch_dtype"] = "float32";
-  j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
-  j["mlp_bias"] = false;
-  j["pretraining_tp"] = 1;
   j["rope_scaling"] = nullptr;
   j["use_cache"] = true;
   j["bos_token_id"] = c.bos_token_id;
@@ -195,8 +221,11 @@ std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     out.push_back({p + "input_layernorm.weight", {H}, K::kNorm});
     out.push_back({p + "self_attn.q_proj.weight", {q, H}, K::kLinear});
+    if (c.qkv_bias()) out.push_back({p + "self_attn.q_proj.bias", {q}, K::kBias});
     out.push_back({p + "self_attn.k_proj.weight", {kv, H}, K::kLinear});
+    if (c.qkv_bias()) out.push_back({p + "self_attn.k_proj.bias", {kv}, K::kBias});
     out.push_back({p + "self_attn.v_proj.weight", {kv, H}, K::kLinear});
+    if (c.qkv_bias()) out.push_back({p + "self_attn.v_proj.bias", {kv}, K::kBias});
     out.push_back({p + "self_attn.o_proj.weight", {H, q}, K::kLinear});
     out.push_back({p + "post_attention_layernorm.weight", {H}, K::kNorm});
     out.push_back({p + "mlp.gate_proj.weight", {I, H}, K::kLinear});

@@ -1,5 +1,7 @@
-// Llama-style decoder configuration (a Hugging Face `config.json` for LlamaForCausalLM), its
-// validation, the exported config.json and the parameter list in Hugging Face order.
+// Llama-style decoder configuration (a Hugging Face `config.json` for LlamaForCausalLM or
+// Qwen2ForCausalLM), its validation, the exported config.json and the parameter list in Hugging
+// Face order. Qwen2 (transformers' modeling_qwen2.py) is Llama plus biases on the q/k/v
+// projections (no o_proj or MLP bias); everything else the engine implements is shared.
 //
 // No LibTorch here: the scheduler (memory planning), the checkpoint service (consolidation) and
 // the trainer all use this library. All functions are pure and thread-safe.
@@ -20,7 +22,11 @@ namespace loom::engine {
 // accepted configs cannot overflow int64.
 inline constexpr int64_t kMaxLlamaParams = int64_t{1} << 40;
 
+// The decoder families (config.json "model_type").
+enum class ModelType { kLlama, kQwen2 };
+
 struct LlamaConfig {
+  ModelType model_type = ModelType::kLlama;  // "llama" (also when absent) or "qwen2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;              // H
   int64_t intermediate_size = 0;        // I (SwiGLU MLP width)
@@ -37,12 +43,16 @@ struct LlamaConfig {
 
   // d = H / Hq.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Qwen2: q_proj, k_proj and v_proj carry a bias ([Hq*d], [Hkv*d], [Hkv*d]).
+  bool qkv_bias() const { return model_type == ModelType::kQwen2; }
 };
 
 // Parses a config.json object. Required: vocab_size, hidden_size, intermediate_size,
 // num_hidden_layers, num_attention_heads, max_position_embeddings. model_type, when present,
-// must be a supported family ("llama"; kSupportedModelTypes in model_config.cc), else
-// INVALID_ARGUMENT "model.config.model_type: \"gpt2\" is not supported (supported: llama)".
+// must be a supported family ("llama" or "qwen2"; kSupportedModelTypes in model_config.cc), else
+// INVALID_ARGUMENT "model.config.model_type: \"gpt2\" is not supported (supported: llama,
+// qwen2)". Qwen2: use_sliding_window true is refused (INVALID_ARGUMENT naming
+// model.config.use_sliding_window: the engine has no sliding-window attention).
 // Other Hugging Face keys (architectures, torch_dtype, ...) are accepted and ignored. Integer fields accept
 // JSON integers, integral floats (protobuf Struct numbers) and decimal strings.
 // Errors: INVALID_ARGUMENT naming the field as "model.config.<field>: ...", e.g.
@@ -51,7 +61,8 @@ struct LlamaConfig {
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text);
 
 // A complete Hugging Face config.json object (architectures ["LlamaForCausalLM"],
-// model_type "llama", hidden_act "silu", torch_dtype "float32", attention_bias false, ...).
+// model_type "llama", hidden_act "silu", torch_dtype "float32", attention_bias false, ...; for
+// Qwen2 architectures ["Qwen2ForCausalLM"], model_type "qwen2", use_sliding_window false).
 // ParseLlamaConfig(LlamaConfigToHfJson(c)) == c.
 std::string LlamaConfigToHfJson(const LlamaConfig& config);
 
@@ -61,14 +72,18 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   int64_t numel() const;
   // What the tensor is; decides its initialisation (normal vs ones).
-  enum class Kind { kEmbedding, kLinear, kNorm } kind = Kind::kLinear;
+  // kBias: a linear layer's bias [out]. Providers initialise it like a linear weight (normal with
+  // initializer_range; they treat every kind but kNorm alike), where Hugging Face zeroes it:
+  // a from-scratch Qwen2 starts with small random biases. Fine-tuning reads them from the export.
+  enum class Kind { kEmbedding, kLinear, kNorm, kBias } kind = Kind::kLinear;
 };
 
 // Every trainable tensor in model order: model.embed_tokens.weight [V,H]; per layer i
 // model.layers.{i}.input_layernorm.weight [H], self_attn.{q,k,v,o}_proj.weight
 // ([Hq*d,H], [Hkv*d,H], [Hkv*d,H], [H,Hq*d]), post_attention_layernorm.weight [H],
 // mlp.{gate,up,down}_proj.weight ([I,H], [I,H], [H,I]); model.norm.weight [H];
-// lm_head.weight [V,H] only when not tied.
+// lm_head.weight [V,H] only when not tied. Qwen2 adds self_attn.{q,k,v}_proj.bias ([Hq*d],
+// [Hkv*d], [Hkv*d]) each right after its weight (Hugging Face's order), Kind kBias.
 std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& config);
 
 // Ψ: total trainable parameters (sum of LlamaParamSpecs numels).

@@ -85,12 +85,55 @@ TEST(ParseLlamaConfigTest, UnsupportedModelTypeIsRefusedNamingTheField) {
   const std::string base = R"("vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
       "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16)";
   ExpectError("{" + base + R"(, "model_type": "gpt2"})",
-              "model.config.model_type: \"gpt2\" is not supported (supported: llama)");
+              "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)");
   ExpectError("{" + base + R"(, "model_type": 7})",
-              "model.config.model_type: 7 is not supported (supported: llama)");
+              "model.config.model_type: 7 is not supported (supported: llama, qwen2)");
   ExpectError("{" + base + R"(, "model_type": "Llama"})", "model.config.model_type");
   EXPECT_TRUE(ParseLlamaConfig("{" + base + R"(, "model_type": "llama"})").ok());
   EXPECT_TRUE(ParseLlamaConfig("{" + base + "}").ok());  // absent: llama
+}
+
+// Qwen2: model_type qwen2 selects the q/k/v biases; sliding-window attention is refused (the
+// engine's mask is full causal), naming the field; use_sliding_window false is accepted.
+TEST(ParseLlamaConfigTest, Qwen2IsParsedAndSlidingWindowIsRefused) {
+  const std::string base = R"("vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16,
+      "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"])";
+  absl::StatusOr<LlamaConfig> c =
+      ParseLlamaConfig("{" + base + R"(, "use_sliding_window": false, "sliding_window": 4096,
+      "max_window_layers": 21, "rope_theta": 1000000.0, "tie_word_embeddings": true})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, ModelType::kQwen2);
+  EXPECT_TRUE(c->qkv_bias());
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1000000.0);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  ExpectError("{" + base + R"(, "use_sliding_window": true})",
+              "model.config.use_sliding_window: true is not supported");
+  ExpectError("{" + base + R"(, "use_sliding_window": "yes"})", "model.config.use_sliding_window");
+  absl::StatusOr<LlamaConfig> llama = ParseLlamaConfig(R"({"vocab_size": 256,
+      "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 16})");
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->model_type, ModelType::kLlama);
+  EXPECT_FALSE(llama->qkv_bias());
+}
+
+TEST(LlamaConfigToHfJsonTest, Qwen2RoundTripsWithItsArchitecture) {
+  LlamaConfig c = *ParseLlamaConfig(kTiny);
+  c.model_type = ModelType::kQwen2;
+  nlohmann::json j = nlohmann::json::parse(LlamaConfigToHfJson(c));
+  EXPECT_EQ(j["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "qwen2");
+  EXPECT_EQ(j["use_sliding_window"], false);
+  EXPECT_FALSE(j.contains("attention_bias"));  // a Llama key; Qwen2's biases are implied
+  absl::StatusOr<LlamaConfig> back = ParseLlamaConfig(j.dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model_type, ModelType::kQwen2);
+  EXPECT_EQ(LlamaParamCount(*back), LlamaParamCount(c));
+  // Per layer q/k/v biases [64] + [32] + [32] on top of the Llama count.
+  LlamaConfig llama = c;
+  llama.model_type = ModelType::kLlama;
+  EXPECT_EQ(LlamaParamCount(c), LlamaParamCount(llama) + 2 * (64 + 32 + 32));
 }
 
 // Regression: vocab_size 1e15, 1e9 layers or hidden_size 2^40 were accepted; the trainer then

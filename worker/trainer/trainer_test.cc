@@ -463,7 +463,7 @@ TEST(TrainerErrorsTest, SpecFieldsOutsideTheSchemaAndUnsupportedModelTypesAreCon
        {std::tuple<const char*, const char*, const char*, const char*>{
             "misspelt", "training", R"({"stpes": "3"})", "stpes"},
         {"gpt2", "model", R"({"model_type": "gpt2"})",
-         "model.config.model_type: \"gpt2\" is not supported (supported: llama)"}}) {
+         "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)"}}) {
     json spec = json::parse(*ReadText(WriteSpec(name, 2, 3)));
     if (std::string(key) == "model") {
       spec["model"]["config"].update(json::parse(value));

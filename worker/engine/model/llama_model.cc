@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/engine/model/autograd_ops.h"
+#include "worker/engine/model/bias_op.h"
 
 namespace loom::engine {
 namespace {
@@ -124,6 +125,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
                           bound.at(p + "post_attention_layernorm.weight"),
                           bound.at(p + "mlp.gate_proj.weight"), bound.at(p + "mlp.up_proj.weight"),
                           bound.at(p + "mlp.down_proj.weight")});
+    if (config.qkv_bias()) {
+      DecoderLayer& layer = m->layers_.back();
+      layer.q_bias = bound.at(p + "self_attn.q_proj.bias");
+      layer.k_bias = bound.at(p + "self_attn.k_proj.bias");
+      layer.v_bias = bound.at(p + "self_attn.v_proj.bias");
+    }
   }
   m->final_norm_ = bound.at("model.norm.weight");
   m->head_ = config.tie_word_embeddings ? m->embed_ : bound.at("lm_head.weight");
@@ -160,6 +167,13 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, ParamId i) {
   return LinearOp(access_, i, x);
 }
 
+at::Tensor LlamaModel::Linear(const at::Tensor& x, ParamId i, ParamId bias) {
+  at::Tensor y = Linear(x, i);
+  if (bias == kNoParam) return y;
+  NoteUse(bias);
+  return BiasAddOp(access_, bias, y);
+}
+
 at::Tensor LlamaModel::Norm(const at::Tensor& x, ParamId i) {
   NoteUse(i);
   return RmsNormOp(access_, i, x, config_.rms_norm_eps);
@@ -187,9 +201,9 @@ at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, cons
   const int64_t hkv = config_.num_key_value_heads;
   at::Tensor h = h_in;
   at::Tensor x = Norm(h, l.input_norm);
-  at::Tensor q = Linear(x, l.q).view({b, s, hq, d}).transpose(1, 2);   // [B,Hq,S,d]
-  at::Tensor k = Linear(x, l.k).view({b, s, hkv, d}).transpose(1, 2);  // [B,Hkv,S,d]
-  at::Tensor v = Linear(x, l.v).view({b, s, hkv, d}).transpose(1, 2);
+  at::Tensor q = Linear(x, l.q, l.q_bias).view({b, s, hq, d}).transpose(1, 2);   // [B,Hq,S,d]
+  at::Tensor k = Linear(x, l.k, l.k_bias).view({b, s, hkv, d}).transpose(1, 2);  // [B,Hkv,S,d]
+  at::Tensor v = Linear(x, l.v, l.v_bias).view({b, s, hkv, d}).transpose(1, 2);
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
   at::Tensor attn = core_->Forward(q, k, v, mask, access_->activation_dtype())

@@ -1,10 +1,12 @@
-// A Llama decoder (Hugging Face LlamaForCausalLM semantics) written against ParamAccess: it
+// A Llama decoder (Hugging Face LlamaForCausalLM semantics; with config.model_type qwen2,
+// Qwen2ForCausalLM: the same decoder plus q/k/v projection biases) written against ParamAccess: it
 // holds no parameters and no ZeRO code; parameters are bound BY NAME from the provider's
 // parameter table (LlamaParamSpecs names, e.g. "model.layers.3.self_attn.q_proj.weight").
 // Parallelism (ZeRO stages 0-3: worker/engine/zero) is the provider's business.
 //
 // Modules: embedding -> DecoderLayer x L (RMSNorm, attention with a pluggable AttentionCore,
-// RMSNorm, SwiGLU MLP; residuals) -> final RMSNorm -> head. The head is either the logits head
+// RMSNorm, SwiGLU MLP; residuals) -> final RMSNorm -> head. Qwen2 adds q/k/v = x W^T + b
+// (model/bias_op.h) before RoPE; nothing else differs. The head is either the logits head
 // (Forward: [B,S,V]) or a LossHead (Loss: cross-entropy from hidden states and labels), so a
 // tiled logits+loss (ALST, issue 13) can replace the loss without materialising [B,S,V].
 //
@@ -140,14 +142,18 @@ class LlamaModel {
   ParamId head_id() const { return head_; }
 
  private:
+  static constexpr ParamId kNoParam = static_cast<ParamId>(-1);
   struct DecoderLayer {
     ParamId input_norm, q, k, v, o, post_norm, gate, up, down;
+    ParamId q_bias = kNoParam, k_bias = kNoParam, v_bias = kNoParam;  // Qwen2 only
   };
   LlamaModel(const LlamaConfig& config, ParamAccess* access);
   // NoteUse(i) as the current phase wants it: as is; forced on (the no-grad forward of a
   // checkpointed layer, so each forward use still counts once); skipped (its recompute).
   void NoteUse(ParamId i);
   at::Tensor Linear(const at::Tensor& x, ParamId i);
+  // Linear(x, i) + bias (when bias != kNoParam).
+  at::Tensor Linear(const at::Tensor& x, ParamId i, ParamId bias);
   at::Tensor Norm(const at::Tensor& x, ParamId i);
   at::Tensor Layer(const DecoderLayer& l, const at::Tensor& h, const at::Tensor& cos,
                    const at::Tensor& sin, const AttentionMask& mask);
