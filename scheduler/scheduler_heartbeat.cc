@@ -62,6 +62,9 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   };
   std::set<RankKey> seen;
   std::set<std::string> touched_jobs;
+  const size_t ranks_before = ranks_.size();
+  const std::map<loom::v1::JobPhase, int> phases_before = phase_counts_;
+  bool rank_state_changed = false;
 
   for (const loom::v1::RankStatus& st : request.ranks()) {
     const RankKey key{st.job_id(), st.rank()};
@@ -76,6 +79,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     RankRuntime& rt = rt_it->second;
     seen.insert(key);
     const RankState previous = rt.state;
+    if (!rt.reported || rt.state != st.state()) rank_state_changed = true;
     rt.reported = true;
     rt.state = st.state();
     const auto job_it = jobs_.find(st.job_id());
@@ -253,9 +257,17 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     stop->set_attempt(job_attempt.second);
     stop->set_graceful_stop(graceful);
   }
-  // Not the per-tenant job counts: they walk every job, and heartbeats arrive from every node
-  // every interval. Each scheduling cycle and the RPCs that change jobs refresh those.
-  UpdateGauges(/*with_tenant_counts=*/false);
+  // The node, slot and accelerator gauges walk every rank and node, and heartbeats arrive from
+  // every node every interval: refreshing them on every heartbeat made each one O(ranks + nodes)
+  // under this lock (profiled at 500 simulated nodes: about half of the scheduler's time;
+  // docs/benchmarks.md "Control plane at cluster scale"). Only a heartbeat that changed a rank's
+  // state, the set of ranks or a job's phase refreshes them; a steady one (ranks stepping) only
+  // sets the per-phase job counts. Each scheduling cycle refreshes everything.
+  if (rank_state_changed || ranks_.size() != ranks_before || phase_counts_ != phases_before) {
+    UpdateGauges(/*with_tenant_counts=*/false);
+  } else if (metrics_ != nullptr) {
+    metrics_->SetJobCounts(phase_counts_);
+  }
   return response;
 }
 
