@@ -96,7 +96,7 @@ absl::Status Scheduler::Load() {
           rt.graceful_stop = true;
           stops_[job.id].deadline = now + options_.cancel_grace;
         }
-        ranks_[{job.id, rank}] = rt;
+        PutRank({job.id, rank}, rt);
         auto node = nodes_.find(rt.node_id);
         if (node == nodes_.end() || node->second.lost) orphaned.emplace_back(job.id, rt.node_id);
       }
@@ -334,11 +334,45 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   return absl::OkStatus();
 }
 
+void Scheduler::PutRank(const RankKey& key, RankRuntime rt) {
+  auto it = ranks_.find(key);
+  if (it != ranks_.end()) {
+    auto n = ranks_by_node_.find(it->second.node_id);
+    if (n != ranks_by_node_.end()) {
+      n->second.erase(key);
+      if (n->second.empty()) ranks_by_node_.erase(n);
+    }
+  }
+  ranks_by_node_[rt.node_id].insert(key);
+  ranks_[key] = std::move(rt);
+}
+
+std::map<Scheduler::RankKey, Scheduler::RankRuntime>::iterator Scheduler::EraseRank(
+    std::map<RankKey, RankRuntime>::iterator it) {
+  auto n = ranks_by_node_.find(it->second.node_id);
+  if (n != ranks_by_node_.end()) {
+    n->second.erase(it->first);
+    if (n->second.empty()) ranks_by_node_.erase(n);
+  }
+  return ranks_.erase(it);
+}
+
+void Scheduler::ClearRanks() {
+  ranks_.clear();
+  ranks_by_node_.clear();
+}
+
+std::vector<Scheduler::RankKey> Scheduler::RanksOnNode(const std::string& node_id) const {
+  auto n = ranks_by_node_.find(node_id);
+  if (n == ranks_by_node_.end()) return {};
+  return std::vector<RankKey>(n->second.begin(), n->second.end());
+}
+
 void Scheduler::StopLiveRanks(const std::string& job_id, bool graceful) {
   for (auto it = ranks_.lower_bound({job_id, 0});
        it != ranks_.end() && it->first.first == job_id;) {
     if (RankEnded(it->second.state)) {
-      it = ranks_.erase(it);  // its slot is free; nothing to stop
+      it = EraseRank(it);  // its slot is free; nothing to stop
     } else {
       it->second.stop_requested = true;
       it->second.graceful_stop = graceful;
@@ -526,7 +560,7 @@ void Scheduler::Resync() {
   job_order_.clear();
   job_by_request_.clear();
   nodes_.clear();
-  ranks_.clear();
+  ClearRanks();
   last_step_advance_.clear();
   rank_progress_.Clear();
   step_seconds_.clear();

@@ -391,6 +391,14 @@ class Scheduler {
   // Forgets the job's ended ranks (their slots are free) and tells its live ones to stop in
   // their nodes' next heartbeat replies; `graceful`: after a final checkpoint (else at once).
   void StopLiveRanks(const std::string& job_id, bool graceful) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ranks_ with its per-node index (ranks_by_node_).
+  void PutRank(const RankKey& key, RankRuntime rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<RankKey, RankRuntime>::iterator EraseRank(std::map<RankKey, RankRuntime>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClearRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The keys of `node_id`'s ranks, in key order (a copy: callers may erase while iterating).
+  std::vector<RankKey> RanksOnNode(const std::string& node_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckNodeLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt of RUNNING jobs whose steps stopped (see SchedulerOptions, hang_*).
   absl::Status CheckHangs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -469,7 +477,11 @@ class Scheduler {
   std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
   std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
+  // Every change to ranks_ goes through PutRank / EraseRank / ClearRanks, which keep
+  // ranks_by_node_ (the keys of each node's ranks) in step, so a heartbeat touches only its own
+  // node's ranks instead of walking the cluster's (docs/benchmarks.md "Control plane").
   std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<RankKey>> ranks_by_node_ ABSL_GUARDED_BY(mu_);
   // Nodes loaded by Create() not heard from since (SchedulerOptions::reregistration_grace).
   std::set<std::string> awaiting_reregistration_ ABSL_GUARDED_BY(mu_);
   // Last cycle's queue order: per accelerator kind the waiting job ids in order

@@ -163,7 +163,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     rt.attempt = placed.attempt;
     rt.node_id = placement[rank];
     rt.device_index = placed.state.rank_device_indices(rank);
-    ranks_[{job_id, rank}] = rt;
+    PutRank({job_id, rank}, rt);
   }
   VLOG(1) << "job " << job_id << " attempt " << placed.attempt << " placed: rank 0 on "
           << placement[0] << ", " << need << " ranks";

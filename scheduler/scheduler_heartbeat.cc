@@ -99,7 +99,8 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       const bool graceful = rt.graceful_stop;
       if (RankEnded(st.state())) {
         RecordStoppingRank(st, node_id);
-        ranks_.erase(key);
+        auto ended = ranks_.find(key);
+        if (ended != ranks_.end()) EraseRank(ended);
       } else {
         add_stop(st.job_id(), st.attempt(), graceful);
       }
@@ -113,7 +114,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
         if (rt_it == ranks_.end()) continue;
       }
       if (RankEnded(st.state())) {
-        ranks_.erase(rt_it);
+        EraseRank(rt_it);
       } else {
         add_stop(st.job_id(), st.attempt(), false);
       }
@@ -211,37 +212,34 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
 
   // Ranks this node reported before but no longer does: the worker lost them. Ranks that
   // were asked to stop and are not reported are gone: their slots are free.
-  for (auto it = ranks_.begin(); it != ranks_.end();) {
+  // Only this node's ranks (ranks_by_node_), in key order; each is looked up again because
+  // FailAttempt may end (and forget) other ranks of the same job.
+  for (const RankKey& key : RanksOnNode(node_id)) {
+    if (seen.count(key)) continue;
+    auto it = ranks_.find(key);
+    if (it == ranks_.end()) continue;
     RankRuntime& rt = it->second;
-    if (rt.node_id != node_id || seen.count(it->first)) {
-      ++it;
-      continue;
-    }
     if (rt.stop_requested) {
-      it = ranks_.erase(it);
+      EraseRank(it);
       continue;
     }
     if (rt.reported && !RankEnded(rt.state)) {
-      const std::string job_id = it->first.first;
-      const int32_t rank = it->first.second;
-      ++it;  // EndJob may erase entries of this job; resume from a fresh lookup below
-      RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "RankLost",
-                                  absl::StrCat("rank ", rank, " on node ", node_id,
+      RETURN_IF_ERROR(FailAttempt(key.first, v1::FAILURE_CLASS_INFRA, "RankLost",
+                                  absl::StrCat("rank ", key.second, " on node ", node_id,
                                                " is no longer reported by its worker"),
                                   node_id));
-      touched_jobs.erase(job_id);
-      it = ranks_.upper_bound({job_id, rank});
-      continue;
+      touched_jobs.erase(key.first);
     }
-    ++it;
   }
 
   for (const std::string& job_id : touched_jobs) RETURN_IF_ERROR(AdvanceJob(job_id));
   RETURN_IF_ERROR(FinishStops());
 
   // Replies: assignments not yet acknowledged, and stops.
-  for (auto& [key, rt] : ranks_) {
-    if (rt.node_id != node_id) continue;
+  for (const RankKey& key : RanksOnNode(node_id)) {
+    auto found = ranks_.find(key);
+    if (found == ranks_.end()) continue;
+    const RankRuntime& rt = found->second;
     if (rt.stop_requested) {
       add_stop(key.first, rt.attempt, rt.graceful_stop);
       continue;
@@ -424,13 +422,11 @@ absl::Status Scheduler::CheckNodeLiveness() {
         " (timeout ", absl::FormatDuration(timeout), ")");
     LOG(WARNING) << message;
     std::set<std::string> affected;
-    for (auto it = ranks_.begin(); it != ranks_.end();) {
-      if (it->second.node_id == node_id) {
-        affected.insert(it->first.first);
-        it = ranks_.erase(it);  // the node is gone, and so are its ranks
-      } else {
-        ++it;
-      }
+    for (const RankKey& key : RanksOnNode(node_id)) {
+      auto it = ranks_.find(key);
+      if (it == ranks_.end()) continue;
+      affected.insert(key.first);
+      EraseRank(it);  // the node is gone, and so are its ranks
     }
     for (const std::string& job_id : affected) {
       // Rank 0 reports SUCCEEDED only after the trainers' final barrier, which every rank

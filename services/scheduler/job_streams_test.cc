@@ -193,7 +193,10 @@ TEST_F(JobStreamsTest, WatchJobSendsSnapshotThenChangesAndEndsOkAtTheTerminalPha
 // An ended job's stream replays its history (one "History" event per phase change, oldest
 // first), then the snapshot, then ends.
 TEST_F(JobStreamsTest, WatchJobOfAnEndedJobSendsItsHistoryTheSnapshotAndEnds) {
-  Job job = Submit(1);
+  // 3 ranks on the fixture's one 2-slot node: the scheduling loop (running every 200 ms) can never
+  // place it, so its history is PENDING -> CANCELLED whatever the timing. (With 1 rank the loop
+  // sometimes placed it between the submission and the cancel, and the history had STARTING.)
+  Job job = Submit(3);
   loom::v1::CancelJobRequest cancel;
   cancel.set_job_id(job.id());
   Job cancelled;
