@@ -15,15 +15,17 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "proto/trainer_events.pb.h"
 #include "worker/engine/engine_options.h"
 
 namespace loom::engine {
 
 class Collectives;
 
-// One progress event as a single-line JSON object, e.g.
-//   {"event":"step","step":3,"loss":5.1,...}. See worker/trainer/main.cc for the protocol.
-using EventCallback = std::function<void(const std::string& json_line)>;
+// One progress event, a loom.TrainerEvent (proto/trainer_events.proto: its field comments are
+// the schema), built where the engine makes it; loom-trainer prints it as one line of protobuf
+// JSON (worker/trainer/trainer_events.h). Called on the training thread.
+using EventCallback = std::function<void(const loom::TrainerEvent& event)>;
 
 // Runs training for this rank (options.rank of options.world_size; `collectives` must match).
 // Emits, in order: started; eval (step 0 or the resume step); per step: step, then eval every
@@ -37,9 +39,9 @@ using EventCallback = std::function<void(const std::string& json_line)>;
 // got the request at a later step still stops at the first boundary where any rank had it): at
 // that boundary every rank writes its shard of a checkpoint of the steps done so far (unless one
 // of that step exists), passes a barrier (so the checkpoint is complete), emits
-// {"event":"stopped","step":s,"checkpoint_step":s} and RunTraining returns OK. Without a
+// stopped {step: s, checkpoint_step: s} and RunTraining returns OK. Without a
 // checkpoint_dir it returns CANCELLED like a plain stop.
-// Config keys accepted but ignored are emitted first as {"event":"warning","message":...}.
+// Config keys accepted but ignored are emitted first as warning {message}.
 // Errors: CANCELLED when stopped; INVALID_ARGUMENT / FAILED_PRECONDITION for bad data or resume
 // checkpoints (naming the field or file), and INVALID_ARGUMENT naming the key for offload Loom
 // refuses (offload_optimizer.ratio < 1, offload at stage 0, offload_param without

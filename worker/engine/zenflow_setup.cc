@@ -87,14 +87,6 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
   return optim::ZenFlowPipeline::Create(zo, std::move(plan), std::move(params), source, &coll);
 }
 
-nlohmann::json ZenFlowStepFields(const optim::ZenFlowPipeline& pipeline) {
-  const optim::ZenFlowMetrics& m = pipeline.metrics();
-  return {{"zenflow_stall_s", m.stall_s},
-          {"zenflow_selected_mass_fraction", m.selected_mass_fraction},
-          {"zenflow_update_interval", m.update_interval},
-          {"zenflow_bytes_moved", m.bytes_moved}};
-}
-
 std::string ZenFlowStateFile(const std::string& step_dir, int rank) {
   return absl::StrCat(step_dir, "/zenflow_rank", rank, ".bin");
 }

@@ -18,8 +18,6 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/engine_options.h"
@@ -39,13 +37,6 @@ std::pair<int, int> SplitZenFlowThreads(int threads, double pt_reserved_cores_pe
 absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
     const EngineOptions& options, Collectives& collectives, ZeroProvider& model,
     int64_t steps_per_epoch);
-
-// The step event's ZenFlow fields (trainer_events.proto Step, exported by the worker as
-// Prometheus gauges): zenflow_stall_s (seconds the training thread waited on the CPU
-// optimizer in the step), zenflow_selected_mass_fraction, zenflow_update_interval (steps in the
-// last completed CPU interval), zenflow_bytes_moved (cumulative bytes between the device-side
-// partition and the host buffers).
-nlohmann::json ZenFlowStepFields(const optim::ZenFlowPipeline& pipeline);
 
 std::string ZenFlowStateFile(const std::string& step_dir, int rank);
 absl::Status SaveZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,

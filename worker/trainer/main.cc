@@ -20,10 +20,8 @@
 // Protocol with the worker daemon: stdout carries only loom.TrainerEvent messages
 // (proto/trainer_events.proto, whose field comments are the schema), one per line as protobuf
 // JSON, flushed: process_start first, rendezvous (rank 0), warning*, started, eval, step*, eval,
-// checkpoint*, then done, stopped or error. The engine emits flat JSON events
-// ({"event":"step",...}, worker/engine/engine.h); EmitEngineEvent below converts each into the
-// message, refusing a kind or field the .proto does not have (the line is then passed through
-// unchanged and logged, so the strict parsers of the trainer tests fail on the drift).
+// checkpoint*, then done, stopped or error. The engine builds each event as the message
+// (worker/engine/engine.h EventCallback); Emit prints it.
 // Logs go to stderr. Exit codes (worker/trainer/exit_codes.h): 0 done, or stopped gracefully
 // (SIGUSR1: checkpoint at the next step boundary every rank agrees on, then stop; the last event
 // says which); 1 runtime error (collective failure, I/O, LibTorch); 65 data error (a checkpoint
@@ -117,17 +115,6 @@ void EmitLine(const std::string& line) {
 }
 
 void Emit(const loom::TrainerEvent& event) { EmitLine(loom::trainer::TrainerEventLine(event)); }
-
-// The engine's flat JSON event as a loom.TrainerEvent line (see the protocol above).
-void EmitEngineEvent(const std::string& json_line) {
-  absl::StatusOr<loom::TrainerEvent> event = loom::trainer::TrainerEventFromEngineJson(json_line);
-  if (!event.ok()) {
-    LOG(ERROR) << "engine event does not match proto/trainer_events.proto: " << event.status();
-    EmitLine(json_line);
-    return;
-  }
-  Emit(*event);
-}
 
 constexpr int kConfigError = loom::kTrainerExitConfigError;
 
@@ -244,7 +231,7 @@ int Main() {
     coll = std::move(*c);
   }
   LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
-  absl::Status s = loom::engine::RunTraining(*options, *coll, EmitEngineEvent, &g_stop,
+  absl::Status s = loom::engine::RunTraining(*options, *coll, Emit, &g_stop,
                                                &g_checkpoint_stop);
   if (s.ok()) return 0;
   if (s.code() == absl::StatusCode::kCancelled) {

@@ -1,0 +1,239 @@
+// The Trainer's set-up (trainer_impl.h): corpus, process groups, the ZeRO provider and the model
+// over it, offload (ZeRO-Offload / ZeRO-Infinity), the optimizer pipeline (in-memory Adam,
+// offload, ZenFlow or SuperOffload), checkpoint I/O and resume.
+#include <dlfcn.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/engine/hf_weights.h"
+#include "worker/engine/model/tiled_ops.h"
+#include "worker/engine/model_execution.h"
+#include "worker/engine/optim/in_memory_adam.h"
+#include "worker/engine/optim/offload_pipeline.h"
+#include "worker/engine/partition.h"
+#include "worker/engine/trainer_impl.h"
+#include "worker/engine/zenflow_setup.h"
+
+namespace loom::engine::internal {
+
+namespace {
+
+ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
+  ZeroOptions z;
+  z.stage = ds.zero.stage;
+  z.param_dtype = ds.bf16_enabled ? at::kBFloat16 : ds.fp16.enabled ? at::kHalf : at::kFloat;
+  z.reduce_bucket_size = ds.zero.reduce_bucket_size;
+  z.allgather_bucket_size = ds.zero.allgather_bucket_size;
+  z.contiguous_gradients = ds.zero.contiguous_gradients;
+  z.overlap_comm = ds.zero.overlap_comm_effective();
+  z.prefetch_bucket_size = ds.zero.stage3_prefetch_bucket_size;
+  z.param_persistence_threshold = ds.zero.stage3_param_persistence_threshold;
+  z.max_live_parameters = ds.zero.stage3_max_live_parameters;
+  z.max_reuse_distance = ds.zero.stage3_max_reuse_distance;
+  return z;
+}
+
+// Debian's LibTorch calls whatever BLAS the libblas.so.3 alternative provides (BLAS_INFO=generic),
+// so at::set_num_threads does not reach it. With OpenBLAS (libopenblas0-pthread, installed by
+// scripts/install_deps.sh; ~15x faster than the reference BLAS here) its own thread pool must be
+// capped too, or N ranks on N cores oversubscribe the machine. Looked up at run time because the
+// symbol exists only when the alternative is OpenBLAS.
+void LimitBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set != nullptr) set(threads);
+}
+
+}  // namespace
+
+absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
+  const ZeroConfig& zc = o_.ds.zero;
+  const OffloadConfig& oo = zc.offload_optimizer;
+  const OffloadConfig& op = zc.offload_param;
+  if (zc.zenflow.enabled) return absl::OkStatus();  // ZenFlow owns its host buffers
+  if (oo.device == "none" && op.device != "nvme") {
+    // offload_param "cpu" alone: on a CPU-only node the partitions are in host memory already.
+    if (op.device == "cpu") LOG(INFO) << "offload_param cpu: parameters stay in host memory";
+    return absl::OkStatus();
+  }
+  const std::string zpath = "deepspeed_config.zero_optimization.";
+  // SuperOffload: the moments stay with the model's partitions (host memory on a CPU node);
+  // the SuperOffload pipeline (SetUpPipeline) steps them.
+  if (oo.super_offload) return optim::CheckSuperOffloadJob(o_.ds);
+  if (oo.device != "none" && oo.ratio != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
+  }
+  if (zc.stage == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(zpath, "offload_optimizer.device: offload needs ZeRO stage 1, 2 or 3"));
+  }
+  if (op.device == "nvme" && oo.device == "none") {
+    // DeepSpeed keeps the fp32 master with the optimizer; here the optimizer must own it to
+    // let the parameter partitions leave memory.
+    return absl::InvalidArgumentError(absl::StrCat(
+        zpath, "offload_param.device: parameter offload needs offload_optimizer too"));
+  }
+  offload::OffloadOptimizerOptions oo_opts;
+  const OptimizerConfig& oc = o_.ds.optimizer;
+  oo_opts.adam.beta1 = oc.beta1;
+  oo_opts.adam.beta2 = oc.beta2;
+  oo_opts.adam.eps = oc.eps;
+  oo_opts.adam.weight_decay = oc.weight_decay;
+  oo_opts.adam.decoupled_weight_decay = oc.decoupled_weight_decay;
+  oo_opts.adam.bias_correction = oc.bias_correction;
+  oo_opts.adam.threads = std::max(1, o_.threads_per_rank);
+  oo_opts.sub_group_size = zc.sub_group_size;
+  // Scratch files of this process only (two jobs, or two ranks on one node, never share them).
+  auto scratch = [&](const std::string& nvme_path, const char* what) {
+    return absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
+                        ::getpid(), "_rank", coll_.rank(), "/", what);
+  };
+  oo_opts.optimizer_nvme = oo.device == "nvme";
+  if (oo_opts.optimizer_nvme) oo_opts.optimizer_dir = scratch(oo.nvme_path, "optimizer");
+  oo_opts.optimizer_buffer_count = oo.buffer_count;
+  oo_opts.pipeline_read = oo.pipeline_read;
+  oo_opts.pipeline_write = oo.pipeline_write;
+  oo_opts.params_nvme = op.device == "nvme";
+  if (oo_opts.params_nvme) oo_opts.param_dir = scratch(op.nvme_path, "params");
+  oo_opts.param_buffer_count = op.buffer_count;
+  oo_opts.param_buffer_elements = op.buffer_size;
+  oo_opts.aio_block_bytes = o_.ds.aio.block_size;
+  oo_opts.aio_queue_depth = static_cast<int>(o_.ds.aio.queue_depth);
+  std::vector<int64_t> numels;
+  for (const ParamSpec& spec : LlamaParamSpecs(o_.model)) {
+    numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
+  }
+  ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
+  z->allocate_optimizer_state = false;
+  partition_source_ = std::make_unique<OffloadPartitionSource>(offload_.get(),
+                                                               oo_opts.params_nvme, numels);
+  z->partition_source = partition_source_.get();
+  LOG(INFO) << "offload: optimizer " << oo.device << ", params " << op.device << ", "
+            << offload_->num_sub_groups() << " sub-groups, CpuAdam "
+            << offload::CpuAdam::IsaName(offload_->adam().isa()) << " x" << oo_opts.adam.threads
+            << " threads, " << offload_->resident_bytes() << " resident bytes";
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SetUpPipeline() {
+  optim::PartitionSource source = [this](size_t i) {
+    ZeroParam& p = model_->params()[i];
+    return OptimizerPartition{p.master, p.grad, p.exp_avg, p.exp_avg_sq};
+  };
+  if (o_.ds.zero.zenflow.enabled) {
+    // ZenFlow (zenflow_setup.h): selected columns every step, the rest on the CPU optimizer.
+    const int64_t epoch = static_cast<int64_t>(corpus_.train.size()) /
+                          std::max<int64_t>(1, o_.ds.train_batch_size * (o_.sequence_length + 1));
+    ASSIGN_OR_RETURN(std::unique_ptr<optim::ZenFlowPipeline> zf,
+                     MakeTrainerZenFlow(o_, coll_, *model_, epoch));
+    zenflow_ = zf.get();
+    pipeline_ = std::move(zf);
+  } else if (o_.ds.zero.offload_optimizer.super_offload) {
+    // SuperOffload: speculative CPU Adam per sub-group during backward, exact rollback/replay
+    // (optim/super_offload_pipeline.h); its copies count as optimizer state.
+    std::vector<int64_t> numels;
+    for (const ZeroParam& p : model_->params()) numels.push_back(p.master.numel());
+    ASSIGN_OR_RETURN(std::unique_ptr<optim::SuperOffloadPipeline> super,
+                     optim::MakeSuperOffloadPipelineForJob(
+                         o_.ds, o_.threads_per_rank, numels, std::move(source),
+                         [this] { return scaler_.scale(); }, &super_choice_));
+    super_ = super.get();
+    pipeline_ = std::move(super);
+    model_->memory().Acquire(MemoryKind::kOptimizerStates, super_->copy_bytes());
+    LOG(INFO) << "superoffload: " << pipeline_->plan().num_sub_groups() << " sub-groups of "
+              << super_choice_.sub_group_size << " elements ("
+              << (super_choice_.sub_group_size_modelled ? "modelled" : "sub_group_size")
+              << "), " << pipeline_->plan().num_sub_groups() - super_->first_cpu_sub_group()
+              << " on the CPU, CpuAdam x" << super_choice_.cpu_threads << ", casting "
+              << super_choice_.casting << ", " << super_->copy_bytes() << " rollback bytes";
+  } else if (offload_ != nullptr) {
+    // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
+    // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).
+    pipeline_ = optim::MakeOffloadPipeline(offload_.get(), std::move(source));
+  } else {
+    std::vector<int64_t> numels;
+    for (const ZeroParam& p : model_->params()) numels.push_back(p.master.numel());
+    ASSIGN_OR_RETURN(optim::SubGroupPlan plan,
+                     optim::SubGroupPlan::Create(numels, o_.ds.zero.sub_group_size));
+    pipeline_ =
+        optim::MakeInMemoryAdamPipeline(o_.ds.optimizer, std::move(plan), std::move(source));
+  }
+  ready_.emplace(pipeline_->plan());
+  model_->set_grad_ready_listener(this);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SetUp(int64_t* start_step) {
+  at::set_num_threads(o_.threads_per_rank);
+  LimitBlasThreads(o_.threads_per_rank);
+  CorpusOptions data = o_.data;
+  data.record_dir = o_.checkpoint_dir;  // a SentencePiece tokenizer is recorded with the job
+  data.rank = coll_.rank();
+  data.world_size = coll_.world_size();
+  ASSIGN_OR_RETURN(corpus_, LoadCorpus(data));
+  const int64_t w = o_.sequence_length + 1;
+  if (static_cast<int64_t>(corpus_.train.size()) < w ||
+      static_cast<int64_t>(corpus_.heldout.size()) < w) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "training.sequence_length: ", o_.sequence_length, " + 1 tokens do not fit the corpus (",
+        corpus_.train.size(), " train, ", corpus_.heldout.size(), " held-out tokens)"));
+  }
+  std::unique_ptr<HfWeights> init;
+  if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights
+    ASSIGN_OR_RETURN(init, HfWeights::Open(o_.init_from));
+  }
+  for (const std::string& w : o_.ds.warnings) Emit(WarningEvent(w));
+  scaler_ = LossScaler(o_.ds.fp16);
+  ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
+  if (o_.ds.sequence_parallel_size > 1) {  // Ulysses (issue 13, sequence_parallel.h)
+    if (!o_.trajectory_dir.empty() || o_.test_rank_sequence_length > 0) {
+      return absl::InvalidArgumentError(
+          "deepspeed_config.sequence_parallel_size: --trajectory_dir and "
+          "--test_rank_sequence_length are not supported with sequence parallelism");
+    }
+    ASSIGN_OR_RETURN(groups_, ProcessGroups::Create(coll_, o_.ds.sequence_parallel_size));
+    // The group's local gradients sum to the sample's gradient: average over data ranks only.
+    zopts.gradient_divide_factor = groups_->data_parallel_size();
+  }
+  RETURN_IF_ERROR(SetUpOffload(&zopts));
+  ASSIGN_OR_RETURN(model_, ZeroProvider::Create(LlamaParamSpecs(o_.model), &coll_,
+                                                {o_.seed, o_.model.initializer_range, init.get()},
+                                                zopts));
+  ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));
+  ApplyModelExecutionOptions(o_, llama_.get(), &model_->memory());  // attention core, checkpointing
+  RETURN_IF_ERROR(InstallTiledCompute(o_.tiled, &coll_, llama_.get()));  // ALST (issue 13)
+  if (groups_ != nullptr) {
+    ASSIGN_OR_RETURN(sp_, SequenceParallelRunner::Create(
+                              llama_.get(), groups_->sequence_parallel().collectives,
+                              o_.ds.seq_parallel_communication_bf16, MakeAttentionCore(o_)));
+  }
+  RETURN_IF_ERROR(SetUpPipeline());
+  checkpoints_ = std::make_unique<CheckpointIo>(o_, coll_, *model_, *llama_, offload_.get(),
+                                                scaler_);
+  if (offload_ != nullptr) {
+    // What the offload optimizer keeps in host memory (moments, master copies, swap buffers) is
+    // this rank's memory too: on a CPU node it is the same RAM the model uses.
+    model_->memory().Acquire(MemoryKind::kOptimizerStates, offload_->resident_bytes());
+    model_->memory().ResetPeaks();
+  }
+  int64_t start = 0;
+  if (!o_.resume_from.empty()) {
+    RETURN_IF_ERROR(checkpoints_->Load(o_.resume_from, &start, &optimizer_step_));
+    if (zenflow_ != nullptr) RETURN_IF_ERROR(LoadZenFlowState(*zenflow_, o_.resume_from, coll_.rank()));
+  }
+  if (start > o_.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.steps: ", o_.steps, " is below the resumed checkpoint's step ", start));
+  }
+  *start_step = start;
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine::internal

@@ -1,0 +1,156 @@
+// The Trainer's optimizer step (GAS micro-steps through the model, the sub-group readiness
+// events, validation: overflow, global norm, clip; then the pipeline's commit or roll back) and
+// held-out evaluation. Class and members: trainer_impl.h.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "worker/engine/optim/step_validation.h"
+#include "worker/engine/trainer_impl.h"
+
+namespace loom::engine::internal {
+
+at::Tensor Trainer::Windows(const TokenStream& stream, const std::vector<int64_t>& starts) {
+  const int64_t w = o_.sequence_length + 1;
+  at::Tensor out = at::empty({static_cast<int64_t>(starts.size()), w}, at::kLong);
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < starts.size(); ++i) stream.Copy(starts[i], w, dst + i * w);
+  return out;
+}
+
+double Trainer::MeanAcrossRanks(double local) {
+  at::Tensor t = at::full({1}, local, at::kDouble);
+  Check(coll_.AllReduce(t, ReduceOp::kSum));
+  return t.item<double>() / coll_.world_size();
+}
+
+double Trainer::Evaluate() {
+  at::NoGradGuard no_grad;
+  const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
+  const int64_t n = DataRanks(), r = DataRank();
+  const int64_t total = o_.eval_batches * micro * n;  // same for any N at a fixed global batch
+  const int64_t len = corpus_.heldout.size(), w = o_.sequence_length + 1;
+  double sum = 0;
+  for (int64_t b = 0; b < o_.eval_batches; ++b) {
+    std::vector<int64_t> starts;
+    for (int64_t i = 0; i < micro; ++i) {
+      starts.push_back(EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
+    }
+    at::Tensor win = Windows(corpus_.heldout, starts);
+    if (sp_ != nullptr) {  // the sequence-parallel group shares the window, 1/P each
+      sum += sp_->EvalLoss(win.narrow(1, 0, o_.sequence_length),
+                           win.narrow(1, 1, o_.sequence_length));
+      continue;
+    }
+    // Through the loss head (tiled when training.tiled_logits_loss is on; sequence_parallel.h).
+    const HeldOutLoss h = HeldOutLossOf(llama_.get(), win.narrow(1, 0, o_.sequence_length),
+                                        win.narrow(1, 1, o_.sequence_length));
+    sum += h.sum / static_cast<double>(std::max<int64_t>(h.tokens, 1));
+  }
+  return MeanAcrossRanks(sum / o_.eval_batches);
+}
+
+double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* skipped) {
+  const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
+  const int64_t gas = o_.ds.gradient_accumulation_steps;
+  const int64_t r = coll_.rank();
+  const int64_t seq =
+      o_.test_rank_sequence_length > 0 ? o_.test_rank_sequence_length : o_.sequence_length;
+  const int64_t len = corpus_.train.size(), w = seq + 1;
+  const std::vector<int64_t>* order =
+      o_.test_layer_order_step == step + 1 ? &o_.test_layer_order : nullptr;
+  const double scale = scaler_.scale();
+  *lr = LearningRateAtStep(o_.ds, optimizer_step_);  // skipped steps do not advance the schedule
+  // Opened before the last backward, so sub-group events raised during it land in this step.
+  ready_->ResetReadiness();
+  marked_.assign(model_->params().size(), 0);
+  Check(pipeline_->BeginStep(optimizer_step_ + 1, *lr));
+  double loss_sum = 0;
+  for (int64_t m = 0; m < gas; ++m) {
+    std::vector<int64_t> starts;
+    for (int64_t i = 0; i < micro; ++i) {
+      // Sequence parallelism: micro-step m of data rank d reads global sample (m*D + d)*micro + i
+      // of the step, so (D, P=1, GAS) and (D/k, P=k, GAS*k) train on the same samples.
+      starts.push_back(sp_ != nullptr ? TrainWindowStart(o_.seed, step, 0,
+                                                         (m * DataRanks() + DataRank()) * micro + i,
+                                                         len, w)
+                                      : TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
+    }
+    const auto data_t0 = std::chrono::steady_clock::now();
+    at::Tensor win = Windows(corpus_.train, starts);
+    if (trajectory_ != nullptr) Check(trajectory_->AppendBatch(win.data_ptr<int64_t>(), micro, w));
+    data_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
+    model_->BeginMicroStep(m == gas - 1);
+    at::Tensor loss;
+    if (sp_ != nullptr) {  // this rank's shard; loss_r * n_r / N (sequence_parallel.h)
+      SequenceParallelRunner::MicroStep ms =
+          sp_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order);
+      loss = ms.backprop;
+      loss_sum += ms.loss;
+    } else {
+      loss = llama_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order).loss;
+      loss_sum += loss.item<double>();
+    }
+    at::Tensor scaled = loss / static_cast<double>(gas);
+    if (scale != 1.0) scaled = scaled * scale;  // fp16: DeepSpeed scales loss/GAS
+    scaled.backward();
+    model_->FinishMicroStep();
+  }
+  const double mean_loss = MeanAcrossRanks(loss_sum / gas);
+  OptimizerStep(step, scale, grad_norm, skipped);
+  return mean_loss;
+}
+
+void Trainer::OnPartitionGradReady(ParamId i) {
+  if (marked_[i]) return;
+  marked_[i] = 1;
+  absl::StatusOr<int64_t> k = ready_->MarkParamReady(i);
+  Check(k.status());
+  if (*k >= 0) Check(pipeline_->OnSubGroupReady(*k));
+}
+
+void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool* skipped) {
+  at::NoGradGuard no_grad;
+  *skipped = false;
+  const std::vector<int64_t>& inject = o_.test_inject_inf_grad_steps;
+  if (coll_.rank() == 0 &&
+      std::find(inject.begin(), inject.end(), step + 1) != inject.end()) {
+    ZeroParam& p = model_->params()[0];
+    if (p.grad.defined()) p.grad.view({-1})[0] = std::numeric_limits<float>::infinity();
+  }
+  // The provider raised the parameters that got gradients as their reductions completed; the
+  // rest (no gradient this step) are final too.
+  for (size_t i = 0; i < model_->params().size(); ++i) OnPartitionGradReady(i);
+  optim::ValidationInputs in;
+  in.check_overflow = scaler_.enabled();
+  in.loss_scale = scale;
+  in.gradient_clipping = o_.ds.gradient_clipping;
+  in.grads_partitioned = model_->grads_partitioned();
+  absl::StatusOr<optim::StepValidation> v = optim::ValidateStep(
+      coll_, in, [this] { return model_->any_nonfinite_grad(); },
+      [this] { return model_->LocalGradSquaredNorm(); });
+  Check(v.status());
+  if (v->overflow) {
+    Check(pipeline_->FinishStep(*v));  // rolls back: the step is skipped on every rank
+    model_->ClearGrads();
+    scaler_.Update(/*overflow=*/true);
+    *skipped = true;
+    *grad_norm = 0;
+    return;
+  }
+  *grad_norm = v->grad_norm;
+  const auto t_opt = std::chrono::steady_clock::now();
+  Check(pipeline_->FinishStep(*v));
+  ++optimizer_step_;
+  last_optimizer_s_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
+  model_->RefreshParams();
+  model_->ClearGrads();
+  scaler_.Update(/*overflow=*/false);
+}
+
+
+}  // namespace loom::engine::internal
