@@ -32,7 +32,8 @@ std::vector<int> ProcessGroups::DataParallelRanks(int rank, int world_size, int 
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroups>> ProcessGroups::Create(Collectives& world,
-                                                                     int sequence_parallel_size) {
+                                                                     int sequence_parallel_size,
+                                                                     SequenceLoss loss) {
   const int w = world.world_size(), p = sequence_parallel_size, rank = world.rank();
   if (p < 1 || w % p != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -40,10 +41,12 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> ProcessGroups::Create(Collectives
   }
   std::unique_ptr<ProcessGroups> g(new ProcessGroups());
   const int d = w / p;
+  const int sp_factor = loss == SequenceLoss::kShareOfSample ? 1 : p;
   g->world_ = {"world", &world, AllRanks(w), static_cast<double>(w)};
-  g->zero_partition_ = {"zero_partition", &world, AllRanks(w), static_cast<double>(d * p)};
+  g->zero_partition_ = {"zero_partition", &world, AllRanks(w),
+                        static_cast<double>(d * sp_factor)};
   g->sequence_parallel_ = {"sequence_parallel", nullptr, SequenceParallelRanks(rank, w, p),
-                           static_cast<double>(p)};
+                           static_cast<double>(sp_factor)};
   g->data_parallel_ = {"data_parallel", nullptr, DataParallelRanks(rank, w, p),
                        static_cast<double>(d)};
   // Every rank walks the same list of groups in the same order (NewSubgroup is collective over

@@ -11,8 +11,10 @@
 // Each group carries its gradient divide factor as data: the number of ranks whose gradient
 // contributions its reduction averages, i.e. its size (world: W, today's ZeRO divide;
 // zero_partition: D*P, DeepSpeed's stage-3 pre-divide over the partition group; data_parallel:
-// D; sequence_parallel: P). The ALST loss convention may override the sequence factor
-// (TECHNIQUES.md §3.2, DeepSpeed issue #5248).
+// D; sequence_parallel: P). The ALST loss convention overrides the sequence factor
+// (TECHNIQUES.md §3.2, DeepSpeed issue #5248; SequenceLoss below), and with it the partition
+// group's: zero_partition's factor is D x the sequence factor. The ZeRO provider divides every
+// gradient contribution by zero_partition().grad_divide_factor (trainer_zero_options.h).
 //
 // Building is collective over the world group (every rank calls Create with the same P): for
 // 1 < P < W it makes W/P sequence-parallel then P data-parallel Gloo subgroups (each rank keeps
@@ -42,10 +44,24 @@ struct ProcessGroup {
   int size() const { return static_cast<int>(ranks.size()); }
 };
 
+// How the P ranks of a sequence-parallel group turn their shards' losses into the sample's loss,
+// which decides what the group's local gradients sum to (DeepSpeed issue #5248's ambiguity):
+enum class SequenceLoss {
+  // Each rank backpropagates its own shard's token-mean loss (DeepSpeed's differentiable
+  // all_gather path): the local gradients sum to P x the sample's gradient, so the sequence
+  // factor is P (zero_partition: D*P, DeepSpeed's stage-3 pre-divide).
+  kMeanPerShard,
+  // Rank r backpropagates loss_r * n_r / N (SequenceParallelRunner, sequence_parallel.h): the
+  // local gradients sum to the sample's gradient, so the sequence factor is 1 (zero_partition:
+  // D, the mean over the data-parallel samples).
+  kShareOfSample,
+};
+
 class ProcessGroups {
  public:
-  static absl::StatusOr<std::unique_ptr<ProcessGroups>> Create(Collectives& world,
-                                                               int sequence_parallel_size);
+  static absl::StatusOr<std::unique_ptr<ProcessGroups>> Create(
+      Collectives& world, int sequence_parallel_size,
+      SequenceLoss loss = SequenceLoss::kMeanPerShard);
 
   // The layout, for any rank (no communication): world ranks of rank's groups.
   static std::vector<int> SequenceParallelRanks(int rank, int world_size, int sp_size);

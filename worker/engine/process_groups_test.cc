@@ -100,6 +100,32 @@ TEST(ProcessGroupsTest, FourRanksTwoWaySequenceParallel) {
   EXPECT_TRUE(FirstFailure(st).ok()) << FirstFailure(st);
 }
 
+// The trainer's convention (loss_r * n_r / N, sequence_parallel.h): the group's local gradients
+// sum to the sample's, so the sequence factor is 1 and ZeRO divides by D only (DeepSpeed #5248).
+TEST(ProcessGroupsTest, ShareOfSampleLossDividesByTheDataParallelSizeOnly) {
+  std::vector<absl::Status> st = RunGang(4, [](int, Collectives& world) {
+    absl::StatusOr<std::unique_ptr<ProcessGroups>> g =
+        ProcessGroups::Create(world, 2, SequenceLoss::kShareOfSample);
+    if (!g.ok()) return g.status();
+    EXPECT_EQ((*g)->zero_partition().grad_divide_factor, 2.0);  // D, not D x P
+    EXPECT_EQ((*g)->sequence_parallel().grad_divide_factor, 1.0);
+    EXPECT_EQ((*g)->data_parallel().grad_divide_factor, 2.0);
+    EXPECT_EQ((*g)->world().grad_divide_factor, 4.0);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(FirstFailure(st).ok()) << FirstFailure(st);
+  // P = 1 (a data-parallel job): either convention divides by the world size.
+  st = RunGang(2, [](int, Collectives& world) {
+    for (SequenceLoss loss : {SequenceLoss::kMeanPerShard, SequenceLoss::kShareOfSample}) {
+      absl::StatusOr<std::unique_ptr<ProcessGroups>> g = ProcessGroups::Create(world, 1, loss);
+      if (!g.ok()) return g.status();
+      EXPECT_EQ((*g)->zero_partition().grad_divide_factor, 2.0);
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(FirstFailure(st).ok()) << FirstFailure(st);
+}
+
 TEST(ProcessGroupsTest, SequenceParallelOverTheWholeWorldReusesIt) {
   std::vector<absl::Status> st = RunGang(3, [](int, Collectives& world) {
     absl::StatusOr<std::unique_ptr<ProcessGroups>> g = ProcessGroups::Create(world, 3);

@@ -148,8 +148,10 @@ class Trainer : public GradReadyListener {
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
   std::unique_ptr<TrajectoryRecorder> trajectory_;  // null unless o_.trajectory_dir is set
-  // Ulysses sequence parallelism (issue 13; sequence_parallel.h), null when
-  // sequence_parallel_size is 1: the named groups and the runner of the sharded micro-steps.
+  // The named process groups (process_groups.h), built for every job (P = 1 creates no process
+  // group); the ZeRO provider divides gradients by groups_->zero_partition()'s factor
+  // (trainer_zero_options.h). sp_: the runner of Ulysses' sharded micro-steps (issue 13;
+  // sequence_parallel.h), null when sequence_parallel_size is 1.
   std::unique_ptr<ProcessGroups> groups_;
   std::unique_ptr<SequenceParallelRunner> sp_;
   // Data-parallel rank and size: the samples a rank sees (the world without sequence parallelism).

@@ -18,26 +18,12 @@
 #include "worker/engine/optim/offload_pipeline.h"
 #include "worker/engine/partition.h"
 #include "worker/engine/trainer_impl.h"
+#include "worker/engine/trainer_zero_options.h"
 #include "worker/engine/zenflow_setup.h"
 
 namespace loom::engine::internal {
 
 namespace {
-
-ZeroOptions ZeroOptionsFrom(const DeepSpeedConfig& ds) {
-  ZeroOptions z;
-  z.stage = ds.zero.stage;
-  z.param_dtype = ds.bf16_enabled ? at::kBFloat16 : ds.fp16.enabled ? at::kHalf : at::kFloat;
-  z.reduce_bucket_size = ds.zero.reduce_bucket_size;
-  z.allgather_bucket_size = ds.zero.allgather_bucket_size;
-  z.contiguous_gradients = ds.zero.contiguous_gradients;
-  z.overlap_comm = ds.zero.overlap_comm_effective();
-  z.prefetch_bucket_size = ds.zero.stage3_prefetch_bucket_size;
-  z.param_persistence_threshold = ds.zero.stage3_param_persistence_threshold;
-  z.max_live_parameters = ds.zero.stage3_max_live_parameters;
-  z.max_reuse_distance = ds.zero.stage3_max_reuse_distance;
-  return z;
-}
 
 // Debian's LibTorch calls whatever BLAS the libblas.so.3 alternative provides (BLAS_INFO=generic),
 // so at::set_num_threads does not reach it. With OpenBLAS (libopenblas0-pthread, installed by
@@ -191,17 +177,19 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   }
   for (const std::string& w : o_.ds.warnings) Emit(WarningEvent(w));
   scaler_ = LossScaler(o_.ds.fp16);
-  ZeroOptions zopts = ZeroOptionsFrom(o_.ds);
   if (o_.ds.sequence_parallel_size > 1) {  // Ulysses (issue 13, sequence_parallel.h)
     if (!o_.trajectory_dir.empty() || o_.test_rank_sequence_length > 0) {
       return absl::InvalidArgumentError(
           "deepspeed_config.sequence_parallel_size: --trajectory_dir and "
           "--test_rank_sequence_length are not supported with sequence parallelism");
     }
-    ASSIGN_OR_RETURN(groups_, ProcessGroups::Create(coll_, o_.ds.sequence_parallel_size));
-    // The group's local gradients sum to the sample's gradient: average over data ranks only.
-    zopts.gradient_divide_factor = groups_->data_parallel_size();
   }
+  // Every job has its groups (P = 1 creates none, and no collective). The SequenceParallelRunner
+  // backpropagates loss_r * n_r / N, so the group's local gradients sum to the sample's gradient
+  // and the partition group's factor is D (the world size when P = 1): DeepSpeed #5248.
+  ASSIGN_OR_RETURN(groups_, ProcessGroups::Create(coll_, o_.ds.sequence_parallel_size,
+                                                  SequenceLoss::kShareOfSample));
+  ZeroOptions zopts = ZeroOptionsFor(o_.ds, *groups_);
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroProvider::Create(LlamaParamSpecs(o_.model), &coll_,
                                                 {o_.seed, o_.model.initializer_range, init.get()},
@@ -209,7 +197,7 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));
   ApplyModelExecutionOptions(o_, llama_.get(), &model_->memory());  // attention core, checkpointing
   RETURN_IF_ERROR(InstallTiledCompute(o_.tiled, &coll_, llama_.get()));  // ALST (issue 13)
-  if (groups_ != nullptr) {
+  if (o_.ds.sequence_parallel_size > 1) {
     ASSIGN_OR_RETURN(sp_, SequenceParallelRunner::Create(
                               llama_.get(), groups_->sequence_parallel().collectives,
                               o_.ds.seq_parallel_communication_bf16, MakeAttentionCore(o_)));
