@@ -30,10 +30,12 @@ import gang  # noqa: E402
 def spec(path, a, zenflow):
     cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": a.hidden,
            "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
-           "num_attention_heads": a.heads, "num_key_value_heads": a.heads,
-           "max_position_embeddings": max(512, a.seq), "tie_word_embeddings": False,
+           "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads or a.heads,
+           "max_position_embeddings": max(512, a.seq), "tie_word_embeddings": a.tie,
            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "initializer_range": 0.02}
     zero = {"stage": a.stage, "overlap_comm": a.stage != 1, "offload_optimizer": {"device": "cpu"}}
+    if a.stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
     if zenflow:
         zero["zenflow"] = {"topk_ratio": a.topk, "select_strategy": "step",
                            "select_interval": a.select_interval,
@@ -58,7 +60,7 @@ def run(a, name, zenflow):
     path = spec(os.path.join(a.workdir, name + ".json"), a, zenflow)
     t0 = time.time()
     ranks = gang.run_loom(a.trainer, path, a.world, os.path.join(a.workdir, name),
-                          timeout_s=a.timeout)
+                          extra=a.trainer_arg, timeout_s=a.timeout)
     ok = all(r.returncode == 0 for r in ranks) and all(r.of("done") for r in ranks)
     if not ok:
         errs = [e.get("message") for r in ranks for e in r.of("error")]
@@ -84,6 +86,11 @@ def main():
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--intermediate", type=int, default=1376)
     p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv_heads", type=int, default=0, help="0 = --heads")
+    p.add_argument("--tie", action="store_true", help="tie_word_embeddings")
+    p.add_argument("--example", action="store_true",
+                   help="examples/fortunes-llama's shape: 2 ranks x 1 thread, stage 3, hidden 384, "
+                        "intermediate 1024, 4 layers, 6/2 heads, tied, micro-batch 8 x seq 128")
     p.add_argument("--micro", type=int, default=1)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--steps", type=int, default=40)
@@ -98,12 +105,20 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--workdir", default="")
+    p.add_argument("--trainer_arg", action="append", default=[],
+                   help="extra loom-trainer flag for both systems (repeatable), e.g. "
+                        "--trainer_arg=--malloc_mmap_threshold_bytes=33554432")
     a = p.parse_args()
+    if a.example:
+        a.world, a.threads, a.stage, a.hidden, a.intermediate = 2, 1, 3, 384, 1024
+        a.layers, a.heads, a.kv_heads, a.tie, a.micro, a.seq = 4, 6, 2, True, 8, 128
     keep = bool(a.workdir)
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="zenflow_bench_")
     os.makedirs(a.workdir, exist_ok=True)
-    params = 2 * 256 * a.hidden + a.layers * (2 * a.hidden + 4 * a.hidden * a.hidden +
-                                              3 * a.hidden * a.intermediate) + a.hidden
+    kv = a.hidden * (a.kv_heads or a.heads) // a.heads
+    params = (1 if a.tie else 2) * 256 * a.hidden + a.layers * (
+        2 * a.hidden + 2 * a.hidden * a.hidden + 2 * a.hidden * kv +
+        3 * a.hidden * a.intermediate) + a.hidden
     print("shapes: %d layers, hidden %d, intermediate %d, vocab 256 (%d params); micro-batch %d "
           "x seq %d, GAS 1, %d rank(s) x %d threads, stage %d; zenflow topk %.3g, select every "
           "%d, update every %d, overlap on; %d steps (first %d left out), %d repeats"
@@ -117,10 +132,11 @@ def main():
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     o_step, o_stall, o_loss = med(off, 0), med(off, 1), med(off, 2)
     z_step, z_stall, z_loss = med(zf, 0), med(zf, 1), med(zf, 2)
-    print("offload: step %.4f s, stall %.4f s (%.0f%% of the step), eval loss %.5f"
-          % (o_step, o_stall, 100 * o_stall / o_step, o_loss))
-    print("zenflow: step %.4f s, stall %.4f s (%.0f%% of the step), eval loss %.5f"
-          % (z_step, z_stall, 100 * z_stall / z_step, z_loss))
+    runs = lambda rs: "/".join("%.4f" % r[0] for r in rs)  # noqa: E731
+    print("offload: step %.4f s (runs %s), stall %.4f s = optimizer fraction %.0f%% of the "
+          "step, eval loss %.5f" % (o_step, runs(off), o_stall, 100 * o_stall / o_step, o_loss))
+    print("zenflow: step %.4f s (runs %s), stall %.4f s (%.0f%% of the step), eval loss %.5f"
+          % (z_step, runs(zf), z_stall, 100 * z_stall / z_step, z_loss))
     if not keep:
         shutil.rmtree(a.workdir, ignore_errors=True)
     print("zenflow_vs_offload speedup=%.3f stall_reduction=%.3f loss_delta=%.4f"

@@ -62,11 +62,15 @@ SuperOffloadPipeline::SuperOffloadPipeline(const SuperOffloadOptions& options, S
   for (int64_t k = first_cpu_; k < n; ++k) {
     CpuGroup& g = cpu_[k - first_cpu_];
     const size_t numel = static_cast<size_t>(this->plan().sub_group(k).numel);
-    g.param.resize(numel);
-    g.exp_avg.resize(numel);
-    g.exp_avg_sq.resize(numel);
+    if (options_.exact_rollback) {
+      g.param.resize(numel);
+      g.exp_avg.resize(numel);
+      g.exp_avg_sq.resize(numel);
+    }
     if (options_.loss_scaled) g.grad.resize(numel);
-    copy_bytes_ += static_cast<int64_t>((options_.loss_scaled ? 4 : 3) * numel * sizeof(float));
+    copy_bytes_ += static_cast<int64_t>(((options_.exact_rollback ? 3 : 0) +
+                                         (options_.loss_scaled ? 1 : 0)) *
+                                        numel * sizeof(float));
   }
   worker_ = std::thread([this] { WorkerLoop(); });
 }
@@ -146,6 +150,7 @@ void SuperOffloadPipeline::RunTask(const Task& t) {
     g.nonfinite = true;  // the step overflows: nothing to speculate
   } else {
     for (const Slice& s : t.slices) {
+      if (!options_.exact_rollback) break;  // no rollback can happen: no snapshot
       std::memcpy(g.param.data() + s.offset, s.param, s.numel * sizeof(float));
       std::memcpy(g.exp_avg.data() + s.offset, s.exp_avg, s.numel * sizeof(float));
       std::memcpy(g.exp_avg_sq.data() + s.offset, s.exp_avg_sq, s.numel * sizeof(float));
@@ -244,6 +249,11 @@ absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
   AccountTasks(entered);
   const Clock::time_point work0 = Clock::now();
   int64_t rolled_back = 0, hits = 0;
+  if (v.clip_coef > 1.0 && !options_.exact_rollback) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), ": step ", step_, ": clipping is active (coefficient ", v.clip_coef,
+        ") but the pipeline was built without rollback snapshots (exact_rollback false)"));
+  }
   if (v.clip_coef > 1.0) {
     // Clipping is active: the speculative steps used the unclipped gradient. Restore them
     // exactly and replay every CPU sub-group with the clipped one (clip-and-replay).
@@ -280,6 +290,17 @@ absl::Status SuperOffloadPipeline::Rollback() {
         options_.wait_deadline.count(), " ms (rollback)"));
   }
   AccountTasks(entered);
+  if (!options_.exact_rollback) {
+    bool stepped = false;
+    for (CpuGroup& g : cpu_) {
+      stepped = stepped || g.stepped;
+      g.stepped = false;
+    }
+    if (!stepped) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), ": step ", step_, ": rollback requested but the pipeline was built without "
+        "rollback snapshots (exact_rollback false)"));
+  }
   const Clock::time_point work0 = Clock::now();
   const int64_t restored = RestoreAll();
   std::lock_guard<std::mutex> l(stats_mu_);

@@ -29,8 +29,9 @@
 //
 // State: the model's fp32 masters and moments (OptimizerPartition, as in-memory Adam), so a
 // checkpoint holds every sub-group's optimizer state and a resume continues the trajectory; the
-// pipeline adds the CPU sub-groups' snapshots (3 floats per element) and, when the loss scale
-// can differ from 1, their unscaled-gradient slots (1 float per element): copy_bytes().
+// pipeline adds the CPU sub-groups' snapshots (3 floats per element; none when no rollback can
+// happen, options.exact_rollback false) and, when the loss scale can differ from 1, their
+// unscaled-gradient slots (1 float per element): copy_bytes().
 //
 // Thread-safety: OptimizerPipeline's contract. The speculation thread touches only the
 // partitions of the sub-groups it was handed, after their gradients are final; the model's
@@ -67,6 +68,11 @@ struct SuperOffloadOptions {
   // This step's loss scale, read at BeginStep (fp16 dynamic scaling); null = always 1.
   std::function<double()> loss_scale;
   bool loss_scaled = false;   // the scale can differ from 1: allocate the unscaled-grad slots
+  // A step can be rolled back (clipping configured, or fp16 overflow possible): keep the
+  // snapshots. false (gradient_clipping 0 and no loss scaling: no rollback can happen) drops
+  // them, and their 3 floats per element of memory and of copying per step; a Commit with
+  // clip_coef > 1 or a Rollback then fails with FAILED_PRECONDITION instead of guessing.
+  bool exact_rollback = true;
   std::chrono::milliseconds wait_deadline{std::chrono::minutes(10)};
 };
 

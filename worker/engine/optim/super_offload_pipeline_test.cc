@@ -401,3 +401,56 @@ TEST(SuperOffloadPipelineTest, CopyBytesAndSplit) {
 
 }  // namespace
 }  // namespace loom::engine::optim
+
+namespace loom::engine::optim {
+namespace {
+
+// Without clipping or loss scaling no step can be rolled back: exact_rollback false keeps no
+// snapshot (copy_bytes 0), the speculative steps still equal the synchronous ZeRO-Offload steps
+// bit for bit, and a clip coefficient > 1 or an overflow that would need a snapshot is refused
+// with FAILED_PRECONDITION instead of leaving a speculative step applied.
+TEST(SuperOffloadPipelineTest, NoSnapshotWhenNoRollbackCanHappen) {
+  Model m = MakeModel(11);
+  Model sync = Clone(m);
+  SuperOffloadOptions o;
+  o.optimizer = AdamW(0.01);
+  o.ratio = 1.0;
+  o.cpu_threads = 2;
+  o.exact_rollback = false;
+  auto pipe = *SuperOffloadPipeline::Create(o, Plan(250), SourceOf(&m));
+  EXPECT_EQ(pipe->copy_bytes(), 0);
+  offload::OffloadOptimizerOptions oo;
+  oo.adam.weight_decay = 0.01;
+  oo.adam.threads = 2;
+  auto opt = offload::OffloadOptimizer::Create(oo, kNumels);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  Model sync_view = sync;  // the offload optimizer owns its moments: hand it no moment tensors
+  for (OptimizerPartition& p : sync_view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
+  auto sync_pipe = MakeOffloadPipeline(opt->get(), SourceOf(&sync_view));
+  for (int64_t t = 1; t <= 3; ++t) {
+    CommitStep(*pipe, m, t, 1e-3);
+    CommitStep(*sync_pipe, sync, t, 1e-3);
+  }
+  for (size_t i = 0; i < m.parts.size(); ++i) {
+    EXPECT_TRUE(BitEqual(m.parts[i].param, sync.parts[i].param)) << "param " << i;
+  }
+  EXPECT_EQ(pipe->stats().hits, pipe->stats().speculated);
+  SetGrads(m, 4, 1.0);
+  ASSERT_TRUE(pipe->BeginStep(4, 1e-3).ok());
+  ASSERT_TRUE(RaiseSubGroups(*pipe).ok());
+  StepValidation clip;
+  clip.clip_coef = 2.0;
+  clip.grad_multiplier = 0.5;
+  EXPECT_THAT(pipe->FinishStep(clip),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "without rollback snapshots"));
+  SetGrads(m, 5, 1.0);
+  ASSERT_TRUE(pipe->BeginStep(5, 1e-3).ok());
+  ASSERT_TRUE(RaiseSubGroups(*pipe).ok());
+  StepValidation overflow;
+  overflow.overflow = true;
+  EXPECT_THAT(pipe->FinishStep(overflow),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "without rollback snapshots"));
+}
+
+}  // namespace
+}  // namespace loom::engine::optim

@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineFo
   o.cpu_threads = threads;
   o.loss_scale = std::move(loss_scale);
   o.loss_scaled = ds.fp16.enabled;
+  // Only clipping and an fp16 overflow roll a speculative step back; without both, no snapshot.
+  o.exact_rollback = ds.gradient_clipping > 0 || ds.fp16.enabled;
   return SuperOffloadPipeline::Create(o, std::move(plan), std::move(source));
 }
 

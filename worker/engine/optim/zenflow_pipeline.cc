@@ -55,7 +55,8 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
       source_(std::move(source)),
       coll_(collectives),
       cpu_adam_(options.adam),
-      device_adam_(WithThreads(options.adam, options.device_threads)) {
+      device_adam_(WithThreads(options.adam, options.device_threads)),
+      pass_(options.adam, options.device_threads) {
   const size_t n = params_.size();
   selected_.resize(n);
   sel_idx_.resize(n);
@@ -150,22 +151,6 @@ absl::Status ZenFlowPipeline::Reselect() {
   return absl::OkStatus();
 }
 
-void ZenFlowPipeline::UpdateSelected(size_t i, const OptimizerPartition& p) {
-  const std::vector<int64_t>& idx = sel_idx_[i];
-  if (idx.empty()) return;
-  const int64_t k = static_cast<int64_t>(idx.size());
-  std::vector<float> w(k), g(k, 0.0f);
-  float* master = p.param.data_ptr<float>();
-  const float* grad = GradPtr(p);
-  for (int64_t e = 0; e < k; ++e) {
-    w[e] = master[idx[e]];
-    if (grad != nullptr) g[e] = grad[idx[e]];
-  }
-  device_adam_.Step(sel_t_, lr_, w.data(), g.data(), sel_m_[i].data_ptr<float>(),
-                    sel_v_[i].data_ptr<float>(), k);
-  for (int64_t e = 0; e < k; ++e) master[idx[e]] = w[e];
-}
-
 void ZenFlowPipeline::Publish() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!is2d(i)) continue;
@@ -230,14 +215,23 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   metrics_.stall_s = 0;
   if (!initialized_) InitCpuCopies();
   const size_t n = params_.size();
+  const bool warm_up = opt_.schedule.IsWarmUp(step_);
+  const bool select = !warm_up && opt_.schedule.IsSelectBoundary(step_);
+  // Unscale and clip once, in place, before anything reads the gradient (as the offload
+  // pipeline does, so the warm-up and the ZeRO-Offload limits agree bit for bit) where
+  // something other than the fused pass reads it: every parameter at warm-up, select and
+  // Zen-auto steps, 1-D parameters always. Otherwise the 2-D gradients are scaled on read by
+  // the fused pass (zenflow_step_pass.h: the same fp32 product), saving a pass over them.
+  const bool in_place = warm_up || select || auto_ != nullptr;
+  const bool scale = v.grad_multiplier != 1.0;
   std::vector<OptimizerPartition> parts(n);
   for (size_t i = 0; i < n; ++i) {
     parts[i] = source_(i);
-    // Unscale and clip once, in place, before anything reads the gradient (as the offload
-    // pipeline does, so the warm-up and the ZeRO-Offload limits agree bit for bit).
-    if (parts[i].grad.defined() && v.grad_multiplier != 1.0) parts[i].grad.mul_(v.grad_multiplier);
+    if (parts[i].grad.defined() && scale && (in_place || !is2d(i))) {
+      parts[i].grad.mul_(v.grad_multiplier);
+    }
   }
-  if (opt_.schedule.IsWarmUp(step_)) {
+  if (warm_up) {
     // Full offload: every element through the CPU optimizer, synchronously.
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < n; ++i) {
@@ -254,7 +248,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     ++metrics_.cpu_updates;
     return absl::OkStatus();
   }
-  if (opt_.schedule.IsSelectBoundary(step_)) {
+  if (select) {
     absl::Status s = Reselect();
     if (!s.ok()) return s;
   }
@@ -266,19 +260,38 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   } else {
     boundary = opt_.schedule.IsUpdateBoundary(step_);
   }
-  // Host accumulation of every 2-D gradient (the interval's sum).
-  for (size_t i = 0; i < n; ++i) {
-    if (!is2d(i) || !parts[i].grad.defined()) continue;
-    acc_[state_][i].add_(parts[i].grad);
-    metrics_.bytes_moved += 4 * parts[i].grad.numel();
-  }
-  ++acc_steps_[state_];
+  // One fused pass per 2-D parameter: host accumulation of the gradient (the interval's sum;
+  // at a boundary its mean) and the device-side AdamW of the selected columns. 1-D parameters
+  // are updated on the device every step.
+  const int b = state_;
+  const bool first = acc_steps_[b] == 0;
+  const float mean = boundary && acc_steps_[b] + 1 > 1
+                         ? static_cast<float>(1.0 / static_cast<double>(acc_steps_[b] + 1))
+                         : 1.0f;
+  const float mult = in_place ? 1.0f : static_cast<float>(v.grad_multiplier);
+  ++acc_steps_[b];
   ++interval_steps_;
-  // The device-side update: selected columns and 1-D parameters, every step.
   ++sel_t_;
   for (size_t i = 0; i < n; ++i) {
     if (is2d(i)) {
-      UpdateSelected(i, parts[i]);
+      ZenFlowPassArgs a;
+      a.grad = GradPtr(parts[i]);
+      a.grad_multiplier = mult;
+      a.acc = acc_[b][i].data_ptr<float>();
+      a.n = acc_[b][i].numel();
+      a.first = first;
+      a.mean_scale = mean;
+      a.selected = sel_idx_[i].data();
+      a.k = static_cast<int64_t>(sel_idx_[i].size());
+      a.master = parts[i].param.data_ptr<float>();
+      if (a.k > 0) {
+        a.sel_exp_avg = sel_m_[i].data_ptr<float>();
+        a.sel_exp_avg_sq = sel_v_[i].data_ptr<float>();
+      }
+      a.t = sel_t_;
+      a.lr = lr_;
+      pass_.Run(a);
+      if (parts[i].grad.defined()) metrics_.bytes_moved += 4 * parts[i].grad.numel();
     } else {
       device_adam_.Step(step_, lr_, parts[i].param.data_ptr<float>(), GradPtr(parts[i]),
                         parts[i].exp_avg.data_ptr<float>(), parts[i].exp_avg_sq.data_ptr<float>(),
@@ -286,14 +299,8 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     }
   }
   if (!boundary) return absl::OkStatus();
-  // Update boundary: the interval's mean gradient goes to the CPU optimizer.
-  const int b = state_;
-  if (acc_steps_[b] > 1) {
-    const double inv = 1.0 / static_cast<double>(acc_steps_[b]);
-    for (size_t i = 0; i < n; ++i) {
-      if (is2d(i)) acc_[b][i].mul_(inv);
-    }
-  }
+  // Update boundary: the interval's mean gradient (acc_[b], scaled above) goes to the CPU
+  // optimizer. The buffer's count returns to 0, so its next step overwrites it (no zeroing).
   metrics_.update_interval = interval_steps_;
   interval_steps_ = 0;
   ++metrics_.cpu_updates;
@@ -304,21 +311,20 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     const double lr = lr_;
     worker_ = std::thread([this, t, lr, b] { RunCpuStep(t, lr, b); });
     state_ ^= 1;
-    for (size_t i = 0; i < n; ++i) {
-      if (is2d(i)) acc_[state_][i].zero_();
-    }
     acc_steps_[state_] = 0;
   } else {
     const auto t0 = std::chrono::steady_clock::now();
     RunCpuStep(step_, lr_, b);
     metrics_.stall_s += Seconds(t0);
     Publish();
-    for (size_t i = 0; i < n; ++i) {
-      if (is2d(i)) acc_[b][i].zero_();
-    }
     acc_steps_[b] = 0;
   }
   return absl::OkStatus();
+}
+
+at::Tensor ZenFlowPipeline::accumulator(size_t i) const {
+  const at::Tensor& a = acc_[state_][i];
+  return acc_steps_[state_] == 0 && a.defined() ? at::zeros_like(a) : a;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ZenFlowPipeline::ExportState() {
@@ -336,8 +342,11 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowPipeline::ExportState() {
     if (!is2d(i)) continue;
     const std::string p = absl::StrCat("param", i, ".");
     out.emplace_back(p + "cpu_param", cpu_param_[i].clone());
-    out.emplace_back(p + "acc0", acc_[0][i].clone());
-    out.emplace_back(p + "acc1", acc_[1][i].clone());
+    // A buffer with count 0 holds stale values that its next step overwrites: saved as zeros.
+    for (int b = 0; b < 2; ++b) {
+      out.emplace_back(absl::StrCat(p, "acc", b),
+                       acc_steps_[b] == 0 ? at::zeros_like(acc_[b][i]) : acc_[b][i].clone());
+    }
     out.emplace_back(p + "selected",
                      at::tensor(selected_[i], at::kLong).reshape({-1}).clone());
     out.emplace_back(p + "sel_exp_avg", sel_m_[i].defined() ? sel_m_[i].clone()

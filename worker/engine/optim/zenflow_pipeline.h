@@ -27,8 +27,13 @@
 // Step indices: the CPU Adam uses the optimizer step of the boundary as t (DeepSpeed's
 // micro_step + 1), so update_interval 1 with topk_ratio 0 and no overlap is ZeRO-Offload bit for
 // bit; 1-D parameters use the optimizer step too, with the model's moments (the ones warm-up's
-// CPU steps built). Gradients are unscaled and clipped with the step's grad_multiplier in place
-// before anything reads them (DeepSpeed clips only the CPU path).
+// CPU steps built). Gradients are unscaled and clipped with the step's grad_multiplier before
+// anything reads them (DeepSpeed clips only the CPU path): in place at warm-up, select and
+// Zen-auto steps and for 1-D parameters, otherwise on read by the fused per-step pass.
+//
+// Per step, each 2-D partition is streamed once (zenflow_step_pass.h: accumulation, the
+// interval's mean at its last step, the selective AdamW); the CPU step reads the accumulator,
+// and an accumulator whose count is 0 is overwritten by its next step (never zeroed).
 //
 // Sub-group events: OnSubGroupReady only records (the protocol's bookkeeping); all work happens
 // in FinishStep on the training thread, because the clip multiplier is known only then and the
@@ -59,6 +64,7 @@
 #include "worker/engine/offload/cpu_adam.h"
 #include "worker/engine/optim/column_selection.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
+#include "worker/engine/optim/zenflow_step_pass.h"
 
 namespace loom::engine::optim {
 
@@ -102,8 +108,10 @@ class ZenFlowPipeline : public OptimizerPipeline {
   const ZenFlowMetrics& metrics() const { return metrics_; }
   // Per parameter: the selected columns (empty for 1-D parameters and before the first select).
   const std::vector<std::vector<int64_t>>& selection() const { return selected_; }
-  // The accumulation buffer training currently adds into, and its step count (tests).
-  const at::Tensor& accumulator(size_t i) const { return acc_[state_][i]; }
+  // The accumulation buffer training currently adds into (zeros while its count is 0: its
+  // memory then holds the last interval's values until the next step overwrites them), and its
+  // step count (tests).
+  at::Tensor accumulator(size_t i) const;
   int64_t accumulated_steps() const { return acc_steps_[state_]; }
   bool cpu_step_in_flight() const { return worker_.joinable(); }
   // Waits for a CPU step in flight (its result stays pending for the next boundary).
@@ -131,7 +139,6 @@ class ZenFlowPipeline : public OptimizerPipeline {
   absl::Status Reselect();
   // Builds sel_idx_ (local element indices of the selected columns) of parameter i.
   void BuildIndices(size_t i);
-  void UpdateSelected(size_t i, const OptimizerPartition& p);
   // cpu_param -> master for the unselected columns of every 2-D parameter.
   void Publish();
   // Blocks on the CPU step in flight, counting the wait as stall.
@@ -144,6 +151,7 @@ class ZenFlowPipeline : public OptimizerPipeline {
   const PartitionSource source_;
   Collectives* const coll_;
   offload::CpuAdam cpu_adam_, device_adam_;
+  ZenFlowStepPass pass_;  // the per-step accumulation + selective update (zenflow_step_pass.h)
   std::thread worker_;
   bool initialized_ = false;
   std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy
