@@ -20,8 +20,10 @@ Line per node count:
 With --sweep, node counts keep doubling past the last one until a target breaks (heartbeat p99 >
 50 ms, cycle p99 > 100 ms, a false node loss, or the generator falling behind).
 
-Then submissions against Slurm (bench/slurm_peer.py), same client concurrency:
-  submit_vs_slurm ratio=<loom/slurm> loom_per_s=<x> slurm_per_s=<y>
+Then submissions against Slurm (bench/slurm_peer.py), same client concurrency, --slurm_runs
+times (each run a fresh daemon and a fresh slurmctld); the medians, after a spread line:
+  submit_vs_slurm_spread runs=<r> ratio_min=<> ratio_max=<> loom_min=<> ...
+  submit_vs_slurm ratio=<median loom/slurm> loom_per_s=<median> slurm_per_s=<median>
 """
 
 import argparse
@@ -161,8 +163,8 @@ def holds(row):
             row["false_node_losses"] == 0 and row["late"] == 0 and row["hb_errors"] == 0)
 
 
-def submission_peer(args):
-    sched = Scheduler(args.scheduler, f"{args.work_dir}/submit", args.heartbeat_timeout_s,
+def submission_run(args, run):
+    sched = Scheduler(args.scheduler, f"{args.work_dir}/submit{run}", args.heartbeat_timeout_s,
                       f"{args.work_dir}/fortunes")
     try:
         lg = run_loadgen(args, sched.address, 0, [f"--prefill={args.loom_submissions}",
@@ -171,7 +173,7 @@ def submission_peer(args):
         sched.stop()
     loom_per_s = float(lg["submit_per_s"])
     from slurm_peer import SlurmPeer
-    peer = SlurmPeer(f"{args.work_dir}/slurm")
+    peer = SlurmPeer(f"{args.work_dir}/slurm{run}")
     try:
         peer.start()
         slurm_per_s, errors = peer.submit(args.slurm_submissions, args.client_threads)
@@ -179,11 +181,26 @@ def submission_peer(args):
         peer.stop()
     if errors:
         print(f"warning: {errors} sbatch calls failed")
-    print(f"detail loom_submissions={args.loom_submissions} "
+    print(f"detail run={run} loom_submissions={args.loom_submissions} "
           f"slurm_submissions={args.slurm_submissions} client_threads={args.client_threads} "
-          f"load_avg={os.getloadavg()[0]:.2f}")
-    print(f"submit_vs_slurm ratio={loom_per_s / slurm_per_s:.2f} loom_per_s={loom_per_s:.0f} "
-          f"slurm_per_s={slurm_per_s:.0f}", flush=True)
+          f"loom_per_s={loom_per_s:.0f} slurm_per_s={slurm_per_s:.0f} "
+          f"ratio={loom_per_s / slurm_per_s:.2f} load_avg={os.getloadavg()[0]:.2f}", flush=True)
+    return loom_per_s, slurm_per_s
+
+
+def submission_peer(args):
+    """--slurm_runs alternating Loom / Slurm runs; the median ratio and its spread (min-max)."""
+    runs = [submission_run(args, r) for r in range(args.slurm_runs)]
+    ratios = sorted(l / s for l, s in runs)
+    loom = sorted(l for l, _ in runs)
+    slurm = sorted(s for _, s in runs)
+    mid = len(runs) // 2
+    if len(runs) > 1:
+        print(f"submit_vs_slurm_spread runs={len(runs)} ratio_min={ratios[0]:.2f} "
+              f"ratio_max={ratios[-1]:.2f} loom_min={loom[0]:.0f} loom_max={loom[-1]:.0f} "
+              f"slurm_min={slurm[0]:.0f} slurm_max={slurm[-1]:.0f}")
+    print(f"submit_vs_slurm ratio={ratios[mid]:.2f} loom_per_s={loom[mid]:.0f} "
+          f"slurm_per_s={slurm[mid]:.0f}", flush=True)
 
 
 def main():
@@ -207,6 +224,8 @@ def main():
     ap.add_argument("--client_threads", type=int, default=8)
     ap.add_argument("--loom_submissions", type=int, default=8000)
     ap.add_argument("--slurm_submissions", type=int, default=2000)
+    ap.add_argument("--slurm_runs", type=int, default=3,
+                    help="Loom/Slurm submission runs; the median ratio is reported")
     ap.add_argument("--skip_scale", action="store_true")
     ap.add_argument("--skip_slurm", action="store_true")
     args = ap.parse_args()

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -10,9 +11,11 @@ namespace loom {
 
 CheckpointWorker::CheckpointWorker(CheckpointCatalog* catalog, CheckpointWorkerOptions options,
                                    Clock* clock)
-    : catalog_(catalog), options_(options), clock_(clock) {
+    : catalog_(catalog),
+      options_(options),
+      clock_(clock),
+      retention_(catalog, options.retry_initial, options.retry_max) {
   lookup_thread_ = std::thread([this] { LookupLoop(); });
-  retention_thread_ = std::thread([this] { RetentionLoop(); });
 }
 
 CheckpointWorker::~CheckpointWorker() {
@@ -21,7 +24,6 @@ CheckpointWorker::~CheckpointWorker() {
     stop_ = true;
   }
   lookup_thread_.join();
-  retention_thread_.join();
 }
 
 absl::Duration CheckpointWorker::Backoff(int failures) const {
@@ -146,88 +148,11 @@ void CheckpointWorker::LookupLoop() {
 }
 
 void CheckpointWorker::RequestRetention(const std::string& job_id, RetentionTask task) {
-  absl::MutexLock lock(&mu_);
-  Retention& r = retention_[job_id];  // a newer request replaces one queued, keeping its backoff
-  r.task = std::move(task);
+  retention_.Request(job_id, std::move(task));
 }
 
-void CheckpointWorker::WaitForRetention() {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || (retention_.empty() && !retention_busy_);
-  };
-  mu_.Await(absl::Condition(&idle));
-}
+void CheckpointWorker::WaitForRetention() { retention_.WaitIdle(); }
 
-int CheckpointWorker::RetentionBacklog() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int>(retention_.size());
-}
-
-void CheckpointWorker::RetentionLoop() {
-  while (true) {
-    std::string job_id;
-    Retention r;
-    {
-      absl::MutexLock lock(&mu_);
-      retention_busy_ = false;
-      while (true) {
-        if (stop_) return;
-        const absl::Time now = absl::Now();
-        absl::Time next = absl::InfiniteFuture();
-        for (const auto& [id, entry] : retention_) {
-          if (entry.not_before <= now) {
-            job_id = id;
-            break;
-          }
-          next = std::min(next, entry.not_before);
-        }
-        if (!job_id.empty()) break;
-        auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          if (stop_) return true;
-          const absl::Time t = absl::Now();
-          for (const auto& [id, entry] : retention_) {
-            if (entry.not_before <= t) return true;
-          }
-          return false;
-        };
-        mu_.AwaitWithDeadline(absl::Condition(&due), next);
-      }
-      r = std::move(retention_.at(job_id));
-      retention_.erase(job_id);
-      retention_busy_ = true;
-    }
-    absl::StatusOr<std::vector<int64_t>> deleted = catalog_->ApplyRetention(
-        job_id, r.task.checkpoint_dir, r.task.policy, r.task.protected_steps);
-    if (deleted.ok()) {
-      if (!deleted->empty()) {
-        LOG(INFO) << "job " << job_id << ": retention deleted checkpoints of steps "
-                  << absl::StrJoin(*deleted, ", ")
-                  << (r.failures > 0 ? " (after a retry)" : "");
-      }
-      continue;
-    }
-    const absl::StatusCode code = deleted.status().code();
-    const bool transient = code == absl::StatusCode::kUnavailable ||
-                           code == absl::StatusCode::kDeadlineExceeded ||
-                           code == absl::StatusCode::kResourceExhausted ||
-                           code == absl::StatusCode::kAborted ||
-                           code == absl::StatusCode::kInternal ||
-                           code == absl::StatusCode::kUnknown;
-    if (!transient) {
-      LOG(WARNING) << "job " << job_id << ": checkpoint retention failed: " << deleted.status();
-      continue;
-    }
-    const int failures = r.failures + 1;
-    const absl::Time retry_at = absl::Now() + Backoff(failures);
-    LOG_EVERY_N(WARNING, 10) << "job " << job_id << ": checkpoint retention failed ("
-                             << deleted.status() << "); retry " << failures << " in "
-                             << absl::FormatDuration(Backoff(failures));
-    absl::MutexLock lock(&mu_);
-    auto [it, inserted] = retention_.emplace(job_id, std::move(r));  // unless a newer one came
-    it->second.failures = failures;
-    it->second.not_before = std::max(it->second.not_before, retry_at);
-  }
-}
+int CheckpointWorker::RetentionBacklog() const { return retention_.Backlog(); }
 
 }  // namespace loom

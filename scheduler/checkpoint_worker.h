@@ -10,9 +10,10 @@
 //     answer stays waiting, nothing else does. A definite answer (found / NOT_FOUND) is kept
 //     for `resume_ttl`; an error is kept (the job's reason shows it) while the lookup is retried
 //     with exponential backoff.
-//   * Retention (CheckpointCatalog::ApplyRetention): the latest request per job wins; a failed
-//     call is retried with exponential backoff (unless a newer request for the job replaced it,
-//     which then inherits the backoff), so retention catches up once the service answers again.
+//   * Retention (CheckpointCatalog::ApplyRetention) is handed to a RetentionWorker
+//     (retention_worker.h: its own thread, queue and retries; the latest request per job wins, a
+//     failed call is retried with exponential backoff), so retention catches up once the service
+//     answers again. The Retention* methods below forward to it.
 //
 // Backoff: retry_initial x 2^(k-1) after the k-th consecutive failure, at most retry_max, real
 // time (absl::Now); resume_ttl is measured on the given Clock (the scheduler's). Thread-safe. Lock order: the scheduler's mutex before this class's (callers
@@ -36,6 +37,7 @@
 #include "proto/common.pb.h"
 #include "scheduler/checkpoint_catalog.h"
 #include "scheduler/clock.h"
+#include "scheduler/retention_worker.h"
 
 namespace loom {
 
@@ -49,11 +51,7 @@ struct CheckpointWorkerOptions {
 
 class CheckpointWorker {
  public:
-  struct RetentionTask {
-    std::string checkpoint_dir;
-    loom::v1::CheckpointPolicy policy;
-    std::vector<int64_t> protected_steps;
-  };
+  using RetentionTask = RetentionWorker::Task;
   // An answer to a resume lookup. `definite`: found or NOT_FOUND (else an error; retrying).
   struct ResumeAnswer {
     absl::StatusOr<CommittedCheckpoint> result;
@@ -61,7 +59,7 @@ class CheckpointWorker {
   };
 
   // `catalog` and `clock` must outlive the worker; `clock` (the scheduler's) dates answers for
-  // resume_ttl. Starts both threads.
+  // resume_ttl. Starts the lookup thread and the retention worker.
   explicit CheckpointWorker(CheckpointCatalog* catalog, CheckpointWorkerOptions options = {},
                             Clock* clock = RealClock());
   ~CheckpointWorker();
@@ -100,14 +98,8 @@ class CheckpointWorker {
     std::optional<ResumeAnswer> answer;
     absl::Time answered = absl::InfinitePast();
   };
-  struct Retention {
-    RetentionTask task;
-    absl::Time not_before = absl::InfinitePast();
-    int failures = 0;
-  };
   absl::Duration Backoff(int failures) const;
   void LookupLoop();
-  void RetentionLoop();
 
   CheckpointCatalog* const catalog_;
   const CheckpointWorkerOptions options_;
@@ -116,10 +108,8 @@ class CheckpointWorker {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Lookup> lookups_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Retention> retention_ ABSL_GUARDED_BY(mu_);
-  bool retention_busy_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lookup_thread_;
-  std::thread retention_thread_;
+  RetentionWorker retention_;  // its own lock and thread
 };
 
 }  // namespace loom

@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
 }
 
 Scheduler::~Scheduler() {
+  repository_.reset();  // commits queued submissions; its listener uses the state below
   checkpoint_worker_.reset();  // waits for an in-flight catalog call (bounded by its deadline)
   std::vector<std::shared_ptr<JobSubscription>> subs;
   {
@@ -55,7 +56,7 @@ Scheduler::~Scheduler() {
 
 absl::Status Scheduler::Load() {
   const absl::Time now = clock_->Now();
-  ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store_->ListNodes());
+  ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, repository_->ListNodes());
   for (NodeRecord& node : nodes) {
     // Grace: the scheduler was down, so no node could heartbeat; each gets a full timeout, at
     // least reregistration_grace, to come back (CheckNodeLiveness).
@@ -65,7 +66,7 @@ absl::Status Scheduler::Load() {
     }
     nodes_[node.id] = std::move(node);
   }
-  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, store_->ListJobs(v1::JOB_PHASE_UNSPECIFIED));
+  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, repository_->ListJobs(v1::JOB_PHASE_UNSPECIFIED));
   std::vector<std::pair<std::string, std::string>> orphaned;  // (job id, node id)
   for (JobRecord& job : jobs) {
     next_sequence_ = std::max(next_sequence_, job.sequence + 1);
@@ -138,7 +139,7 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   if (deferred_writes_ != nullptr) {
     (*deferred_writes_)[job.id] = job;  // written in one transaction at the end of the cycle
   } else {
-    RETURN_IF_ERROR(store_->UpdateJob(job));
+    RETURN_IF_ERROR(repository_->UpdateJob(job));
   }
   if (from != job.phase) {
     --phase_counts_[from];
@@ -167,7 +168,7 @@ absl::Status Scheduler::FlushProgress() {
     if (it != jobs_.end()) records.push_back(it->second);
   }
   if (records.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(store_->UpdateJobs(records));
+  RETURN_IF_ERROR(repository_->UpdateJobs(records));
   progress_dirty_.clear();
   return absl::OkStatus();
 }
@@ -454,7 +455,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
     std::vector<JobRecord> records;
     records.reserve(deferred.size());
     for (auto& [id, record] : deferred) records.push_back(std::move(record));
-    absl::Status stored = store_->UpdateJobs(records);
+    absl::Status stored = repository_->UpdateJobs(records);
     if (!stored.ok()) {
       // Memory is ahead of the store: reload the last durable state.
       LOG(ERROR) << "storing " << records.size() << " job updates of a scheduling cycle failed ("

@@ -109,6 +109,7 @@
 #include "scheduler/clock.h"
 #include "scheduler/cluster_snapshot.h"
 #include "scheduler/job_events.h"
+#include "scheduler/job_repository.h"
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/queues.h"
 #include "scheduler/rank_progress.h"
@@ -214,6 +215,14 @@ class Scheduler {
                                           const std::string& request_id = "",
                                           bool* deduplicated = nullptr,
                                           const std::string& tenant = "default");
+  // SubmitJob without waiting for the group commit: validation runs on the calling thread, then
+  // `done` gets the answer (the job, or the error) with `deduplicated`. It runs on the calling
+  // thread for an answer known at once (a validation error, a deduplicated retry), else on the
+  // job repository's commit thread once the job's batch is durable (job_repository.h); never
+  // under the scheduler's lock. For callers that must not block (gRPC callback threads).
+  using SubmitDone = std::function<void(absl::StatusOr<loom::v1::Job> job, bool deduplicated)>;
+  void SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string& request_id,
+                      const std::string& tenant, SubmitDone done);
 
   // NOT_FOUND (JobNotFound) if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes
   // (an error message echoing it would not fit in gRPC's metadata).
@@ -339,20 +348,20 @@ class Scheduler {
         checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_),
         checkpoint_worker_(
             std::make_unique<CheckpointWorker>(checkpoints_, options_.checkpoint_worker, clock)),
+        repository_(std::make_unique<JobRepository>(
+            store, [this](const std::vector<JobRecord>& batch, const absl::Status& stored) {
+              AdoptSubmissions(batch, stored);
+            })),
         dispatcher_(std::make_unique<WakeDispatcher>()),
         logs_(std::make_unique<JobLogBuffer>(dispatcher_.get())) {}
 
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the in-memory state and loads it again from the store (after a failed write).
   void Resync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A submission waiting for its group commit (SubmitJob).
-  struct Submission {
-    JobRecord job;
-    absl::Status status;
-    bool done = false;  // guarded by commit_mu_
-  };
-  // Stores `batch` in one transaction, then publishes the jobs (or their error).
-  void CommitSubmissions(const std::vector<Submission*>& batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job repository's BatchListener: adopts a committed batch of submissions into jobs_ (or
+  // forgets them if the transaction failed). Takes mu_.
+  void AdoptSubmissions(const std::vector<JobRecord>& batch, const absl::Status& stored)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // SchedulerOptions::confine_paths: the spec's paths against the tenant's (PERMISSION_DENIED).
   absl::Status ConfineSubmittedPaths(const loom::v1::JobSpec& spec, const std::string& tenant)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -468,6 +477,11 @@ class Scheduler {
   CheckpointCatalog* const checkpoints_;
   // Resume lookups and retention, on their own threads (reset first by the destructor).
   std::unique_ptr<CheckpointWorker> checkpoint_worker_;
+  // Every store read and write, and the group commit of submissions on its own thread
+  // (job_repository.h; reset by the destructor before anything its listener uses). Lock order:
+  // mu_ before the repository's. store_ above is only for the writes not yet moved here
+  // (scheduler_heartbeat.cc's node write, whose file is being split from the rank reconciler).
+  std::unique_ptr<JobRepository> repository_;
   const std::unique_ptr<WakeDispatcher> dispatcher_;  // before the users of it below
   const std::unique_ptr<JobLogBuffer> logs_;
 
@@ -510,11 +524,6 @@ class Scheduler {
   // schedule interval of progress, which the workers report again). Everything else a heartbeat
   // changes -- phases, the rendezvous port, a new checkpoint step -- is written at once.
   std::set<std::string> progress_dirty_ ABSL_GUARDED_BY(mu_);
-  // Group commit of submissions. Lock order: mu_ before commit_mu_.
-  absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  absl::CondVar commit_cv_;
-  std::vector<Submission*> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
-  bool commit_leader_ ABSL_GUARDED_BY(commit_mu_) = false;
   std::map<std::string, StopRequest> stops_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
   // Resume lookups answered by the checkpoint worker, for the current scheduling cycle.

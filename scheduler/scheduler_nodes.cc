@@ -82,7 +82,7 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
   }
   node.last_heartbeat_time = clock_->Now();
   node.lost = false;
-  RETURN_IF_ERROR(store_->UpsertNode(node));
+  RETURN_IF_ERROR(repository_->UpsertNode(node));
   awaiting_reregistration_.erase(node_id);
   const bool known = nodes_.count(node_id) > 0;
   nodes_[node_id] = std::move(node);
@@ -135,7 +135,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::CordonNode(const std::string& node
   NodeRecord updated = it->second;
   updated.admin.set_cordoned(true);
   updated.admin.set_reason(reason);
-  RETURN_IF_ERROR(store_->UpsertNode(updated));
+  RETURN_IF_ERROR(repository_->UpsertNode(updated));
   it->second = std::move(updated);
   LOG(INFO) << "node " << node_id << " cordoned: " << reason;
   return NodeInfoOf(it->second);
@@ -148,7 +148,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::UncordonNode(const std::string& no
   if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));
   NodeRecord updated = it->second;
   updated.admin.Clear();
-  RETURN_IF_ERROR(store_->UpsertNode(updated));
+  RETURN_IF_ERROR(repository_->UpsertNode(updated));
   it->second = std::move(updated);
   LOG(INFO) << "node " << node_id << " uncordoned";
   return NodeInfoOf(it->second);
@@ -164,7 +164,7 @@ absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::stri
   updated.admin.set_cordoned(true);
   updated.admin.set_draining(true);
   updated.admin.set_reason(reason);
-  RETURN_IF_ERROR(store_->UpsertNode(updated));
+  RETURN_IF_ERROR(repository_->UpsertNode(updated));
   it->second = std::move(updated);
   std::set<std::string> jobs;
   for (const auto& [key, rt] : ranks_) {

@@ -1,10 +1,12 @@
-// The Scheduler facade's submissions: validation, path confinement, idempotent request ids
-// and the group commit of concurrent submissions into one store transaction.
+// The Scheduler facade's submissions: validation, path confinement and idempotent request ids;
+// the group commit itself is the JobRepository's (job_repository.h), which hands each committed
+// batch back to AdoptSubmissions.
 #include "scheduler/scheduler.h"
 
 #include "scheduler/job_spec_validation_accelerators.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -38,9 +41,26 @@ std::string Scheduler::NewJobId() {
 absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec,
                                                    const std::string& request_id,
                                                    bool* deduplicated,
-                                                   const std::string& tenant_in) {
-  if (deduplicated != nullptr) *deduplicated = false;
-  RETURN_IF_ERROR(CheckIdLength("request_id", request_id));
+                                                   const std::string& tenant) {
+  absl::Notification answered;
+  absl::StatusOr<loom::v1::Job> result;
+  bool was_deduplicated = false;
+  SubmitJobAsync(spec, request_id, tenant,
+                 [&](absl::StatusOr<loom::v1::Job> job, bool dedup) {
+                   result = std::move(job);
+                   was_deduplicated = dedup;
+                   answered.Notify();
+                 });
+  answered.WaitForNotification();
+  if (deduplicated != nullptr) *deduplicated = was_deduplicated;
+  return result;
+}
+
+void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string& request_id,
+                               const std::string& tenant_in, SubmitDone done) {
+  bool deduplicated = false;
+  auto fail = [&](const absl::Status& status) { done(status, false); };
+  if (absl::Status s = CheckIdLength("request_id", request_id); !s.ok()) return fail(s);
   const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
   // A retry of an earlier submission (same request id): the earlier job, if it is the same
   // tenant's and the same spec. Request ids are unique across tenants; another tenant's job is
@@ -55,73 +75,67 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
                                                    " was already used for job ", earlier.id,
                                                    " with a different spec"));
     }
-    if (deduplicated != nullptr) *deduplicated = true;
+    deduplicated = true;
     return JobRecordToProto(earlier);
   };
+  std::optional<absl::StatusOr<loom::v1::Job>> answer;  // known without a commit
   {
     absl::MutexLock lock(&mu_);
     auto known = job_by_request_.find(request_id);
     if (!request_id.empty() && known != job_by_request_.end()) {
-      return earlier_submission(jobs_.at(known->second));
+      answer = earlier_submission(jobs_.at(known->second));
     }
   }
+  if (answer.has_value()) return done(std::move(*answer), deduplicated);
   // Paths first: validation reads the files, and must not for a path the tenant may not name.
-  if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
-  RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
-  RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
-  RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
-  RETURN_IF_ERROR(Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING));
-  Submission sub;
+  if (options_.confine_paths) {
+    if (absl::Status s = ConfineSubmittedPaths(spec, tenant); !s.ok()) return fail(s);
+  }
+  if (absl::Status s = ValidateJobSpec(spec, options_.validation); !s.ok()) return fail(s);
+  if (absl::Status s = ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes());
+      !s.ok()) {
+    return fail(s);
+  }
+  if (absl::Status s = ResolveQueue(options_.queues, spec.queue(), tenant).status(); !s.ok()) {
+    return fail(s);
+  }
+  if (absl::Status s = Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING); !s.ok()) {
+    return fail(s);
+  }
   {
     absl::MutexLock lock(&mu_);
     if (!request_id.empty() && job_by_request_.count(request_id)) {
       // A concurrent retry created it between the check above and validation.
-      return earlier_submission(jobs_.at(job_by_request_.at(request_id)));
-    }
-    if (!request_id.empty() && inflight_requests_.count(request_id)) {
-      return absl::UnavailableError(absl::StrCat(
+      answer = earlier_submission(jobs_.at(job_by_request_.at(request_id)));
+    } else if (!request_id.empty() && inflight_requests_.count(request_id)) {
+      answer = absl::UnavailableError(absl::StrCat(
           "request_id ", request_id, ": a submission with this id is being committed; retry"));
+    } else {
+      JobRecord job;
+      job.id = NewJobId();
+      job.request_id = request_id;
+      job.tenant = tenant;
+      job.sequence = next_sequence_++;
+      job.spec = spec;
+      job.phase = v1::JOB_PHASE_PENDING;
+      job.reason = "Queued";
+      job.message = "waiting for the next scheduling cycle";
+      job.create_time = clock_->Now();
+      job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
+      job.progress.set_total_steps(spec.training().steps());
+      AppendHistory(&job.state, job.create_time, job.phase, job.reason, job.message, 0);
+      inflight_ids_.insert(job.id);
+      if (!request_id.empty()) inflight_requests_.insert(request_id);
+      // Queued under mu_, so batches keep submission (sequence) order. The job is acknowledged
+      // only once its batch's transaction committed and AdoptSubmissions took it into jobs_.
+      repository_->Submit(std::move(job),
+                          [done](const JobRecord& stored_job, const absl::Status& stored) {
+                            if (!stored.ok()) return done(stored, false);
+                            done(JobRecordToProto(stored_job), false);
+                          });
     }
-    JobRecord& job = sub.job;
-    job.id = NewJobId();
-    job.request_id = request_id;
-    job.tenant = tenant;
-    job.sequence = next_sequence_++;
-    job.spec = spec;
-    job.phase = v1::JOB_PHASE_PENDING;
-    job.reason = "Queued";
-    job.message = "waiting for the next scheduling cycle";
-    job.create_time = clock_->Now();
-    job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
-    job.progress.set_total_steps(spec.training().steps());
-    AppendHistory(&job.state, job.create_time, job.phase, job.reason, job.message, 0);
-    inflight_ids_.insert(job.id);
-    if (!request_id.empty()) inflight_requests_.insert(request_id);
-    absl::MutexLock queue_lock(&commit_mu_);
-    commit_queue_.push_back(&sub);
   }
-  // Group commit: the first waiting submitter without a leader writes every queued submission
-  // in one transaction (one fsync) while later ones queue up for the next batch. The job is
-  // acknowledged only once its transaction committed.
-  commit_mu_.Lock();
-  while (!sub.done) {
-    if (commit_leader_) {
-      commit_cv_.Wait(&commit_mu_);
-      continue;
-    }
-    commit_leader_ = true;
-    std::vector<Submission*> batch;
-    batch.swap(commit_queue_);
-    commit_mu_.Unlock();
-    CommitSubmissions(batch);
-    commit_mu_.Lock();
-    for (Submission* b : batch) b->done = true;
-    commit_leader_ = false;
-    commit_cv_.SignalAll();
-  }
-  commit_mu_.Unlock();
-  RETURN_IF_ERROR(sub.status);
-  return JobRecordToProto(sub.job);
+  if (answer.has_value()) done(std::move(*answer), deduplicated);
 }
 
 absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
@@ -140,17 +154,11 @@ absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
                              });
 }
 
-void Scheduler::CommitSubmissions(const std::vector<Submission*>& batch) {
-  std::vector<JobRecord> records;
-  records.reserve(batch.size());
-  for (const Submission* b : batch) records.push_back(b->job);
-  const absl::Status stored = store_->CreateJobs(records);
+void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl::Status& stored) {
   absl::MutexLock lock(&mu_);
-  for (Submission* b : batch) {
-    const JobRecord& job = b->job;
+  for (const JobRecord& job : batch) {
     inflight_ids_.erase(job.id);
     if (!job.request_id.empty()) inflight_requests_.erase(job.request_id);
-    b->status = stored;
     if (!stored.ok()) continue;
     job_order_[job.sequence] = job.id;
     if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;

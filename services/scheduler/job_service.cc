@@ -246,14 +246,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContex
                                                       loom::v1::SubmitJobResponse* response,
                                                       const std::string& tenant) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  bool deduplicated = false;
-  absl::StatusOr<loom::v1::Job> job =
-      scheduler_->SubmitJob(request->spec(), request->request_id(), &deduplicated, tenant);
-  if (job.ok()) {
-    *response->mutable_job() = std::move(*job);
-    response->set_deduplicated(deduplicated);
-  }
-  reactor->Finish(ToGrpcStatus(job.status()));
+  // Answered from the job repository's commit thread once the job's batch is durable: this
+  // callback thread (gRPC has only a few) does not wait for the fsync, so every in-flight
+  // submission can join the next group commit (docs/benchmarks.md "Submissions against Slurm").
+  scheduler_->SubmitJobAsync(
+      request->spec(), request->request_id(), tenant,
+      [reactor, response](absl::StatusOr<loom::v1::Job> job, bool deduplicated) {
+        if (job.ok()) {
+          *response->mutable_job() = std::move(*job);
+          response->set_deduplicated(deduplicated);
+        }
+        reactor->Finish(ToGrpcStatus(job.status()));
+      });
   return reactor;
 }
 

@@ -1,0 +1,99 @@
+#include "scheduler/job_repository.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/synchronization/notification.h"
+
+namespace loom {
+
+JobRepository::JobRepository(JobStore* store, BatchListener on_batch, int max_batch)
+    : store_(store),
+      on_batch_(std::move(on_batch)),
+      max_batch_(static_cast<size_t>(std::max(1, max_batch))) {
+  commit_thread_ = std::thread([this] { CommitLoop(); });
+}
+
+JobRepository::~JobRepository() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  commit_thread_.join();
+}
+
+void JobRepository::Submit(JobRecord job, Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      queue_.push_back(Pending{std::move(job), std::move(done)});
+      return;
+    }
+  }
+  if (done) done(job, absl::FailedPreconditionError("the job repository is shutting down"));
+}
+
+absl::Status JobRepository::SubmitAndWait(JobRecord job) {
+  absl::Notification acknowledged;
+  absl::Status result;
+  Submit(std::move(job), [&](const JobRecord&, const absl::Status& status) {
+    result = status;
+    acknowledged.Notify();
+  });
+  acknowledged.WaitForNotification();
+  return result;
+}
+
+void JobRepository::CommitLoop() {
+  while (true) {
+    std::vector<Pending> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](JobRepository* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return r->stop_ || !r->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, nothing left to commit
+      if (queue_.size() <= max_batch_) {
+        batch.swap(queue_);
+      } else {
+        batch.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.begin() + static_cast<long>(max_batch_)));
+        queue_.erase(queue_.begin(), queue_.begin() + static_cast<long>(max_batch_));
+      }
+    }
+    std::vector<JobRecord> records;
+    records.reserve(batch.size());
+    for (Pending& p : batch) records.push_back(std::move(p.job));
+    const absl::Status stored = store_->CreateJobs(records);
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.batches;
+      stats_.jobs += static_cast<int64_t>(records.size());
+      stats_.largest_batch = std::max(stats_.largest_batch, static_cast<int64_t>(records.size()));
+      if (!stored.ok()) ++stats_.failed_batches;
+    }
+    if (on_batch_) on_batch_(records, stored);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].done) batch[i].done(records[i], stored);
+    }
+  }
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobRepository::ListJobs(loom::v1::JobPhase phase) {
+  return store_->ListJobs(phase);
+}
+absl::StatusOr<std::vector<NodeRecord>> JobRepository::ListNodes() { return store_->ListNodes(); }
+absl::Status JobRepository::UpdateJob(const JobRecord& job) { return store_->UpdateJob(job); }
+absl::Status JobRepository::UpdateJobs(const std::vector<JobRecord>& jobs) {
+  return store_->UpdateJobs(jobs);
+}
+absl::Status JobRepository::UpsertNode(const NodeRecord& node) { return store_->UpsertNode(node); }
+
+JobRepository::Stats JobRepository::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace loom

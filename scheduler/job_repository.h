@@ -1,0 +1,101 @@
+// File: scheduler/job_repository.h
+//
+// The scheduler's durable state (DESIGN.md "A job's path", step 2): every read and write of the
+// JobStore the Scheduler makes goes through a JobRepository, and new jobs are group-committed
+// here. Moved out of scheduler.cc / scheduler_submit.cc (issue 16, "the scheduler core in named
+// pieces"); the Scheduler stays the facade holding its own lock.
+//
+// Group commit (as databases batch commits behind one log flush; e.g. PostgreSQL's
+// commit_delay, or the "group commit" of DeWitt et al., "Implementation Techniques for Main
+// Memory Database Systems", SIGMOD 1984, section 4): Submit() queues a job record and returns at
+// once; one commit thread takes every record queued so far and stores them with one
+// JobStore::CreateJobs call (one transaction, one fsync with SqliteJobStore's synchronous=FULL),
+// then calls the BatchListener with the batch and its status, then each submission's Done. A
+// submission is therefore acknowledged (Done with OK) only after its batch is durable, and the
+// listener has adopted the batch before any submitter hears back. While a batch is being written
+// new submissions queue for the next one, so the batch size grows with the offered load and no
+// caller's thread (e.g. a gRPC callback thread) waits on the disk.
+//
+// Batches: all records of a batch or none (JobStore::CreateJobs); a failed batch fails every
+// submission in it with the store's status (e.g. ALREADY_EXISTS, UNAVAILABLE) and is not retried.
+// At most max_batch records per transaction (default 4,096).
+//
+// Thread-safety: every method may be called from any thread. The listener and the Done callbacks
+// run on the commit thread, without this class's lock held; they may take the caller's locks
+// (lock order: a caller's lock before this class's, never the reverse) and may call Submit(), but
+// must not block on a later batch. The destructor commits what is queued, then joins the thread.
+#ifndef LOOM_SCHEDULER_JOB_REPOSITORY_H_
+#define LOOM_SCHEDULER_JOB_REPOSITORY_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/common.pb.h"
+#include "storage/job_store.h"
+
+namespace loom {
+
+class JobRepository {
+ public:
+  // Called on the commit thread after each batch's transaction: the records in submission order
+  // and the transaction's status.
+  using BatchListener = std::function<void(const std::vector<JobRecord>&, const absl::Status&)>;
+  // A submission's acknowledgement: the record as stored, and OK once its batch committed, else
+  // the store's error.
+  using Done = std::function<void(const JobRecord&, const absl::Status&)>;
+
+  struct Stats {
+    int64_t batches = 0;        // transactions written (failed ones included)
+    int64_t jobs = 0;           // records in them
+    int64_t largest_batch = 0;  // most records in one transaction
+    int64_t failed_batches = 0;
+  };
+
+  // `store` must outlive the repository. `on_batch` may be empty. `max_batch` >= 1.
+  JobRepository(JobStore* store, BatchListener on_batch, int max_batch = 4096);
+  ~JobRepository();
+  JobRepository(const JobRepository&) = delete;
+  JobRepository& operator=(const JobRepository&) = delete;
+
+  // Queues `job` for the next batch; `done` runs on the commit thread once it is stored (or its
+  // batch failed). After the destructor started: FAILED_PRECONDITION through `done` at once.
+  void Submit(JobRecord job, Done done);
+  // Submit() and wait for the acknowledgement.
+  absl::Status SubmitAndWait(JobRecord job);
+
+  // The store's own calls, unbatched (JobStore's contracts).
+  absl::StatusOr<std::vector<JobRecord>> ListJobs(
+      loom::v1::JobPhase phase = loom::v1::JOB_PHASE_UNSPECIFIED);
+  absl::StatusOr<std::vector<NodeRecord>> ListNodes();
+  absl::Status UpdateJob(const JobRecord& job);
+  absl::Status UpdateJobs(const std::vector<JobRecord>& jobs);
+  absl::Status UpsertNode(const NodeRecord& node);
+
+  Stats stats() const;
+
+ private:
+  struct Pending {
+    JobRecord job;
+    Done done;
+  };
+  void CommitLoop();
+
+  JobStore* const store_;
+  const BatchListener on_batch_;
+  const size_t max_batch_;
+  mutable absl::Mutex mu_;
+  std::vector<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread commit_thread_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SCHEDULER_JOB_REPOSITORY_H_
