@@ -57,12 +57,14 @@ def param_count(c):
     return 2 * v * h + l * per_layer + h
 
 
-def loom_spec(path, cfg, a, stage, steps, offload=None):
+def loom_spec(path, cfg, a, stage, steps, offload=None, bf16=False):
     # Buckets of 25 MiB of fp32 (6.5M elements), DDP's default bucket_cap_mb, for the
     # reduce-scatters and all-gathers (DeepSpeed's default 5e8 elements would put the whole
     # model's gradients in one bucket).
     zero = {"stage": stage, "sub_group_size": a.sub_group_size,
             "reduce_bucket_size": a.bucket, "allgather_bucket_size": a.bucket}
+    if stage == 1 and getattr(a, "zero1_overlap_comm", False):
+        zero["overlap_comm"] = True
     if stage == 3:
         # DeepSpeed's defaults (1e9 live elements, reuse distance 1e9) keep every parameter of a
         # sub-billion model gathered from forward to backward; bound them to about a layer, as
@@ -79,7 +81,7 @@ def loom_spec(path, cfg, a, stage, steps, offload=None):
         "deepspeed_config": {
             "train_micro_batch_size_per_gpu": a.micro, "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
-            "zero_optimization": zero},
+            "zero_optimization": zero, **({"bf16": {"enabled": True}} if bf16 else {})},
         "training": {"sequence_length": a.seq, "steps": str(steps), "seed": "1",
                      "eval_batches": 1, "threads_per_rank": a.threads},
     }
@@ -131,10 +133,11 @@ class Result:
         return statistics.median(self.optimizer_s) if self.optimizer_s else float("nan")
 
 
-def run_loom(name, a, cfg, stage, steps, offload=None, env=None, caps=None):
-    spec = loom_spec(os.path.join(a.workdir, name + ".json"), cfg, a, stage, steps, offload)
+def run_loom(name, a, cfg, stage, steps, offload=None, env=None, caps=None, trainer=None,
+             bf16=False):
+    spec = loom_spec(os.path.join(a.workdir, name + ".json"), cfg, a, stage, steps, offload, bf16)
     t0 = time.time()
-    ranks = gang.run_loom(a.trainer, spec, a.world, os.path.join(a.workdir, name),
+    ranks = gang.run_loom(trainer or a.trainer, spec, a.world, os.path.join(a.workdir, name),
                           timeout_s=a.timeout, env=env or ENV, caps=caps)
     r = Result(name, ranks, a.warmup, a.workdir)
     print("  ran %-28s in %5.1f s: %s" % (name, time.time() - t0,
@@ -196,6 +199,20 @@ def main():
     ap.add_argument("--cap_max_layers", type=int, default=512,
                     help="deepest probe of the search (a fit there is reported as a lower bound)")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--old_trainer", default="",
+                    help="a loom-trainer built from an older commit: its ZeRO-3 and ZeRO-1 runs "
+                         "(and bf16 ZeRO-3 with --bf16) join this run, step time and peak "
+                         "memory printed against the new binary's")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also run Loom ZeRO-3 with bf16 parameters (communication_data_type "
+                         "default = bf16): step time, peak memory and comm MiB/step")
+    ap.add_argument("--no_foreach", action="store_true",
+                    help="skip the DDP AdamW(foreach=True) row (the peer is then DDP's default)")
+    ap.add_argument("--zero1_overlap_comm", action="store_true",
+                    help="Loom ZeRO-1 with overlap_comm true (DeepSpeed's stage-1 default is "
+                         "false; DDP under ZeroRedundancyOptimizer overlaps its all-reduce)")
+    ap.add_argument("--no_references", action="store_true",
+                    help="skip the reference rows (DDP gradient_as_bucket_view, ZeRO-3 CpuAdam)")
     ap.add_argument("--cap_mmap_threshold", type=int, default=262144,
                     help="MALLOC_MMAP_THRESHOLD_ of the capacity runs, both systems (0: default)")
     ap.add_argument("--malloc_mmap_threshold", type=int, default=0,
@@ -227,20 +244,39 @@ def main():
     #    what offload_optimizer "cpu" changes: the step runs in CpuAdam).
     ddp_default = run_torch("torch_ddp", a, cfg, "ddp", a.steps)
     # The faster optimizer path a PyTorch user would pick; the ratios use the faster peer.
-    ddp_foreach = run_torch("torch_ddp_foreach", a, cfg, "ddp", a.steps, extra=["--foreach"])
+    skipped = Result("skipped", [], 0)
+    skipped.ok, skipped.error = False, "skipped (--no_foreach / --no_references)"
+    ddp_foreach = skipped if a.no_foreach else run_torch("torch_ddp_foreach", a, cfg, "ddp",
+                                                         a.steps, extra=["--foreach"])
     ddp = ddp_default
     if ddp_foreach.ok and (not ddp_default.ok or ddp_foreach.step() < ddp_default.step()):
         ddp = ddp_foreach
     z3 = run_loom("loom_zero3", a, cfg, 3, a.steps)
-    z3c = run_loom("loom_zero3_cpu_adam", a, cfg, 3, a.steps,
-                   {"offload_optimizer": {"device": "cpu"}})
+    z3c = skipped if a.no_references else run_loom(
+        "loom_zero3_cpu_adam", a, cfg, 3, a.steps, {"offload_optimizer": {"device": "cpu"}})
     # A reference, not the target's peer: DDP with its memory-saving gradient_as_bucket_view
     # (off by default), which drops one of its two gradient copies.
-    ddpv = run_torch("torch_ddp_bucket_view", a, cfg, "ddp", a.steps,
-                     extra=["--gradient_as_bucket_view"])
+    ddpv = skipped if a.no_references else run_torch(
+        "torch_ddp_bucket_view", a, cfg, "ddp", a.steps, extra=["--gradient_as_bucket_view"])
     # 2. ZeRO-1.
     tz1 = run_torch("torch_zero1", a, cfg, "zero1", a.steps)
     z1 = run_loom("loom_zero1", a, cfg, 1, a.steps)
+    # Old binary vs new (same run), and bf16 ZeRO-3 (gradient communication dtype).
+    old_rows = []
+    if a.old_trainer:
+        old_rows.append((run_loom("loom_zero3_old", a, cfg, 3, a.steps, trainer=a.old_trainer),
+                         z3))
+        old_rows.append((run_loom("loom_zero1_old", a, cfg, 1, a.steps, trainer=a.old_trainer),
+                         z1))
+    bf16_rows = []
+    if a.bf16:
+        z3b = run_loom("loom_zero3_bf16", a, cfg, 3, a.steps, bf16=True)
+        bf16_rows.append(z3b)
+        if a.old_trainer:
+            z3bo = run_loom("loom_zero3_bf16_old", a, cfg, 3, a.steps, trainer=a.old_trainer,
+                            bf16=True)
+            bf16_rows.append(z3bo)
+            old_rows.append((z3bo, z3b))
     # 3. Capacity: two depths, 3 steps each (peak RSS is reached in the first optimizer step).
     #    Both systems run the capacity points with the same allocator setting,
     #    MALLOC_MMAP_THRESHOLD_=<--cap_mmap_threshold> (glibc returns every freed block of that
@@ -274,7 +310,8 @@ def main():
           "all-reduce, on both sides")
     print("%-34s %12s %12s %14s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
                                              "at start MiB", "comm MiB/step"))
-    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1):
+    extra_rows = [o for o, _ in old_rows if o not in bf16_rows] + bf16_rows
+    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1, *extra_rows):
         if not r.ok:
             print("%-34s  not available: %s" % (r.name, r.error))
             continue
@@ -307,12 +344,24 @@ def main():
     else:
         print("Loom ZeRO-1 vs ZeroRedundancyOptimizer: not measured (%s)"
               % (z1.error if not z1.ok else tz1.error))
+    for old, new in old_rows:
+        if old.ok and new.ok:
+            print("new / old binary, %s: step time %.3f (%.3f / %.3f s), peak memory %.3f "
+                  "(%.0f / %.0f MiB)" % (new.name, new.step() / old.step(), new.step(),
+                                         old.step(), new.peak_rss / old.peak_rss,
+                                         mib(new.peak_rss), mib(old.peak_rss)))
+            if new.comm_bytes_per_step and old.comm_bytes_per_step:
+                print("  comm bytes/step new / old: %.3f (%d / %d)" % (
+                    new.comm_bytes_per_step / old.comm_bytes_per_step, new.comm_bytes_per_step,
+                    old.comm_bytes_per_step))
+        else:
+            print("new / old binary, %s: not measured (%s)" % (new.name, old.error or new.error))
     # Breakdown (medians, rank 0). Loom reports the seconds its rank was blocked waiting in
     # collectives (communication + waiting for the peer = idle), the optimizer step and input
     # preparation; compute is the rest. DDP overlaps its bucketed all-reduce with backward, so
     # only forward+backward (including the all-reduce wait) and the optimizer can be separated.
     print("\nBreakdown (median s/step, rank 0)")
-    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1):
+    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1, *extra_rows):
         if not r.ok:
             continue
         if r.comm_s:

@@ -481,13 +481,7 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
       return Unsupported(Join(Join(kRoot, key), "enabled"), key);
     }
   }
-  for (const char* key : {"communication_data_type"}) {
-    std::string dtype;
-    RETURN_IF_ERROR(ReadString(root, key, kRoot, &dtype));
-    if (!dtype.empty() && dtype != "fp32" && dtype != "float32") {
-      return Unsupported(Join(kRoot, key), absl::StrCat("communication dtype \"", dtype, "\""));
-    }
-  }
+  RETURN_IF_ERROR(ds_config_internal::ParseCommunicationDataType(root, &c));  // after precision
   {
     ASSIGN_OR_RETURN(const json* dt, OptObject(root, "data_types", kRoot));
     if (dt != nullptr) {

@@ -463,5 +463,36 @@ TEST(ParseDeepSpeedConfigTest, ActivationCheckpointingSection) {
                           "deepspeed_config.activation_checkpointing: expected a JSON object"));
 }
 
+// communication_data_type (ds_config_communication.cc): DeepSpeed's values; the default is the
+// param dtype; a value other than the one ZeRO applies is refused naming the key.
+TEST(ParseDeepSpeedConfigTest, CommunicationDataType) {
+  const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
+  auto parse = [&](const std::string& extra) {
+    return ParseDeepSpeedConfig("{" + ok + extra + "}", 2);
+  };
+  for (const char* extra :
+       {"", R"(, "bf16": {"enabled": true}, "communication_data_type": "bf16")",
+        R"(, "bf16": {"enabled": true}, "communication_data_type": "bfloat16")",
+        R"(, "communication_data_type": "fp32")",
+        R"(, "fp16": {"enabled": true}, "communication_data_type": "fp32")"}) {
+    absl::StatusOr<DeepSpeedConfig> c = parse(extra);
+    EXPECT_TRUE(c.ok()) << extra << ": " << c.status();
+  }
+  EXPECT_THAT(parse(R"(, "communication_data_type": "bf16")").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "deepspeed_config.communication_data_type: \"bf16\" with fp32 parameters"));
+  EXPECT_THAT(parse(R"(, "communication_data_type": "int8")").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "deepspeed_config.communication_data_type: \"int8\" is not one of fp32, "
+                       "bf16, fp16"));
+  EXPECT_THAT(parse(R"(, "communication_data_type": 16)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "deepspeed_config.communication_data_type"));
+  EXPECT_THAT(parse(R"(, "bf16": {"enabled": true}, "communication_data_type": "fp32")").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "deepspeed_config.communication_data_type: \"fp32\" with bf16 "
+                       "parameters"));
+}
+
 }  // namespace
 }  // namespace loom::engine

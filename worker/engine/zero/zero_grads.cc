@@ -52,16 +52,47 @@ at::Tensor ZeroProvider::NewGradBuffer(size_t i) {
   return buf;
 }
 
+at::Tensor ZeroProvider::NewLocalGrad(size_t i) {
+  // From the pool (no fresh pages to fault in every step: perf showed page clearing at ~5% of
+  // a ZeRO-1 step); counted as kGrads while it is the accumulator.
+  at::Tensor buf = NewGradBuffer(i);
+  memory_.Release(MemoryKind::kBuffers, Bytes(buf));
+  memory_.Acquire(MemoryKind::kGrads, Bytes(buf));
+  return buf;
+}
+
+void ZeroProvider::PutLocalGrad(ZeroParam& p) {
+  memory_.Release(MemoryKind::kGrads, Bytes(p.local_grad));
+  memory_.Acquire(MemoryKind::kBuffers, Bytes(p.local_grad));
+  pool_.Put(std::move(p.local_grad));
+  p.local_grad = at::Tensor();
+}
+
 at::Tensor ZeroProvider::GradDestination(ParamId i, at::ScalarType compute_dtype) {
-  if (options_.stage < 2 || compute_dtype != at::kFloat) return at::Tensor();
+  if (compute_dtype != at::kFloat) return at::Tensor();
+  if (options_.stage == 1) {
+    // Stage 1: the step's first contribution is written straight into the [N*p] local
+    // accumulator (no zero fill, no temporary gradient, no add); later ones take AddGrad.
+    ZeroParam& p = params_[i];
+    if (p.local_grad.defined()) return at::Tensor();
+    p.local_grad = NewLocalGrad(i);
+    return p.local_grad.narrow(0, 0, p.numel).view(p.spec.shape);
+  }
+  if (options_.stage < 2) return at::Tensor();
   grad_out_[i] = NewGradBuffer(i);
   return grad_out_[i].narrow(0, 0, params_[i].numel).view(params_[i].spec.shape);
 }
 
 void ZeroProvider::CommitGrad(ParamId i) {
-  at::Tensor buf = std::move(grad_out_[i]);
   touched_[i] = 1;
   ++grad_seen_[i];
+  if (options_.stage == 1) {  // written into local_grad by GradDestination
+    if (last_micro_ && deferral_depth_[i] == 0 && grad_seen_[i] >= grad_expected_[i]) {
+      Enqueue(i, params_[i].local_grad);
+    }
+    return;
+  }
+  at::Tensor buf = std::move(grad_out_[i]);
   if (deferral_depth_[i] > 0) {  // summed here, reduced once at EndGradDeferral
     if (!deferred_[i].defined()) {
       deferred_[i] = std::move(buf);
@@ -98,9 +129,8 @@ void ZeroProvider::AddGrad(ParamId i, const at::Tensor& full_grad) {
       return;
     case 1:
       if (!p.local_grad.defined()) {  // zero-padded to N*p: reduce-scattered as it is
-        p.local_grad =
-            at::zeros({collectives_->world_size() * p.slice.partition_numel}, at::kFloat);
-        memory_.Acquire(MemoryKind::kGrads, Bytes(p.local_grad));
+        p.local_grad = NewLocalGrad(i);
+        p.local_grad.narrow(0, 0, p.numel).zero_();
       }
       p.local_grad.narrow(0, 0, p.numel).add_(g);
       if (complete) Enqueue(i, p.local_grad);
@@ -162,17 +192,33 @@ void ZeroProvider::Flush() {
     r.pending = collectives_->StartAllReduce(r.send, ReduceOp::kSum);
   } else {
     // One coalesced reduce-scatter of the bucket's [N*p] buffers (stages 2/3: pre-divided in
-    // CommitGrad; stage 1: the padded local accumulators, divided here).
-    for (const auto& [i, t] : bucket_) {
+    // CommitGrad; stage 1: the padded local accumulators, divided here). A 16-bit
+    // communication dtype reduces a copy rounded once to it (the fp32 buffer of stages 2/3
+    // goes back to the pool at once) into a 16-bit [p] temporary.
+    const at::ScalarType wire = grad_communication_dtype();
+    r.wire16 = wire != at::kFloat;
+    for (auto& [i, t] : bucket_) {
       ZeroParam& p = params_[i];
       if (options_.stage == 1 && factor != 1.0) t.div_(factor);
-      r.fulls.push_back(t);
-      // The first reduction since ClearGrads lands in the gradient partition itself; later
-      // ones (gradient accumulation, a parameter used twice) are added when they complete.
+      if (r.wire16) {
+        at::Tensor w = pool_.Get(t.numel(), wire);
+        w.copy_(t);
+        if (options_.stage >= 2) pool_.Put(std::move(t));
+        r.fulls.push_back(std::move(w));
+      } else {
+        r.fulls.push_back(t);
+      }
+      // The first reduction since ClearGrads lands in the gradient partition itself (copied
+      // from the 16-bit temporary); later ones (gradient accumulation, a parameter used twice)
+      // are added when they complete.
       EnsureGrad(p);
       const bool direct = !grad_written_[i];
       grad_written_[i] = 1;
-      r.parts.push_back(direct ? p.grad : pool_.Get(p.slice.partition_numel, at::kFloat));
+      if (r.wire16) {
+        r.parts.push_back(pool_.Get(p.slice.partition_numel, wire));
+      } else {
+        r.parts.push_back(direct ? p.grad : pool_.Get(p.slice.partition_numel, at::kFloat));
+      }
       r.direct.push_back(direct);
     }
     r.pending = collectives_->StartReduceScatterSumCoalesced(r.fulls, r.parts);
@@ -194,6 +240,8 @@ void ZeroProvider::CompleteOldest() {
       ZeroParam& p = params_[r.ids[b]];
       if (options_.stage == 0) {
         p.grad.copy_(r.send.narrow(0, r.offsets[b], p.numel));
+      } else if (r.wire16 && r.direct[b]) {
+        p.grad.copy_(r.parts[b]);
       } else if (!r.direct[b]) {
         p.grad.add_(r.parts[b]);
       }
@@ -201,12 +249,12 @@ void ZeroProvider::CompleteOldest() {
   }
   memory_.Release(MemoryKind::kBuffers, r.bytes);
   for (size_t b = 0; b < r.fulls.size(); ++b) {
-    if (!r.direct[b]) pool_.Put(std::move(r.parts[b]));
+    if (!r.direct[b] || r.wire16) pool_.Put(std::move(r.parts[b]));
     if (options_.stage == 1) {  // the full local accumulator is no longer needed
       ZeroParam& p = params_[r.ids[b]];
+      if (r.wire16) pool_.Put(std::move(r.fulls[b]));
       r.fulls[b] = at::Tensor();
-      memory_.Release(MemoryKind::kGrads, Bytes(p.local_grad));
-      p.local_grad = at::Tensor();
+      PutLocalGrad(p);
     } else {
       pool_.Put(std::move(r.fulls[b]));
     }

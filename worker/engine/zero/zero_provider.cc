@@ -29,6 +29,12 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<P
     return absl::InvalidArgumentError(
         absl::StrCat("gradient_divide_factor ", options.gradient_divide_factor, " is negative"));
   }
+  const at::ScalarType comm = options.communication_dtype;
+  if (comm != at::ScalarType::Undefined && comm != at::kFloat && comm != at::kBFloat16 &&
+      comm != at::kHalf) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communication_dtype ", c10::toString(comm), ": must be fp32, bf16 or fp16"));
+  }
   std::unique_ptr<ZeroProvider> m(new ZeroProvider(std::move(specs), collectives, options));
   const int64_t n_ranks = collectives->world_size();
   const int64_t rank = collectives->rank();
@@ -126,6 +132,13 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<P
 }
 
 at::ScalarType ZeroProvider::activation_dtype() const {
+  return options_.param_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+}
+
+at::ScalarType ZeroProvider::grad_communication_dtype() const {
+  if (options_.communication_dtype != at::ScalarType::Undefined) {
+    return options_.communication_dtype;
+  }
   return options_.param_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
 }
 

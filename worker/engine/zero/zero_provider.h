@@ -22,7 +22,9 @@
 // zero-padded [N*p] fp32 buffer pre-divided by gradient_divide_factor (TECHNIQUES.md §1.6 step
 // 4). In stages 2/3 the linear and embedding backward write the weight gradient straight into
 // that buffer (GradDestination/CommitGrad), and the reduced partition goes straight into the
-// gradient partition when it is the first contribution since ClearGrads.
+// gradient partition when it is the first contribution since ClearGrads. In stage 1 the
+// step's first contribution is written straight into the pooled [N*p] local accumulator the
+// same way (later micro-steps add into it).
 // Gradient deferral (ParamAccess::BeginGradDeferral): stages 2/3 sum the deferred contributions
 // in one [N*p] buffer and reduce it once at EndGradDeferral; stages 0/1 accumulate locally
 // anyway and reduce once per step.
@@ -44,8 +46,16 @@
 // gather (ReadAhead); unused hints are dropped at FinishMicroStep.
 //
 // Mixed precision: param_dtype kBFloat16 -> bf16 params and activations; kHalf -> fp16 params
-// with fp32 activations (LibTorch 1.13 on CPU has no fp16 matmul kernels). Gradients are reduced
-// and accumulated in fp32; the optimizer works on fp32 master partitions. All tensors on CPU.
+// with fp32 activations (LibTorch 1.13 on CPU has no fp16 matmul kernels). The optimizer works
+// on fp32 master partitions. All tensors on CPU.
+// Gradient communication dtype (DeepSpeed's communication_data_type; ZeroOptions::
+// communication_dtype, default the param dtype for bf16, fp32 otherwise): a gradient's local
+// contributions are summed in fp32 (the [N*p] buffer); with a 16-bit communication dtype
+// (stages 1-3) that buffer, pre-divided, is rounded once to it and reduce-scattered in it
+// (half the bytes of fp32; Collectives sums the 16-bit values in fp32 in rank order and rounds
+// once), and the reduced [p] partition is added to the fp32 gradient partition, so gradient
+// accumulation over micro-steps stays fp32 (DeepSpeed's grad_accum_dtype fp32). Stage 0's
+// all-reduce stays fp32 on the wire (Collectives' bf16 all-reduce reduces an fp32 copy).
 //
 // Every rank must make the same calls in the same order (collectives). Collective failures
 // throw CollectiveError. Not thread-safe.
@@ -88,6 +98,10 @@ struct ZeroOptions {
   // the reduced gradient is the mean over this many replicas. 0: the world size (data
   // parallelism over every rank); sequence parallelism (issue 13) sets dp x sp.
   double gradient_divide_factor = 0;
+  // Dtype of the gradient reduce-scatters (stages 1-3): kFloat, kBFloat16 or kHalf;
+  // kUndefined: kBFloat16 when param_dtype is kBFloat16 (DeepSpeed's default, the param dtype),
+  // else kFloat (fp16 jobs keep fp32: their gradients are loss-scaled). Create refuses others.
+  at::ScalarType communication_dtype = at::ScalarType::Undefined;
   // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
   bool allocate_optimizer_state = true;
   // Offload (worker/engine/offload): see PartitionSource. Not owned; must outlive the provider.
@@ -182,6 +196,8 @@ class ZeroProvider : public ParamAccess {
   int64_t partition_bytes() const;
   MemoryTracker& memory() { return memory_; }
   Collectives& collectives() { return *collectives_; }
+  // The resolved gradient communication dtype (options().communication_dtype, default applied).
+  at::ScalarType grad_communication_dtype() const;
   // Stage-3 prefetch statistics since construction.
   int64_t prefetch_hits() const { return prefetch_hits_; }
   int64_t trace_invalidations() const { return trace_invalidations_; }
@@ -202,7 +218,9 @@ class ZeroProvider : public ParamAccess {
     at::Tensor send;                   // stage 0: the concatenated bucket (all-reduced)
     std::vector<at::Tensor> fulls;     // stages 1-3: [N*p] per bucket entry
     std::vector<at::Tensor> parts;     // stages 1-3: [p] reduced partition per entry
-    std::vector<char> direct;          // parts[b] is the gradient partition itself
+    std::vector<char> direct;          // first reduction since ClearGrads: parts[b] is the
+                                       // gradient partition itself (fp32 wire) or is copied in
+    bool wire16 = false;               // fulls/parts are 16-bit copies (communication_dtype)
     std::vector<size_t> ids;
     std::vector<int64_t> offsets;      // stage 0: each entry's offset in send
     int64_t bytes = 0;
@@ -221,6 +239,8 @@ class ZeroProvider : public ParamAccess {
   // zero_grads.cc
   void EnsureGrad(ZeroParam& p);
   at::Tensor NewGradBuffer(size_t i);
+  at::Tensor NewLocalGrad(size_t i);  // stage 1: a pooled [N*p] accumulator counted as kGrads
+  void PutLocalGrad(ZeroParam& p);   // back to the pool once reduced
   void Enqueue(size_t i, const at::Tensor& flat);
   void Flush();
   void CompleteOldest();
