@@ -270,7 +270,8 @@ class Scheduler {
   void WaitForCheckpointRetention();
 
   // Tests: INTERNAL describing both when the incrementally kept node/slot/accelerator counts
-  // (what the gauges show) differ from a full recount over every rank and node. Takes mu_.
+  // (what the gauges show) differ from a full recount over every rank and every node the facade
+  // holds (CountCapacity). Takes mu_.
   absl::Status CheckCapacityCounts();
 
   ~Scheduler();
