@@ -64,7 +64,9 @@ absl::Status Scheduler::Load() {
       node.last_heartbeat_time = now;
       awaiting_reregistration_.insert(node.id);
     }
-    nodes_[node.id] = std::move(node);
+    const std::string node_id = node.id;
+    nodes_[node_id] = std::move(node);
+    NoteNodeChanged(node_id);
   }
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, repository_->ListJobs(v1::JOB_PHASE_UNSPECIFIED));
   std::vector<std::pair<std::string, std::string>> orphaned;  // (job id, node id)
@@ -95,7 +97,7 @@ absl::Status Scheduler::Load() {
           // A graceful stop was in progress: ask again, with a fresh grace period.
           rt.stop_requested = true;
           rt.graceful_stop = true;
-          stops_[job.id].deadline = now + options_.cancel_grace;
+          stop_coordinator_.Rearm(job.id, now, options_.cancel_grace);
         }
         PutRank({job.id, rank}, rt);
         auto node = nodes_.find(rt.node_id);
@@ -255,10 +257,8 @@ absl::Status Scheduler::EndJob(const std::string& job_id, JobPhase phase,
   job.end_time = clock_->Now();
   RETURN_IF_ERROR(CommitJob(std::move(job)));
   LOG(INFO) << "job " << job_id << " " << JobPhaseName(phase) << ": " << message;
-  last_step_advance_.erase(job_id);
-  rank_progress_.Forget(job_id);
-  step_seconds_.erase(job_id);
-  stops_.erase(job_id);
+  reconciler_.ForgetJob(job_id);
+  stop_coordinator_.Forget(job_id);
   resume_from_.erase(job_id);  // no attempt of an ended job resumes
   StopLiveRanks(job_id, /*graceful=*/false);  // the job ended: no checkpoint, stop now
   return absl::OkStatus();
@@ -329,57 +329,60 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
   if (metrics_ != nullptr) metrics_->JobRestarted(failure_class);
   LOG(WARNING) << "job " << job_id << " RECOVERING: " << jobs_.at(job_id).message;
-  last_step_advance_.erase(job_id);
-  rank_progress_.Forget(job_id);
+  reconciler_.ForgetAttemptSteps(job_id);
   StopLiveRanks(job_id, /*graceful=*/false);
   return absl::OkStatus();
 }
 
-void Scheduler::PutRank(const RankKey& key, RankRuntime rt) {
-  auto it = ranks_.find(key);
-  if (it != ranks_.end()) {
-    auto n = ranks_by_node_.find(it->second.node_id);
-    if (n != ranks_by_node_.end()) {
-      n->second.erase(key);
-      if (n->second.empty()) ranks_by_node_.erase(n);
-    }
-  }
-  ranks_by_node_[rt.node_id].insert(key);
-  ranks_[key] = std::move(rt);
+void Scheduler::PutRank(const RankKey& key, RankRuntime rt) { reconciler_.Put(key, std::move(rt)); }
+
+RankReconciler::RankMap::iterator Scheduler::EraseRank(RankReconciler::RankMap::const_iterator it) {
+  return reconciler_.Erase(it);
 }
 
-std::map<Scheduler::RankKey, Scheduler::RankRuntime>::iterator Scheduler::EraseRank(
-    std::map<RankKey, RankRuntime>::iterator it) {
-  auto n = ranks_by_node_.find(it->second.node_id);
-  if (n != ranks_by_node_.end()) {
-    n->second.erase(it->first);
-    if (n->second.empty()) ranks_by_node_.erase(n);
-  }
-  return ranks_.erase(it);
-}
-
-void Scheduler::ClearRanks() {
-  ranks_.clear();
-  ranks_by_node_.clear();
-}
+void Scheduler::ClearRanks() { reconciler_.Clear(); }
 
 std::vector<Scheduler::RankKey> Scheduler::RanksOnNode(const std::string& node_id) const {
-  auto n = ranks_by_node_.find(node_id);
-  if (n == ranks_by_node_.end()) return {};
-  return std::vector<RankKey>(n->second.begin(), n->second.end());
+  return reconciler_.RanksOnNode(node_id);
 }
 
 void Scheduler::StopLiveRanks(const std::string& job_id, bool graceful) {
-  for (auto it = ranks_.lower_bound({job_id, 0});
-       it != ranks_.end() && it->first.first == job_id;) {
-    if (RankEnded(it->second.state)) {
-      it = EraseRank(it);  // its slot is free; nothing to stop
-    } else {
-      it->second.stop_requested = true;
-      it->second.graceful_stop = graceful;
-      ++it;
-    }
+  reconciler_.StopLiveRanks(job_id, graceful);
+}
+
+namespace {
+NodeCapacity CapacityOf(const NodeRecord& node) {
+  NodeCapacity capacity;
+  capacity.kind = node.inventory.accelerator();
+  capacity.slots = node.inventory.slots();
+  capacity.lost = node.lost;
+  capacity.cordoned = node.admin.cordoned() || node.admin.draining();
+  return capacity;
+}
+}  // namespace
+
+void Scheduler::NoteNodeChanged(const std::string& node_id) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) {
+    reconciler_.RemoveNode(node_id);
+    return;
   }
+  reconciler_.SetNode(node_id, CapacityOf(it->second));
+}
+
+absl::Status Scheduler::CheckCapacityCounts() {
+  absl::MutexLock lock(&mu_);
+  const CapacityCounts kept = reconciler_.capacity();
+  // From the facade's own nodes_, not the reconciler's copy: a node change the facade did not
+  // report (NoteNodeChanged) shows up here.
+  std::map<std::string, NodeCapacity> nodes;
+  for (const auto& [id, node] : nodes_) nodes[id] = CapacityOf(node);
+  const CapacityCounts recount = CountCapacity(nodes, ranks_);
+  if (kept != recount) {
+    return absl::InternalError(absl::StrCat("capacity counts kept: ", kept.DebugString(),
+                                            "; recounted: ", recount.DebugString()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const JobRecord*> Scheduler::FindUnendedJob(const std::string& job_id) {
@@ -503,34 +506,16 @@ void Scheduler::SetPendingReason(JobRecord& job, const std::string& reason,
 }
 
 double Scheduler::MedianStepSeconds(const std::string& job_id) const {
-  auto window = step_seconds_.find(job_id);
-  if (window == step_seconds_.end() || window->second.size() < 3) return 0;
-  std::vector<double> sorted(window->second.begin(), window->second.end());
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  return sorted[sorted.size() / 2];
+  return reconciler_.MedianStepSeconds(job_id);
 }
 
 void Scheduler::UpdateGauges(bool with_tenant_counts) {
   if (metrics_ == nullptr) return;
   metrics_->SetJobCounts(phase_counts_);
-  int live = 0, lost = 0, free = 0, used = 0;
-  std::map<std::string, int> used_by_node;  // one pass over the ranks, not one per node
-  for (const auto& [key, rt] : ranks_) {
-    if (!RankEnded(rt.state)) ++used_by_node[rt.node_id];
-  }
-  for (const auto& [node_id, node] : nodes_) {
-    if (node.lost) {
-      ++lost;
-      continue;
-    }
-    ++live;
-    auto u_it = used_by_node.find(node_id);
-    const int u = u_it == used_by_node.end() ? 0 : u_it->second;
-    used += u;
-    free += std::max(0, node.inventory.slots() - u);
-  }
-  metrics_->SetNodes(live, lost);
-  metrics_->SetRankSlots(free, used);
+  // Kept incrementally where ranks and nodes change (rank_reconciler.h): no walk over them.
+  const CapacityCounts& capacity = reconciler_.capacity();
+  metrics_->SetNodes(capacity.live_nodes, capacity.lost_nodes);
+  metrics_->SetRankSlots(capacity.free_slots, capacity.used_slots);
   if (with_tenant_counts) {
     std::map<std::tuple<std::string, std::string, JobPhase>, int> tenant_counts;
     for (const auto& [id, job] : jobs_) {
@@ -539,20 +524,7 @@ void Scheduler::UpdateGauges(bool with_tenant_counts) {
     metrics_->SetTenantJobCounts(tenant_counts);
   }
   // A cordoned (or draining) node's slots count as "cordoned", except those ranks still hold.
-  std::map<std::pair<AcceleratorKind, std::string>, int> accelerators;
-  for (const auto& [node_id, node] : nodes_) {
-    const AcceleratorKind kind = node.inventory.accelerator();
-    if (node.lost) {
-      accelerators[{kind, "lost"}] += node.inventory.slots();
-      continue;
-    }
-    auto u_it = used_by_node.find(node_id);
-    const int u = std::min(node.inventory.slots(), u_it == used_by_node.end() ? 0 : u_it->second);
-    accelerators[{kind, "allocated"}] += u;
-    const bool cordoned = node.admin.cordoned() || node.admin.draining();
-    accelerators[{kind, cordoned ? "cordoned" : "free"}] += node.inventory.slots() - u;
-  }
-  metrics_->SetAccelerators(accelerators);
+  metrics_->SetAccelerators(capacity.accelerators);
 }
 
 void Scheduler::Resync() {
@@ -561,10 +533,7 @@ void Scheduler::Resync() {
   job_order_.clear();
   job_by_request_.clear();
   nodes_.clear();
-  ClearRanks();
-  last_step_advance_.clear();
-  rank_progress_.Clear();
-  step_seconds_.clear();
+  ClearRanks();  // and the step timing and capacity counts (reconciler_.Clear)
   resume_from_.clear();
   queue_order_.clear();
   phase_counts_.clear();

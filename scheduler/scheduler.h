@@ -113,7 +113,9 @@
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/queues.h"
 #include "scheduler/rank_progress.h"
+#include "scheduler/rank_reconciler.h"
 #include "scheduler/scheduler_metrics.h"
+#include "scheduler/stop_coordinator.h"
 #include "storage/job_store.h"
 
 namespace loom {
@@ -276,6 +278,11 @@ class Scheduler {
   // Blocks until every queued checkpoint retention request was carried out (tests).
   void WaitForCheckpointRetention();
 
+  // Tests: INTERNAL describing both when the incrementally kept node/slot/accelerator counts
+  // (what the gauges show) differ from a full recount over every rank and every node the facade
+  // holds (CountCapacity). Takes mu_.
+  absl::Status CheckCapacityCounts();
+
   ~Scheduler();
 
   // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
@@ -310,34 +317,15 @@ class Scheduler {
   absl::StatusOr<std::vector<loom::v1::QueueInfo>> ListQueues();
 
  private:
-  // What the scheduler knows of one rank of a job's current attempt. In memory only: rebuilt
-  // from the job's placement on restart and confirmed by the workers' next heartbeats.
-  struct RankRuntime {
-    int32_t attempt = 0;
-    std::string node_id;
-    loom::v1::RankState state = loom::v1::RANK_STATE_UNSPECIFIED;
-    bool reported = false;        // the worker has reported this rank at least once
-    bool stop_requested = false;  // the job ended; the worker must stop the rank
-    bool graceful_stop = false;   // with stop_requested: checkpoint, then stop (CancelJob)
-    // The node device it is bound to (device_binding.h; JobSchedulingState.rank_device_indices),
-    // -1 = none. Held until the entry is erased or the rank ended.
-    int32_t device_index = -1;
-  };
+  // The rank table and its decisions (rank_reconciler.h), the graceful stops (stop_coordinator.h).
+  using RankRuntime = loom::RankRuntime;
+  using RankKey = loom::RankKey;
   // Per accelerator kind: the most slots of a registered, not lost node (submission check of
   // resources.accelerators_per_node). Takes mu_.
   std::map<loom::v1::AcceleratorKind, int> LargestRegisteredNodes() ABSL_LOCKS_EXCLUDED(mu_);
   // Per node: the device indices live ranks of jobs other than `job_id` hold (device_binding.h).
   std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A graceful stop in progress (job STOPPING). In memory only (Load re-creates it).
-  struct StopRequest {
-    absl::Time deadline;               // escalate to kill after this
-    bool escalated = false;            // graceful stop abandoned: ranks are being killed
-    std::string escalation;            // why it escalated
-    int64_t final_checkpoint_step = -1;  // rank 0's, once it stopped gracefully
-    bool training_finished = false;    // a rank succeeded before the stop took effect
-  };
-  using RankKey = std::pair<std::string, int32_t>;  // (job id, rank)
 
   Scheduler(SchedulerOptions options, JobStore* store, Clock* clock, SchedulerMetrics* metrics,
             CheckpointCatalog* checkpoints)
@@ -402,8 +390,10 @@ class Scheduler {
   void StopLiveRanks(const std::string& job_id, bool graceful) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ranks_ with its per-node index (ranks_by_node_).
   void PutRank(const RankKey& key, RankRuntime rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::map<RankKey, RankRuntime>::iterator EraseRank(std::map<RankKey, RankRuntime>::iterator it)
+  RankReconciler::RankMap::iterator EraseRank(RankReconciler::RankMap::const_iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the reconciler's capacity counts that nodes_[node_id] was added or changed.
+  void NoteNodeChanged(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The keys of `node_id`'s ranks, in key order (a copy: callers may erase while iterating).
   std::vector<RankKey> RanksOnNode(const std::string& node_id) const
@@ -448,9 +438,9 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Refreshes the gauges from the state: nodes, rank slots and accelerators (a pass over ranks
-  // and nodes), job phase counts (incremental), and with `with_tenant_counts` the per-tenant job
-  // counts (a pass over every job; not done per heartbeat).
+  // Refreshes the gauges from the state: nodes, rank slots and accelerators (kept incrementally
+  // by reconciler_: O(accelerator kinds)), job phase counts (incremental), and with
+  // `with_tenant_counts` the per-tenant job counts (a pass over every job; not per heartbeat).
   void UpdateGauges(bool with_tenant_counts = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a WatchJob event for the job's subscribers after CommitJob changed it.
   void PublishJobChange(const JobRecord& job, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -491,22 +481,23 @@ class Scheduler {
   std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
   std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
-  // Every change to ranks_ goes through PutRank / EraseRank / ClearRanks, which keep
-  // ranks_by_node_ (the keys of each node's ranks) in step, so a heartbeat touches only its own
-  // node's ranks instead of walking the cluster's (docs/benchmarks.md "Control plane").
-  std::map<RankKey, RankRuntime> ranks_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::set<RankKey>> ranks_by_node_ ABSL_GUARDED_BY(mu_);
+  // ---- Rank reconciler and stop coordinator (issue 16): their own state, no lock of their own;
+  // only touched under mu_. Every change to the rank table goes through reconciler_ (PutRank /
+  // EraseRank / ClearRanks forward to it), which keeps the per-node index and the capacity
+  // counts the gauges show in step, so a heartbeat does O(its own ranks) work.
+  RankReconciler reconciler_ ABSL_GUARDED_BY(mu_);
+  StopCoordinator stop_coordinator_ ABSL_GUARDED_BY(mu_);
+  // The reconciler's state under the names the facade's other files use (read-only ranks_).
+  const RankReconciler::RankMap& ranks_ ABSL_GUARDED_BY(mu_) = reconciler_.ranks();
+  std::map<std::string, absl::Time>& last_step_advance_ ABSL_GUARDED_BY(mu_) =
+      reconciler_.last_step_advance();
+  RankProgress& rank_progress_ ABSL_GUARDED_BY(mu_) = reconciler_.rank_progress();
+  // ---- end of the reconciler block.
   // Nodes loaded by Create() not heard from since (SchedulerOptions::reregistration_grace).
   std::set<std::string> awaiting_reregistration_ ABSL_GUARDED_BY(mu_);
   // Last cycle's queue order: per accelerator kind the waiting job ids in order
   // (ExplainPending's queue position). In memory only.
   std::map<loom::v1::AcceleratorKind, std::vector<std::string>> queue_order_ ABSL_GUARDED_BY(mu_);
-  // When each job's reported step last advanced (rank 0's progress), and the recent seconds per
-  // step (at most 32, oldest first). In memory only.
-  std::map<std::string, absl::Time> last_step_advance_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::deque<double>> step_seconds_ ABSL_GUARDED_BY(mu_);
-  // Every rank's latest step and when any rank of a job last advanced (node liveness).
-  RankProgress rank_progress_ ABSL_GUARDED_BY(mu_);
   // The checkpoint each job's current attempt resumes from (protected from retention); absent
   // when it starts over. Rebuilt lazily after a restart.
   std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);
@@ -524,7 +515,6 @@ class Scheduler {
   // schedule interval of progress, which the workers report again). Everything else a heartbeat
   // changes -- phases, the rendezvous port, a new checkpoint step -- is written at once.
   std::set<std::string> progress_dirty_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, StopRequest> stops_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
   // Resume lookups answered by the checkpoint worker, for the current scheduling cycle.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);

@@ -62,26 +62,22 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   };
   std::set<RankKey> seen;
   std::set<std::string> touched_jobs;
-  const size_t ranks_before = ranks_.size();
-  const std::map<loom::v1::JobPhase, int> phases_before = phase_counts_;
-  bool rank_state_changed = false;
 
   for (const loom::v1::RankStatus& st : request.ranks()) {
     const RankKey key{st.job_id(), st.rank()};
-    auto rt_it = ranks_.find(key);
-    const bool ours = rt_it != ranks_.end() && rt_it->second.attempt == st.attempt() &&
-                      rt_it->second.node_id == node_id;
+    RankRuntime* found = reconciler_.Find(key);
+    const bool ours =
+        found != nullptr && found->attempt == st.attempt() && found->node_id == node_id;
     if (!ours) {
       // An old attempt, an ended job, or a rank placed elsewhere: it must not keep running.
       if (!RankEnded(st.state())) add_stop(st.job_id(), st.attempt(), false);
       continue;
     }
-    RankRuntime& rt = rt_it->second;
+    RankRuntime& rt = *found;
     seen.insert(key);
     const RankState previous = rt.state;
-    if (!rt.reported || rt.state != st.state()) rank_state_changed = true;
     rt.reported = true;
-    rt.state = st.state();
+    reconciler_.SetState(key, st.state());  // keeps the slot counts
     const auto job_it = jobs_.find(st.job_id());
     if (job_it != jobs_.end() && job_it->second.phase == v1::JOB_PHASE_STOPPING) {
       // Graceful stop in progress: keep rank 0's progress (its final checkpoint step).
@@ -99,8 +95,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       const bool graceful = rt.graceful_stop;
       if (RankEnded(st.state())) {
         RecordStoppingRank(st, node_id);
-        auto ended = ranks_.find(key);
-        if (ended != ranks_.end()) EraseRank(ended);
+        reconciler_.Erase(key);
       } else {
         add_stop(st.job_id(), st.attempt(), graceful);
       }
@@ -110,11 +105,11 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       // A rank of an attempt that already failed: perhaps the real cause, reporting late.
       if (st.state() == v1::RANK_STATE_FAILED) {
         RETURN_IF_ERROR(ReconsiderBlame(st, node_id));
-        rt_it = ranks_.find(key);  // ending the job may have forgotten this ended rank
-        if (rt_it == ranks_.end()) continue;
+        // Ending the job may have forgotten this ended rank.
+        if (reconciler_.Find(key) == nullptr) continue;
       }
       if (RankEnded(st.state())) {
-        EraseRank(rt_it);
+        reconciler_.Erase(key);
       } else {
         add_stop(st.job_id(), st.attempt(), false);
       }
@@ -124,9 +119,10 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     // Every rank's step, not only rank 0's: any stepping rank proves the gang alive
     // (CheckNodeLiveness), also while rank 0's own worker is silent.
     if (st.has_progress()) {
-      rank_progress_.Observe(job.id, st.attempt(), st.rank(), st.progress().step(), clock_->Now());
+      reconciler_.ObserveRankStep(job.id, st.attempt(), st.rank(), st.progress().step(),
+                                  clock_->Now());
     }
-    if (st.rank() == 0 && (st.rendezvous_port() < 0 || st.rendezvous_port() > 65535)) {
+    if (st.rank() == 0 && !RankReconciler::ValidRendezvousPort(st.rendezvous_port())) {
       // A broken worker: handing ranks 1..N-1 this port would only fail their rendezvous later.
       RETURN_IF_ERROR(FailAttempt(st.job_id(), v1::FAILURE_CLASS_SETUP, "RendezvousFailed",
                                   absl::StrCat("rank 0 on node ", node_id,
@@ -170,41 +166,29 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     if (st.state() == v1::RANK_STATE_FAILED || st.state() == v1::RANK_STATE_STOPPED) {
       const bool had_run = previous == v1::RANK_STATE_RUNNING;
       // A rank that lost a peer fails with a collective error ("connection reset"); the peer's
-      // node, gone silent, is the likely cause and the better suspect.
-      std::string suspect = node_id;
-      std::string message = RankExitMessage(st.rank(), node_id, st);
-      const absl::Time now = clock_->Now();
-      for (const std::string& peer : job.rank_nodes) {
-        auto n = nodes_.find(peer);
-        if (peer == node_id || n == nodes_.end()) continue;
-        const absl::Duration silent = now - n->second.last_heartbeat_time;
-        if (silent > 2 * options_.heartbeat_interval) {
-          suspect = peer;
-          absl::StrAppend(&message, " (node ", peer, ", with another rank of this job, has not "
-                          "heartbeated for ", absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
-                          ": likely the cause)");
-          break;
-        }
-      }
+      // node, gone silent, is the likely cause and the better suspect (RankReconciler).
+      const SuspectChoice suspect = RankReconciler::ChooseSuspect(
+          node_id, job.rank_nodes,
+          [this](const std::string& peer) -> std::optional<absl::Time> {
+            auto n = nodes_.find(peer);
+            if (n == nodes_.end()) return std::nullopt;
+            return n->second.last_heartbeat_time;
+          },
+          clock_->Now(), options_.heartbeat_interval);
+      const std::string message =
+          absl::StrCat(RankExitMessage(st.rank(), node_id, st), suspect.explanation);
       // Losing a peer whose node went silent is an infrastructure failure (infra budget).
-      const RankExitClass exit = ClassifyRankExit(st, had_run);
-      const bool own = suspect == node_id;
-      // A rank that only saw a peer go away is charged provisionally to the infra budget while
-      // it has restarts left (else the user's): the peer's own report re-attributes the failure
-      // and moves the restart to the real cause's budget (restart_attribution.cc).
+      const bool own = suspect.node_id == node_id;
       const bool infra_left =
           job.state.infra_restarts() <
           (!job.spec.has_max_infra_restarts() || job.spec.max_infra_restarts() < 0
                ? options_.default_max_infra_restarts
                : job.spec.max_infra_restarts());
-      const bool provisional =
-          own && SawPeerGoAway(st) && exit.failure_class == v1::FAILURE_CLASS_USER && infra_left;
-      const loom::v1::FailureClass failure_class =
-          own && !provisional ? exit.failure_class : v1::FAILURE_CLASS_INFRA;
+      const FailureVerdict verdict = RankReconciler::ClassifyFailure(st, had_run, own, infra_left);
       const int32_t attempt = job.attempt;
-      RETURN_IF_ERROR(FailAttempt(st.job_id(), failure_class, own ? exit.reason : "RankFailed",
-                                  message, suspect, own && exit.final));
-      RecordBlame(st.job_id(), attempt, st, node_id, message, failure_class);
+      RETURN_IF_ERROR(FailAttempt(st.job_id(), verdict.failure_class, verdict.reason, message,
+                                  suspect.node_id, verdict.no_restart));
+      RecordBlame(st.job_id(), attempt, st, node_id, message, verdict.failure_class);
       continue;
     }
     touched_jobs.insert(st.job_id());
@@ -218,7 +202,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     if (seen.count(key)) continue;
     auto it = ranks_.find(key);
     if (it == ranks_.end()) continue;
-    RankRuntime& rt = it->second;
+    const RankRuntime& rt = it->second;
     if (rt.stop_requested) {
       EraseRank(it);
       continue;
@@ -255,27 +239,15 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     stop->set_attempt(job_attempt.second);
     stop->set_graceful_stop(graceful);
   }
-  // The node, slot and accelerator gauges walk every rank and node, and heartbeats arrive from
-  // every node every interval: refreshing them on every heartbeat made each one O(ranks + nodes)
-  // under this lock (profiled at 500 simulated nodes: about half of the scheduler's time;
-  // docs/benchmarks.md "Control plane at cluster scale"). Only a heartbeat that changed a rank's
-  // state, the set of ranks or a job's phase refreshes them; a steady one (ranks stepping) only
-  // sets the per-phase job counts. Each scheduling cycle refreshes everything.
-  if (rank_state_changed || ranks_.size() != ranks_before || phase_counts_ != phases_before) {
-    UpdateGauges(/*with_tenant_counts=*/false);
-  } else if (metrics_ != nullptr) {
-    metrics_->SetJobCounts(phase_counts_);
-  }
+  // The node, slot and accelerator counts are kept incrementally by reconciler_ (as the phase
+  // counts are): refreshing every gauge costs O(accelerator kinds), not a walk over every rank and
+  // node (docs/benchmarks.md "Control plane at cluster scale").
+  UpdateGauges(/*with_tenant_counts=*/false);
   return response;
 }
 
 std::map<std::string, std::set<int32_t>> Scheduler::HeldDevices(const std::string& job_id) const {
-  std::map<std::string, std::set<int32_t>> held;
-  for (const auto& [key, rt] : ranks_) {
-    if (key.first == job_id || rt.device_index < 0 || RankEnded(rt.state)) continue;
-    held[rt.node_id].insert(rt.device_index);
-  }
-  return held;
+  return reconciler_.HeldDevices(job_id);
 }
 
 loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_t rank) const {
@@ -335,16 +307,7 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
 
 void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
                                   int64_t to_step) {
-  const absl::Time now = clock_->Now();
-  auto last = last_step_advance_.find(job_id);
-  // The first report of an attempt (from_step may be a resumed or stale step) gives no interval.
-  if (last != last_step_advance_.end() && from_step > 0 && to_step > from_step) {
-    std::deque<double>& window = step_seconds_[job_id];
-    window.push_back(absl::ToDoubleSeconds(now - last->second) /
-                     static_cast<double>(to_step - from_step));
-    if (window.size() > 32) window.pop_front();
-  }
-  last_step_advance_[job_id] = now;
+  reconciler_.RecordStepAdvance(job_id, from_step, to_step, clock_->Now());
 }
 
 absl::Status Scheduler::CheckHangs() {
@@ -352,12 +315,12 @@ absl::Status Scheduler::CheckHangs() {
   std::vector<std::pair<std::string, std::string>> hung;  // (job id, message)
   for (const auto& [job_id, job] : jobs_) {
     if (job.phase != v1::JOB_PHASE_RUNNING) continue;
-    auto last = last_step_advance_.find(job_id);
+    const std::optional<absl::Time> last = reconciler_.LastStepAdvance(job_id);
     const double median_s = MedianStepSeconds(job_id);  // 0 until 3 steps were timed
-    if (last == last_step_advance_.end() || median_s <= 0) continue;
+    if (!last.has_value() || median_s <= 0) continue;
     const absl::Duration threshold =
         std::max(options_.hang_min_timeout, absl::Seconds(options_.hang_step_time_factor * median_s));
-    const absl::Duration idle = now - last->second;
+    const absl::Duration idle = now - *last;
     if (idle > threshold) {
       hung.emplace_back(job_id, absl::StrCat("no step progress for ",
                                              absl::FormatDuration(absl::Trunc(idle, absl::Seconds(1))),
@@ -369,9 +332,7 @@ absl::Status Scheduler::CheckHangs() {
   }
   for (const auto& [job_id, message] : hung) {
     LOG(WARNING) << "job " << job_id << " hung: " << message;
-    last_step_advance_.erase(job_id);
-  rank_progress_.Forget(job_id);
-    step_seconds_.erase(job_id);
+    reconciler_.ForgetJob(job_id);
     RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "Hang", message, ""));
   }
   return absl::OkStatus();
@@ -391,20 +352,9 @@ absl::Status Scheduler::CheckNodeLiveness() {
     // rank_progress.h): the gang's collectives cannot progress without that node's ranks, so
     // they are alive. The node is then "unreachable" (NodeInfo.unreachable): kept, but given no
     // new ranks until it heartbeats again.
-    std::string stepping_job;
-    for (const auto& [key, rt] : ranks_) {
-      if (rt.node_id != node_id) continue;
-      std::optional<absl::Time> advanced = rank_progress_.LastAdvance(key.first);
-      auto rank0 = last_step_advance_.find(key.first);
-      if (rank0 != last_step_advance_.end() &&
-          (!advanced.has_value() || rank0->second > *advanced)) {
-        advanced = rank0->second;
-      }
-      if (advanced.has_value() && now - *advanced <= options_.heartbeat_timeout) {
-        stepping_job = key.first;
-        break;
-      }
-    }
+    // Only the node's own ranks are visited (RankReconciler::SteppingJobOnNode).
+    const std::string stepping_job =
+        reconciler_.SteppingJobOnNode(node_id, now, options_.heartbeat_timeout).value_or("");
     if (!stepping_job.empty()) {
       LOG_EVERY_N(WARNING, 20) << "node " << node_id << " has not heartbeated for "
                                << absl::FormatDuration(now - node.last_heartbeat_time)
@@ -416,6 +366,7 @@ absl::Status Scheduler::CheckNodeLiveness() {
     updated.lost = true;
     RETURN_IF_ERROR(store_->UpsertNode(updated));
     node = std::move(updated);
+    NoteNodeChanged(node_id);
     const std::string message = absl::StrCat(
         "node ", node_id, " lost: no heartbeat for ",
         absl::FormatDuration(absl::Trunc(now - node.last_heartbeat_time, absl::Milliseconds(1))),
@@ -423,10 +374,9 @@ absl::Status Scheduler::CheckNodeLiveness() {
     LOG(WARNING) << message;
     std::set<std::string> affected;
     for (const RankKey& key : RanksOnNode(node_id)) {
-      auto it = ranks_.find(key);
-      if (it == ranks_.end()) continue;
+      if (reconciler_.Find(key) == nullptr) continue;
       affected.insert(key.first);
-      EraseRank(it);  // the node is gone, and so are its ranks
+      reconciler_.Erase(key);  // the node is gone, and so are its ranks
     }
     for (const std::string& job_id : affected) {
       // Rank 0 reports SUCCEEDED only after the trainers' final barrier, which every rank

@@ -86,6 +86,7 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
   awaiting_reregistration_.erase(node_id);
   const bool known = nodes_.count(node_id) > 0;
   nodes_[node_id] = std::move(node);
+  NoteNodeChanged(node_id);
   LOG(INFO) << "node " << node_id << (known ? " re-registered: " : " registered: ")
             << inventory.slots() << " " << KindName(nodes_[node_id].inventory.accelerator())
             << " slots at " << NodeAddress(nodes_[node_id]);
@@ -108,8 +109,8 @@ loom::v1::NodeInfo Scheduler::NodeInfoOf(const NodeRecord& node) const {
   info.set_admin_reason(node.admin.reason());
   int used = 0;
   std::set<std::string> jobs;
-  for (const auto& [key, rt] : ranks_) {
-    if (rt.node_id != node.id || RankEnded(rt.state)) continue;
+  for (const RankKey& key : reconciler_.RanksOnNode(node.id)) {  // the node's own ranks only
+    if (RankEnded(ranks_.at(key).state)) continue;
     ++used;
     jobs.insert(key.first);
   }
@@ -137,6 +138,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::CordonNode(const std::string& node
   updated.admin.set_reason(reason);
   RETURN_IF_ERROR(repository_->UpsertNode(updated));
   it->second = std::move(updated);
+  NoteNodeChanged(node_id);
   LOG(INFO) << "node " << node_id << " cordoned: " << reason;
   return NodeInfoOf(it->second);
 }
@@ -150,6 +152,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::UncordonNode(const std::string& no
   updated.admin.Clear();
   RETURN_IF_ERROR(repository_->UpsertNode(updated));
   it->second = std::move(updated);
+  NoteNodeChanged(node_id);
   LOG(INFO) << "node " << node_id << " uncordoned";
   return NodeInfoOf(it->second);
 }
@@ -166,6 +169,7 @@ absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::stri
   updated.admin.set_reason(reason);
   RETURN_IF_ERROR(repository_->UpsertNode(updated));
   it->second = std::move(updated);
+  NoteNodeChanged(node_id);
   std::set<std::string> jobs;
   for (const auto& [key, rt] : ranks_) {
     if (rt.node_id == node_id && !RankEnded(rt.state) && !rt.stop_requested) jobs.insert(key.first);
