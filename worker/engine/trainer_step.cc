@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "worker/engine/optim/step_validation.h"
+#include "worker/engine/train_samples.h"
 #include "worker/engine/trainer_impl.h"
 
 namespace loom::engine::internal {
@@ -55,7 +56,6 @@ double Trainer::Evaluate() {
 double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* skipped) {
   const int64_t micro = o_.ds.train_micro_batch_size_per_gpu;
   const int64_t gas = o_.ds.gradient_accumulation_steps;
-  const int64_t r = coll_.rank();
   const int64_t seq =
       o_.test_rank_sequence_length > 0 ? o_.test_rank_sequence_length : o_.sequence_length;
   const int64_t len = corpus_.train.size(), w = seq + 1;
@@ -69,15 +69,11 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   Check(pipeline_->BeginStep(optimizer_step_ + 1, *lr));
   double loss_sum = 0;
   for (int64_t m = 0; m < gas; ++m) {
-    std::vector<int64_t> starts;
-    for (int64_t i = 0; i < micro; ++i) {
-      // Sequence parallelism: micro-step m of data rank d reads global sample (m*D + d)*micro + i
-      // of the step, so (D, P=1, GAS) and (D/k, P=k, GAS*k) train on the same samples.
-      starts.push_back(sp_ != nullptr ? TrainWindowStart(o_.seed, step, 0,
-                                                         (m * DataRanks() + DataRank()) * micro + i,
-                                                         len, w)
-                                      : TrainWindowStart(o_.seed, step, m, r * micro + i, len, w));
-    }
+    // Micro-step m of data rank d reads global sample (m*D + d)*micro + i of the step
+    // (train_samples.h), with or without sequence parallelism: every split of the step's batch
+    // over data ranks, micro-steps and SP groups trains on the same samples.
+    const std::vector<int64_t> starts =
+        TrainMicroStepStarts(o_.seed, step, m, DataRank(), DataRanks(), micro, len, w);
     const auto data_t0 = std::chrono::steady_clock::now();
     at::Tensor win = Windows(corpus_.train, starts);
     if (trajectory_ != nullptr) Check(trajectory_->AppendBatch(win.data_ptr<int64_t>(), micro, w));

@@ -17,9 +17,9 @@
 //     master / exp_avg / exp_avg_sq bit-identical to the uninterrupted SP run;
 //   * DP=2 SP=2 (4 ranks) vs DP=2 without SP (2 ranks): step losses, gradient norms and eval
 //     losses within rtol 1e-5.
-// The GAS-2 SP job against the 1-rank GAS-2 job (same data-parallel size and GAS) needs the
-// plain path to read windows by global sample index too (train_samples.h; a change to
-// worker/engine/engine.cc's TrainStep): DISABLED_ until then.
+//   * the GAS-2 SP job against the 1-rank GAS-2 job (same data-parallel size and GAS): both read
+//     windows by global sample index (train_samples.h); before the plain path did, they read
+//     different samples from micro-step 1 on and differed by 8.5e-3 (the regression this catches).
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -154,8 +154,9 @@ TEST(SequenceParallelComposeTest, Fp32WithGasEqualsTheUnshardedJobAndExportsTheS
   ExpectSameExport("fp32_sp2_gas2", "fp32_micro2");
 }
 
-// Needs the plain path to read windows by global sample index (train_samples.h, file comment).
-TEST(SequenceParallelComposeTest, DISABLED_Fp32WithGasEqualsTheOneRankJobWithTheSameGas) {
+// Regression: the plain path keyed windows by (micro-step, index) while the SP path used the
+// global sample index, so these two jobs read different samples (8.5e-3 apart at step 1).
+TEST(SequenceParallelComposeTest, Fp32WithGasEqualsTheOneRankJobWithTheSameGas) {
   GangResult plain = RunJob("fp32_gas2", 1, 1, 2, json::object());
   GangResult sp = RunJob("fp32_sp2_gas2b", 2, 1, 2, kSp2);
   ExpectLossesNear(sp, plain, "step", 1e-5, "fp32 SP=2 GAS=2 vs 1 rank GAS 2");
