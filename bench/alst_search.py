@@ -176,6 +176,11 @@ def main():
                     help="1: each rung above the baseline first probes --max_ratio x the "
                          "baseline's S and searches below it only if that fails")
     ap.add_argument("--rungs", default=",".join(RUNGS))
+    ap.add_argument("--baseline_seq", type=int, default=0,
+                    help="the baseline's max S measured by an earlier run (with --rungs not "
+                         "naming baseline: the later rungs continue that ladder)")
+    ap.add_argument("--baseline_fail", type=int, default=0,
+                    help="that run's first baseline failure (its upper bound)")
     ap.add_argument("--no_breakdown", action="store_true")
     ap.add_argument("--breakdown_rungs", default=",".join(RUNGS),
                     help="the rungs the breakdown runs uncapped at the baseline's max S")
@@ -222,6 +227,11 @@ def main():
     runs = Runs(a, env)
     found = {}  # rung -> RungResult
     base = None
+    if a.baseline_seq and "baseline" not in rungs:
+        base = found["baseline"] = RungResult(a.baseline_seq, None, a.baseline_fail or None,
+                                              "max", [])
+        print("baseline: max_seq=%d, first failure %s, from an earlier run (--baseline_seq)" % (
+            a.baseline_seq, a.baseline_fail or "?"), flush=True)
     for rung in rungs:
         print("\n== rung %s ==" % rung, flush=True)
         # Each rung only adds memory savings to the rungs below it, so the largest fit of those
@@ -422,7 +432,8 @@ def breakdown(a, runs, seq, rungs, t_start, found):
           "rank, ru_maxrss) ==" % seq)
     rows = []
     for rung in RUNGS:  # in ladder order, whatever order the search ran them in
-        if rung not in rungs or rung not in a.breakdown_rungs.split(","):
+        if rung not in a.breakdown_rungs.split(",") or (rung not in rungs and
+                                                          rung != "baseline"):
             continue
         if a.deadline_s and time.time() - t_start > a.deadline_s + a.breakdown_grace_s:
             print("  %-13s not run (--deadline_s + --breakdown_grace_s passed)" % rung)
