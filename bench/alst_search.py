@@ -3,13 +3,20 @@
 under the same per-rank memory cap, as the ALST paper's ablation ladder.
 
 Every probe is a real 2-rank loom-trainer gang (bench/gang.py, as bench/zero_bench.py runs it),
-each rank in its own cgroup v1 memory group capped at --cap_mib (bench/memory_cap.py). A sequence
-length S fits only if every rank exits 0 after --steps (>= 3) optimizer steps with finite losses
-and the kernel OOM-killed nothing (bench/capacity_search.probe). Per rung the search doubles S
-from --start until a probe fails, then bisects between the last fit and the first failure
-(bench/capacity_search.search), every probed S a multiple of --quantum (which must be a multiple
-of the sequence-parallel degree and of the attention block), until the gap is at most
-max(quantum, --resolution x fit).
+each rank in its own cgroup v1 memory group capped at --cap_mib (bench/memory_cap.py; default
+1024 MiB, issue 13's "near 1 GiB"). A sequence length S fits only if every rank exits 0 after
+--steps (>= 3) optimizer steps with finite losses and the kernel OOM-killed nothing
+(bench/capacity_search.probe). Per rung a binary search (search_rung): the baseline doubles S
+from --start until a probe fails; every later rung takes the longest fit of the rungs below as
+its lower bound (each rung only adds savings; it is probed for this rung only if the search ends
+there), first probes its ceiling (--max_ratio x the baseline's S; --target_first) or doubles
+from the lower bound, then bisects between the longest fit and the shortest failure until the gap
+is at most max(--quantum, --resolution x fit); every probed S a multiple of --quantum (a multiple
+of the sequence-parallel degree). Each rung's result is labelled: "max" (converged: the maximum
+lies in [fit, first failure)), "ceiling" (fit at its longest allowed probe: a lower bound) or
+"budget" (--deadline_s stopped it: the fit a lower bound, the first failure an upper bound). A
+probe killed at its time limit (--timeout, or --deadline_s + --probe_grace_s) counts as neither
+fit nor failure.
 
 Rungs (each adds one piece to the one before):
   baseline     ZeRO-3 on 2 ranks (DP=2) + per-decoder-layer activation checkpointing
@@ -101,7 +108,7 @@ class Runs:
     def __init__(self, a, env):
         self.a, self.env, self.results = a, env, {}
 
-    def run(self, rung, seq, caps=None, tag="cap"):
+    def run(self, rung, seq, caps=None, tag="cap", timeout=None):
         name = "%s_%s_S%d" % (rung, tag, seq)
         spec = os.path.join(self.a.workdir, name + ".json")
         with open(spec, "w") as f:
@@ -109,7 +116,8 @@ class Runs:
         t0 = time.time()
         try:
             ranks = gang.run_loom(self.a.trainer, spec, 2, os.path.join(self.a.workdir, name),
-                                  timeout_s=self.a.timeout, env=self.env, caps=caps)
+                                  timeout_s=timeout or self.a.timeout, env=self.env,
+                                  caps=caps)
             r = Result(name, ranks, 1, self.a.workdir)
         except RuntimeError as e:  # rank 0 died before its rendezvous (e.g. OOM-killed early)
             ranks = []
@@ -133,7 +141,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--trainer", default="bazel-bin/worker/trainer/loom-trainer")
     ap.add_argument("--workdir", default="/tmp/loom_alst_bench")
-    ap.add_argument("--cap_mib", type=int, default=208, help="per-rank cgroup memory cap")
+    ap.add_argument("--cap_mib", type=int, default=1024, help="per-rank cgroup memory cap")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--intermediate", type=int, default=176)
@@ -148,7 +156,9 @@ def main():
     ap.add_argument("--max_live", type=int, default=10000000)
     ap.add_argument("--threads", type=int, default=1, help="threads per rank")
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps per probe (>= 3)")
-    ap.add_argument("--start", type=int, default=32, help="first probed sequence length")
+    ap.add_argument("--start", type=int, default=2048,
+                    help="the baseline's first probed sequence length (at the default cap it "
+                         "fits; the search doubles from here)")
     ap.add_argument("--max_seq", type=int, default=1 << 18, help="longest probe (a fit there is "
                     "reported as a lower bound)")
     ap.add_argument("--quantum", type=int, default=16,
@@ -166,10 +176,20 @@ def main():
                     help="1: each rung above the baseline first probes --max_ratio x the "
                          "baseline's S and searches below it only if that fails")
     ap.add_argument("--rungs", default=",".join(RUNGS))
+    ap.add_argument("--baseline_seq", type=int, default=0,
+                    help="the baseline's max S measured by an earlier run (with --rungs not "
+                         "naming baseline: the later rungs continue that ladder)")
+    ap.add_argument("--baseline_fail", type=int, default=0,
+                    help="that run's first baseline failure (its upper bound)")
     ap.add_argument("--no_breakdown", action="store_true")
+    ap.add_argument("--breakdown_rungs", default=",".join(RUNGS),
+                    help="the rungs the breakdown runs uncapped at the baseline's max S")
+    ap.add_argument("--probe_grace_s", type=float, default=120,
+                    help="a probe started before --deadline_s may run this long past it (then "
+                         "it is killed and counts as neither fit nor failure)")
     ap.add_argument("--breakdown_grace_s", type=float, default=300,
                     help="breakdown runs may start until --deadline_s + this")
-    ap.add_argument("--timeout", type=int, default=1200, help="seconds per probe")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per probe")
     ap.add_argument("--mmap_threshold", type=int, default=262144,
                     help="MALLOC_MMAP_THRESHOLD_ of every rank (as zero_bench's capacity runs: "
                          "freed large blocks go back to the kernel; 0 = glibc default)")
@@ -205,114 +225,215 @@ def main():
               params / 1e6, a.steps, a.cap_mib, a.quantum, a.start, a.quantum, a.resolution,
               " ".join("%.1f" % x for x in os.getloadavg())), flush=True)
     runs = Runs(a, env)
-    best = {}
-    timed_out = []
-    limits = {}  # rung -> its longest probe
+    found = {}  # rung -> RungResult
+    base = None
+    if a.baseline_seq and "baseline" not in rungs:
+        base = found["baseline"] = RungResult(a.baseline_seq, None, a.baseline_fail or None,
+                                              "max", [])
+        print("baseline: max_seq=%d, first failure %s, from an earlier run (--baseline_seq)" % (
+            a.baseline_seq, a.baseline_fail or "?"), flush=True)
     for rung in rungs:
         print("\n== rung %s ==" % rung, flush=True)
-        # Each rung only adds memory savings to the rungs below it, so its search starts at the
-        # largest fit of those already searched (saving the short probes), else at --start.
-        below = [best[r].layers for r in best if best[r] and RUNGS.index(r) < RUNGS.index(rung)]
-        start = max(below) if below else a.start
-        limit = a.max_seq
-        if a.max_ratio > 0 and rung != "baseline" and best.get("baseline"):
-            limit = min(limit, int(a.max_ratio * best["baseline"].layers) // a.quantum * a.quantum)
-        limits[rung] = limit
+        # Each rung only adds memory savings to the rungs below it, so the largest fit of those
+        # already searched is this rung's lower bound (probed again only if the search ends there).
+        below = [found[r].seq for r in found
+                 if found[r].seq and RUNGS.index(r) < RUNGS.index(rung)]
+        ceiling = a.max_seq
+        if a.max_ratio > 0 and rung != "baseline" and base and base.seq:
+            ceiling = min(ceiling, int(a.max_ratio * base.seq) // a.quantum * a.quantum)
 
-        def run(name, seq, caps, rung=rung):
-            if a.deadline_s and time.time() - t_start > a.deadline_s:
-                timed_out.append(rung)
+        def at(seq, rung=rung):
+            timeout = a.timeout
+            if a.deadline_s:
+                left = a.deadline_s - (time.time() - t_start)
+                if left <= 0:
+                    raise TimeoutError(rung)
+                timeout = int(min(timeout, left + a.probe_grace_s))
+            p = capacity_search.probe(rung, seq, params, cap, 2,
+                                      lambda name, s, caps: runs.run(rung, s, caps,
+                                                                     timeout=timeout), a.steps)
+            if not p.fit and runs.results[(rung, seq, "cap")].wall_s >= timeout - 2 and \
+                    not p.reason.startswith("OOM"):
+                # Killed at the time limit, not by the cap: neither a fit nor a failure.
+                print("  %-12s S=%-7d: not finished in %d s (the probe's time limit): neither a "
+                      "fit nor a failure" % (rung, seq, timeout), flush=True)
                 raise TimeoutError(rung)
-            return runs.run(rung, seq, caps)
+            print("  %-12s S=%-7d: %-4s cgroup peak %6.0f MiB  (%s, %.0f s)" % (
+                rung, seq, "fits" if p.fit else "no", p.peak_bytes / 2**20, p.reason,
+                p.seconds), flush=True)
+            return p
 
-        def describe(p):
-            return "S=%-7d" % p.layers
+        res = search_rung(at, a, start=a.start, ceiling=ceiling,
+                          known_fit=max(below) if below else None,
+                          target_first=bool(a.target_first) and rung != "baseline"
+                          and ceiling < a.max_seq)
+        found[rung] = res
+        if rung == "baseline":
+            base = res
+        print("  %s: %s" % (rung, res.describe()), flush=True)
+        r = runs.results.get((rung, res.seq, "cap")) if res.seq else None
+        if r is not None:
+            print("  %s at S=%d: bytes_per_token cap/S=%.0f peak_rss/S=%.0f (peak RSS %.0f MiB, "
+                  "cgroup peak %.0f MiB, tracker peak %.0f MiB) tokens_per_s=%.1f (step %.1f s)"
+                  % (rung, res.seq, cap / res.seq, r.peak_rss / res.seq, mib(r.peak_rss),
+                     mib(res.probe.peak_bytes), mib(r.tracker_peak), r.tokens_per_s,
+                     r.step()), flush=True)
 
-        try:
-            fit, probes = None, []
-            if a.target_first and rung != "baseline" and limit < a.max_seq:
-                # The target first: a fit at --max_ratio x the baseline's S settles the rung
-                # (a lower bound) in one probe; otherwise search below it.
-                p = capacity_search.probe(rung, limit, params, cap, 2, run, a.steps)
-                print("  %-10s %s: %-4s peak %6.0f MiB  (%s, %.0f s)" % (
-                    rung, describe(p), "fits" if p.fit else "no", p.peak_bytes / 2**20,
-                    p.reason, p.seconds), flush=True)
-                probes = [p]
-                if p.fit:
-                    fit = p
-                limit -= a.quantum
-            if fit is None:
-                fit, more = capacity_search.search(rung, cap, 2, run, lambda s: params,
-                                                   start=min(start, limit), max_layers=limit,
-                                                   min_steps=a.steps, quantum=a.quantum,
-                                                   resolution=a.resolution, describe=describe,
-                                                   log=lambda s: print(s, flush=True))
-                probes += more
-        except TimeoutError:
-            print("  %s: not finished, --deadline_s %.0f passed" % (rung, a.deadline_s))
-            best[rung] = None
-            continue
-        failed = [p for p in probes if not p.fit]
-        best[rung] = fit
-        if fit is None:
-            print("  %s: no fit (even S=%d failed: %s)" % (rung, a.start,
-                                                          failed[0].reason if failed else "?"))
-            continue
-        r = runs.results[(rung, fit.layers, "cap")]
-        first_fail = min((p.layers for p in failed), default=None)
-        print("  %s max_seq=%d%s (first failure S=%s: %s) bytes_per_token cap/S=%.0f "
-              "peak_rss/S=%.0f (peak RSS %.0f MiB, cgroup peak %.0f MiB, tracker peak %.0f MiB) "
-              "tokens_per_s=%.1f at S=%d (step %.1f s)" % (
-                  rung, fit.layers, " (a lower bound: the longest probe fit)" if not failed
-                  else "",
-                  first_fail, next((p.reason for p in failed if p.layers == first_fail), "-"),
-                  cap / fit.layers, r.peak_rss / fit.layers, mib(r.peak_rss),
-                  mib(fit.peak_bytes), mib(r.tracker_peak), r.tokens_per_s, fit.layers,
-                  r.step()), flush=True)
-
-    print("\n== summary (cap %d MiB per rank) ==" % a.cap_mib)
-    print("%-13s %9s %14s %18s %20s %10s %10s" % (
+    print("\n== summary (cap %d MiB per rank; '>=': a lower bound, '<': the first failure) =="
+          % a.cap_mib)
+    print("%-13s %-24s %14s %18s %20s %10s %10s" % (
         "rung", "max S", "cap/S B/token", "peak RSS/S B/token", "cgroup peak/S B/token",
         "tokens/s", "x baseline"))
-    base = best.get("baseline")
     for rung in [r for r in RUNGS if r in rungs]:
-        fit = best.get(rung)
-        if fit is None:
-            print("%-13s %9s" % (rung, "not run (deadline)" if rung in timed_out else "none"))
+        res = found.get(rung)
+        if res is None or not res.seq:
+            print("%-13s %-24s" % (rung, res.status if res else "not run"))
             continue
-        r = runs.results[(rung, fit.layers, "cap")]
-        lower = ">=" if fit.layers >= limits[rung] else ""
-        print("%-13s %9s %14.0f %18.0f %20.0f %10.1f %10s" % (
-            rung, lower + str(fit.layers), cap / fit.layers, r.peak_rss / fit.layers,
-            fit.peak_bytes / fit.layers, r.tokens_per_s,
-            lower + "%.2f" % (fit.layers / base.layers) if base else "-"))
+        r = runs.results.get((rung, res.seq, "cap"))
+        ratio = "-"
+        if base and base.seq:
+            ratio = "%s%.2f" % (">=" if res.status != "max" else "", res.seq / base.seq)
+        if r is None:  # the rung below's fit, not probed for this rung before the budget ran out
+            print("%-13s %-24s %14.0f %18s %20s %10s %10s" % (
+                rung, res.short(), cap / res.seq, "-", "-", "-", ratio))
+            continue
+        print("%-13s %-24s %14.0f %18.0f %20.0f %10.1f %10s" % (
+            rung, res.short(), cap / res.seq, r.peak_rss / res.seq,
+            res.probe.peak_bytes / res.seq, r.tokens_per_s, ratio))
 
-    if base and not a.no_breakdown:
-        breakdown(a, runs, base.layers, rungs, t_start)
+    if base and base.seq and not a.no_breakdown:
+        breakdown(a, runs, base.seq, rungs, t_start, found)
 
     print("\ntotal benchmark time %.0f s; logs and specs in %s; load average %s" % (
         time.time() - t_start, a.workdir, " ".join("%.1f" % x for x in os.getloadavg())))
-    full = best.get("sp2")
-    if base and full:
-        lower = full.layers >= limits["sp2"]
-        if lower:
-            print("(sp2 fit at its longest probe, --max_ratio x the baseline: the ratio, max_seq "
-                  "and bytes_per_token below are bounds, not the rung's maximum)")
+    full = found.get("sp2")
+    if base and base.seq and full and full.seq:
+        lo = full.seq / float(base.upper) if base.upper else None
+        hi = full.upper / float(base.seq) if full.upper else None
+        print("(max_seq_ratio = sp2's longest fit / the baseline's longest fit; the true maxima lie "
+              "below each rung's first failure, so the ratio lies in [%s, %s]%s)" % (
+                  "%.2f" % lo if lo else "?", "%.2f" % hi if hi else "unbounded",
+                  "; sp2 %s" % full.describe() if full.status != "max" else ""))
         print("alst max_seq_ratio=%.2f max_seq=%d bytes_per_token=%.0f%s" % (
-            full.layers / base.layers, full.layers, cap / full.layers,
-            " lower_bound=1" if lower else ""))
+            full.seq / base.seq, full.seq, cap / full.seq,
+            {"max": "", "ceiling": " lower_bound=1", "budget": " lower_bound=1 budget=1",
+             "inherited": " lower_bound=1 budget=1"}[full.status]))
     else:
-        print("alst max_seq_ratio=nan max_seq=%d bytes_per_token=nan" % (full.layers if full
-                                                                         else 0))
+        print("alst max_seq_ratio=nan max_seq=%d bytes_per_token=nan" % (
+            full.seq if full and full.seq else 0))
 
 
-def breakdown(a, runs, seq, rungs, t_start):
+class RungResult:
+    """One rung's search: seq = its longest fit (0: none), probe = that fit's Probe (None when
+    seq is the rung below's fit, not yet probed for this rung), upper = its shortest failure
+    (None: none), status = "max" (the bisection converged: the maximum is in [seq, upper)),
+    "ceiling" (fit at the longest allowed probe: a lower bound), "budget" (--deadline_s stopped
+    the search: seq a lower bound, upper an upper bound), "inherited" (budget, and seq is the
+    rung below's) or "none" (even the shortest probe failed)."""
+
+    def __init__(self, seq, probe, upper, status, probes):
+        self.seq, self.probe, self.upper, self.status, self.probes = seq, probe, upper, status, probes
+
+    def short(self):
+        if not self.seq:
+            return self.status
+        up = " <%d" % self.upper if self.upper else ""
+        return {"max": "%d%s", "ceiling": ">=%d%s (ceiling)", "budget": ">=%d%s (budget)",
+                "inherited": ">=%d%s (budget)"}[self.status] % (self.seq, up)
+
+    def describe(self):
+        up = "first failure S=%d (%s)" % (self.upper, self.failure_reason()) if self.upper \
+            else "no failure probed"
+        if self.status == "none":
+            return "no fit: %s" % up
+        return {"max": "max_seq=%d (the maximum to the search's resolution; %s)",
+                "ceiling": "max_seq>=%d (a lower bound: fit at the longest allowed probe; %s)",
+                "budget": "max_seq>=%d (a lower bound: --deadline_s stopped the search; %s)",
+                "inherited": "max_seq>=%d (a lower bound from the rung below, not probed for this "
+                             "rung: --deadline_s stopped the search; %s)"}[self.status] % (
+                                 self.seq, up)
+
+    def failure_reason(self):
+        return next((p.reason for p in self.probes if p.layers == self.upper), "-")
+
+
+def search_rung(at, a, start, ceiling, known_fit=None, target_first=False):
+    """Binary search for one rung's longest fitting S (a multiple of --quantum, <= ceiling).
+
+    at(S) -> capacity_search.Probe, raising TimeoutError once --deadline_s has passed.
+    known_fit: the rung below's longest fit, this rung's lower bound (each rung only adds
+    savings), not probed again unless the search ends on it. With target_first the ceiling is
+    probed first (one probe settles the rung as a lower bound); otherwise, and when it fails,
+    S doubles from the lower bound (or `start`) until a failure, then bisects between the longest
+    fit and the shortest failure until the gap is at most max(quantum, resolution x fit)."""
+    q = a.quantum
+    probes = {}
+    lo, hi = known_fit, None
+
+    def probe(seq):
+        if seq not in probes:
+            probes[seq] = at(seq)
+        return probes[seq]
+
+    def result(status):
+        if lo is None:
+            return RungResult(0, None, hi, status if status == "budget" else "none",
+                              list(probes.values()))
+        if lo not in probes:
+            status = "inherited"
+        return RungResult(lo, probes.get(lo), hi, status, list(probes.values()))
+
+    try:
+        if target_first:
+            if probe(ceiling).fit:
+                lo = ceiling
+                return result("ceiling")
+            hi = ceiling
+        if hi is None:  # grow: double from the lower bound until a failure or the ceiling
+            seq = min(lo * 2, ceiling) if lo else start
+            while True:
+                if probe(seq).fit:
+                    lo = seq
+                    if seq >= ceiling:
+                        return result("ceiling")
+                    seq = min(seq * 2 // q * q, ceiling)
+                else:
+                    hi = seq
+                    break
+        while True:
+            bottom = lo if lo is not None else 0
+            if lo is not None and hi - lo <= max(q, a.resolution * lo):
+                if lo in probes:
+                    return result("max")
+                # The search ended on the rung below's fit: measure it for this rung.
+                if probe(lo).fit:
+                    return result("max")
+                hi, lo = lo, None  # it does not hold here after all: search below it
+                continue
+            mid = (bottom + hi) // 2 // q * q
+            if lo is None and mid < start:
+                mid = start
+            if mid <= bottom or mid >= hi:
+                if lo is None:
+                    return result("none")
+                return result("max")
+            if probe(mid).fit:
+                lo = mid
+            else:
+                hi = mid
+    except TimeoutError:
+        print("  (--deadline_s %.0f passed: the search stops here)" % a.deadline_s, flush=True)
+        return result("budget")
+
+
+def breakdown(a, runs, seq, rungs, t_start, found):
     """Every rung at the baseline's largest S, uncapped: what holds the baseline's bytes."""
     print("\n== measured breakdown at the baseline's max S=%d (no cap; peak RSS of the larger "
           "rank, ru_maxrss) ==" % seq)
     rows = []
     for rung in RUNGS:  # in ladder order, whatever order the search ran them in
-        if rung not in rungs:
+        if rung not in a.breakdown_rungs.split(",") or (rung not in rungs and
+                                                          rung != "baseline"):
             continue
         if a.deadline_s and time.time() - t_start > a.deadline_s + a.breakdown_grace_s:
             print("  %-13s not run (--deadline_s + --breakdown_grace_s passed)" % rung)
@@ -339,6 +460,41 @@ def breakdown(a, runs, seq, rungs, t_start):
           "untiled, recomputed in backward under checkpointing); a layer's checkpointed input "
           "[S, hidden] %.2f MiB (x %d layers)" % (seq, mib(seq * v * 4), mib(seq * i * 4),
                                                  mib(seq * h * 4), l))
+    target = a.max_ratio * seq if a.max_ratio > 0 else 0
+    for rung in [r for r in RUNGS if r in rungs and r != "baseline"]:
+        res = found.get(rung)
+        if not res or not res.seq or res.status == "ceiling" or res.seq >= target:
+            continue
+        r = runs.results.get((rung, res.seq, "cap"))
+        if r is None:
+            continue
+        falls_short(a, rung, res, r)
+
+
+def falls_short(a, rung, res, r):
+    """Where the bytes of a rung that stops short of --max_ratio go, at its longest fit (its capped
+    probe): the process at start, the model state the trainer tracks, and the rest (activations),
+    next to each activation class's size from the shapes at that S."""
+    seq = res.seq
+    sp = 2 if RUNGS.index(rung) >= RUNGS.index("sp2") else 1
+    n = seq // sp  # tokens a rank holds
+    started = r.ranks[0].of("started")[0] if r.ranks and r.ranks[0].of("started") else {}
+    rest = r.peak_rss - r.start_rss - r.tracker_peak
+    v, h, i, l = a.vocab, a.hidden, a.intermediate, a.layers
+    tile = a.loss_tile or max(1, (64 << 20) // (4 * v))
+    print("\n== %s falls short of %gx: at its longest fit S=%d (capped probe) ==" % (
+        rung, a.max_ratio, seq))
+    print("  peak RSS %.1f MiB = start-up %.1f + tracked model state %.1f (params %.1f, grads "
+          "%.1f, Adam %.1f, buffers %.1f at start) + the rest %.1f MiB (activations, allocator)"
+          % (mib(r.peak_rss), mib(r.start_rss), mib(r.tracker_peak),
+             mib(started.get("param_bytes", 0)), mib(started.get("grad_bytes", 0)),
+             mib(started.get("optimizer_state_bytes", 0)), mib(started.get("buffer_bytes", 0)),
+             mib(rest)))
+    print("  shapes, fp32, %d tokens a rank: checkpointed layer inputs [%d, %d] x %d layers "
+          "%.1f MiB; one layer's recompute (q, k, v, attention output, their gradients: ~8 x "
+          "[%d, %d]) %.1f MiB; a loss tile [%d, %d] x 3 %.1f MiB; untiled MLP [%d, %d] x 4 "
+          "%.1f MiB" % (n, n, h, l, mib(l * n * h * 4), n, h, mib(8 * n * h * 4), tile, v,
+                        mib(3 * tile * v * 4), n, i, mib(4 * n * i * 4)))
 
 
 if __name__ == "__main__":
