@@ -1,4 +1,4 @@
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 
 #include <cmath>
 #include <string>
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::spec {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -464,4 +464,4 @@ TEST(ParseDeepSpeedConfigTest, ActivationCheckpointingSection) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::spec
