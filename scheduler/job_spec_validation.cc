@@ -17,10 +17,10 @@
 #include "google/protobuf/util/json_util.h"
 #include "scheduler/job_spec_validation_files.h"
 #include "scheduler/job_spec_validation_limits.h"
-#include "worker/engine/ds_config.h"
-#include "worker/engine/engine_options_tiled.h"
-#include "worker/engine/model_config.h"
-#include "worker/engine/sequence_parallel_config.h"
+#include "spec/ds_config.h"
+#include "spec/engine_options_tiled.h"
+#include "spec/model_config.h"
+#include "spec/sequence_parallel_config.h"
 
 namespace loom {
 namespace {
@@ -80,7 +80,7 @@ bool PathExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const engine::LlamaConfig& model,
+absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const spec::LlamaConfig& model,
                              const JobSpecValidationOptions& options) {
   if (d.name().empty() && d.path().empty()) {
     return InvalidField("dataset", "dataset.name or dataset.path is required (e.g. name: fortunes)");
@@ -148,7 +148,7 @@ absl::Status ValidateDataset(const loom::v1::DatasetSpec& d, const engine::Llama
   return absl::OkStatus();
 }
 
-absl::Status ValidateTraining(const loom::v1::TrainingSpec& t, const engine::LlamaConfig& model) {
+absl::Status ValidateTraining(const loom::v1::TrainingSpec& t, const spec::LlamaConfig& model) {
   if (t.steps() < 1) return InvalidField("training.steps", absl::StrCat("must be >= 1, got ", t.steps()));
   if (t.sequence_length() < 2 || t.sequence_length() > model.max_position_embeddings) {
     return InvalidField("training.sequence_length",
@@ -208,7 +208,7 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
     return InvalidField("model.config", "required (a Hugging Face Llama config.json object)");
   }
   ASSIGN_OR_RETURN(std::string model_json, StructToJson(spec.model().config(), "model.config"));
-  absl::StatusOr<engine::LlamaConfig> model = engine::ParseLlamaConfig(model_json);
+  absl::StatusOr<spec::LlamaConfig> model = spec::ParseLlamaConfig(model_json);
   if (!model.ok()) return WithPrefix(model.status(), "model.config");
   if (!spec.model().init_from().empty()) {
     const std::string& dir = spec.model().init_from();
@@ -241,14 +241,14 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
                    "train_micro_batch_size_per_gpu and optimizer)");
   }
   ASSIGN_OR_RETURN(std::string ds_json, StructToJson(spec.deepspeed_config(), "deepspeed_config"));
-  absl::StatusOr<engine::DeepSpeedConfig> ds = engine::ParseDeepSpeedConfig(ds_json, r.num_ranks());
+  absl::StatusOr<spec::DeepSpeedConfig> ds = spec::ParseDeepSpeedConfig(ds_json, r.num_ranks());
   if (!ds.ok()) return WithPrefix(ds.status(), "deepspeed_config");
-  RETURN_IF_ERROR(engine::ValidateSequenceParallel(  // Ulysses (issue 13): heads, S % P
+  RETURN_IF_ERROR(spec::ValidateSequenceParallel(  // Ulysses (issue 13): heads, S % P
       model->num_attention_heads, model->num_key_value_heads, spec.training().sequence_length(),
       ds->sequence_parallel_size));
   // ALST keys (issue 13): training.tiled_*, model.attn_implementation / attn_block_size,
   // activation checkpointing; the trainer's own parser (engine_options_tiled.h).
-  RETURN_IF_ERROR(engine::ValidateAlstKeys(spec, *ds));
+  RETURN_IF_ERROR(spec::ValidateAlstKeys(spec, *ds));
 
   if (spec.checkpoint().interval_steps() < 0) {
     return InvalidField("checkpoint.interval_steps",

@@ -151,7 +151,7 @@ absl::Status ValidateDatasetFiles(const std::string& path, double holdout_fracti
   return absl::OkStatus();
 }
 
-absl::Status ValidateInitFromShapes(const std::string& dir, const engine::LlamaConfig& config) {
+absl::Status ValidateInitFromShapes(const std::string& dir, const spec::LlamaConfig& config) {
   struct Entry {
     std::string dtype;
     std::vector<int64_t> shape;
@@ -199,7 +199,7 @@ absl::Status ValidateInitFromShapes(const std::string& dir, const engine::LlamaC
   }
 
   std::set<std::string> implied;
-  for (const engine::ParamSpec& p : engine::LlamaParamSpecs(config)) {
+  for (const spec::ParamSpec& p : spec::LlamaParamSpecs(config)) {
     implied.insert(p.name);
     auto it = tensors.find(p.name);
     if (it == tensors.end()) {

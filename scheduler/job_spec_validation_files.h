@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "worker/engine/model_config.h"
+#include "spec/model_config.h"
 
 namespace loom {
 
@@ -42,13 +42,13 @@ absl::Status ValidateDatasetFiles(const std::string& path, double holdout_fracti
 
 // `dir` as HfWeights reads it for model.init_from: model.safetensors, or the shards named by
 // model.safetensors.index.json. Reads only the safetensors headers and compares them with
-// engine::LlamaParamSpecs(config): every tensor the config implies must be present with that
+// spec::LlamaParamSpecs(config): every tensor the config implies must be present with that
 // shape and dtype F32 or BF16, and no other model.layers.N tensor may be present (a deeper
 // export than the config). "lm_head.weight" alongside tied embeddings and rotary inv_freq
 // buffers are ignored, as the trainer ignores them.
 // Errors: INVALID_ARGUMENT starting "model.init_from" naming the tensor (or the malformed
 // file). Reads the file system; thread-safe.
-absl::Status ValidateInitFromShapes(const std::string& dir, const engine::LlamaConfig& config);
+absl::Status ValidateInitFromShapes(const std::string& dir, const spec::LlamaConfig& config);
 
 }  // namespace loom
 

@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/percentile.h"
 #include "proto/job_service.grpc.pb.h"
 #include "scheduler/fake_clock.h"
 #include "scheduler/scheduler.h"
@@ -53,13 +54,6 @@ ABSL_FLAG(double, finish_fraction, 0.03, "Running jobs that finish between cycle
 
 namespace loom {
 namespace {
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-  return v[i];
-}
 
 double SubmissionsPerSecond(const std::string& dir) {
   SchedulerServerOptions options;

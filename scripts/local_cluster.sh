@@ -120,8 +120,10 @@ cmd_start() {
     "${auth[@]+"${auth[@]}"}" "${sched_ckpt_token[@]+"${sched_ckpt_token[@]}"}"
   local gw_auth=()
   [ -z "${LOOM_AUTH_TOKENS_FILE:-}" ] || gw_auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE")
+  # --checkpoint: the /v1/jobs/{id}/checkpoints routes (without it they answer 501).
   start_daemon gateway "$BIN/services/gateway/loom-gateway" \
     --scheduler="$(ready_field "$CLUSTER/scheduler.json" grpc_address)" \
+    --checkpoint="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)" \
     --port="${LOOM_GATEWAY_PORT:-0}" "${gw_auth[@]+"${gw_auth[@]}"}"
   for i in $(seq 0 $((workers - 1))); do
     start_worker "$i" "$slots"

@@ -31,4 +31,8 @@ expect_failure scrape_port 's/prometheus.io\/port: "9100"/prometheus.io\/port: "
   base/worker/worker.yaml "is not its metrics port"
 expect_failure auth_secret 's/token_file=\/etc\/loom\/auth\/worker.token/token_file=\/tmp\/worker.token/' \
   overlays/cpu-dev-auth/kustomization.yaml "loom-worker: missing --token_file"
+expect_failure gateway_checkpoint '/--checkpoint=loom-checkpoint/d' base/gateway.yaml \
+  "loom-gateway: --checkpoint=(absent), want loom-checkpoint:50052"
+expect_failure scheduler_checkpoint 's/--checkpoint_service=loom-checkpoint:50052/--checkpoint_service=loom-checkpoint:9/' \
+  base/scheduler.yaml "loom-scheduler: --checkpoint_service=loom-checkpoint:9, want loom-checkpoint:50052"
 echo "k8s_test: PASS"

@@ -263,6 +263,26 @@ def check_overlay_claims(c, name, ns, by_kind):
     c.expect(False, "unknown overlay (add its claims to validate.py)")
 
 
+def check_peer_addresses(c, by_kind):
+  """The gateway and the scheduler are given loom-checkpoint's Service address (without it the
+  gateway's checkpoint routes answer 501 and the scheduler finds no resume points)."""
+  svcs = {o["metadata"]["name"]: o for o in by_kind.get("Service", [])}
+  ckpt = svcs.get("loom-checkpoint")
+  if not c.expect(ckpt is not None, "no loom-checkpoint Service"):
+    return
+  ports = [p["port"] for p in ckpt["spec"].get("ports", []) if p.get("name") == "grpc"]
+  want = "loom-checkpoint:%s" % (ports[0] if ports else "?")
+  control = by_kind.get("StatefulSet", []) + by_kind.get("Deployment", [])
+  for name, flag in (("loom-gateway", "checkpoint"), ("loom-scheduler", "checkpoint_service")):
+    for o in control:
+      if o["metadata"]["name"] != name:
+        continue
+      args = o["spec"]["template"]["spec"]["containers"][0].get("args", [])
+      got = [a.split("=", 1)[1] for a in args if a.startswith("--%s=" % flag)]
+      c.expect(got == [want], "%s: --%s=%s, want %s" % (name, flag, got[-1] if got else "(absent)",
+                                                         want))
+
+
 def main(argv):
   ap = argparse.ArgumentParser()
   ap.add_argument("--kubectl", default="/usr/bin/kubectl")
@@ -280,6 +300,7 @@ def main(argv):
       continue
     ns, by_kind = check_objects(c, objs)
     check_overlay_claims(c, name, ns, by_kind)
+    check_peer_addresses(c, by_kind)
     print("%s: %d objects, %d problems" % (name, len(objs), len(c.problems)))
     problems += c.problems
   for p in problems:

@@ -48,6 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/percentile.h"
 #include "proto/job_service.grpc.pb.h"
 #include "proto/worker_service.grpc.pb.h"
 #include "scheduler/test_job_spec.h"
@@ -69,13 +70,6 @@ namespace loom {
 namespace {
 
 using loom::v1::RankState;
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-  return v[i];
-}
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target, int id) {
   grpc::ChannelArguments args;

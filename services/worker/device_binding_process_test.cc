@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "proto/job_service.grpc.pb.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tiny_job.h"
 
 namespace loom {
 namespace {
@@ -54,24 +55,17 @@ std::map<std::string, std::string> ReadEnv(const std::string& path) {
   return env;
 }
 
+// tests/testing/tiny_job.h's job, on H100s, for one step without a checkpoint (the ranks are
+// env_trainer.sh: they record their environment, they do not train).
 loom::v1::JobSpec GpuJob(int ranks, int per_node) {
   loom::v1::JobSpec spec;
-  const std::string json = R"json({
-    "name": "gpu-env",
-    "model": {"config": {
-      "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-      "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32,
-      "rms_norm_eps": 1e-5, "rope_theta": 10000, "tie_word_embeddings": true}},
-    "dataset": {"name": "fortunes"},
-    "deepspeed_config": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-                         "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-                         "zero_optimization": {"stage": 3}},
-    "resources": {"accelerator": "ACCELERATOR_KIND_H100"},
-    "training": {"steps": 1, "sequence_length": 16, "seed": 1}
-  })json";
-  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &spec).ok());
-  spec.mutable_resources()->set_num_ranks(ranks);
+  EXPECT_TRUE(
+      google::protobuf::util::JsonStringToMessage(testing::TinyJobSpecJson("gpu-env", ranks), &spec)
+          .ok());
+  spec.mutable_resources()->set_accelerator(loom::v1::ACCELERATOR_KIND_H100);
   spec.mutable_resources()->set_accelerators_per_node(per_node);
+  spec.mutable_training()->set_steps(1);
+  spec.clear_checkpoint();
   return spec;
 }
 

@@ -15,34 +15,21 @@ Usage: /usr/bin/python3 bible_alst_job_test.py --trainer PATH --consolidate PATH
 """
 
 import argparse
-import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
 
-import yaml
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import trainer_gang  # noqa: E402
+from trainer_gang import steps_of  # noqa: E402
 
 WORLD = 2
 
 
-def flat(line):
-    """One loom.TrainerEvent line ({"<kind>": {fields}}, int64 as strings) as {"event": kind, ...}."""
-    (kind, fields), = json.loads(line).items()
-    out = {"event": kind}
-    for k, v in fields.items():
-        out[k] = int(v) if isinstance(v, str) and k != "message" and v.lstrip("-").isdigit() else v
-    return out
-
-
 def spec_from_example(example_dir, corpus, **training):
-    with open(os.path.join(example_dir, "job.yaml")) as f:
-        job = yaml.safe_load(f)
-    with open(os.path.join(example_dir, job["model"]["config"])) as f:
-        config = json.load(f)
-    with open(os.path.join(example_dir, job["deepspeed_config"])) as f:
-        ds = json.load(f)
+    job, config, ds = trainer_gang.load_example(example_dir)
     dataset = dict(job["dataset"], path=corpus)
     train = dict(job["training"], eval_batches=1, eval_every_steps=0, **training)
     return {"name": job["name"], "model": {"config": config}, "dataset": dataset,
@@ -51,39 +38,10 @@ def spec_from_example(example_dir, corpus, **training):
 
 
 def run_trainer(trainer, spec, tmp, name, deadline_s=900):
-    spec_path = os.path.join(tmp, f"{name}.json")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
+    spec_path = trainer_gang.write_spec(spec, os.path.join(tmp, f"{name}.json"))
     ckpt = os.path.join(tmp, f"{name}_ckpt")
-    base = [trainer, f"--spec={spec_path}", f"--world_size={WORLD}", f"--checkpoint_dir={ckpt}",
-            "--collective_timeout_s=300"]
-    procs = [subprocess.Popen(base + ["--rank=0", "--master_port=0"], stdout=subprocess.PIPE,
-                              text=True)]
-    port = None
-    while port is None:  # rank 0's events up to its rendezvous
-        line = procs[0].stdout.readline()
-        if not line:
-            raise AssertionError(f"rank 0 exited before its rendezvous (rc {procs[0].wait()})")
-        event = flat(line)
-        if event.get("event") == "rendezvous":
-            port = event["port"]
-    for r in range(1, WORLD):
-        procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"],
-                                      stdout=subprocess.DEVNULL))
-    events = [flat(l) for l in procs[0].stdout]
-    for p in procs:
-        try:
-            p.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("trainer did not finish before the deadline")
-        assert p.returncode == 0, f"trainer exited {p.returncode}: {events[-3:]}"
+    _, events = trainer_gang.run_gang(trainer, spec_path, WORLD, ckpt=ckpt, deadline_s=deadline_s)
     return events, ckpt
-
-
-def steps_of(events):
-    return [e for e in events if e.get("event") == "step"]
 
 
 def main():

@@ -30,10 +30,12 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import trainer_gang  # noqa: E402
 
 SPEC = {
     "model": {"config": {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
@@ -61,33 +63,9 @@ ATOL = {"fp32": 1e-4, "bf16": 0.15}
 
 
 def run_trainer(trainer, spec_path, world, ckpt, deadline_s=180):
-    base = [trainer, f"--spec={spec_path}", f"--world_size={world}", f"--checkpoint_dir={ckpt}",
-            "--collective_timeout_s=60"]
-    procs = [subprocess.Popen(base + ["--rank=0", "--master_port=0"], stdout=subprocess.PIPE,
-                              text=True)]
-    if world > 1:
-        port = None
-        while port is None:  # rank 0's events up to its rendezvous (process_start comes first)
-            line = procs[0].stdout.readline()
-            if not line:
-                procs[0].kill()
-                raise SystemExit("rank 0 exited before its rendezvous event")
-            event = json.loads(line)  # a loom.TrainerEvent (proto/trainer_events.proto)
-            if "rendezvous" in event:
-                port = event["rendezvous"]["port"]
-        for r in range(1, world):
-            procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"],
-                                          stdout=subprocess.DEVNULL))
-    end = time.time() + deadline_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(1, end - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("trainer did not finish before the deadline")
-        assert p.returncode == 0, f"trainer exited {p.returncode}"
-    procs[0].stdout.close()
+    """`world` loom-trainer ranks to the end (trainer_gang.run_gang); rank 0's events."""
+    return trainer_gang.run_gang(trainer, spec_path, world, ckpt=ckpt, collective_timeout_s=60,
+                                 deadline_s=deadline_s)[1]
 
 
 def reference_tensors(step_dir):

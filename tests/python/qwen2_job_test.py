@@ -21,16 +21,14 @@ newest checkpoint with loom-consolidate as F32 and BF16, and asserts that:
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_export_test as cet  # noqa: E402  (run_trainer, reference_tensors, export, ...)
+import trainer_gang  # noqa: E402
 
 STEPS = 8
 SPEC = {
@@ -50,40 +48,9 @@ SPEC = {
 
 
 def run_trainer_with_losses(trainer, spec_path, ckpt, deadline_s=240):
-    """Runs 2 loom-trainer ranks (as cet.run_trainer does) and returns rank 0's step losses
-    (its stdout: one loom.TrainerEvent JSON object per line, read by a thread)."""
-    base = [trainer, f"--spec={spec_path}", "--world_size=2", f"--checkpoint_dir={ckpt}",
-            "--collective_timeout_s=60"]
-    rank0 = subprocess.Popen(base + ["--rank=0", "--master_port=0"], stdout=subprocess.PIPE,
-                             text=True)
-    events, port_known = [], threading.Event()
-
-    def read():
-        for line in rank0.stdout:
-            events.append(json.loads(line))
-            if "rendezvous" in events[-1]:
-                port_known.set()
-        port_known.set()  # EOF: rank 0 exited (before its rendezvous if no port was seen)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    procs = [rank0]
-    try:
-        assert port_known.wait(timeout=deadline_s), "no rendezvous event before the deadline"
-        ports = [e["rendezvous"]["port"] for e in events if "rendezvous" in e]
-        assert ports, f"rank 0 exited {rank0.wait()} before its rendezvous event"
-        procs.append(subprocess.Popen(base + ["--rank=1", f"--master_port={ports[0]}"],
-                                      stdout=subprocess.DEVNULL))
-        end = time.time() + deadline_s
-        for p in procs:
-            p.wait(timeout=max(1, end - time.time()))
-            assert p.returncode == 0, f"trainer exited {p.returncode}"
-        reader.join(timeout=max(1, end - time.time()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [e["step"]["loss"] for e in events if "step" in e]
+    """Runs 2 loom-trainer ranks (cet.run_trainer) and returns rank 0's step losses."""
+    events = cet.run_trainer(trainer, spec_path, 2, ckpt, deadline_s=deadline_s)
+    return [e["loss"] for e in trainer_gang.steps_of(events)]
 
 
 def main():

@@ -28,27 +28,16 @@ import sys
 import tempfile
 
 import numpy as np
-import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import trainer_gang  # noqa: E402
 
 STEPS, SEQ, INTERVAL, WORLD = 4, 32, 2, 2
 
 
 
-def flat(line):
-    """One loom.TrainerEvent line ({"<kind>": {fields}}, int64 as strings) as {"event": kind, ...}."""
-    (kind, fields), = json.loads(line).items()
-    out = {"event": kind}
-    for k, v in fields.items():
-        out[k] = int(v) if isinstance(v, str) and k != "message" and v.lstrip("-").isdigit() else v
-    return out
-
 def spec_from_example(example_dir):
-    with open(os.path.join(example_dir, "job.yaml")) as f:
-        job = yaml.safe_load(f)
-    with open(os.path.join(example_dir, job["model"]["config"])) as f:
-        config = json.load(f)
-    with open(os.path.join(example_dir, job["deepspeed_config"])) as f:
-        ds = json.load(f)
+    job, config, ds = trainer_gang.load_example(example_dir)
     ds["train_micro_batch_size_per_gpu"] = 2
     training = dict(job["training"], steps=STEPS, sequence_length=SEQ, eval_batches=1,
                     eval_every_steps=0)
@@ -58,31 +47,8 @@ def spec_from_example(example_dir):
 
 
 def run_trainer(trainer, spec_path, ckpt, extra, deadline_s=600):
-    base = [trainer, f"--spec={spec_path}", f"--world_size={WORLD}", f"--checkpoint_dir={ckpt}",
-            "--collective_timeout_s=300"]
-    procs = [subprocess.Popen(base + ["--rank=0", "--master_port=0"] + extra(0),
-                              stdout=subprocess.PIPE, text=True)]
-    port = None
-    while port is None:  # rank 0's events up to its rendezvous
-        line = procs[0].stdout.readline()
-        if not line:
-            raise AssertionError(f"rank 0 exited before its rendezvous (rc {procs[0].wait()})")
-        event = flat(line)
-        if event.get("event") == "rendezvous":
-            port = event["port"]
-    for r in range(1, WORLD):
-        procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"] + extra(r),
-                                      stdout=subprocess.DEVNULL))
-    events = [flat(l) for l in procs[0].stdout]
-    for p in procs:
-        try:
-            p.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("trainer did not finish before the deadline")
-        assert p.returncode == 0, f"trainer exited {p.returncode}: {events[-3:]}"
-    return events
+    return trainer_gang.run_gang(trainer, spec_path, WORLD, ckpt=ckpt, extra=extra,
+                                 deadline_s=deadline_s)[1]
 
 
 def vocab_ids(model_path):
@@ -114,9 +80,7 @@ def main():
     assert spec["dataset"]["tokenizer"] == "sentencepiece" and 2000 <= vocab_size <= 8000
 
     tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    spec_path = os.path.join(tmp, "job.json")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
+    spec_path = trainer_gang.write_spec(spec, os.path.join(tmp, "job.json"))
     ckpt = os.path.join(tmp, "ckpt")
 
     # 1. The uninterrupted run.

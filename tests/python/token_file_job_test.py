@@ -16,23 +16,16 @@ EOS id 2) and asserts:
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import trainer_gang  # noqa: E402
+
 VOCAB, EOS, SEQ = 512, 2, 16
 
-
-
-def flat(line):
-    """One loom.TrainerEvent line ({"<kind>": {fields}}, int64 as strings) as {"event": kind, ...}."""
-    (kind, fields), = json.loads(line).items()
-    out = {"event": kind}
-    for k, v in fields.items():
-        out[k] = int(v) if isinstance(v, str) and k != "message" and v.lstrip("-").isdigit() else v
-    return out
 
 def spec(path):
     return {"model": {"config": {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
@@ -47,33 +40,12 @@ def spec(path):
 
 
 def write_spec(tmp, name, path):
-    p = os.path.join(tmp, name)
-    with open(p, "w") as f:
-        json.dump(spec(path), f)
-    return p
+    return trainer_gang.write_spec(spec(path), os.path.join(tmp, name))
 
 
 def run(trainer, spec_path, world, extra=(), deadline_s=300):
-    base = [trainer, f"--spec={spec_path}", f"--world_size={world}", "--collective_timeout_s=120",
-            *extra]
-    procs = [subprocess.Popen(base + ["--rank=0", "--master_port=0"], stdout=subprocess.PIPE,
-                              text=True)]
-    events = []
-    if world > 1:
-        port = None
-        while port is None:
-            line = procs[0].stdout.readline()
-            assert line, f"rank 0 exited before its rendezvous (rc {procs[0].wait()})"
-            e = flat(line)
-            events.append(e)
-            if e.get("event") == "rendezvous":
-                port = e["port"]
-        for r in range(1, world):
-            procs.append(subprocess.Popen(base + [f"--rank={r}", f"--master_port={port}"],
-                                          stdout=subprocess.DEVNULL))
-    events += [flat(l) for l in procs[0].stdout]
-    rcs = [p.wait(timeout=deadline_s) for p in procs]
-    return rcs, events
+    return trainer_gang.run_gang(trainer, spec_path, world, extra=lambda rank: extra,
+                                 collective_timeout_s=120, deadline_s=deadline_s, check=False)
 
 
 def main():

@@ -10,10 +10,10 @@
 
 namespace loom::testing {
 
-// The body of `POST /v1/jobs` (a SubmitJobRequest in protobuf's JSON mapping) for a job named
-// `name` with `num_ranks` ranks.
-inline std::string TinySubmitJobJson(const std::string& name, int num_ranks) {
-  return absl::StrCat(R"json({"spec": {
+// The job spec (a JobSpec in protobuf's JSON mapping) of a job named `name` with `num_ranks`
+// ranks.
+inline std::string TinyJobSpecJson(const std::string& name, int num_ranks) {
+  return absl::StrCat(R"json({
   "name": ")json", name, R"json(",
   "model": {"config": {
     "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -26,7 +26,12 @@ inline std::string TinySubmitJobJson(const std::string& name, int num_ranks) {
   "resources": {"num_ranks": )json", num_ranks, R"json(},
   "training": {"steps": 5, "sequence_length": 16, "seed": 1},
   "checkpoint": {"interval_steps": 5}
-}})json");
+})json");
+}
+
+// The body of `POST /v1/jobs` (a SubmitJobRequest in protobuf's JSON mapping) for that job.
+inline std::string TinySubmitJobJson(const std::string& name, int num_ranks) {
+  return absl::StrCat(R"json({"spec": )json", TinyJobSpecJson(name, num_ranks), "}");
 }
 
 }  // namespace loom::testing

@@ -1,93 +1,22 @@
-// Llama-style decoder configuration (a Hugging Face `config.json` for LlamaForCausalLM or
-// Qwen2ForCausalLM), its validation, the exported config.json and the parameter list in Hugging
-// Face order. Qwen2 (transformers' modeling_qwen2.py) is Llama plus biases on the q/k/v
-// projections (no o_proj or MLP bias); everything else the engine implements is shared.
-//
-// No LibTorch here: the scheduler (memory planning), the checkpoint service (consolidation) and
-// the trainer all use this library. All functions are pure and thread-safe.
+// Forwarding header (this round only): moved to spec/model_config.h (namespace loom::spec), so the
+// scheduler can use it without //worker/engine. Engine code keeps its include path and its
+// loom::engine names while other branches of this round still include it; new code includes
+// "spec/model_config.h" and depends on //spec:model_config.
 #ifndef LOOM_WORKER_ENGINE_MODEL_CONFIG_H_
 #define LOOM_WORKER_ENGINE_MODEL_CONFIG_H_
 
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
+#include "spec/model_config.h"
 
 namespace loom::engine {
 
-// Hyper-parameters of a Llama decoder (transformers' LlamaConfig field names and defaults).
-// Largest model (parameters) and largest single dimension ParseLlamaConfig accepts: 2^40 (~1.1T
-// parameters), beyond anything this engine can hold, and small enough that size arithmetic on
-// accepted configs cannot overflow int64.
-inline constexpr int64_t kMaxLlamaParams = int64_t{1} << 40;
-
-// The decoder families (config.json "model_type").
-enum class ModelType { kLlama, kQwen2 };
-
-struct LlamaConfig {
-  ModelType model_type = ModelType::kLlama;  // "llama" (also when absent) or "qwen2"
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;              // H
-  int64_t intermediate_size = 0;        // I (SwiGLU MLP width)
-  int64_t num_hidden_layers = 0;        // L
-  int64_t num_attention_heads = 0;      // Hq
-  int64_t num_key_value_heads = 0;      // Hkv; defaults to Hq (no grouped-query attention)
-  int64_t max_position_embeddings = 0;  // longest sequence the model accepts
-  double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;
-  bool tie_word_embeddings = false;     // lm_head shares model.embed_tokens.weight
-  double initializer_range = 0.02;      // std of the normal init of linear/embedding weights
-  int64_t bos_token_id = 1;             // written to config.json only
-  int64_t eos_token_id = 2;             // written to config.json only
-
-  // d = H / Hq.
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  // Qwen2: q_proj, k_proj and v_proj carry a bias ([Hq*d], [Hkv*d], [Hkv*d]).
-  bool qkv_bias() const { return model_type == ModelType::kQwen2; }
-};
-
-// Parses a config.json object. Required: vocab_size, hidden_size, intermediate_size,
-// num_hidden_layers, num_attention_heads, max_position_embeddings. model_type, when present,
-// must be a supported family ("llama" or "qwen2"; kSupportedModelTypes in model_config.cc), else
-// INVALID_ARGUMENT "model.config.model_type: \"gpt2\" is not supported (supported: llama,
-// qwen2)". Qwen2: use_sliding_window true is refused (INVALID_ARGUMENT naming
-// model.config.use_sliding_window: the engine has no sliding-window attention).
-// Other Hugging Face keys (architectures, torch_dtype, ...) are accepted and ignored. Integer fields accept
-// JSON integers, integral floats (protobuf Struct numbers) and decimal strings.
-// Errors: INVALID_ARGUMENT naming the field as "model.config.<field>: ...", e.g.
-// "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4".
-// Also INVALID_ARGUMENT when a dimension or the parameter count exceeds kMaxLlamaParams.
-absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text);
-
-// A complete Hugging Face config.json object (architectures ["LlamaForCausalLM"],
-// model_type "llama", hidden_act "silu", torch_dtype "float32", attention_bias false, ...; for
-// Qwen2 architectures ["Qwen2ForCausalLM"], model_type "qwen2", use_sliding_window false).
-// ParseLlamaConfig(LlamaConfigToHfJson(c)) == c.
-std::string LlamaConfigToHfJson(const LlamaConfig& config);
-
-// One trainable tensor: Hugging Face name and shape (row-major).
-struct ParamSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t numel() const;
-  // What the tensor is; decides its initialisation (normal vs ones).
-  // kBias: a linear layer's bias [out]. Providers initialise it like a linear weight (normal with
-  // initializer_range; they treat every kind but kNorm alike), where Hugging Face zeroes it:
-  // a from-scratch Qwen2 starts with small random biases. Fine-tuning reads them from the export.
-  enum class Kind { kEmbedding, kLinear, kNorm, kBias } kind = Kind::kLinear;
-};
-
-// Every trainable tensor in model order: model.embed_tokens.weight [V,H]; per layer i
-// model.layers.{i}.input_layernorm.weight [H], self_attn.{q,k,v,o}_proj.weight
-// ([Hq*d,H], [Hkv*d,H], [Hkv*d,H], [H,Hq*d]), post_attention_layernorm.weight [H],
-// mlp.{gate,up,down}_proj.weight ([I,H], [I,H], [H,I]); model.norm.weight [H];
-// lm_head.weight [V,H] only when not tied. Qwen2 adds self_attn.{q,k,v}_proj.bias ([Hq*d],
-// [Hkv*d], [Hkv*d]) each right after its weight (Hugging Face's order), Kind kBias.
-std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& config);
-
-// Ψ: total trainable parameters (sum of LlamaParamSpecs numels).
-int64_t LlamaParamCount(const LlamaConfig& config);
+using ::loom::spec::kMaxLlamaParams;
+using ::loom::spec::ModelType;
+using ::loom::spec::LlamaConfig;
+using ::loom::spec::ParseLlamaConfig;
+using ::loom::spec::LlamaConfigToHfJson;
+using ::loom::spec::ParamSpec;
+using ::loom::spec::LlamaParamSpecs;
+using ::loom::spec::LlamaParamCount;
 
 }  // namespace loom::engine
 

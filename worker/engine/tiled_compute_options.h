@@ -1,19 +1,16 @@
-// The job spec's ALST tiled-compute switches (training.tiled_*; docs/job-spec.md), as the engine
-// reads them. ArcticTraining's name where it has one (tiled_mlp_compute). Torch-free, plain data.
+// Forwarding header (this round only): moved to spec/tiled_compute_options.h
+// (namespace loom::spec), so the
+// scheduler can use it without //worker/engine. Engine code keeps its include path and its
+// loom::engine names while other branches of this round still include it; new code includes
+// "spec/tiled_compute_options.h" and depends on //spec:tiled_compute_options.
 #ifndef LOOM_WORKER_ENGINE_TILED_COMPUTE_OPTIONS_H_
 #define LOOM_WORKER_ENGINE_TILED_COMPUTE_OPTIONS_H_
 
-#include <cstdint>
+#include "spec/tiled_compute_options.h"
 
 namespace loom::engine {
 
-struct TiledComputeOptions {
-  bool mlp = false;          // training.tiled_mlp_compute: TiledMlp in every decoder layer
-  int64_t mlp_tile_size = 0;   // training.tiled_mlp_tile_size: tokens per tile, 0 = hidden_size
-  bool logits_loss = false;  // training.tiled_logits_loss: TiledLogitsLoss as the loss head
-  int64_t logits_loss_tile_size = 0;  // training.tiled_logits_loss_tile_size: tokens per tile,
-                                      // 0 = rows of 64 MiB fp32 logits
-};
+using ::loom::spec::TiledComputeOptions;
 
 }  // namespace loom::engine
 

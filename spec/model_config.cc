@@ -1,13 +1,13 @@
-#include "worker/engine/model_config.h"
+#include "spec/model_config.h"
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/json_fields.h"
+#include "spec/json_fields.h"
 
-namespace loom::engine {
+namespace loom::spec {
 
 using nlohmann::json;
 
@@ -243,4 +243,4 @@ int64_t LlamaParamCount(const LlamaConfig& c) {
   return n;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::spec

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
+#include "spec/ds_config_internal.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 
 absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is_param,
                                OffloadConfig* o) {
@@ -34,4 +34,4 @@ absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal

@@ -1,4 +1,4 @@
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,10 +10,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
-#include "worker/engine/json_fields.h"
+#include "spec/ds_config_internal.h"
+#include "spec/json_fields.h"
 
-namespace loom::engine {
+namespace loom::spec {
 
 using nlohmann::json;
 using json_fields::Join;
@@ -544,4 +544,4 @@ double LearningRateAtStep(const DeepSpeedConfig& config, int64_t step) {
   return config.optimizer.lr;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::spec

@@ -1,11 +1,11 @@
-#include "worker/engine/engine_options_tiled.h"
+#include "spec/engine_options_tiled.h"
 
 #include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace loom::engine {
+namespace loom::spec {
 namespace {
 
 absl::Status CheckTileSize(const char* field, int64_t size, bool on, const char* switch_name) {
@@ -62,4 +62,4 @@ absl::Status ValidateAlstKeys(const loom::v1::JobSpec& spec, const DeepSpeedConf
   return ParseModelExecution(spec, ds.activation_checkpointing, &keys);
 }
 
-}  // namespace loom::engine
+}  // namespace loom::spec

@@ -1,4 +1,4 @@
-#include "worker/engine/json_fields.h"
+#include "spec/json_fields.h"
 
 #include <cerrno>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace loom::engine::json_fields {
+namespace loom::spec::json_fields {
 
 using nlohmann::json;
 
@@ -73,4 +73,4 @@ absl::StatusOr<std::optional<std::string>> OptString(const json& obj, const std:
   return TypeError(path, key, "a string", *it);
 }
 
-}  // namespace loom::engine::json_fields
+}  // namespace loom::spec::json_fields

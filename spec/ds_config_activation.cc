@@ -4,9 +4,9 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
+#include "spec/ds_config_internal.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 
 absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(const json* ac, OptObject(root, "activation_checkpointing", kRoot));
@@ -39,4 +39,4 @@ absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c) 
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal

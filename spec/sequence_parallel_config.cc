@@ -1,8 +1,8 @@
-#include "worker/engine/sequence_parallel_config.h"
+#include "spec/sequence_parallel_config.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace loom::engine {
+namespace loom::spec {
 
 absl::Status CheckSequenceParallelHeads(int64_t num_heads, int64_t num_kv_heads,
                                         int64_t sp_size) {
@@ -39,4 +39,4 @@ absl::Status ValidateSequenceParallel(int64_t num_heads, int64_t num_kv_heads,
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine
+}  // namespace loom::spec

@@ -8,9 +8,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
+#include "spec/ds_config_internal.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 namespace {
 
 // An interval key: a positive integer, or "auto" (-> 0). Absent keeps *out.
@@ -128,4 +128,4 @@ absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal

@@ -6,9 +6,9 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 
-namespace loom::engine {
+namespace loom::spec {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -155,4 +155,4 @@ TEST(ZenFlowConfigTest, StagesOneTwoThreeAreAccepted) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::spec

@@ -1,4 +1,4 @@
-#include "worker/engine/model_config.h"
+#include "spec/model_config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::spec {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -214,4 +214,4 @@ TEST(LlamaParamSpecsTest, NamesShapesAndCounts) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::spec

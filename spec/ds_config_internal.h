@@ -1,8 +1,8 @@
 // Internal to ds_config.cc and ds_config_offload.cc: the key-policy helpers of the DeepSpeed
 // config parser (ds_config.h has the policy) and the offload / aio section parsers. Not a public
 // API. Errors are INVALID_ARGUMENT "<key path>: <what>"; all functions are pure and thread-safe.
-#ifndef LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_
-#define LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_
+#ifndef LOOM_SPEC_DS_CONFIG_INTERNAL_H_
+#define LOOM_SPEC_DS_CONFIG_INTERNAL_H_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -13,10 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "worker/engine/ds_config.h"
-#include "worker/engine/json_fields.h"
+#include "spec/ds_config.h"
+#include "spec/json_fields.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 
 using nlohmann::json;
 using json_fields::Join;
@@ -103,6 +103,6 @@ absl::Status ParseCommunicationDataType(const json& root, const DeepSpeedConfig*
 // (ds_config_activation.cc); warnings for the keys that do not act.
 absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c);
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal
 
-#endif  // LOOM_WORKER_ENGINE_DS_CONFIG_INTERNAL_H_
+#endif  // LOOM_SPEC_DS_CONFIG_INTERNAL_H_

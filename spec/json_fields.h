@@ -2,8 +2,8 @@
 // the engine's config parsers (torch-free). Integer fields accept JSON integers, integral floats
 // (google.protobuf.Struct stores every number as a double) and decimal strings (proto3's JSON
 // mapping writes int64 as strings).
-#ifndef LOOM_WORKER_ENGINE_JSON_FIELDS_H_
-#define LOOM_WORKER_ENGINE_JSON_FIELDS_H_
+#ifndef LOOM_SPEC_JSON_FIELDS_H_
+#define LOOM_SPEC_JSON_FIELDS_H_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace loom::engine::json_fields {
+namespace loom::spec::json_fields {
 
 // Reads `obj[key]` as an integer. Absent or null -> nullopt. Wrong type -> INVALID_ARGUMENT
 // "<path>.<key>: expected an integer, got ...".
@@ -30,6 +30,6 @@ absl::StatusOr<std::optional<std::string>> OptString(const nlohmann::json& obj,
 // "<path>.<key>" (or just key when path is empty).
 std::string Join(const std::string& path, const std::string& key);
 
-}  // namespace loom::engine::json_fields
+}  // namespace loom::spec::json_fields
 
-#endif  // LOOM_WORKER_ENGINE_JSON_FIELDS_H_
+#endif  // LOOM_SPEC_JSON_FIELDS_H_

@@ -3,9 +3,9 @@
 // ParseDeepSpeedConfig before the batch sizes, which count data-parallel ranks (world / P).
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
+#include "spec/ds_config_internal.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 
 absl::Status ParseSequenceParallel(const json& root, int world_size, DeepSpeedConfig* c) {
   int64_t sp = 1;
@@ -30,4 +30,4 @@ absl::Status ParseSequenceParallel(const json& root, int world_size, DeepSpeedCo
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal

@@ -1,4 +1,4 @@
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 
 #include <cmath>
 #include <string>
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::spec {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -495,4 +495,4 @@ TEST(ParseDeepSpeedConfigTest, CommunicationDataType) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::spec

@@ -5,9 +5,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
+#include "spec/ds_config_internal.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 namespace {
 
 // The keys of an offload section that Loom reads but does not act on, each with a warning
@@ -111,4 +111,4 @@ absl::Status ParseAio(const json& root, DeepSpeedConfig* c) {
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal

@@ -8,9 +8,9 @@
 // parser only validates and stores nothing.
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/ds_config_internal.h"
+#include "spec/ds_config_internal.h"
 
-namespace loom::engine::ds_config_internal {
+namespace loom::spec::ds_config_internal {
 
 absl::Status ParseCommunicationDataType(const json& root, const DeepSpeedConfig* c) {
   std::string dtype;
@@ -42,4 +42,4 @@ absl::Status ParseCommunicationDataType(const json& root, const DeepSpeedConfig*
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::ds_config_internal
+}  // namespace loom::spec::ds_config_internal
