@@ -2,8 +2,9 @@
 # Writes worker/trainer/testdata/golden_ckpt/ (golden.json: per-tensor SHA-256 of the tiny 2-rank
 # fp32 job's step-3 and step-6 checkpoints for ZeRO stages 0-3 and its per-step losses;
 # stage3_step3/: that job's complete stage-3 step-3 checkpoint) with the loom-trainer built from
-# the current tree. Run once, at the commit BEFORE the issue-12 restructuring; afterwards
-# //worker/trainer:restructure_golden_test compares new runs against these files.
+# the current tree. First run at the commit before the issue-12 restructuring; rerun only for a
+# deliberate numeric change (said in the commit: last, the global-sample-index window order);
+# otherwise //worker/trainer:restructure_golden_test compares new runs against these files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="$PWD/worker/trainer/testdata/golden_ckpt"
