@@ -7,6 +7,7 @@
 #include <chrono>
 #include <limits>
 
+#include "worker/engine/optim/grad_norm.h"
 #include "worker/engine/optim/step_validation.h"
 #include "worker/engine/train_samples.h"
 #include "worker/engine/trainer_impl.h"
@@ -127,7 +128,11 @@ void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool*
   in.grads_partitioned = model_->grads_partitioned();
   absl::StatusOr<optim::StepValidation> v = optim::ValidateStep(
       coll_, in, [this] { return model_->any_nonfinite_grad(); },
-      [this] { return model_->LocalGradSquaredNorm(); });
+      [this] {  // one fp32 read per element, no fp64 temporaries (grad_norm.h)
+        std::vector<at::Tensor> grads;
+        for (const ZeroParam& p : model_->params()) grads.push_back(p.grad);
+        return optim::LocalSquaredNorm(grads);
+      });
   Check(v.status());
   if (v->overflow) {
     Check(pipeline_->FinishStep(*v));  // rolls back: the step is skipped on every rank
