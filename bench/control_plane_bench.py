@@ -85,10 +85,15 @@ class Scheduler:
         self.address = info["grpc_address"]
         self.metrics_url = info["metrics_url"]
 
-    def cycles(self, start_us, end_us):
+    def cycles(self, start_us, end_us, kind=None):
+        """Cycle durations in ms; `kind`: only cycles whose admission pass was of that kind
+        (1 skipped, 2 partial, 3 full: the trace's 4th column, Scheduler::AdmissionPassStats)."""
         out = []
         for line in open(self.trace):
-            end, took, ok = (int(x) for x in line.split())
+            fields = [int(x) for x in line.split()]
+            end, took = fields[0], fields[1]
+            if kind is not None and (len(fields) < 4 or fields[3] != kind):
+                continue
             if start_us <= end <= end_us:
                 out.append(took / 1000.0)
         return out
@@ -123,7 +128,10 @@ def one_scale(args, nodes):
             f"--warmup_s={args.warmup_s}", f"--submit_rate={args.submit_rate}",
             f"--heartbeat_threads={args.heartbeat_threads}"])
         metrics = scrape(sched.metrics_url)
-        cycles = sched.cycles(int(lg["window_start_us"]), int(lg["window_end_us"]))
+        window = (int(lg["window_start_us"]), int(lg["window_end_us"]))
+        cycles = sched.cycles(*window)
+        by_kind = {name: sched.cycles(*window, kind=k)
+                   for k, name in ((1, "skipped"), (2, "partial"), (3, "full"))}
     finally:
         sched.stop()
     lost = int(metrics.get('loom_nodes{state="lost"}', 0))
@@ -148,6 +156,9 @@ def one_scale(args, nodes):
           f"cycle_p50_ms={row['cycle_p50_ms']:.2f} cycle_max_ms={row['cycle_max_ms']:.2f} "
           f"running={running} submits={row['submits']} prefill_per_s={row['prefill_per_s']:.0f} "
           f"load_avg={os.getloadavg()[0]:.2f}")
+    print("detail admission_passes " + " ".join(
+        f"{name}={len(v)} {name}_p50_ms={percentile(v, 0.5):.2f} "
+        f"{name}_max_ms={max(v) if v else 0:.2f}" for name, v in by_kind.items()))
     if len(cycles) < args.min_cycles:
         print(f"warning: only {len(cycles)} cycles in the window (< {args.min_cycles}); "
               "lengthen --duration_s")

@@ -47,6 +47,20 @@ Decision Wait(const JobRecord& job, std::string reason, std::string message,
   return d;
 }
 
+// A wait whose reason and message are the job's already: no strings copied (Decision::unchanged).
+Decision WaitUnlessUnchanged(const JobRecord& job, const char* reason, const std::string& message,
+                             const char* outcome) {
+  if (job.reason == reason && job.message == message) {
+    Decision d;
+    d.kind = Decision::Kind::kWait;
+    d.job_id = job.id;
+    d.outcome = outcome;
+    d.unchanged = true;
+    return d;
+  }
+  return Wait(job, reason, message, outcome);
+}
+
 // Slots of the snapshot's nodes: in use, being released, and held per placed job.
 struct SlotUse {
   std::vector<int> used, releasing;
@@ -168,6 +182,8 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
   };
 
   std::map<AcceleratorKind, std::string> head;  // kind -> the blocked job holding a reservation
+  // The "Queued" messages of jobs behind a kind's head, built once per head (not per job).
+  std::map<AcceleratorKind, std::string> behind, behind_no_backfill;
   std::map<std::string, Eligibility> eligibility_cache;
   std::set<std::string> preempted;  // victims of this cycle: no longer running
   std::vector<Decision>& out = result.decisions;
@@ -179,6 +195,12 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     if (cursor == nullptr) break;
     const ClusterSnapshot::WaitingJob& waiting = *(*cursor->jobs)[cursor->next++].waiting;
     const JobRecord& record = *waiting.job;
+    if (options.max_jobs > 0 && result.considered >= options.max_jobs) {
+      // Past the pass's depth: no decision, only the queue position (shares are fixed now).
+      result.queue_order[KindOfSpec(record.spec)].push_back(record.id);
+      continue;
+    }
+    ++result.considered;
     const std::string& job_id = record.id;
     const loom::v1::JobSpec& spec = record.spec;
     const AcceleratorKind kind = KindOfSpec(spec);
@@ -224,8 +246,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     }
     auto h = head.find(kind);
     if (h != head.end() && !options.enable_backfill) {
-      out.push_back(
-          Wait(record, "Queued", absl::StrCat("waiting behind job ", h->second), "blocked"));
+      out.push_back(WaitUnlessUnchanged(record, "Queued", behind_no_backfill[kind], "blocked"));
       continue;
     }
 
@@ -267,10 +288,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
       continue;
     }
     if (h != head.end()) {
-      out.push_back(Wait(record, "Queued",
-                         absl::StrCat("waiting behind job ", h->second,
-                                      " (it holds a reservation; starting now would delay it)"),
-                         "blocked"));
+      out.push_back(WaitUnlessUnchanged(record, "Queued", behind[kind], "blocked"));
       continue;
     }
 
@@ -403,6 +421,9 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
       }
     }
     head[kind] = job_id;
+    behind_no_backfill[kind] = absl::StrCat("waiting behind job ", job_id);
+    behind[kind] = absl::StrCat("waiting behind job ", job_id,
+                                " (it holds a reservation; starting now would delay it)");
     const std::string outcome =
         reason == "WaitingForPreemption" ? "preempting" : "no_capacity";
     out.push_back(Wait(record, reason, message, outcome));

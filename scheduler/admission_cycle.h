@@ -47,6 +47,10 @@ struct AdmissionOptions {
   const QueuesConfig* queues = nullptr;  // required; outlives the call
   bool enable_preemption = true;
   bool enable_backfill = true;
+  // Decide about at most this many waiting jobs, the first in queue order (0 = all), as
+  // Slurm's default_queue_depth: the rest get no decision (they keep their reasons) and take
+  // only their queue positions. A pass's cost is then O(max_jobs) in decisions, plus the sort.
+  int max_jobs = 0;
 };
 
 struct AdmissionDecision {
@@ -63,6 +67,10 @@ struct AdmissionDecision {
   // The loom_admission_attempts_total outcome to count ("" none): admitted, infeasible,
   // quota, blocked, preempting, no_capacity.
   std::string outcome;
+  // kWait only: the job already has exactly this reason and message, so `reason` and `message`
+  // are left empty and there is nothing to set (a job queued behind the same head as in the
+  // last cycle; no strings are built for it).
+  bool unchanged = false;
 };
 
 struct AdmissionResult {
@@ -70,6 +78,9 @@ struct AdmissionResult {
   // Per accelerator kind, the jobs still waiting in the order the cycle considered them
   // (ExplainPending's queue position); started jobs are not in it.
   std::map<loom::v1::AcceleratorKind, std::vector<std::string>> queue_order;
+  // Waiting jobs the cycle decided about (all of them unless AdmissionOptions::max_jobs cut
+  // the pass short).
+  int considered = 0;
 };
 
 AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,

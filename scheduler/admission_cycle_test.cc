@@ -58,6 +58,7 @@ class AdmissionCycleTest : public ::testing::Test {
     options.queues = &queues_;
     options.enable_backfill = backfill_;
     options.enable_preemption = preemption_;
+    options.max_jobs = max_jobs_;
     return RunAdmissionCycle(snapshot_, options);
   }
   static const AdmissionDecision* Find(const AdmissionResult& r, const std::string& job_id) {
@@ -72,6 +73,7 @@ class AdmissionCycleTest : public ::testing::Test {
   QueuesConfig queues_ = QueuesConfig::Default();
   bool backfill_ = true;
   bool preemption_ = true;
+  int max_jobs_ = 0;
 };
 
 TEST_F(AdmissionCycleTest, HigherPriorityFirstThenAgeAndStartedJobsLeaveTheQueue) {
@@ -336,6 +338,62 @@ TEST_F(AdmissionCycleTest, TopologyPrefersTheBestFittingDomain) {
   const AdmissionResult r = Cycle();
   ASSERT_EQ(r.decisions.size(), 1u);
   EXPECT_EQ(r.decisions[0].nodes, std::vector<std::string>({"b1", "b1"}));
+}
+
+TEST_F(AdmissionCycleTest, MaxJobsDecidesOnlyAboutTheFirstJobsInQueueOrder) {
+  Node("a", 2);
+  // In queue order: job-3 (priority 1), then job-1, job-2, job-4 (priority 0, by age). job-3
+  // needs 3 slots (never fits: Unschedulable); the others fit one slot each.
+  JobRecord& j1 = Job("job-1", 1);
+  JobRecord& j2 = Job("job-2", 1);
+  JobRecord& j3 = Job("job-3", 3, 1);
+  JobRecord& j4 = Job("job-4", 1);
+  for (const JobRecord* j : {&j1, &j2, &j3, &j4}) Wait(*j);
+  max_jobs_ = 2;
+  AdmissionResult r = Cycle();
+  EXPECT_EQ(r.considered, 2);
+  ASSERT_NE(Find(r, "job-3"), nullptr);
+  EXPECT_EQ(Find(r, "job-3")->reason, "Unschedulable");
+  ASSERT_NE(Find(r, "job-1"), nullptr);
+  EXPECT_EQ(Find(r, "job-1")->kind, Kind::kStart);
+  // Past the depth: no decision although job-2 would fit; every waiting job keeps its position.
+  EXPECT_EQ(Find(r, "job-2"), nullptr);
+  EXPECT_EQ(Find(r, "job-4"), nullptr);
+  EXPECT_EQ(r.queue_order[v1::ACCELERATOR_KIND_CPU],
+            (std::vector<std::string>{"job-3", "job-2", "job-4"}));
+  // Without the limit the same snapshot starts job-2 too.
+  max_jobs_ = 0;
+  r = Cycle();
+  EXPECT_EQ(r.considered, 4);
+  ASSERT_NE(Find(r, "job-2"), nullptr);
+  EXPECT_EQ(Find(r, "job-2")->kind, Kind::kStart);
+}
+
+TEST_F(AdmissionCycleTest, AJobQueuedBehindTheSameHeadAsBeforeIsLeftUnchanged) {
+  Node("a", 1);
+  JobRecord& running = Job("job-1", 1);
+  JobRecord& head = Job("job-2", 1);
+  JobRecord& same = Job("job-3", 1);
+  JobRecord& fresh = Job("job-4", 1);
+  Run(running, {"a"});
+  same.reason = "Queued";
+  same.message = "waiting behind job job-2 (it holds a reservation; starting now would delay it)";
+  fresh.reason = "Queued";
+  fresh.message = "waiting for the next scheduling cycle";
+  for (const JobRecord* j : {&head, &same, &fresh}) Wait(*j);
+  AdmissionResult r = Cycle();
+  ASSERT_NE(Find(r, "job-2"), nullptr);
+  EXPECT_EQ(Find(r, "job-2")->reason, "WaitingForSlots");
+  const AdmissionDecision* unchanged = Find(r, "job-3");
+  ASSERT_NE(unchanged, nullptr);
+  EXPECT_TRUE(unchanged->unchanged);
+  EXPECT_EQ(unchanged->reason, "");
+  EXPECT_EQ(unchanged->outcome, "blocked");  // still counted as an attempt
+  const AdmissionDecision* changed = Find(r, "job-4");
+  ASSERT_NE(changed, nullptr);
+  EXPECT_FALSE(changed->unchanged);
+  EXPECT_EQ(changed->reason, "Queued");
+  EXPECT_EQ(changed->message, same.message);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 
 namespace loom {
@@ -90,6 +91,32 @@ absl::Status JobRepository::UpdateJobs(const std::vector<JobRecord>& jobs) {
   return store_->UpdateJobs(jobs);
 }
 absl::Status JobRepository::UpsertNode(const NodeRecord& node) { return store_->UpsertNode(node); }
+
+absl::Status JobRepository::UpdateJobsVersioned(const std::vector<JobRecord>& jobs,
+                                                const std::vector<uint64_t>& versions) {
+  if (jobs.size() != versions.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("UpdateJobsVersioned: ", jobs.size(),
+                                                   " jobs but ", versions.size(), " versions"));
+  }
+  absl::MutexLock lock(&versions_mu_);
+  std::vector<JobRecord> fresh;
+  std::vector<uint64_t> fresh_versions;
+  fresh.reserve(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto it = written_versions_.find(jobs[i].id);
+    if (it != written_versions_.end() && it->second >= versions[i]) continue;  // newer is stored
+    fresh.push_back(jobs[i]);
+    fresh_versions.push_back(versions[i]);
+  }
+  if (fresh.empty()) return absl::OkStatus();
+  absl::Status stored = fresh.size() == 1 ? store_->UpdateJob(fresh[0]) : store_->UpdateJobs(fresh);
+  if (!stored.ok()) return stored;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    uint64_t& v = written_versions_[fresh[i].id];
+    v = std::max(v, fresh_versions[i]);
+  }
+  return absl::OkStatus();
+}
 
 JobRepository::Stats JobRepository::stats() const {
   absl::MutexLock lock(&mu_);

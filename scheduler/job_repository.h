@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +78,17 @@ class JobRepository {
   absl::Status UpdateJobs(const std::vector<JobRecord>& jobs);
   absl::Status UpsertNode(const NodeRecord& node);
 
+  // Versioned job updates, for callers that write without holding the lock their records were
+  // copied under (the Scheduler stores a cycle's or a heartbeat's changes after releasing its
+  // mutex). versions[i] is the version the caller gave jobs[i] when it copied it (from one
+  // counter that grows with every change, so a later state of a job has a larger version). A
+  // record whose version is not larger than one already written for its job is dropped (a
+  // newer state is durable already); the rest are written in one UpdateJobs transaction. Calls
+  // are serialized, so a late, older write never overwrites a newer one. The store's error as
+  // returned (then nothing of the call was written). INVALID_ARGUMENT if the sizes differ.
+  absl::Status UpdateJobsVersioned(const std::vector<JobRecord>& jobs,
+                                   const std::vector<uint64_t>& versions);
+
   Stats stats() const;
 
  private:
@@ -93,6 +105,10 @@ class JobRepository {
   std::vector<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // UpdateJobsVersioned: the newest version written per job id. Own lock (held across the store
+  // call; never while taking mu_).
+  absl::Mutex versions_mu_;
+  std::map<std::string, uint64_t> written_versions_ ABSL_GUARDED_BY(versions_mu_);
   std::thread commit_thread_;
 };
 

@@ -255,3 +255,45 @@ TEST(JobRepositoryTest, MaxBatchBoundsATransaction) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// A cycle or heartbeat stores its changes after releasing the scheduler's lock, so an older copy
+// of a job may reach the store after a newer one: the newer must stay.
+TEST(JobRepositoryTest, VersionedUpdateNeverReplacesANewerStateWithAnOlderOne) {
+  auto store = SqliteJobStore::Open(DbPath("versioned"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRepository repo(store->get(), nullptr);
+  ASSERT_TRUE(repo.SubmitAndWait(Job(1)).ok());
+  JobRecord older = Job(1);
+  older.phase = v1::JOB_PHASE_RUNNING;
+  older.progress.set_step(10);
+  JobRecord newer = older;
+  newer.phase = v1::JOB_PHASE_SUCCEEDED;
+  newer.progress.set_step(20);
+  // The newer state (version 2) lands first, the older copy (version 1) late.
+  ASSERT_TRUE(repo.UpdateJobsVersioned({newer}, {2}).ok());
+  ASSERT_TRUE(repo.UpdateJobsVersioned({older}, {1}).ok());
+  absl::StatusOr<JobRecord> read = (*store)->GetJob(older.id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->phase, v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(read->progress.step(), 20);
+  // A later version is written, also in a batch with a job seen for the first time.
+  ASSERT_TRUE(repo.SubmitAndWait(Job(2)).ok());
+  JobRecord later = newer;
+  later.progress.set_step(21);
+  JobRecord second = Job(2);
+  second.phase = v1::JOB_PHASE_CANCELLED;
+  ASSERT_TRUE(repo.UpdateJobsVersioned({later, second}, {3, 1}).ok());
+  read = (*store)->GetJob(later.id);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->progress.step(), 21);
+  read = (*store)->GetJob(second.id);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->phase, v1::JOB_PHASE_CANCELLED);
+  EXPECT_TRUE(absl::IsInvalidArgument(repo.UpdateJobsVersioned({later}, {})));
+}
+
+}  // namespace
+}  // namespace loom

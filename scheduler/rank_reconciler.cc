@@ -18,6 +18,7 @@ void AddNode(const NodeCapacity& node, int used, int sign, CapacityCounts* c) {
     return;
   }
   c->live_nodes += sign;
+  c->live_nodes_by_slots[{node.kind, node.slots}] += sign;
   c->used_slots += sign * used;
   c->free_slots += sign * std::max(0, node.slots - used);
   const int allocated = std::min(node.slots, used);
@@ -40,13 +41,33 @@ bool CapacityCounts::operator==(const CapacityCounts& other) const {
     }
     return m;
   };
-  return nonzero(*this) == nonzero(other);
+  auto nonzero_slots = [](const CapacityCounts& c) {
+    std::map<std::pair<loom::v1::AcceleratorKind, int>, int> m;
+    for (const auto& [k, v] : c.live_nodes_by_slots) {
+      if (v != 0) m[k] = v;
+    }
+    return m;
+  };
+  return nonzero(*this) == nonzero(other) && nonzero_slots(*this) == nonzero_slots(other);
+}
+
+std::map<loom::v1::AcceleratorKind, int> CapacityCounts::LargestNodeSlots() const {
+  std::map<loom::v1::AcceleratorKind, int> largest;
+  // Ordered by (kind, slots): the last entry of a kind with nodes is its largest.
+  for (const auto& [kind_slots, count] : live_nodes_by_slots) {
+    if (count > 0) largest[kind_slots.first] = kind_slots.second;
+  }
+  return largest;
 }
 
 std::string CapacityCounts::DebugString() const {
   std::string s = absl::StrCat("nodes live=", live_nodes, " lost=", lost_nodes,
                                " slots free=", free_slots, " used=", used_slots, " accelerators");
   for (const auto& [k, v] : accelerators) {
+    if (v != 0) absl::StrAppend(&s, " ", static_cast<int>(k.first), "/", k.second, "=", v);
+  }
+  absl::StrAppend(&s, " live nodes by slots");
+  for (const auto& [k, v] : live_nodes_by_slots) {
     if (v != 0) absl::StrAppend(&s, " ", static_cast<int>(k.first), "/", k.second, "=", v);
   }
   return s;
@@ -76,6 +97,7 @@ RankRuntime* RankReconciler::Find(const RankKey& key) {
 void RankReconciler::Put(const RankKey& key, RankRuntime rt) {
   auto it = ranks_.find(key);
   if (it != ranks_.end()) Erase(it);
+  ++generation_;
   by_node_[rt.node_id].insert(key);
   if (!RankEnded(rt.state)) AddUsed(rt.node_id, +1);
   ranks_.emplace(key, std::move(rt));
@@ -87,10 +109,14 @@ void RankReconciler::SetState(const RankKey& key, loom::v1::RankState state) {
   const bool was_live = !RankEnded(it->second.state);
   const bool live = !RankEnded(state);
   it->second.state = state;
-  if (was_live != live) AddUsed(it->second.node_id, live ? +1 : -1);
+  if (was_live != live) {
+    ++generation_;
+    AddUsed(it->second.node_id, live ? +1 : -1);
+  }
 }
 
 RankReconciler::RankMap::iterator RankReconciler::Erase(RankMap::const_iterator it) {
+  ++generation_;
   const std::string& node_id = it->second.node_id;
   auto n = by_node_.find(node_id);
   if (n != by_node_.end()) {
@@ -112,6 +138,7 @@ void RankReconciler::Clear() {
   used_by_node_.clear();
   nodes_.clear();
   counts_ = CapacityCounts();
+  ++generation_;
   last_step_advance_.clear();
   step_seconds_.clear();
   progress_.Clear();
@@ -134,6 +161,7 @@ void RankReconciler::StopLiveRanks(const std::string& job_id, bool graceful) {
     if (RankEnded(it->second.state)) {
       it = Erase(it);  // its slot is free; nothing to stop
     } else {
+      if (!it->second.stop_requested) ++generation_;
       it->second.stop_requested = true;
       it->second.graceful_stop = graceful;
       ++it;
@@ -145,17 +173,28 @@ void RankReconciler::SetGracefulStop(const std::string& job_id, bool graceful,
                                      bool request_stop) {
   for (auto r = ranks_.lower_bound({job_id, 0}); r != ranks_.end() && r->first.first == job_id;
        ++r) {
-    if (request_stop) r->second.stop_requested = true;
+    if (request_stop && !r->second.stop_requested) {
+      ++generation_;
+      r->second.stop_requested = true;
+    }
     r->second.graceful_stop = graceful;
   }
 }
 
 std::map<std::string, std::set<int32_t>> RankReconciler::HeldDevices(
-    const std::string& job_id) const {
+    const std::string& job_id, const std::vector<std::string>& nodes) const {
   std::map<std::string, std::set<int32_t>> held;
-  for (const auto& [key, rt] : ranks_) {
-    if (key.first == job_id || rt.device_index < 0 || RankEnded(rt.state)) continue;
-    held[rt.node_id].insert(rt.device_index);
+  for (const std::string& node_id : nodes) {
+    if (held.count(node_id)) continue;  // a node named by several ranks is visited once
+    std::set<int32_t>& devices = held[node_id];
+    auto n = by_node_.find(node_id);
+    if (n == by_node_.end()) continue;
+    for (const RankKey& key : n->second) {
+      if (key.first == job_id) continue;
+      const RankRuntime& rt = ranks_.at(key);
+      if (rt.device_index < 0 || RankEnded(rt.state)) continue;
+      devices.insert(rt.device_index);
+    }
   }
   return held;
 }
@@ -182,12 +221,14 @@ void RankReconciler::AddUsed(const std::string& node_id, int delta) {
 }
 
 void RankReconciler::SetNode(const std::string& node_id, const NodeCapacity& node) {
+  ++generation_;
   Contribute(node_id, -1);
   nodes_[node_id] = node;
   Contribute(node_id, +1);
 }
 
 void RankReconciler::RemoveNode(const std::string& node_id) {
+  ++generation_;
   Contribute(node_id, -1);
   nodes_.erase(node_id);
 }
@@ -203,6 +244,8 @@ void RankReconciler::RecordStepAdvance(const std::string& job_id, int64_t from_s
     window.push_back(absl::ToDoubleSeconds(now - last->second) /
                      static_cast<double>(to_step - from_step));
     if (window.size() > 32) window.pop_front();
+    // The job now has an end estimate (MedianStepSeconds > 0): backfill around it may change.
+    if (window.size() == 3) ++generation_;
   }
   last_step_advance_[job_id] = now;
 }

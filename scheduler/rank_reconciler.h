@@ -75,8 +75,16 @@ struct CapacityCounts {
   int free_slots = 0;  // on live nodes: max(0, slots - used) each
   int used_slots = 0;  // on live nodes
   std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int> accelerators;
+  // Nodes not lost (cordoned ones included) per (kind, slots): the submission check of
+  // resources.accelerators_per_node asks for the largest (LargestNodeSlots) without walking
+  // every node (issue 16: it was O(nodes) per submission under the scheduler's lock).
+  std::map<std::pair<loom::v1::AcceleratorKind, int>, int> live_nodes_by_slots;
 
-  // Equal counts; accelerator entries that are 0 count as absent.
+  // Per accelerator kind, the most slots of a node that is not lost (kinds without one absent).
+  // O(distinct (kind, slots) pairs).
+  std::map<loom::v1::AcceleratorKind, int> LargestNodeSlots() const;
+
+  // Equal counts; accelerator and live_nodes_by_slots entries that are 0 count as absent.
   bool operator==(const CapacityCounts& other) const;
   bool operator!=(const CapacityCounts& other) const { return !(*this == other); }
   std::string DebugString() const;
@@ -125,8 +133,10 @@ class RankReconciler {
   void StopLiveRanks(const std::string& job_id, bool graceful);
   // Sets graceful_stop on every rank of the job (and stop_requested when `request_stop`).
   void SetGracefulStop(const std::string& job_id, bool graceful, bool request_stop);
-  // Per node: the device indices live ranks of jobs other than `job_id` hold.
-  std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id) const;
+  // Per node of `nodes`: the device indices live ranks of jobs other than `job_id` hold there.
+  // O(ranks on those nodes), through the per-node index.
+  std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id,
+                                                       const std::vector<std::string>& nodes) const;
   // Live (not ended) ranks on `node_id`.
   int UsedSlots(const std::string& node_id) const;
 
@@ -155,9 +165,16 @@ class RankReconciler {
   void ForgetAttemptSteps(const std::string& job_id);
   // The job ended: drop every timing record of it.
   void ForgetJob(const std::string& job_id);
-  // Direct access for the facade's files that still use the old member names.
-  std::map<std::string, absl::Time>& last_step_advance() { return last_step_advance_; }
-  RankProgress& rank_progress() { return progress_; }
+  // A new attempt was placed: its rank 0's first report gives no step interval (every rank's
+  // steps, RankProgress, are keyed by attempt and left alone).
+  void ForgetLastStepAdvance(const std::string& job_id) { last_step_advance_.erase(job_id); }
+
+  // ---- Change generation. ----
+  // Bumped by every change the admission cycle can see in this table: a rank added, erased, or
+  // moving between live and ended, asked to stop, a node added, changed or removed. Equal
+  // values mean the ranks' slot use and the nodes' capacity are as they were (the facade skips
+  // an admission pass whose inputs did not change; docs/scheduling.md "Admission passes").
+  uint64_t generation() const { return generation_; }
 
   // ---- Decisions. ----
   // A job with a rank on `node_id` that advanced a step (any rank, through any node, or rank 0)
@@ -191,6 +208,7 @@ class RankReconciler {
   std::map<std::string, int> used_by_node_;  // live ranks per node id (known node or not)
   std::map<std::string, NodeCapacity> nodes_;
   CapacityCounts counts_;
+  uint64_t generation_ = 0;
   std::map<std::string, absl::Time> last_step_advance_;
   std::map<std::string, std::deque<double>> step_seconds_;
   RankProgress progress_;

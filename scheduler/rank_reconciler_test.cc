@@ -60,6 +60,13 @@ struct Model {
         EXPECT_EQ(n, 0) << where << ": extra " << key.second;
       }
     }
+    // The submission check's largest node per kind: every node not lost, cordoned ones too.
+    std::map<AcceleratorKind, int> largest;
+    for (const auto& [id, n] : nodes) {
+      if (n.lost) continue;
+      if (largest.count(n.kind) == 0 || largest[n.kind] < n.slots) largest[n.kind] = n.slots;
+    }
+    EXPECT_EQ(got.LargestNodeSlots(), largest) << where;
   }
 };
 
@@ -144,6 +151,48 @@ TEST(RankReconcilerTest, IncrementalCountsEqualRecountAfterRandomOperations) {
       ASSERT_EQ(r.ranks().size(), m.ranks.size()) << where;
     }
   }
+}
+
+TEST(RankReconcilerTest, GenerationMovesWithEveryChangeTheAdmissionPassSees) {
+  RankReconciler r;
+  uint64_t g = r.generation();
+  auto moved = [&](const char* what) {
+    EXPECT_NE(r.generation(), g) << what << " must count as a change";
+    g = r.generation();
+  };
+  NodeCapacity n;
+  n.slots = 4;
+  r.SetNode("n1", n);
+  moved("SetNode");
+  RankRuntime rt;
+  rt.node_id = "n1";
+  rt.state = v1::RANK_STATE_STARTING;
+  r.Put({"job-1", 0}, rt);
+  moved("Put");
+  r.SetState({"job-1", 0}, v1::RANK_STATE_RUNNING);
+  EXPECT_EQ(r.generation(), g) << "a live rank staying live holds the same slot";
+  r.SetState({"job-1", 0}, v1::RANK_STATE_SUCCEEDED);
+  moved("SetState to an ended state");
+  r.Put({"job-1", 1}, rt);
+  moved("Put");
+  r.StopLiveRanks("job-1", /*graceful=*/false);
+  moved("StopLiveRanks");
+  r.StopLiveRanks("job-1", /*graceful=*/false);
+  EXPECT_EQ(r.generation(), g) << "asking again to stop changes nothing";
+  r.Erase({"job-1", 1});
+  moved("Erase");
+  for (int step = 1; step <= 3; ++step) {
+    r.RecordStepAdvance("job-2", step, step + 1, absl::FromUnixSeconds(step));
+    EXPECT_EQ(r.generation(), g) << "fewer than 3 step intervals: no end estimate yet";
+  }
+  r.RecordStepAdvance("job-2", 4, 5, absl::FromUnixSeconds(4));
+  moved("the third step interval (an end estimate for backfill)");
+  r.RecordStepAdvance("job-2", 5, 6, absl::FromUnixSeconds(5));
+  EXPECT_EQ(r.generation(), g);
+  r.RemoveNode("n1");
+  moved("RemoveNode");
+  r.Clear();
+  moved("Clear");
 }
 
 TEST(RankReconcilerTest, RanksOnNodeFollowsPutAndErase) {

@@ -117,10 +117,15 @@ absl::Status Scheduler::Load() {
       }
     }
     ++phase_counts_[job.phase];
-    jobs_[job.id] = std::move(job);
+    const std::string job_id = job.id;
+    JobRecord& stored = jobs_[job_id];
+    stored = std::move(job);
+    IndexJob(&stored);
   }
+  ++job_changes_;
+  ++phase_changes_;
   LOG(INFO) << "scheduler state loaded: " << jobs_.size() << " jobs, " << nodes_.size()
-            << " nodes, " << ranks_.size() << " ranks to re-adopt";
+            << " nodes, " << reconciler_.ranks().size() << " ranks to re-adopt";
   for (const auto& [job_id, node_id] : orphaned) {
     if (IsTerminal(jobs_[job_id].phase)) continue;
     RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost",
@@ -141,7 +146,7 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   if (deferred_writes_ != nullptr) {
     (*deferred_writes_)[job.id] = job;  // written in one transaction at the end of the cycle
   } else {
-    RETURN_IF_ERROR(repository_->UpdateJob(job));
+    RETURN_IF_ERROR(repository_->UpdateJobsVersioned({job}, {++write_version_}));
   }
   if (from != job.phase) {
     --phase_counts_[from];
@@ -158,6 +163,9 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   const bool phase_changed = from != job.phase;
   progress_dirty_.erase(job.id);  // this write (or the cycle's) carries the progress too
   it->second = std::move(job);
+  IndexJob(&it->second);
+  ++job_changes_;  // the next admission pass must look again
+  if (phase_changed) ++phase_changes_;
   PublishJobChange(it->second, phase_changed);
   return absl::OkStatus();
 }
@@ -165,12 +173,15 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
 absl::Status Scheduler::FlushProgress() {
   absl::MutexLock lock(&mu_);
   std::vector<JobRecord> records;
+  std::vector<uint64_t> versions;
   for (const std::string& id : progress_dirty_) {
     auto it = jobs_.find(id);
-    if (it != jobs_.end()) records.push_back(it->second);
+    if (it == jobs_.end()) continue;
+    records.push_back(it->second);
+    versions.push_back(++write_version_);
   }
   if (records.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(repository_->UpdateJobs(records));
+  RETURN_IF_ERROR(repository_->UpdateJobsVersioned(records, versions));
   progress_dirty_.clear();
   return absl::OkStatus();
 }
@@ -362,6 +373,7 @@ NodeCapacity CapacityOf(const NodeRecord& node) {
 }  // namespace
 
 void Scheduler::NoteNodeChanged(const std::string& node_id) {
+  ++node_changes_;
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) {
     reconciler_.RemoveNode(node_id);
@@ -377,7 +389,7 @@ absl::Status Scheduler::CheckCapacityCounts() {
   // report (NoteNodeChanged) shows up here.
   std::map<std::string, NodeCapacity> nodes;
   for (const auto& [id, node] : nodes_) nodes[id] = CapacityOf(node);
-  const CapacityCounts recount = CountCapacity(nodes, ranks_);
+  const CapacityCounts recount = CountCapacity(nodes, reconciler_.ranks());
   if (kept != recount) {
     return absl::InternalError(absl::StrCat("capacity counts kept: ", kept.DebugString(),
                                             "; recounted: ", recount.DebugString()));
@@ -407,17 +419,17 @@ absl::Status Scheduler::RunSchedulingCycle() {
     // Jobs that may be placed again this cycle need their resume checkpoint: waiting for a new
     // attempt, and every rank of the previous one ended. The lookups run on the checkpoint
     // worker's thread (checkpoint_worker.h), never under this lock nor in this loop.
+    // Only jobs placed before (active_jobs_), not every job ever submitted.
     std::vector<std::string> wanted;
-    for (const auto& [job_id, job] : jobs_) {
-      if (job.attempt == 0 ||
-          (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
+    for (const auto& [job_id, job] : active_jobs_) {
+      if (job->attempt == 0 ||
+          (job->phase != v1::JOB_PHASE_PENDING && job->phase != v1::JOB_PHASE_RECOVERING)) {
         continue;
       }
-      auto r = ranks_.lower_bound({job_id, 0});
-      if (r != ranks_.end() && r->first.first == job_id) continue;
+      if (reconciler_.HasRanks(job_id)) continue;
       wanted.push_back(job_id);
-      if (checkpoint_worker_->RequestResume(job_id, job.attempt, job.checkpoint_dir)) {
-        requested.emplace_back(job_id, job.attempt);
+      if (checkpoint_worker_->RequestResume(job_id, job->attempt, job->checkpoint_dir)) {
+        requested.emplace_back(job_id, job->attempt);
       }
     }
     checkpoint_worker_->RetainResume(wanted);  // forgets jobs placed or ended meanwhile
@@ -428,49 +440,84 @@ absl::Status Scheduler::RunSchedulingCycle() {
   if (!requested.empty()) {
     checkpoint_worker_->AwaitResume(requested, options_.resume_lookup_wait);
   }
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
-  for (const auto& [job_id, job] : jobs_) {
-    if (job.attempt == 0 ||
-        (job.phase != v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_RECOVERING)) {
+  for (const auto& [job_id, job] : active_jobs_) {
+    if (job->attempt == 0 ||
+        (job->phase != v1::JOB_PHASE_PENDING && job->phase != v1::JOB_PHASE_RECOVERING)) {
       continue;
     }
     std::optional<CheckpointWorker::ResumeAnswer> answer =
-        checkpoint_worker_->Resume(job_id, job.attempt);
+        checkpoint_worker_->Resume(job_id, job->attempt);
     if (answer.has_value()) results.emplace(job_id, std::move(answer->result));
   }
+  // Nothing the pass reads changed since the last one: no snapshot, no placement
+  // (docs/scheduling.md "Admission passes").
+  const AdmissionPassStats::Kind pass = ChooseAdmissionPass(results, clock_->Now());
   prefetched_resume_ = std::move(results);
   // Job writes of the placement pass are collected and stored in one transaction (one fsync)
-  // before the lock is released, so no heartbeat reply can hand out a placement that is not
-  // durable.
+  // once the lock is released (StoreOffLock); until then no heartbeat reply hands out a
+  // placement of this pass (undurable_), so none is handed out before it is durable.
   std::map<std::string, JobRecord> deferred;
   deferred_writes_ = &deferred;
-  absl::Status placed = PlacePendingJobs();
+  absl::Status placed = absl::OkStatus();
+  if (pass == AdmissionPassStats::Kind::kSkipped) {
+    last_pass_ = AdmissionPassStats{pass, 0, static_cast<int>(waiting_jobs_.size())};
+  } else {
+    placed = PlacePendingJobs(pass == AdmissionPassStats::Kind::kFull
+                                  ? 0
+                                  : options_.admission_queue_depth);
+  }
   deferred_writes_ = nullptr;
   prefetched_resume_.clear();
   // Progress-only changes since the last cycle ride along in the same transaction.
-  for (const std::string& id : progress_dirty_) {
-    auto it = jobs_.find(id);
-    if (it != jobs_.end() && deferred.count(id) == 0) deferred.emplace(id, it->second);
-  }
-  progress_dirty_.clear();
-  if (!deferred.empty()) {
-    std::vector<JobRecord> records;
-    records.reserve(deferred.size());
-    for (auto& [id, record] : deferred) records.push_back(std::move(record));
-    absl::Status stored = repository_->UpdateJobs(records);
-    if (!stored.ok()) {
-      // Memory is ahead of the store: reload the last durable state.
-      LOG(ERROR) << "storing " << records.size() << " job updates of a scheduling cycle failed ("
-                 << stored << "); reloading the scheduler state from the store";
-      Resync();
-      return stored;
-    }
-  }
+  for (const std::string& id : progress_dirty_) deferred.try_emplace(id);
+  if (placed.ok()) UpdateGauges();
+  // One transaction (one fsync) for the cycle, written after mu_ is released: the placed jobs'
+  // assignments wait for it (StoreOffLock), nothing else does.
+  absl::Status stored = StoreOffLock(deferred, &lock);
+  if (!stored.ok()) return stored;
   RETURN_IF_ERROR(placed);
-  UpdateGauges();
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::StoreOffLock(const std::map<std::string, JobRecord>& changed,
+                                     absl::ReleasableMutexLock* lock) {
+  if (changed.empty()) {
+    lock->Release();
+    return absl::OkStatus();
+  }
+  std::vector<JobRecord> records;
+  std::vector<uint64_t> versions;
+  std::vector<std::string> ids;
+  records.reserve(changed.size());
+  for (const auto& [id, unused] : changed) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    records.push_back(it->second);  // the state now, progress included
+    versions.push_back(++write_version_);
+    progress_dirty_.erase(id);
+    ++undurable_[id];
+    ids.push_back(id);
+  }
+  lock->Release();
+  // Versioned (job_repository.h): if another writer stored a newer state of a job meanwhile,
+  // this older copy is dropped, so the store never goes back.
+  absl::Status stored = repository_->UpdateJobsVersioned(records, versions);
+  absl::MutexLock relock(&mu_);
+  for (const std::string& id : ids) {
+    auto u = undurable_.find(id);
+    if (u != undurable_.end() && --u->second <= 0) undurable_.erase(u);
+  }
+  if (!stored.ok()) {
+    // Memory is ahead of the store: reload the last durable state. No assignment of these jobs
+    // was handed out (undurable_).
+    LOG(ERROR) << "storing " << records.size() << " job updates failed (" << stored
+               << "); reloading the scheduler state from the store";
+    Resync();
+  }
+  return stored;
 }
 
 absl::StatusOr<CommittedCheckpoint> Scheduler::PrefetchedResume(const std::string& job_id) {
@@ -511,6 +558,8 @@ double Scheduler::MedianStepSeconds(const std::string& job_id) const {
 
 void Scheduler::UpdateGauges(bool with_tenant_counts) {
   if (metrics_ == nullptr) return;
+  // Tenant counts change only with a phase (tenant and queue are fixed at submission).
+  if (tenant_counts_at_ == phase_changes_) with_tenant_counts = false;
   metrics_->SetJobCounts(phase_counts_);
   // Kept incrementally where ranks and nodes change (rank_reconciler.h): no walk over them.
   const CapacityCounts& capacity = reconciler_.capacity();
@@ -522,6 +571,7 @@ void Scheduler::UpdateGauges(bool with_tenant_counts) {
       ++tenant_counts[{job.tenant, QueueOf(job.spec), job.phase}];
     }
     metrics_->SetTenantJobCounts(tenant_counts);
+    tenant_counts_at_ = phase_changes_;
   }
   // A cordoned (or draining) node's slots count as "cordoned", except those ranks still hold.
   metrics_->SetAccelerators(capacity.accelerators);
@@ -537,6 +587,10 @@ void Scheduler::Resync() {
   resume_from_.clear();
   queue_order_.clear();
   phase_counts_.clear();
+  active_jobs_.clear();
+  waiting_jobs_.clear();
+  unreachable_.clear();
+  ++node_changes_;
   absl::Status s = Load();
   if (!s.ok()) LOG(ERROR) << "reloading the scheduler state failed: " << s;
   // Sequences handed to submissions still being committed must not be reused.

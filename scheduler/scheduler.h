@@ -90,6 +90,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -184,12 +185,23 @@ struct SchedulerOptions {
   // How long a scheduling cycle waits (off the lock) for the resume lookups it just asked for;
   // a job whose lookup has not answered by then waits for a later cycle. Default 1 s, >= 0.
   absl::Duration resume_lookup_wait = absl::Seconds(1);
+  // Admission passes (docs/scheduling.md "Admission passes"). A cycle runs no placement at all
+  // when nothing it reads changed since the last pass (no job record, rank, node or resume
+  // answer changed, no backoff expired). A pass that runs considers the first
+  // admission_queue_depth waiting jobs in queue order (0 = all; as Slurm's default_queue_depth),
+  // except a full pass over every waiting job, which runs at most every admission_full_interval
+  // (as Slurm's sched_interval) when a change came since the last one, or when the last pass left
+  // jobs unconsidered. admission_queue_depth >= 0; admission_full_interval >= 0.
+  int admission_queue_depth = 1000;
+  absl::Duration admission_full_interval = absl::Seconds(10);
 
   // INVALID_ARGUMENT naming the field if the options are unusable.
   absl::Status Validate() const;
 };
 
-// Thread-safe: every public method takes one internal mutex (store calls included).
+// Thread-safe: every public method takes one internal mutex. Store writes of Heartbeat and
+// RunSchedulingCycle are made after releasing it (StoreOffLock; versioned, so the store never
+// goes back), and the call returns once they are durable; the other methods write under it.
 class Scheduler {
  public:
   // Loads every job and node from `store` (see the file comment for what recovery does).
@@ -283,6 +295,19 @@ class Scheduler {
   // holds (CountCapacity). Takes mu_.
   absl::Status CheckCapacityCounts();
 
+  // What the last RunSchedulingCycle's admission pass did (docs/scheduling.md "Admission
+  // passes"): kSkipped (nothing it reads changed: no placement, no snapshot), kPartial (the
+  // first admission_queue_depth waiting jobs in queue order) or kFull (every waiting job).
+  // `considered`: waiting jobs the pass decided about; `waiting`: waiting jobs in the snapshot.
+  // Takes mu_.
+  struct AdmissionPassStats {
+    enum class Kind { kNone, kSkipped, kPartial, kFull };
+    Kind kind = Kind::kNone;
+    int considered = 0;
+    int waiting = 0;
+  };
+  AdmissionPassStats LastAdmissionPass();
+
   ~Scheduler();
 
   // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
@@ -324,13 +349,14 @@ class Scheduler {
   // resources.accelerators_per_node). Takes mu_.
   std::map<loom::v1::AcceleratorKind, int> LargestRegisteredNodes() ABSL_LOCKS_EXCLUDED(mu_);
   // Per node: the device indices live ranks of jobs other than `job_id` hold (device_binding.h).
-  std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id) const
+  // Only the nodes in `nodes` are visited.
+  std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id,
+                                                       const std::vector<std::string>& nodes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Scheduler(SchedulerOptions options, JobStore* store, Clock* clock, SchedulerMetrics* metrics,
             CheckpointCatalog* checkpoints)
       : options_(std::move(options)),
-        store_(store),
         clock_(clock),
         metrics_(metrics),
         checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_),
@@ -353,8 +379,19 @@ class Scheduler {
   // SchedulerOptions::confine_paths: the spec's paths against the tenant's (PERMISSION_DENIED).
   absl::Status ConfineSubmittedPaths(const loom::v1::JobSpec& spec, const std::string& tenant)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Persists `job` (checking its phase change against the state machine), then adopts it.
+  // Persists `job` (checking its phase change against the state machine), then adopts it. With
+  // deferred_writes_ set (a cycle, a heartbeat) the write waits for StoreOffLock.
   absl::Status CommitJob(JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores the current state of the jobs named in `changed` in one versioned transaction
+  // (JobRepository::UpdateJobsVersioned) after releasing `lock` (which holds mu_): I/O is never
+  // done under mu_ on the heartbeat and cycle paths. Until it is durable the jobs are in
+  // undurable_, and no heartbeat reply hands out their start assignments. Returns with mu_ NOT
+  // held. On a failed write the state is reloaded from the store (Resync) and the error returned.
+  absl::Status StoreOffLock(const std::map<std::string, JobRecord>& changed,
+                            absl::ReleasableMutexLock* lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Heartbeat's work under mu_ (scheduler_heartbeat.cc); its job writes go to deferred_writes_.
+  absl::StatusOr<loom::v1::HeartbeatResponse> HeartbeatLocked(
+      const loom::v1::HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets a job's progress in memory, publishes it and marks the job for the next cycle's write
   // (progress_dirty_).
   void NoteProgress(const std::string& job_id, loom::v1::Progress progress)
@@ -388,12 +425,24 @@ class Scheduler {
   // Forgets the job's ended ranks (their slots are free) and tells its live ones to stop in
   // their nodes' next heartbeat replies; `graceful`: after a final checkpoint (else at once).
   void StopLiveRanks(const std::string& job_id, bool graceful) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ranks_ with its per-node index (ranks_by_node_).
+  // The rank table (reconciler_) with its per-node index.
   void PutRank(const RankKey& key, RankRuntime rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankReconciler::RankMap::iterator EraseRank(RankReconciler::RankMap::const_iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the reconciler's capacity counts that nodes_[node_id] was added or changed.
+  // Tells the reconciler's capacity counts (and the admission pass) that nodes_[node_id] was
+  // added or changed.
   void NoteNodeChanged(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps active_jobs_ / waiting_jobs_ in step with jobs_[id] (after every change of its phase or
+  // attempt; `job` points into jobs_).
+  void IndexJob(JobRecord* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether this cycle runs an admission pass, and how deep (scheduler_admission_pass.cc).
+  // `resume` is what the cycle's waiting jobs know of their resume checkpoints.
+  AdmissionPassStats::Kind ChooseAdmissionPass(
+      const std::map<std::string, absl::StatusOr<CommittedCheckpoint>>& resume, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a pass: the earliest backoff expiry among the waiting jobs (wakes the next pass).
+  void NoteAdmissionPass(AdmissionPassStats::Kind kind, const ClusterSnapshot& snapshot,
+                         int considered, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The keys of `node_id`'s ranks, in key order (a copy: callers may erase while iterating).
   std::vector<RankKey> RanksOnNode(const std::string& node_id) const
@@ -410,7 +459,7 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The placement pass (scheduler_admission.cc): BuildSnapshot, the pure admission cycle
   // (admission_cycle.h), then its decisions applied in order.
-  absl::Status PlacePendingJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PlacePendingJobs(int max_jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ClusterSnapshot BuildSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts attempt + 1 of a waiting job on `placement` (node id per rank). False (reason
   // "CheckpointsUnavailable" set) when the resume checkpoint cannot be looked up.
@@ -460,7 +509,6 @@ class Scheduler {
 
   // Immutable after construction.
   const SchedulerOptions options_;
-  JobStore* const store_;
   Clock* const clock_;
   SchedulerMetrics* const metrics_;
   LocalCheckpointCatalog local_checkpoints_;
@@ -469,8 +517,7 @@ class Scheduler {
   std::unique_ptr<CheckpointWorker> checkpoint_worker_;
   // Every store read and write, and the group commit of submissions on its own thread
   // (job_repository.h; reset by the destructor before anything its listener uses). Lock order:
-  // mu_ before the repository's. store_ above is only for the writes not yet moved here
-  // (scheduler_heartbeat.cc's node write, whose file is being split from the rank reconciler).
+  // mu_ before the repository's.
   std::unique_ptr<JobRepository> repository_;
   const std::unique_ptr<WakeDispatcher> dispatcher_;  // before the users of it below
   const std::unique_ptr<JobLogBuffer> logs_;
@@ -481,18 +528,41 @@ class Scheduler {
   std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
   std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
-  // ---- Rank reconciler and stop coordinator (issue 16): their own state, no lock of their own;
-  // only touched under mu_. Every change to the rank table goes through reconciler_ (PutRank /
-  // EraseRank / ClearRanks forward to it), which keeps the per-node index and the capacity
-  // counts the gauges show in step, so a heartbeat does O(its own ranks) work.
+  // Rank reconciler and stop coordinator (issue 16): their own state, no lock of their own;
+  // only touched under mu_. Every read and change of the rank table and the step timing goes
+  // through reconciler_, which keeps the per-node index and the capacity counts the gauges show
+  // in step, so a heartbeat does O(its own ranks) work.
   RankReconciler reconciler_ ABSL_GUARDED_BY(mu_);
   StopCoordinator stop_coordinator_ ABSL_GUARDED_BY(mu_);
-  // The reconciler's state under the names the facade's other files use (read-only ranks_).
-  const RankReconciler::RankMap& ranks_ ABSL_GUARDED_BY(mu_) = reconciler_.ranks();
-  std::map<std::string, absl::Time>& last_step_advance_ ABSL_GUARDED_BY(mu_) =
-      reconciler_.last_step_advance();
-  RankProgress& rank_progress_ ABSL_GUARDED_BY(mu_) = reconciler_.rank_progress();
-  // ---- end of the reconciler block.
+  // Indexes into jobs_ (IndexJob; pointers stay valid: jobs_ never erases but in Resync, which
+  // rebuilds them): jobs not ended and not waiting for a first placement (the cycle's hang,
+  // ready-timeout and resume checks visit only these), and jobs waiting (PENDING, RECOVERING).
+  std::map<std::string, JobRecord*> active_jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobRecord*> waiting_jobs_ ABSL_GUARDED_BY(mu_);
+  // Admission passes (SchedulerOptions::admission_*; scheduler_admission_pass.cc). job_changes_
+  // counts changes of job records (CommitJob, submissions) and node_changes_ of nodes
+  // (NoteNodeChanged, reachability); with reconciler_.generation() and the resume answers they
+  // are what the last pass saw.
+  uint64_t job_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t node_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t phase_changes_ ABSL_GUARDED_BY(mu_) = 0;  // tenant counts are refreshed on change
+  uint64_t tenant_counts_at_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
+  struct PassInputs {
+    uint64_t jobs = 0, nodes = 0, ranks = 0;
+    std::map<std::string, std::string> resume;  // job id -> its resume answer, summarized
+    bool operator==(const PassInputs& o) const {
+      return jobs == o.jobs && nodes == o.nodes && ranks == o.ranks && resume == o.resume;
+    }
+  };
+  std::optional<PassInputs> last_pass_inputs_ ABSL_GUARDED_BY(mu_);
+  PassInputs next_pass_inputs_ ABSL_GUARDED_BY(mu_);  // computed by ChooseAdmissionPass
+  absl::Time next_pass_wake_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time last_full_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool last_pass_cut_off_ ABSL_GUARDED_BY(mu_) = false;
+  AdmissionPassStats last_pass_ ABSL_GUARDED_BY(mu_);
+  // Nodes that missed heartbeats but are kept (Unreachable): a change of the set is a change
+  // the admission pass must see (they take no new ranks).
+  std::set<std::string> unreachable_ ABSL_GUARDED_BY(mu_);
   // Nodes loaded by Create() not heard from since (SchedulerOptions::reregistration_grace).
   std::set<std::string> awaiting_reregistration_ ABSL_GUARDED_BY(mu_);
   // Last cycle's queue order: per accelerator kind the waiting job ids in order
@@ -507,8 +577,14 @@ class Scheduler {
   // Ids and request ids of submissions being committed (not yet in jobs_).
   std::set<std::string> inflight_ids_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
-  // During RunSchedulingCycle: job writes collected for one transaction (null otherwise).
+  // During RunSchedulingCycle and Heartbeat: job writes collected for one transaction, stored by
+  // StoreOffLock after mu_ is released (null otherwise: CommitJob writes at once).
   std::map<std::string, JobRecord>* deferred_writes_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Version of each job record handed to the store (JobRepository::UpdateJobsVersioned).
+  uint64_t write_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Jobs whose latest change is being stored off the lock (count of writers): their start
+  // assignments are not handed out until it is durable.
+  std::map<std::string, int> undurable_ ABSL_GUARDED_BY(mu_);
   // Jobs whose only change since their last write is rank 0's progress (step, loss, tokens/s):
   // held in memory (and published to watchers) at once, written with the next scheduling
   // cycle's single transaction rather than one fsync per heartbeat (a restart loses at most one

@@ -35,9 +35,10 @@ ClusterSnapshot Scheduler::BuildSnapshot() const {
     p.schedulable = p.live && !p.cordoned && !Unreachable(node, s.now);
     s.nodes.push_back(std::move(p));
   }
-  s.ranks.reserve(ranks_.size());
+  const RankReconciler::RankMap& ranks = reconciler_.ranks();
+  s.ranks.reserve(ranks.size());
   const std::string* last_job = nullptr;
-  for (const auto& [key, rt] : ranks_) {
+  for (const auto& [key, rt] : ranks) {
     s.ranks.push_back({key.first, rt.node_id, RankEnded(rt.state), rt.stop_requested});
     if (last_job != nullptr && *last_job == key.first) continue;
     last_job = &key.first;
@@ -46,8 +47,9 @@ ClusterSnapshot Scheduler::BuildSnapshot() const {
     s.placed.emplace_hint(s.placed.end(), key.first,
                           ClusterSnapshot::PlacedJob{&j->second, MedianStepSeconds(key.first)});
   }
-  for (const auto& [job_id, job] : jobs_) {
-    if (!Waiting(job)) continue;
+  s.waiting.reserve(waiting_jobs_.size());
+  for (const auto& [job_id, job_ptr] : waiting_jobs_) {  // id order, as jobs_
+    const JobRecord& job = *job_ptr;
     ClusterSnapshot::WaitingJob w;
     w.job = &job;
     if (job.attempt >= 1) {
@@ -63,12 +65,20 @@ ClusterSnapshot Scheduler::BuildSnapshot() const {
   return s;
 }
 
-absl::Status Scheduler::PlacePendingJobs() {
+absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
   AdmissionOptions options;
   options.queues = &options_.queues;
   options.enable_preemption = options_.enable_preemption;
   options.enable_backfill = options_.enable_backfill;
-  AdmissionResult result = RunAdmissionCycle(BuildSnapshot(), options);
+  options.max_jobs = max_jobs;
+  const absl::Time now = clock_->Now();
+  const ClusterSnapshot snapshot = BuildSnapshot();
+  AdmissionResult result = RunAdmissionCycle(snapshot, options);
+  // Before the decisions are applied: their own changes (placements, preemptions) make the next
+  // cycle look once more.
+  NoteAdmissionPass(max_jobs == 0 ? AdmissionPassStats::Kind::kFull
+                                  : AdmissionPassStats::Kind::kPartial,
+                    snapshot, result.considered, now);
   queue_order_ = std::move(result.queue_order);
   for (AdmissionDecision& d : result.decisions) {
     switch (d.kind) {
@@ -87,7 +97,7 @@ absl::Status Scheduler::PlacePendingJobs() {
           resume_from_.erase(d.job_id);
           blame_.erase(d.job_id);
         }
-        SetPendingReason(jobs_.at(d.job_id), d.reason, d.message);
+        if (!d.unchanged) SetPendingReason(jobs_.at(d.job_id), d.reason, d.message);
         break;
     }
     if (metrics_ != nullptr && !d.outcome.empty()) metrics_->AdmissionAttempt(d.outcome);
@@ -147,7 +157,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
       for (const auto& d : n->second.inventory.devices()) devices[node_id].push_back(d.index());
     }
     absl::StatusOr<std::vector<int32_t>> bound =
-        BindDevices(placement, devices, HeldDevices(job_id));
+        BindDevices(placement, devices, HeldDevices(job_id, placement));
     if (!bound.ok()) {
       SetPendingReason(jobs_.at(job_id), "DevicesUnavailable", std::string(bound.status().message()));
       return false;
@@ -156,7 +166,7 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     for (int32_t index : *bound) updated.state.add_rank_device_indices(index);
   }
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
-  last_step_advance_.erase(job_id);  // the new attempt's first report gives no interval
+  reconciler_.ForgetLastStepAdvance(job_id);  // the new attempt's first report gives no interval
   const JobRecord& placed = jobs_.at(job_id);
   for (int32_t rank = 0; rank < need; ++rank) {
     RankRuntime rt;
@@ -186,8 +196,7 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
   RETURN_IF_ERROR(CommitJob(std::move(updated)));
   if (preempted && metrics_ != nullptr) metrics_->JobRestarted(v1::FAILURE_CLASS_PREEMPTED);
   LOG(WARNING) << "job " << job_id << " requeued (" << reason << "): " << message;
-  last_step_advance_.erase(job_id);
-  rank_progress_.Forget(job_id);
+  reconciler_.ForgetAttemptSteps(job_id);  // rank 0's last advance and every rank's steps
   StopLiveRanks(job_id, /*graceful=*/false);
   return absl::OkStatus();
 }
@@ -195,9 +204,9 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
 absl::Status Scheduler::CheckReadyTimeouts() {
   const absl::Time now = clock_->Now();
   std::vector<std::string> expired;
-  for (const auto& [job_id, job] : jobs_) {
-    if (job.phase != v1::JOB_PHASE_STARTING || job.state.attempt_start_us() <= 0) continue;
-    if (now - absl::FromUnixMicros(job.state.attempt_start_us()) > options_.ready_timeout) {
+  for (const auto& [job_id, job] : active_jobs_) {  // STARTING jobs are among them
+    if (job->phase != v1::JOB_PHASE_STARTING || job->state.attempt_start_us() <= 0) continue;
+    if (now - absl::FromUnixMicros(job->state.attempt_start_us()) > options_.ready_timeout) {
       expired.push_back(job_id);
     }
   }
@@ -212,7 +221,8 @@ absl::Status Scheduler::CheckReadyTimeouts() {
     int running = 0;
     std::string suspect;
     std::vector<std::string> not_running;
-    for (auto it = ranks_.lower_bound({job_id, 0}); it != ranks_.end() && it->first.first == job_id;
+    const RankReconciler::RankMap& ranks = reconciler_.ranks();
+    for (auto it = ranks.lower_bound({job_id, 0}); it != ranks.end() && it->first.first == job_id;
          ++it) {
       if (it->second.state == v1::RANK_STATE_RUNNING ||
           it->second.state == v1::RANK_STATE_SUCCEEDED) {

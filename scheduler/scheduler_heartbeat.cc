@@ -38,7 +38,20 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   for (const loom::v1::RankStatus& st : request.ranks()) {
     logs_->Append(st.job_id(), st.attempt(), st.rank(), st.log_lines());
   }
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
+  // The job changes this heartbeat makes (phases, the rendezvous port, a checkpoint step) are
+  // stored in one transaction after mu_ is released, before the reply is sent: no fsync under
+  // the lock every other heartbeat and the cycle need (docs/benchmarks.md "Control plane").
+  std::map<std::string, JobRecord> deferred;
+  deferred_writes_ = &deferred;
+  absl::StatusOr<loom::v1::HeartbeatResponse> response = HeartbeatLocked(request);
+  deferred_writes_ = nullptr;
+  RETURN_IF_ERROR(StoreOffLock(deferred, &lock));
+  return response;
+}
+
+absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::HeartbeatLocked(
+    const loom::v1::HeartbeatRequest& request) {
   const std::string& node_id = request.node_id();
   auto node_it = nodes_.find(node_id);
   if (node_it == nodes_.end()) {
@@ -53,6 +66,8 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   // under this lock (2,000 nodes at 1 Hz = 2,000 fsyncs/s; docs/benchmarks.md "Control plane").
   node_it->second.last_heartbeat_time = clock_->Now();
   awaiting_reregistration_.erase(node_id);
+  if (unreachable_.erase(node_id) > 0) ++node_changes_;  // it may take new ranks again
+  const RankReconciler::RankMap& ranks = reconciler_.ranks();
 
   loom::v1::HeartbeatResponse response;
   std::map<std::pair<std::string, int32_t>, bool> stops;  // (job id, attempt) -> graceful
@@ -132,17 +147,10 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
       continue;
     }
     if (st.rank() == 0) {
-      JobRecord updated = job;
-      if (st.rendezvous_port() > 0 && job.rendezvous_port == 0) {
-        updated.rendezvous_port = st.rendezvous_port();
-        if (updated.phase == v1::JOB_PHASE_STARTING) {
-          updated.message = absl::StrCat("attempt ", job.attempt, ": rank 0 rendezvous at ",
-                                         NodeAddress(node_it->second), ":", st.rendezvous_port(),
-                                         "; waiting for every rank to run");
-        }
-        LOG(INFO) << "job " << job.id << " attempt " << job.attempt << ": rank 0 rendezvous at "
-                  << NodeAddress(node_it->second) << ":" << st.rendezvous_port();
-      }
+      // The whole record (its spec included) is copied only when it must be committed; a
+      // progress-only report changes the progress in place (NoteProgress).
+      const bool new_port = st.rendezvous_port() > 0 && job.rendezvous_port == 0;
+      loom::v1::Progress progress = job.progress;
       if (st.has_progress()) {
         if (st.progress().last_checkpoint_step() > job.progress.last_checkpoint_step()) {
           ApplyRetention(job);
@@ -150,17 +158,27 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
         if (st.progress().step() > job.progress.step()) {
           RecordStepAdvance(job.id, job.progress.step(), st.progress().step());
         }
-        updated.progress = MergeProgress(job.progress, st.progress());
-        if (updated.progress.total_steps() == 0) {
-          updated.progress.set_total_steps(job.spec.training().steps());
-        }
+        progress = MergeProgress(job.progress, st.progress());
+        if (progress.total_steps() == 0) progress.set_total_steps(job.spec.training().steps());
       }
-      if (updated.rendezvous_port != job.rendezvous_port || updated.message != job.message ||
-          updated.progress.last_checkpoint_step() != job.progress.last_checkpoint_step()) {
+      if (new_port ||
+          progress.last_checkpoint_step() != job.progress.last_checkpoint_step()) {
+        JobRecord updated = job;
+        if (new_port) {
+          updated.rendezvous_port = st.rendezvous_port();
+          if (updated.phase == v1::JOB_PHASE_STARTING) {
+            updated.message = absl::StrCat("attempt ", job.attempt, ": rank 0 rendezvous at ",
+                                           NodeAddress(node_it->second), ":",
+                                           st.rendezvous_port(), "; waiting for every rank to run");
+          }
+          LOG(INFO) << "job " << job.id << " attempt " << job.attempt
+                    << ": rank 0 rendezvous at " << NodeAddress(node_it->second) << ":"
+                    << st.rendezvous_port();
+        }
+        updated.progress = std::move(progress);
         RETURN_IF_ERROR(CommitJob(std::move(updated)));
-      } else if (!google::protobuf::util::MessageDifferencer::Equals(updated.progress,
-                                                                     job.progress)) {
-        NoteProgress(job.id, std::move(updated.progress));  // written with the next cycle
+      } else if (!google::protobuf::util::MessageDifferencer::Equals(progress, job.progress)) {
+        NoteProgress(job.id, std::move(progress));  // written with the next cycle
       }
     }
     if (st.state() == v1::RANK_STATE_FAILED || st.state() == v1::RANK_STATE_STOPPED) {
@@ -200,8 +218,8 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   // FailAttempt may end (and forget) other ranks of the same job.
   for (const RankKey& key : RanksOnNode(node_id)) {
     if (seen.count(key)) continue;
-    auto it = ranks_.find(key);
-    if (it == ranks_.end()) continue;
+    auto it = ranks.find(key);
+    if (it == ranks.end()) continue;
     const RankRuntime& rt = it->second;
     if (rt.stop_requested) {
       EraseRank(it);
@@ -221,14 +239,15 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
 
   // Replies: assignments not yet acknowledged, and stops.
   for (const RankKey& key : RanksOnNode(node_id)) {
-    auto found = ranks_.find(key);
-    if (found == ranks_.end()) continue;
+    auto found = ranks.find(key);
+    if (found == ranks.end()) continue;
     const RankRuntime& rt = found->second;
     if (rt.stop_requested) {
       add_stop(key.first, rt.attempt, rt.graceful_stop);
       continue;
     }
     if (rt.reported) continue;
+    if (undurable_.count(key.first)) continue;  // its placement is being stored: next heartbeat
     const JobRecord& job = jobs_.at(key.first);
     if (key.second != 0 && job.rendezvous_port == 0) continue;  // wait for rank 0's port
     *response.add_start() = StartAssignment(job, key.second);
@@ -246,8 +265,9 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   return response;
 }
 
-std::map<std::string, std::set<int32_t>> Scheduler::HeldDevices(const std::string& job_id) const {
-  return reconciler_.HeldDevices(job_id);
+std::map<std::string, std::set<int32_t>> Scheduler::HeldDevices(
+    const std::string& job_id, const std::vector<std::string>& nodes) const {
+  return reconciler_.HeldDevices(job_id, nodes);
 }
 
 loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_t rank) const {
@@ -264,8 +284,8 @@ loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_
   a.set_tenant(job.tenant);
   // Device binding (device_binding.h): the rank's own device and its place among the attempt's
   // ranks on its node.
-  auto rt = ranks_.find({job.id, rank});
-  if (rt != ranks_.end() && rt->second.device_index >= 0) {
+  auto rt = reconciler_.ranks().find({job.id, rank});
+  if (rt != reconciler_.ranks().end() && rt->second.device_index >= 0) {
     a.add_device_indices(rt->second.device_index);
   }
   const auto [local_rank, local_world_size] = LocalRank(job.rank_nodes, rank);
@@ -282,7 +302,8 @@ absl::Status Scheduler::AdvanceJob(const std::string& job_id) {
   const JobRecord& job = jobs_.at(job_id);
   if (IsTerminal(job.phase)) return absl::OkStatus();
   int total = 0, running_or_done = 0, succeeded = 0;
-  for (auto it = ranks_.lower_bound({job_id, 0}); it != ranks_.end() && it->first.first == job_id;
+  const RankReconciler::RankMap& ranks = reconciler_.ranks();
+  for (auto it = ranks.lower_bound({job_id, 0}); it != ranks.end() && it->first.first == job_id;
        ++it) {
     ++total;
     if (it->second.state == v1::RANK_STATE_SUCCEEDED) ++succeeded;
@@ -313,7 +334,8 @@ void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
 absl::Status Scheduler::CheckHangs() {
   const absl::Time now = clock_->Now();
   std::vector<std::pair<std::string, std::string>> hung;  // (job id, message)
-  for (const auto& [job_id, job] : jobs_) {
+  for (const auto& [job_id, job_ptr] : active_jobs_) {  // RUNNING jobs are among them
+    const JobRecord& job = *job_ptr;
     if (job.phase != v1::JOB_PHASE_RUNNING) continue;
     const std::optional<absl::Time> last = reconciler_.LastStepAdvance(job_id);
     const double median_s = MedianStepSeconds(job_id);  // 0 until 3 steps were timed
@@ -346,6 +368,9 @@ absl::Status Scheduler::CheckNodeLiveness() {
         awaiting_reregistration_.count(node_id) > 0
             ? std::max(options_.heartbeat_timeout, options_.reregistration_grace)
             : options_.heartbeat_timeout;
+    // Unreachable (missed heartbeats for heartbeat_timeout, not lost) takes no new ranks: a
+    // change of that set is a change the admission pass must see.
+    if (Unreachable(node, now) && unreachable_.insert(node_id).second) ++node_changes_;
     if (node.lost || now - node.last_heartbeat_time <= timeout) continue;
     // Missed heartbeats alone do not make a node lost while a job with a rank on it is still
     // stepping (any of its ranks, reporting through another node, advanced within the timeout;
@@ -364,8 +389,9 @@ absl::Status Scheduler::CheckNodeLiveness() {
     }
     NodeRecord updated = node;
     updated.lost = true;
-    RETURN_IF_ERROR(store_->UpsertNode(updated));
+    RETURN_IF_ERROR(repository_->UpsertNode(updated));  // through the repository, as every write
     node = std::move(updated);
+    unreachable_.erase(node_id);
     NoteNodeChanged(node_id);
     const std::string message = absl::StrCat(
         "node ", node_id, " lost: no heartbeat for ",
@@ -381,8 +407,8 @@ absl::Status Scheduler::CheckNodeLiveness() {
     for (const std::string& job_id : affected) {
       // Rank 0 reports SUCCEEDED only after the trainers' final barrier, which every rank
       // reaches after writing its last checkpoint shard: the lost node's ranks had finished.
-      auto rank0 = ranks_.find({job_id, 0});
-      if (rank0 != ranks_.end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
+      auto rank0 = reconciler_.ranks().find({job_id, 0});
+      if (rank0 != reconciler_.ranks().end() && rank0->second.state == v1::RANK_STATE_SUCCEEDED &&
           !IsTerminal(jobs_.at(job_id).phase) &&
           jobs_.at(job_id).phase != v1::JOB_PHASE_STOPPING) {
         RETURN_IF_ERROR(MarkSucceeded(

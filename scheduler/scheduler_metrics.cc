@@ -119,6 +119,10 @@ void SchedulerMetrics::AdmissionAttempt(const std::string& result) {
 
 void SchedulerMetrics::SetAccelerators(
     const std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int>& counts) {
+  absl::MutexLock lock(&mu_);
+  if (accelerators_set_ && counts == last_accelerators_) return;
+  accelerators_set_ = true;
+  last_accelerators_ = counts;
   std::set<loom::v1::AcceleratorKind> kinds;
   for (const auto& [key, n] : counts) kinds.insert(key.first);
   for (loom::v1::AcceleratorKind kind : kinds) {

@@ -97,6 +97,11 @@ class SchedulerMetrics {
   absl::Mutex mu_;
   std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, prometheus::Gauge*>
       tenant_jobs_ ABSL_GUARDED_BY(mu_);
+  // The counts SetAccelerators last set: an unchanged call (most heartbeats) costs a map
+  // comparison instead of four label lookups per kind in the family.
+  std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int> last_accelerators_
+      ABSL_GUARDED_BY(mu_);
+  bool accelerators_set_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace loom

@@ -110,7 +110,7 @@ loom::v1::NodeInfo Scheduler::NodeInfoOf(const NodeRecord& node) const {
   int used = 0;
   std::set<std::string> jobs;
   for (const RankKey& key : reconciler_.RanksOnNode(node.id)) {  // the node's own ranks only
-    if (RankEnded(ranks_.at(key).state)) continue;
+    if (RankEnded(reconciler_.ranks().at(key).state)) continue;
     ++used;
     jobs.insert(key.first);
   }
@@ -171,8 +171,9 @@ absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::stri
   it->second = std::move(updated);
   NoteNodeChanged(node_id);
   std::set<std::string> jobs;
-  for (const auto& [key, rt] : ranks_) {
-    if (rt.node_id == node_id && !RankEnded(rt.state) && !rt.stop_requested) jobs.insert(key.first);
+  for (const RankKey& key : reconciler_.RanksOnNode(node_id)) {  // the node's own ranks only
+    const RankRuntime& rt = reconciler_.ranks().at(key);
+    if (!RankEnded(rt.state) && !rt.stop_requested) jobs.insert(key.first);
   }
   loom::v1::DrainNodeResponse response;
   for (const std::string& job_id : jobs) {
@@ -196,7 +197,7 @@ absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::stri
 absl::StatusOr<std::vector<loom::v1::QueueInfo>> Scheduler::ListQueues() {
   absl::MutexLock lock(&mu_);
   std::map<std::pair<std::string, AcceleratorKind>, int64_t> usage;
-  for (const auto& [key, rt] : ranks_) {
+  for (const auto& [key, rt] : reconciler_.ranks()) {
     if (RankEnded(rt.state)) continue;
     auto j = jobs_.find(key.first);
     if (j == jobs_.end()) continue;

@@ -78,6 +78,14 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "restart_backoff_base: must be >= 0 and at most restart_backoff_cap");
   }
+  if (admission_queue_depth < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "admission_queue_depth: must be >= 0 (0 = every waiting job), got ", admission_queue_depth));
+  }
+  if (admission_full_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("admission_full_interval: must be >= 0, got ",
+                                                   absl::FormatDuration(admission_full_interval)));
+  }
   return absl::OkStatus();
 }
 

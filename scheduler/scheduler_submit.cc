@@ -162,7 +162,11 @@ void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl
     if (!stored.ok()) continue;
     job_order_[job.sequence] = job.id;
     if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;
-    jobs_[job.id] = job;
+    JobRecord& adopted = jobs_[job.id];
+    adopted = job;
+    IndexJob(&adopted);
+    ++job_changes_;
+    ++phase_changes_;
     ++phase_counts_[job.phase];
     if (metrics_ != nullptr) {
       metrics_->JobSubmitted();
@@ -185,13 +189,9 @@ namespace loom {
 
 std::map<loom::v1::AcceleratorKind, int> Scheduler::LargestRegisteredNodes() {
   absl::MutexLock lock(&mu_);
-  std::map<loom::v1::AcceleratorKind, int> largest;
-  for (const auto& [id, node] : nodes_) {
-    if (node.lost) continue;
-    int& most = largest[node.inventory.accelerator()];
-    most = std::max(most, node.inventory.slots());
-  }
-  return largest;
+  // Kept where nodes change (RankReconciler's live_nodes_by_slots): no walk over every node
+  // under the lock for each submission (issue 16; docs/benchmarks.md "Control plane").
+  return reconciler_.capacity().LargestNodeSlots();
 }
 
 }  // namespace loom

@@ -66,6 +66,12 @@ ABSL_FLAG(bool, preemption, true,
           "Let blocked higher-priority jobs preempt lower-priority jobs of their accelerator kind.");
 ABSL_FLAG(bool, backfill, true,
           "Let jobs start behind a blocked head job when they do not delay it.");
+ABSL_FLAG(int, admission_queue_depth, 1000,
+          "Waiting jobs an admission pass decides about, the first in queue order (0 = all; as "
+          "Slurm's default_queue_depth); a full pass runs every --admission_full_interval "
+          "(docs/scheduling.md \"Admission passes\").");
+ABSL_FLAG(absl::Duration, admission_full_interval, absl::Seconds(10),
+          "Shortest time between two admission passes over every waiting job.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (YAML/JSON list of {tenant, role: user|admin, token_sha256 | token}; "
           "docs/operations.md). Empty = no authentication: every caller is tenant 'default'.");
@@ -160,6 +166,8 @@ int main(int argc, char** argv) {
   options.scheduler.default_max_infra_restarts = absl::GetFlag(FLAGS_default_max_infra_restarts);
   options.scheduler.enable_preemption = absl::GetFlag(FLAGS_preemption);
   options.scheduler.enable_backfill = absl::GetFlag(FLAGS_backfill);
+  options.scheduler.admission_queue_depth = absl::GetFlag(FLAGS_admission_queue_depth);
+  options.scheduler.admission_full_interval = absl::GetFlag(FLAGS_admission_full_interval);
 
   absl::StatusOr<std::unique_ptr<loom::SchedulerServer>> server =
       loom::SchedulerServer::Start(options);

@@ -124,7 +124,8 @@ void SchedulerServer::LoopMain() {
     cycle_ok_ = s.ok();
     if (cycle_trace_ != nullptr) {
       const absl::Time end = absl::Now();
-      TraceCycle(end, end - start, s.ok());
+      TraceCycle(end, end - start, s.ok(),
+                 static_cast<int>(scheduler_->LastAdmissionPass().kind));
     }
     if (!s.ok()) {
       // A store error (e.g. disk full) is retried next cycle; log the first and then sparsely.
@@ -137,11 +138,12 @@ void SchedulerServer::LoopMain() {
   if (!flushed.ok()) LOG(WARNING) << "progress of running jobs not stored at shutdown: " << flushed;
 }
 
-void SchedulerServer::TraceCycle(absl::Time end, absl::Duration took, bool ok) {
+void SchedulerServer::TraceCycle(absl::Time end, absl::Duration took, bool ok, int pass_kind) {
   // A trace line is best effort: a full disk must not stop scheduling.
-  (void)std::fprintf(cycle_trace_, "%lld %lld %d\n",
+  (void)std::fprintf(cycle_trace_, "%lld %lld %d %d\n",
                      static_cast<long long>(absl::ToUnixMicros(end)),
-                     static_cast<long long>(absl::ToInt64Microseconds(took)), ok ? 1 : 0);
+                     static_cast<long long>(absl::ToInt64Microseconds(took)), ok ? 1 : 0,
+                     pass_kind);
   (void)std::fflush(cycle_trace_);
 }
 
