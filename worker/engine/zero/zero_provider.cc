@@ -35,6 +35,11 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<P
     return absl::InvalidArgumentError(absl::StrCat(
         "communication_dtype ", c10::toString(comm), ": must be fp32, bf16 or fp16"));
   }
+  if (options.stage == 0 && comm != at::ScalarType::Undefined && comm != at::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communication_dtype ", c10::toString(comm),
+        " with stage 0: its gradient all-reduce is fp32 (16-bit needs stage 1-3)"));
+  }
   std::unique_ptr<ZeroProvider> m(new ZeroProvider(std::move(specs), collectives, options));
   const int64_t n_ranks = collectives->world_size();
   const int64_t rank = collectives->rank();

@@ -54,8 +54,11 @@
 // (stages 1-3) that buffer, pre-divided, is rounded once to it and reduce-scattered in it
 // (half the bytes of fp32; Collectives sums the 16-bit values in fp32 in rank order and rounds
 // once), and the reduced [p] partition is added to the fp32 gradient partition, so gradient
-// accumulation over micro-steps stays fp32 (DeepSpeed's grad_accum_dtype fp32). Stage 0's
-// all-reduce stays fp32 on the wire (Collectives' bf16 all-reduce reduces an fp32 copy).
+// accumulation over micro-steps stays fp32 (DeepSpeed's grad_accum_dtype fp32). This holds for
+// any param dtype: fp32 on a bf16 job reduces the fp32 buffer as it is; bf16 or fp16 on an fp32
+// job rounds it (fp16: values beyond 65504 become inf, which the loss scaler / overflow check
+// sees, as in DeepSpeed). Stage 0's all-reduce stays fp32 on the wire (Collectives' bf16
+// all-reduce reduces an fp32 copy), so stage 0 takes no explicit 16-bit dtype.
 //
 // Every rank must make the same calls in the same order (collectives). Collective failures
 // throw CollectiveError. Not thread-safe.
@@ -100,7 +103,9 @@ struct ZeroOptions {
   double gradient_divide_factor = 0;
   // Dtype of the gradient reduce-scatters (stages 1-3): kFloat, kBFloat16 or kHalf;
   // kUndefined: kBFloat16 when param_dtype is kBFloat16 (DeepSpeed's default, the param dtype),
-  // else kFloat (fp16 jobs keep fp32: their gradients are loss-scaled). Create refuses others.
+  // else kFloat (fp16 jobs keep fp32: their gradients are loss-scaled). Any of the three with
+  // any param_dtype (e.g. bf16 on an fp32 job: rounded, reduced, added back in fp32). Create
+  // refuses other dtypes, and a 16-bit one at stage 0 (its all-reduce is fp32).
   at::ScalarType communication_dtype = at::ScalarType::Undefined;
   // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
   bool allocate_optimizer_state = true;
