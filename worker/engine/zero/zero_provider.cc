@@ -175,6 +175,7 @@ void ZeroProvider::BeginMicroStep(bool last) {
 }
 
 void ZeroProvider::FinishMicroStep() {
+  WaitReplicas();  // RefreshParams' gathers of parameters this micro-step did not use
   FlushGrads();
   if (options_.stage == 3) FreeGathered();
   in_micro_step_ = false;
@@ -185,7 +186,6 @@ void ZeroProvider::FinishMicroStep() {
 void ZeroProvider::RefreshParams() {
   at::NoGradGuard no_grad;
   const at::ScalarType dt = options_.param_dtype;
-  const int64_t n_ranks = collectives_->world_size();
   switch (options_.stage) {
     case 0:
       if (dt != at::kFloat) {
@@ -205,47 +205,7 @@ void ZeroProvider::RefreshParams() {
     default:
       break;
   }
-  // Stages 1/2: all-gather the updated partitions into the replicas, allgather_bucket_size
-  // elements (of gathered output) per collective.
-  size_t first = 0;
-  while (first < params_.size()) {
-    size_t last = first;
-    int64_t total = 0;
-    while (last < params_.size()) {
-      total += params_[last].slice.partition_numel;
-      ++last;
-      if (total * n_ranks >= options_.allgather_bucket_size) break;
-    }
-    at::Tensor send = at::empty({total}, params_[first].replica.options());
-    std::vector<int64_t> offsets;
-    int64_t off = 0;
-    for (size_t i = first; i < last; ++i) {
-      offsets.push_back(off);
-      send.narrow(0, off, params_[i].slice.partition_numel).copy_(params_[i].master);
-      off += params_[i].slice.partition_numel;
-    }
-    at::Tensor recv = at::empty({n_ranks * total}, send.options());
-    const int64_t bytes = Bytes(send) + Bytes(recv);
-    memory_.Acquire(MemoryKind::kBuffers, bytes);
-    at::Tensor wire_recv = Wire(recv);
-    absl::Status s = collectives_->AllGather(Wire(send), wire_recv);
-    if (s.ok()) {
-      for (size_t i = first; i < last; ++i) {
-        ZeroParam& p = params_[i];
-        at::Tensor flat = p.replica.view({-1});
-        for (int64_t q = 0; q < n_ranks; ++q) {
-          const PartitionSlice sl = ComputePartition(p.numel, n_ranks, q);
-          if (sl.valid() > 0) {
-            flat.narrow(0, sl.begin, sl.valid())
-                .copy_(recv.narrow(0, q * total + offsets[i - first], sl.valid()));
-          }
-        }
-      }
-    }
-    memory_.Release(MemoryKind::kBuffers, bytes);
-    ThrowIfError(s);
-    first = last;
-  }
+  RefreshReplicas();  // stages 1/2 (zero_refresh.cc)
 }
 
 void ZeroProvider::ClearGrads() {
@@ -296,6 +256,7 @@ at::Tensor ZeroProvider::CheckpointPartition(ParamId i, int which) const {
 
 void ZeroProvider::LoadPartition(ParamId i, int which, const float* src) {
   at::NoGradGuard no_grad;
+  WaitReplicas();  // a master partition may still be the send buffer of a gather
   ZeroParam& p = params_[i];
   const int64_t part = p.slice.partition_numel;
   const int64_t n_ranks = collectives_->world_size();

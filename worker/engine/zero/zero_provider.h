@@ -173,8 +173,11 @@ class ZeroProvider : public ParamAccess {
   void BeginMicroStep(bool last);
   void FinishMicroStep();
   // After the optimizer updated the fp32 masters: refreshes the compute copies (stage 0 cast,
-  // stage 1/2 bucketed all-gather into the replicas, stage 3 shard cast and persistent params
-  // released). Also used after loading a checkpoint. Collective for stages 1/2.
+  // stage 1/2 all-gather of each partition straight into its replica, zero_refresh.cc: with
+  // fp32 params started and left in flight, each waited by its parameter's next Acquire and
+  // all by FinishMicroStep / LoadPartition / the next RefreshParams, so the masters must not be
+  // written before one of those; stage 3 shard cast and persistent params released). Also used
+  // after loading a checkpoint. Collective for stages 1/2.
   void RefreshParams();
   // Drops the gradients (contiguous buffer zeroed and kept).
   void ClearGrads();
@@ -250,6 +253,11 @@ class ZeroProvider : public ParamAccess {
   void Flush();
   void CompleteOldest();
   void FlushGrads();  // FinishMicroStep's gradient part
+  // zero_refresh.cc: RefreshParams' stage 1/2 all-gathers; waits for a replica's / all
+  // in-flight direct gathers (CollectiveError on a failed one, unless throw_errors is false).
+  void RefreshReplicas();
+  void WaitReplica(size_t i);
+  void WaitReplicas(bool throw_errors = true);
   void MaybeGradReady(size_t i);
   double divide_factor() const;
   bool sources_partitions() const {
@@ -286,6 +294,9 @@ class ZeroProvider : public ParamAccess {
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;
   at::Tensor grad_flat_;  // contiguous_gradients storage
+  // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
+  std::vector<std::unique_ptr<PendingCollective>> replica_pending_;
+  int64_t replicas_pending_ = 0;
 
   // Stage-3 fetching.
   std::map<size_t, Live> live_;
