@@ -222,9 +222,23 @@ void ZeroProvider::ClearGrads() {
 }
 
 double ZeroProvider::LocalGradSquaredNorm() const {
+  // The same ops as p.grad.to(kDouble).pow(2).sum() (the same bits), in one double buffer of
+  // the largest gradient's size instead of two fresh temporaries per parameter (2 x 8 bytes of
+  // fresh pages per gradient element every step; perf: page clearing). Not pooled: it is freed
+  // at once, so it does not stay resident through the next backward.
+  int64_t largest = 0;
+  for (const ZeroParam& p : params_) {
+    if (p.grad.defined()) largest = std::max(largest, p.grad.numel());
+  }
+  if (largest == 0) return 0;
+  at::Tensor scratch = at::empty({largest}, at::kDouble);
   double sq = 0;
   for (const ZeroParam& p : params_) {
-    if (p.grad.defined()) sq += p.grad.to(at::kDouble).pow(2).sum().item<double>();
+    if (!p.grad.defined()) continue;
+    at::Tensor d = scratch.narrow(0, 0, p.grad.numel());
+    d.copy_(p.grad.reshape({-1}));
+    d.pow_(2);
+    sq += d.sum().item<double>();
   }
   return sq;
 }

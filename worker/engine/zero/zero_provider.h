@@ -182,7 +182,8 @@ class ZeroProvider : public ParamAccess {
   // Drops the gradients (contiguous buffer zeroed and kept).
   void ClearGrads();
   // Σ ||grad||^2 (double) over this rank's gradient storage (padding is zero). Stages 1-3 need
-  // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully.
+  // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully. Squares and
+  // sums each gradient in one double buffer of the largest gradient's size.
   double LocalGradSquaredNorm() const;
   bool any_nonfinite_grad() const;
   bool grads_partitioned() const { return options_.stage >= 1; }
