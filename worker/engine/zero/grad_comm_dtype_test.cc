@@ -210,7 +210,9 @@ bool AllFp16Values(const at::Tensor& t) {
 // dtype, so there the difference is checked.
 void ExpectGradientBytes(int stage, int64_t got, int64_t got_fp32, int bytes_per_element,
                          int64_t g, const std::string& what) {
-  if (stage < 3) EXPECT_EQ(got, bytes_per_element * g) << what;
+  if (stage < 3) {
+    EXPECT_EQ(got, bytes_per_element * g) << what;
+  }
   EXPECT_EQ(got_fp32 - got, (4 - bytes_per_element) * g) << what;
 }
 
