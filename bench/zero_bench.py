@@ -57,7 +57,7 @@ def param_count(c):
     return 2 * v * h + l * per_layer + h
 
 
-def loom_spec(path, cfg, a, stage, steps, offload=None, bf16=False):
+def loom_spec(path, cfg, a, stage, steps, offload=None, bf16=False, overlap=None):
     # Buckets of 25 MiB of fp32 (6.5M elements), DDP's default bucket_cap_mb, for the
     # reduce-scatters and all-gathers (DeepSpeed's default 5e8 elements would put the whole
     # model's gradients in one bucket).
@@ -65,6 +65,8 @@ def loom_spec(path, cfg, a, stage, steps, offload=None, bf16=False):
             "reduce_bucket_size": a.bucket, "allgather_bucket_size": a.bucket}
     if stage == 1 and getattr(a, "zero1_overlap_comm", False):
         zero["overlap_comm"] = True
+    if overlap is not None:
+        zero["overlap_comm"] = overlap
     if stage == 3:
         # DeepSpeed's defaults (1e9 live elements, reuse distance 1e9) keep every parameter of a
         # sub-billion model gathered from forward to backward; bound them to about a layer, as
@@ -134,8 +136,9 @@ class Result:
 
 
 def run_loom(name, a, cfg, stage, steps, offload=None, env=None, caps=None, trainer=None,
-             bf16=False):
-    spec = loom_spec(os.path.join(a.workdir, name + ".json"), cfg, a, stage, steps, offload, bf16)
+             bf16=False, overlap=None):
+    spec = loom_spec(os.path.join(a.workdir, name + ".json"), cfg, a, stage, steps, offload, bf16,
+                     overlap)
     t0 = time.time()
     ranks = gang.run_loom(trainer or a.trainer, spec, a.world, os.path.join(a.workdir, name),
                           timeout_s=a.timeout, env=env or ENV, caps=caps)
@@ -211,6 +214,13 @@ def main():
     ap.add_argument("--zero1_overlap_comm", action="store_true",
                     help="Loom ZeRO-1 with overlap_comm true (DeepSpeed's stage-1 default is "
                          "false; DDP under ZeroRedundancyOptimizer overlaps its all-reduce)")
+    ap.add_argument("--only", choices=("all", "zero3", "zero1"), default="all",
+                    help="zero3: only DDP (and foreach) and Loom ZeRO-3 (+ old/bf16 twins); "
+                         "zero1: only ZeroRedundancyOptimizer and Loom ZeRO-1 (+ old twin): a "
+                         "shorter run for one target's ratio")
+    ap.add_argument("--zero1_overlap_row", action="store_true",
+                    help="also run Loom ZeRO-1 with overlap_comm true as its own row "
+                         "(loom_zero1_overlap), its ratio to ZeroRedundancyOptimizer printed too")
     ap.add_argument("--no_references", action="store_true",
                     help="skip the reference rows (DDP gradient_as_bucket_view, ZeRO-3 CpuAdam)")
     ap.add_argument("--cap_mmap_threshold", type=int, default=262144,
@@ -242,34 +252,38 @@ def main():
 
     # 1. ZeRO-3 vs DDP (plus ZeRO-3 with the CPU optimizer, which on this CPU-only machine is
     #    what offload_optimizer "cpu" changes: the step runs in CpuAdam).
-    ddp_default = run_torch("torch_ddp", a, cfg, "ddp", a.steps)
-    # The faster optimizer path a PyTorch user would pick; the ratios use the faster peer.
     skipped = Result("skipped", [], 0)
-    skipped.ok, skipped.error = False, "skipped (--no_foreach / --no_references)"
-    ddp_foreach = skipped if a.no_foreach else run_torch("torch_ddp_foreach", a, cfg, "ddp",
-                                                         a.steps, extra=["--foreach"])
+    skipped.ok, skipped.error = False, "skipped (--no_foreach / --no_references / --only)"
+    do3, do1 = a.only in ("all", "zero3"), a.only in ("all", "zero1")
+    ddp_default = run_torch("torch_ddp", a, cfg, "ddp", a.steps) if do3 else skipped
+    # The faster optimizer path a PyTorch user would pick; the ratios use the faster peer.
+    ddp_foreach = skipped if a.no_foreach or not do3 else run_torch(
+        "torch_ddp_foreach", a, cfg, "ddp", a.steps, extra=["--foreach"])
     ddp = ddp_default
     if ddp_foreach.ok and (not ddp_default.ok or ddp_foreach.step() < ddp_default.step()):
         ddp = ddp_foreach
-    z3 = run_loom("loom_zero3", a, cfg, 3, a.steps)
-    z3c = skipped if a.no_references else run_loom(
+    z3 = run_loom("loom_zero3", a, cfg, 3, a.steps) if do3 else skipped
+    z3c = skipped if a.no_references or not do3 else run_loom(
         "loom_zero3_cpu_adam", a, cfg, 3, a.steps, {"offload_optimizer": {"device": "cpu"}})
     # A reference, not the target's peer: DDP with its memory-saving gradient_as_bucket_view
     # (off by default), which drops one of its two gradient copies.
-    ddpv = skipped if a.no_references else run_torch(
+    ddpv = skipped if a.no_references or not do3 else run_torch(
         "torch_ddp_bucket_view", a, cfg, "ddp", a.steps, extra=["--gradient_as_bucket_view"])
     # 2. ZeRO-1.
-    tz1 = run_torch("torch_zero1", a, cfg, "zero1", a.steps)
-    z1 = run_loom("loom_zero1", a, cfg, 1, a.steps)
+    tz1 = run_torch("torch_zero1", a, cfg, "zero1", a.steps) if do1 else skipped
+    z1 = run_loom("loom_zero1", a, cfg, 1, a.steps) if do1 else skipped
+    z1o = run_loom("loom_zero1_overlap", a, cfg, 1, a.steps, overlap=True) if (
+        do1 and a.zero1_overlap_row) else skipped
     # Old binary vs new (same run), and bf16 ZeRO-3 (gradient communication dtype).
     old_rows = []
-    if a.old_trainer:
+    if a.old_trainer and do3:
         old_rows.append((run_loom("loom_zero3_old", a, cfg, 3, a.steps, trainer=a.old_trainer),
                          z3))
+    if a.old_trainer and do1:
         old_rows.append((run_loom("loom_zero1_old", a, cfg, 1, a.steps, trainer=a.old_trainer),
                          z1))
     bf16_rows = []
-    if a.bf16:
+    if a.bf16 and do3:
         z3b = run_loom("loom_zero3_bf16", a, cfg, 3, a.steps, bf16=True)
         bf16_rows.append(z3b)
         if a.old_trainer:
@@ -311,7 +325,7 @@ def main():
     print("%-34s %12s %12s %14s %14s %16s" % ("system", "step s", "optimizer s", "peak RSS MiB",
                                              "at start MiB", "comm MiB/step"))
     extra_rows = [o for o, _ in old_rows if o not in bf16_rows] + bf16_rows
-    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1, *extra_rows):
+    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1, z1o, *extra_rows):
         if not r.ok:
             print("%-34s  not available: %s" % (r.name, r.error))
             continue
@@ -344,6 +358,9 @@ def main():
     else:
         print("Loom ZeRO-1 vs ZeroRedundancyOptimizer: not measured (%s)"
               % (z1.error if not z1.ok else tz1.error))
+    if z1o.ok and tz1.ok:
+        print("Loom ZeRO-1 overlap_comm true / ZeroRedundancyOptimizer: step time %.3f, peak "
+              "memory %.3f" % (z1o.step() / tz1.step(), z1o.peak_rss / tz1.peak_rss))
     for old, new in old_rows:
         if old.ok and new.ok:
             print("new / old binary, %s: step time %.3f (%.3f / %.3f s), peak memory %.3f "
@@ -361,7 +378,7 @@ def main():
     # preparation; compute is the rest. DDP overlaps its bucketed all-reduce with backward, so
     # only forward+backward (including the all-reduce wait) and the optimizer can be separated.
     print("\nBreakdown (median s/step, rank 0)")
-    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1, *extra_rows):
+    for r in (ddp_default, ddp_foreach, ddpv, z3, z3c, tz1, z1, z1o, *extra_rows):
         if not r.ok:
             continue
         if r.comm_s:

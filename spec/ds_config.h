@@ -175,6 +175,10 @@ struct DeepSpeedConfig {
   // (fp32 default, or bf16 on the all-to-all wire).
   int64_t sequence_parallel_size = 1;
   bool seq_parallel_communication_bf16 = false;
+  // communication_data_type (ds_config_communication.cc): the dtype ZeRO stages 1-3 reduce
+  // gradients in, "fp32", "bf16" or "fp16"; "" when absent (the default: bf16 for bf16 jobs,
+  // fp32 otherwise).
+  std::string communication_data_type;
   ActivationCheckpointingConfig activation_checkpointing;
   // Keys accepted but not implemented (ignoring them cannot change results), one message each:
   // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.

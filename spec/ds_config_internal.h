@@ -96,9 +96,10 @@ absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
 // sequence_parallel_size (1 <= P, P divides world_size) and seq_parallel_communication_data_type
 // (fp32 default, bf16) into `c` (ds_config_sequence_parallel.cc).
 absl::Status ParseSequenceParallel(const json& root, int world_size, DeepSpeedConfig* c);
-// Validates communication_data_type (fp32, bf16, fp16; default the param dtype) against the
-// precision sections already in `c` (ds_config_communication.cc).
-absl::Status ParseCommunicationDataType(const json& root, const DeepSpeedConfig* c);
+// communication_data_type (fp32, bf16, fp16; default the param dtype) into
+// c->communication_data_type, checked against the ZeRO stage already in `c`
+// (ds_config_communication.cc).
+absl::Status ParseCommunicationDataType(const json& root, DeepSpeedConfig* c);
 // The top-level "activation_checkpointing" section into c->activation_checkpointing
 // (ds_config_activation.cc); warnings for the keys that do not act.
 absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c);

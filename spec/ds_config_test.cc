@@ -463,35 +463,51 @@ TEST(ParseDeepSpeedConfigTest, ActivationCheckpointingSection) {
                           "deepspeed_config.activation_checkpointing: expected a JSON object"));
 }
 
-// communication_data_type (ds_config_communication.cc): DeepSpeed's values; the default is the
-// param dtype; a value other than the one ZeRO applies is refused naming the key.
+// communication_data_type (ds_config_communication.cc): DeepSpeed's values and spellings are
+// stored by canonical name for ZeroOptionsFor (absent: "", the provider's default); any of them
+// with any param dtype at stages 1-3; a 16-bit value at stage 0 (fp32 all-reduce) is refused
+// naming the key, as are other values.
 TEST(ParseDeepSpeedConfigTest, CommunicationDataType) {
   const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
   auto parse = [&](const std::string& extra) {
     return ParseDeepSpeedConfig("{" + ok + extra + "}", 2);
   };
-  for (const char* extra :
-       {"", R"(, "bf16": {"enabled": true}, "communication_data_type": "bf16")",
-        R"(, "bf16": {"enabled": true}, "communication_data_type": "bfloat16")",
-        R"(, "communication_data_type": "fp32")",
-        R"(, "fp16": {"enabled": true}, "communication_data_type": "fp32")"}) {
+  const std::string z1 = R"(, "zero_optimization": {"stage": 1})";
+  const std::string z3 = R"(, "zero_optimization": {"stage": 3})";
+  const std::string bf16 = R"(, "bf16": {"enabled": true})";
+  const std::string fp16 = R"(, "fp16": {"enabled": true})";
+  const std::vector<std::pair<std::string, std::string>> accepted = {
+      {"", ""},
+      {R"(, "communication_data_type": "fp32")", "fp32"},
+      {fp16 + R"(, "communication_data_type": "fp32")", "fp32"},
+      {bf16 + R"(, "communication_data_type": "float32")", "fp32"},
+      {bf16 + z3 + R"(, "communication_data_type": "fp32")", "fp32"},
+      {bf16 + z1 + R"(, "communication_data_type": "bf16")", "bf16"},
+      {bf16 + z3 + R"(, "communication_data_type": "bfloat16")", "bf16"},
+      {z1 + R"(, "communication_data_type": "bf16")", "bf16"},
+      {z3 + R"(, "communication_data_type": "fp16")", "fp16"},
+      {fp16 + z3 + R"(, "communication_data_type": "float16")", "fp16"},
+      {bf16 + z3 + R"(, "communication_data_type": "fp16")", "fp16"}};
+  for (const auto& [extra, want] : accepted) {
     absl::StatusOr<DeepSpeedConfig> c = parse(extra);
-    EXPECT_TRUE(c.ok()) << extra << ": " << c.status();
+    ASSERT_TRUE(c.ok()) << extra << ": " << c.status();
+    EXPECT_EQ(c->communication_data_type, want) << extra;
   }
   EXPECT_THAT(parse(R"(, "communication_data_type": "bf16")").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "deepspeed_config.communication_data_type: \"bf16\" with fp32 parameters"));
-  EXPECT_THAT(parse(R"(, "communication_data_type": "int8")").status(),
+                       "deepspeed_config.communication_data_type: \"bf16\" with "
+                       "zero_optimization.stage 0"));
+  EXPECT_THAT(parse(bf16 + R"(, "communication_data_type": "bf16")").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "deepspeed_config.communication_data_type: \"bf16\" with "
+                       "zero_optimization.stage 0"));
+  EXPECT_THAT(parse(z1 + R"(, "communication_data_type": "int8")").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "deepspeed_config.communication_data_type: \"int8\" is not one of fp32, "
                        "bf16, fp16"));
   EXPECT_THAT(parse(R"(, "communication_data_type": 16)").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "deepspeed_config.communication_data_type"));
-  EXPECT_THAT(parse(R"(, "bf16": {"enabled": true}, "communication_data_type": "fp32")").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "deepspeed_config.communication_data_type: \"fp32\" with bf16 "
-                       "parameters"));
 }
 
 }  // namespace

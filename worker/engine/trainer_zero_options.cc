@@ -1,5 +1,7 @@
 #include "worker/engine/trainer_zero_options.h"
 
+#include <string>
+
 namespace loom::engine {
 
 ZeroOptions ZeroOptionsFor(const DeepSpeedConfig& ds, const ProcessGroups& groups) {
@@ -15,6 +17,12 @@ ZeroOptions ZeroOptionsFor(const DeepSpeedConfig& ds, const ProcessGroups& group
   z.max_live_parameters = ds.zero.stage3_max_live_parameters;
   z.max_reuse_distance = ds.zero.stage3_max_reuse_distance;
   z.gradient_divide_factor = groups.zero_partition().grad_divide_factor;
+  // communication_data_type (validated and canonicalised by ds_config_communication.cc); ""
+  // leaves kUndefined: the provider's default (bf16 for bf16 jobs, fp32 otherwise).
+  const std::string& comm = ds.communication_data_type;
+  if (comm == "fp32") z.communication_dtype = at::kFloat;
+  if (comm == "bf16") z.communication_dtype = at::kBFloat16;
+  if (comm == "fp16") z.communication_dtype = at::kHalf;
   return z;
 }
 

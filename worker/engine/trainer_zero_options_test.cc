@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +102,12 @@ TEST(TrainerZeroOptionsTest, DeepSpeedKeysReachTheProvider) {
   EXPECT_EQ(o.max_live_parameters, 12);
   EXPECT_EQ(o.max_reuse_distance, 13);
   EXPECT_EQ(o.gradient_divide_factor, 1.0);  // a one-rank world
+  EXPECT_EQ(o.communication_dtype, at::ScalarType::Undefined);  // absent: the provider's default
+  for (const auto& [name, want] : std::vector<std::pair<std::string, at::ScalarType>>{
+           {"fp32", at::kFloat}, {"bf16", at::kBFloat16}, {"fp16", at::kHalf}}) {
+    ds.communication_data_type = name;
+    EXPECT_EQ(ZeroOptionsFor(ds, **groups).communication_dtype, want) << name;
+  }
 }
 
 }  // namespace

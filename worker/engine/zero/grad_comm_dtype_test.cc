@@ -7,19 +7,26 @@
 //     gradient partition is a bf16 value, within 2 bf16 ulps of the fp32-communication mean;
 //     with 2 micro-steps (gradient accumulation) the partition is accumulated in fp32 (not
 //     every element is a bf16 value any more);
+//   * the job key (ParseDeepSpeedConfig -> ZeroOptionsFor, the Trainer's path): bf16 or fp16
+//     on an fp32 job halves those bytes and rounds the reduced gradient to that dtype; fp32 on a
+//     bf16 job doubles them and equals ZeroOptions::communication_dtype kFloat bit for bit;
 //   * 8 SGD steps (an update written in the test: master -= 0.25 * grad): the losses with bf16
 //     communication stay within 3% (relative) of the fp32-communication run's losses (at lr
 //     0.5 they drifted 2.1% apart by step 5: the difference grows with the step size).
 #include <torch/torch.h>
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/ds_config.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/testing/thread_gang.h"
+#include "worker/engine/process_groups.h"
 #include "worker/engine/testing/tiny_llama.h"
+#include "worker/engine/trainer_zero_options.h"
 #include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
@@ -34,17 +41,25 @@ at::Tensor Tokens(const LlamaConfig& c, int rank, int micro, int salt) {
   return x.remainder(c.vocab_size).reshape({2, 9});
 }
 
-std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, int stage,
-                                   at::ScalarType comm) {
+ZeroOptions Bf16Options(int stage, at::ScalarType comm) {
   ZeroOptions o;
   o.stage = stage;
   o.param_dtype = at::kBFloat16;
   o.communication_dtype = comm;
   o.reduce_bucket_size = 600;
   o.param_persistence_threshold = 0;
+  return o;
+}
+
+std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, const ZeroOptions& o) {
   auto z = ZeroProvider::Create(LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
   EXPECT_TRUE(z.ok()) << z.status();
   return std::move(*z);
+}
+
+std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, int stage,
+                                   at::ScalarType comm) {
+  return Make(coll, c, Bf16Options(stage, comm));
 }
 
 struct MicroResult {
@@ -54,9 +69,9 @@ struct MicroResult {
 };
 
 // `micros` micro-steps of one optimizer step (no update).
-MicroResult Micro(Collectives& coll, int stage, at::ScalarType comm, int micros) {
+MicroResult Micro(Collectives& coll, const ZeroOptions& o, int micros) {
   const LlamaConfig c = testing::TinyLlamaConfig(false);
-  auto zero = Make(coll, c, stage, comm);
+  auto zero = Make(coll, c, o);
   auto model = *LlamaModel::Create(c, zero.get());
   MicroResult r;
   const int64_t before = coll.bytes_communicated();
@@ -70,6 +85,10 @@ MicroResult Micro(Collectives& coll, int stage, at::ScalarType comm, int micros)
   r.bytes = coll.bytes_communicated() - before;
   for (const ZeroParam& p : zero->params()) r.grads.push_back(p.grad.clone());
   return r;
+}
+
+MicroResult Micro(Collectives& coll, int stage, at::ScalarType comm, int micros) {
+  return Micro(coll, Bf16Options(stage, comm), micros);
 }
 
 int64_t GradElements(int world, const LlamaConfig& c) {
@@ -168,7 +187,114 @@ TEST_P(GradCommDtypeTest, LossesWithinThreePercentOfFp32Communication) {
   }, {absl::Seconds(60), absl::Seconds(240)})));
 }
 
+// communication_data_type as a job writes it: parsed by ParseDeepSpeedConfig and handed to the
+// provider by ZeroOptionsFor (the Trainer's path, trainer_setup.cc), for fp32 and bf16 jobs.
+ZeroOptions JobOptions(const ProcessGroups& groups, int stage, const std::string& extra) {
+  absl::StatusOr<DeepSpeedConfig> ds = ParseDeepSpeedConfig(
+      absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"}, )",
+                   R"("zero_optimization": {"stage": )", stage, "}", extra, "}"),
+      2);
+  EXPECT_TRUE(ds.ok()) << extra << ": " << ds.status();
+  ZeroOptions o = ZeroOptionsFor(*ds, groups);
+  o.reduce_bucket_size = 600;
+  o.param_persistence_threshold = 0;
+  return o;
+}
+
+bool AllFp16Values(const at::Tensor& t) {
+  return at::equal(t, t.to(at::kHalf).to(at::kFloat));
+}
+
+// Bytes per micro-step: with stages 1/2 only the gradient reduce-scatters move data (Σ N*p_i
+// elements, 4 or 2 bytes each); stage 3 adds all-gathers that are the same for either wire
+// dtype, so there the difference is checked.
+void ExpectGradientBytes(int stage, int64_t got, int64_t got_fp32, int bytes_per_element,
+                         int64_t g, const std::string& what) {
+  if (stage < 3) {
+    EXPECT_EQ(got, bytes_per_element * g) << what;
+  }
+  EXPECT_EQ(got_fp32 - got, (4 - bytes_per_element) * g) << what;
+}
+
+TEST_P(GradCommDtypeTest, JobKeyBf16OrFp16OnAnFp32JobReducesIn16Bits) {
+  const int stage = GetParam();
+  const int64_t g = GradElements(2, testing::TinyLlamaConfig(false));
+  ExpectOk(FirstFailure(RunGang(2, [&](int rank, Collectives& coll) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<ProcessGroups>> groups = ProcessGroups::Create(coll, 1);
+    if (!groups.ok()) return groups.status();
+    MicroResult fp32 = Micro(coll, JobOptions(**groups, stage, ""), 1);  // default: fp32
+    MicroResult bf16 = Micro(
+        coll, JobOptions(**groups, stage, R"(, "communication_data_type": "bf16")"), 1);
+    MicroResult fp16 = Micro(
+        coll, JobOptions(**groups, stage, R"(, "communication_data_type": "fp16")"), 1);
+    const std::string what = absl::StrCat("stage ", stage, " rank ", rank);
+    ExpectGradientBytes(stage, fp32.bytes, fp32.bytes, 4, g, what + " fp32");
+    ExpectGradientBytes(stage, bf16.bytes, fp32.bytes, 2, g, what + " bf16");
+    ExpectGradientBytes(stage, fp16.bytes, fp32.bytes, 2, g, what + " fp16");
+    EXPECT_EQ(fp32.losses, bf16.losses);  // the forward is the same (fp32 params)
+    bool fp32_all_bf16 = true;
+    for (size_t i = 0; i < fp32.grads.size(); ++i) {
+      const at::Tensor& want = fp32.grads[i];
+      fp32_all_bf16 = fp32_all_bf16 && AllBf16Values(want);
+      EXPECT_TRUE(AllBf16Values(bf16.grads[i])) << what << " param " << i;
+      EXPECT_TRUE(AllFp16Values(fp16.grads[i])) << what << " param " << i;
+      // As in Bf16HalvesGradientBytes...: 2^-8 relative plus 2^-8 of the largest element
+      // (fp16: 2^-10 and 2^-10, its 11-bit significand; the tiny model's gradients are far
+      // from fp16's normal range limits, and below 2^-14 fp16 is subnormal: 2^-24 absolute).
+      const double max = want.abs().max().item<double>();
+      EXPECT_LE(((bf16.grads[i] - want).abs() - 0.00390625 * want.abs()).max().item<double>(),
+                0.00390625 * max)
+          << what << " param " << i;
+      EXPECT_LE(((fp16.grads[i] - want).abs() - 0.0009765625 * want.abs()).max().item<double>(),
+                0.0009765625 * max + 1.2e-7)
+          << what << " param " << i;
+    }
+    EXPECT_FALSE(fp32_all_bf16) << what << ": fp32 communication did not round to bf16";
+    return absl::OkStatus();
+  })));
+}
+
+TEST_P(GradCommDtypeTest, JobKeyFp32OnABf16JobReducesInFp32) {
+  const int stage = GetParam();
+  const int64_t g = GradElements(2, testing::TinyLlamaConfig(false));
+  const std::string bf16_job = R"(, "bf16": {"enabled": true})";
+  ExpectOk(FirstFailure(RunGang(2, [&](int rank, Collectives& coll) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<ProcessGroups>> groups = ProcessGroups::Create(coll, 1);
+    if (!groups.ok()) return groups.status();
+    MicroResult deflt = Micro(coll, JobOptions(**groups, stage, bf16_job), 1);  // bf16 wire
+    MicroResult fp32 = Micro(
+        coll, JobOptions(**groups, stage, bf16_job + R"(, "communication_data_type": "fp32")"),
+        1);
+    const std::string what = absl::StrCat("stage ", stage, " rank ", rank);
+    ExpectGradientBytes(stage, fp32.bytes, fp32.bytes, 4, g, what + " fp32");
+    ExpectGradientBytes(stage, deflt.bytes, fp32.bytes, 2, g, what + " default");
+    // The same as ZeroOptions::communication_dtype kFloat set directly, bit for bit.
+    MicroResult direct = Micro(coll, stage, at::kFloat, 1);
+    EXPECT_EQ(fp32.grads.size(), direct.grads.size());
+    if (fp32.grads.size() != direct.grads.size()) return absl::InternalError("parameter count");
+    bool some_not_bf16 = false;
+    for (size_t i = 0; i < fp32.grads.size(); ++i) {
+      EXPECT_TRUE(at::equal(fp32.grads[i], direct.grads[i])) << what << " param " << i;
+      some_not_bf16 = some_not_bf16 || !AllBf16Values(fp32.grads[i]);
+    }
+    EXPECT_TRUE(some_not_bf16) << what << ": the fp32 reduction was rounded to bf16";
+    return absl::OkStatus();
+  })));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, GradCommDtypeTest, ::testing::Values(1, 2, 3));
+
+TEST(GradCommDtypeOptionsTest, RefusesA16BitDtypeAtStage0) {
+  std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+  ZeroOptions o;
+  o.stage = 0;
+  o.communication_dtype = at::kBFloat16;
+  auto z = ZeroProvider::Create(LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
+                                {1, 0.02}, o);
+  ASSERT_FALSE(z.ok());
+  EXPECT_EQ(z.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(z.status().message().find("stage 0"), std::string::npos) << z.status();
+}
 
 TEST(GradCommDtypeOptionsTest, RefusesAnIntegerDtype) {
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();

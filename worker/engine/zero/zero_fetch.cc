@@ -116,7 +116,10 @@ void ZeroProvider::InvalidateTrace() {
 
 const at::Tensor& ZeroProvider::Acquire(ParamId i) {
   ZeroParam& p = params_[i];
-  if (options_.stage < 3) return p.replica;
+  if (options_.stage < 3) {
+    if (replicas_pending_ > 0) WaitReplica(i);  // RefreshParams' gather into it (stages 1/2)
+    return p.replica;
+  }
   const bool traced = in_micro_step_;
   if (traced && trace_mode_ == TraceMode::kRecord) {
     recording_.push_back(i);

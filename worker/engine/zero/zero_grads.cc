@@ -115,6 +115,10 @@ void ZeroProvider::AddGrad(ParamId i, const at::Tensor& full_grad) {
     return;
   }
   at::Tensor g = full_grad.to(at::kFloat).contiguous().view({-1});
+  // The step's first contribution is copied, not added to zeros: +0.0 + -0.0 is +0.0, and a
+  // -0.0 element keeps its sign as PyTorch's AccumulateGrad keeps the first gradient as it is
+  // (signed_zero_grad_test); every other value is the same either way.
+  const bool first = !touched_[i];
   touched_[i] = 1;
   ++grad_seen_[i];
   // A parameter used several times (tied embedding/head, tiles) is reduced once, after its
@@ -124,15 +128,20 @@ void ZeroProvider::AddGrad(ParamId i, const at::Tensor& full_grad) {
   switch (options_.stage) {
     case 0:
       EnsureGrad(p);
-      p.grad.add_(g);
+      if (first) {
+        p.grad.copy_(g);
+      } else {
+        p.grad.add_(g);
+      }
       if (complete) Enqueue(i, p.grad);
       return;
     case 1:
       if (!p.local_grad.defined()) {  // zero-padded to N*p: reduce-scattered as it is
         p.local_grad = NewLocalGrad(i);
-        p.local_grad.narrow(0, 0, p.numel).zero_();
+        p.local_grad.narrow(0, 0, p.numel).copy_(g);
+      } else {
+        p.local_grad.narrow(0, 0, p.numel).add_(g);
       }
-      p.local_grad.narrow(0, 0, p.numel).add_(g);
       if (complete) Enqueue(i, p.local_grad);
       return;
     default:

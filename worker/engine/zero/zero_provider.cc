@@ -35,6 +35,11 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<P
     return absl::InvalidArgumentError(absl::StrCat(
         "communication_dtype ", c10::toString(comm), ": must be fp32, bf16 or fp16"));
   }
+  if (options.stage == 0 && comm != at::ScalarType::Undefined && comm != at::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communication_dtype ", c10::toString(comm),
+        " with stage 0: its gradient all-reduce is fp32 (16-bit needs stage 1-3)"));
+  }
   std::unique_ptr<ZeroProvider> m(new ZeroProvider(std::move(specs), collectives, options));
   const int64_t n_ranks = collectives->world_size();
   const int64_t rank = collectives->rank();
@@ -170,6 +175,7 @@ void ZeroProvider::BeginMicroStep(bool last) {
 }
 
 void ZeroProvider::FinishMicroStep() {
+  WaitReplicas();  // RefreshParams' gathers of parameters this micro-step did not use
   FlushGrads();
   if (options_.stage == 3) FreeGathered();
   in_micro_step_ = false;
@@ -180,7 +186,6 @@ void ZeroProvider::FinishMicroStep() {
 void ZeroProvider::RefreshParams() {
   at::NoGradGuard no_grad;
   const at::ScalarType dt = options_.param_dtype;
-  const int64_t n_ranks = collectives_->world_size();
   switch (options_.stage) {
     case 0:
       if (dt != at::kFloat) {
@@ -200,54 +205,14 @@ void ZeroProvider::RefreshParams() {
     default:
       break;
   }
-  // Stages 1/2: all-gather the updated partitions into the replicas, allgather_bucket_size
-  // elements (of gathered output) per collective.
-  if (n_ranks == 1) {
-    // One rank: the partition is the whole parameter, so copy it into the replica. The gather
-    // below would allocate and fill a send and a receive buffer of the whole model (fresh
-    // mmap'd pages every step: perf showed page faults at ~1/3 of a 1-rank offload step).
+  if (collectives_->world_size() == 1) {
+    // One rank: the partition is the whole parameter, so copy it into the replica (no
+    // collective and no staging buffers; perf showed the old bucketed gather's fresh buffers
+    // as page faults at ~1/3 of a 1-rank offload step).
     for (ZeroParam& p : params_) p.replica.view({-1}).copy_(p.master.narrow(0, 0, p.numel));
     return;
   }
-  size_t first = 0;
-  while (first < params_.size()) {
-    size_t last = first;
-    int64_t total = 0;
-    while (last < params_.size()) {
-      total += params_[last].slice.partition_numel;
-      ++last;
-      if (total * n_ranks >= options_.allgather_bucket_size) break;
-    }
-    at::Tensor send = at::empty({total}, params_[first].replica.options());
-    std::vector<int64_t> offsets;
-    int64_t off = 0;
-    for (size_t i = first; i < last; ++i) {
-      offsets.push_back(off);
-      send.narrow(0, off, params_[i].slice.partition_numel).copy_(params_[i].master);
-      off += params_[i].slice.partition_numel;
-    }
-    at::Tensor recv = at::empty({n_ranks * total}, send.options());
-    const int64_t bytes = Bytes(send) + Bytes(recv);
-    memory_.Acquire(MemoryKind::kBuffers, bytes);
-    at::Tensor wire_recv = Wire(recv);
-    absl::Status s = collectives_->AllGather(Wire(send), wire_recv);
-    if (s.ok()) {
-      for (size_t i = first; i < last; ++i) {
-        ZeroParam& p = params_[i];
-        at::Tensor flat = p.replica.view({-1});
-        for (int64_t q = 0; q < n_ranks; ++q) {
-          const PartitionSlice sl = ComputePartition(p.numel, n_ranks, q);
-          if (sl.valid() > 0) {
-            flat.narrow(0, sl.begin, sl.valid())
-                .copy_(recv.narrow(0, q * total + offsets[i - first], sl.valid()));
-          }
-        }
-      }
-    }
-    memory_.Release(MemoryKind::kBuffers, bytes);
-    ThrowIfError(s);
-    first = last;
-  }
+  RefreshReplicas();  // stages 1/2 (zero_refresh.cc)
 }
 
 void ZeroProvider::ClearGrads() {
@@ -264,9 +229,23 @@ void ZeroProvider::ClearGrads() {
 }
 
 double ZeroProvider::LocalGradSquaredNorm() const {
+  // The same ops as p.grad.to(kDouble).pow(2).sum() (the same bits), in one double buffer of
+  // the largest gradient's size instead of two fresh temporaries per parameter (2 x 8 bytes of
+  // fresh pages per gradient element every step; perf: page clearing). Not pooled: it is freed
+  // at once, so it does not stay resident through the next backward.
+  int64_t largest = 0;
+  for (const ZeroParam& p : params_) {
+    if (p.grad.defined()) largest = std::max(largest, p.grad.numel());
+  }
+  if (largest == 0) return 0;
+  at::Tensor scratch = at::empty({largest}, at::kDouble);
   double sq = 0;
   for (const ZeroParam& p : params_) {
-    if (p.grad.defined()) sq += p.grad.to(at::kDouble).pow(2).sum().item<double>();
+    if (!p.grad.defined()) continue;
+    at::Tensor d = scratch.narrow(0, 0, p.grad.numel());
+    d.copy_(p.grad.reshape({-1}));
+    d.pow_(2);
+    sq += d.sum().item<double>();
   }
   return sq;
 }
@@ -298,6 +277,7 @@ at::Tensor ZeroProvider::CheckpointPartition(ParamId i, int which) const {
 
 void ZeroProvider::LoadPartition(ParamId i, int which, const float* src) {
   at::NoGradGuard no_grad;
+  WaitReplicas();  // a master partition may still be the send buffer of a gather
   ZeroParam& p = params_[i];
   const int64_t part = p.slice.partition_numel;
   const int64_t n_ranks = collectives_->world_size();

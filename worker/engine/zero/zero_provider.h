@@ -54,8 +54,11 @@
 // (stages 1-3) that buffer, pre-divided, is rounded once to it and reduce-scattered in it
 // (half the bytes of fp32; Collectives sums the 16-bit values in fp32 in rank order and rounds
 // once), and the reduced [p] partition is added to the fp32 gradient partition, so gradient
-// accumulation over micro-steps stays fp32 (DeepSpeed's grad_accum_dtype fp32). Stage 0's
-// all-reduce stays fp32 on the wire (Collectives' bf16 all-reduce reduces an fp32 copy).
+// accumulation over micro-steps stays fp32 (DeepSpeed's grad_accum_dtype fp32). This holds for
+// any param dtype: fp32 on a bf16 job reduces the fp32 buffer as it is; bf16 or fp16 on an fp32
+// job rounds it (fp16: values beyond 65504 become inf, which the loss scaler / overflow check
+// sees, as in DeepSpeed). Stage 0's all-reduce stays fp32 on the wire (Collectives' bf16
+// all-reduce reduces an fp32 copy), so stage 0 takes no explicit 16-bit dtype.
 //
 // Every rank must make the same calls in the same order (collectives). Collective failures
 // throw CollectiveError. Not thread-safe.
@@ -100,7 +103,9 @@ struct ZeroOptions {
   double gradient_divide_factor = 0;
   // Dtype of the gradient reduce-scatters (stages 1-3): kFloat, kBFloat16 or kHalf;
   // kUndefined: kBFloat16 when param_dtype is kBFloat16 (DeepSpeed's default, the param dtype),
-  // else kFloat (fp16 jobs keep fp32: their gradients are loss-scaled). Create refuses others.
+  // else kFloat (fp16 jobs keep fp32: their gradients are loss-scaled). Any of the three with
+  // any param_dtype (e.g. bf16 on an fp32 job: rounded, reduced, added back in fp32). Create
+  // refuses other dtypes, and a 16-bit one at stage 0 (its all-reduce is fp32).
   at::ScalarType communication_dtype = at::ScalarType::Undefined;
   // false: exp_avg / exp_avg_sq stay undefined (an offloaded optimizer keeps them).
   bool allocate_optimizer_state = true;
@@ -168,13 +173,17 @@ class ZeroProvider : public ParamAccess {
   void BeginMicroStep(bool last);
   void FinishMicroStep();
   // After the optimizer updated the fp32 masters: refreshes the compute copies (stage 0 cast,
-  // stage 1/2 bucketed all-gather into the replicas, stage 3 shard cast and persistent params
-  // released). Also used after loading a checkpoint. Collective for stages 1/2.
+  // stage 1/2 all-gather of each partition straight into its replica, zero_refresh.cc: with
+  // fp32 params started and left in flight, each waited by its parameter's next Acquire and
+  // all by FinishMicroStep / LoadPartition / the next RefreshParams, so the masters must not be
+  // written before one of those; stage 3 shard cast and persistent params released). Also used
+  // after loading a checkpoint. Collective for stages 1/2.
   void RefreshParams();
   // Drops the gradients (contiguous buffer zeroed and kept).
   void ClearGrads();
   // Σ ||grad||^2 (double) over this rank's gradient storage (padding is zero). Stages 1-3 need
-  // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully.
+  // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully. Squares and
+  // sums each gradient in one double buffer of the largest gradient's size.
   double LocalGradSquaredNorm() const;
   bool any_nonfinite_grad() const;
   bool grads_partitioned() const { return options_.stage >= 1; }
@@ -245,6 +254,11 @@ class ZeroProvider : public ParamAccess {
   void Flush();
   void CompleteOldest();
   void FlushGrads();  // FinishMicroStep's gradient part
+  // zero_refresh.cc: RefreshParams' stage 1/2 all-gathers; waits for a replica's / all
+  // in-flight direct gathers (CollectiveError on a failed one, unless throw_errors is false).
+  void RefreshReplicas();
+  void WaitReplica(size_t i);
+  void WaitReplicas(bool throw_errors = true);
   void MaybeGradReady(size_t i);
   double divide_factor() const;
   bool sources_partitions() const {
@@ -281,6 +295,9 @@ class ZeroProvider : public ParamAccess {
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;
   at::Tensor grad_flat_;  // contiguous_gradients storage
+  // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
+  std::vector<std::unique_ptr<PendingCollective>> replica_pending_;
+  int64_t replicas_pending_ = 0;
 
   // Stage-3 fetching.
   std::map<size_t, Live> live_;
