@@ -4,13 +4,16 @@ under the same per-rank memory cap, as the ALST paper's ablation ladder.
 
 Every probe is a real 2-rank loom-trainer gang (bench/gang.py, as bench/zero_bench.py runs it),
 each rank in its own cgroup v1 memory group capped at --cap_mib (bench/memory_cap.py; default
-1024 MiB, issue 13's "near 1 GiB"). A sequence length S fits only if every rank exits 0 after
+150 MiB: at this model every rung's maximum is then set by memory, and the whole ladder takes
+about half an hour, docs/benchmarks.md). A sequence length S fits only if every rank exits 0 after
 --steps (>= 3) optimizer steps with finite losses and the kernel OOM-killed nothing
 (bench/capacity_search.probe). Per rung a binary search (search_rung): the baseline doubles S
 from --start until a probe fails; every later rung takes the longest fit of the rungs below as
 its lower bound (each rung only adds savings; it is probed for this rung only if the search ends
-there), first probes its ceiling (--max_ratio x the baseline's S; --target_first) or doubles
-from the lower bound, then bisects between the longest fit and the shortest failure until the gap
+there) and first probes that rung's first failure (when it fails here too, the maximum is already
+bracketed to the resolution), or its ceiling first (--max_ratio x the baseline's S;
+--target_first); then it doubles from the longest fit (at least to --rung_start), then bisects
+between the longest fit and the shortest failure until the gap
 is at most max(--quantum, --resolution x fit); every probed S a multiple of --quantum (a multiple
 of the sequence-parallel degree). Each rung's result is labelled: "max" (converged: the maximum
 lies in [fit, first failure)), "ceiling" (fit at its longest allowed probe: a lower bound) or
@@ -141,7 +144,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--trainer", default="bazel-bin/worker/trainer/loom-trainer")
     ap.add_argument("--workdir", default="/tmp/loom_alst_bench")
-    ap.add_argument("--cap_mib", type=int, default=1024, help="per-rank cgroup memory cap")
+    ap.add_argument("--cap_mib", type=int, default=150,
+                    help="per-rank cgroup memory cap (150: every rung memory-limited at the "
+                         "default model, docs/benchmarks.md)")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--intermediate", type=int, default=176)
@@ -156,9 +161,13 @@ def main():
     ap.add_argument("--max_live", type=int, default=10000000)
     ap.add_argument("--threads", type=int, default=1, help="threads per rank")
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps per probe (>= 3)")
-    ap.add_argument("--start", type=int, default=2048,
+    ap.add_argument("--start", type=int, default=32,
                     help="the baseline's first probed sequence length (at the default cap it "
                          "fits; the search doubles from here)")
+    ap.add_argument("--rung_start", type=int, default=1024,
+                    help="the rungs above the baseline double from max(2 x their lower bound, "
+                         "this); probes below it would only re-measure what the rung below "
+                         "showed")
     ap.add_argument("--max_seq", type=int, default=1 << 18, help="longest probe (a fit there is "
                     "reported as a lower bound)")
     ap.add_argument("--quantum", type=int, default=16,
@@ -168,11 +177,12 @@ def main():
                          "by then are reported as not run")
     ap.add_argument("--resolution", type=float, default=0.125,
                     help="bisection stops at a gap of max(quantum, resolution x fit)")
-    ap.add_argument("--max_ratio", type=float, default=16,
+    ap.add_argument("--max_ratio", type=float, default=0,
                     help="probe the rungs above the baseline up to this multiple of the "
-                         "baseline's max S only (default 16, issue 13's target; 0: up to "
-                         "--max_seq); a fit there is a lower bound, printed with '>='")
-    ap.add_argument("--target_first", type=int, default=1,
+                         "baseline's max S only (e.g. 16, issue 13's target; default 0: up to "
+                         "--max_seq, so every rung is searched to its memory limit); a fit "
+                         "there is a lower bound, printed with '>='")
+    ap.add_argument("--target_first", type=int, default=0,
                     help="1: each rung above the baseline first probes --max_ratio x the "
                          "baseline's S and searches below it only if that fails")
     ap.add_argument("--rungs", default=",".join(RUNGS))
@@ -200,9 +210,10 @@ def main():
             sys.exit("--rungs: unknown rung %r (rungs: %s)" % (r, ", ".join(RUNGS)))
     if a.steps < 3:
         sys.exit("--steps: %d must be >= 3" % a.steps)
-    if a.quantum % 2 or a.start % a.quantum:
+    if a.quantum % 2 or a.start % a.quantum or a.rung_start % a.quantum:
         sys.exit("--quantum: %d must be a multiple of 2 (the sequence-parallel degree), and "
-                 "--start %d a multiple of it" % (a.quantum, a.start))
+                 "--start %d and --rung_start %d multiples of it" % (a.quantum, a.start,
+                                                                     a.rung_start))
     if not os.access(a.trainer, os.X_OK):
         sys.exit("no loom-trainer at %s (run bench/alst_bench.sh)" % a.trainer)
     if not memory_cap.available():
@@ -238,6 +249,11 @@ def main():
         # already searched is this rung's lower bound (probed again only if the search ends there).
         below = [found[r].seq for r in found
                  if found[r].seq and RUNGS.index(r) < RUNGS.index(rung)]
+        # That rung's first failure: probed first here (one probe when this rung adds nothing).
+        below_fail = min((found[r].upper for r in found
+                          if found[r].seq and below and found[r].seq == max(below)
+                          and found[r].upper and RUNGS.index(r) < RUNGS.index(rung)),
+                         default=None)
         ceiling = a.max_seq
         if a.max_ratio > 0 and rung != "baseline" and base and base.seq:
             ceiling = min(ceiling, int(a.max_ratio * base.seq) // a.quantum * a.quantum)
@@ -266,7 +282,7 @@ def main():
         res = search_rung(at, a, start=a.start, ceiling=ceiling,
                           known_fit=max(below) if below else None,
                           target_first=bool(a.target_first) and rung != "baseline"
-                          and ceiling < a.max_seq)
+                          and ceiling < a.max_seq, known_fail=below_fail)
         found[rung] = res
         if rung == "baseline":
             base = res
@@ -357,16 +373,21 @@ class RungResult:
         return next((p.reason for p in self.probes if p.layers == self.upper), "-")
 
 
-def search_rung(at, a, start, ceiling, known_fit=None, target_first=False):
+def search_rung(at, a, start, ceiling, known_fit=None, target_first=False, known_fail=None):
     """Binary search for one rung's longest fitting S (a multiple of --quantum, <= ceiling).
 
     at(S) -> capacity_search.Probe, raising TimeoutError once --deadline_s has passed.
     known_fit: the rung below's longest fit, this rung's lower bound (each rung only adds
-    savings), not probed again unless the search ends on it. With target_first the ceiling is
-    probed first (one probe settles the rung as a lower bound); otherwise, and when it fails,
-    S doubles from the lower bound (or `start`) until a failure, then bisects between the longest
-    fit and the shortest failure until the gap is at most max(quantum, resolution x fit)."""
+    savings), not probed again unless the search ends on it. known_fail: that rung's first
+    failure, probed first (without target_first, and when it is at least a.rung_start): if it
+    fails here too the maximum is bracketed in [known_fit, known_fail) already, and only
+    known_fit is measured for this rung. With
+    target_first the ceiling is probed first (one probe settles the rung as a lower bound);
+    otherwise, and when it fails, S doubles from the longest fit (to at least a.rung_start) or
+    from `start` until a failure, then bisects between the longest fit and the shortest failure
+    until the gap is at most max(quantum, resolution x fit)."""
     q = a.quantum
+    rung_start = getattr(a, "rung_start", 0)
     probes = {}
     lo, hi = known_fit, None
 
@@ -389,8 +410,15 @@ def search_rung(at, a, start, ceiling, known_fit=None, target_first=False):
                 lo = ceiling
                 return result("ceiling")
             hi = ceiling
+        elif lo and known_fail and lo < known_fail <= ceiling and known_fail >= rung_start:
+            if probe(known_fail).fit:
+                lo = known_fail
+                if lo >= ceiling:
+                    return result("ceiling")
+            else:
+                hi = known_fail
         if hi is None:  # grow: double from the lower bound until a failure or the ceiling
-            seq = min(lo * 2, ceiling) if lo else start
+            seq = min(max(lo * 2 // q * q, rung_start), ceiling) if lo else start
             while True:
                 if probe(seq).fit:
                     lo = seq
@@ -460,7 +488,7 @@ def breakdown(a, runs, seq, rungs, t_start, found):
           "untiled, recomputed in backward under checkpointing); a layer's checkpointed input "
           "[S, hidden] %.2f MiB (x %d layers)" % (seq, mib(seq * v * 4), mib(seq * i * 4),
                                                  mib(seq * h * 4), l))
-    target = a.max_ratio * seq if a.max_ratio > 0 else 0
+    target = (a.max_ratio if a.max_ratio > 0 else 16) * seq  # issue 13's target: 16x
     for rung in [r for r in RUNGS if r in rungs and r != "baseline"]:
         res = found.get(rung)
         if not res or not res.seq or res.status == "ceiling" or res.seq >= target:
@@ -468,10 +496,10 @@ def breakdown(a, runs, seq, rungs, t_start, found):
         r = runs.results.get((rung, res.seq, "cap"))
         if r is None:
             continue
-        falls_short(a, rung, res, r)
+        falls_short(a, rung, res, r, target / seq)
 
 
-def falls_short(a, rung, res, r):
+def falls_short(a, rung, res, r, ratio):
     """Where the bytes of a rung that stops short of --max_ratio go, at its longest fit (its capped
     probe): the process at start, the model state the trainer tracks, and the rest (activations),
     next to each activation class's size from the shapes at that S."""
@@ -483,7 +511,7 @@ def falls_short(a, rung, res, r):
     v, h, i, l = a.vocab, a.hidden, a.intermediate, a.layers
     tile = a.loss_tile or max(1, (64 << 20) // (4 * v))
     print("\n== %s falls short of %gx: at its longest fit S=%d (capped probe) ==" % (
-        rung, a.max_ratio, seq))
+        rung, ratio, seq))
     print("  peak RSS %.1f MiB = start-up %.1f + tracked model state %.1f (params %.1f, grads "
           "%.1f, Adam %.1f, buffers %.1f at start) + the rest %.1f MiB (activations, allocator)"
           % (mib(r.peak_rss), mib(r.start_rss), mib(r.tracker_peak),

@@ -92,6 +92,36 @@ class SearchRungTest(unittest.TestCase):
         self.assertEqual((r.seq, r.probe, r.status), (2560, None, "inherited"))
         self.assertIn("not probed for this rung", r.describe())
 
+    def test_rung_below_failure_is_probed_first_and_brackets_a_rung_that_adds_nothing(self):
+        # e.g. checkpoint offload on a CPU node: the rung below's [fit, failure) holds here too.
+        at, calls = fake(2600)
+        r = alst_search.search_rung(at, OPTS, start=32, ceiling=1 << 18, known_fit=2560,
+                                    known_fail=2880)
+        self.assertEqual(calls, [2880, 2560])
+        self.assertEqual((r.seq, r.upper, r.status), (2560, 2880, "max"))
+        self.assertIsNotNone(r.probe)
+
+    def test_rung_below_failure_that_fits_here_doubles_from_it(self):
+        at, calls = fake(20000)
+        r = alst_search.search_rung(at, OPTS, start=32, ceiling=1 << 18, known_fit=2560,
+                                    known_fail=2880)
+        self.assertEqual(calls[:4], [2880, 5760, 11520, 23040])
+        self.assertEqual(r.status, "max")
+        self.assertLessEqual(r.seq, 20000)
+        self.assertGreater(r.upper, 20000)
+        self.assertLessEqual(r.upper - r.seq, 0.125 * r.seq)
+        self.assertNotIn(2560, calls)
+
+    def test_rung_start_skips_the_short_doublings_above_a_short_baseline(self):
+        opts = types.SimpleNamespace(quantum=16, resolution=0.125, deadline_s=0, rung_start=1024)
+        at, calls = fake(5000)
+        r = alst_search.search_rung(at, opts, start=32, ceiling=1 << 18, known_fit=64,
+                                    known_fail=80)
+        self.assertEqual(calls[:3], [1024, 2048, 4096])  # not the baseline's failure 80 first
+        self.assertEqual(r.status, "max")
+        self.assertLessEqual(r.seq, 5000)
+        self.assertGreater(r.upper, 5000)
+
     def test_no_fit_at_start(self):
         at, calls = fake(100)
         r = alst_search.search_rung(at, OPTS, start=2048, ceiling=1 << 18)

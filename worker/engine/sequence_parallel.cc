@@ -1,5 +1,6 @@
 #include "worker/engine/sequence_parallel.h"
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -18,6 +19,28 @@ class Enabled {
 
  private:
   UlyssesAttention* core_;
+};
+
+// Identity on the micro-step's backprop scalar whose backward switches the Ulysses core on for
+// the rest of that backward pass and off again when the pass ends (an engine final callback).
+// Activation checkpointing recomputes each decoder layer during backward, after Loss() has
+// returned and its Enabled scope has ended: without this the recompute ran the inner core on
+// the rank's own shard alone (local attention over S/P tokens, all heads), so the forward loss
+// was right and every gradient wrong (alst_stack_test).
+struct UlyssesOnInBackward : public torch::autograd::Function<UlyssesOnInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t core) {
+    ctx->saved_data["core"] = core;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* core = reinterpret_cast<UlyssesAttention*>(ctx->saved_data["core"].toInt());
+    core->set_enabled(true);
+    torch::autograd::Engine::get_default_engine().queue_callback(
+        [core] { core->set_enabled(false); });
+    return {grads[0], torch::autograd::Variable()};
+  }
 };
 
 }  // namespace
@@ -86,7 +109,8 @@ SequenceParallelRunner::MicroStep SequenceParallelRunner::Loss(
                                          : static_cast<double>(shard.valid) /
                                                static_cast<double>(shard.global_valid);
   MicroStep step;
-  step.backprop = out.loss * weight;
+  step.backprop =
+      UlyssesOnInBackward::apply(out.loss * weight, reinterpret_cast<int64_t>(core_));
   step.loss = SumOverGroup(out.loss.item<double>() * weight);
   return step;
 }
