@@ -6,7 +6,7 @@
 
 namespace loom::engine {
 
-void ApplyOptimizerStep(const OptimizerConfig& oc, const OptimizerStepArgs& args,
+void ApplyOptimizerStep(const spec::OptimizerConfig& oc, const OptimizerStepArgs& args,
                         std::vector<OptimizerPartition>& sub_group) {
   const double lr = args.lr;
   const double bc1 = oc.bias_correction ? 1.0 - std::pow(oc.beta1, args.step) : 1.0;

@@ -29,12 +29,12 @@ using testing::FirstFailure;
 using testing::RunGang;
 
 // Deterministic per rank and micro-step (the ranks are threads: no shared global generator).
-at::Tensor Tokens(const LlamaConfig& c, int rank, int micro, int salt) {
+at::Tensor Tokens(const spec::LlamaConfig& c, int rank, int micro, int salt) {
   at::Tensor x = at::arange(2 * 9, at::kLong) * (7 + 2 * rank + 3 * micro) + salt + 5 * rank;
   return x.remainder(c.vocab_size).reshape({2, 9});
 }
 
-std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, int stage,
+std::unique_ptr<ZeroProvider> Make(Collectives& coll, const spec::LlamaConfig& c, int stage,
                                    at::ScalarType comm) {
   ZeroOptions o;
   o.stage = stage;
@@ -42,7 +42,7 @@ std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, int 
   o.communication_dtype = comm;
   o.reduce_bucket_size = 600;
   o.param_persistence_threshold = 0;
-  auto z = ZeroProvider::Create(LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
+  auto z = ZeroProvider::Create(spec::LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
   EXPECT_TRUE(z.ok()) << z.status();
   return std::move(*z);
 }
@@ -55,7 +55,7 @@ struct MicroResult {
 
 // `micros` micro-steps of one optimizer step (no update).
 MicroResult Micro(Collectives& coll, int stage, at::ScalarType comm, int micros) {
-  const LlamaConfig c = testing::TinyLlamaConfig(false);
+  const spec::LlamaConfig c = testing::TinyLlamaConfig(false);
   auto zero = Make(coll, c, stage, comm);
   auto model = *LlamaModel::Create(c, zero.get());
   MicroResult r;
@@ -72,9 +72,11 @@ MicroResult Micro(Collectives& coll, int stage, at::ScalarType comm, int micros)
   return r;
 }
 
-int64_t GradElements(int world, const LlamaConfig& c) {
+int64_t GradElements(int world, const spec::LlamaConfig& c) {
   int64_t total = 0;
-  for (const ParamSpec& s : LlamaParamSpecs(c)) total += world * PartitionNumel(s.numel(), world);
+  for (const spec::ParamSpec& s : spec::LlamaParamSpecs(c)) {
+    total += world * PartitionNumel(s.numel(), world);
+  }
   return total;
 }
 
@@ -133,7 +135,7 @@ TEST_P(GradCommDtypeTest, GradientAccumulationStaysFp32) {
 
 // 8 steps of SGD written here (master -= lr * grad, then RefreshParams), fp32 vs bf16 wire.
 std::vector<double> Train(Collectives& coll, int stage, at::ScalarType comm) {
-  const LlamaConfig c = testing::TinyLlamaConfig(false);
+  const spec::LlamaConfig c = testing::TinyLlamaConfig(false);
   auto zero = Make(coll, c, stage, comm);
   auto model = *LlamaModel::Create(c, zero.get());
   std::vector<double> losses;
@@ -174,7 +176,7 @@ TEST(GradCommDtypeOptionsTest, RefusesAnIntegerDtype) {
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   ZeroOptions o;
   o.communication_dtype = at::kInt;
-  auto z = ZeroProvider::Create(LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
+  auto z = ZeroProvider::Create(spec::LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
                                 {1, 0.02}, o);
   ASSERT_FALSE(z.ok());
   EXPECT_EQ(z.status().code(), absl::StatusCode::kInvalidArgument);
