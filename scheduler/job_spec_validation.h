@@ -3,7 +3,7 @@
 // Admission-time validation of a JobSpec (DESIGN.md "A job's path", step 1): unknown fields and
 // inconsistent values are rejected with the offending field's path, before anything is
 // persisted. The model config and the DeepSpeed config are checked by the engine's own torch-free
-// parsers (//worker/engine:model_config, :ds_config), so the scheduler and the trainer agree on
+// parsers (//spec:model_config, //spec:ds_config), so the scheduler and the trainer agree on
 // what is valid.
 #ifndef LOOM_SCHEDULER_JOB_SPEC_VALIDATION_H_
 #define LOOM_SCHEDULER_JOB_SPEC_VALIDATION_H_
@@ -48,7 +48,7 @@ struct JobSpecValidationOptions {
 //     ("deepspeed_config.<key>: ...");
 //   * the ALST keys (training.tiled_*, model.attn_implementation, model.attn_block_size,
 //     training.activation_checkpoint_cpu_offload) by the trainer's parser, ValidateAlstKeys
-//     (worker/engine/engine_options_tiled.h), after the sequence-parallel preconditions;
+//     (spec/engine_options_tiled.h), after the sequence-parallel preconditions;
 //   * checkpoint.interval_steps >= 0; max_restarts >= 0.
 // Errors: INVALID_ARGUMENT whose message starts with the field path, except the missing default
 // corpus above. Reads the file system (dataset paths). Thread-safe.

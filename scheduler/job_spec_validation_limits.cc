@@ -170,7 +170,7 @@ absl::Status CheckNoQuotedNumbers(const google::protobuf::Value& v, const std::s
   }
 }
 
-// model.config keys the engine reads as numbers (worker/engine/model_config.cc) and as booleans.
+// model.config keys the engine reads as numbers (spec/model_config.cc) and as booleans.
 constexpr const char* kModelNumberKeys[] = {
     "vocab_size",          "hidden_size",      "intermediate_size",
     "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",

@@ -179,7 +179,7 @@ def lr_schedule(ds, step):
 
     DeepSpeed creates the scheduler with last_batch_iteration = -1 and calls scheduler.step()
     after every optimizer step, so step s runs with it = last_batch_iteration = s - 1; for
-    it < 0 the lr is warmup_min_lr (worker/engine/ds_config.h).
+    it < 0 the lr is warmup_min_lr (spec/ds_config.h).
       WarmupLR(warmup_min_lr=0, warmup_max_lr=0.001, warmup_num_steps=1000, warmup_type="log"):
         W = max(2, warmup_num_steps)
         gamma = log(it + 1) / log(W) ("log") or it / W ("linear") while it < W, else 1

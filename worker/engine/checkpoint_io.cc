@@ -10,12 +10,12 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "spec/model_config.h"
 #include "storage/checkpoint/shard_format.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/loss_scaler.h"
-#include "worker/engine/model_config.h"
-#include "worker/engine/offload/offload_optimizer.h"
 #include "worker/engine/model/llama_model.h"
+#include "worker/engine/offload/offload_optimizer.h"
 #include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
@@ -65,7 +65,7 @@ absl::Status CheckpointIo::WriteShards(const std::string& base_dir, int64_t step
   m.rank = coll_.rank();
   m.world_size = coll_.world_size();
   m.zero_stage = o_.ds.zero.stage;  // the per-parameter partition layout for every stage
-  m.model_config_json = LlamaConfigToHfJson(o_.model);
+  m.model_config_json = spec::LlamaConfigToHfJson(o_.model);
   m.tokenizer = o_.tokenizer;
   m.optimizer_step = meta.optimizer_step;
   m.optimizer = o_.ds.optimizer.name();

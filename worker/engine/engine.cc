@@ -61,7 +61,7 @@ absl::Status Trainer::Run() {
         *trajectory_, trajectory_->InitialShardsDir(), start, "initial_hf", MetaAt(start)));
   }
   LOG(INFO) << "rank " << coll_.rank() << "/" << coll_.world_size() << ": "
-            << LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
+            << spec::LlamaParamCount(o_.model) << " params, partition " << model_->partition_bytes()
             << " bytes, corpus " << corpus_.train.size() << "/" << corpus_.heldout.size()
             << " tokens, start step " << start;
 

@@ -5,11 +5,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/engine/engine_options_model.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/common.pb.h"
-#include "worker/engine/engine_options_tiled.h"
-#include "worker/engine/sequence_parallel_config.h"
+#include "spec/engine_options_tiled.h"
+#include "spec/sequence_parallel_config.h"
+#include "worker/engine/engine_options_model.h"
 
 namespace loom::engine {
 
@@ -43,13 +43,13 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   if (!spec.model().has_config()) return Invalid("model.config", "required object is missing");
   ASSIGN_OR_RETURN(o.model_config_json, StructJson(spec.model().config(), "model.config"));
   o.init_from = spec.model().init_from();
-  ASSIGN_OR_RETURN(o.model, ParseLlamaConfig(o.model_config_json));
+  ASSIGN_OR_RETURN(o.model, spec::ParseLlamaConfig(o.model_config_json));
 
   if (!spec.has_deepspeed_config()) {
     return Invalid("deepspeed_config", "required object is missing");
   }
   ASSIGN_OR_RETURN(std::string ds_json, StructJson(spec.deepspeed_config(), "deepspeed_config"));
-  ASSIGN_OR_RETURN(o.ds, ParseDeepSpeedConfig(ds_json, world_size));
+  ASSIGN_OR_RETURN(o.ds, spec::ParseDeepSpeedConfig(ds_json, world_size));
 
   const loom::v1::DatasetSpec& dataset = spec.dataset();
   if (!dataset.path().empty()) {
@@ -119,7 +119,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
                    absl::StrCat(o.sequence_length, " is not in [2, max_position_embeddings ",
                                 o.model.max_position_embeddings, "]"));
   }
-  RETURN_IF_ERROR(ValidateSequenceParallel(o.model.num_attention_heads,  // Ulysses (issue 13)
+  RETURN_IF_ERROR(spec::ValidateSequenceParallel(o.model.num_attention_heads,  // Ulysses (issue 13)
                                            o.model.num_key_value_heads, o.sequence_length,
                                            o.ds.sequence_parallel_size));
   o.seed = training.seed();
@@ -129,7 +129,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   if (o.eval_batches < 1) return Invalid("training.eval_batches", "must be >= 1");
   o.threads_per_rank = training.threads_per_rank() == 0 ? 1 : training.threads_per_rank();
   if (o.threads_per_rank < 1) return Invalid("training.threads_per_rank", "must be >= 1");
-  RETURN_IF_ERROR(ParseTiledCompute(training, &o.tiled));
+  RETURN_IF_ERROR(spec::ParseTiledCompute(training, &o.tiled));
 
   RETURN_IF_ERROR(ModelExecutionOptionsFromJobSpec(spec, &o));  // issue 13
 

@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "spec/ds_config.h"
+#include "spec/model_config.h"
+#include "spec/tiled_compute_options.h"
 #include "worker/engine/corpus.h"
-#include "worker/engine/ds_config.h"
-#include "worker/engine/model_config.h"
-#include "worker/engine/tiled_compute_options.h"
 
 namespace loom::v1 {
 class JobSpec;
@@ -26,10 +26,10 @@ class JobSpec;
 namespace loom::engine {
 
 struct EngineOptions {
-  LlamaConfig model;
+  spec::LlamaConfig model;
   std::string model_config_json;  // the spec's model.config object, as given
   std::string init_from;          // model.init_from: a Hugging Face export directory, or empty
-  DeepSpeedConfig ds;
+  spec::DeepSpeedConfig ds;
   // dataset.*: path, format, text_field, token_dtype, holdout_fraction, tokenizer (kind,
   // tokenizer_model, vocab_size, model_type) and model.config's vocab/bos/eos ids. The run-time
   // fields (record_dir, rank, world_size) are filled in by the engine.
@@ -42,7 +42,7 @@ struct EngineOptions {
   int64_t eval_batches = 8;        // held-out micro-batches per evaluation
   int threads_per_rank = 1;        // intra-op threads
   int64_t checkpoint_interval_steps = 0;  // 0: only at the end
-  TiledComputeOptions tiled;       // training.tiled_* (ALST tiled MLP / logits+loss)
+  spec::TiledComputeOptions tiled;       // training.tiled_* (ALST tiled MLP / logits+loss)
   // Attention core and activation checkpointing (issue 13; engine_options_model.cc):
   // model.attn_implementation, model.attn_block_size, and checkpointing from deepspeed_config
   // activation_checkpointing (enabled when the section is present; cpu_checkpointing) or

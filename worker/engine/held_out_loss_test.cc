@@ -48,9 +48,9 @@ Sample MakeSample(int64_t b, int64_t s, int64_t vocab) {
 }
 
 TEST(HeldOutLossTest, TiledHeadEvaluationEqualsUntiledAndTheReference) {
-  const LlamaConfig c = testing::TinyLlamaConfig();
+  const spec::LlamaConfig c = testing::TinyLlamaConfig();
   const Sample x = MakeSample(2, 13, c.vocab_size);  // 26 rows, 20 valid
-  auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {kSeed, c.initializer_range});
+  auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {kSeed, c.initializer_range});
   auto model = *LlamaModel::Create(c, rep.get());
   double ref = 0;
   {
@@ -75,12 +75,12 @@ TEST(HeldOutLossTest, TiledHeadEvaluationEqualsUntiledAndTheReference) {
 }
 
 TEST(HeldOutLossTest, SequenceParallelEvaluationThroughTheTiledHeadEqualsTheUnshardedModel) {
-  const LlamaConfig c = testing::TinyLlamaConfig();
+  const spec::LlamaConfig c = testing::TinyLlamaConfig();
   const int64_t s = 12;
   const Sample x = MakeSample(1, s, c.vocab_size);  // shards of 6 rows: 6 and 3 valid
   double ref = 0;
   {
-    auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {kSeed, c.initializer_range});
+    auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {kSeed, c.initializer_range});
     auto model = *LlamaModel::Create(c, rep.get());
     at::NoGradGuard no_grad;
     ref = ReferenceLoss(model->Forward(x.ids), x.targets);
@@ -92,7 +92,8 @@ TEST(HeldOutLossTest, SequenceParallelEvaluationThroughTheTiledHeadEqualsTheUnsh
     ZeroOptions o;
     o.stage = 3;
     o.param_persistence_threshold = 0;
-    auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), &world, {kSeed, c.initializer_range}, o);
+    auto zero =
+        *ZeroProvider::Create(spec::LlamaParamSpecs(c), &world, {kSeed, c.initializer_range}, o);
     auto model = *LlamaModel::Create(c, zero.get());
     auto sp = SequenceParallelRunner::Create(model.get(),
                                              (*groups)->sequence_parallel().collectives, false);

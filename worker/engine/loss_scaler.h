@@ -15,7 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 
 namespace loom::engine {
 
@@ -23,7 +23,7 @@ class LossScaler {
  public:
   // Disabled (fp16 off): scale 1 forever.
   LossScaler() = default;
-  explicit LossScaler(const Fp16Config& c)
+  explicit LossScaler(const spec::Fp16Config& c)
       : enabled_(c.enabled),
         dynamic_(c.enabled && c.loss_scale == 0),
         scale_(!c.enabled ? 1.0

@@ -5,8 +5,8 @@
 namespace loom::engine {
 namespace {
 
-Fp16Config Dynamic(int64_t power, int64_t window, int64_t hysteresis, bool consecutive) {
-  Fp16Config c;
+spec::Fp16Config Dynamic(int64_t power, int64_t window, int64_t hysteresis, bool consecutive) {
+  spec::Fp16Config c;
   c.enabled = true;
   c.initial_scale_power = power;
   c.loss_scale_window = window;
@@ -19,7 +19,7 @@ TEST(LossScalerTest, DisabledAndStaticNeverChange) {
   LossScaler off;
   off.Update(true);
   EXPECT_EQ(off.scale(), 1.0);
-  Fp16Config c;
+  spec::Fp16Config c;
   c.enabled = true;
   c.loss_scale = 128;
   LossScaler fixed(c);
@@ -59,7 +59,7 @@ TEST(LossScalerTest, ConsecutiveHysteresisResetsOnEveryCleanStep) {
 }
 
 TEST(LossScalerTest, MinLossScaleBounds) {
-  Fp16Config c = Dynamic(1, 1000, 1, false);
+  spec::Fp16Config c = Dynamic(1, 1000, 1, false);
   c.min_loss_scale = 1.0;
   LossScaler s(c);
   s.Update(true);

@@ -20,7 +20,7 @@ constexpr int64_t kChunk = 65536;
 
 }  // namespace
 
-void ApplyOptimizerStep(const OptimizerConfig& oc, const OptimizerStepArgs& args,
+void ApplyOptimizerStep(const spec::OptimizerConfig& oc, const OptimizerStepArgs& args,
                         std::vector<OptimizerPartition>& sub_group) {
   const double lr = args.lr;
   const double bc1 = oc.bias_correction ? 1.0 - std::pow(oc.beta1, args.step) : 1.0;

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 
 namespace loom::engine {
 
@@ -39,7 +39,7 @@ struct OptimizerStepArgs {
 // Applies one Adam/AdamW step (config.decoupled_weight_decay selects AdamW) to every partition
 // of `sub_group`, in order. The gradient tensors are multiplied in place by grad_multiplier
 // when it is not 1. Throws c10::Error only on programming errors (dtype/shape mismatch).
-void ApplyOptimizerStep(const OptimizerConfig& config, const OptimizerStepArgs& args,
+void ApplyOptimizerStep(const spec::OptimizerConfig& config, const OptimizerStepArgs& args,
                         std::vector<OptimizerPartition>& sub_group);
 
 }  // namespace loom::engine

@@ -71,7 +71,7 @@ SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int6
 
 absl::StatusOr<std::unique_ptr<SequenceParallelRunner>> SequenceParallelRunner::Create(
     LlamaModel* model, Collectives* group, bool bf16_wire, std::unique_ptr<AttentionCore> inner) {
-  const LlamaConfig& c = model->config();
+  const spec::LlamaConfig& c = model->config();
   UlyssesOptions o;
   o.num_heads = c.num_attention_heads;
   o.num_kv_heads = c.num_key_value_heads;

@@ -1,14 +1,14 @@
 // The trainer's side of Ulysses' preconditions (sequence_parallel_config.h, ds_config's
 // sequence_parallel_size / seq_parallel_communication_data_type): every bad input is
 // INVALID_ARGUMENT naming the field, through the same ParseJobSpecJson the trainer runs.
-#include "worker/engine/sequence_parallel_config.h"
+#include "spec/sequence_parallel_config.h"
 
 #include <string>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 #include "worker/engine/engine_options.h"
 
 namespace loom::engine {

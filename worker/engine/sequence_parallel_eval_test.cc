@@ -30,7 +30,7 @@ using testing::FirstFailure;
 using testing::RunGang;
 
 TEST(SequenceParallelEvalTest, EvalLossRunsThroughTheTiledHeadAndEqualsTheUnshardedLoss) {
-  const LlamaConfig c = testing::TinyLlamaConfig();
+  const spec::LlamaConfig c = testing::TinyLlamaConfig();
   const uint64_t seed = 17;
   const int64_t s = 12;
   at::manual_seed(3);
@@ -42,7 +42,7 @@ TEST(SequenceParallelEvalTest, EvalLossRunsThroughTheTiledHeadAndEqualsTheUnshar
   for (const at::Tensor& targets : {full, padded}) {
     // Reference: one unsharded model, its [1, S, V] logits, LibTorch's mean cross-entropy
     // (ignore_index -100) over the valid tokens.
-    auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {seed, c.initializer_range});
+    auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {seed, c.initializer_range});
     auto ref_model = *LlamaModel::Create(c, rep.get());
     at::NoGradGuard ref_no_grad;
     const double ref = torch::nn::functional::cross_entropy(
@@ -57,7 +57,8 @@ TEST(SequenceParallelEvalTest, EvalLossRunsThroughTheTiledHeadAndEqualsTheUnshar
       o.stage = 3;
       o.param_persistence_threshold = 0;
       o.gradient_divide_factor = (*groups)->data_parallel_size();
-      auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), &world, {seed, c.initializer_range}, o);
+      auto zero =
+          *ZeroProvider::Create(spec::LlamaParamSpecs(c), &world, {seed, c.initializer_range}, o);
       auto model = *LlamaModel::Create(c, zero.get());
       // 4-token tiles: 2 tiles of the 6-token shard.
       auto head = std::make_unique<TiledLogitsLoss>(zero.get(), &world, model->head_id(), 4);

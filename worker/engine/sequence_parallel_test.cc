@@ -52,7 +52,7 @@ TEST(ShardSampleTest, DeepSpeedAdapterShardsOfTheSixTokenSample) {
 
 constexpr double kAtol = 1e-6, kRtol = 1e-4;
 
-LlamaConfig Tiny() { return testing::TinyLlamaConfig(); }
+spec::LlamaConfig Tiny() { return testing::TinyLlamaConfig(); }
 
 bool Close(const at::Tensor& got, const at::Tensor& want) {
   return ((got - want).abs() - kRtol * want.abs()).max().item<double>() <= kAtol;
@@ -72,7 +72,7 @@ struct Sample {
 };
 
 TEST(SequenceParallelLossTest, LossGradientsAndNormEqualTheUnshardedModelForZeroStages123) {
-  const LlamaConfig c = Tiny();
+  const spec::LlamaConfig c = Tiny();
   const uint64_t seed = 31;
   const int64_t s = 12;
   at::manual_seed(5);
@@ -88,7 +88,7 @@ TEST(SequenceParallelLossTest, LossGradientsAndNormEqualTheUnshardedModelForZero
   double ref_loss = 0;
   std::vector<at::Tensor> ref_grads;
   for (const Sample& x : samples) {
-    auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {seed, c.initializer_range});
+    auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {seed, c.initializer_range});
     auto model = *LlamaModel::Create(c, rep.get());
     LossOutput out = model->Loss(x.ids, x.targets);
     (out.loss / 2.0).backward();
@@ -113,7 +113,8 @@ TEST(SequenceParallelLossTest, LossGradientsAndNormEqualTheUnshardedModelForZero
       o.reduce_bucket_size = 300;
       o.param_persistence_threshold = 0;
       o.gradient_divide_factor = (*groups)->data_parallel_size();  // D, not D x P
-      auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), &world, {seed, c.initializer_range}, o);
+      auto zero =
+          *ZeroProvider::Create(spec::LlamaParamSpecs(c), &world, {seed, c.initializer_range}, o);
       auto model = *LlamaModel::Create(c, zero.get());
       absl::StatusOr<std::unique_ptr<SequenceParallelRunner>> sp = SequenceParallelRunner::Create(
           model.get(), (*groups)->sequence_parallel().collectives, false);

@@ -26,7 +26,7 @@ loom::TrainerEvent Trainer::StartedEvent(int64_t start) {
   loom::TrainerEvent::Started* s = ev.mutable_started();
   s->set_rank(coll_.rank());
   s->set_world_size(coll_.world_size());
-  s->set_params(LlamaParamCount(o_.model));
+  s->set_params(spec::LlamaParamCount(o_.model));
   s->set_zero_stage(o_.ds.zero.stage);
   s->set_partition_bytes(model_->partition_bytes());
   s->set_offload_optimizer(o_.ds.zero.offload_optimizer.device);

@@ -39,9 +39,9 @@ void LimitBlasThreads(int threads) {
 }  // namespace
 
 absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
-  const ZeroConfig& zc = o_.ds.zero;
-  const OffloadConfig& oo = zc.offload_optimizer;
-  const OffloadConfig& op = zc.offload_param;
+  const spec::ZeroConfig& zc = o_.ds.zero;
+  const spec::OffloadConfig& oo = zc.offload_optimizer;
+  const spec::OffloadConfig& op = zc.offload_param;
   if (zc.zenflow.enabled) return absl::OkStatus();  // ZenFlow owns its host buffers
   if (oo.device == "none" && op.device != "nvme") {
     // offload_param "cpu" alone: on a CPU-only node the partitions are in host memory already.
@@ -67,7 +67,7 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
         zpath, "offload_param.device: parameter offload needs offload_optimizer too"));
   }
   offload::OffloadOptimizerOptions oo_opts;
-  const OptimizerConfig& oc = o_.ds.optimizer;
+  const spec::OptimizerConfig& oc = o_.ds.optimizer;
   oo_opts.adam.beta1 = oc.beta1;
   oo_opts.adam.beta2 = oc.beta2;
   oo_opts.adam.eps = oc.eps;
@@ -93,7 +93,7 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   oo_opts.aio_block_bytes = o_.ds.aio.block_size;
   oo_opts.aio_queue_depth = static_cast<int>(o_.ds.aio.queue_depth);
   std::vector<int64_t> numels;
-  for (const ParamSpec& spec : LlamaParamSpecs(o_.model)) {
+  for (const spec::ParamSpec& spec : spec::LlamaParamSpecs(o_.model)) {
     numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
   }
   ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
@@ -191,7 +191,7 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
                                                   SequenceLoss::kShareOfSample));
   ZeroOptions zopts = ZeroOptionsFor(o_.ds, *groups_);
   RETURN_IF_ERROR(SetUpOffload(&zopts));
-  ASSIGN_OR_RETURN(model_, ZeroProvider::Create(LlamaParamSpecs(o_.model), &coll_,
+  ASSIGN_OR_RETURN(model_, ZeroProvider::Create(spec::LlamaParamSpecs(o_.model), &coll_,
                                                 {o_.seed, o_.model.initializer_range, init.get()},
                                                 zopts));
   ASSIGN_OR_RETURN(llama_, LlamaModel::Create(o_.model, model_.get()));

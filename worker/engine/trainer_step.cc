@@ -63,7 +63,8 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   const std::vector<int64_t>* order =
       o_.test_layer_order_step == step + 1 ? &o_.test_layer_order : nullptr;
   const double scale = scaler_.scale();
-  *lr = LearningRateAtStep(o_.ds, optimizer_step_);  // skipped steps do not advance the schedule
+  // Skipped steps do not advance the schedule.
+  *lr = spec::LearningRateAtStep(o_.ds, optimizer_step_);
   // Opened before the last backward, so sub-group events raised during it land in this step.
   ready_->ResetReadiness();
   marked_.assign(model_->params().size(), 0);

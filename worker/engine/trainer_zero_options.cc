@@ -4,7 +4,7 @@
 
 namespace loom::engine {
 
-ZeroOptions ZeroOptionsFor(const DeepSpeedConfig& ds, const ProcessGroups& groups) {
+ZeroOptions ZeroOptionsFor(const spec::DeepSpeedConfig& ds, const ProcessGroups& groups) {
   ZeroOptions z;
   z.stage = ds.zero.stage;
   z.param_dtype = ds.bf16_enabled ? at::kBFloat16 : ds.fp16.enabled ? at::kHalf : at::kFloat;

@@ -9,13 +9,13 @@
 #ifndef LOOM_WORKER_ENGINE_TRAINER_ZERO_OPTIONS_H_
 #define LOOM_WORKER_ENGINE_TRAINER_ZERO_OPTIONS_H_
 
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 #include "worker/engine/process_groups.h"
 #include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
 
-ZeroOptions ZeroOptionsFor(const DeepSpeedConfig& ds, const ProcessGroups& groups);
+ZeroOptions ZeroOptionsFor(const spec::DeepSpeedConfig& ds, const ProcessGroups& groups);
 
 }  // namespace loom::engine
 

@@ -44,11 +44,11 @@ void ExpectReducedBy(int sp, double want_factor) {
       absl::StatusOr<std::unique_ptr<ProcessGroups>> groups =
           ProcessGroups::Create(world, sp, SequenceLoss::kShareOfSample);
       if (!groups.ok()) return groups.status();
-      DeepSpeedConfig ds;
+      spec::DeepSpeedConfig ds;
       ds.zero.stage = stage;
       const ZeroOptions o = ZeroOptionsFor(ds, **groups);
       EXPECT_EQ(o.gradient_divide_factor, want_factor) << "stage " << stage;
-      ParamSpec spec{"w", {kNumel}, ParamSpec::Kind::kLinear};
+      spec::ParamSpec spec{"w", {kNumel}, spec::ParamSpec::Kind::kLinear};
       absl::StatusOr<std::unique_ptr<ZeroProvider>> zero =
           ZeroProvider::Create({spec}, &world, {7, 0.02}, o);
       if (!zero.ok()) return zero.status();
@@ -83,7 +83,7 @@ TEST(TrainerZeroOptionsTest, DeepSpeedKeysReachTheProvider) {
   std::unique_ptr<Collectives> local = CreateLocalCollectives();
   absl::StatusOr<std::unique_ptr<ProcessGroups>> groups = ProcessGroups::Create(*local, 1);
   ASSERT_TRUE(groups.ok()) << groups.status();
-  DeepSpeedConfig ds;
+  spec::DeepSpeedConfig ds;
   ds.zero.stage = 3;
   ds.bf16_enabled = true;
   ds.zero.reduce_bucket_size = 123;

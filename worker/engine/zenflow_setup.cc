@@ -32,8 +32,8 @@ std::pair<int, int> SplitZenFlowThreads(int threads, double perc) {
 
 absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
     const EngineOptions& o, Collectives& coll, ZeroProvider& model, int64_t steps_per_epoch) {
-  const ZenFlowConfig& zf = o.ds.zero.zenflow;
-  const OptimizerConfig& oc = o.ds.optimizer;
+  const spec::ZenFlowConfig& zf = o.ds.zero.zenflow;
+  const spec::OptimizerConfig& oc = o.ds.optimizer;
   optim::ZenFlowOptions zo;
   zo.adam.beta1 = oc.beta1;
   zo.adam.beta2 = oc.beta2;

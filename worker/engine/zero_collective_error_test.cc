@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "spec/model_config.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/model/llama_model.h"
 #include "worker/engine/testing/failing_collectives.h"
 #include "worker/engine/testing/thread_gang.h"
 #include "worker/engine/testing/tiny_llama.h"
-#include "worker/engine/model/llama_model.h"
-#include "worker/engine/model_config.h"
 #include "worker/engine/zero/zero_provider.h"
 
 namespace loom::engine {
@@ -24,8 +24,8 @@ namespace {
 
 using testing::FailingCollectives;
 
-LlamaConfig TinyConfig() {
-  LlamaConfig c = testing::TinyLlamaConfig();
+spec::LlamaConfig TinyConfig() {
+  spec::LlamaConfig c = testing::TinyLlamaConfig();
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
   c.max_position_embeddings = 16;
@@ -48,10 +48,10 @@ struct Model {
   std::unique_ptr<LlamaModel> llama;
 };
 
-absl::StatusOr<Model> Create(const LlamaConfig& c, Collectives* coll, const ZeroOptions& o) {
+absl::StatusOr<Model> Create(const spec::LlamaConfig& c, Collectives* coll, const ZeroOptions& o) {
   Model m;
   absl::StatusOr<std::unique_ptr<ZeroProvider>> z =
-      ZeroProvider::Create(LlamaParamSpecs(c), coll, {5, c.initializer_range, nullptr}, o);
+      ZeroProvider::Create(spec::LlamaParamSpecs(c), coll, {5, c.initializer_range, nullptr}, o);
   if (!z.ok()) return z.status();
   m.zero = std::move(*z);
   absl::StatusOr<std::unique_ptr<LlamaModel>> l = LlamaModel::Create(c, m.zero.get());
@@ -88,7 +88,7 @@ absl::Status Injected(int64_t k) {
 // Counts the collectives of Create and of one step on `world`, then fails each of the step's
 // in turn. Returns the number of step collectives (0 on a setup failure).
 int64_t FailEachCollectiveOfOneStep(Collectives& world) {
-  const LlamaConfig c = TinyConfig();
+  const spec::LlamaConfig c = TinyConfig();
   int64_t create_count = 0, step_count = 0;
   {
     FailingCollectives none(world, 0, absl::OkStatus());

@@ -45,9 +45,10 @@ TEST(TrainerEventsTest, OptionalCheckpointStepIsPrintedOnlyWhenSet) {
   EXPECT_EQ(j["stopped"]["checkpoint_step"], "4");
 }
 
-// The engine builds the message itself (worker/engine/engine.h), so a diverged run's NaN loss
-// reaches the worker as NaN (the flat-JSON path it replaced wrote null and delivered 0): printed
-// as the mapping's "NaN" / "Infinity" strings and read back by the worker's lenient parser.
+// The printer and parser only: non-finite doubles are the mapping's "NaN" / "Infinity" strings
+// and read back (the flat-JSON path they replaced wrote null and delivered 0). That the engine
+// itself emits a diverged run's NaN loss and inf gradient norm, through its event builders and
+// loom-trainer's stdout, is trainer_events_engine_test.
 TEST(TrainerEventsTest, NonFiniteDoublesTravelAsTheMappingsStrings) {
   loom::TrainerEvent ev;
   ev.mutable_step()->set_step(7);

@@ -4,14 +4,14 @@
 //     give the same per-step losses, eval losses and final parameters (reassembled from the
 //     rank shards).
 //   * Memory accounting: gathered bytes are 0 between steps; partition bytes = Σ ceil(n/N)*4.
-//   * Resume: 2 ranks resumed from step 6 reproduce the uninterrupted run bit-exactly.
+//   * Resume: 2 ranks resumed from step 6 reproduce the uninterrupted run bit-exactly; resume
+//     with another world size and from a corrupt shard are refused.
 //   * Fine-tuning: a consolidated export initialises a 3-rank job with the same logits.
-//   * Offload: cpu and NVMe (optimizer + parameters, pipelined) bit-identical to each other and
-//     within fp32 tolerance of the in-memory run, also on stages 1/2 and with bf16; NVMe resume
-//     bit-exact; swap files removed; unusable nvme_path and parameter-only NVMe refused.
-//   * Errors: resume with another world size, invalid config (exit 2), SIGTERM (exit 143).
-// Every child has a deadline; on expiry all children are killed and the test fails. Stage 0-2,
-// mixed precision and the §7 rows are in zero_stages_test.cc.
+//   * The malloc flags change nothing and are validated.
+// Every child has a deadline; on expiry all children are killed and the test fails. Offload is
+// in trainer_offload_test.cc, config errors and signals in trainer_errors_test.cc (separate
+// targets, so that Bazel runs them side by side); stage 0-2, mixed precision and the §7 rows
+// are in zero_stages_test.cc and zero_stages_rows_test.cc.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -225,157 +225,6 @@ TEST_F(TrainerTest, InitialisesFromAConsolidatedExport) {
       << msg;
 }
 
-// ZeRO-Offload / ZeRO-Infinity with real ranks: the step runs in CpuAdam over state in host
-// memory (cpu) or on files (nvme, with the parameter partitions on files too and pipelined
-// sub-group swapping). cpu and nvme give bit-identical losses, parameters and moments (same
-// CpuAdam math, only the placement differs); against the in-memory LibTorch update they agree
-// within the fp32 tolerances above (CpuAdam has no FMA, LibTorch's vector add has: ~1 ulp per
-// step). A resumed NVMe run continues bit-exactly, and the swap files are gone after exit.
-TEST_F(TrainerTest, OffloadToCpuAndNvmeMatchesTheInMemoryRunAndResumes) {
-  ExpectSuccess(*two_, "two");
-  const std::string nvme_dir = TmpDir() + "/nvme";
-  const std::string zero_cpu = R"({"zero_optimization": {"stage": 3, "sub_group_size": 5000,
-      "offload_optimizer": {"device": "cpu"}}})";
-  const std::string zero_nvme = absl::StrCat(
-      R"({"aio": {"block_size": 8192, "queue_depth": 4},
-      "zero_optimization": {"stage": 3, "sub_group_size": 5000,
-      "stage3_prefetch_bucket_size": 1000,
-      "offload_optimizer": {"device": "nvme", "nvme_path": ")", nvme_dir,
-      R"(", "buffer_count": 6, "pipeline_read": true, "pipeline_write": true},
-      "offload_param": {"device": "nvme", "nvme_path": ")", nvme_dir,
-      R"(", "buffer_count": 4, "buffer_size": 100000}}})");
-  GangResult cpu = RunGang("offload_cpu", WriteSpec("offload_cpu", 3, 12, zero_cpu), 2,
-                           {"--checkpoint_dir=" + Dir("offload_cpu")});
-  GangResult nvme = RunGang("offload_nvme", WriteSpec("offload_nvme", 3, 12, zero_nvme), 2,
-                            {"--checkpoint_dir=" + Dir("offload_nvme")});
-  ExpectSuccess(cpu, "offload_cpu");
-  ExpectSuccess(nvme, "offload_nvme");
-  ASSERT_EQ(cpu.Of(0, "started").size(), 1u);
-  EXPECT_EQ(cpu.Of(0, "started")[0]["offload_optimizer"], "cpu");
-  EXPECT_EQ(nvme.Of(1, "started")[0]["offload_optimizer"], "nvme");
-  EXPECT_EQ(nvme.Of(1, "started")[0]["offload_param"], "nvme");
-  // NVMe keeps only sub-group and parameter buffers in memory, cpu keeps the moments (2x4 bytes
-  // per partition element).
-  const int64_t part = cpu.Of(0, "started")[0]["partition_bytes"].get<int64_t>();
-  EXPECT_EQ(cpu.Of(0, "started")[0]["offload_resident_bytes"].get<int64_t>(), 2 * part);
-  EXPECT_LT(nvme.Of(0, "started")[0]["offload_resident_bytes"].get<int64_t>(), 2 * part);
-  // Once the prefetch trace is recorded, parameter reads start ahead of their all-gathers
-  // (beyond the small prefetch window, up to buffer_count - 1 in flight); the losses below
-  // show they change nothing.
-  EXPECT_GT(nvme.Of(0, "step").back()["param_reads_ahead"].get<int64_t>(), 0);
-  EXPECT_EQ(cpu.Of(0, "step").back()["param_reads_ahead"].get<int64_t>(), 0);
-
-  for (const std::string type : {"step", "eval"}) {
-    std::vector<double> base = Losses(*two_, type), c = Losses(cpu, type),
-                        n = Losses(nvme, type);
-    ASSERT_EQ(c.size(), base.size());
-    ASSERT_EQ(n.size(), base.size());
-    for (size_t i = 0; i < base.size(); ++i) {
-      EXPECT_EQ(n[i], c[i]) << type << " " << i << ": nvme and cpu offload must be bit-identical";
-      EXPECT_NEAR(c[i], base[i], kLossRtol * std::abs(base[i])) << type << " " << i;
-    }
-  }
-  const std::string step12 = "/" + loom::storage::StepDirName(12);
-  for (const char* section : {"fp32_params", "exp_avg", "exp_avg_sq"}) {
-    auto c = Reassemble(Dir("offload_cpu") + step12, 2, section);
-    auto n = Reassemble(Dir("offload_nvme") + step12, 2, section);
-    auto base = Reassemble(Dir("two") + step12, 2, section);
-    ASSERT_EQ(c.size(), 21u);
-    for (const auto& [name, v] : c) {
-      ASSERT_EQ(v, n[name]) << section << " " << name << ": nvme differs from cpu offload";
-      if (std::string(section) != "fp32_params") continue;
-      double worst = 0;
-      for (size_t i = 0; i < v.size(); ++i) {
-        worst = std::max(worst, std::abs(double(v[i]) - base[name][i]) -
-                                    kParamRtol * std::abs(double(base[name][i])));
-      }
-      EXPECT_LE(worst, kParamAtol) << name;
-    }
-  }
-  // The swap files were scratch space: none is left behind.
-  int left = 0, dirs = 0;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(nvme_dir)) {
-    if (entry.path().extension() == ".swp") ++left;
-    if (entry.is_directory()) ++dirs;
-  }
-  EXPECT_EQ(left, 0);
-  EXPECT_GT(dirs, 0);  // the per-rank scratch directories were created under nvme_path
-
-  // Stages 1 and 2 offload too (their fp32 master partitions are stepped by CpuAdam, then
-  // all-gathered into the replicas): same losses within the fp32 tolerance.
-  for (int stage : {1, 2}) {
-    const std::string name = absl::StrCat("offload_stage", stage);
-    GangResult r = RunGang(
-        name,
-        WriteSpec(name, 3, 12,
-                  absl::StrCat(R"({"zero_optimization": {"stage": )", stage,
-                               R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")",
-                               nvme_dir, R"("}}})")),
-        2, {});
-    ExpectSuccess(r, name);
-    std::vector<double> base = Losses(*two_, "step"), got = Losses(r, "step");
-    ASSERT_EQ(got.size(), base.size()) << name;
-    for (size_t i = 0; i < base.size(); ++i) {
-      EXPECT_NEAR(got[i], base[i], kLossRtol * std::abs(base[i])) << name << " step " << i;
-    }
-  }
-
-  // bf16 weights (fp32 master): everything on NVMe, the parameter partitions read and cast to
-  // bf16 for each all-gather, gives exactly the losses of cpu offload.
-  const std::string bf16 = R"("bf16": {"enabled": true}, )";
-  GangResult b0 = RunGang("bf16_cpu",
-                          WriteSpec("bf16_cpu", 3, 6, "{" + bf16 + zero_cpu.substr(1)), 2, {});
-  GangResult b1 = RunGang("bf16_nvme",
-                          WriteSpec("bf16_nvme", 3, 6, "{" + bf16 + zero_nvme.substr(1)), 2, {});
-  ExpectSuccess(b0, "bf16_cpu");
-  ExpectSuccess(b1, "bf16_nvme");
-  std::vector<double> l0 = Losses(b0, "step"), l1 = Losses(b1, "step");
-  ASSERT_EQ(l0.size(), 6u);
-  ASSERT_EQ(l1.size(), 6u);
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(l1[i], l0[i]) << "bf16 step " << i;
-
-  // Resume the NVMe run from step 6: identical to the uninterrupted NVMe run.
-  const std::string from = Dir("offload_nvme") + "/" + loom::storage::StepDirName(6);
-  GangResult resumed =
-      RunGang("offload_resumed", WriteSpec("offload_resumed", 3, 12, zero_nvme), 2,
-              {"--checkpoint_dir=" + Dir("offload_resumed"), "--resume_from=" + from});
-  ExpectSuccess(resumed, "offload_resumed");
-  std::vector<double> full = Losses(nvme, "step"), rest = Losses(resumed, "step");
-  ASSERT_EQ(rest.size(), 6u);
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(rest[i], full[i + 6]) << "step " << i + 7;
-  for (const char* section : {"fp32_params", "exp_avg", "exp_avg_sq"}) {
-    auto a = Reassemble(Dir("offload_nvme") + step12, 2, section);
-    auto b = Reassemble(Dir("offload_resumed") + step12, 2, section);
-    ASSERT_FALSE(a.empty());
-    for (const auto& [name, v] : a) ASSERT_EQ(v, b[name]) << section << " " << name;
-  }
-}
-
-TEST(TrainerErrorsTest, UnusableNvmePathIsAnErrorNamingIt) {
-  GangResult r = RunGang(
-      "bad_nvme",
-      WriteSpec("bad_nvme", 6, 2, R"({"zero_optimization": {"stage": 3,
-          "offload_optimizer": {"device": "nvme", "nvme_path": "/proc/loom_no_nvme"}}})"),
-      1, {});
-  EXPECT_EQ(r.exit_codes[0], 1);
-  std::vector<json> errors = r.Of(0, "error");
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_NE(errors[0]["message"].get<std::string>().find("/proc/loom_no_nvme"),
-            std::string::npos)
-      << errors[0]["message"];
-  // Parameters on NVMe need the optimizer (which owns the fp32 master) offloaded too.
-  GangResult p = RunGang(
-      "param_only_nvme",
-      WriteSpec("param_only_nvme", 6, 2, R"({"zero_optimization": {"stage": 3,
-          "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})"),
-      1, {});
-  EXPECT_EQ(p.exit_codes[0], loom::kTrainerExitConfigError);
-  ASSERT_EQ(p.Of(0, "error").size(), 1u);
-  EXPECT_NE(p.Of(0, "error")[0]["message"].get<std::string>().find(
-                "deepspeed_config.zero_optimization.offload_param.device"),
-            std::string::npos);
-}
-
 TEST_F(TrainerTest, ResumeWithAnotherWorldSizeIsRefused) {
   const std::string from = Dir("two") + "/" + loom::storage::StepDirName(6);
   GangResult r = RunGang("wrong_world", WriteSpec("wrong_world", 6, 12), 1,
@@ -440,82 +289,6 @@ TEST_F(TrainerTest, MallocFlagsDoNotChangeTheRunAndAreValidated) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0]["message"].get<std::string>().find("--malloc_mmap_threshold_bytes"),
             std::string::npos);
-}
-
-TEST(TrainerErrorsTest, InvalidConfigExitsWithTheConfigErrorCodeAndAnErrorEvent) {
-  GangResult r = RunGang(
-      "bad", WriteSpec("bad", 2, 3, R"({"zero_optimization": {"stage": 3, "zenflow": {}}})"), 1,
-      {});
-  EXPECT_EQ(r.exit_codes[0], loom::kTrainerExitConfigError);
-  std::vector<json> errors = r.Of(0, "error");
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_NE(errors[0]["message"].get<std::string>().find(
-                "deepspeed_config.zero_optimization.zenflow"),
-            std::string::npos);
-  EXPECT_TRUE(r.Of(0, "started").empty());
-}
-
-// The spec is read by protobuf's parser: a field loom.v1.JobSpec does not have (here a misspelt
-// training.steps) and an unsupported model family are config errors naming the field, before
-// anything is built.
-TEST(TrainerErrorsTest, SpecFieldsOutsideTheSchemaAndUnsupportedModelTypesAreConfigErrors) {
-  for (const auto& [name, key, value, needle] :
-       {std::tuple<const char*, const char*, const char*, const char*>{
-            "misspelt", "training", R"({"stpes": "3"})", "stpes"},
-        {"gpt2", "model", R"({"model_type": "gpt2"})",
-         "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)"}}) {
-    json spec = json::parse(*ReadText(WriteSpec(name, 2, 3)));
-    if (std::string(key) == "model") {
-      spec["model"]["config"].update(json::parse(value));
-    } else {
-      spec[key].update(json::parse(value));
-    }
-    const std::string path = absl::StrCat(TmpDir(), "/", name, ".edited.spec.json");
-    std::ofstream(path) << spec.dump();
-    GangResult r = RunGang(name, path, 1, {});
-    EXPECT_EQ(r.exit_codes[0], loom::kTrainerExitConfigError) << name;
-    std::vector<json> errors = r.Of(0, "error");
-    ASSERT_EQ(errors.size(), 1u) << name;
-    EXPECT_NE(errors[0]["message"].get<std::string>().find(needle), std::string::npos)
-        << errors[0]["message"];
-    EXPECT_TRUE(r.Of(0, "started").empty()) << name;
-  }
-}
-
-TEST(TrainerErrorsTest, SigtermStopsAllRanksAtAStepBoundary) {
-  GangResult r = RunGang("sigterm", WriteSpec("sigterm", 1, 100000), 2, {}, SIGTERM);
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(r.exit_codes[rank], 143) << rank;
-    std::vector<json> stopped = r.Of(rank, "stopped");
-    ASSERT_EQ(stopped.size(), 1u) << rank;
-    EXPECT_EQ(stopped[0]["step"], r.Of(0, "stopped")[0]["step"]);  // the same boundary
-  }
-}
-
-// SIGUSR1 (the worker's graceful stop) reaching only one rank: both agree on a step boundary,
-// write a complete checkpoint of it, and exit 0 after a "stopped" event naming it.
-TEST(TrainerErrorsTest, SigusrOneCheckpointsAtAnAgreedStepAndExitsZero) {
-  const std::string dir = TmpDir() + "/ckpt_graceful";
-  GangResult r = RunGang("graceful", WriteSpec("graceful", 1, 100000), 2,
-                         {"--checkpoint_dir=" + dir}, SIGUSR1, /*per_rank=*/{},
-                         /*collective_timeout_s=*/60, /*signal_only_rank=*/1);
-  ASSERT_FALSE(r.timed_out);
-  ASSERT_EQ(r.Of(0, "stopped").size(), 1u);
-  const int64_t step = r.Of(0, "stopped")[0]["checkpoint_step"].get<int64_t>();
-  EXPECT_GE(step, 1);
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(r.exit_codes[rank], 0) << rank;
-    std::vector<json> stopped = r.Of(rank, "stopped");
-    ASSERT_EQ(stopped.size(), 1u) << rank;
-    EXPECT_EQ(stopped[0]["step"].get<int64_t>(), step) << rank;
-    EXPECT_EQ(stopped[0]["checkpoint_step"].get<int64_t>(), step) << rank;
-    EXPECT_TRUE(r.Of(rank, "done").empty());
-    // Its shard of the final checkpoint is there and reads back.
-    auto manifest = loom::storage::ReadManifest(dir + "/" + loom::storage::StepDirName(step), rank);
-    ASSERT_TRUE(manifest.ok()) << manifest.status();
-    EXPECT_EQ(manifest->step, step);
-    EXPECT_EQ(manifest->world_size, 2);
-  }
 }
 
 }  // namespace

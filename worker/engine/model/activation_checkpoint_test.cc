@@ -32,8 +32,8 @@
 namespace loom::engine {
 namespace {
 
-LlamaConfig Tiny() {
-  LlamaConfig c = testing::TinyLlamaConfig(/*tie_word_embeddings=*/true);
+spec::LlamaConfig Tiny() {
+  spec::LlamaConfig c = testing::TinyLlamaConfig(/*tie_word_embeddings=*/true);
   c.num_hidden_layers = 3;
   return c;
 }
@@ -64,7 +64,7 @@ struct Batch {
   at::Tensor ids, labels;
 };
 Batch MakeBatch() {
-  const LlamaConfig c = Tiny();
+  const spec::LlamaConfig c = Tiny();
   at::manual_seed(11);
   return {at::randint(0, c.vocab_size, {4, 13}, at::kLong),
           at::randint(0, c.vocab_size, {4, 13}, at::kLong)};
@@ -73,7 +73,7 @@ Batch MakeBatch() {
 // One training micro-step (the last of its optimizer step) of the tiny model on this rank's
 // half of the batch.
 Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer, const Batch& batch) {
-  const LlamaConfig c = Tiny();
+  const spec::LlamaConfig c = Tiny();
   const at::Tensor& ids = batch.ids;
   const at::Tensor& labels = batch.labels;
   CountingListener listener;
@@ -82,7 +82,7 @@ Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer, const
   o.reduce_bucket_size = 300;
   o.param_persistence_threshold = 0;
   o.grad_ready_listener = &listener;
-  auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
+  auto zero = *ZeroProvider::Create(spec::LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
   auto model = *LlamaModel::Create(c, zero.get());
   ActivationCheckpointOptions ck;
   ck.enabled = mode != Mode::kOff;
@@ -116,8 +116,8 @@ Result Step(Collectives& coll, int rank, int stage, Mode mode, bool defer, const
 void ExpectBitIdentical(const Result& got, const Result& want, const std::string& what) {
   EXPECT_EQ(got.loss, want.loss) << what;
   ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
-  const LlamaConfig c = Tiny();
-  const std::vector<ParamSpec> specs = LlamaParamSpecs(c);
+  const spec::LlamaConfig c = Tiny();
+  const std::vector<spec::ParamSpec> specs = spec::LlamaParamSpecs(c);
   for (size_t i = 0; i < want.grads.size(); ++i) {
     ASSERT_TRUE(got.grads[i].defined() && want.grads[i].defined()) << what << " " << i;
     EXPECT_TRUE(at::equal(got.grads[i], want.grads[i]))
@@ -130,7 +130,7 @@ class ActivationCheckpointTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ActivationCheckpointTest, OnEqualsOffAndOffloadEqualsNoOffloadBitForBit) {
   const int stage = GetParam();
-  const LlamaConfig c = Tiny();
+  const spec::LlamaConfig c = Tiny();
   // Offloaded: one [2, 13, 16] fp32 input per decoder layer on each rank.
   const int64_t layer_input_bytes = 2 * 13 * c.hidden_size * 4;
   std::mutex mu;
@@ -146,7 +146,7 @@ TEST_P(ActivationCheckpointTest, OnEqualsOffAndOffloadEqualsNoOffloadBitForBit) 
     // One grad-ready event per parameter, as without checkpointing.
     EXPECT_EQ(on.events, off.events) << what;
     EXPECT_EQ(offload.events, off.events) << what;
-    EXPECT_EQ(off.events.size(), LlamaParamSpecs(c).size()) << what;
+    EXPECT_EQ(off.events.size(), spec::LlamaParamSpecs(c).size()) << what;
     for (const auto& [id, n] : on.events) EXPECT_EQ(n, 1) << what << " param " << id;
     // Offloaded bytes: counted while the graph holds them, released by the recompute.
     EXPECT_EQ(on.offloaded_after_forward, 0) << what;
@@ -165,7 +165,7 @@ TEST_P(ActivationCheckpointTest, OnEqualsOffAndOffloadEqualsNoOffloadBitForBit) 
 // checkpointing most parameters are ready during the backward (the test is not vacuous).
 TEST_P(ActivationCheckpointTest, GradReadyEventsArriveDuringBackwardOncePerPartition) {
   const int stage = GetParam();
-  const size_t num_params = LlamaParamSpecs(Tiny()).size();
+  const size_t num_params = spec::LlamaParamSpecs(Tiny()).size();
   std::mutex mu;
   const Batch batch = MakeBatch();
   std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& coll) {
@@ -206,12 +206,13 @@ INSTANTIATE_TEST_SUITE_P(Stages, ActivationCheckpointTest, ::testing::Values(0, 
 
 // Eval (no grad): checkpointing does nothing, the logits are the same tensor values.
 TEST(ActivationCheckpointEvalTest, NoGradForwardIsUnchanged) {
-  const LlamaConfig c = Tiny();
+  const spec::LlamaConfig c = Tiny();
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   ZeroOptions o;
   o.stage = 3;
   o.param_persistence_threshold = 0;
-  auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), coll.get(), {5, c.initializer_range}, o);
+  auto zero =
+      *ZeroProvider::Create(spec::LlamaParamSpecs(c), coll.get(), {5, c.initializer_range}, o);
   auto model = *LlamaModel::Create(c, zero.get());
   at::manual_seed(2);
   const at::Tensor ids = at::randint(0, c.vocab_size, {1, 9}, at::kLong);

@@ -33,7 +33,7 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
     const ParamId i = IndexOf(ctx);
     const at::Tensor x = ctx->get_saved_variables()[0];
     const at::Tensor& gy = grads[0];
-    const ParamSpec& spec = m->spec(i);
+    const spec::ParamSpec& spec = m->spec(i);
     const int64_t out_f = spec.shape[0], in_f = spec.shape[1];
     at::Tensor dx = at::matmul(gy, m->Acquire(i).to(gy.scalar_type()));
     m->Release(i);
@@ -68,7 +68,7 @@ struct EmbeddingFn : public torch::autograd::Function<EmbeddingFn> {
     ParamAccess* m = AccessOf(ctx);
     const ParamId i = IndexOf(ctx);
     const at::Tensor ids = ctx->get_saved_variables()[0];
-    const ParamSpec& spec = m->spec(i);
+    const spec::ParamSpec& spec = m->spec(i);
     const int64_t hidden = spec.shape[1];
     at::Tensor dst = m->GradDestination(i, at::kFloat);
     at::Tensor dw = dst.defined() ? dst.zero_() : at::zeros(spec.shape, at::kFloat);

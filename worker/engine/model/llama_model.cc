@@ -91,17 +91,17 @@ at::Tensor MaterializedCausalAttention::Forward(const at::Tensor& q, const at::T
   return at::matmul(probs, v);  // [B,Hq,S,d]
 }
 
-LlamaModel::LlamaModel(const LlamaConfig& config, ParamAccess* access)
+LlamaModel::LlamaModel(const spec::LlamaConfig& config, ParamAccess* access)
     : config_(config), access_(access), core_(std::make_unique<MaterializedCausalAttention>()) {}
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const spec::LlamaConfig& config,
                                                                ParamAccess* access) {
   std::unique_ptr<LlamaModel> m(new LlamaModel(config, access));
   std::map<std::string, ParamId> by_name;
-  const std::vector<ParamSpec>& have = access->param_specs();
+  const std::vector<spec::ParamSpec>& have = access->param_specs();
   for (ParamId i = 0; i < have.size(); ++i) by_name[have[i].name] = i;
   std::map<std::string, ParamId> bound;
-  for (const ParamSpec& want : LlamaParamSpecs(config)) {
+  for (const spec::ParamSpec& want : spec::LlamaParamSpecs(config)) {
     auto it = by_name.find(want.name);
     if (it == by_name.end()) {
       return absl::NotFoundError(absl::StrCat("model parameter ", want.name,

@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "spec/model_config.h"
 #include "worker/engine/model/activation_checkpoint.h"
 #include "worker/engine/model/param_access.h"
-#include "worker/engine/model_config.h"
 
 namespace loom::engine {
 
@@ -105,7 +105,7 @@ class LlamaModel {
   // Binds every parameter LlamaParamSpecs(config) names to its id in access->param_specs();
   // NOT_FOUND names a missing tensor, INVALID_ARGUMENT a shape mismatch. `access` must outlive
   // the model.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& config,
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const spec::LlamaConfig& config,
                                                             ParamAccess* access);
 
   // ids [B,S] (S <= max_position_embeddings) -> logits [B,S,V] in the activation dtype.
@@ -136,7 +136,7 @@ class LlamaModel {
     checkpointing_ = options;
   }
 
-  const LlamaConfig& config() const { return config_; }
+  const spec::LlamaConfig& config() const { return config_; }
   ParamAccess* access() const { return access_; }
   // The lm_head (or the tied embedding) parameter id.
   ParamId head_id() const { return head_; }
@@ -147,7 +147,7 @@ class LlamaModel {
     ParamId input_norm, q, k, v, o, post_norm, gate, up, down;
     ParamId q_bias = kNoParam, k_bias = kNoParam, v_bias = kNoParam;  // Qwen2 only
   };
-  LlamaModel(const LlamaConfig& config, ParamAccess* access);
+  LlamaModel(const spec::LlamaConfig& config, ParamAccess* access);
   // NoteUse(i) as the current phase wants it: as is; forced on (the no-grad forward of a
   // checkpointed layer, so each forward use still counts once); skipped (its recompute).
   void NoteUse(ParamId i);
@@ -158,7 +158,7 @@ class LlamaModel {
   at::Tensor Layer(const DecoderLayer& l, const at::Tensor& h, const at::Tensor& cos,
                    const at::Tensor& sin, const AttentionMask& mask);
 
-  LlamaConfig config_;
+  spec::LlamaConfig config_;
   ParamAccess* access_;
   ParamId embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<DecoderLayer> layers_;

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/engine/model_config.h"
+#include "spec/model_config.h"
 
 namespace loom::engine {
 
@@ -60,8 +60,8 @@ class ParamAccess {
   virtual ~ParamAccess() = default;
 
   // Every parameter the provider holds, in id order (name, shape, kind).
-  virtual const std::vector<ParamSpec>& param_specs() const = 0;
-  const ParamSpec& spec(ParamId i) const { return param_specs()[i]; }
+  virtual const std::vector<spec::ParamSpec>& param_specs() const = 0;
+  const spec::ParamSpec& spec(ParamId i) const { return param_specs()[i]; }
 
   // The full weight of i ([shape], parameter dtype), valid until the matching Release(i).
   virtual const at::Tensor& Acquire(ParamId i) = 0;

@@ -25,16 +25,16 @@ namespace {
 constexpr double kAtol = 1e-6, kRtol = 1e-4;  // fp32 reduction-order tolerance
 constexpr uint64_t kSeed = 31;
 
-LlamaConfig TinyQwen2(bool tied) {
-  LlamaConfig c = testing::TinyLlamaConfig(tied);
-  c.model_type = ModelType::kQwen2;
+spec::LlamaConfig TinyQwen2(bool tied) {
+  spec::LlamaConfig c = testing::TinyLlamaConfig(tied);
+  c.model_type = spec::ModelType::kQwen2;
   c.rope_theta = 1000000.0;  // Qwen2's default
   return c;
 }
 
 // Hugging Face Qwen2ForCausalLM in plain LibTorch ops (eager attention, GQA by
 // repeat_interleave, half-split RoPE, RMSNorm), weights by name. ids [B,S] -> mean CE loss.
-at::Tensor ReferenceLoss(const LlamaConfig& c, std::map<std::string, at::Tensor>& w,
+at::Tensor ReferenceLoss(const spec::LlamaConfig& c, std::map<std::string, at::Tensor>& w,
                          const at::Tensor& ids, const at::Tensor& labels) {
   const int64_t b = ids.size(0), s = ids.size(1), hq = c.num_attention_heads;
   const int64_t hkv = c.num_key_value_heads, d = c.hidden_size / hq;
@@ -95,26 +95,26 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::strin
 }
 
 TEST(Qwen2ParamSpecsTest, BiasesFollowTheirWeights) {
-  const LlamaConfig c = TinyQwen2(/*tied=*/true);
-  const std::vector<ParamSpec> specs = LlamaParamSpecs(c);
+  const spec::LlamaConfig c = TinyQwen2(/*tied=*/true);
+  const std::vector<spec::ParamSpec> specs = spec::LlamaParamSpecs(c);
   ASSERT_EQ(specs.size(), 1u + 2u * 12u + 1u);
   EXPECT_EQ(specs[2].name, "model.layers.0.self_attn.q_proj.weight");
   EXPECT_EQ(specs[3].name, "model.layers.0.self_attn.q_proj.bias");
   EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{16}));
-  EXPECT_EQ(specs[3].kind, ParamSpec::Kind::kBias);
+  EXPECT_EQ(specs[3].kind, spec::ParamSpec::Kind::kBias);
   EXPECT_EQ(specs[5].name, "model.layers.0.self_attn.k_proj.bias");
   EXPECT_EQ(specs[5].shape, (std::vector<int64_t>{8}));
   EXPECT_EQ(specs[7].name, "model.layers.0.self_attn.v_proj.bias");
   EXPECT_EQ(specs[8].name, "model.layers.0.self_attn.o_proj.weight");
-  LlamaConfig llama = c;
-  llama.model_type = ModelType::kLlama;
-  EXPECT_EQ(LlamaParamCount(c), LlamaParamCount(llama) + 2 * (16 + 8 + 8));
+  spec::LlamaConfig llama = c;
+  llama.model_type = spec::ModelType::kLlama;
+  EXPECT_EQ(spec::LlamaParamCount(c), spec::LlamaParamCount(llama) + 2 * (16 + 8 + 8));
 }
 
 TEST(Qwen2ModelTest, LlamaParameterTableIsRefusedNamingTheBias) {
-  LlamaConfig llama = TinyQwen2(false);
-  llama.model_type = ModelType::kLlama;
-  auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(llama), {kSeed, 0.2});
+  spec::LlamaConfig llama = TinyQwen2(false);
+  llama.model_type = spec::ModelType::kLlama;
+  auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(llama), {kSeed, 0.2});
   absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(TinyQwen2(false), rep.get());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
@@ -128,13 +128,13 @@ class Qwen2ZeroTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(Qwen2ZeroTest, TwoRankLossAndGradientsMatchPlainAutograd) {
   const auto [tied, stage] = GetParam();
-  const LlamaConfig c = TinyQwen2(tied);
+  const spec::LlamaConfig c = TinyQwen2(tied);
   at::manual_seed(5);
   at::Tensor ids = at::randint(0, c.vocab_size, {4, 10}, at::kLong);
   at::Tensor labels = at::randint(0, c.vocab_size, {4, 10}, at::kLong);
 
   // Reference weights: the same ParamInit through the replicated provider, then plain autograd.
-  const std::vector<ParamSpec> specs = LlamaParamSpecs(c);
+  const std::vector<spec::ParamSpec> specs = spec::LlamaParamSpecs(c);
   auto rep = *ReplicatedProvider::Create(specs, {kSeed, c.initializer_range});
   std::map<std::string, at::Tensor> w;
   for (ParamId i = 0; i < specs.size(); ++i) {

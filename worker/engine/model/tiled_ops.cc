@@ -233,7 +233,7 @@ LossOutput TiledLogitsLoss::Forward(const at::Tensor& hidden, const at::Tensor& 
   return out;
 }
 
-absl::Status InstallTiledCompute(const TiledComputeOptions& options, Collectives* group,
+absl::Status InstallTiledCompute(const spec::TiledComputeOptions& options, Collectives* group,
                                  LlamaModel* model) {
   if (options.mlp_tile_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

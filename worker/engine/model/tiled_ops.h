@@ -44,10 +44,10 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "spec/tiled_compute_options.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/param_access.h"
-#include "worker/engine/tiled_compute_options.h"
 
 namespace loom::engine {
 
@@ -97,7 +97,7 @@ class TiledLogitsLoss : public LossHead {
 // Installs the tiled ops `options` asks for into `model` (its access() and head_id()), with
 // `group` the ranks that must agree tile counts (the ZeRO partition group). No-op when both are
 // off. INVALID_ARGUMENT for a negative tile size (naming the training.* field).
-absl::Status InstallTiledCompute(const TiledComputeOptions& options, Collectives* group,
+absl::Status InstallTiledCompute(const spec::TiledComputeOptions& options, Collectives* group,
                                  LlamaModel* model);
 
 }  // namespace loom::engine

@@ -43,10 +43,10 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, double atol, dou
   EXPECT_LE(worst, atol) << what << ": max |diff| " << (g - w).abs().max().item<double>();
 }
 
-std::vector<ParamSpec> MlpSpecs(int64_t hidden, int64_t inter) {
-  return {{"gate", {inter, hidden}, ParamSpec::Kind::kLinear},
-          {"up", {inter, hidden}, ParamSpec::Kind::kLinear},
-          {"down", {hidden, inter}, ParamSpec::Kind::kLinear}};
+std::vector<spec::ParamSpec> MlpSpecs(int64_t hidden, int64_t inter) {
+  return {{"gate", {inter, hidden}, spec::ParamSpec::Kind::kLinear},
+          {"up", {inter, hidden}, spec::ParamSpec::Kind::kLinear},
+          {"down", {hidden, inter}, spec::ParamSpec::Kind::kLinear}};
 }
 
 // The reference MLP: plain autograd on leaf copies of the weights.
@@ -102,8 +102,8 @@ TEST(TiledMlpTest, TileCountRuleIsCeilOfLengthOverTileSize) {
   EXPECT_EQ(mlp.last_tile_count(), 3);
 }
 
-std::vector<ParamSpec> HeadSpecs(int64_t vocab, int64_t hidden) {
-  return {{"lm_head.weight", {vocab, hidden}, ParamSpec::Kind::kLinear}};
+std::vector<spec::ParamSpec> HeadSpecs(int64_t vocab, int64_t hidden) {
+  return {{"lm_head.weight", {vocab, hidden}, spec::ParamSpec::Kind::kLinear}};
 }
 
 struct LossRef {
@@ -218,7 +218,7 @@ TEST(TiledLogitsLossTest, ScalingTheLossByKScalesEveryGradientIncludingLmHead) {
   }
 }
 
-LlamaConfig Tiny(bool tied) { return testing::TinyLlamaConfig(tied); }
+spec::LlamaConfig Tiny(bool tied) { return testing::TinyLlamaConfig(tied); }
 
 struct RunOut {
   double loss = 0;
@@ -229,7 +229,7 @@ struct RunOut {
 };
 
 // One training micro-step of LlamaModel over ZeroProvider; tiled when mlp_tile/loss_tile > 0.
-RunOut RunModel(const LlamaConfig& c, Collectives& coll, int stage, at::ScalarType dtype,
+RunOut RunModel(const spec::LlamaConfig& c, Collectives& coll, int stage, at::ScalarType dtype,
                 const at::Tensor& ids, const at::Tensor& labels, int64_t mlp_tile,
                 int64_t loss_tile) {
   ZeroOptions o;
@@ -237,7 +237,7 @@ RunOut RunModel(const LlamaConfig& c, Collectives& coll, int stage, at::ScalarTy
   o.param_dtype = dtype;
   o.reduce_bucket_size = 300;
   o.param_persistence_threshold = 0;
-  auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
+  auto zero = *ZeroProvider::Create(spec::LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
   auto model = *LlamaModel::Create(c, zero.get());
   TiledMlp* mlp = nullptr;
   TiledLogitsLoss* head = nullptr;
@@ -285,7 +285,7 @@ void ExpectSameRun(const RunOut& got, const RunOut& want, double loss_rtol, doub
 
 TEST(TiledModelTest, TiledLlamaEqualsUntiledFp32AndBf16) {
   for (bool tied : {false, true}) {
-    const LlamaConfig c = Tiny(tied);
+    const spec::LlamaConfig c = Tiny(tied);
     at::manual_seed(8);
     at::Tensor ids = at::randint(0, c.vocab_size, {2, 13}, at::kLong);
     at::Tensor labels = at::randint(0, c.vocab_size, {2, 13}, at::kLong);
@@ -315,7 +315,7 @@ int64_t OpReductions(Collectives& coll, int stage, bool loss_op) {
   o.reduce_bucket_size = 1;  // a reduction per enqueued gradient
   o.overlap_comm = false;
   o.param_persistence_threshold = 0;
-  const std::vector<ParamSpec> specs = loss_op ? HeadSpecs(30, 8) : MlpSpecs(8, 12);
+  const std::vector<spec::ParamSpec> specs = loss_op ? HeadSpecs(30, 8) : MlpSpecs(8, 12);
   auto zero = *ZeroProvider::Create(specs, &coll, {5, 0.3}, o);
   zero->BeginMicroStep(true);
   const int64_t before = coll.collective_count();
@@ -353,7 +353,7 @@ TEST(TiledGangTest, ExactlyOneReductionPerWeightPerBackward) {
 }
 
 TEST(TiledGangTest, RanksWithDifferentLengthsAgreeTileCountsAndMatchUntiled) {
-  const LlamaConfig c = Tiny(false);
+  const spec::LlamaConfig c = Tiny(false);
   for (int stage : {2, 3}) {
     std::vector<RunOut> tiled_runs(2);
     std::vector<absl::Status> st = testing::RunGang(2, [&](int rank, Collectives& coll) {
@@ -381,10 +381,10 @@ TEST(TiledGangTest, RanksWithDifferentLengthsAgreeTileCountsAndMatchUntiled) {
 }
 
 TEST(InstallTiledComputeTest, NegativeTileSizeIsRefusedNamingTheField) {
-  const LlamaConfig c = Tiny(false);
-  auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {1, 0.1});
+  const spec::LlamaConfig c = Tiny(false);
+  auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {1, 0.1});
   auto model = *LlamaModel::Create(c, rep.get());
-  TiledComputeOptions o;
+  spec::TiledComputeOptions o;
   o.mlp = true;
   o.mlp_tile_size = -1;
   absl::Status st = InstallTiledCompute(o, nullptr, model.get());

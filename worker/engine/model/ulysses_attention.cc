@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spec/sequence_parallel_config.h"
 #include "worker/engine/model/param_access.h"
-#include "worker/engine/sequence_parallel_config.h"
 
 namespace loom::engine {
 namespace {
@@ -88,7 +88,7 @@ struct HeadsToSeqFn : public torch::autograd::Function<HeadsToSeqFn> {
 }  // namespace
 
 absl::Status CheckUlyssesHeads(int64_t num_heads, int64_t num_kv_heads, int64_t sp_size) {
-  return CheckSequenceParallelHeads(num_heads, num_kv_heads, sp_size);
+  return spec::CheckSequenceParallelHeads(num_heads, num_kv_heads, sp_size);
 }
 
 AttentionMask PackedAttentionMask(const at::Tensor& positions) {

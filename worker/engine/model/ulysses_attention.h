@@ -53,7 +53,7 @@ namespace loom::engine {
 // The preconditions of §3.1 for heads: H % P == 0 and (Hkv % P == 0 or P % Hkv == 0).
 // INVALID_ARGUMENT naming the config fields (num_attention_heads, num_key_value_heads,
 // sequence_parallel_size) and their values (CheckSequenceParallelHeads,
-// worker/engine/sequence_parallel_config.h, which the scheduler's validation runs too).
+// spec/sequence_parallel_config.h, which the scheduler's validation runs too).
 absl::Status CheckUlyssesHeads(int64_t num_heads, int64_t num_kv_heads, int64_t sp_size);
 
 // The mask of a packed sequence: positions [S] int64 as given, document_ids [S] int64 counting

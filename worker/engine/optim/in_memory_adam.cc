@@ -9,7 +9,8 @@ namespace {
 
 class InMemoryAdamPipeline : public OptimizerPipeline {
  public:
-  InMemoryAdamPipeline(const OptimizerConfig& config, SubGroupPlan plan, PartitionSource source)
+  InMemoryAdamPipeline(const spec::OptimizerConfig& config, SubGroupPlan plan,
+                       PartitionSource source)
       : OptimizerPipeline(std::move(plan)), config_(config), source_(std::move(source)) {}
 
   std::string name() const override { return "in-memory Adam"; }
@@ -30,13 +31,13 @@ class InMemoryAdamPipeline : public OptimizerPipeline {
   }
 
  private:
-  const OptimizerConfig config_;
+  const spec::OptimizerConfig config_;
   const PartitionSource source_;
 };
 
 }  // namespace
 
-std::unique_ptr<OptimizerPipeline> MakeInMemoryAdamPipeline(const OptimizerConfig& config,
+std::unique_ptr<OptimizerPipeline> MakeInMemoryAdamPipeline(const spec::OptimizerConfig& config,
                                                             SubGroupPlan plan,
                                                             PartitionSource source) {
   return std::make_unique<InMemoryAdamPipeline>(config, std::move(plan), std::move(source));

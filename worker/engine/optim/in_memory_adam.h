@@ -12,14 +12,14 @@
 
 #include <memory>
 
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
 
 namespace loom::engine::optim {
 
 // `plan` cuts the partitions the source returns (its partition numels are the tensors'
 // numels); the source must return defined fp32 param/exp_avg/exp_avg_sq tensors.
-std::unique_ptr<OptimizerPipeline> MakeInMemoryAdamPipeline(const OptimizerConfig& config,
+std::unique_ptr<OptimizerPipeline> MakeInMemoryAdamPipeline(const spec::OptimizerConfig& config,
                                                             SubGroupPlan plan,
                                                             PartitionSource source);
 

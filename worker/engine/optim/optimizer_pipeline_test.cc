@@ -92,8 +92,8 @@ absl::Status RaiseAll(OptimizerPipeline& pipe) {
   return absl::OkStatus();
 }
 
-OptimizerConfig AdamW() {
-  OptimizerConfig oc;
+spec::OptimizerConfig AdamW() {
+  spec::OptimizerConfig oc;
   oc.weight_decay = 0.1;
   oc.decoupled_weight_decay = true;
   return oc;

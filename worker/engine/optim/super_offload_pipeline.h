@@ -55,14 +55,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 #include "worker/engine/offload/cpu_adam.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
 
 namespace loom::engine::optim {
 
 struct SuperOffloadOptions {
-  OptimizerConfig optimizer;  // both sides' hyper-parameters
+  spec::OptimizerConfig optimizer;  // both sides' hyper-parameters
   double ratio = 1.0;         // fraction of sub-groups on the CPU (offload_optimizer.ratio)
   int cpu_threads = 1;        // CpuAdam threads for the speculative steps (cpuadam_cores_perc)
   // This step's loss scale, read at BeginStep (fp16 dynamic scaling); null = always 1.

@@ -90,8 +90,8 @@ PartitionSource SourceOf(Model* m) {
   return [m](size_t i) { return m->parts[i]; };
 }
 
-OptimizerConfig AdamW(double wd) {
-  OptimizerConfig oc;
+spec::OptimizerConfig AdamW(double wd) {
+  spec::OptimizerConfig oc;
   oc.weight_decay = wd;
   oc.decoupled_weight_decay = true;
   return oc;
@@ -215,7 +215,7 @@ TEST(SuperOffloadPipelineTest, RollbackRestoresParamsMomentsAndStepCountBitForBi
 // is halved (hysteresis 1). DeepSpeed's closed-form inverse zeroes weights here
 // (TECHNIQUES-TESTS.md §2.2.4).
 TEST(SuperOffloadPipelineTest, InjectedInfInOneSubGroupSkipsTheStepAndHalvesTheScale) {
-  Fp16Config fc;
+  spec::Fp16Config fc;
   fc.enabled = true;
   fc.initial_scale_power = 10;
   fc.hysteresis = 1;

@@ -30,7 +30,7 @@ double TimeStep(offload::CpuAdam& adam, int64_t n) {
 
 }  // namespace
 
-absl::Status CheckSuperOffloadJob(const DeepSpeedConfig& ds) {
+absl::Status CheckSuperOffloadJob(const spec::DeepSpeedConfig& ds) {
   if (ds.zero.stage == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         kPath, "offload_optimizer.super_offload: needs ZeRO stage 1, 2 or 3 (stage is 0)"));
@@ -63,10 +63,10 @@ SuperOffloadChoice ModelSubGroupSize(int threads, int64_t partition_elems) {
 }
 
 absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineForJob(
-    const DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
+    const spec::DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
     PartitionSource source, std::function<double()> loss_scale, SuperOffloadChoice* choice) {
   RETURN_IF_ERROR(CheckSuperOffloadJob(ds));
-  const OffloadConfig& oo = ds.zero.offload_optimizer;
+  const spec::OffloadConfig& oo = ds.zero.offload_optimizer;
   const int threads = std::max(
       1, static_cast<int>(std::lround(oo.cpuadam_cores_perc * std::max(1, threads_per_rank))));
   int64_t total = 0;

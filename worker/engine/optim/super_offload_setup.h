@@ -30,14 +30,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 #include "worker/engine/optim/super_offload_pipeline.h"
 
 namespace loom::engine::optim {
 
 // The job-level checks: stages 1-3 (the speculative step needs partitioned fp32 masters, which
 // stage 0 does not keep apart from the replicas), offload_param none or cpu.
-absl::Status CheckSuperOffloadJob(const DeepSpeedConfig& ds);
+absl::Status CheckSuperOffloadJob(const spec::DeepSpeedConfig& ds);
 
 struct SuperOffloadChoice {
   std::string casting = "no transfer";  // see above
@@ -55,7 +55,7 @@ SuperOffloadChoice ModelSubGroupSize(int threads, int64_t partition_elems);
 // cpuadam_cores_perc of threads_per_rank reserved (at least 1) and the loss scale read from
 // loss_scale at every BeginStep (fp16). *choice receives what was decided.
 absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineForJob(
-    const DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
+    const spec::DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
     PartitionSource source, std::function<double()> loss_scale, SuperOffloadChoice* choice);
 
 }  // namespace loom::engine::optim

@@ -5,12 +5,12 @@
 #ifndef LOOM_WORKER_ENGINE_TESTING_TINY_LLAMA_H_
 #define LOOM_WORKER_ENGINE_TESTING_TINY_LLAMA_H_
 
-#include "worker/engine/model_config.h"
+#include "spec/model_config.h"
 
 namespace loom::engine::testing {
 
-inline LlamaConfig TinyLlamaConfig(bool tie_word_embeddings = false) {
-  LlamaConfig c;
+inline spec::LlamaConfig TinyLlamaConfig(bool tie_word_embeddings = false) {
+  spec::LlamaConfig c;
   c.vocab_size = 64;
   c.hidden_size = 16;
   c.intermediate_size = 24;

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/engine/collectives.h"
-#include "worker/engine/ds_config.h"
+#include "spec/ds_config.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/testing/thread_gang.h"
 #include "worker/engine/process_groups.h"
@@ -36,7 +36,7 @@ using testing::FirstFailure;
 using testing::RunGang;
 
 // Deterministic per rank and micro-step (the ranks are threads: no shared global generator).
-at::Tensor Tokens(const LlamaConfig& c, int rank, int micro, int salt) {
+at::Tensor Tokens(const spec::LlamaConfig& c, int rank, int micro, int salt) {
   at::Tensor x = at::arange(2 * 9, at::kLong) * (7 + 2 * rank + 3 * micro) + salt + 5 * rank;
   return x.remainder(c.vocab_size).reshape({2, 9});
 }
@@ -51,13 +51,14 @@ ZeroOptions Bf16Options(int stage, at::ScalarType comm) {
   return o;
 }
 
-std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, const ZeroOptions& o) {
-  auto z = ZeroProvider::Create(LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
+std::unique_ptr<ZeroProvider> Make(Collectives& coll, const spec::LlamaConfig& c,
+                                   const ZeroOptions& o) {
+  auto z = ZeroProvider::Create(spec::LlamaParamSpecs(c), &coll, {31, c.initializer_range}, o);
   EXPECT_TRUE(z.ok()) << z.status();
   return std::move(*z);
 }
 
-std::unique_ptr<ZeroProvider> Make(Collectives& coll, const LlamaConfig& c, int stage,
+std::unique_ptr<ZeroProvider> Make(Collectives& coll, const spec::LlamaConfig& c, int stage,
                                    at::ScalarType comm) {
   return Make(coll, c, Bf16Options(stage, comm));
 }
@@ -70,7 +71,7 @@ struct MicroResult {
 
 // `micros` micro-steps of one optimizer step (no update).
 MicroResult Micro(Collectives& coll, const ZeroOptions& o, int micros) {
-  const LlamaConfig c = testing::TinyLlamaConfig(false);
+  const spec::LlamaConfig c = testing::TinyLlamaConfig(false);
   auto zero = Make(coll, c, o);
   auto model = *LlamaModel::Create(c, zero.get());
   MicroResult r;
@@ -91,9 +92,11 @@ MicroResult Micro(Collectives& coll, int stage, at::ScalarType comm, int micros)
   return Micro(coll, Bf16Options(stage, comm), micros);
 }
 
-int64_t GradElements(int world, const LlamaConfig& c) {
+int64_t GradElements(int world, const spec::LlamaConfig& c) {
   int64_t total = 0;
-  for (const ParamSpec& s : LlamaParamSpecs(c)) total += world * PartitionNumel(s.numel(), world);
+  for (const ParamSpec& s : spec::LlamaParamSpecs(c)) {
+    total += world * PartitionNumel(s.numel(), world);
+  }
   return total;
 }
 
@@ -152,7 +155,7 @@ TEST_P(GradCommDtypeTest, GradientAccumulationStaysFp32) {
 
 // 8 steps of SGD written here (master -= lr * grad, then RefreshParams), fp32 vs bf16 wire.
 std::vector<double> Train(Collectives& coll, int stage, at::ScalarType comm) {
-  const LlamaConfig c = testing::TinyLlamaConfig(false);
+  const spec::LlamaConfig c = testing::TinyLlamaConfig(false);
   auto zero = Make(coll, c, stage, comm);
   auto model = *LlamaModel::Create(c, zero.get());
   std::vector<double> losses;
@@ -289,7 +292,7 @@ TEST(GradCommDtypeOptionsTest, RefusesA16BitDtypeAtStage0) {
   ZeroOptions o;
   o.stage = 0;
   o.communication_dtype = at::kBFloat16;
-  auto z = ZeroProvider::Create(LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
+  auto z = ZeroProvider::Create(spec::LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
                                 {1, 0.02}, o);
   ASSERT_FALSE(z.ok());
   EXPECT_EQ(z.status().code(), absl::StatusCode::kInvalidArgument);
@@ -300,7 +303,7 @@ TEST(GradCommDtypeOptionsTest, RefusesAnIntegerDtype) {
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   ZeroOptions o;
   o.communication_dtype = at::kInt;
-  auto z = ZeroProvider::Create(LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
+  auto z = ZeroProvider::Create(spec::LlamaParamSpecs(testing::TinyLlamaConfig(false)), coll.get(),
                                 {1, 0.02}, o);
   ASSERT_FALSE(z.ok());
   EXPECT_EQ(z.status().code(), absl::StatusCode::kInvalidArgument);

@@ -30,7 +30,7 @@ namespace {
 
 constexpr double kAtol = 1e-6, kRtol = 1e-4;  // fp32 reduction-order tolerance
 
-LlamaConfig Tiny(bool tied = false) { return testing::TinyLlamaConfig(tied); }
+spec::LlamaConfig Tiny(bool tied = false) { return testing::TinyLlamaConfig(tied); }
 
 template <typename Body>
 void RunThreads(int world, Body body) {
@@ -78,9 +78,9 @@ struct Reference {
   std::vector<at::Tensor> grads;
 };
 
-Reference ReplicatedRun(const LlamaConfig& c, uint64_t seed, const at::Tensor& ids,
+Reference ReplicatedRun(const spec::LlamaConfig& c, uint64_t seed, const at::Tensor& ids,
                         const at::Tensor& labels) {
-  auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {seed, c.initializer_range});
+  auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {seed, c.initializer_range});
   auto model = *LlamaModel::Create(c, rep.get());
   LossOutput out = model->Loss(ids, labels);
   out.loss.backward();
@@ -94,7 +94,7 @@ class ReplicatedReferenceTest : public ::testing::TestWithParam<int> {};
 TEST_P(ReplicatedReferenceTest, ZeroAtWorldSizeOneEqualsReplicated) {
   const int stage = GetParam();
   for (bool tied : {false, true}) {
-    const LlamaConfig c = Tiny(tied);
+    const spec::LlamaConfig c = Tiny(tied);
     at::manual_seed(3);
     at::Tensor ids = at::randint(0, c.vocab_size, {2, 9}, at::kLong);
     at::Tensor labels = at::randint(0, c.vocab_size, {2, 9}, at::kLong);
@@ -104,7 +104,8 @@ TEST_P(ReplicatedReferenceTest, ZeroAtWorldSizeOneEqualsReplicated) {
     o.stage = stage;
     o.reduce_bucket_size = 500;
     o.param_persistence_threshold = 0;
-    auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), coll.get(), {21, c.initializer_range}, o);
+    auto zero =
+        *ZeroProvider::Create(spec::LlamaParamSpecs(c), coll.get(), {21, c.initializer_range}, o);
     auto model = *LlamaModel::Create(c, zero.get());
     zero->BeginMicroStep(true);
     LossOutput out = model->Loss(ids, labels);
@@ -125,7 +126,7 @@ TEST_P(ReplicatedReferenceTest, ZeroAtWorldSizeOneEqualsReplicated) {
 // equals the replicated gradient of the whole batch (equal token counts per rank).
 TEST_P(ReplicatedReferenceTest, TwoRankMeanGradientEqualsReplicatedConcatenatedBatch) {
   const int stage = GetParam();
-  const LlamaConfig c = Tiny(false);
+  const spec::LlamaConfig c = Tiny(false);
   at::manual_seed(4);
   at::Tensor ids = at::randint(0, c.vocab_size, {4, 8}, at::kLong);
   at::Tensor labels = at::randint(0, c.vocab_size, {4, 8}, at::kLong);
@@ -136,7 +137,8 @@ TEST_P(ReplicatedReferenceTest, TwoRankMeanGradientEqualsReplicatedConcatenatedB
     o.stage = stage;
     o.reduce_bucket_size = 700;
     o.param_persistence_threshold = 0;
-    auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), &coll, {22, c.initializer_range}, o);
+    auto zero =
+        *ZeroProvider::Create(spec::LlamaParamSpecs(c), &coll, {22, c.initializer_range}, o);
     auto model = *LlamaModel::Create(c, zero.get());
     zero->BeginMicroStep(true);
     LossOutput out = model->Loss(ids.narrow(0, 2 * rank, 2), labels.narrow(0, 2 * rank, 2));
@@ -163,7 +165,7 @@ std::pair<at::Tensor, int64_t> KUses(Collectives& coll, int stage, int k, bool d
   o.reduce_bucket_size = 1;  // a reduction per enqueued gradient
   o.overlap_comm = false;
   o.param_persistence_threshold = 0;
-  std::vector<ParamSpec> specs = {{"w", {4, 3}, ParamSpec::Kind::kLinear}};
+  std::vector<spec::ParamSpec> specs = {{"w", {4, 3}, spec::ParamSpec::Kind::kLinear}};
   auto zero = *ZeroProvider::Create(specs, &coll, {5, 0.5}, o);
   zero->BeginMicroStep(true);
   const int64_t before = coll.collective_count();
@@ -206,7 +208,7 @@ TEST(GradDeferralTest, KUsesInsideOneDeferralReduceOnceWithTheSameGradient) {
 }
 
 TEST(GradientDivideFactorTest, ReducedGradientIsDividedByTheFactor) {
-  const LlamaConfig c = Tiny(false);
+  const spec::LlamaConfig c = Tiny(false);
   at::manual_seed(5);
   at::Tensor ids = at::randint(0, c.vocab_size, {2, 6}, at::kLong);
   at::Tensor labels = at::randint(0, c.vocab_size, {2, 6}, at::kLong);
@@ -216,7 +218,8 @@ TEST(GradientDivideFactorTest, ReducedGradientIsDividedByTheFactor) {
     ZeroOptions o;
     o.stage = stage;
     o.gradient_divide_factor = 4;
-    auto zero = *ZeroProvider::Create(LlamaParamSpecs(c), coll.get(), {23, c.initializer_range}, o);
+    auto zero =
+        *ZeroProvider::Create(spec::LlamaParamSpecs(c), coll.get(), {23, c.initializer_range}, o);
     auto model = *LlamaModel::Create(c, zero.get());
     zero->BeginMicroStep(true);
     model->Loss(ids, labels).loss.backward();
@@ -246,7 +249,7 @@ class Recorder : public GradReadyListener {
 
 TEST(GradReadyTest, OncePerParamInTheLastMicroStepAfterItsGradientIsFinal) {
   for (bool tied : {false, true}) {
-    const LlamaConfig c = Tiny(tied);
+    const spec::LlamaConfig c = Tiny(tied);
     for (int stage : {0, 1, 2, 3}) {
       for (bool overlap : {false, true}) {
         RunThreads(2, [&](int rank, Collectives& coll) {
@@ -259,7 +262,7 @@ TEST(GradReadyTest, OncePerParamInTheLastMicroStepAfterItsGradientIsFinal) {
           o.param_persistence_threshold = 0;
           o.grad_ready_listener = &rec;
           auto zero =
-              *ZeroProvider::Create(LlamaParamSpecs(c), &coll, {24, c.initializer_range}, o);
+              *ZeroProvider::Create(spec::LlamaParamSpecs(c), &coll, {24, c.initializer_range}, o);
           raw = zero.get();
           auto model = *LlamaModel::Create(c, zero.get());
           at::manual_seed(9 + rank);
@@ -288,8 +291,8 @@ TEST(GradReadyTest, OncePerParamInTheLastMicroStepAfterItsGradientIsFinal) {
 }
 
 TEST(LlamaModelBindingTest, MissingParameterIsNamedAndPositionsDefaultToArange) {
-  const LlamaConfig c = Tiny(false);
-  std::vector<ParamSpec> specs = LlamaParamSpecs(c);
+  const spec::LlamaConfig c = Tiny(false);
+  std::vector<spec::ParamSpec> specs = spec::LlamaParamSpecs(c);
   specs.pop_back();  // no lm_head.weight
   auto partial = *ReplicatedProvider::Create(specs, {1, 0.2});
   absl::StatusOr<std::unique_ptr<LlamaModel>> bad = LlamaModel::Create(c, partial.get());
@@ -298,9 +301,9 @@ TEST(LlamaModelBindingTest, MissingParameterIsNamedAndPositionsDefaultToArange) 
   EXPECT_NE(bad.status().message().find("lm_head.weight"), std::string::npos) << bad.status();
 
   // Bound by name, not by position in the table: a reversed table gives the same logits.
-  auto rep = *ReplicatedProvider::Create(LlamaParamSpecs(c), {1, 0.2});
-  const std::vector<ParamSpec> forward_specs = LlamaParamSpecs(c);
-  std::vector<ParamSpec> reversed(forward_specs.rbegin(), forward_specs.rend());
+  auto rep = *ReplicatedProvider::Create(spec::LlamaParamSpecs(c), {1, 0.2});
+  const std::vector<spec::ParamSpec> forward_specs = spec::LlamaParamSpecs(c);
+  std::vector<spec::ParamSpec> reversed(forward_specs.rbegin(), forward_specs.rend());
   auto rev = *ReplicatedProvider::Create(reversed, {1, 0.2});
   const size_t n = reversed.size();
   for (size_t i = 0; i < n; ++i) rev->param(n - 1 - i).copy_(rep->param(i));

@@ -9,20 +9,20 @@
 namespace loom::engine {
 
 absl::StatusOr<std::unique_ptr<ReplicatedProvider>> ReplicatedProvider::Create(
-    std::vector<ParamSpec> specs, const ParamInit& init) {
+    std::vector<spec::ParamSpec> specs, const ParamInit& init) {
   auto m = std::make_unique<ReplicatedProvider>();
   m->specs_ = std::move(specs);
   try {
     at::NoGradGuard no_grad;
     m->anchor_ = at::empty({0}, at::kFloat).set_requires_grad(true);
     for (size_t i = 0; i < m->specs_.size(); ++i) {
-      const ParamSpec& spec = m->specs_[i];
+      const spec::ParamSpec& spec = m->specs_[i];
       at::Tensor full = at::empty({spec.numel()}, at::kFloat);
       if (init.from != nullptr) {
         absl::Status s =
             init.from->ReadRange(spec.name, spec.shape, 0, spec.numel(), full.data_ptr<float>());
         if (!s.ok()) return s;
-      } else if (spec.kind == ParamSpec::Kind::kNorm) {
+      } else if (spec.kind == spec::ParamSpec::Kind::kNorm) {
         full.fill_(1.0);
       } else if (init.initializer_range > 0) {
         at::Generator gen = at::detail::createCPUGenerator(Mix64(init.seed ^ Mix64(i + 1)));

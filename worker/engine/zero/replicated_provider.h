@@ -20,10 +20,10 @@ namespace loom::engine {
 class ReplicatedProvider : public ParamAccess {
  public:
   // Errors: `init.from`'s read errors as they are.
-  static absl::StatusOr<std::unique_ptr<ReplicatedProvider>> Create(std::vector<ParamSpec> specs,
-                                                                    const ParamInit& init);
+  static absl::StatusOr<std::unique_ptr<ReplicatedProvider>> Create(
+      std::vector<spec::ParamSpec> specs, const ParamInit& init);
 
-  const std::vector<ParamSpec>& param_specs() const override { return specs_; }
+  const std::vector<spec::ParamSpec>& param_specs() const override { return specs_; }
   const at::Tensor& Acquire(ParamId i) override { return params_[i]; }
   void Release(ParamId) override {}
   void NoteUse(ParamId) override {}
@@ -44,7 +44,7 @@ class ReplicatedProvider : public ParamAccess {
   void ClearGrads();
 
  private:
-  std::vector<ParamSpec> specs_;
+  std::vector<spec::ParamSpec> specs_;
   std::vector<at::Tensor> params_, grads_;
   at::Tensor anchor_;
   int64_t add_grad_calls_ = 0;

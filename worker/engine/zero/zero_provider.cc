@@ -18,10 +18,9 @@ using zero_internal::Bytes;
 using zero_internal::ThrowIfError;
 using zero_internal::Wire;
 
-absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<ParamSpec> specs,
-                                                                   Collectives* collectives,
-                                                                   const ParamInit& init,
-                                                                   const ZeroOptions& options) {
+absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
+    std::vector<spec::ParamSpec> specs, Collectives* collectives, const ParamInit& init,
+    const ZeroOptions& options) {
   if (options.stage < 0 || options.stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat("zero stage ", options.stage));
   }
@@ -49,7 +48,7 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<P
   try {
     at::NoGradGuard no_grad;
     m->anchor_ = at::empty({0}, at::kFloat).set_requires_grad(true);
-    const std::vector<ParamSpec>& all = m->specs_;
+    const std::vector<spec::ParamSpec>& all = m->specs_;
     m->params_.reserve(all.size());
     for (size_t i = 0; i < all.size(); ++i) {
       ZeroParam p;
@@ -67,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(std::vector<P
         if (!s.ok()) return s;
       } else {
         at::Tensor full;
-        if (p.spec.kind == ParamSpec::Kind::kNorm) {
+        if (p.spec.kind == spec::ParamSpec::Kind::kNorm) {
           full = at::ones({p.numel}, at::kFloat);
         } else {
           at::Generator gen = at::detail::createCPUGenerator(Mix64(init.seed ^ Mix64(i + 1)));

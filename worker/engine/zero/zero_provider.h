@@ -74,11 +74,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "spec/model_config.h"
 #include "worker/engine/buffer_pool.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/hf_weights.h"
 #include "worker/engine/model/param_access.h"
-#include "worker/engine/model_config.h"
 #include "worker/engine/partition.h"
 #include "worker/engine/zero/memory_tracker.h"
 #include "worker/engine/zero/partition_source.h"
@@ -116,7 +116,7 @@ struct ZeroOptions {
 };
 
 struct ZeroParam {
-  ParamSpec spec;
+  spec::ParamSpec spec;
   int64_t numel = 0;
   PartitionSlice slice;     // this rank's per-parameter partition (checkpoint layout)
   bool persistent = false;  // stage 3: numel <= param_persistence_threshold
@@ -148,13 +148,13 @@ class ZeroProvider : public ParamAccess {
   // Builds the parameters of `specs` (in order; ids are indexes). `collectives` must outlive the
   // provider. Errors: INVALID_ARGUMENT for a stage outside 0-3; `init.from`'s read errors
   // (NOT_FOUND, INVALID_ARGUMENT) and PartitionSource::OnParamBuilt's as they are.
-  static absl::StatusOr<std::unique_ptr<ZeroProvider>> Create(std::vector<ParamSpec> specs,
+  static absl::StatusOr<std::unique_ptr<ZeroProvider>> Create(std::vector<spec::ParamSpec> specs,
                                                               Collectives* collectives,
                                                               const ParamInit& init,
                                                               const ZeroOptions& options = {});
 
   // ParamAccess.
-  const std::vector<ParamSpec>& param_specs() const override { return specs_; }
+  const std::vector<spec::ParamSpec>& param_specs() const override { return specs_; }
   const at::Tensor& Acquire(ParamId i) override;
   void Release(ParamId i) override;
   void NoteUse(ParamId i) override;
@@ -236,7 +236,8 @@ class ZeroProvider : public ParamAccess {
   };
   enum class TraceMode { kRecord, kReplay, kOff };
 
-  ZeroProvider(std::vector<ParamSpec> specs, Collectives* collectives, const ZeroOptions& options)
+  ZeroProvider(std::vector<spec::ParamSpec> specs, Collectives* collectives,
+               const ZeroOptions& options)
       : specs_(std::move(specs)), collectives_(collectives), options_(options) {}
   // zero_fetch.cc
   std::map<size_t, Live>::iterator StartGather(size_t i);
@@ -265,7 +266,7 @@ class ZeroProvider : public ParamAccess {
     return options_.partition_source != nullptr && options_.partition_source->serves_partitions();
   }
 
-  std::vector<ParamSpec> specs_;
+  std::vector<spec::ParamSpec> specs_;
   Collectives* collectives_;
   ZeroOptions options_;
   MemoryTracker memory_;

@@ -34,12 +34,12 @@ struct Model {
   int64_t partition_bytes() const { return zero->partition_bytes(); }
 };
 
-absl::StatusOr<std::unique_ptr<Model>> MakeModel(const LlamaConfig& c, Collectives* coll,
+absl::StatusOr<std::unique_ptr<Model>> MakeModel(const spec::LlamaConfig& c, Collectives* coll,
                                                  uint64_t seed, const HfWeights* init = nullptr,
                                                  const ZeroOptions& o = {}) {
   auto m = std::make_unique<Model>();
   absl::StatusOr<std::unique_ptr<ZeroProvider>> z =
-      ZeroProvider::Create(LlamaParamSpecs(c), coll, {seed, c.initializer_range, init}, o);
+      ZeroProvider::Create(spec::LlamaParamSpecs(c), coll, {seed, c.initializer_range, init}, o);
   if (!z.ok()) return z.status();
   m->zero = *std::move(z);
   absl::StatusOr<std::unique_ptr<LlamaModel>> l = LlamaModel::Create(c, m->zero.get());
@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<Model>> MakeModel(const LlamaConfig& c, Collectiv
   return m;
 }
 
-LlamaConfig TinyConfig(bool tied) {
-  LlamaConfig c;
+spec::LlamaConfig TinyConfig(bool tied) {
+  spec::LlamaConfig c;
   c.vocab_size = 256;
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -86,7 +86,7 @@ TEST(RopeTest, MatchesPairwiseRotationFormula) {
 }
 
 // Independent reference: plain LibTorch autograd over full weights (HF LlamaForCausalLM).
-at::Tensor ReferenceForward(const LlamaConfig& c, const std::vector<at::Tensor>& w,
+at::Tensor ReferenceForward(const spec::LlamaConfig& c, const std::vector<at::Tensor>& w,
                             const at::Tensor& ids) {
   const int64_t b = ids.size(0), s = ids.size(1), d = c.head_dim();
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
@@ -127,7 +127,7 @@ class ZeroProviderLlamaTest : public ::testing::TestWithParam<std::tuple<bool, i
 
 TEST_P(ZeroProviderLlamaTest, ForwardAndGradientsMatchPlainAutograd) {
   const auto [tied, stage] = GetParam();
-  const LlamaConfig c = TinyConfig(tied);
+  const spec::LlamaConfig c = TinyConfig(tied);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   ZeroOptions opts;
   opts.stage = stage;
@@ -136,7 +136,7 @@ TEST_P(ZeroProviderLlamaTest, ForwardAndGradientsMatchPlainAutograd) {
   absl::StatusOr<std::unique_ptr<Model>> m = MakeModel(c, coll.get(), 11, nullptr, opts);
   ASSERT_TRUE(m.ok()) << m.status();
   Model& model = **m;
-  ASSERT_EQ(model.params().size(), LlamaParamSpecs(c).size());
+  ASSERT_EQ(model.params().size(), spec::LlamaParamSpecs(c).size());
   EXPECT_EQ(model.params().back().spec.name, tied ? "model.norm.weight" : "lm_head.weight");
 
   std::vector<at::Tensor> ref_w;
@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(TiedUntiedAndStages, ZeroProviderLlamaTest,
 
 // bf16: forward close to the fp32 model (bf16 noise), gradients land in fp32 partitions.
 TEST(ZeroLlamaBf16Test, Bf16ForwardIsCloseToFp32) {
-  const LlamaConfig c = TinyConfig(false);
+  const spec::LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   ZeroOptions opts;
   std::unique_ptr<Model> f32 = *MakeModel(c, coll.get(), 4, nullptr, opts);
@@ -212,7 +212,7 @@ TEST(ZeroLlamaBf16Test, Bf16ForwardIsCloseToFp32) {
 // model without prefetching. Live gathered params stay within max_live_parameters (+ the one
 // parameter fetched on demand beyond it), reduction buffers aside.
 TEST(ZeroLlamaPrefetchTest, TraceReplayInvalidationAndLiveBound) {
-  const LlamaConfig c = TinyConfig(false);  // hidden 32: largest param 256*32 = 8192
+  const spec::LlamaConfig c = TinyConfig(false);  // hidden 32: largest param 256*32 = 8192
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   ZeroOptions on;
   on.stage = 3;
@@ -289,7 +289,7 @@ TEST(ZeroLlamaPrefetchTest, TraceReplayInvalidationAndLiveBound) {
 // last micro-step. Stages 0/1 (which reduce once, in the last micro-step) must still reduce
 // layer 1's accumulated gradients; every stage equals stage 2 (which reduces every micro-step).
 TEST(ZeroLlamaDynamicTest, ParamsUnusedInTheLastMicroStepAreStillReduced) {
-  const LlamaConfig c = TinyConfig(false);
+  const spec::LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   at::manual_seed(1);
   at::Tensor ids0 = at::randint(0, 256, {2, 8}, at::kLong);
@@ -325,7 +325,7 @@ TEST(ZeroLlamaDynamicTest, ParamsUnusedInTheLastMicroStepAreStillReduced) {
 }
 
 TEST(ZeroLlamaCausalTest, LaterTokensDoNotChangeEarlierLogits) {
-  const LlamaConfig c = TinyConfig(false);
+  const spec::LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   std::unique_ptr<Model> model = *MakeModel(c, coll.get(), 3);
   at::NoGradGuard no_grad;
@@ -340,7 +340,7 @@ TEST(ZeroLlamaCausalTest, LaterTokensDoNotChangeEarlierLogits) {
 }
 
 TEST(ZeroLlamaInitTest, DeterministicAndNormWeightsAreOnes) {
-  const LlamaConfig c = TinyConfig(true);
+  const spec::LlamaConfig c = TinyConfig(true);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   std::unique_ptr<Model> a = *MakeModel(c, coll.get(), 5);
   std::unique_ptr<Model> b = *MakeModel(c, coll.get(), 5);
@@ -350,14 +350,14 @@ TEST(ZeroLlamaInitTest, DeterministicAndNormWeightsAreOnes) {
   EXPECT_TRUE(at::equal(a->params()[1].master, at::ones({c.hidden_size})));
   const double std = a->params()[0].master.std().item<double>();
   EXPECT_NEAR(std, c.initializer_range, 0.01);
-  EXPECT_EQ(a->partition_bytes(), LlamaParamCount(c) * 4);  // N = 1: no padding
+  EXPECT_EQ(a->partition_bytes(), spec::LlamaParamCount(c) * 4);  // N = 1: no padding
 }
 
 // The step's large temporaries come from the model's buffer pool: once the step's pattern is
 // set, every later micro-step reuses them (no new allocation, the cached bytes stay the same), nothing is
 // left in use between micro-steps, and gradients with the pool are those of a fresh model.
 TEST(ZeroLlamaBufferPoolTest, SteadyStateReusesBuffersAndGradientsAreUnchanged) {
-  const LlamaConfig c = TinyConfig(false);
+  const spec::LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
   for (int stage : {2, 3}) {
     ZeroOptions o;
