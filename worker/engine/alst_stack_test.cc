@@ -47,6 +47,9 @@ namespace {
 
 using testing::FirstFailure;
 using testing::RunGang;
+using spec::LlamaConfig;
+using spec::LlamaParamSpecs;
+using spec::ParamSpec;
 
 constexpr double kAtol = 1e-6, kRtol = 1e-4;
 constexpr uint64_t kSeed = 41;

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   }
   const int64_t seq = std::atoll(argv[1]);
   const bool mlp = std::atoi(argv[2]) != 0, loss_tiled = std::atoi(argv[3]) != 0;
-  spec::LlamaConfig c;
+  loom::spec::LlamaConfig c;
   c.vocab_size = argc > 4 ? std::atoll(argv[4]) : 32000;
   c.hidden_size = argc > 5 ? std::atoll(argv[5]) : 256;
   c.num_hidden_layers = argc > 6 ? std::atoll(argv[6]) : 2;
@@ -39,9 +39,9 @@ int main(int argc, char** argv) {
   o.stage = 3;
   o.param_persistence_threshold = 0;
   auto zero =
-      *ZeroProvider::Create(spec::LlamaParamSpecs(c), coll.get(), {1, c.initializer_range}, o);
+      *ZeroProvider::Create(loom::spec::LlamaParamSpecs(c), coll.get(), {1, c.initializer_range}, o);
   auto model = *LlamaModel::Create(c, zero.get());
-  spec::TiledComputeOptions t;
+  loom::spec::TiledComputeOptions t;
   t.mlp = mlp;
   t.logits_loss = loss_tiled;
   if (!InstallTiledCompute(t, coll.get(), model.get()).ok()) return 1;

@@ -34,6 +34,11 @@ namespace {
 
 using testing::FirstFailure;
 using testing::RunGang;
+using spec::LlamaConfig;
+using spec::LlamaParamSpecs;
+using spec::ParamSpec;
+using spec::DeepSpeedConfig;
+using spec::ParseDeepSpeedConfig;
 
 // Deterministic per rank and micro-step (the ranks are threads: no shared global generator).
 at::Tensor Tokens(const spec::LlamaConfig& c, int rank, int micro, int salt) {

@@ -26,6 +26,9 @@ namespace {
 
 using testing::FirstFailure;
 using testing::RunGang;
+using spec::LlamaConfig;
+using spec::LlamaParamSpecs;
+using spec::ParamSpec;
 
 // contribution[rank][element]; every value is exact in fp32 at every step of every order.
 const std::vector<std::vector<float>> kContribution = {

@@ -24,6 +24,9 @@ namespace {
 
 using testing::FirstFailure;
 using testing::RunGang;
+using spec::LlamaConfig;
+using spec::LlamaParamSpecs;
+using spec::ParamSpec;
 
 // Element j of parameter i after the update: small multiples of 1/4, exact in bf16.
 float Updated(size_t i, int64_t j) { return 0.25f * static_cast<float>(j + 1) + 8.0f * i; }
