@@ -5,12 +5,10 @@
 // [N*p] all-gather output is its flat replica whenever n == N*p: with fp32 params the master
 // partition is the send buffer and the replica the receive buffer, no copies and no fresh
 // buffers (perf: the earlier bucketed gather allocated a send and a receive buffer per bucket
-// every step, page clearing under them, and copied into and out of them). These direct gathers
-// are started here and not waited for: the first Acquire of a parameter (its use in the next
-// forward) waits for its own, so the transfers of later layers overlap the compute of earlier
-// ones; FinishMicroStep, LoadPartition, the next RefreshParams and the destructor wait for any
-// left (the master partition is the send buffer: the optimizer must not write it while it is
-// sent). A padded parameter (n < N*p) or a 16-bit replica (a cast send buffer) goes through
+// every step, page clearing under them, and copied into and out of them). All gathers are
+// waited before RefreshReplicas returns (the master partition is the send buffer, and an
+// overlapped optimizer may write it afterwards); the Acquire / FinishMicroStep waits remain
+// as a guard. A padded parameter (n < N*p) or a 16-bit replica (a cast send buffer) goes through
 // pooled buffers and is waited here, at most allgather_bucket_size gathered elements in flight.
 // Errors: CollectiveError, thrown here for a synchronous gather, or by the Acquire / wait that
 // finds a direct gather failed.
@@ -91,6 +89,11 @@ void ZeroProvider::RefreshReplicas() {
   complete();
   if (!status.ok()) WaitReplicas(/*throw_errors=*/false);  // the group is unusable anyway
   ThrowIfError(status);
+  // Waited here, not at the next Acquire: an optimizer that writes master partitions off the
+  // training thread (ZenFlow's overlapped CPU step) may write a partition while its gather
+  // still sends it, and the replicas would then depend on thread timing
+  // (offload_resume_e2e_test's ZenFlow case diverged by 2e-4 in its loss when left in flight).
+  WaitReplicas();
 }
 
 void ZeroProvider::WaitReplica(size_t i) {
