@@ -130,7 +130,15 @@ absl::Status Trainer::Run() {
       last_checkpoint = s + 1;
     }
   }
-  if (zenflow_ != nullptr) zenflow_->Flush();  // the last CPU result into the final weights
+  if (zenflow_ != nullptr) {
+    // The last CPU result into the final weights: Flush publishes it into the fp32 master
+    // partitions, and the replicas that the final evaluation and final_logits.json read must be
+    // refreshed from them (collective: every rank flushes here). Without the refresh, at stages
+    // 0-2 the final held-out loss and logits were the previous refresh's weights while the
+    // checkpoint held the flushed ones (zenflow_trainer_test's FinalEvalSeesTheLastCpuUpdate).
+    zenflow_->Flush();
+    model_->RefreshParams();
+  }
   if (o_.steps > start) {
     last_eval = Evaluate();
     metric_eval_loss_ = {o_.steps, last_eval};

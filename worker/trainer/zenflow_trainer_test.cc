@@ -11,6 +11,12 @@
 //     at step 3 (selection live, an interval half accumulated): the step is skipped, the loss
 //     scale halves, and the parameters, moments and ZenFlow's whole state (device-side selective
 //     moments, host accumulators, CPU copy) equal step 2's bit for bit; step 4 trains again.
+//   * FinalEvalSeesTheLastCpuUpdate: the final held-out loss and final_logits.json are computed
+//     from the weights the final checkpoint holds (after the last CPU result is flushed):
+//     the checkpoint, consolidated to Hugging Face safetensors, initialises a plain job that
+//     trains one step at lr 0 and must compute the same logits (regression: at stages 1-2 the
+//     replicas were not refreshed after the final flush).
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint/consolidate.h"
 #include "storage/checkpoint/shard_format.h"
 #include "worker/trainer/gang_test_util.h"
 
@@ -196,6 +203,50 @@ TEST(ZenFlowTrainerTest, Fp16InjectedInfSkipsTheStepOnBothSides) {
   auto p2 = Reassemble(dir(2), 2, "fp32_params"), p4 = Reassemble(dir(4), 2, "fp32_params");
   ASSERT_FALSE(p2.empty());
   EXPECT_NE(p4, p2) << "step 4 did not update the parameters";
+}
+
+}  // namespace
+
+namespace {
+
+double MaxLogitDiff(const json& want, const json& got) {
+  EXPECT_EQ(want["tokens"], got["tokens"]);
+  double max_diff = 0;
+  for (size_t i = 0; i < want["logits"].size(); ++i) {
+    for (size_t v = 0; v < want["logits"][i].size(); ++v) {
+      max_diff = std::max(max_diff, std::abs(want["logits"][i][v].get<double>() -
+                                             got["logits"][i][v].get<double>()));
+    }
+  }
+  return max_diff;
+}
+
+TEST(ZenFlowTrainerTest, FinalEvalSeesTheLastCpuUpdate) {
+  for (int stage : {1, 3}) {
+    const std::string name = absl::StrCat("zf_final_s", stage);
+    // 5 steps, update every 2 with overlap: a CPU step is still in flight when training ends,
+    // so its result reaches the weights only through the final flush.
+    const int steps = 5;
+    RunJob(name, Spec(name, steps, Zero(stage, ZenFlowBlock()), /*bf16=*/false,
+                      /*checkpoint_interval=*/100));
+    const std::string export_dir = TmpDir() + "/export_" + name;
+    auto consolidated = loom::storage::Consolidate(Dir(name), steps, export_dir);
+    ASSERT_TRUE(consolidated.ok()) << consolidated.status();
+
+    const std::string ft = name + "_lr0";
+    json spec = json::parse(*ReadText(WriteSpec(ft, 2, 1)));
+    spec["model"]["init_from"] = export_dir;
+    spec["deepspeed_config"]["optimizer"]["params"]["lr"] = 0.0;
+    spec["deepspeed_config"].erase("scheduler");
+    const std::string spec_path = TmpDir() + "/" + ft + ".spec.json";
+    std::ofstream(spec_path) << spec.dump(2);
+    RunJob(ft, spec_path);
+    const double diff =
+        MaxLogitDiff(json::parse(*ReadText(Dir(name) + "/final_logits.json")),
+                     json::parse(*ReadText(Dir(ft) + "/final_logits.json")));
+    EXPECT_LT(diff, 1e-5) << "stage " << stage
+                          << ": the final logits are not those of the final checkpoint's weights";
+  }
 }
 
 }  // namespace
