@@ -1,11 +1,19 @@
 // The optimizer step of one ZeRO partition (or sub-group of partitions): torch.optim.Adam /
-// AdamW single-tensor semantics (PyTorch 1.13; DeepSpeed FusedAdam with adam_w_mode) on fp32
-// master weights. This is the one place the engine updates weights, so an offload backend
-// (CPU Adam, NVMe swapping; TECHNIQUES.md §1.7-1.8) can route a sub-group elsewhere by
-// replacing this call.
+// AdamW (PyTorch 1.13; DeepSpeed FusedAdam with adam_w_mode) on fp32 master weights. This is
+// the one place the engine updates weights in memory, so an offload backend (CPU Adam, NVMe
+// swapping; TECHNIQUES.md §1.7-1.8) can route a sub-group elsewhere by replacing this call.
+//
+// Kernels: a partition whose four tensors are fp32, contiguous CPU tensors is stepped by the
+// fused kernel of offload/cpu_adam.h (one pass over param/grad/m/v per slice instead of ATen's
+// eight element-wise passes: 0.12 s instead of 0.33-0.40 s for a 53.5M-element partition), as
+// DeepSpeed runs FusedAdam on the device the weights live on. It is bit-identical to
+// ZeRO-Offload's CpuAdam and differs from ATen's op-by-op update by a few ulp per step (ATen's
+// vectorised add/addcmul contract to FMA; offload/cpu_adam.h). Any other partition (an
+// accelerator's) runs the op-by-op ATen update. Results do not depend on the thread count.
 //
 // Not thread-safe per partition (each call mutates its partitions in place); distinct
-// partitions may be stepped concurrently.
+// partitions may be stepped concurrently. The CPU kernel splits a partition over the caller's
+// intra-op threads (at::parallel_for).
 #ifndef LOOM_WORKER_ENGINE_OPTIMIZER_H_
 #define LOOM_WORKER_ENGINE_OPTIMIZER_H_
 
