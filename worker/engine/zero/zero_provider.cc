@@ -127,6 +127,7 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
   m->enqueued_.assign(n, 0);
   m->grad_written_.assign(n, 0);
   m->grad_out_.resize(n);
+  m->grad_out_direct_.assign(n, 0);
   m->deferral_depth_.assign(n, 0);
   m->deferred_.resize(n);
   m->reductions_in_flight_.assign(n, 0);

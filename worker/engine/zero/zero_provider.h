@@ -25,6 +25,12 @@
 // gradient partition when it is the first contribution since ClearGrads. In stage 1 the
 // step's first contribution is written straight into the pooled [N*p] local accumulator the
 // same way (later micro-steps add into it).
+// One rank with fp32 gradient communication (stages 1-3): the reduction is the identity (p = n,
+// the reduce-scatter a copy), so none runs: in stages 2/3 the first contribution since
+// ClearGrads is written straight into the gradient partition (GradDestination hands out the
+// partition itself) and later ones, deferred sums and stage 1's accumulator are copied or
+// added into it at Flush; the values are the same bit for bit, and the grad-ready event of a
+// directly written gradient is raised at its CommitGrad.
 // Gradient deferral (ParamAccess::BeginGradDeferral): stages 2/3 sum the deferred contributions
 // in one [N*p] buffer and reduce it once at EndGradDeferral; stages 0/1 accumulate locally
 // anyway and reduce once per step.
@@ -253,6 +259,7 @@ class ZeroProvider : public ParamAccess {
   void PutLocalGrad(ZeroParam& p);   // back to the pool once reduced
   void Enqueue(size_t i, const at::Tensor& flat);
   void Flush();
+  void FlushIdentity();  // Flush at one rank with an fp32 wire (identity_reduction)
   void CompleteOldest();
   void FlushGrads();  // FinishMicroStep's gradient part
   // zero_refresh.cc: RefreshParams' stage 1/2 all-gathers; waits for a replica's / all
@@ -262,6 +269,12 @@ class ZeroProvider : public ParamAccess {
   void WaitReplicas(bool throw_errors = true);
   void MaybeGradReady(size_t i);
   double divide_factor() const;
+  // Stages 1-3 on one rank with fp32 gradient communication: the reduce-scatter of a [p] = [n]
+  // buffer is a copy, so gradients go into the gradient partition directly (zero_grads.cc).
+  bool identity_reduction() const {
+    return options_.stage >= 1 && collectives_->world_size() == 1 &&
+           grad_communication_dtype() == at::kFloat;
+  }
   bool sources_partitions() const {
     return options_.partition_source != nullptr && options_.partition_source->serves_partitions();
   }
@@ -288,6 +301,7 @@ class ZeroProvider : public ParamAccess {
   std::vector<char> enqueued_;  // per param: queued for reduction in this micro-step
   std::vector<char> grad_written_;   // per param: grad holds a reduction since ClearGrads
   std::vector<at::Tensor> grad_out_;  // per param: the buffer GradDestination handed out
+  std::vector<char> grad_out_direct_;  // per param: grad_out_ is the gradient partition itself
   std::vector<int> deferral_depth_;       // per param: open GradDeferrals
   std::vector<at::Tensor> deferred_;      // per param: stages 2/3 summed [N*p] contributions
   std::vector<int> reductions_in_flight_;  // per param: queued or started, not completed
