@@ -119,6 +119,15 @@ struct ZeroOptions {
   PartitionSource* partition_source = nullptr;
   // "Partition gradient ready" events. Not owned; may also be set by set_grad_ready_listener.
   GradReadyListener* grad_ready_listener = nullptr;
+  // Stages 1/2 on one rank with fp32 params: each replica is a view of its fp32 master (p = n
+  // there), so RefreshParams copies nothing and a write of a master is at once a write of the
+  // parameter that forward and backward read. Set it only when masters are written while no
+  // forward or backward runs: the in-memory and the synchronous offload optimizer (they step in
+  // FinishStep on the training thread) and LoadPartition. Leave it false with ZenFlow (its
+  // overlapped CPU step publishes into masters while the next forward runs) and SuperOffload
+  // (its speculative step writes them during backward and may roll back). Ignored otherwise
+  // (other stages, bf16/fp16 params and more than one rank keep a separate replica).
+  bool replica_views_master = false;
 };
 
 struct ZeroParam {
@@ -132,7 +141,8 @@ struct ZeroParam {
   at::Tensor grad;          // fp32 [m] reduced mean gradient (stage 0: also the local
                             // accumulator); undefined until the first reduction of a step
   at::Tensor local_grad;    // stage 1: fp32 [N*p] local accumulator over micro-steps
-  at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype
+  at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype (a view of
+                            // master: stage 0 fp32, and ZeroOptions::replica_views_master)
   at::Tensor shard;         // stage 3: [p] param dtype (the master itself when fp32)
   bool shard_offloaded = false;  // stage 3 offload_param nvme: master/shard are stride-0
                                  // placeholders; all-gathers read PartitionSource::Fetch
@@ -179,7 +189,8 @@ class ZeroProvider : public ParamAccess {
   void BeginMicroStep(bool last);
   void FinishMicroStep();
   // After the optimizer updated the fp32 masters: refreshes the compute copies (stage 0 cast,
-  // stage 1/2 all-gather of each partition straight into its replica, zero_refresh.cc: with
+  // stage 1/2 on one rank a copy, or nothing with ZeroOptions::replica_views_master; stage 1/2
+  // all-gather of each partition straight into its replica, zero_refresh.cc: with
   // fp32 params started and left in flight, each waited by its parameter's next Acquire and
   // all by FinishMicroStep / LoadPartition / the next RefreshParams, so the masters must not be
   // written before one of those; stage 3 shard cast and persistent params released). Also used
@@ -313,6 +324,7 @@ class ZeroProvider : public ParamAccess {
   // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
   std::vector<std::unique_ptr<PendingCollective>> replica_pending_;
   int64_t replicas_pending_ = 0;
+  bool replica_views_master_ = false;  // the options' replica_views_master took effect
 
   // Stage-3 fetching.
   std::map<size_t, Live> live_;
