@@ -353,6 +353,12 @@ void ZeroProvider::FlushGrads() {
   }
   Flush();
   while (!in_flight_.empty()) CompleteOldest();
+  if (last_micro_ && grads_stale_) {  // ClearGrads left them: zero what no reduction wrote
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!grad_written_[i] && params_[i].grad.defined()) params_[i].grad.zero_();
+    }
+    grads_stale_ = false;
+  }
   if (options_.grad_ready_listener != nullptr && last_micro_) {
     // Parameters whose last reduction was in an earlier micro-step (or that were used fewer
     // times than noted) are final now.

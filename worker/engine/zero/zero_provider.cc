@@ -228,7 +228,14 @@ void ZeroProvider::ClearGrads() {
   touched_.assign(params_.size(), 0);
   grad_written_.assign(params_.size(), 0);
   if (grad_flat_.defined()) {
-    grad_flat_.zero_();
+    // One rank (identity_reduction): every gradient written since now overwrites its partition
+    // first, so only those still unwritten at the end of the last micro-step are zeroed then
+    // (FlushGrads) instead of the whole buffer here.
+    if (identity_reduction()) {
+      grads_stale_ = true;
+    } else {
+      grad_flat_.zero_();
+    }
     return;
   }
   for (ZeroParam& p : params_) {

@@ -196,7 +196,10 @@ class ZeroProvider : public ParamAccess {
   // written before one of those; stage 3 shard cast and persistent params released). Also used
   // after loading a checkpoint. Collective for stages 1/2.
   void RefreshParams();
-  // Drops the gradients (contiguous buffer zeroed and kept).
+  // Drops the gradients (contiguous buffer zeroed and kept; on one rank with an fp32 wire the
+  // zeroing is deferred: each gradient's first write overwrites it, and the partitions no
+  // micro-step wrote are zeroed at the end of the last micro-step, so params()[i].grad is only
+  // meaningful after that FinishMicroStep).
   void ClearGrads();
   // Σ ||grad||^2 (double) over this rank's gradient storage (padding is zero). Stages 1-3 need
   // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully. Squares and
@@ -321,6 +324,7 @@ class ZeroProvider : public ParamAccess {
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;
   at::Tensor grad_flat_;  // contiguous_gradients storage
+  bool grads_stale_ = false;  // one rank: ClearGrads left grad_flat_ unzeroed (FlushGrads zeroes)
   // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
   std::vector<std::unique_ptr<PendingCollective>> replica_pending_;
   int64_t replicas_pending_ = 0;

@@ -472,5 +472,44 @@ TEST(OneRankIdentityReductionTest, NoGradientCollectiveAndStageZeroGradientsBitF
   }
 }
 
+// One rank: ClearGrads leaves the zeroing to the end of the last micro-step (each gradient's
+// first write overwrites its partition): a parameter with no gradient in a step reads zeros
+// afterwards, not the previous step's values, and one written only in an earlier micro-step
+// keeps that contribution. Values are exact (multiples of 1/2).
+TEST(OneRankIdentityReductionTest, UnwrittenGradientsAreZeroAfterTheLastMicroStep) {
+  const std::vector<spec::ParamSpec> specs = {{"a", {2, 3}, spec::ParamSpec::Kind::kLinear},
+                                              {"b", {4}, spec::ParamSpec::Kind::kNorm}};
+  for (int stage : {1, 2, 3}) {
+    std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+    ZeroOptions o;
+    o.stage = stage;
+    std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o);
+    auto micro = [&](bool last, const std::vector<std::pair<size_t, float>>& grads) {
+      z->BeginMicroStep(last);
+      for (const auto& [i, v] : grads) z->NoteUse(i);  // the forward's uses
+      for (const auto& [i, v] : grads) z->AddGrad(i, at::full(specs[i].shape, v, at::kFloat));
+      z->FinishMicroStep();
+    };
+    auto expect = [&](size_t i, float v, const std::string& what) {
+      const at::Tensor& g = z->params()[i].grad;
+      ASSERT_TRUE(g.defined()) << what;
+      EXPECT_TRUE(at::equal(g, at::full({specs[i].numel()}, v, at::kFloat)))
+          << "stage " << stage << " " << what << ": " << g;
+    };
+    micro(true, {{0, 1.5f}, {1, 2.5f}});
+    expect(0, 1.5f, "step 1 a");
+    expect(1, 2.5f, "step 1 b");
+    z->ClearGrads();
+    micro(true, {{0, -0.5f}});
+    expect(0, -0.5f, "step 2 a");
+    expect(1, 0.0f, "step 2 b (no gradient)");
+    z->ClearGrads();
+    micro(false, {{1, 1.0f}});
+    micro(true, {{0, 2.0f}, {0, 0.5f}});
+    expect(0, 2.5f, "step 3 a (two contributions)");
+    expect(1, 1.0f, "step 3 b (first micro-step only)");
+  }
+}
+
 }  // namespace
 }  // namespace loom::engine
