@@ -125,8 +125,10 @@ int64_t FailEachCollectiveOfOneStep(Collectives& world) {
 TEST(ZeroCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusOneRank) {
   std::unique_ptr<Collectives> local = CreateLocalCollectives();
   const int64_t n = FailEachCollectiveOfOneStep(*local);
-  // 2 micro-steps x (forward + backward gathers of 21 parameters) + reductions.
-  EXPECT_GT(n, 2 * 2 * 21);
+  // 2 micro-steps x forward and backward gathers of 21 parameters (fewer where a parameter is
+  // reused while still gathered); no gradient collective: on one rank the reduction is the
+  // identity and none runs (zero_provider.h), so every collective here is a gather.
+  EXPECT_GT(n, 2 * 21);
 }
 
 TEST(ZeroCollectiveErrorTest, EveryCollectiveOfAStage3StepThrowsItsStatusTwoRanks) {

@@ -79,7 +79,17 @@ at::Tensor ZeroProvider::GradDestination(ParamId i, at::ScalarType compute_dtype
     return p.local_grad.narrow(0, 0, p.numel).view(p.spec.shape);
   }
   if (options_.stage < 2) return at::Tensor();
+  if (identity_reduction() && deferral_depth_[i] == 0 && !grad_written_[i]) {
+    // One rank: the reduction is the identity, so the first contribution since ClearGrads is
+    // written straight into the gradient partition ([p] = [n]: no padding at one rank).
+    ZeroParam& p = params_[i];
+    EnsureGrad(p);
+    grad_out_[i] = p.grad;
+    grad_out_direct_[i] = 1;
+    return p.grad.view(p.spec.shape);
+  }
   grad_out_[i] = NewGradBuffer(i);
+  grad_out_direct_[i] = 0;
   return grad_out_[i].narrow(0, 0, params_[i].numel).view(params_[i].spec.shape);
 }
 
@@ -93,6 +103,14 @@ void ZeroProvider::CommitGrad(ParamId i) {
     return;
   }
   at::Tensor buf = std::move(grad_out_[i]);
+  if (grad_out_direct_[i]) {  // one rank: buf is the gradient partition itself
+    grad_out_direct_[i] = 0;
+    const double factor = divide_factor();
+    if (factor != 1.0) buf.div_(factor);  // the same op the reduction buffer gets
+    grad_written_[i] = 1;
+    MaybeGradReady(i);
+    return;
+  }
   if (deferral_depth_[i] > 0) {  // summed here, reduced once at EndGradDeferral
     if (!deferred_[i].defined()) {
       deferred_[i] = std::move(buf);
@@ -191,6 +209,10 @@ void ZeroProvider::Flush() {
     r.offsets.push_back(total);  // stage 0: where its gradient sits in the concatenation
     total += params_[i].numel;
   }
+  if (identity_reduction()) {
+    FlushIdentity();
+    return;
+  }
   if (options_.stage == 0) {
     std::vector<at::Tensor> parts;
     for (const auto& [i, t] : bucket_) parts.push_back(t);
@@ -237,6 +259,36 @@ void ZeroProvider::Flush() {
   in_flight_.push_back(std::move(r));
   const size_t max_in_flight = options_.overlap_comm ? 2 : 0;
   while (in_flight_.size() > max_in_flight) CompleteOldest();
+}
+
+void ZeroProvider::FlushIdentity() {
+  // One rank, fp32 wire: the reduce-scatter would copy each [p] = [n] buffer into its
+  // partition (Collectives' one-rank reduction is a copy), so the buffer is copied (first
+  // reduction since ClearGrads) or added (later ones) into the gradient itself: the same
+  // values, bit for bit, without the collective's copy and the temporary partition.
+  const double factor = divide_factor();
+  std::vector<std::pair<size_t, at::Tensor>> bucket = std::move(bucket_);
+  bucket_.clear();
+  bucket_elems_ = 0;
+  for (auto& [i, t] : bucket) {
+    ZeroParam& p = params_[i];
+    if (options_.stage == 1 && factor != 1.0) t.div_(factor);  // stages 2/3: in CommitGrad
+    EnsureGrad(p);
+    if (grad_written_[i]) {
+      p.grad.add_(t);
+    } else {
+      p.grad.copy_(t);
+      grad_written_[i] = 1;
+    }
+    if (options_.stage == 1) {  // t is the local accumulator
+      t = at::Tensor();
+      PutLocalGrad(p);
+    } else {
+      pool_.Put(std::move(t));
+    }
+    --reductions_in_flight_[i];
+  }
+  for (const auto& entry : bucket) MaybeGradReady(entry.first);
 }
 
 void ZeroProvider::CompleteOldest() {
@@ -301,6 +353,12 @@ void ZeroProvider::FlushGrads() {
   }
   Flush();
   while (!in_flight_.empty()) CompleteOldest();
+  if (last_micro_ && grads_stale_) {  // ClearGrads left them: zero what no reduction wrote
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!grad_written_[i] && params_[i].grad.defined()) params_[i].grad.zero_();
+    }
+    grads_stale_ = false;
+  }
   if (options_.grad_ready_listener != nullptr && last_micro_) {
     // Parameters whose last reduction was in an earlier micro-step (or that were used fewer
     // times than noted) are final now.

@@ -45,6 +45,8 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
   const int stage = options.stage;
   const at::ScalarType dt = options.param_dtype;
   const bool fp32 = dt == at::kFloat;
+  m->replica_views_master_ =
+      options.replica_views_master && fp32 && n_ranks == 1 && (stage == 1 || stage == 2);
   try {
     at::NoGradGuard no_grad;
     m->anchor_ = at::empty({0}, at::kFloat).set_requires_grad(true);
@@ -91,7 +93,12 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
           p.master.narrow(0, 0, p.slice.valid()).copy_(src.narrow(0, p.slice.begin,
                                                                    p.slice.valid()));
         }
-        p.replica = src.to(dt).clone().view(p.spec.shape);
+        if (m->replica_views_master_) {  // one rank: the master is the whole parameter
+          p.replica = p.master.view(p.spec.shape);
+          master_is_param = true;
+        } else {
+          p.replica = src.to(dt).clone().view(p.spec.shape);
+        }
         m->memory_.Acquire(MemoryKind::kParams, Bytes(p.replica));
       } else {
         p.master = src;
@@ -127,6 +134,7 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
   m->enqueued_.assign(n, 0);
   m->grad_written_.assign(n, 0);
   m->grad_out_.resize(n);
+  m->grad_out_direct_.assign(n, 0);
   m->deferral_depth_.assign(n, 0);
   m->deferred_.resize(n);
   m->reductions_in_flight_.assign(n, 0);
@@ -207,7 +215,9 @@ void ZeroProvider::RefreshParams() {
   if (collectives_->world_size() == 1) {
     // One rank: the partition is the whole parameter, so copy it into the replica (no
     // collective and no staging buffers; perf showed the old bucketed gather's fresh buffers
-    // as page faults at ~1/3 of a 1-rank offload step).
+    // as page faults at ~1/3 of a 1-rank offload step), or nothing when the replica is a view
+    // of the master (ZeroOptions::replica_views_master).
+    if (replica_views_master_) return;
     for (ZeroParam& p : params_) p.replica.view({-1}).copy_(p.master.narrow(0, 0, p.numel));
     return;
   }
@@ -218,7 +228,14 @@ void ZeroProvider::ClearGrads() {
   touched_.assign(params_.size(), 0);
   grad_written_.assign(params_.size(), 0);
   if (grad_flat_.defined()) {
-    grad_flat_.zero_();
+    // One rank (identity_reduction): every gradient written since now overwrites its partition
+    // first, so only those still unwritten at the end of the last micro-step are zeroed then
+    // (FlushGrads) instead of the whole buffer here.
+    if (identity_reduction()) {
+      grads_stale_ = true;
+    } else {
+      grad_flat_.zero_();
+    }
     return;
   }
   for (ZeroParam& p : params_) {

@@ -25,6 +25,12 @@
 // gradient partition when it is the first contribution since ClearGrads. In stage 1 the
 // step's first contribution is written straight into the pooled [N*p] local accumulator the
 // same way (later micro-steps add into it).
+// One rank with fp32 gradient communication (stages 1-3): the reduction is the identity (p = n,
+// the reduce-scatter a copy), so none runs: in stages 2/3 the first contribution since
+// ClearGrads is written straight into the gradient partition (GradDestination hands out the
+// partition itself) and later ones, deferred sums and stage 1's accumulator are copied or
+// added into it at Flush; the values are the same bit for bit, and the grad-ready event of a
+// directly written gradient is raised at its CommitGrad.
 // Gradient deferral (ParamAccess::BeginGradDeferral): stages 2/3 sum the deferred contributions
 // in one [N*p] buffer and reduce it once at EndGradDeferral; stages 0/1 accumulate locally
 // anyway and reduce once per step.
@@ -113,6 +119,15 @@ struct ZeroOptions {
   PartitionSource* partition_source = nullptr;
   // "Partition gradient ready" events. Not owned; may also be set by set_grad_ready_listener.
   GradReadyListener* grad_ready_listener = nullptr;
+  // Stages 1/2 on one rank with fp32 params: each replica is a view of its fp32 master (p = n
+  // there), so RefreshParams copies nothing and a write of a master is at once a write of the
+  // parameter that forward and backward read. Set it only when masters are written while no
+  // forward or backward runs: the in-memory and the synchronous offload optimizer (they step in
+  // FinishStep on the training thread) and LoadPartition. Leave it false with ZenFlow (its
+  // overlapped CPU step publishes into masters while the next forward runs) and SuperOffload
+  // (its speculative step writes them during backward and may roll back). Ignored otherwise
+  // (other stages, bf16/fp16 params and more than one rank keep a separate replica).
+  bool replica_views_master = false;
 };
 
 struct ZeroParam {
@@ -126,7 +141,8 @@ struct ZeroParam {
   at::Tensor grad;          // fp32 [m] reduced mean gradient (stage 0: also the local
                             // accumulator); undefined until the first reduction of a step
   at::Tensor local_grad;    // stage 1: fp32 [N*p] local accumulator over micro-steps
-  at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype
+  at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype (a view of
+                            // master: stage 0 fp32, and ZeroOptions::replica_views_master)
   at::Tensor shard;         // stage 3: [p] param dtype (the master itself when fp32)
   bool shard_offloaded = false;  // stage 3 offload_param nvme: master/shard are stride-0
                                  // placeholders; all-gathers read PartitionSource::Fetch
@@ -173,13 +189,17 @@ class ZeroProvider : public ParamAccess {
   void BeginMicroStep(bool last);
   void FinishMicroStep();
   // After the optimizer updated the fp32 masters: refreshes the compute copies (stage 0 cast,
-  // stage 1/2 all-gather of each partition straight into its replica, zero_refresh.cc: with
+  // stage 1/2 on one rank a copy, or nothing with ZeroOptions::replica_views_master; stage 1/2
+  // all-gather of each partition straight into its replica, zero_refresh.cc: with
   // fp32 params started and left in flight, each waited by its parameter's next Acquire and
   // all by FinishMicroStep / LoadPartition / the next RefreshParams, so the masters must not be
   // written before one of those; stage 3 shard cast and persistent params released). Also used
   // after loading a checkpoint. Collective for stages 1/2.
   void RefreshParams();
-  // Drops the gradients (contiguous buffer zeroed and kept).
+  // Drops the gradients (contiguous buffer zeroed and kept; on one rank with an fp32 wire the
+  // zeroing is deferred: each gradient's first write overwrites it, and the partitions no
+  // micro-step wrote are zeroed at the end of the last micro-step, so params()[i].grad is only
+  // meaningful after that FinishMicroStep).
   void ClearGrads();
   // Σ ||grad||^2 (double) over this rank's gradient storage (padding is zero). Stages 1-3 need
   // an all-reduce SUM over ranks to get the global value; stage 0 holds it fully. Squares and
@@ -253,6 +273,7 @@ class ZeroProvider : public ParamAccess {
   void PutLocalGrad(ZeroParam& p);   // back to the pool once reduced
   void Enqueue(size_t i, const at::Tensor& flat);
   void Flush();
+  void FlushIdentity();  // Flush at one rank with an fp32 wire (identity_reduction)
   void CompleteOldest();
   void FlushGrads();  // FinishMicroStep's gradient part
   // zero_refresh.cc: RefreshParams' stage 1/2 all-gathers; waits for a replica's / all
@@ -262,6 +283,12 @@ class ZeroProvider : public ParamAccess {
   void WaitReplicas(bool throw_errors = true);
   void MaybeGradReady(size_t i);
   double divide_factor() const;
+  // Stages 1-3 on one rank with fp32 gradient communication: the reduce-scatter of a [p] = [n]
+  // buffer is a copy, so gradients go into the gradient partition directly (zero_grads.cc).
+  bool identity_reduction() const {
+    return options_.stage >= 1 && collectives_->world_size() == 1 &&
+           grad_communication_dtype() == at::kFloat;
+  }
   bool sources_partitions() const {
     return options_.partition_source != nullptr && options_.partition_source->serves_partitions();
   }
@@ -288,6 +315,7 @@ class ZeroProvider : public ParamAccess {
   std::vector<char> enqueued_;  // per param: queued for reduction in this micro-step
   std::vector<char> grad_written_;   // per param: grad holds a reduction since ClearGrads
   std::vector<at::Tensor> grad_out_;  // per param: the buffer GradDestination handed out
+  std::vector<char> grad_out_direct_;  // per param: grad_out_ is the gradient partition itself
   std::vector<int> deferral_depth_;       // per param: open GradDeferrals
   std::vector<at::Tensor> deferred_;      // per param: stages 2/3 summed [N*p] contributions
   std::vector<int> reductions_in_flight_;  // per param: queued or started, not completed
@@ -296,9 +324,11 @@ class ZeroProvider : public ParamAccess {
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;
   at::Tensor grad_flat_;  // contiguous_gradients storage
+  bool grads_stale_ = false;  // one rank: ClearGrads left grad_flat_ unzeroed (FlushGrads zeroes)
   // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
   std::vector<std::unique_ptr<PendingCollective>> replica_pending_;
   int64_t replicas_pending_ = 0;
+  bool replica_views_master_ = false;  // the options' replica_views_master took effect
 
   // Stage-3 fetching.
   std::map<size_t, Live> live_;

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <tuple>
 
 #include "gtest/gtest.h"
@@ -356,6 +357,8 @@ TEST(ZeroLlamaInitTest, DeterministicAndNormWeightsAreOnes) {
 // The step's large temporaries come from the model's buffer pool: once the step's pattern is
 // set, every later micro-step reuses them (no new allocation, the cached bytes stay the same), nothing is
 // left in use between micro-steps, and gradients with the pool are those of a fresh model.
+// Stage 2 runs with a bf16 wire: with fp32 on one rank its gradients need no buffer at all
+// (OneRankIdentityReductionTest).
 TEST(ZeroLlamaBufferPoolTest, SteadyStateReusesBuffersAndGradientsAreUnchanged) {
   const spec::LlamaConfig c = TinyConfig(false);
   std::unique_ptr<Collectives> coll = CreateLocalCollectives();
@@ -364,6 +367,7 @@ TEST(ZeroLlamaBufferPoolTest, SteadyStateReusesBuffersAndGradientsAreUnchanged) 
     o.stage = stage;
     o.param_persistence_threshold = 0;
     o.reduce_bucket_size = 3000;
+    if (stage == 2) o.communication_dtype = at::kBFloat16;
     std::unique_ptr<Model> m = *MakeModel(c, coll.get(), 5, nullptr, o);
     at::Tensor ids = at::randint(0, 256, {2, 9}, at::kLong);
     std::vector<int64_t> cached;
@@ -392,6 +396,118 @@ TEST(ZeroLlamaBufferPoolTest, SteadyStateReusesBuffersAndGradientsAreUnchanged) 
     if (stage == 2) {
       EXPECT_EQ(cached[1], cached[0]);
     }
+  }
+}
+
+// Counts the grad-ready events and keeps a copy of each gradient partition at its event.
+class ReadyRecorder : public GradReadyListener {
+ public:
+  explicit ReadyRecorder(ZeroProvider** zero) : zero_(zero) {}
+  void OnPartitionGradReady(ParamId i) override {
+    ++events[i];
+    at_event[i] = (*zero_)->params()[i].grad.clone();
+  }
+  std::map<ParamId, int> events;
+  std::map<ParamId, at::Tensor> at_event;
+
+ private:
+  ZeroProvider** zero_;
+};
+
+// One rank, fp32 wire: stages 1-3 run no gradient collective (the reduction is the identity;
+// stages 2/3 write the first contribution straight into the gradient partition), and the
+// gradients equal stage 0's bit for bit (stage 0 accumulates the full gradient locally and its
+// one-rank all-reduce changes nothing): a tied model (the embedding gets two contributions),
+// two micro-steps, a divide factor of 2 (stage 0 divides its all-reduce buffer, stages 2/3
+// each contribution, stage 1 its accumulator: the same one fp32 division per value here
+// because 2 is a power of two), and each grad-ready event once, with the final gradient.
+TEST(OneRankIdentityReductionTest, NoGradientCollectiveAndStageZeroGradientsBitForBit) {
+  const spec::LlamaConfig c = TinyConfig(/*tied=*/true);
+  at::manual_seed(3);
+  const at::Tensor ids0 = at::randint(0, 256, {2, 9}, at::kLong);
+  const at::Tensor ids1 = at::randint(0, 256, {2, 9}, at::kLong);
+  auto run = [&](int stage, std::vector<at::Tensor>* grads, int64_t* collectives,
+                 ReadyRecorder* rec, ZeroProvider** raw) {
+    std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+    ZeroOptions o;
+    o.stage = stage;
+    o.param_persistence_threshold = 1 << 30;  // stage 3: gathered once, before the count
+    o.reduce_bucket_size = 3000;
+    o.gradient_divide_factor = 2;
+    o.grad_ready_listener = rec;
+    std::unique_ptr<Model> m = *MakeModel(c, coll.get(), 7, nullptr, o);
+    if (raw != nullptr) *raw = m->zero.get();
+    m->BeginMicroStep(false);
+    m->Forward(ids0).sum().backward();
+    m->FinishMicroStep();
+    const int64_t before = coll->collective_count();
+    m->BeginMicroStep(true);
+    at::Tensor logits = m->Forward(ids1);
+    const int64_t after_forward = coll->collective_count();
+    (logits * logits).mean().backward();
+    m->FinishMicroStep();
+    *collectives = coll->collective_count() - after_forward;
+    EXPECT_EQ(after_forward, before) << "stage " << stage << ": persistent params gathered";
+    for (const ZeroParam& p : m->params()) grads->push_back(p.grad.clone());
+  };
+  std::vector<at::Tensor> ref;
+  int64_t ref_collectives = 0;
+  run(0, &ref, &ref_collectives, nullptr, nullptr);
+  for (int stage : {1, 2, 3}) {
+    ZeroProvider* raw = nullptr;
+    ReadyRecorder rec(&raw);
+    std::vector<at::Tensor> got;
+    int64_t collectives = -1;
+    run(stage, &got, &collectives, &rec, &raw);
+    EXPECT_EQ(collectives, 0) << "stage " << stage << ": a gradient collective ran on one rank";
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_TRUE(at::equal(got[i], ref[i])) << "stage " << stage << " param " << i << " max diff "
+                                             << (got[i] - ref[i]).abs().max().item<float>();
+      EXPECT_EQ(rec.events[i], 1) << "stage " << stage << " param " << i;
+      ASSERT_EQ(rec.at_event.count(i), 1u);
+      EXPECT_TRUE(at::equal(rec.at_event[i], got[i]))
+          << "stage " << stage << " param " << i << " changed after its event";
+    }
+  }
+}
+
+// One rank: ClearGrads leaves the zeroing to the end of the last micro-step (each gradient's
+// first write overwrites its partition): a parameter with no gradient in a step reads zeros
+// afterwards, not the previous step's values, and one written only in an earlier micro-step
+// keeps that contribution. Values are exact (multiples of 1/2).
+TEST(OneRankIdentityReductionTest, UnwrittenGradientsAreZeroAfterTheLastMicroStep) {
+  const std::vector<spec::ParamSpec> specs = {{"a", {2, 3}, spec::ParamSpec::Kind::kLinear},
+                                              {"b", {4}, spec::ParamSpec::Kind::kNorm}};
+  for (int stage : {1, 2, 3}) {
+    std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+    ZeroOptions o;
+    o.stage = stage;
+    std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o);
+    auto micro = [&](bool last, const std::vector<std::pair<size_t, float>>& grads) {
+      z->BeginMicroStep(last);
+      for (const auto& [i, v] : grads) z->NoteUse(i);  // the forward's uses
+      for (const auto& [i, v] : grads) z->AddGrad(i, at::full(specs[i].shape, v, at::kFloat));
+      z->FinishMicroStep();
+    };
+    auto expect = [&](size_t i, float v, const std::string& what) {
+      const at::Tensor& g = z->params()[i].grad;
+      ASSERT_TRUE(g.defined()) << what;
+      EXPECT_TRUE(at::equal(g, at::full({specs[i].numel()}, v, at::kFloat)))
+          << "stage " << stage << " " << what << ": " << g;
+    };
+    micro(true, {{0, 1.5f}, {1, 2.5f}});
+    expect(0, 1.5f, "step 1 a");
+    expect(1, 2.5f, "step 1 b");
+    z->ClearGrads();
+    micro(true, {{0, -0.5f}});
+    expect(0, -0.5f, "step 2 a");
+    expect(1, 0.0f, "step 2 b (no gradient)");
+    z->ClearGrads();
+    micro(false, {{1, 1.0f}});
+    micro(true, {{0, 2.0f}, {0, 0.5f}});
+    expect(0, 2.5f, "step 3 a (two contributions)");
+    expect(1, 1.0f, "step 3 b (first micro-step only)");
   }
 }
 

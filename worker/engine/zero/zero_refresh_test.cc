@@ -88,5 +88,59 @@ TEST(ZeroRefreshTest, EveryRanksPartitionReachesEveryReplica) {
   }
 }
 
+// One rank (local collectives), stages 1/2: with replica_views_master an fp32 replica is a view
+// of its master (a master write reaches forward at once, RefreshParams copies nothing); without
+// it, or with bf16 params, the replica is a copy that only RefreshParams updates (what ZenFlow
+// and SuperOffload need: their masters are written while forward/backward run).
+TEST(ZeroRefreshOneRankTest, Fp32ReplicaViewsTheMasterOnlyWhenAsked) {
+  for (int stage : {1, 2}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (bool view : {false, true}) {
+        const std::string what = absl::StrCat("stage ", stage, " ", c10::toString(dtype),
+                                              " replica_views_master ", view);
+        std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+        ZeroOptions o;
+        o.stage = stage;
+        o.param_dtype = dtype;
+        o.replica_views_master = view;
+        std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(kSpecs, coll.get(), {3, 0.02}, o);
+        const bool aliased = view && dtype == at::kFloat;
+        auto write = [&](bool garbage) {
+          at::NoGradGuard no_grad;
+          for (size_t i = 0; i < z->params().size(); ++i) {
+            ZeroParam& p = z->params()[i];
+            for (int64_t j = 0; j < p.numel; ++j) p.master[j] = garbage ? -1000.0f : Updated(i, j);
+          }
+        };
+        for (const ZeroParam& p : z->params()) {
+          EXPECT_EQ(p.replica.is_alias_of(p.master), aliased) << what << " " << p.spec.name;
+        }
+        write(false);
+        z->RefreshParams();
+        ExpectReplicasUpdated(*z, what);
+        write(true);  // not refreshed: a view shows it, a copy keeps the refreshed values
+        for (size_t q = 0; q < z->params().size(); ++q) {
+          const at::Tensor full = z->Acquire(q).to(at::kFloat).reshape({-1});
+          for (int64_t j = 0; j < full.numel(); ++j) {
+            EXPECT_EQ(full[j].item<float>(), aliased ? -1000.0f : Updated(q, j))
+                << what << " param " << q << " elem " << j;
+          }
+          z->Release(q);
+        }
+        // The master is not counted twice when the replica is its view.
+        int64_t master_bytes = 0, replica_bytes = 0;
+        for (const ZeroParam& p : z->params()) {
+          master_bytes += p.master.nbytes();
+          replica_bytes += p.replica.nbytes();
+        }
+        EXPECT_EQ(z->memory().current(MemoryKind::kParams), replica_bytes) << what;
+        EXPECT_EQ(z->memory().current(MemoryKind::kOptimizerStates),
+                  2 * master_bytes + (aliased ? 0 : master_bytes))
+            << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::engine
