@@ -66,6 +66,45 @@ TEST(AdmissionPassGateTest, EachInputChangeRunsOnePass) {
   EXPECT_EQ(Cycle(gate, next(), 1, 1, 7, {{"j1", "store down"}}), Kind::kPartial);
 }
 
+// A node becoming unreachable, or reachable again, changes what a pass may place: each forces
+// one pass; marking an already unreachable node again, or a reachable one reachable, does not.
+TEST(AdmissionPassGateTest, ReachabilityChangesForceAPass) {
+  AdmissionPassGate gate(10, absl::Seconds(100));
+  ASSERT_EQ(Cycle(gate, kT0), Kind::kFull);
+  absl::Time now = kT0;
+  auto next = [&]() { return now += absl::Seconds(1); };
+
+  EXPECT_FALSE(gate.NoteReachable("n0")) << "n0 was never unreachable";
+  EXPECT_EQ(Cycle(gate, next()), Kind::kSkipped);
+
+  EXPECT_TRUE(gate.NoteUnreachable("n0"));
+  EXPECT_TRUE(gate.IsUnreachable("n0"));
+  EXPECT_EQ(Cycle(gate, next()), Kind::kPartial) << "n0 became unreachable";
+  EXPECT_FALSE(gate.NoteUnreachable("n0")) << "already unreachable";
+  EXPECT_EQ(Cycle(gate, next()), Kind::kSkipped);
+
+  EXPECT_TRUE(gate.NoteReachable("n0"));
+  EXPECT_FALSE(gate.IsUnreachable("n0"));
+  EXPECT_EQ(Cycle(gate, next()), Kind::kPartial) << "n0 is reachable again";
+  EXPECT_EQ(Cycle(gate, next()), Kind::kSkipped);
+
+  // Lost: leaves the set without a change of its own (the caller notes the node's change).
+  ASSERT_TRUE(gate.NoteUnreachable("n1"));
+  EXPECT_EQ(Cycle(gate, next()), Kind::kPartial);
+  gate.ForgetNode("n1");
+  EXPECT_FALSE(gate.IsUnreachable("n1"));
+  EXPECT_EQ(Cycle(gate, next()), Kind::kSkipped);
+
+  // A reload: nobody unreachable, and a node change.
+  ASSERT_TRUE(gate.NoteUnreachable("n2"));
+  EXPECT_EQ(Cycle(gate, next()), Kind::kPartial);
+  gate.ResetNodes();
+  EXPECT_FALSE(gate.IsUnreachable("n2"));
+  EXPECT_EQ(Cycle(gate, next()), Kind::kPartial);
+  EXPECT_FALSE(gate.NoteReachable("n2")) << "the reload already cleared it";
+  EXPECT_EQ(Cycle(gate, next()), Kind::kSkipped);
+}
+
 TEST(AdmissionPassGateTest, TheEarliestBackoffExpiryAheadWakesThePass) {
   AdmissionPassGate gate(10, absl::Seconds(100));
   const std::vector<absl::Time> not_before = {
