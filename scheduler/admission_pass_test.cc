@@ -71,6 +71,39 @@ TEST_F(AdmissionPassTest, EachChangeMakesTheNextCyclePlaceAgain) {
   EXPECT_NE(CycleKind(), PassKind::kSkipped) << "a cordoned node";
 }
 
+// A node that misses its heartbeats while its job still steps elsewhere is kept but takes no new
+// ranks (unreachable); its heartbeat makes it take ranks again. Neither changes a job record or
+// the rank table, so only the node-change count makes the next cycle place again.
+TEST_F(AdmissionPassTest, ANodeBecomingUnreachableOrReachableAgainMakesTheNextCyclePlace) {
+  Job job = RunTwoRankJob();
+  ASSERT_TRUE(SettlesToSkipping());
+  int step = 0;
+  auto rank1_steps = [&]() {  // one second later, rank 1 (node-b) reports its next step
+    clock_.Advance(absl::Seconds(1));
+    RankStatus st = Rank(job, 1, v1::RANK_STATE_RUNNING);
+    st.mutable_progress()->set_step(++step);
+    Beat("node-b", {st});
+  };
+  // node-a is silent from now on; until heartbeat_timeout has passed nothing the pass reads
+  // changes.
+  const absl::Time silent_since = clock_.Now();
+  rank1_steps();
+  ASSERT_TRUE(SettlesToSkipping());
+  while (clock_.Now() + absl::Seconds(1) - silent_since <= options_.heartbeat_timeout) {
+    rank1_steps();
+    ASSERT_EQ(CycleKind(), PassKind::kSkipped) << "node-a silent for " << step << " s";
+  }
+  rank1_steps();
+  EXPECT_NE(CycleKind(), PassKind::kSkipped) << "node-a became unreachable";
+  ASSERT_TRUE(SettlesToSkipping());
+  // node-a heartbeats again (without a rank change): reachable.
+  Beat("node-a", {Rank(job, 0, v1::RANK_STATE_RUNNING, 29500)});
+  EXPECT_NE(CycleKind(), PassKind::kSkipped) << "node-a is reachable again";
+  ASSERT_TRUE(SettlesToSkipping());
+  Beat("node-a", {Rank(job, 0, v1::RANK_STATE_RUNNING, 29500)});
+  EXPECT_EQ(CycleKind(), PassKind::kSkipped) << "already reachable: no change";
+}
+
 TEST_F(AdmissionPassTest, AnExpiringBackoffWakesThePass) {
   options_.restart_backoff_base = absl::Seconds(5);
   Start();

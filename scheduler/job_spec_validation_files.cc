@@ -24,7 +24,7 @@
 #include "common/status_macros.h"
 #include "scheduler/job_spec_validation_limits.h"
 #include "storage/safetensors/safetensors.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 namespace loom {
 namespace {
@@ -37,7 +37,7 @@ struct CorpusFile {
   int64_t size = 0;
 };
 
-// The files LoadCorpus reads for `path` (worker/engine/corpus.cc ListCorpusFiles): the same
+// The files LoadCorpus reads for `path` (data/corpus.cc ListCorpusFiles): the same
 // selection, in the same (name) order.
 absl::StatusOr<std::vector<CorpusFile>> ListCorpusFiles(const std::string& path) {
   struct stat st;
@@ -130,10 +130,10 @@ absl::Status ValidateDatasetFiles(const std::string& path, double holdout_fracti
   }
   if (total > options.max_split_check_bytes) return absl::OkStatus();
   // Small enough to split exactly as the trainer will (the same code).
-  engine::CorpusOptions corpus_options;
+  data::CorpusOptions corpus_options;
   corpus_options.path = path;
   if (holdout_fraction != 0) corpus_options.holdout_fraction = holdout_fraction;
-  absl::StatusOr<engine::Corpus> corpus = engine::LoadCorpus(corpus_options);
+  absl::StatusOr<data::Corpus> corpus = data::LoadCorpus(corpus_options);
   if (!corpus.ok()) {
     const std::string message(corpus.status().message());
     return absl::StartsWith(message, "dataset.") ? absl::InvalidArgumentError(message)

@@ -24,7 +24,7 @@ struct DatasetFileCheckOptions {
   int64_t max_split_check_bytes = 16 << 20;
 };
 
-// `path` as the trainer reads it (worker/engine/corpus.h): one regular text file, or a directory
+// `path` as the trainer reads it (data/corpus.h): one regular text file, or a directory
 // whose corpus files are its regular, non-symlink entries not ending in .dat or .u8. Checks:
 //   * path exists and is a regular file or a directory (not a FIFO or device);
 //   * a directory holds at least one corpus file;

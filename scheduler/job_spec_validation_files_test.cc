@@ -14,7 +14,7 @@
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/test_job_spec.h"
 #include "storage/safetensors/safetensors.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 namespace loom {
 namespace {
@@ -104,7 +104,7 @@ TEST(DatasetFilesTest, FifoIsRefusedWithoutBlocking) {
 TEST(DatasetFilesTest, SplitLeavingASideEmptyIsRefused) {
   // The first held-out document index under the default fraction 0.05.
   int first_heldout = 0;
-  while (static_cast<double>(engine::Mix64(static_cast<uint64_t>(first_heldout) ^ 0x6c6f6f6dULL)) >=
+  while (static_cast<double>(data::Mix64(static_cast<uint64_t>(first_heldout) ^ 0x6c6f6f6dULL)) >=
          0.05 * 18446744073709551616.0) {
     ++first_heldout;
   }

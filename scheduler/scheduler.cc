@@ -122,7 +122,7 @@ absl::Status Scheduler::Load() {
     stored = std::move(job);
     IndexJob(&stored);
   }
-  ++job_changes_;
+  admission_gate_.NoteJobChanged();
   ++phase_changes_;
   LOG(INFO) << "scheduler state loaded: " << jobs_.size() << " jobs, " << nodes_.size()
             << " nodes, " << reconciler_.ranks().size() << " ranks to re-adopt";
@@ -164,7 +164,7 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   progress_dirty_.erase(job.id);  // this write (or the cycle's) carries the progress too
   it->second = std::move(job);
   IndexJob(&it->second);
-  ++job_changes_;  // the next admission pass must look again
+  admission_gate_.NoteJobChanged();  // the next admission pass must look again
   if (phase_changed) ++phase_changes_;
   PublishJobChange(it->second, phase_changed);
   return absl::OkStatus();
@@ -373,7 +373,7 @@ NodeCapacity CapacityOf(const NodeRecord& node) {
 }  // namespace
 
 void Scheduler::NoteNodeChanged(const std::string& node_id) {
-  ++node_changes_;
+  admission_gate_.NoteNodeChanged();
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) {
     reconciler_.RemoveNode(node_id);
@@ -462,7 +462,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
   deferred_writes_ = &deferred;
   absl::Status placed = absl::OkStatus();
   if (pass == AdmissionPassStats::Kind::kSkipped) {
-    last_pass_ = AdmissionPassStats{pass, 0, static_cast<int>(waiting_jobs_.size())};
+    admission_gate_.NoteSkipped(static_cast<int>(waiting_jobs_.size()));
   } else {
     placed = PlacePendingJobs(pass == AdmissionPassStats::Kind::kFull
                                   ? 0
@@ -589,8 +589,7 @@ void Scheduler::Resync() {
   phase_counts_.clear();
   active_jobs_.clear();
   waiting_jobs_.clear();
-  unreachable_.clear();
-  ++node_changes_;
+  admission_gate_.ResetNodes();  // no node unreachable, and a node change
   absl::Status s = Load();
   if (!s.ok()) LOG(ERROR) << "reloading the scheduler state failed: " << s;
   // Sequences handed to submissions still being committed must not be reused.

@@ -105,6 +105,7 @@
 #include "proto/common.pb.h"
 #include "proto/job_service.pb.h"
 #include "proto/worker_service.pb.h"
+#include "scheduler/admission_pass_gate.h"
 #include "scheduler/checkpoint_catalog.h"
 #include "scheduler/checkpoint_worker.h"
 #include "scheduler/clock.h"
@@ -299,13 +300,8 @@ class Scheduler {
   // passes"): kSkipped (nothing it reads changed: no placement, no snapshot), kPartial (the
   // first admission_queue_depth waiting jobs in queue order) or kFull (every waiting job).
   // `considered`: waiting jobs the pass decided about; `waiting`: waiting jobs in the snapshot.
-  // Takes mu_.
-  struct AdmissionPassStats {
-    enum class Kind { kNone, kSkipped, kPartial, kFull };
-    Kind kind = Kind::kNone;
-    int considered = 0;
-    int waiting = 0;
-  };
+  // (admission_pass_gate.h). Takes mu_.
+  using AdmissionPassStats = ::loom::AdmissionPassStats;
   AdmissionPassStats LastAdmissionPass();
 
   ~Scheduler();
@@ -367,7 +363,8 @@ class Scheduler {
               AdoptSubmissions(batch, stored);
             })),
         dispatcher_(std::make_unique<WakeDispatcher>()),
-        logs_(std::make_unique<JobLogBuffer>(dispatcher_.get())) {}
+        logs_(std::make_unique<JobLogBuffer>(dispatcher_.get())),
+        admission_gate_(options_.admission_queue_depth, options_.admission_full_interval) {}
 
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the in-memory state and loads it again from the store (after a failed write).
@@ -539,30 +536,12 @@ class Scheduler {
   // ready-timeout and resume checks visit only these), and jobs waiting (PENDING, RECOVERING).
   std::map<std::string, JobRecord*> active_jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRecord*> waiting_jobs_ ABSL_GUARDED_BY(mu_);
-  // Admission passes (SchedulerOptions::admission_*; scheduler_admission_pass.cc). job_changes_
-  // counts changes of job records (CommitJob, submissions) and node_changes_ of nodes
-  // (NoteNodeChanged, reachability); with reconciler_.generation() and the resume answers they
-  // are what the last pass saw.
-  uint64_t job_changes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t node_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Admission passes (SchedulerOptions::admission_*; scheduler_admission_pass.cc): the change
+  // counts of jobs and nodes, the unreachable nodes (missed heartbeats but kept: they take no
+  // new ranks, so a change of the set is a change the pass must see) and what the last pass saw.
+  AdmissionPassGate admission_gate_ ABSL_GUARDED_BY(mu_);
   uint64_t phase_changes_ ABSL_GUARDED_BY(mu_) = 0;  // tenant counts are refreshed on change
   uint64_t tenant_counts_at_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
-  struct PassInputs {
-    uint64_t jobs = 0, nodes = 0, ranks = 0;
-    std::map<std::string, std::string> resume;  // job id -> its resume answer, summarized
-    bool operator==(const PassInputs& o) const {
-      return jobs == o.jobs && nodes == o.nodes && ranks == o.ranks && resume == o.resume;
-    }
-  };
-  std::optional<PassInputs> last_pass_inputs_ ABSL_GUARDED_BY(mu_);
-  PassInputs next_pass_inputs_ ABSL_GUARDED_BY(mu_);  // computed by ChooseAdmissionPass
-  absl::Time next_pass_wake_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  absl::Time last_full_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  bool last_pass_cut_off_ ABSL_GUARDED_BY(mu_) = false;
-  AdmissionPassStats last_pass_ ABSL_GUARDED_BY(mu_);
-  // Nodes that missed heartbeats but are kept (Unreachable): a change of the set is a change
-  // the admission pass must see (they take no new ranks).
-  std::set<std::string> unreachable_ ABSL_GUARDED_BY(mu_);
   // Nodes loaded by Create() not heard from since (SchedulerOptions::reregistration_grace).
   std::set<std::string> awaiting_reregistration_ ABSL_GUARDED_BY(mu_);
   // Last cycle's queue order: per accelerator kind the waiting job ids in order

@@ -66,7 +66,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::HeartbeatLocked(
   // under this lock (2,000 nodes at 1 Hz = 2,000 fsyncs/s; docs/benchmarks.md "Control plane").
   node_it->second.last_heartbeat_time = clock_->Now();
   awaiting_reregistration_.erase(node_id);
-  if (unreachable_.erase(node_id) > 0) ++node_changes_;  // it may take new ranks again
+  admission_gate_.NoteReachable(node_id);  // if it was unreachable: it may take new ranks again
   const RankReconciler::RankMap& ranks = reconciler_.ranks();
 
   loom::v1::HeartbeatResponse response;
@@ -370,7 +370,7 @@ absl::Status Scheduler::CheckNodeLiveness() {
             : options_.heartbeat_timeout;
     // Unreachable (missed heartbeats for heartbeat_timeout, not lost) takes no new ranks: a
     // change of that set is a change the admission pass must see.
-    if (Unreachable(node, now) && unreachable_.insert(node_id).second) ++node_changes_;
+    if (Unreachable(node, now)) admission_gate_.NoteUnreachable(node_id);
     if (node.lost || now - node.last_heartbeat_time <= timeout) continue;
     // Missed heartbeats alone do not make a node lost while a job with a rank on it is still
     // stepping (any of its ranks, reporting through another node, advanced within the timeout;
@@ -391,7 +391,7 @@ absl::Status Scheduler::CheckNodeLiveness() {
     updated.lost = true;
     RETURN_IF_ERROR(repository_->UpsertNode(updated));  // through the repository, as every write
     node = std::move(updated);
-    unreachable_.erase(node_id);
+    admission_gate_.ForgetNode(node_id);
     NoteNodeChanged(node_id);
     const std::string message = absl::StrCat(
         "node ", node_id, " lost: no heartbeat for ",

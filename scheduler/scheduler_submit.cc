@@ -165,7 +165,7 @@ void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl
     JobRecord& adopted = jobs_[job.id];
     adopted = job;
     IndexJob(&adopted);
-    ++job_changes_;
+    admission_gate_.NoteJobChanged();
     ++phase_changes_;
     ++phase_counts_[job.phase];
     if (metrics_ != nullptr) {

@@ -1,6 +1,6 @@
 // The tokenizer half of a Hugging Face Llama export: a job trained with a SentencePiece
 // tokenizer records <checkpoint_dir>/tokenizer.model and tokenizer_config.json
-// (worker/engine/data/tokenizer.h PrepareTokenizer); consolidation copies both beside
+// (data/tokenizer.h PrepareTokenizer); consolidation copies both beside
 // config.json and writes the tokenizer's special token ids into config.json, so that the two
 // agree. A byte-tokenizer job records neither and its export is unchanged. No LibTorch.
 #ifndef LOOM_STORAGE_CHECKPOINT_TOKENIZER_EXPORT_H_

@@ -171,7 +171,7 @@ absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* 
   return absl::OkStatus();
 }
 
-absl::Status CheckpointIo::WriteFinalLogits(const TokenStream& heldout) {
+absl::Status CheckpointIo::WriteFinalLogits(const data::TokenStream& heldout) {
   at::NoGradGuard no_grad;
   const int64_t n = std::min<int64_t>(
       {kFinalLogitTokens, o_.model.max_position_embeddings, static_cast<int64_t>(heldout.size())});

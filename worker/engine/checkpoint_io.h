@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 #include "worker/engine/engine_options.h"
 #include "worker/engine/trajectory.h"
 
@@ -67,7 +67,7 @@ class CheckpointIo {
   // Rank 0 writes <checkpoint_dir>/final_logits.json: the first 32 tokens of `heldout` (fewer
   // if the context or corpus is shorter) and the model's fp32 logits [tokens, vocab] for them.
   // Every rank must call it (the forward all-gathers). No-op without a checkpoint_dir.
-  absl::Status WriteFinalLogits(const TokenStream& heldout);
+  absl::Status WriteFinalLogits(const data::TokenStream& heldout);
   // --trajectory_dir: the weights as an HF export <trajectory dir>/<name>: every rank writes its
   // shard under shards_dir, passes a barrier, then rank 0 consolidates.
   absl::Status ExportTrajectoryWeights(TrajectoryRecorder& trajectory,

@@ -55,7 +55,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   if (!dataset.path().empty()) {
     o.data.path = dataset.path();
   } else if (dataset.name().empty() || dataset.name() == "fortunes") {
-    o.data.path = kFortunesPath;
+    o.data.path = data::kFortunesPath;
   } else {
     return Invalid("dataset.path", absl::StrCat("required for dataset \"", dataset.name(), "\""));
   }

@@ -17,7 +17,7 @@
 #include "spec/ds_config.h"
 #include "spec/model_config.h"
 #include "spec/tiled_compute_options.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 namespace loom::v1 {
 class JobSpec;
@@ -33,7 +33,7 @@ struct EngineOptions {
   // dataset.*: path, format, text_field, token_dtype, holdout_fraction, tokenizer (kind,
   // tokenizer_model, vocab_size, model_type) and model.config's vocab/bos/eos ids. The run-time
   // fields (record_dir, rank, world_size) are filled in by the engine.
-  CorpusOptions data;
+  data::CorpusOptions data;
   std::string tokenizer = "byte";  // dataset.tokenizer (= data.tokenizer.kind)
   int64_t steps = 0;               // total optimizer steps (a resumed run continues up to it)
   int64_t sequence_length = 0;     // tokens per sample (targets are shifted by one)

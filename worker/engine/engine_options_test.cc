@@ -38,7 +38,7 @@ TEST(ParseJobSpecJsonTest, ReadsEveryFieldAndAcceptsInt64Strings) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->model.hidden_size, 64);
   EXPECT_EQ(o->ds.train_batch_size, 12);
-  EXPECT_EQ(o->data.path, kFortunesPath);
+  EXPECT_EQ(o->data.path, data::kFortunesPath);
   EXPECT_DOUBLE_EQ(o->data.holdout_fraction, 0.05);
   EXPECT_EQ(o->steps, 12);
   EXPECT_EQ(o->sequence_length, 32);

@@ -1,6 +1,6 @@
 #include "worker/engine/train_samples.h"
 
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 namespace loom::engine {
 
@@ -15,7 +15,7 @@ std::vector<int64_t> TrainMicroStepStarts(uint64_t seed, int64_t step, int64_t m
   std::vector<int64_t> starts;
   starts.reserve(micro);
   for (int64_t i = 0; i < micro; ++i) {
-    starts.push_back(TrainWindowStart(
+    starts.push_back(data::TrainWindowStart(
         seed, step, 0, GlobalTrainSample(micro_step, data_rank, data_ranks, micro, i), stream_len,
         window));
   }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 namespace loom::engine {
 namespace {
@@ -45,10 +45,12 @@ TEST(TrainSamplesTest, GlobalIndexIsMicroStepMajorThenRankThenSample) {
 }
 
 TEST(TrainSamplesTest, WindowsAreTheStepsGlobalSamplesKeyedByStepOnly) {
-  // The reference: sample g of step s is TrainWindowStart(seed, s, 0, g) (corpus.h).
+  // The reference: sample g of step s is data::TrainWindowStart(seed, s, 0, g) (data/corpus.h).
   for (int64_t step : {0, 5}) {
     std::vector<int64_t> want;
-    for (int64_t g = 0; g < 4; ++g) want.push_back(TrainWindowStart(kSeed, step, 0, g, kLen, kWindow));
+    for (int64_t g = 0; g < 4; ++g) {
+      want.push_back(data::TrainWindowStart(kSeed, step, 0, g, kLen, kWindow));
+    }
     EXPECT_EQ(StepWindows(step, 1, 4, 1), want);  // 1 rank, GAS 4
     EXPECT_EQ(StepWindows(step, 4, 1, 1), want);  // 4 ranks, GAS 1
     EXPECT_EQ(StepWindows(step, 2, 2, 1), want);  // 2 ranks, GAS 2: m=0 -> {0,1}, m=1 -> {2,3}
@@ -83,7 +85,7 @@ TEST(TrainSamplesTest, SequenceParallelGroupsReadThePlainJobsSamples) {
   EXPECT_EQ(Sorted(sp), Sorted(StepWindows(0, 4, 1, 1)));
   // The old plain-path key (micro-step, index within the micro-step) reads another sample at
   // micro-step 1: the cause of the SP=2 vs 1-rank GAS-2 mismatch.
-  EXPECT_NE(TrainWindowStart(kSeed, 0, 1, 0, kLen, kWindow),
+  EXPECT_NE(data::TrainWindowStart(kSeed, 0, 1, 0, kLen, kWindow),
             TrainMicroStepStarts(kSeed, 0, 1, 0, 1, 1, kLen, kWindow)[0]);
 }
 

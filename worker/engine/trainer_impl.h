@@ -25,7 +25,7 @@
 #include "proto/trainer_events.pb.h"
 #include "worker/engine/checkpoint_io.h"
 #include "worker/engine/collectives.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
 #include "worker/engine/loss_scaler.h"
@@ -77,7 +77,7 @@ class Trainer : public GradReadyListener {
   // model, offload, pipeline, checkpoint I/O, resume); *start = the step training starts at.
   absl::Status SetUp(int64_t* start);
   // [rows, seq+1] int64 windows of `stream` starting at `starts`.
-  at::Tensor Windows(const TokenStream& stream, const std::vector<int64_t>& starts);
+  at::Tensor Windows(const data::TokenStream& stream, const std::vector<int64_t>& starts);
   double MeanAcrossRanks(double local);
   double Evaluate();
   // One optimizer step (0-based `step`): GAS micro-batches, overflow check (fp16), clip, Adam.
@@ -129,7 +129,7 @@ class Trainer : public GradReadyListener {
   const EventCallback& emit_;
   const std::atomic<bool>* stop_;
   const std::atomic<bool>* checkpoint_stop_;
-  Corpus corpus_;
+  data::Corpus corpus_;
   // The parameter state (ZeRO stage 0-3 provider) and the Llama model written against it.
   std::unique_ptr<ZeroProvider> model_;
   std::unique_ptr<LlamaModel> llama_;

@@ -159,11 +159,12 @@ absl::Status Trainer::SetUpPipeline() {
 absl::Status Trainer::SetUp(int64_t* start_step) {
   at::set_num_threads(o_.threads_per_rank);
   LimitBlasThreads(o_.threads_per_rank);
-  CorpusOptions data = o_.data;
-  data.record_dir = o_.checkpoint_dir;  // a SentencePiece tokenizer is recorded with the job
-  data.rank = coll_.rank();
-  data.world_size = coll_.world_size();
-  ASSIGN_OR_RETURN(corpus_, LoadCorpus(data));
+  data::CorpusOptions corpus_options = o_.data;
+  // A SentencePiece tokenizer is recorded with the job.
+  corpus_options.record_dir = o_.checkpoint_dir;
+  corpus_options.rank = coll_.rank();
+  corpus_options.world_size = coll_.world_size();
+  ASSIGN_OR_RETURN(corpus_, data::LoadCorpus(corpus_options));
   const int64_t w = o_.sequence_length + 1;
   if (static_cast<int64_t>(corpus_.train.size()) < w ||
       static_cast<int64_t>(corpus_.heldout.size()) < w) {

@@ -14,7 +14,7 @@
 
 namespace loom::engine::internal {
 
-at::Tensor Trainer::Windows(const TokenStream& stream, const std::vector<int64_t>& starts) {
+at::Tensor Trainer::Windows(const data::TokenStream& stream, const std::vector<int64_t>& starts) {
   const int64_t w = o_.sequence_length + 1;
   at::Tensor out = at::empty({static_cast<int64_t>(starts.size()), w}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
@@ -38,7 +38,7 @@ double Trainer::Evaluate() {
   for (int64_t b = 0; b < o_.eval_batches; ++b) {
     std::vector<int64_t> starts;
     for (int64_t i = 0; i < micro; ++i) {
-      starts.push_back(EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
+      starts.push_back(data::EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
     }
     at::Tensor win = Windows(corpus_.heldout, starts);
     if (sp_ != nullptr) {  // the sequence-parallel group shares the window, 1/P each

@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 namespace loom::engine {
 
@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<ReplicatedProvider>> ReplicatedProvider::Create(
       } else if (spec.kind == spec::ParamSpec::Kind::kNorm) {
         full.fill_(1.0);
       } else if (init.initializer_range > 0) {
-        at::Generator gen = at::detail::createCPUGenerator(Mix64(init.seed ^ Mix64(i + 1)));
+        at::Generator gen =
+            at::detail::createCPUGenerator(data::Mix64(init.seed ^ data::Mix64(i + 1)));
         full.normal_(0.0, init.initializer_range, gen);
       } else {
         full.zero_();

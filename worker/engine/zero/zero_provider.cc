@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 #include "worker/engine/zero/zero_common.h"
 
 namespace loom::engine {
@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
         if (p.spec.kind == spec::ParamSpec::Kind::kNorm) {
           full = at::ones({p.numel}, at::kFloat);
         } else {
-          at::Generator gen = at::detail::createCPUGenerator(Mix64(init.seed ^ Mix64(i + 1)));
+          at::Generator gen =
+              at::detail::createCPUGenerator(data::Mix64(init.seed ^ data::Mix64(i + 1)));
           full = at::empty({p.numel}, at::kFloat);
           if (init.initializer_range > 0) {
             full.normal_(0.0, init.initializer_range, gen);

@@ -1,4 +1,4 @@
-#include "worker/engine/data/tokenizer.h"
+#include "data/tokenizer.h"
 
 #include <sys/stat.h>
 
@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::data {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -171,4 +171,4 @@ TEST(SentencePieceTest, BadOptionsAndFilesAreNamed) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::data

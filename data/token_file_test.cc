@@ -1,4 +1,4 @@
-#include "worker/engine/data/token_file.h"
+#include "data/token_file.h"
 
 #include <sys/stat.h>
 
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::data {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -101,4 +101,4 @@ TEST(TokenFileTest, HoldoutCutFallsAfterAnEos) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::data

@@ -1,10 +1,10 @@
-#include "worker/engine/data/jsonl_reader.h"
+#include "data/jsonl_reader.h"
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::data {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -52,4 +52,4 @@ TEST(JsonlReaderTest, ListsJsonlFilesOrNamesThePath) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::data

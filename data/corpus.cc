@@ -1,4 +1,4 @@
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 #include <sys/stat.h>
 
@@ -11,10 +11,10 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
-#include "worker/engine/data/jsonl_reader.h"
-#include "worker/engine/data/token_file.h"
+#include "data/jsonl_reader.h"
+#include "data/token_file.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 uint64_t Mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -244,4 +244,4 @@ int64_t EvalWindowStart(int64_t k, int64_t count, int64_t stream_len, int64_t wi
   return static_cast<int64_t>((static_cast<__int128>(k) * span) / (count - 1));
 }
 
-}  // namespace loom::engine
+}  // namespace loom::data

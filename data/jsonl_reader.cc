@@ -1,4 +1,4 @@
-#include "worker/engine/data/jsonl_reader.h"
+#include "data/jsonl_reader.h"
 
 #include <sys/stat.h>
 
@@ -11,7 +11,7 @@
 #include "common/file_util.h"
 #include "common/utf8.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 absl::StatusOr<std::vector<std::string>> ParseJsonlDocuments(absl::string_view contents,
                                                              const std::string& file,
@@ -73,4 +73,4 @@ absl::StatusOr<std::vector<std::string>> ListJsonlFiles(const std::string& path)
   return files;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::data

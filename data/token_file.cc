@@ -1,4 +1,4 @@
-#include "worker/engine/data/token_file.h"
+#include "data/token_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 namespace {
 
@@ -130,4 +130,4 @@ int64_t TokenHoldoutCut(const TokenStream& stream, double holdout_fraction, int6
   return cut;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::data

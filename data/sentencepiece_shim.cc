@@ -1,12 +1,12 @@
 // The only translation unit that includes libsentencepiece's headers (see the header comment).
-#include "worker/engine/data/sentencepiece_shim.h"
+#include "data/sentencepiece_shim.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
 #include <unordered_map>
 
-namespace loom::engine::spm {
+namespace loom::data::spm {
 
 struct SpModel {
   sentencepiece::SentencePieceProcessor processor;
@@ -76,9 +76,9 @@ const SpApi kApi = {&Load, &Encode, &Decode, &Train};
 
 }  // namespace
 
-}  // namespace loom::engine::spm
+}  // namespace loom::data::spm
 
-extern "C" __attribute__((visibility("default"))) const loom::engine::spm::SpApi*
+extern "C" __attribute__((visibility("default"))) const loom::data::spm::SpApi*
 loom_sentencepiece_api() {
-  return &loom::engine::spm::kApi;
+  return &loom::data::spm::kApi;
 }

@@ -1,11 +1,11 @@
-#include "worker/engine/data/token_stream.h"
+#include "data/token_stream.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 namespace {
 
@@ -105,4 +105,4 @@ bool operator==(const TokenStream& a, const TokenStream& b) {
   return true;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::data

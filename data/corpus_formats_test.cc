@@ -10,9 +10,9 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
-namespace loom::engine {
+namespace loom::data {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -238,4 +238,4 @@ TEST(CorpusFormatsTest, ByteTokenizerTextIsTheFileBytes) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::data

@@ -1,8 +1,8 @@
 // JSON Lines documents (https://jsonlines.org): one JSON object per line, the document's text
 // in a named string field (e.g. {"text": "...", "id": 7}), as Hugging Face datasets and most
 // data pipelines export them. Parsed with nlohmann::json. Torch-free; thread-safe.
-#ifndef LOOM_WORKER_ENGINE_DATA_JSONL_READER_H_
-#define LOOM_WORKER_ENGINE_DATA_JSONL_READER_H_
+#ifndef LOOM_DATA_JSONL_READER_H_
+#define LOOM_DATA_JSONL_READER_H_
 
 #include <string>
 #include <vector>
@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 // The `text_field` strings of `contents` (the bytes of `file`), in line order. Blank lines are
 // skipped; other fields are ignored. Errors, INVALID_ARGUMENT, each "dataset.path: <file>:<line>:"
@@ -24,6 +24,6 @@ absl::StatusOr<std::vector<std::string>> ParseJsonlDocuments(absl::string_view c
 // ending in ".jsonl", in name order. NOT_FOUND / FAILED_PRECONDITION naming the path.
 absl::StatusOr<std::vector<std::string>> ListJsonlFiles(const std::string& path);
 
-}  // namespace loom::engine
+}  // namespace loom::data
 
-#endif  // LOOM_WORKER_ENGINE_DATA_JSONL_READER_H_
+#endif  // LOOM_DATA_JSONL_READER_H_

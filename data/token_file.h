@@ -3,17 +3,17 @@
 // documents separated by the EOS id. The files are memory-mapped read-only (MAP_SHARED,
 // MADV_RANDOM), never read whole: a rank touches only the pages of the windows it trains on and
 // the slice of the file it validates (ValidateTokenIds). Torch-free.
-#ifndef LOOM_WORKER_ENGINE_DATA_TOKEN_FILE_H_
-#define LOOM_WORKER_ENGINE_DATA_TOKEN_FILE_H_
+#ifndef LOOM_DATA_TOKEN_FILE_H_
+#define LOOM_DATA_TOKEN_FILE_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "worker/engine/data/token_stream.h"
+#include "data/token_stream.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 // "uint16" -> 2, "uint32" -> 4; INVALID_ARGUMENT "dataset.token_dtype: ..." otherwise.
 absl::StatusOr<int> TokenWidthFromDtype(absl::string_view dtype);
@@ -37,6 +37,6 @@ absl::Status ValidateTokenIds(const TokenStream& stream, int64_t begin, int64_t 
 // documents. eos_id < 0: exactly that position. Reads at most the searched range.
 int64_t TokenHoldoutCut(const TokenStream& stream, double holdout_fraction, int64_t eos_id);
 
-}  // namespace loom::engine
+}  // namespace loom::data
 
-#endif  // LOOM_WORKER_ENGINE_DATA_TOKEN_FILE_H_
+#endif  // LOOM_DATA_TOKEN_FILE_H_

@@ -1,4 +1,4 @@
-#include "worker/engine/data/tokenizer.h"
+#include "data/tokenizer.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -17,9 +17,9 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
-#include "worker/engine/data/sentencepiece_shim.h"
+#include "data/sentencepiece_shim.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 namespace {
 
@@ -34,7 +34,7 @@ bool Exists(const std::string& path) {
 // Where libloom_sentencepiece.so may be: $LOOM_SENTENCEPIECE_LIB; the runfiles of the running
 // binary or test (Bazel data dependency); beside the binary.
 std::vector<std::string> ShimCandidates() {
-  constexpr char kRel[] = "loom/worker/engine/data/libloom_sentencepiece.so";
+  constexpr char kRel[] = "loom/data/libloom_sentencepiece.so";
   std::vector<std::string> out;
   if (const char* env = std::getenv("LOOM_SENTENCEPIECE_LIB")) out.push_back(env);
   for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
@@ -265,4 +265,4 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> PrepareTokenizer(
   return t;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::data

@@ -7,8 +7,8 @@
 // a window of `window` tokens whose start depends only on (seed, step, micro_step, global
 // sample index) — never on the world size or rank. Rank r of N reads global samples
 // [r*micro, (r+1)*micro) of each micro-step.
-#ifndef LOOM_WORKER_ENGINE_CORPUS_H_
-#define LOOM_WORKER_ENGINE_CORPUS_H_
+#ifndef LOOM_DATA_CORPUS_H_
+#define LOOM_DATA_CORPUS_H_
 
 #include <cstdint>
 #include <string>
@@ -16,10 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "worker/engine/data/token_stream.h"
-#include "worker/engine/data/tokenizer.h"
+#include "data/token_stream.h"
+#include "data/tokenizer.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 inline constexpr char kFortunesPath[] = "/usr/share/games/fortunes";
 
@@ -90,6 +90,6 @@ int64_t TrainWindowStart(uint64_t seed, int64_t step, int64_t micro_step, int64_
 // max(1, count - 1). Requires stream_len >= window.
 int64_t EvalWindowStart(int64_t k, int64_t count, int64_t stream_len, int64_t window);
 
-}  // namespace loom::engine
+}  // namespace loom::data
 
-#endif  // LOOM_WORKER_ENGINE_CORPUS_H_
+#endif  // LOOM_DATA_CORPUS_H_

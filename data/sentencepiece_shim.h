@@ -9,19 +9,19 @@
 //   * its public header declares `namespace absl { using std::string_view; }`, which collides
 //     with Debian's Abseil (ABSL_OPTION_USE_STD_STRING_VIEW 0): no translation unit may include
 //     both, so this header uses only the standard library.
-// Use worker/engine/data/tokenizer.h instead of this file.
+// Use data/tokenizer.h instead of this file.
 //
 // Errors are returned as a non-empty message string ("" = success).
 // Thread-safety: a loaded SpModel is immutable; encode may be called from several threads.
-#ifndef LOOM_WORKER_ENGINE_DATA_SENTENCEPIECE_SHIM_H_
-#define LOOM_WORKER_ENGINE_DATA_SENTENCEPIECE_SHIM_H_
+#ifndef LOOM_DATA_SENTENCEPIECE_SHIM_H_
+#define LOOM_DATA_SENTENCEPIECE_SHIM_H_
 
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace loom::engine::spm {
+namespace loom::data::spm {
 
 struct SpModel;  // opaque: a loaded sentencepiece::SentencePieceProcessor
 
@@ -52,6 +52,6 @@ struct SpApi {
 inline constexpr char kSpApiSymbol[] = "loom_sentencepiece_api";
 using SpApiFn = const SpApi* (*)();
 
-}  // namespace loom::engine::spm
+}  // namespace loom::data::spm
 
-#endif  // LOOM_WORKER_ENGINE_DATA_SENTENCEPIECE_SHIM_H_
+#endif  // LOOM_DATA_SENTENCEPIECE_SHIM_H_

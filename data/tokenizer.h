@@ -7,8 +7,8 @@
 // (a data dependency of :tokenizer), beside it, or at $LOOM_SENTENCEPIECE_LIB.
 //
 // Thread-safety: a Tokenizer is immutable after construction; Encode is safe from any thread.
-#ifndef LOOM_WORKER_ENGINE_DATA_TOKENIZER_H_
-#define LOOM_WORKER_ENGINE_DATA_TOKENIZER_H_
+#ifndef LOOM_DATA_TOKENIZER_H_
+#define LOOM_DATA_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace loom::engine {
+namespace loom::data {
 
 namespace spm {
 struct SpModel;
@@ -99,6 +99,6 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> PrepareTokenizer(
     const TokenizerOptions& options, const std::vector<std::string>& documents,
     const std::string& record_dir, int64_t model_max_length);
 
-}  // namespace loom::engine
+}  // namespace loom::data
 
-#endif  // LOOM_WORKER_ENGINE_DATA_TOKENIZER_H_
+#endif  // LOOM_DATA_TOKENIZER_H_

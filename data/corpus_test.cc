@@ -1,4 +1,4 @@
-#include "worker/engine/corpus.h"
+#include "data/corpus.h"
 
 #include <sys/stat.h>
 
@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::engine {
+namespace loom::data {
 namespace {
 
 using ::loom::testing::StatusIs;
@@ -98,4 +98,4 @@ TEST(WindowTest, TrainWindowsDependOnlyOnSeedStepAndGlobalIndex) {
 }
 
 }  // namespace
-}  // namespace loom::engine
+}  // namespace loom::data

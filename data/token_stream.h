@@ -3,15 +3,15 @@
 // Torch-free.
 //
 // Thread-safety: immutable after construction; all methods are safe from any thread.
-#ifndef LOOM_WORKER_ENGINE_DATA_TOKEN_STREAM_H_
-#define LOOM_WORKER_ENGINE_DATA_TOKEN_STREAM_H_
+#ifndef LOOM_DATA_TOKEN_STREAM_H_
+#define LOOM_DATA_TOKEN_STREAM_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace loom::engine {
+namespace loom::data {
 
 class TokenStream {
  public:
@@ -55,6 +55,6 @@ class TokenStream {
   int64_t size_ = 0;
 };
 
-}  // namespace loom::engine
+}  // namespace loom::data
 
-#endif  // LOOM_WORKER_ENGINE_DATA_TOKEN_STREAM_H_
+#endif  // LOOM_DATA_TOKEN_STREAM_H_
