@@ -41,7 +41,12 @@ using ::loom::e2e::MetricSample;
 using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
 
-constexpr int kSteps = 2000;
+// Long enough that the job outlives two scheduler outages (each several seconds of failed
+// heartbeats and a restart, fixed in wall time) on a fast, idle machine: at 2,000 steps the job
+// (about 65 steps/s there once the in-memory optimizer became the fused kernel) ended during the
+// second outage of RestartSchedulerMidJobKeepsItsAddressAndTheAttempt. On a machine 3x slower
+// the two cases take about 10 minutes of the large size's 15.
+constexpr int kSteps = 6000;
 
 std::string JobYaml() {
   return absl::StrCat("name: e2e-restart", e2e::kTinyModelYaml, R"(deepspeed_config:
