@@ -4,11 +4,12 @@
 // is
 //   g = (m · D + d) · micro + i,
 // and its window starts at TrainWindowStart(seed, step, /*micro_step=*/0, g, stream_len, window)
-// (corpus.h). So every split of the same B over data-parallel ranks and micro-steps trains on the
-// same set of samples per step, with or without sequence parallelism (where D = world / P and
-// the P ranks of a group read the same window): (D=1, GAS=2), (D=2, GAS=1), (D=1, SP=2, GAS=2)
-// and (D=2, SP=1, GAS=1) read samples {0, 1}. This is DeepSpeed's behaviour (a DistributedSampler
-// over one global order, whatever the layout) and TECHNIQUES.md §3.7 #6's recipe needs it.
+// (data/corpus.h). So every split of the same B over data-parallel ranks and micro-steps trains
+// on the same set of samples per step, with or without sequence parallelism (where D = world / P
+// and the P ranks of a group read the same window): (D=1, GAS=2), (D=2, GAS=1), (D=1, SP=2,
+// GAS=2) and (D=2, SP=1, GAS=1) read samples {0, 1}. This is DeepSpeed's behaviour (a
+// DistributedSampler over one global order, whatever the layout) and TECHNIQUES.md §3.7 #6's
+// recipe needs it.
 //
 // The sequence-parallel path of the Trainer already reads windows this way; the plain
 // data-parallel path keyed windows by (micro-step, index within the micro-step), so a 1-rank
