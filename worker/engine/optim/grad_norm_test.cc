@@ -25,7 +25,9 @@ TEST(GradNormTest, SumOfSquaresMatchesFp64PowSum) {
     const double want = Reference(g);
     const double got = SumOfSquares(g.data_ptr<float>(), n);
     EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, want)) << "n " << n;
-    if (n > 0) EXPECT_GT(got, 0) << n;
+    if (n > 0) {
+      EXPECT_GT(got, 0) << n;
+    }
   }
 }
 
