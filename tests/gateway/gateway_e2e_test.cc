@@ -108,11 +108,20 @@ TEST(GatewayE2ETest, RestRoundTripThroughTheRealScheduler) {
   EXPECT_EQ(err["status"], "INVALID_ARGUMENT");
   EXPECT_NE(err["message"].get<std::string>().find("num_ranks"), std::string::npos) << err;
 
-  // The gateway's own metrics endpoint counts what it answered.
+  // The gateway's own metrics endpoint counts what it answered. A request is counted when its
+  // handler returns, which can be just after the client has read the response: the scrape is
+  // repeated (bounded) until the last request's count shows (a fresh-clone CI run read the
+  // metrics before the 400's count was recorded).
+  const std::string want_400 =
+      "loom_gateway_requests_total{code=\"400\",method=\"POST\",route=\"/v1/jobs\"}";
   auto metrics = testing::HttpGet(gw_info->metrics_url);
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+       metrics.ok() && metrics->find(want_400) == std::string::npos && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    metrics = testing::HttpGet(gw_info->metrics_url);
+  }
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_NE(metrics->find("loom_gateway_requests_total{code=\"400\",method=\"POST\",route=\"/v1/jobs\"}"), std::string::npos)
-      << *metrics;
+  EXPECT_NE(metrics->find(want_400), std::string::npos) << *metrics;
   ASSERT_TRUE(WriteFileAtomically(tmp + "/gateway.metrics", *metrics).ok());
   EXPECT_EQ(std::system(("/usr/bin/promtool check metrics < " + tmp + "/gateway.metrics > " + tmp +
                          "/promtool.log 2>&1").c_str()),
