@@ -23,7 +23,12 @@ def no_engine_deps_test(name):
     native.sh_test(
         name = name,
         size = "small",
-        srcs = ["no_engine_deps_test.sh"],
-        args = ["$(location :%s_deps)" % name, "//%s:%s" % (pkg, targets[0])],
+        srcs = ["//scripts:forbidden_deps_test.sh"],
+        args = [
+            "$(location :%s_deps)" % name,
+            "^//worker/engine([/:]|$$)",
+            "//%s:%s" % (pkg, targets[0]),
+            "no //worker/engine label in deps(//%s)" % pkg,
+        ],
         data = [":%s_deps" % name],
     )
