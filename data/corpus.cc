@@ -98,6 +98,7 @@ absl::StatusOr<Corpus> LoadTokenFiles(const CorpusOptions& o) {
   const int64_t cut = TokenHoldoutCut(all, o.holdout_fraction, eos);
   c.train = all.Sub(0, cut);
   c.heldout = all.Sub(cut, all.size());
+  c.end_of_document_id = eos;
   if (c.train.empty() || c.heldout.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "dataset.path: ", o.path, " has ", all.size(), " tokens; the hold-out split "
@@ -215,17 +216,49 @@ absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options) {
                                                  options.record_dir, options.model_max_length));
   RETURN_IF_ERROR(CheckTokenizerAgainstModel(*c.tokenizer, options));
   const int64_t eos = c.tokenizer->eos_id();  // -1 (none) for the byte tokenizer
-  auto encode = [&](const std::vector<const Document*>& side) -> absl::StatusOr<TokenStream> {
+  auto encode = [&](const std::vector<const Document*>& side,
+                    std::vector<int64_t>* starts) -> absl::StatusOr<TokenStream> {
     std::vector<int32_t> ids;
     for (const Document* d : side) {
+      starts->push_back(static_cast<int64_t>(ids.size()));
       RETURN_IF_ERROR(c.tokenizer->Encode(d->text, d->where, &ids));
       if (eos >= 0) ids.push_back(static_cast<int32_t>(eos));
     }
     return TokenStream(std::move(ids));
   };
-  ASSIGN_OR_RETURN(c.train, encode(train_docs));
-  ASSIGN_OR_RETURN(c.heldout, encode(heldout_docs));
+  ASSIGN_OR_RETURN(c.train, encode(train_docs, &c.train_document_starts));
+  ASSIGN_OR_RETURN(c.heldout, encode(heldout_docs, &c.heldout_document_starts));
   return c;
+}
+
+DocumentBoundaries TrainBoundaries(const Corpus& c) {
+  return {&c.train_document_starts, c.end_of_document_id};
+}
+DocumentBoundaries HeldOutBoundaries(const Corpus& c) {
+  return {&c.heldout_document_starts, c.end_of_document_id};
+}
+
+std::vector<int64_t> PackedPositions(const TokenStream& stream, const DocumentBoundaries& b,
+                                     int64_t start, int64_t n) {
+  std::vector<int64_t> pos(static_cast<size_t>(n), 0);
+  if (n == 0) return pos;
+  if (b.starts != nullptr && !b.starts->empty()) {
+    // The first recorded start after the window's first token, then walk both in order.
+    auto next = std::upper_bound(b.starts->begin(), b.starts->end(), start);
+    for (int64_t i = 1; i < n; ++i) {
+      if (next != b.starts->end() && *next == start + i) {
+        ++next;  // pos[i] stays 0: a document starts here
+      } else {
+        pos[i] = pos[i - 1] + 1;
+      }
+    }
+    return pos;
+  }
+  const std::vector<int64_t> ids = stream.Slice(start, n);
+  for (int64_t i = 1; i < n; ++i) {
+    pos[i] = (b.end_of_document_id >= 0 && ids[i - 1] == b.end_of_document_id) ? 0 : pos[i - 1] + 1;
+  }
+  return pos;
 }
 
 int64_t TrainWindowStart(uint64_t seed, int64_t step, int64_t micro_step, int64_t sample,

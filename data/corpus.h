@@ -56,7 +56,29 @@ struct Corpus {
   int64_t train_documents = 0;
   int64_t heldout_documents = 0;
   std::shared_ptr<const Tokenizer> tokenizer;  // byte, or the job's SentencePiece model
+  // Where documents start, for packed samples (dataset.pack_documents): text and jsonl record
+  // the stream offset of every document's first token, ascending; token files record none and
+  // mark each document's end by end_of_document_id (model.config.eos_token_id; -1 otherwise).
+  std::vector<int64_t> train_document_starts;
+  std::vector<int64_t> heldout_document_starts;
+  int64_t end_of_document_id = -1;
 };
+
+// The documents of one side of a corpus, as PackedPositions reads them.
+struct DocumentBoundaries {
+  const std::vector<int64_t>* starts = nullptr;  // ascending document starts, or empty / null
+  int64_t end_of_document_id = -1;               // used when `starts` is empty or null
+};
+DocumentBoundaries TrainBoundaries(const Corpus& c);
+DocumentBoundaries HeldOutBoundaries(const Corpus& c);
+
+// Position ids of tokens [start, start + n) of `stream` in a packed sample (Megatron-LM's
+// --reset-position-ids): 0 at the window's first token and at every document start inside the
+// window, the previous token's + 1 otherwise. A document starts at each offset in
+// `b.starts`, or, when there are none, right after each b.end_of_document_id token (token
+// files). Requires 0 <= start and n >= 0. Thread-safe (pure).
+std::vector<int64_t> PackedPositions(const TokenStream& stream, const DocumentBoundaries& b,
+                                     int64_t start, int64_t n);
 
 // Splits text into records separated by lines containing only "%" (fortune format). Empty
 // records are dropped. Each record keeps its trailing newline.

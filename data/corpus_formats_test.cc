@@ -192,6 +192,28 @@ TEST(CorpusFormatsTest, TokenFilesSplitAtADocumentEnd) {
   EXPECT_EQ(c->heldout.Slice(0, 5), (std::vector<int64_t>{160, 161, 162, 163, 2}));
 }
 
+// Token files have no recorded document starts: a packed sample's positions restart after
+// every EOS (model.config.eos_token_id), by the same file as above.
+TEST(CorpusFormatsTest, PackedPositionsOfTokenFilesRestartAfterEachEos) {
+  const std::string path = TmpDir("tokpack") + "/train.bin";
+  std::vector<uint16_t> ids;
+  for (int d = 0; d < 8; ++d) {
+    for (int j = 0; j < 4; ++j) ids.push_back(static_cast<uint16_t>(100 + d * 10 + j));
+    ids.push_back(2);
+  }
+  WriteU16(path, ids);
+  absl::StatusOr<Corpus> c = LoadCorpus(Tokens(path));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->train_document_starts.empty());
+  EXPECT_EQ(c->end_of_document_id, 2);
+  // Tokens 3..13: 103, 2 | 110 111 112 113 2 | 120 121 122 123.
+  EXPECT_EQ(PackedPositions(c->train, TrainBoundaries(*c), 3, 11),
+            (std::vector<int64_t>{0, 1, 0, 1, 2, 3, 4, 0, 1, 2, 3}));
+  // A held-out window starting at an EOS: the token after it starts a document.
+  EXPECT_EQ(PackedPositions(c->heldout, HeldOutBoundaries(*c), 4, 3),
+            (std::vector<int64_t>{0, 0, 1}));
+}
+
 TEST(CorpusFormatsTest, TokenIdOutOfVocabIsFoundByTheRankWhoseShareHoldsIt) {
   const std::string path = TmpDir("tok_vocab") + "/t.bin";
   std::vector<uint16_t> ids(100, 7);

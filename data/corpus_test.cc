@@ -68,6 +68,57 @@ TEST(LoadCorpusTest, SingleTextFileAndErrors) {
   EXPECT_THAT(c, StatusIs(absl::StatusCode::kNotFound, o.path));
 }
 
+// Packed samples: the recorded document starts are the byte offsets of the documents' first
+// bytes in the concatenated stream (reference: the document texts themselves), and
+// PackedPositions restarts at 0 exactly there and at the window's first token.
+TEST(PackedPositionsTest, TextDocumentStartsAndPositionsRestartAtEachDocument) {
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/packed.txt";
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 60; ++i) {
+      std::string t = "doc " + std::to_string(i) + (i % 3 == 0 ? " long line\n" : "\n");
+      f << t << "\n";
+    }
+  }
+  CorpusOptions o;
+  o.path = path;
+  o.holdout_fraction = 0.2;
+  absl::StatusOr<Corpus> c = LoadCorpus(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(static_cast<int64_t>(c->train_document_starts.size()), c->train_documents);
+  ASSERT_EQ(static_cast<int64_t>(c->heldout_document_starts.size()), c->heldout_documents);
+  // Every start is where a document's text begins: the byte before it ends the previous
+  // paragraph (a newline), the bytes from it spell "doc ".
+  for (int64_t s : c->train_document_starts) {
+    EXPECT_EQ(c->train.Slice(s, 4), (std::vector<int64_t>{'d', 'o', 'c', ' '})) << s;
+    if (s > 0) {
+      EXPECT_EQ(c->train[s - 1], '\n') << s;
+    }
+  }
+  EXPECT_EQ(c->train_document_starts.front(), 0);
+
+  // A window from the middle of the second training document across the next two.
+  const int64_t d1 = c->train_document_starts[1], d2 = c->train_document_starts[2],
+                d3 = c->train_document_starts[3], d4 = c->train_document_starts[4];
+  const int64_t start = d1 + 2, n = d4 - start + 3;
+  const std::vector<int64_t> pos = PackedPositions(c->train, TrainBoundaries(*c), start, n);
+  ASSERT_EQ(static_cast<int64_t>(pos.size()), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = start + i;
+    const int64_t doc_start = at >= d4 ? d4 : at >= d3 ? d3 : at >= d2 ? d2 : start;
+    EXPECT_EQ(pos[i], at - doc_start) << "token " << at;
+  }
+  // A window inside one document counts up from 0; an empty window is empty.
+  const std::vector<int64_t> inside = PackedPositions(c->train, TrainBoundaries(*c), d1, 3);
+  EXPECT_EQ(inside, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_TRUE(PackedPositions(c->train, TrainBoundaries(*c), 0, 0).empty());
+  // Held-out windows use the held-out side's starts.
+  const int64_t h1 = c->heldout_document_starts[1];
+  const std::vector<int64_t> held =
+      PackedPositions(c->heldout, HeldOutBoundaries(*c), h1 - 1, 3);
+  EXPECT_EQ(held, (std::vector<int64_t>{0, 0, 1}));
+}
+
 TEST(CorpusTest, FifoOrDeviceAsDatasetIsRefusedWithoutBlocking) {
   const std::string fifo = std::string(getenv("TEST_TMPDIR")) + "/corpus.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

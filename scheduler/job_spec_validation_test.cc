@@ -9,6 +9,7 @@
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "scheduler/test_job_spec.h"
+#include "spec/engine_options_tiled.h"
 
 namespace loom {
 namespace {
@@ -365,6 +366,34 @@ TEST(JobSpecValidationTest, SequenceParallelPreconditions) {
   JobSpec longer = with({{"sequence_parallel_size", 2}}, {});
   longer.mutable_training()->set_sequence_length(256);
   ExpectInvalid(longer, "training.sequence_length", "max_position_embeddings = 128], got 256");
+}
+
+// dataset.pack_documents (packed samples, issue 13): one packed sample per micro-batch, and a
+// token-file data set needs the EOS id that marks its document ends.
+TEST(JobSpecValidationTest, PackDocumentsNeedsMicroBatchOneAndAnEosForTokenFiles) {
+  JobSpec spec = ValidTestJobSpec();  // train_micro_batch_size_per_gpu 4
+  spec.mutable_dataset()->set_pack_documents(true);
+  ExpectInvalid(spec, "dataset.pack_documents",
+                "needs deepspeed_config.train_micro_batch_size_per_gpu 1, got 4");
+  (*spec.mutable_deepspeed_config()->mutable_fields())["train_micro_batch_size_per_gpu"] = Num(1);
+  absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+  spec.mutable_dataset()->set_pack_documents(false);  // off: any micro-batch
+  (*spec.mutable_deepspeed_config()->mutable_fields())["train_micro_batch_size_per_gpu"] = Num(4);
+  s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+
+  loom::v1::DatasetSpec tokens;
+  tokens.set_format("tokens");
+  tokens.set_pack_documents(true);
+  EXPECT_TRUE(loom::spec::CheckPackDocuments(tokens, 1, 2).ok());
+  const absl::Status no_eos = loom::spec::CheckPackDocuments(tokens, 1, -1);
+  EXPECT_EQ(no_eos.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(no_eos.message())
+                .find("dataset.pack_documents: a token-file data set marks document ends by "
+                      "model.config.eos_token_id"),
+            std::string::npos)
+      << no_eos;
 }
 
 // ALST's tiled-compute, attention-core and checkpointing keys (issue 13) are refused at

@@ -54,6 +54,23 @@ absl::Status ParseModelExecution(const loom::v1::JobSpec& spec,
   return absl::OkStatus();
 }
 
+absl::Status CheckPackDocuments(const loom::v1::DatasetSpec& dataset, int64_t micro_batch,
+                                int64_t eos_token_id) {
+  if (!dataset.pack_documents()) return absl::OkStatus();
+  if (micro_batch != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.pack_documents: needs deepspeed_config.train_micro_batch_size_per_gpu 1, got ",
+        micro_batch, " (one packed sample per micro-batch; raise gradient_accumulation_steps "
+        "instead)"));
+  }
+  if (dataset.format() == "tokens" && eos_token_id < 0) {
+    return absl::InvalidArgumentError(
+        "dataset.pack_documents: a token-file data set marks document ends by "
+        "model.config.eos_token_id, which is not set");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateAlstKeys(const loom::v1::JobSpec& spec, const DeepSpeedConfig& ds) {
   TiledComputeOptions tiled;
   absl::Status st = ParseTiledCompute(spec.training(), &tiled);

@@ -39,6 +39,14 @@ struct ModelExecutionKeys {
 absl::Status ParseModelExecution(const loom::v1::JobSpec& spec,
                                  const ActivationCheckpointingConfig& ac, ModelExecutionKeys* out);
 
+// dataset.pack_documents (packed samples; proto/common.proto): needs
+// train_micro_batch_size_per_gpu == 1 (`micro_batch`: one packed sample per micro-batch, the
+// layout of Hugging Face's DataCollatorWithFlattening) and, for dataset.format "tokens", an
+// eos_token_id >= 0 (token files mark document ends only by it). INVALID_ARGUMENT
+// "dataset.pack_documents: ..." naming the other field and its value. OK when the key is off.
+absl::Status CheckPackDocuments(const loom::v1::DatasetSpec& dataset, int64_t micro_batch,
+                                int64_t eos_token_id);
+
 // Both parsers above on `spec` with `ds` = ParseDeepSpeedConfig(spec.deepspeed_config()): the
 // scheduler's submission check. The first error, as the trainer would report it.
 absl::Status ValidateAlstKeys(const loom::v1::JobSpec& spec, const DeepSpeedConfig& ds);

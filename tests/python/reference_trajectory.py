@@ -25,6 +25,10 @@ This file shares no code with the engine (nor with check_export.py). It
   * clips with torch.nn.utils.clip_grad_norm_(max_norm=gradient_clipping), steps
     torch.optim.AdamW (torch.optim.Adam when optimizer.type is Adam with adam_w_mode false)
     and sets each step's lr from DeepSpeed's WarmupLR / WarmupDecayLR definition (below);
+  * packed samples (trajectory.json "pack_documents", positions_rank_<r>.bin): the rotary
+    angles at the recorded position ids, a token attends only to earlier tokens of its own
+    document (a document starts where the position id is 0), and the target after a document's
+    last token is ignored (Megatron-LM's --reset-position-ids / --reset-attention-mask);
   * compares, step by step, the mean loss, Loom's lr and its pre-clip gradient norm, and at
     the end every final weight.
 Tolerances (defaults by precision; measured on the tiny model of
@@ -129,24 +133,39 @@ class Llama:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * xf.to(dtype)
 
-    def rope(self, T, dtype):
+    def rope(self, T, dtype, positions=None):
         d = self.head_dim
         inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)  # [T, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]: pair (i, i + d/2) shares an angle
+        pos = torch.arange(T, dtype=torch.float32) if positions is None else (
+            positions.to(torch.float32))  # [T] or [B, T]
+        freqs = pos[..., None] * inv_freq  # [..., T, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [..., T, d]: pair (i, i + d/2) shares an angle
+        if positions is not None:
+            emb = emb[:, None]  # [B, 1, T, d]: one table per row, shared by the heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def causal_mask(T, positions=None):
+        """fp32 [T, T] (or [B, 1, T, T] per packed row) of 0 / -inf, added to the scores."""
+        if positions is None:
+            return torch.full((T, T), float("-inf")).triu(1)
+        doc = (positions == 0).cumsum(-1)  # [B, T]: a document starts at position 0
+        idx = torch.arange(T)
+        ok = (doc[:, :, None] == doc[:, None, :]) & (idx[None, None, :] <= idx[None, :, None])
+        return torch.zeros(ok.shape, dtype=torch.float32).masked_fill(
+            ~ok, float("-inf"))[:, None]
 
     @staticmethod
     def rotate_half(x):
         h = x.shape[-1] // 2
         return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
-    def __call__(self, w, ids):
+    def __call__(self, w, ids, positions=None):
         B, T = ids.shape
         x = F.embedding(ids, w["model.embed_tokens.weight"])
         dtype = x.dtype
-        cos, sin = self.rope(T, dtype)
-        mask = torch.full((T, T), float("-inf")).triu(1)  # fp32, added before the fp32 softmax
+        cos, sin = self.rope(T, dtype, positions)
+        mask = self.causal_mask(T, positions)  # fp32, added before the fp32 softmax
         group = self.n_heads // self.n_kv
         for i in range(self.cfg["num_hidden_layers"]):
             p = f"model.layers.{i}."
@@ -228,16 +247,16 @@ def batch_sizes(ds, world):
     return int(mb), int(gas)
 
 
-def load_tokens(d, rank):
+def load_tokens(d, rank, name="tokens"):
     with open(os.path.join(d, f"tokens_rank_{rank}.json")) as f:
         meta = json.load(f)
     if meta.get("dtype") != "int64-le":
         raise InputError(f"tokens_rank_{rank}.json: dtype {meta.get('dtype')}")
-    with open(os.path.join(d, f"tokens_rank_{rank}.bin"), "rb") as f:
+    with open(os.path.join(d, f"{name}_rank_{rank}.bin"), "rb") as f:
         raw = bytearray(f.read())
     shape = meta["shape"]
     if len(raw) != 8 * math.prod(shape):
-        raise InputError(f"tokens_rank_{rank}.bin: {len(raw)} bytes for shape {shape}")
+        raise InputError(f"{name}_rank_{rank}.bin: {len(raw)} bytes for shape {shape}")
     return torch.frombuffer(raw, dtype=torch.int64).reshape(shape)
 
 
@@ -254,6 +273,8 @@ def run(args):
         raise InputError(f"exports hold {sorted(w0)}, config.json implies {sorted(names)}")
     micro, gas = batch_sizes(ds, world)
     tokens = [load_tokens(args.dir, r) for r in range(world)]
+    packed = bool(traj.get("pack_documents", False))
+    positions = [load_tokens(args.dir, r, "positions") for r in range(world)] if packed else None
     for r, t in enumerate(tokens):
         if list(t.shape[1:3]) != [gas, micro]:
             raise InputError(f"tokens_rank_{r}: shape {list(t.shape)}, the spec implies "
@@ -298,12 +319,18 @@ def run(args):
             for m in range(gas):
                 win = tokens[r][k, m]
                 ids, targets = win[:, :-1], win[:, 1:]
+                pos = None
+                if packed:
+                    wpos = positions[r][k, m]
+                    pos = wpos[:, :-1]
+                    targets = targets.masked_fill(wpos[:, 1:] == 0, -100)  # across a boundary
                 if bf16:
                     leaf = [x.detach().to(compute_dtype).requires_grad_(True) for x in master]
                 else:
                     leaf = master
-                logits = model(dict(zip(names, leaf)), ids).to(torch.float32)
-                loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+                logits = model(dict(zip(names, leaf)), ids, pos).to(torch.float32)
+                loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1),
+                                       ignore_index=-100)
                 loss_sum += loss.item()
                 grads = torch.autograd.grad(loss / gas, leaf)
                 for a, g in zip(acc, grads):

@@ -212,8 +212,10 @@ TEST(AlstStackTest, FourSequenceRanksWithFewerKvHeadsThanRanksEqualTheUnshardedM
 // 1's shard holds the last token of document 1 and all of document 2) through the same stack on
 // 2 ranks (one sequence-parallel group, ZeRO-3): equal to each document run alone through the
 // plain model, the loss weighted by tokens (Σ loss_d n_d / Σ n_d), so no token attends across
-// the boundary. The runner shards positions 0..S-1 only, so the test gives the Ulysses core and
-// the model the packed positions itself and weights the backprop n_r / N as the runner does.
+// the boundary. The test gives the Ulysses core and the model the packed positions itself and
+// weights the backprop n_r / N as the runner does (the runner's own packed path, fed by the
+// trainer's dataset.pack_documents windows, is checked end to end by
+// //worker/trainer:sp_compose_test against the 1-rank packed job).
 TEST(AlstStackTest, PackedTwoDocumentsThroughTheStackEqualEachDocumentAlone) {
   const LlamaConfig c = testing::TinyLlamaConfig();
   const int64_t la = 9, lb = 7, s = la + lb, shard = s / 2;

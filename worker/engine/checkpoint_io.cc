@@ -211,6 +211,7 @@ TrajectoryShape TrajectoryShapeFor(const EngineOptions& o, int rank, int world_s
   shape.gradient_accumulation_steps = o.ds.gradient_accumulation_steps;
   shape.micro_batch_size = o.ds.train_micro_batch_size_per_gpu;
   shape.sequence_length = o.sequence_length;
+  shape.pack_documents = o.pack_documents;
   shape.window =
       (o.test_rank_sequence_length > 0 ? o.test_rank_sequence_length : o.sequence_length) + 1;
   return shape;

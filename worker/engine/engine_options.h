@@ -35,6 +35,9 @@ struct EngineOptions {
   // fields (record_dir, rank, world_size) are filled in by the engine.
   data::CorpusOptions data;
   std::string tokenizer = "byte";  // dataset.tokenizer (= data.tokenizer.kind)
+  // dataset.pack_documents: every window a packed sample (per-document positions and
+  // attention, no target across a document boundary; data/corpus.h PackedPositions).
+  bool pack_documents = false;
   int64_t steps = 0;               // total optimizer steps (a resumed run continues up to it)
   int64_t sequence_length = 0;     // tokens per sample (targets are shifted by one)
   uint64_t seed = 0;

@@ -53,7 +53,7 @@ at::Tensor ShiftLabels(const at::Tensor& labels) {
 }
 
 SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int64_t rank,
-                          int64_t sp_size) {
+                          int64_t sp_size, const at::Tensor& positions) {
   TORCH_CHECK(ids.dim() == 2 && targets.sizes() == ids.sizes(),
               "sequence parallel: ids and targets must both be [B, S]");
   const int64_t s = ids.size(1);
@@ -63,7 +63,13 @@ SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int6
   SequenceShard shard;
   shard.ids = ids.narrow(1, rank * sl, sl).contiguous();
   shard.labels = targets.narrow(1, rank * sl, sl).contiguous();
-  shard.positions = at::arange(rank * sl, (rank + 1) * sl, at::kLong);
+  if (positions.defined()) {
+    TORCH_CHECK(positions.dim() == 1 && positions.size(0) == s,
+                "sequence parallel: positions must be [S]");
+    shard.positions = positions.narrow(0, rank * sl, sl).contiguous();
+  } else {
+    shard.positions = at::arange(rank * sl, (rank + 1) * sl, at::kLong);
+  }
   shard.valid = shard.labels.ne(kIgnoreLabel).sum().item<int64_t>();
   shard.global_valid = targets.ne(kIgnoreLabel).sum().item<int64_t>();
   return shard;
@@ -93,8 +99,10 @@ double SequenceParallelRunner::SumOverGroup(double local) {
 }
 
 SequenceParallelRunner::MicroStep SequenceParallelRunner::Loss(
-    const at::Tensor& ids, const at::Tensor& targets, const std::vector<int64_t>* layer_order) {
-  SequenceShard shard = ShardSample(ids, targets, group_->rank(), group_->world_size());
+    const at::Tensor& ids, const at::Tensor& targets, const std::vector<int64_t>* layer_order,
+    const at::Tensor& positions) {
+  SequenceShard shard =
+      ShardSample(ids, targets, group_->rank(), group_->world_size(), positions);
   Enabled on(core_);
   core_->SetLocalPositions(shard.positions);
   at::Tensor labels = shard.labels;
@@ -116,11 +124,11 @@ SequenceParallelRunner::MicroStep SequenceParallelRunner::Loss(
 }
 
 HeldOutLoss HeldOutLossOf(LlamaModel* model, const at::Tensor& ids, const at::Tensor& targets,
-                          const at::Tensor& positions) {
+                          const at::Tensor& positions, const at::Tensor& document_ids) {
   at::NoGradGuard no_grad;
   // Through the loss head, not Forward + cross_entropy: with the tiled head the full logits
   // never exist in evaluation either.
-  LossOutput out = model->Loss(ids, targets, nullptr, positions);
+  LossOutput out = model->Loss(ids, targets, nullptr, positions, document_ids);
   HeldOutLoss h;
   // Both heads average over the non-ignored targets (FullLogitsLoss's token_count is B*S).
   h.tokens = targets.ne(kIgnoreLabel).sum().item<int64_t>();
@@ -128,9 +136,11 @@ HeldOutLoss HeldOutLossOf(LlamaModel* model, const at::Tensor& ids, const at::Te
   return h;
 }
 
-double SequenceParallelRunner::EvalLoss(const at::Tensor& ids, const at::Tensor& targets) {
+double SequenceParallelRunner::EvalLoss(const at::Tensor& ids, const at::Tensor& targets,
+                                        const at::Tensor& positions) {
   at::NoGradGuard no_grad;
-  SequenceShard shard = ShardSample(ids, targets, group_->rank(), group_->world_size());
+  SequenceShard shard =
+      ShardSample(ids, targets, group_->rank(), group_->world_size(), positions);
   Enabled on(core_);
   core_->SetLocalPositions(shard.positions);
   const HeldOutLoss h = HeldOutLossOf(model_, shard.ids, shard.labels, shard.positions);

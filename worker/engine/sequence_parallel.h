@@ -6,7 +6,9 @@
 // Per sample (ids [B, S], labels [B, S] int64, labels[b][i] the target of ids[b][i] — i.e.
 // already shifted, BEFORE sharding, so the label of a shard's last token, which is the next
 // shard's first token, is not lost; -100 = ignored):
-//   rank r of P gets tokens [r·S/P, (r+1)·S/P) of ids, labels and global positions (0..S-1).
+//   rank r of P gets tokens [r·S/P, (r+1)·S/P) of ids, labels and global positions (0..S-1,
+//   or a packed sample's per-document positions [S], restarting at 0 at each document start:
+//   the Ulysses core then keeps every document's attention to itself, ulysses_attention.h).
 // Loss convention (fixes DeepSpeed #5248's ambiguity, TECHNIQUES-TESTS.md §2.3.5): rank r
 // backpropagates loss_r · n_r / N, with loss_r its shard's token-mean cross-entropy, n_r its
 // valid labels and N = Σ_r n_r (the sample's valid labels, known on every rank without
@@ -47,26 +49,28 @@ at::Tensor ShiftLabels(const at::Tensor& labels);
 struct SequenceShard {
   at::Tensor ids;        // [B, S/P] int64
   at::Tensor labels;     // [B, S/P] int64 targets, -100 = ignored
-  at::Tensor positions;  // [S/P] int64 global positions r·S/P ...
+  at::Tensor positions;  // [S/P] int64 global positions r·S/P ... (or the packed slice)
   int64_t valid = 0;         // n_r: labels != -100 in this shard
   int64_t global_valid = 0;  // N: labels != -100 in the whole sample
 };
 // Rank `rank`'s contiguous chunk of a sample. S % sp_size must be 0 (TORCH_CHECK otherwise).
+// `positions`: optional int64 [S] (packed samples); undefined = 0..S-1.
 SequenceShard ShardSample(const at::Tensor& ids, const at::Tensor& targets, int64_t rank,
-                          int64_t sp_size);
+                          int64_t sp_size, const at::Tensor& positions = at::Tensor());
 
 // Held-out (no-grad) loss of ids/targets [B, S] (targets already shifted, -100 ignored)
 // through the model's loss head: the tiled logits+loss head when training.tiled_logits_loss
 // installed it (model/tiled_ops.h), so evaluation never builds the [B, S, V] logits either;
 // otherwise the default head (full logits + cross-entropy, fp32). positions: optional global
-// positions [S]. Every rank that shares a tile-count group or a ZeRO-3 partition must call it
+// positions [S] and document ids [S] (packed samples, llama_model.h). Every rank that shares a tile-count group or a ZeRO-3 partition must call it
 // equally often. Throws CollectiveError / c10::Error.
 struct HeldOutLoss {
   double sum = 0;      // Σ token cross-entropy over the valid targets (fp64 from the fp32 mean)
   int64_t tokens = 0;  // valid targets (0: sum is 0)
 };
 HeldOutLoss HeldOutLossOf(LlamaModel* model, const at::Tensor& ids, const at::Tensor& targets,
-                          const at::Tensor& positions = at::Tensor());
+                          const at::Tensor& positions = at::Tensor(),
+                          const at::Tensor& document_ids = at::Tensor());
 
 class SequenceParallelRunner {
  public:
@@ -82,11 +86,14 @@ class SequenceParallelRunner {
     double loss = 0;      // the sample's token-mean loss (every rank of the group)
   };
   // One micro-step's forward on this rank's shard of the sample ids/targets [B, S].
+  // positions: optional int64 [S] of a packed sample (see ShardSample).
   MicroStep Loss(const at::Tensor& ids, const at::Tensor& targets,
-                 const std::vector<int64_t>* layer_order = nullptr);
+                 const std::vector<int64_t>* layer_order = nullptr,
+                 const at::Tensor& positions = at::Tensor());
   // Held-out loss of a sample (no gradient): its token-mean cross-entropy, every rank, through
   // the model's loss head (HeldOutLossOf on this rank's shard, summed over the group).
-  double EvalLoss(const at::Tensor& ids, const at::Tensor& targets);
+  double EvalLoss(const at::Tensor& ids, const at::Tensor& targets,
+                  const at::Tensor& positions = at::Tensor());
 
   Collectives* group() const { return group_; }
 

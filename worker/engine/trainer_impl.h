@@ -78,6 +78,17 @@ class Trainer : public GradReadyListener {
   absl::Status SetUp(int64_t* start);
   // [rows, seq+1] int64 windows of `stream` starting at `starts`.
   at::Tensor Windows(const data::TokenStream& stream, const std::vector<int64_t>& starts);
+  // One micro-batch from its windows: ids, targets [rows, seq] int64 (targets = the next
+  // tokens). With dataset.pack_documents (rows == 1) also the packed sample's per-document
+  // positions and document ids [seq] int64 (1-based), and the targets that would cross a
+  // document boundary set to kIgnoreLabel; otherwise those two are undefined.
+  struct Sample {
+    at::Tensor window;  // [rows, sequence_length + 1], as Windows returns it
+    at::Tensor ids, targets, positions, document_ids;
+    std::vector<int64_t> window_positions;  // packed: positions of the seq + 1 window tokens
+  };
+  Sample MakeSample(const data::TokenStream& stream, const data::DocumentBoundaries& documents,
+                    const std::vector<int64_t>& starts, int64_t seq);
   double MeanAcrossRanks(double local);
   double Evaluate();
   // One optimizer step (0-based `step`): GAS micro-batches, overflow check (fp16), clip, Adam.

@@ -22,6 +22,24 @@ at::Tensor Trainer::Windows(const data::TokenStream& stream, const std::vector<i
   return out;
 }
 
+Trainer::Sample Trainer::MakeSample(const data::TokenStream& stream,
+                                    const data::DocumentBoundaries& documents,
+                                    const std::vector<int64_t>& starts, int64_t seq) {
+  Sample s;
+  s.window = Windows(stream, starts);
+  s.ids = s.window.narrow(1, 0, seq);
+  s.targets = s.window.narrow(1, 1, seq);
+  if (!o_.pack_documents) return s;
+  // One packed sample per micro-batch (spec::CheckPackDocuments): positions of the window's
+  // seq + 1 tokens; token i's target is token i + 1, ignored where that starts a document.
+  s.window_positions = data::PackedPositions(stream, documents, starts.at(0), seq + 1);
+  const at::Tensor pos = at::tensor(s.window_positions, at::kLong);
+  s.positions = pos.narrow(0, 0, seq).contiguous();
+  s.document_ids = s.positions.eq(0).cumsum(0);
+  s.targets = s.targets.masked_fill(pos.narrow(0, 1, seq).eq(0).view({1, seq}), kIgnoreLabel);
+  return s;
+}
+
 double Trainer::MeanAcrossRanks(double local) {
   at::Tensor t = at::full({1}, local, at::kDouble);
   Check(coll_.AllReduce(t, ReduceOp::kSum));
@@ -40,15 +58,15 @@ double Trainer::Evaluate() {
     for (int64_t i = 0; i < micro; ++i) {
       starts.push_back(data::EvalWindowStart(b * micro * n + r * micro + i, total, len, w));
     }
-    at::Tensor win = Windows(corpus_.heldout, starts);
+    const Sample x =
+        MakeSample(corpus_.heldout, data::HeldOutBoundaries(corpus_), starts, o_.sequence_length);
     if (sp_ != nullptr) {  // the sequence-parallel group shares the window, 1/P each
-      sum += sp_->EvalLoss(win.narrow(1, 0, o_.sequence_length),
-                           win.narrow(1, 1, o_.sequence_length));
+      sum += sp_->EvalLoss(x.ids, x.targets, x.positions);
       continue;
     }
     // Through the loss head (tiled when training.tiled_logits_loss is on; sequence_parallel.h).
-    const HeldOutLoss h = HeldOutLossOf(llama_.get(), win.narrow(1, 0, o_.sequence_length),
-                                        win.narrow(1, 1, o_.sequence_length));
+    const HeldOutLoss h =
+        HeldOutLossOf(llama_.get(), x.ids, x.targets, x.positions, x.document_ids);
     sum += h.sum / static_cast<double>(std::max<int64_t>(h.tokens, 1));
   }
   return MeanAcrossRanks(sum / o_.eval_batches);
@@ -77,19 +95,22 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     const std::vector<int64_t> starts =
         TrainMicroStepStarts(o_.seed, step, m, DataRank(), DataRanks(), micro, len, w);
     const auto data_t0 = std::chrono::steady_clock::now();
-    at::Tensor win = Windows(corpus_.train, starts);
-    if (trajectory_ != nullptr) Check(trajectory_->AppendBatch(win.data_ptr<int64_t>(), micro, w));
+    const Sample x = MakeSample(corpus_.train, data::TrainBoundaries(corpus_), starts, seq);
+    if (trajectory_ != nullptr) {
+      Check(trajectory_->AppendBatch(
+          x.window.data_ptr<int64_t>(), micro, w,
+          x.window_positions.empty() ? nullptr : x.window_positions.data()));
+    }
     data_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
     at::Tensor loss;
     if (sp_ != nullptr) {  // this rank's shard; loss_r * n_r / N (sequence_parallel.h)
-      SequenceParallelRunner::MicroStep ms =
-          sp_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order);
+      SequenceParallelRunner::MicroStep ms = sp_->Loss(x.ids, x.targets, order, x.positions);
       loss = ms.backprop;
       loss_sum += ms.loss;
     } else {
-      loss = llama_->Loss(win.narrow(1, 0, seq), win.narrow(1, 1, seq), order).loss;
+      loss = llama_->Loss(x.ids, x.targets, order, x.positions, x.document_ids).loss;
       loss_sum += loss.item<double>();
     }
     at::Tensor scaled = loss / static_cast<double>(gas);

@@ -31,10 +31,16 @@ absl::StatusOr<std::unique_ptr<TrajectoryRecorder>> TrajectoryRecorder::Open(
   ASSIGN_OR_RETURN(AtomicFileWriter w,
                    AtomicFileWriter::Open(absl::StrCat(dir, "/tokens_rank_", shape.rank, ".bin")));
   r->tokens_.emplace(std::move(w));
+  if (shape.pack_documents) {
+    ASSIGN_OR_RETURN(AtomicFileWriter pw, AtomicFileWriter::Open(absl::StrCat(
+                                              dir, "/positions_rank_", shape.rank, ".bin")));
+    r->positions_.emplace(std::move(pw));
+  }
   return r;
 }
 
-absl::Status TrajectoryRecorder::AppendBatch(const int64_t* tokens, int64_t rows, int64_t window) {
+absl::Status TrajectoryRecorder::AppendBatch(const int64_t* tokens, int64_t rows, int64_t window,
+                                             const int64_t* positions) {
   if (rows != shape_.micro_batch_size || window != shape_.window) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trajectory: batch of [", rows, ", ", window, "] tokens, expected [",
@@ -42,7 +48,14 @@ absl::Status TrajectoryRecorder::AppendBatch(const int64_t* tokens, int64_t rows
   }
   if (!tokens_.has_value()) return absl::FailedPreconditionError("trajectory: already finished");
   // Little-endian on every platform Loom builds for (x86-64, aarch64): the bytes as they are.
-  RETURN_IF_ERROR(tokens_->Append(tokens, static_cast<size_t>(rows * window) * sizeof(int64_t)));
+  const size_t bytes = static_cast<size_t>(rows * window) * sizeof(int64_t);
+  RETURN_IF_ERROR(tokens_->Append(tokens, bytes));
+  if (shape_.pack_documents) {
+    if (positions == nullptr) {
+      return absl::InvalidArgumentError("trajectory: a packed batch without its positions");
+    }
+    RETURN_IF_ERROR(positions_->Append(positions, bytes));
+  }
   ++batches_;
   return absl::OkStatus();
 }
@@ -71,6 +84,10 @@ absl::Status TrajectoryRecorder::Finish() {
   if (!tokens_.has_value()) return absl::FailedPreconditionError("trajectory: already finished");
   RETURN_IF_ERROR(tokens_->Commit());
   tokens_.reset();
+  if (positions_.has_value()) {
+    RETURN_IF_ERROR(positions_->Commit());
+    positions_.reset();
+  }
   json index = {{"rank", shape_.rank},
                 {"dtype", "int64-le"},
                 {"shape", {run, shape_.gradient_accumulation_steps, shape_.micro_batch_size,
@@ -94,6 +111,7 @@ absl::Status TrajectoryRecorder::Finish() {
                {"gradient_accumulation_steps", shape_.gradient_accumulation_steps},
                {"micro_batch_size", shape_.micro_batch_size},
                {"sequence_length", shape_.sequence_length},
+               {"pack_documents", shape_.pack_documents},
                {"steps_run", std::move(steps)}};
   return WriteFileAtomically(dir_ + "/trajectory.json", traj.dump(2));
 }

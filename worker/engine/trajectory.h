@@ -16,10 +16,15 @@
 //                                              columns [0, window-1), targets [1, window))
 //   tokens_rank_<r>.json                       {"rank","dtype":"int64-le","shape":[...],
 //                                              "start_step"} describing that file
+//   positions_rank_<r>.bin                     dataset.pack_documents only: the position id
+//                                              of every token of tokens_rank_<r>.bin (same
+//                                              shape and dtype; 0 where a document starts,
+//                                              data/corpus.h PackedPositions)
 //   trajectory.json                            rank 0: {"format":"loom-trajectory-v1",
 //                                              "world_size","start_step","steps",
 //                                              "gradient_accumulation_steps",
 //                                              "micro_batch_size","sequence_length",
+//                                              "pack_documents",
 //                                              "steps_run":[{"step","loss","lr",
 //                                              "grad_norm","skipped"}...]}
 //                                              loss is the rank-mean of the micro-step mean
@@ -52,6 +57,7 @@ struct TrajectoryShape {
   int64_t micro_batch_size = 1;  // rows per micro-batch on this rank
   int64_t window = 0;            // tokens per row (this rank's sequence length + 1)
   int64_t sequence_length = 0;   // the job's training.sequence_length
+  bool pack_documents = false;   // dataset.pack_documents: positions_rank_<r>.bin is written
 };
 
 class TrajectoryRecorder {
@@ -63,9 +69,12 @@ class TrajectoryRecorder {
   // Call on every rank before any rank writes shards (the engine passes a barrier after it).
   static absl::StatusOr<std::unique_ptr<TrajectoryRecorder>> Open(const std::string& dir,
                                                                   const TrajectoryShape& shape);
-  // Appends one micro-batch: `rows` x `window` int64 token ids, row-major. INVALID_ARGUMENT on a
-  // shape other than [micro_batch_size, window]; INTERNAL on write errors (naming the file).
-  absl::Status AppendBatch(const int64_t* tokens, int64_t rows, int64_t window);
+  // Appends one micro-batch: `rows` x `window` int64 token ids, row-major, and with
+  // pack_documents their position ids (same shape; required then, ignored otherwise).
+  // INVALID_ARGUMENT on a shape other than [micro_batch_size, window] or missing positions;
+  // INTERNAL on write errors (naming the file).
+  absl::Status AppendBatch(const int64_t* tokens, int64_t rows, int64_t window,
+                           const int64_t* positions = nullptr);
 
   // Remembers one finished optimizer step (1-based `step`) for trajectory.json.
   void RecordStep(int64_t step, double loss, double lr, double grad_norm, bool skipped);
@@ -95,6 +104,7 @@ class TrajectoryRecorder {
   std::string dir_;
   TrajectoryShape shape_;
   std::optional<AtomicFileWriter> tokens_;
+  std::optional<AtomicFileWriter> positions_;  // pack_documents only
   int64_t batches_ = 0;
   std::vector<Step> steps_;
 };

@@ -10,6 +10,8 @@
 // step were clipped by a similar factor. Tolerances are the script's (its docstring): fp32 loss
 // rel 1e-5, grad norm rel 1e-5, weights |a-b| <= 1e-5; bf16 loss rel 1e-4, grad norm rel 1e-2,
 // update within 3 % (rel L2), 99.9th percentile of |a-b| <= 2e-3, max |a-b| <= 2.5e-2.
+// A packed-samples case (dataset.pack_documents, micro-batch 1) replays the recorded position
+// ids: per-document attention and rotary angles, no target across a document boundary.
 // Negative controls: the reference run with a spec that differs from what Loom ran (clipping
 // threshold x1.5, Adam beta2 0.99) must report a mismatch; a dump into a used directory fails
 // naming --trajectory_dir.
@@ -162,6 +164,63 @@ TEST_P(ReferenceTrajectoryTest, LoomMatchesPyTorchReference) {
     EXPECT_EQ(wcode, 1) << what << ": " << wrep.dump(1);
     EXPECT_FALSE(wrep.value("ok", true)) << what;
   }
+}
+
+// Packed samples (dataset.pack_documents): ZeRO-3, 2 ranks, micro-batch 1, GAS 2, 64-token
+// windows of fortunes, each window a packed sample of the documents it covers. The reference
+// rebuilds per-document attention, rotary positions and the ignored cross-document targets from
+// the recorded position ids alone. Checked not to pass vacuously: the windows hold document
+// starts (position 0 inside a window), and the same dump replayed as unpacked windows (the
+// trajectory's "pack_documents" turned off) is a mismatch.
+TEST(ReferenceTrajectoryPackedTest, PackedDocumentsMatchPyTorchReference) {
+  const std::string name = "packed_s3";
+  const std::string path = WriteSpec(name, /*micro=*/1, kSteps);
+  json spec = json::parse(*ReadText(path));
+  spec["dataset"]["pack_documents"] = true;
+  spec["training"]["sequence_length"] = 64;
+  spec["training"]["eval_every_steps"] = "0";
+  spec["deepspeed_config"]["gradient_clipping"] = 0;
+  std::ofstream(path) << spec.dump(2);
+  const std::string dir = TrajDir(name);
+  GangResult r = RunGang(name, path, kWorld, {"--trajectory_dir=" + dir});
+  ExpectGangOk(r, name);
+  if (HasFailure()) return;
+
+  int starts_inside = 0, windows = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::optional<std::string> raw = ReadText(absl::StrCat(dir, "/positions_rank_", rank, ".bin"));
+    ASSERT_TRUE(raw.has_value()) << "positions_rank_" << rank << ".bin";
+    ASSERT_EQ(raw->size(), static_cast<size_t>(kSteps * 2 * 1 * 65 * 8)) << rank;
+    const int64_t* pos = reinterpret_cast<const int64_t*>(raw->data());
+    for (int w = 0; w < kSteps * 2; ++w, ++windows) {
+      EXPECT_EQ(pos[w * 65], 0) << "window " << w;
+      for (int i = 1; i < 65; ++i) {
+        const int64_t p = pos[w * 65 + i];
+        EXPECT_TRUE(p == 0 || p == pos[w * 65 + i - 1] + 1) << "window " << w << " token " << i;
+        starts_inside += p == 0 ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GE(starts_inside, 4) << "of " << windows << " windows";
+
+  auto [code, rep] = RunReference(name, path, dir);
+  ASSERT_FALSE(rep.is_null()) << name << ": no report (see " << name << ".reference.stderr)";
+  EXPECT_EQ(code, 0) << rep.dump(1);
+  EXPECT_TRUE(rep.value("ok", false)) << rep.dump(1);
+  EXPECT_LE(rep["max_loss_rel"].get<double>(), 1e-5);
+  EXPECT_LE(rep["max_weight_abs"].get<double>(), 1e-5);
+  EXPECT_LT(rep["ref_loss"].back().get<double>(), rep["ref_loss"].front().get<double>() - 0.05);
+  std::cerr << name << ": " << starts_inside << " document starts inside " << windows
+            << " windows; max loss rel " << rep["max_loss_rel"] << ", weights max abs "
+            << rep["max_weight_abs"] << "\n";
+
+  // Negative control: the same windows replayed without the packing.
+  json traj = json::parse(*ReadText(dir + "/trajectory.json"));
+  traj["pack_documents"] = false;
+  std::ofstream(dir + "/trajectory.json") << traj.dump(2);
+  auto [wcode, wrep] = RunReference(name + "_unpacked", path, dir);
+  EXPECT_EQ(wcode, 1) << wrep.dump(1);
+  EXPECT_FALSE(wrep.value("ok", true));
 }
 
 INSTANTIATE_TEST_SUITE_P(
