@@ -25,7 +25,8 @@ absl::Status ParseTiledCompute(const loom::v1::TrainingSpec& training, TiledComp
 
 // How the model executes (EngineOptions carries the same fields).
 struct ModelExecutionKeys {
-  std::string attn_implementation = "eager";  // eager | flash_attention_2 (blockwise core)
+  // flash_attention_2 (default: the blockwise core, dense within one block) | eager
+  std::string attn_implementation = "flash_attention_2";
   int64_t attn_block_size = 128;              // tokens per query/key block of the blockwise core
   bool activation_checkpointing = false;      // per decoder layer
   bool activation_checkpoint_cpu_offload = false;  // checkpointed layer inputs in host memory

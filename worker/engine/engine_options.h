@@ -50,7 +50,7 @@ struct EngineOptions {
   // model.attn_implementation, model.attn_block_size, and checkpointing from deepspeed_config
   // activation_checkpointing (enabled when the section is present; cpu_checkpointing) or
   // training.activation_checkpoint_cpu_offload.
-  std::string attn_implementation = "eager";  // eager | flash_attention_2
+  std::string attn_implementation = "flash_attention_2";  // default | eager
   int64_t attn_block_size = 128;
   bool activation_checkpointing = false;
   bool activation_checkpoint_cpu_offload = false;

@@ -178,7 +178,7 @@ TEST(ParseJobSpecJsonTest, UnknownFieldsAndWrongTypesAreRefusedNamingTheField) {
 TEST(ParseJobSpecJsonTest, AttentionCoreAndActivationCheckpointing) {
   absl::StatusOr<EngineOptions> o = ParseJobSpecJson(kSpec, 2);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->attn_implementation, "eager");
+  EXPECT_EQ(o->attn_implementation, "flash_attention_2");  // the default (docs/job-spec.md)
   EXPECT_EQ(o->attn_block_size, 128);
   EXPECT_FALSE(o->activation_checkpointing);
   EXPECT_FALSE(o->activation_checkpoint_cpu_offload);
@@ -189,6 +189,9 @@ TEST(ParseJobSpecJsonTest, AttentionCoreAndActivationCheckpointing) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->attn_implementation, "flash_attention_2");
   EXPECT_EQ(o->attn_block_size, 32);
+  o = ParseJobSpecJson(With(model, model + ", \"attn_implementation\": \"eager\""), 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->attn_implementation, "eager");
   o = ParseJobSpecJson(With(model, model + ", \"attn_implementation\": \"sdpa\""), 2);
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "model.attn_implementation"));
   o = ParseJobSpecJson(With(model, model + ", \"attn_block_size\": -4"), 2);

@@ -16,7 +16,7 @@ namespace loom::engine {
 void ApplyModelExecutionOptions(const EngineOptions& o, LlamaModel* model, MemoryTracker* memory);
 
 // The attention core `o.attn_implementation` names: BlockwiseCausalAttention for
-// "flash_attention_2", MaterializedCausalAttention for "eager". Sequence parallelism wraps it.
+// "flash_attention_2" (the default), MaterializedCausalAttention for "eager". Sequence parallelism wraps it.
 std::unique_ptr<AttentionCore> MakeAttentionCore(const EngineOptions& o);
 
 }  // namespace loom::engine

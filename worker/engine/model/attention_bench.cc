@@ -3,8 +3,10 @@
 // 8, 6 query heads, 2 KV heads, head_dim 64, sequence 128, 1 intra-op thread).
 //   bazel run //worker/engine/model:attention_bench -- [--seq=128] [--batch=8]
 //       [--heads=6] [--kv_heads=2] [--head_dim=64] [--block=128] [--iters=20] [--threads=1]
-// Prints per core the median over 3 repeats of the mean milliseconds of one forward + backward
-// over --iters iterations, and the ratio blockwise / materialised (< 1: blockwise is faster).
+// Prints per core the median over 5 alternating rounds of the mean milliseconds of one
+// forward + backward over --iters iterations for the materialised core, the blockwise core as
+// jobs run it (one tile as the dense computation) and the tiled function alone; the last line
+// is the ratio blockwise core / materialised (< 1: blockwise is faster).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -45,34 +47,53 @@ int main(int argc, char** argv) {
   loom::engine::AttentionMask mask;
   mask.positions = at::arange(s, at::kLong);
   loom::engine::MaterializedCausalAttention materialized;
-  loom::engine::BlockwiseCausalAttention blockwise(block);
-  auto time_core = [&](AttentionCore& core) {
-    std::vector<double> runs;
-    for (int r = 0; r < 3; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < iters; ++i) {
-        at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
-        at::Tensor v = v0.clone().requires_grad_(true);
-        loom::engine::AttentionMask m = mask;  // each step builds its mask, as the model does
-        (core.Forward(q, k, v, m, at::kFloat) * w).sum().backward();
-      }
-      const std::chrono::duration<double, std::milli> dt = std::chrono::steady_clock::now() - t0;
-      runs.push_back(dt.count() / static_cast<double>(iters));
+  loom::engine::BlockwiseCausalAttention blockwise(block);  // as jobs run it
+  // The tiled function at every length (the core runs one tile as the dense computation).
+  struct TiledKernel : AttentionCore {
+    int64_t block = 0;
+    at::Tensor Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const loom::engine::AttentionMask& m, at::ScalarType act) override {
+      return loom::engine::BlockwiseAttention(q, k, v, m.positions, m.document_ids, block, act);
     }
-    std::sort(runs.begin(), runs.end());
-    return runs[1];
+  } kernel;
+  kernel.block = block;
+  // Mean milliseconds of one forward + backward over --iters iterations.
+  auto time_once = [&](AttentionCore& core) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) {
+      at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+      at::Tensor v = v0.clone().requires_grad_(true);
+      loom::engine::AttentionMask m = mask;  // each step builds its mask, as the model does
+      (core.Forward(q, k, v, m, at::kFloat) * w).sum().backward();
+    }
+    const std::chrono::duration<double, std::milli> dt = std::chrono::steady_clock::now() - t0;
+    return dt.count() / static_cast<double>(iters);
   };
-  time_core(materialized);  // warm-up (allocator, thread pool)
-  const double mat = time_core(materialized);
-  const double blk = time_core(blockwise);
+  time_once(materialized);  // warm-up (allocator, thread pool)
+  // Five rounds, the three cores alternating within each (a slow spell of the shared machine
+  // hits all three alike), then the median per core.
+  std::vector<double> mats, blks, tileds;
+  for (int r = 0; r < 5; ++r) {
+    mats.push_back(time_once(materialized));
+    blks.push_back(time_once(blockwise));
+    tileds.push_back(time_once(kernel));
+  }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  const double mat = median(mats), blk = median(blks), tiled = median(tileds);
   std::printf("attention fwd+bwd B=%lld Hq=%lld Hkv=%lld S=%lld d=%lld block=%lld threads=%d\n",
               static_cast<long long>(b), static_cast<long long>(hq),
               static_cast<long long>(hkv), static_cast<long long>(s),
               static_cast<long long>(d), static_cast<long long>(block), at::get_num_threads());
-  std::printf("materialized_ms=%.3f (median of 3, mean of %lld)\n", mat,
+  std::printf("materialized_ms=%.3f (median of 5, mean of %lld)\n", mat,
               static_cast<long long>(iters));
-  std::printf("blockwise_ms=%.3f (median of 3, mean of %lld)\n", blk,
+  std::printf("blockwise_ms=%.3f (median of 5, mean of %lld)\n", blk,
               static_cast<long long>(iters));
+  std::printf("tiled_kernel_ms=%.3f (median of 5, mean of %lld; the tiled function even "
+              "within one block)\n", tiled, static_cast<long long>(iters));
+  std::printf("tiled_kernel/materialized=%.3f\n", tiled / mat);
   std::printf("blockwise/materialized=%.3f\n", blk / mat);
   return 0;
 }

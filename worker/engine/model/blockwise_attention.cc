@@ -179,6 +179,13 @@ at::Tensor BlockwiseAttention(const at::Tensor& q, const at::Tensor& k, const at
 at::Tensor BlockwiseCausalAttention::Forward(const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, const AttentionMask& mask,
                                              at::ScalarType act) {
+  // One tile covers the whole sequence: the tile IS the materialised [S, S] computation, and the
+  // dense kernels run it faster than the tiled function's online-softmax bookkeeping and
+  // backward recompute (attention_bench at the fortunes example's S = 128, block 128: 1.19x
+  // slower tiled, docs/engine.md). Memory stays bounded by one [B, Hq, block, block] tile.
+  if (q.size(2) <= block_size_ && k.size(2) <= block_size_) {
+    return MaterializedCausalAttention().Forward(q, k, v, mask, act);
+  }
   return BlockwiseAttention(q, k, v, mask.positions, mask.document_ids, block_size_, act);
 }
 

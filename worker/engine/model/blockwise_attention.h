@@ -39,6 +39,10 @@ at::Tensor BlockwiseAttention(const at::Tensor& q, const at::Tensor& k, const at
                               const at::Tensor& positions, const at::Tensor& document_ids,
                               int64_t block_size, at::ScalarType act);
 
+// The attention core of `model.attn_implementation: flash_attention_2` (the default): the
+// function above when the sequence spans more than one block; when q and k both fit in one
+// block (S <= block_size) the single tile runs as MaterializedCausalAttention (bit-identical
+// to `eager`, and faster there; at most one [B, Hq, block, block] tile as well).
 class BlockwiseCausalAttention : public AttentionCore {
  public:
   explicit BlockwiseCausalAttention(int64_t block_size = kDefaultAttentionBlockSize)

@@ -85,10 +85,22 @@ void CheckCase(const Case& c, const at::Tensor& pos, const at::Tensor& doc) {
   Grads mat = RunAttn([&](auto& a, auto& b, auto& x) {
     return materialized.Forward(a, b, x, mask, at::kFloat);
   }, q, k, v, w);
-  BlockwiseCausalAttention blockwise(c.block);
+  // The tiled function itself (every case, also one block larger than S), then the core.
   Grads blk = RunAttn([&](auto& a, auto& b, auto& x) {
+    return BlockwiseAttention(a, b, x, pos, doc, c.block, at::kFloat);
+  }, q, k, v, w);
+  BlockwiseCausalAttention blockwise(c.block);
+  Grads core = RunAttn([&](auto& a, auto& b, auto& x) {
     return blockwise.Forward(a, b, x, mask, at::kFloat);
   }, q, k, v, w);
+  ExpectClose(core.out, blk.out, 2e-6, 1e-5, what + " core out vs the tiled function");
+  ExpectClose(core.dq, blk.dq, 2e-6, 1e-5, what + " core dq vs the tiled function");
+  if (c.s <= c.block) {  // one tile: the core runs the materialised computation, bit for bit
+    EXPECT_TRUE(at::equal(core.out, mat.out)) << what;
+    EXPECT_TRUE(at::equal(core.dq, mat.dq) && at::equal(core.dk, mat.dk) &&
+                at::equal(core.dv, mat.dv))
+        << what;
+  }
   for (const auto& [name, want] : {std::make_pair("reference", ref), std::make_pair("materialized", mat)}) {
     ExpectClose(blk.out, want.out, 2e-6, 1e-5, what + " out vs " + name);
     ExpectClose(blk.dq, want.dq, 2e-6, 1e-5, what + " dq vs " + name);
