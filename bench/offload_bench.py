@@ -111,10 +111,10 @@ def offload_zero(a):
     return zero
 
 
-def run_spec(a, name, spec_path):
-    """Runs one gang on spec_path; returns (rank 0's step events after --skip, all of them,
-    rank 0's done event, wall seconds). Raises RuntimeError naming the run and its log
-    directory when a rank fails or reports no done event."""
+def run_gang(a, name, spec_path):
+    """Runs one gang on spec_path; returns its ranks (gang.run_loom) and the wall seconds.
+    Raises RuntimeError naming the run and its log directory when a rank fails or reports no
+    done event."""
     t0 = time.time()
     ranks = gang.run_loom(a.trainer, spec_path, a.world, os.path.join(a.workdir, name),
                           extra=a.trainer_arg, timeout_s=a.timeout)
@@ -123,11 +123,18 @@ def run_spec(a, name, spec_path):
         errs = [e.get("message") for r in ranks for e in r.of("error")]
         raise RuntimeError("%s failed: %s (exit codes %s; logs under %s)"
                            % (name, errs, [r.returncode for r in ranks], a.workdir))
+    return ranks, time.time() - t0
+
+
+def run_spec(a, name, spec_path):
+    """Runs one gang on spec_path (run_gang); returns (rank 0's step events after --skip, all
+    of them, rank 0's done event, wall seconds)."""
+    ranks, wall = run_gang(a, name, spec_path)
     all_steps = ranks[0].of("step")
     if len(all_steps) <= a.skip:
         raise RuntimeError("%s: %d steps, none left after --skip %d"
                            % (name, len(all_steps), a.skip))
-    return all_steps[a.skip:], all_steps, ranks[0].of("done")[0], time.time() - t0
+    return all_steps[a.skip:], all_steps, ranks[0].of("done")[0], wall
 
 
 def median_of(steps, key):

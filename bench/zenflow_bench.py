@@ -10,8 +10,11 @@ steps, in one run, alternating the two systems --repeats times (median of the pe
 
 Regime: a micro-batch small enough that synchronous offload spends a large share of its step in
 the optimizer (fine-tuning with small batches); the shapes and that share are printed. Reported
-per system: median step time, median stall, final held-out loss (--eval_batches micro-batches of
-the held-out split). Last line:
+per system: median step time, median stall, and the held-out loss (--eval_batches micro-batches
+of the held-out split) as the mean of the last --eval_last evaluations, one every --eval_every
+steps (a single final evaluation moves by up to 0.2 between neighbouring steps at small shapes,
+docs/benchmarks.md "The final flush"; evaluation runs between steps, outside the step times).
+Last line:
   zenflow_vs_offload speedup=<x> stall_reduction=<1 - stall_zf/stall_off> loss_delta=<|dl|/l>
 Usage: bench/zenflow_bench.sh [flags]   (builds loom-trainer, then runs this).
 """
@@ -34,19 +37,31 @@ def spec(path, a, zenflow):
                            "full_warm_up_rounds": a.warm_up_rounds,
                            "pt_reserved_cores_perc": a.pt_reserved}
     return ob.write_spec(path, a, "zenflow-bench", zero, 1.0,
-                         {"eval_batches": a.eval_batches, "eval_every_steps": "0"})
+                         {"eval_batches": a.eval_batches,
+                          "eval_every_steps": str(a.eval_every)})
 
 
 def run(a, name, zenflow):
     path = spec(os.path.join(a.workdir, name + ".json"), a, zenflow)
-    steps, _, done, wall = ob.run_spec(a, name, path)
+    ranks, wall = ob.run_gang(a, name, path)
+    steps = ranks[0].of("step")[a.skip:]
+    if not steps:
+        raise RuntimeError("%s: no steps left after --skip %d" % (name, a.skip))
+    # Evaluations after training started (the step-0 one is before any update); the final
+    # one is the done event's final_eval_loss, also reported as an eval event at the last step.
+    evals = [e["loss"] for e in ranks[0].of("eval") if int(e.get("step", 0)) > 0]
+    if not evals:
+        evals = [ranks[0].of("done")[0]["final_eval_loss"]]
+    last = evals[-a.eval_last:]
     r = {"step": ob.median_of(steps, "step_time_s"),
          "stall": ob.median_of(steps, "zenflow_stall_s" if zenflow else "optimizer_s"),
-         "opt": ob.median_of(steps, "optimizer_s"), "loss": done["final_eval_loss"],
+         "opt": ob.median_of(steps, "optimizer_s"), "loss": sum(last) / len(last),
+         "final": ranks[0].of("done")[0]["final_eval_loss"], "evals": len(last),
          "load": ob.load_average()}
     print("  %-12s %6.1f s wall: step %.4f s, optimizer %.4f s (%.0f%%), stall %.4f s, eval "
-          "loss %.5f, load %.1f" % (name, wall, r["step"], r["opt"], 100 * r["opt"] / r["step"],
-                                    r["stall"], r["loss"], r["load"]), flush=True)
+          "loss %.5f (mean of the last %d; final %.5f), load %.1f"
+          % (name, wall, r["step"], r["opt"], 100 * r["opt"] / r["step"], r["stall"], r["loss"],
+             r["evals"], r["final"], r["load"]), flush=True)
     return r
 
 
@@ -59,7 +74,11 @@ def main():
     p.add_argument("--warm_up_rounds", type=int, default=0)
     p.add_argument("--pt_reserved", type=float, default=0.5)
     p.add_argument("--eval_batches", type=int, default=4,
-                   help="held-out micro-batches of the final loss (its noise: use enough)")
+                   help="held-out micro-batches per evaluation (its noise: use enough)")
+    p.add_argument("--eval_every", type=int, default=2,
+                   help="steps between held-out evaluations (training.eval_every_steps)")
+    p.add_argument("--eval_last", type=int, default=10,
+                   help="the held-out loss compared is the mean of this many last evaluations")
     a = p.parse_args()
     ob.apply_example(a)
     keep = bool(a.workdir)
