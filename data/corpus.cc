@@ -243,14 +243,17 @@ std::vector<int64_t> PackedPositions(const TokenStream& stream, const DocumentBo
   std::vector<int64_t> pos(static_cast<size_t>(n), 0);
   if (n == 0) return pos;
   if (b.starts != nullptr && !b.starts->empty()) {
-    // The first recorded start after the window's first token, then walk both in order.
+    // The first recorded start after the window's first token, then walk both in order. An
+    // empty document (a JSONL line with empty text) repeats the next one's start: skip every
+    // start at or before the token.
     auto next = std::upper_bound(b.starts->begin(), b.starts->end(), start);
     for (int64_t i = 1; i < n; ++i) {
-      if (next != b.starts->end() && *next == start + i) {
-        ++next;  // pos[i] stays 0: a document starts here
-      } else {
-        pos[i] = pos[i - 1] + 1;
+      bool document_starts = false;
+      while (next != b.starts->end() && *next <= start + i) {
+        document_starts = document_starts || *next == start + i;
+        ++next;
       }
+      pos[i] = document_starts ? 0 : pos[i - 1] + 1;
     }
     return pos;
   }

@@ -119,6 +119,18 @@ TEST(PackedPositionsTest, TextDocumentStartsAndPositionsRestartAtEachDocument) {
   EXPECT_EQ(held, (std::vector<int64_t>{0, 0, 1}));
 }
 
+// Regression: an empty document records the same start as the next one; the walk must not stop
+// restarting positions after such a repeated start.
+TEST(PackedPositionsTest, RepeatedStartsOfEmptyDocumentsAreSkipped) {
+  const TokenStream stream(std::vector<int32_t>{10, 11, 12, 20, 21, 30, 31, 32, 40});
+  const std::vector<int64_t> starts = {0, 3, 3, 5, 5, 5, 8};
+  DocumentBoundaries b;
+  b.starts = &starts;
+  EXPECT_EQ(PackedPositions(stream, b, 0, 9),
+            (std::vector<int64_t>{0, 1, 2, 0, 1, 0, 1, 2, 0}));
+  EXPECT_EQ(PackedPositions(stream, b, 3, 6), (std::vector<int64_t>{0, 1, 0, 1, 2, 0}));
+}
+
 TEST(CorpusTest, FifoOrDeviceAsDatasetIsRefusedWithoutBlocking) {
   const std::string fifo = std::string(getenv("TEST_TMPDIR")) + "/corpus.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

@@ -110,7 +110,19 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
       loss = ms.backprop;
       loss_sum += ms.loss;
     } else {
-      loss = llama_->Loss(x.ids, x.targets, order, x.positions, x.document_ids).loss;
+      // A packed window whose every target crosses a boundary (one-token documents) has no
+      // token to average over: like the SP runner's empty shard, a finite loss on one token
+      // times an exact zero, so the backward (and ZeRO's collectives) run with zero gradients
+      // instead of NaN.
+      const bool none_valid =
+          o_.pack_documents && !x.targets.ne(kIgnoreLabel).any().item<bool>();
+      at::Tensor targets = x.targets;
+      if (none_valid) {
+        targets = targets.clone();
+        targets.view({-1})[0] = 0;
+      }
+      loss = llama_->Loss(x.ids, targets, order, x.positions, x.document_ids).loss;
+      if (none_valid) loss = loss * 0.0;
       loss_sum += loss.item<double>();
     }
     at::Tensor scaled = loss / static_cast<double>(gas);

@@ -1,7 +1,8 @@
 // loom-trainer's refusals and signals with real processes: an unusable nvme_path and
 // parameter-only NVMe offload, an invalid config and spec fields outside the schema (exit 78 and
 // an error event naming the field), SIGTERM (all ranks stop at one step boundary, exit 143) and
-// SIGUSR1 to one rank (an agreed checkpoint, exit 0). Independent tests, split from
+// SIGUSR1 to one rank (an agreed checkpoint, exit 0); dataset.pack_documents' micro-batch refusal
+// and its windows without a target. Independent tests, split from
 // trainer_test.cc so that Bazel runs them beside it.
 // Every child has a deadline; on expiry all children are killed and the test fails.
 #include <signal.h>
@@ -85,6 +86,44 @@ TEST(TrainerErrorsTest, SpecFieldsOutsideTheSchemaAndUnsupportedModelTypesAreCon
     EXPECT_NE(errors[0]["message"].get<std::string>().find(needle), std::string::npos)
         << errors[0]["message"];
     EXPECT_TRUE(r.Of(0, "started").empty()) << name;
+  }
+}
+
+// dataset.pack_documents: the trainer refuses a micro-batch of 2 (one packed sample per
+// micro-batch) naming the key; and a corpus of one-token documents, where every target crosses a
+// document boundary, trains with zero (not NaN) losses instead of corrupting the weights.
+TEST(TrainerErrorsTest, PackDocumentsRefusesMicroBatchTwoAndSurvivesWindowsWithNoTarget) {
+  auto packed_spec = [](const std::string& name, int micro, const std::string& corpus) {
+    const std::string path = WriteSpec(name, micro, 2);
+    json spec = json::parse(*ReadText(path));
+    spec["dataset"] = {{"path", corpus}, {"format", "jsonl"}, {"tokenizer", "byte"},
+                       {"pack_documents", true}};
+    spec["training"]["sequence_length"] = 16;
+    std::ofstream(path) << spec.dump(2);
+    return path;
+  };
+  const std::string corpus = TmpDir() + "/one_token_docs.jsonl";
+  {
+    std::ofstream f(corpus);
+    for (int i = 0; i < 2000; ++i) f << "{\"text\": \"" << static_cast<char>('a' + i % 26) << "\"}\n";
+  }
+  GangResult refused = RunGang("packed_micro2", packed_spec("packed_micro2", 2, corpus), 1, {});
+  EXPECT_EQ(refused.exit_codes[0], loom::kTrainerExitConfigError);
+  ASSERT_EQ(refused.Of(0, "error").size(), 1u);
+  EXPECT_NE(refused.Of(0, "error")[0]["message"].get<std::string>().find(
+                "dataset.pack_documents: needs deepspeed_config.train_micro_batch_size_per_gpu 1"),
+            std::string::npos)
+      << refused.Of(0, "error")[0]["message"];
+
+  GangResult r = RunGang("packed_no_target", packed_spec("packed_no_target", 1, corpus), 1, {});
+  ASSERT_EQ(r.exit_codes[0], 0) << "see packed_no_target.rank0.stderr";
+  const std::vector<json> steps = r.Of(0, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const json& s : steps) {  // protobuf's JSON omits a 0; a NaN would be the string "NaN"
+    for (const char* key : {"loss", "grad_norm"}) {
+      ASSERT_TRUE(!s.contains(key) || s[key].is_number()) << s;
+      EXPECT_EQ(s.value(key, 0.0), 0.0) << s;
+    }
   }
 }
 
