@@ -126,7 +126,8 @@ def one_scale(args, nodes):
         lg = run_loadgen(args, sched.address, nodes, [
             f"--prefill={args.prefill}", f"--duration_s={args.duration_s}",
             f"--warmup_s={args.warmup_s}", f"--submit_rate={args.submit_rate}",
-            f"--heartbeat_threads={args.heartbeat_threads}"])
+            f"--heartbeat_threads={args.heartbeat_threads}",
+            f"--min_run_s={args.min_run_s}", f"--max_run_s={args.max_run_s}"])
         metrics = scrape(sched.metrics_url)
         window = (int(lg["window_start_us"]), int(lg["window_end_us"]))
         cycles = sched.cycles(*window)
@@ -228,6 +229,11 @@ def main():
     ap.add_argument("--duration_s", type=int, default=60)
     ap.add_argument("--warmup_s", type=int, default=10)
     ap.add_argument("--submit_rate", type=float, default=20)
+    ap.add_argument("--min_run_s", type=int, default=20,
+                    help="shortest simulated job run time (the loadgen's flag)")
+    ap.add_argument("--max_run_s", type=int, default=90,
+                    help="longest simulated job run time: hours keep the prefilled queue "
+                         "pending once the slots are full (the 20,000-pending point)")
     ap.add_argument("--heartbeat_threads", type=int, default=64)
     ap.add_argument("--heartbeat_timeout_s", type=int, default=40,
                     help="the daemon's production default")

@@ -215,8 +215,10 @@ struct RetentionResult {
 // `keep_last` committed ones, and partial checkpoints older than the newest committed one (a partial
 // one newer than it may still be being written and is kept). Never deletes the newest committed
 // checkpoint or a step in `protected_steps`. With no committed checkpoint, deletes nothing.
-// INVALID_ARGUMENT if keep_last < 1 or keep_best < 0; errors of ListCheckpoints /
-// DeleteCheckpoint.
+// Cost: one scan of the step directories and two directory syncs per call however many steps
+// it deletes (the doomed steps are all moved aside, synced once, removed, synced again).
+// INVALID_ARGUMENT if keep_last < 1 or keep_best < 0; errors of ListCheckpoints, and of the
+// rename, sync or removal naming the path (steps already removed when it fails stay removed).
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir,
                                                const RetentionPolicy& policy,
                                                const std::vector<int64_t>& protected_steps = {});

@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -877,6 +879,40 @@ TEST(RetentionTest, KeepLastK) {
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->deleted_steps.empty());
   EXPECT_EQ(none->kept_steps, (std::vector<int64_t>{5}));
+}
+
+// A backlog (the checkpoint service was stopped while a fast job kept checkpointing: hundreds of
+// step directories) goes in one call, from one scan, and leaves exactly the kept step
+// directories: no moved-aside leftovers, and an interrupted deletion's leftover is removed too.
+// Regression for the per-step rescans that made one pass quadratic in the backlog
+// (//tests/e2e:liveness_e2e_test, FrozenCheckpointServiceDelaysNoHeartbeatAndRetentionCatchesUp).
+TEST(RetentionTest, ABacklogOfHundredsOfStepsGoesInOneCall) {
+  std::string dir = TmpDir("retention_backlog");
+  std::vector<int64_t> steps;
+  for (int64_t step = 20; step <= 20 * 300; step += 20) {
+    WriteCheckpoint(dir, step, 1, TestModel(), AllRanks(1));
+    steps.push_back(step);
+  }
+  // An interrupted deletion's leftover: moved aside by a process that has since died.
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  ASSERT_EQ(::mkdir(absl::StrCat(dir, "/.deleting.step_00000007.", dead).c_str(), 0755), 0);
+  auto r = ApplyRetention(dir, {2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, std::vector<int64_t>(steps.begin(), steps.end() - 2));
+  EXPECT_EQ(r->kept_steps, (std::vector<int64_t>{5980, 6000}));
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{StepDirName(5980), StepDirName(6000)}));
+  auto listed = ListCheckpoints(dir);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_TRUE((*listed)[0].committed && (*listed)[1].committed);
 }
 
 }  // namespace
