@@ -174,15 +174,19 @@ CorpusOptions Tokens(const std::string& path) {
   return o;
 }
 
-TEST(CorpusFormatsTest, TokenFilesSplitAtADocumentEnd) {
-  const std::string path = TmpDir("tok") + "/train.bin";
-  // Documents of 5 tokens each (4 ids then EOS), 8 documents = 40 tokens.
+// 8 documents of 5 tokens each (ids 100 + 10 d + j, j < 4, then EOS 2) = 40 tokens, at `path`.
+void WriteEightDocuments(const std::string& path) {
   std::vector<uint16_t> ids;
   for (int d = 0; d < 8; ++d) {
     for (int j = 0; j < 4; ++j) ids.push_back(static_cast<uint16_t>(100 + d * 10 + j));
     ids.push_back(2);
   }
   WriteU16(path, ids);
+}
+
+TEST(CorpusFormatsTest, TokenFilesSplitAtADocumentEnd) {
+  const std::string path = TmpDir("tok") + "/train.bin";
+  WriteEightDocuments(path);
   absl::StatusOr<Corpus> c = LoadCorpus(Tokens(path));
   ASSERT_TRUE(c.ok()) << c.status();
   // 40 * 0.75 = 30: token 29 is the EOS ending document 5, so documents 6 and 7 are held out.
@@ -196,12 +200,7 @@ TEST(CorpusFormatsTest, TokenFilesSplitAtADocumentEnd) {
 // every EOS (model.config.eos_token_id), by the same file as above.
 TEST(CorpusFormatsTest, PackedPositionsOfTokenFilesRestartAfterEachEos) {
   const std::string path = TmpDir("tokpack") + "/train.bin";
-  std::vector<uint16_t> ids;
-  for (int d = 0; d < 8; ++d) {
-    for (int j = 0; j < 4; ++j) ids.push_back(static_cast<uint16_t>(100 + d * 10 + j));
-    ids.push_back(2);
-  }
-  WriteU16(path, ids);
+  WriteEightDocuments(path);
   absl::StatusOr<Corpus> c = LoadCorpus(Tokens(path));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->train_document_starts.empty());

@@ -19,6 +19,35 @@ using consolidate_internal::RemoveTree;
 using consolidate_internal::ScanAll;
 using consolidate_internal::StepScan;
 
+namespace {
+
+// Renames step directory `path` (step `step`) of `checkpoint_dir` aside to
+// .deleting.<step dir>.<pid>, so no scan sees it as a checkpoint any more. Returns the new
+// path, or "" when the directory was already gone (deleted concurrently).
+absl::StatusOr<std::string> MoveAside(const std::string& checkpoint_dir, int64_t step,
+                                      const std::string& path) {
+  std::string aside =
+      absl::StrCat(checkpoint_dir, "/", kDeletingPrefix, StepDirName(step), ".", ::getpid());
+  if (::rename(path.c_str(), aside.c_str()) != 0) {
+    if (errno == ENOENT) return std::string();
+    return ErrnoError("cannot move aside for deletion", path);
+  }
+  return aside;
+}
+
+// Makes the renames durable (one directory sync), removes the moved-aside trees and syncs once
+// more. A crash after the first sync leaves .deleting.* directories, which the next scan
+// removes (RemoveInterruptedDeletions).
+absl::Status RemoveMovedAside(const std::string& checkpoint_dir,
+                              const std::vector<std::string>& aside) {
+  if (aside.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
+  for (const std::string& path : aside) RETURN_IF_ERROR(RemoveTree(path));
+  return SyncDir(checkpoint_dir);
+}
+
+}  // namespace
+
 absl::StatusOr<DeleteResult> DeleteCheckpoint(const std::string& checkpoint_dir, int64_t step,
                                               const std::vector<int64_t>& protected_steps) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
@@ -41,15 +70,9 @@ absl::StatusOr<DeleteResult> DeleteCheckpoint(const std::string& checkpoint_dir,
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " of ", checkpoint_dir, " is protected (in use)"));
   }
-  const std::string doomed = absl::StrCat(checkpoint_dir, "/", kDeletingPrefix,
-                                          StepDirName(step), ".", ::getpid());
-  if (::rename(target->info.path.c_str(), doomed.c_str()) != 0) {
-    if (errno == ENOENT) return result;  // deleted concurrently
-    return ErrnoError("cannot move aside for deletion", target->info.path);
-  }
-  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
-  RETURN_IF_ERROR(RemoveTree(doomed));
-  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
+  ASSIGN_OR_RETURN(std::string aside, MoveAside(checkpoint_dir, step, target->info.path));
+  if (aside.empty()) return result;  // deleted concurrently
+  RETURN_IF_ERROR(RemoveMovedAside(checkpoint_dir, {aside}));
   result.deleted = true;
   return result;
 }
@@ -91,36 +114,26 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir
     keep.insert(ranked[i].second);
   }
   // Every doomed step is deleted from this one scan (DeleteCheckpoint's checks hold by
-  // construction: the newest committed step and the protected ones are kept above): move them
-  // all aside, make the renames durable with one directory sync, then remove the trees and sync
-  // once more. Calling DeleteCheckpoint per step re-scanned every step directory and synced the
-  // directory twice per step: quadratic in the backlog, so after the checkpoint service had been
-  // stopped for 20 s (hundreds of step directories from a fast job) one pass outlasted the RPC
-  // deadline, every retry had a larger backlog, and retention never caught up
-  // (tests/e2e:liveness_e2e_test). A crash after the first sync leaves .deleting-* directories,
-  // removed by the next scan (RemoveInterruptedDeletions), as before.
+  // construction: the newest committed step and the protected ones are kept above), all moved
+  // aside before one pair of directory syncs. Calling DeleteCheckpoint per step re-scanned every
+  // step directory and synced twice per step: quadratic in the backlog, so after the checkpoint
+  // service had been stopped for 20 s (hundreds of step directories from a fast job) one pass
+  // outlasted the RPC deadline and retention never caught up (tests/e2e:liveness_e2e_test).
   RemoveInterruptedDeletions(checkpoint_dir);
-  std::vector<std::pair<int64_t, std::string>> doomed;  // (step, moved-aside path)
+  std::vector<std::string> aside;
+  std::vector<int64_t> doomed;
   for (const CheckpointInfo& c : list) {
     if (c.step >= newest || keep.count(c.step) > 0) {
       result.kept_steps.push_back(c.step);
       continue;
     }
-    std::string aside = absl::StrCat(checkpoint_dir, "/", kDeletingPrefix, StepDirName(c.step),
-                                     ".", ::getpid());
-    if (::rename(c.path.c_str(), aside.c_str()) != 0) {
-      if (errno == ENOENT) continue;  // deleted concurrently
-      return ErrnoError("cannot move aside for deletion", c.path);
-    }
-    doomed.emplace_back(c.step, std::move(aside));
+    ASSIGN_OR_RETURN(std::string moved, MoveAside(checkpoint_dir, c.step, c.path));
+    if (moved.empty()) continue;  // deleted concurrently
+    aside.push_back(std::move(moved));
+    doomed.push_back(c.step);
   }
-  if (doomed.empty()) return result;
-  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
-  for (const auto& [step, aside] : doomed) {
-    RETURN_IF_ERROR(RemoveTree(aside));
-    result.deleted_steps.push_back(step);
-  }
-  RETURN_IF_ERROR(SyncDir(checkpoint_dir));
+  RETURN_IF_ERROR(RemoveMovedAside(checkpoint_dir, aside));
+  result.deleted_steps = std::move(doomed);
   return result;
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "storage/checkpoint/checkpoint_test_util.h"
 #include "storage/checkpoint/shard_format.h"
 #include "storage/safetensors/safetensors.h"
 
@@ -30,94 +31,7 @@ namespace {
 
 using ::loom::testing::StatusIs;
 
-struct FullParam {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;  // numel = product(shape)
-};
-
-std::string TmpDir(absl::string_view name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
-  EXPECT_TRUE(MakeDirs(dir).ok());
-  return dir;
-}
-
-// Distinct, bit-pattern-rich values: negative zero, a denormal, a NaN with payload, infinities.
-std::vector<float> Values(int64_t n, float seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = seed + 0.37f * static_cast<float>(i) - 3.0f;
-  if (n > 1) v[1] = -0.0f;
-  if (n > 2) v[2] = std::numeric_limits<float>::denorm_min();
-  if (n > 3) {
-    uint32_t bits = 0x7fc01234u;
-    std::memcpy(&v[3], &bits, 4);
-  }
-  if (n > 4) v[4] = -std::numeric_limits<float>::infinity();
-  return v;
-}
-
-std::vector<FullParam> TestModel() {
-  return {{"model.embed_tokens.weight", {10}, Values(10, 1.0f)},
-          {"model.layers.0.self_attn.q_proj.weight", {7, 3}, Values(21, 2.0f)},
-          {"model.layers.0.mlp.up_proj.weight", {5, 5}, Values(25, 3.0f)},
-          {"model.norm.weight", {1}, Values(1, 4.0f)}};
-}
-
-const char kConfig[] =
-    R"({"architectures":["LlamaForCausalLM"],"hidden_size":8,"model_type":"llama","tie_word_embeddings":false,"vocab_size":256})";
-
-// Writes ranks `ranks` of a world-size-`n` ZeRO-3 checkpoint of `params` at `step`, exactly as the
-// trainer lays them out (shard_format.h): partition r = flat[r*p, min((r+1)*p, numel)) zero-padded.
-void WriteCheckpoint(const std::string& checkpoint_dir, int64_t step, int32_t n,
-                     const std::vector<FullParam>& params, const std::vector<int32_t>& ranks,
-                     const std::string& config = kConfig,
-                     std::vector<std::string> sections = {"fp32_params", "exp_avg", "exp_avg_sq"},
-                     const std::map<std::string, double>& metrics = {}) {
-  std::string step_dir = absl::StrCat(checkpoint_dir, "/", StepDirName(step));
-  for (int32_t r : ranks) {
-    ShardManifest m;
-    m.metrics = metrics;
-    m.step = step;
-    m.rank = r;
-    m.world_size = n;
-    m.model_config_json = config;
-    m.optimizer_step = step;
-    m.sections = sections;
-    for (const FullParam& fp : params) {
-      ShardParam p;
-      p.name = fp.name;
-      p.shape = fp.shape;
-      p.numel = static_cast<int64_t>(fp.values.size());
-      m.params.push_back(p);
-    }
-    AssignPartitionLayout(m);
-    std::vector<std::vector<float>> data(sections.size(),
-                                         std::vector<float>(m.section_numel, 0.0f));
-    for (size_t s = 0; s < sections.size(); ++s) {
-      if (sections[s] != "fp32_params") {
-        std::fill(data[s].begin(), data[s].end(), -999.0f - static_cast<float>(s));
-        continue;
-      }
-      for (size_t i = 0; i < params.size(); ++i) {
-        const ShardParam& p = m.params[i];
-        for (int64_t k = 0; k < p.partition_numel; ++k) {
-          int64_t flat = r * p.partition_numel + k;
-          data[s][p.partition_offset + k] = flat < p.numel ? params[i].values[flat] : 0.0f;
-        }
-      }
-    }
-    std::vector<const float*> ptrs;
-    for (const auto& d : data) ptrs.push_back(d.data());
-    ASSERT_TRUE(WriteShard(step_dir, m, ptrs).ok());
-  }
-}
-
-std::vector<int32_t> AllRanks(int32_t n) {
-  std::vector<int32_t> r;
-  for (int32_t i = 0; i < n; ++i) r.push_back(i);
-  return r;
-}
+using namespace checkpoint_test;  // NOLINT: test helpers
 
 bool HasTmpFiles(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
@@ -146,12 +60,6 @@ void ExpectModelEquals(const std::string& safetensors_path, const std::vector<Fu
     EXPECT_EQ(std::memcmp(bytes->data(), p.values.data(), bytes->size()), 0)
         << p.name << " differs bitwise";
   }
-}
-
-void ExpectStatus(const absl::Status& s, absl::StatusCode code, absl::string_view substring) {
-  EXPECT_EQ(s.code(), code) << s;
-  EXPECT_NE(s.message().find(std::string(substring)), absl::string_view::npos)
-      << "message: " << s.message() << "\nwanted: " << substring;
 }
 
 class ConsolidateWorldSizeTest : public ::testing::TestWithParam<int32_t> {};
@@ -784,135 +692,6 @@ TEST(VerifyCheckpointDirTest, CommittedPartialAndCorrupt) {
   ExpectStatus(VerifyCheckpointDir(dir + "/step_00000099").status(), absl::StatusCode::kNotFound,
                "step_00000099");
   EXPECT_EQ(VerifyCheckpointDir(dir).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
-
-TEST(RetentionTest, DeleteIsIdempotentAndNeverRemovesNewestCommitted) {
-  std::string dir = TmpDir("delete");
-  for (int64_t step : {100, 200, 300}) WriteCheckpoint(dir, step, 2, TestModel(), AllRanks(2));
-  WriteCheckpoint(dir, 400, 2, TestModel(), {0});  // partial, newer than the newest committed
-  ASSERT_TRUE(Consolidate(dir, 100, "").ok());     // output inside the step dir goes with it
-
-  auto d = DeleteCheckpoint(dir, 100);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_TRUE(d->deleted);
-  EXPECT_FALSE(Exists(dir + "/step_00000100"));
-  auto again = DeleteCheckpoint(dir, 100);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_FALSE(again->deleted);
-
-  ExpectStatus(DeleteCheckpoint(dir, 300).status(), absl::StatusCode::kFailedPrecondition,
-               "newest committed");
-  EXPECT_TRUE(Exists(dir + "/step_00000300/rank_0.shard"));
-  ExpectStatus(DeleteCheckpoint(dir, 200, {200}).status(), absl::StatusCode::kFailedPrecondition,
-               "protected");
-  EXPECT_TRUE(Exists(dir + "/step_00000200"));
-  EXPECT_EQ(DeleteCheckpoint(dir, 0).status().code(), absl::StatusCode::kInvalidArgument);
-
-  // A deletion interrupted by a crash (moved aside by a dead process) is cleaned up later.
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) ::_exit(0);
-  int ws = 0;
-  ASSERT_EQ(::waitpid(child, &ws, 0), child);
-  const std::string leftover = absl::StrCat(dir, "/.deleting.step_00000050.", child);
-  ASSERT_TRUE(MakeDirs(leftover + "/hf").ok());
-  ASSERT_TRUE(DeleteCheckpoint(dir, 200).ok());
-  EXPECT_FALSE(Exists(leftover));
-  EXPECT_FALSE(Exists(dir + "/step_00000200"));
-  auto list = ListCheckpoints(dir);
-  ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 2u);
-  EXPECT_EQ((*list)[0].step, 300);
-  EXPECT_EQ((*list)[1].step, 400);
-}
-
-TEST(RetentionTest, KeepBestByMetricAlongsideTheLast) {
-  std::string dir = TmpDir("retention_best");
-  const std::vector<std::string> sections = {"fp32_params", "exp_avg", "exp_avg_sq"};
-  // eval_loss per step: the best two are steps 20 (1.5) and 40 (1.7); step 30 has no eval.
-  const std::map<int64_t, double> eval = {{10, 2.0}, {20, 1.5}, {40, 1.7}, {50, 1.9}, {60, 1.8}};
-  for (int64_t step : {10, 20, 30, 40, 50, 60}) {
-    std::map<std::string, double> metrics = {{"train_loss", 3.0 - step / 100.0}};
-    if (eval.count(step)) metrics["eval_loss"] = eval.at(step);
-    WriteCheckpoint(dir, step, 2, TestModel(), AllRanks(2), kConfig, sections, metrics);
-  }
-  auto listed = ListCheckpoints(dir);
-  ASSERT_TRUE(listed.ok());
-  EXPECT_DOUBLE_EQ((*listed)[1].metrics.at("eval_loss"), 1.5);
-  EXPECT_EQ((*listed)[2].metrics.count("eval_loss"), 0u);
-  RetentionPolicy policy;
-  policy.keep_last = 1;
-  policy.keep_best = 2;
-  auto r = ApplyRetention(dir, policy);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->kept_steps, (std::vector<int64_t>{20, 40, 60}));
-  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{10, 30, 50}));
-  policy.keep_best = -1;
-  EXPECT_EQ(ApplyRetention(dir, policy).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-TEST(RetentionTest, KeepLastK) {
-  std::string dir = TmpDir("retention");
-  for (int64_t step : {10, 20, 30, 40, 50}) WriteCheckpoint(dir, step, 2, TestModel(), AllRanks(2));
-  WriteCheckpoint(dir, 25, 2, TestModel(), {1});  // partial, older than the newest committed
-  WriteCheckpoint(dir, 60, 2, TestModel(), {0});  // partial, maybe still being written
-  auto r = ApplyRetention(dir, {2}, /*protected_steps=*/{20});
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{10, 25, 30}));
-  EXPECT_EQ(r->kept_steps, (std::vector<int64_t>{20, 40, 50, 60}));
-  auto again = ApplyRetention(dir, {2}, {20});
-  ASSERT_TRUE(again.ok());
-  EXPECT_TRUE(again->deleted_steps.empty());
-  auto one = ApplyRetention(dir, {1});
-  ASSERT_TRUE(one.ok());
-  EXPECT_EQ(one->deleted_steps, (std::vector<int64_t>{20, 40}));
-  EXPECT_EQ(one->kept_steps, (std::vector<int64_t>{50, 60}));
-  EXPECT_TRUE(NewestCommittedCheckpoint(dir).ok());
-  EXPECT_EQ(ApplyRetention(dir, {0}).status().code(), absl::StatusCode::kInvalidArgument);
-
-  // Nothing committed: nothing is deleted.
-  std::string dir2 = TmpDir("retention_none");
-  WriteCheckpoint(dir2, 5, 2, TestModel(), {0});
-  auto none = ApplyRetention(dir2, {1});
-  ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->deleted_steps.empty());
-  EXPECT_EQ(none->kept_steps, (std::vector<int64_t>{5}));
-}
-
-// A backlog (the checkpoint service was stopped while a fast job kept checkpointing: hundreds of
-// step directories) goes in one call, from one scan, and leaves exactly the kept step
-// directories: no moved-aside leftovers, and an interrupted deletion's leftover is removed too.
-// Regression for the per-step rescans that made one pass quadratic in the backlog
-// (//tests/e2e:liveness_e2e_test, FrozenCheckpointServiceDelaysNoHeartbeatAndRetentionCatchesUp).
-TEST(RetentionTest, ABacklogOfHundredsOfStepsGoesInOneCall) {
-  std::string dir = TmpDir("retention_backlog");
-  std::vector<int64_t> steps;
-  for (int64_t step = 20; step <= 20 * 300; step += 20) {
-    WriteCheckpoint(dir, step, 1, TestModel(), AllRanks(1));
-    steps.push_back(step);
-  }
-  // An interrupted deletion's leftover: moved aside by a process that has since died.
-  const pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  ASSERT_GT(dead, 0);
-  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
-  ASSERT_EQ(::mkdir(absl::StrCat(dir, "/.deleting.step_00000007.", dead).c_str(), 0755), 0);
-  auto r = ApplyRetention(dir, {2});
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->deleted_steps, std::vector<int64_t>(steps.begin(), steps.end() - 2));
-  EXPECT_EQ(r->kept_steps, (std::vector<int64_t>{5980, 6000}));
-  std::vector<std::string> left;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    left.push_back(e.path().filename().string());
-  }
-  std::sort(left.begin(), left.end());
-  EXPECT_EQ(left, (std::vector<std::string>{StepDirName(5980), StepDirName(6000)}));
-  auto listed = ListCheckpoints(dir);
-  ASSERT_TRUE(listed.ok()) << listed.status();
-  ASSERT_EQ(listed->size(), 2u);
-  EXPECT_TRUE((*listed)[0].committed && (*listed)[1].committed);
 }
 
 }  // namespace
