@@ -1,5 +1,5 @@
 // What a heartbeat writes to the store: nothing for the heartbeat time and rank 0's step
-// progress (held in memory, written with the next scheduling cycle's one transaction), at once for
+// progress (held in memory, written with a later scheduling cycle's one transaction), at once for
 // a new checkpoint step. Regression test for the fsync per heartbeat under the scheduler's lock
 // that the control-plane benchmark found (docs/benchmarks.md "Control plane at cluster scale":
 // at 200 simulated nodes a heartbeat took 1.3 s at the median).
@@ -100,6 +100,48 @@ TEST_F(HeartbeatWritesTest, StepProgressIsWrittenByTheNextCycleNotByEachHeartbea
   scheduler_.reset();
   Start();
   EXPECT_EQ(Get(job.id()).progress().step(), 11);
+}
+
+// SchedulerOptions::progress_store_interval (default 5 s): a job's progress-only change waits
+// for the first cycle at least that long after it, so a job stepping every second is stored at
+// most once per interval, not by every cycle (at 2,000 nodes: hundreds of records a cycle).
+TEST_F(HeartbeatWritesTest, ProgressIsStoredAtMostOncePerInterval) {
+  ASSERT_EQ(SchedulerOptions().progress_store_interval, absl::Seconds(5));
+  const Job job = RunTwoRankJob();
+  Cycle();  // whatever the placement left to store
+  counting_->writes = 0;
+  // Steps 1-5 one second apart, a cycle after each: nothing stored while the oldest unstored
+  // change (step 1's) is less than 5 s old.
+  const absl::Time first_change = clock_.Now() + absl::Seconds(1);
+  for (int64_t step = 1; step <= 5; ++step) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("node-a", {Stepping(job, 0, step)});
+    Beat("node-b", {Stepping(job, 1, step)});
+    Cycle();
+    EXPECT_EQ(counting_->writes, 0) << "step " << step << ", oldest change "
+                                    << absl::FormatDuration(clock_.Now() - first_change) << " old";
+    EXPECT_EQ(Get(job.id()).progress().step(), step) << "published at once";
+  }
+  // Step 6, 5 s after step 1: that cycle stores the latest progress, in one write.
+  clock_.Advance(absl::Seconds(1));
+  Beat("node-a", {Stepping(job, 0, 6)});
+  Beat("node-b", {Stepping(job, 1, 6)});
+  Cycle();
+  EXPECT_EQ(counting_->writes, 1);
+  absl::StatusOr<JobRecord> stored = store_->GetJob(job.id());
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->progress.step(), 6);
+  // Stored: the interval starts again from the next change.
+  clock_.Advance(absl::Seconds(1));
+  Beat("node-a", {Stepping(job, 0, 7)});
+  Cycle();
+  EXPECT_EQ(counting_->writes, 1);
+  // A shutdown stores it whatever its age.
+  ASSERT_TRUE(scheduler_->FlushProgress().ok());
+  EXPECT_EQ(counting_->writes, 2);
+  stored = store_->GetJob(job.id());
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->progress.step(), 7);
 }
 
 TEST_F(HeartbeatWritesTest, NewCheckpointStepIsWrittenAtOnce) {

@@ -116,7 +116,7 @@ absl::Status Scheduler::Load() {
                      << newest.status();
       }
     }
-    ++phase_counts_[job.phase];
+    CountPhase(job, job.phase, +1);
     const std::string job_id = job.id;
     JobRecord& stored = jobs_[job_id];
     stored = std::move(job);
@@ -149,8 +149,8 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
     RETURN_IF_ERROR(repository_->UpdateJobsVersioned({job}, {++write_version_}));
   }
   if (from != job.phase) {
-    --phase_counts_[from];
-    ++phase_counts_[job.phase];
+    CountPhase(job, from, -1);
+    CountPhase(job, job.phase, +1);
     VLOG(1) << "job " << job.id << ": " << JobPhaseName(from) << " -> " << JobPhaseName(job.phase)
             << (job.message.empty() ? "" : ": ") << job.message;
     if (metrics_ != nullptr) {
@@ -174,7 +174,7 @@ absl::Status Scheduler::FlushProgress() {
   absl::MutexLock lock(&mu_);
   std::vector<JobRecord> records;
   std::vector<uint64_t> versions;
-  for (const std::string& id : progress_dirty_) {
+  for (const auto& [id, unused] : progress_dirty_) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     records.push_back(it->second);
@@ -190,7 +190,7 @@ void Scheduler::NoteProgress(const std::string& job_id, loom::v1::Progress progr
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
   it->second.progress = std::move(progress);
-  progress_dirty_.insert(job_id);
+  progress_dirty_.try_emplace(job_id, clock_->Now());  // the oldest unstored change's time
   PublishJobChange(it->second, /*phase_changed=*/false);
 }
 
@@ -470,8 +470,12 @@ absl::Status Scheduler::RunSchedulingCycle() {
   }
   deferred_writes_ = nullptr;
   prefetched_resume_.clear();
-  // Progress-only changes since the last cycle ride along in the same transaction.
-  for (const std::string& id : progress_dirty_) deferred.try_emplace(id);
+  // Progress-only changes at least progress_store_interval old ride along in the same
+  // transaction (at most one progress write per job per interval).
+  const absl::Time progress_due = clock_->Now() - options_.progress_store_interval;
+  for (const auto& [id, since] : progress_dirty_) {
+    if (since <= progress_due) deferred.try_emplace(id);
+  }
   if (placed.ok()) UpdateGauges();
   // One transaction (one fsync) for the cycle, written after mu_ is released: the placed jobs'
   // assignments wait for it (StoreOffLock), nothing else does.
@@ -556,6 +560,11 @@ double Scheduler::MedianStepSeconds(const std::string& job_id) const {
   return reconciler_.MedianStepSeconds(job_id);
 }
 
+void Scheduler::CountPhase(const JobRecord& job, JobPhase phase, int delta) {
+  phase_counts_[phase] += delta;
+  tenant_counts_[{job.tenant, QueueOf(job.spec), phase}] += delta;
+}
+
 void Scheduler::UpdateGauges(bool with_tenant_counts) {
   if (metrics_ == nullptr) return;
   // Tenant counts change only with a phase (tenant and queue are fixed at submission).
@@ -566,11 +575,7 @@ void Scheduler::UpdateGauges(bool with_tenant_counts) {
   metrics_->SetNodes(capacity.live_nodes, capacity.lost_nodes);
   metrics_->SetRankSlots(capacity.free_slots, capacity.used_slots);
   if (with_tenant_counts) {
-    std::map<std::tuple<std::string, std::string, JobPhase>, int> tenant_counts;
-    for (const auto& [id, job] : jobs_) {
-      ++tenant_counts[{job.tenant, QueueOf(job.spec), job.phase}];
-    }
-    metrics_->SetTenantJobCounts(tenant_counts);
+    metrics_->SetTenantJobCounts(tenant_counts_);  // kept by CountPhase: no walk over the jobs
     tenant_counts_at_ = phase_changes_;
   }
   // A cordoned (or draining) node's slots count as "cordoned", except those ranks still hold.
@@ -587,6 +592,7 @@ void Scheduler::Resync() {
   resume_from_.clear();
   queue_order_.clear();
   phase_counts_.clear();
+  tenant_counts_.clear();
   active_jobs_.clear();
   waiting_jobs_.clear();
   admission_gate_.ResetNodes();  // no node unreachable, and a node change

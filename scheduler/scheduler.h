@@ -92,6 +92,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -195,6 +196,15 @@ struct SchedulerOptions {
   // jobs unconsidered. admission_queue_depth >= 0; admission_full_interval >= 0.
   int admission_queue_depth = 1000;
   absl::Duration admission_full_interval = absl::Seconds(10);
+  // Rank 0's step progress (step, loss, tokens/s) is held in memory and published at once; a
+  // job's progress-only change is stored by the first cycle at least this long after it (so at
+  // most one write per job per interval; 0 = the next cycle), and at shutdown (FlushProgress).
+  // A crash loses at most this much displayed progress, which the workers report again; it is
+  // not training state (checkpoints are). Phase, rendezvous and checkpoint changes are written
+  // at once regardless. >= 0. Storing it with every cycle instead (~1,700 jobs stepping once a
+  // second at 2,000 nodes) meant hundreds of full job records in each cycle's transaction
+  // (docs/benchmarks.md, "Progress writes").
+  absl::Duration progress_store_interval = absl::Seconds(5);
 
   // INVALID_ARGUMENT naming the field if the options are unusable.
   absl::Status Validate() const;
@@ -322,7 +332,7 @@ class Scheduler {
   // quota admission, gang placement, backfill and preemption (docs/scheduling.md).
   absl::Status RunSchedulingCycle();
 
-  // Writes the progress that heartbeats reported since the last cycle (progress_dirty_) in one
+  // Writes every progress change not stored yet (progress_dirty_, whatever its age) in one
   // transaction; the daemon calls it after its last cycle at shutdown. The store's error if the
   // write fails (memory keeps the progress).
   absl::Status FlushProgress();
@@ -389,8 +399,8 @@ class Scheduler {
   // Heartbeat's work under mu_ (scheduler_heartbeat.cc); its job writes go to deferred_writes_.
   absl::StatusOr<loom::v1::HeartbeatResponse> HeartbeatLocked(
       const loom::v1::HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sets a job's progress in memory, publishes it and marks the job for the next cycle's write
-  // (progress_dirty_).
+  // Sets a job's progress in memory, publishes it and marks the job for a later cycle's write
+  // (progress_dirty_, SchedulerOptions::progress_store_interval).
   void NoteProgress(const std::string& job_id, loom::v1::Progress progress)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt of `job_id` on a failure: RECOVERING if restarts are left (the
@@ -485,9 +495,12 @@ class Scheduler {
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refreshes the gauges from the state: nodes, rank slots and accelerators (kept incrementally
-  // by reconciler_: O(accelerator kinds)), job phase counts (incremental), and with
-  // `with_tenant_counts` the per-tenant job counts (a pass over every job; not per heartbeat).
+  // by reconciler_: O(accelerator kinds)), job phase counts, and with `with_tenant_counts` the
+  // per-tenant job counts (both incremental, CountPhase; tenants only after a phase change).
   void UpdateGauges(bool with_tenant_counts = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` to the counts of `phase` for `job` (phase_counts_, tenant_counts_).
+  void CountPhase(const JobRecord& job, loom::v1::JobPhase phase, int delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a WatchJob event for the job's subscribers after CommitJob changed it.
   void PublishJobChange(const JobRecord& job, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Graceful stops: a stopping rank's final report, escalation to kill, and the end of the stop
@@ -553,6 +566,10 @@ class Scheduler {
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   // Jobs per phase (kept with every phase change, so gauges need no walk over all jobs).
   std::map<loom::v1::JobPhase, int> phase_counts_ ABSL_GUARDED_BY(mu_);
+  // Jobs per (tenant, queue, phase), kept the same way (the tenant job gauges; a walk over every
+  // job ever submitted per cycle was a cost that grew with the history).
+  std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, int> tenant_counts_
+      ABSL_GUARDED_BY(mu_);
   // Ids and request ids of submissions being committed (not yet in jobs_).
   std::set<std::string> inflight_ids_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
@@ -569,7 +586,9 @@ class Scheduler {
   // cycle's single transaction rather than one fsync per heartbeat (a restart loses at most one
   // schedule interval of progress, which the workers report again). Everything else a heartbeat
   // changes -- phases, the rendezvous port, a new checkpoint step -- is written at once.
-  std::set<std::string> progress_dirty_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose progress changed since it was last stored -> when the oldest unstored change came
+  // (scheduler clock; SchedulerOptions::progress_store_interval).
+  std::map<std::string, absl::Time> progress_dirty_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
   // Resume lookups answered by the checkpoint worker, for the current scheduling cycle.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);

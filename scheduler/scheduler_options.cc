@@ -82,6 +82,10 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "admission_queue_depth: must be >= 0 (0 = every waiting job), got ", admission_queue_depth));
   }
+  if (progress_store_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("progress_store_interval: must be >= 0, got ",
+                                                   absl::FormatDuration(progress_store_interval)));
+  }
   if (admission_full_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("admission_full_interval: must be >= 0, got ",
                                                    absl::FormatDuration(admission_full_interval)));

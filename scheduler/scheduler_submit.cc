@@ -167,7 +167,7 @@ void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl
     IndexJob(&adopted);
     admission_gate_.NoteJobChanged();
     ++phase_changes_;
-    ++phase_counts_[job.phase];
+    CountPhase(job, job.phase, +1);
     if (metrics_ != nullptr) {
       metrics_->JobSubmitted();
       metrics_->PhaseTransition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING);

@@ -72,6 +72,10 @@ ABSL_FLAG(int, admission_queue_depth, 1000,
           "(docs/scheduling.md \"Admission passes\").");
 ABSL_FLAG(absl::Duration, admission_full_interval, absl::Seconds(10),
           "Shortest time between two admission passes over every waiting job.");
+ABSL_FLAG(absl::Duration, progress_store_interval, absl::Seconds(5),
+          "A running job's step progress is stored at most this often (it is published at once; "
+          "a crash loses at most this much of it, which the workers report again). 0 = every "
+          "scheduling cycle.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (YAML/JSON list of {tenant, role: user|admin, token_sha256 | token}; "
           "docs/operations.md). Empty = no authentication: every caller is tenant 'default'.");
@@ -168,6 +172,7 @@ int main(int argc, char** argv) {
   options.scheduler.enable_backfill = absl::GetFlag(FLAGS_backfill);
   options.scheduler.admission_queue_depth = absl::GetFlag(FLAGS_admission_queue_depth);
   options.scheduler.admission_full_interval = absl::GetFlag(FLAGS_admission_full_interval);
+  options.scheduler.progress_store_interval = absl::GetFlag(FLAGS_progress_store_interval);
 
   absl::StatusOr<std::unique_ptr<loom::SchedulerServer>> server =
       loom::SchedulerServer::Start(options);
