@@ -581,13 +581,13 @@ class Scheduler {
   // Jobs whose latest change is being stored off the lock (count of writers): their start
   // assignments are not handed out until it is durable.
   std::map<std::string, int> undurable_ ABSL_GUARDED_BY(mu_);
-  // Jobs whose only change since their last write is rank 0's progress (step, loss, tokens/s):
-  // held in memory (and published to watchers) at once, written with the next scheduling
-  // cycle's single transaction rather than one fsync per heartbeat (a restart loses at most one
-  // schedule interval of progress, which the workers report again). Everything else a heartbeat
-  // changes -- phases, the rendezvous port, a new checkpoint step -- is written at once.
-  // Jobs whose progress changed since it was last stored -> when the oldest unstored change came
-  // (scheduler clock; SchedulerOptions::progress_store_interval).
+  // Jobs whose only change since their last write is rank 0's progress (step, loss, tokens/s),
+  // each with the time of its oldest change not stored yet (scheduler clock): held in memory
+  // (and published to watchers) at once, written by the first scheduling cycle's single
+  // transaction at least SchedulerOptions::progress_store_interval after that time, rather than
+  // one fsync per heartbeat (a crash loses at most that interval of progress, which the workers
+  // report again). Everything else a heartbeat changes -- phases, the rendezvous port, a new
+  // checkpoint step -- is written at once.
   std::map<std::string, absl::Time> progress_dirty_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
   // Resume lookups answered by the checkpoint worker, for the current scheduling cycle.

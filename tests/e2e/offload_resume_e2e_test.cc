@@ -23,8 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/file_util.h"
-#include "storage/checkpoint/consolidate.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint/consolidate.h"
 #include "tests/e2e/testing/e2e_cluster.h"
 
 namespace loom {
