@@ -36,11 +36,12 @@ std::string UnschedulableMessage(const Eligibility& e, int need, const std::stri
                       e.live_slots_of_kind, " slots; ", e.narrowed_by, ")");
 }
 
-Decision Wait(const JobRecord& job, std::string reason, std::string message,
+Decision Wait(const JobRecord& job, int waiting, std::string reason, std::string message,
               std::string outcome = "") {
   Decision d;
   d.kind = Decision::Kind::kWait;
   d.job_id = job.id;
+  d.waiting = waiting;
   d.reason = std::move(reason);
   d.message = std::move(message);
   d.outcome = std::move(outcome);
@@ -48,17 +49,18 @@ Decision Wait(const JobRecord& job, std::string reason, std::string message,
 }
 
 // A wait whose reason and message are the job's already: no strings copied (Decision::unchanged).
-Decision WaitUnlessUnchanged(const JobRecord& job, const char* reason, const std::string& message,
-                             const char* outcome) {
+Decision WaitUnlessUnchanged(const JobRecord& job, int waiting, const char* reason,
+                             const std::string& message, const char* outcome) {
   if (job.reason == reason && job.message == message) {
     Decision d;
     d.kind = Decision::Kind::kWait;
     d.job_id = job.id;
+    d.waiting = waiting;
     d.outcome = outcome;
     d.unchanged = true;
     return d;
   }
-  return Wait(job, reason, message, outcome);
+  return Wait(job, waiting, reason, message, outcome);
 }
 
 // Slots of the snapshot's nodes: in use, being released, and held per placed job.
@@ -107,7 +109,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
   AdmissionResult result;
   const QueuesConfig& queues = *options.queues;
   const absl::Time now = snapshot.now;
-  const NodePool pool(snapshot.nodes);
+  const NodePool& pool = *snapshot.pool;
   const int n = pool.size();
   SlotUse slots = CountSlots(snapshot, pool);
   std::vector<int>& releasing = slots.releasing;
@@ -194,6 +196,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     }
     if (cursor == nullptr) break;
     const ClusterSnapshot::WaitingJob& waiting = *(*cursor->jobs)[cursor->next++].waiting;
+    const int index = static_cast<int>(&waiting - snapshot.waiting.data());
     const JobRecord& record = *waiting.job;
     if (options.max_jobs > 0 && result.considered >= options.max_jobs) {
       // Past the pass's depth: no decision, only the queue position (shares are fixed now).
@@ -214,7 +217,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     if (record.state.not_before_us() > 0 &&
         now < absl::FromUnixMicros(record.state.not_before_us())) {
       out.push_back(Wait(
-          record, "Backoff",
+          record, index, "Backoff",
           absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(record.state.not_before_us())),
                        record.state.ready_timeouts() > 0
                            ? absl::StrCat(" after ", record.state.ready_timeouts(),
@@ -227,7 +230,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     const QueueConfig* queue = queues.Find(QueueOf(spec));
     if (queue == nullptr) {
       out.push_back(Wait(
-          record, "UnknownQueue",
+          record, index, "UnknownQueue",
           absl::StrCat("queue ", QueueOf(spec), " is not configured (--queues_config)")));
       continue;
     }
@@ -235,18 +238,18 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     if (inserted) e_it->second = ComputeEligibility(pool, spec.resources());
     const Eligibility& e = e_it->second;
     if (need > e.capacity || (e.require_single_domain && need > e.max_domain_capacity)) {
-      out.push_back(Wait(record, "Unschedulable", UnschedulableMessage(e, need, kind_name),
+      out.push_back(Wait(record, index, "Unschedulable", UnschedulableMessage(e, need, kind_name),
                          "infeasible"));
       continue;
     }
     const QuotaLedger::Check quota = ledger.Fits(*queue, kind, need);
     if (!quota.ok) {
-      out.push_back(Wait(record, "WaitingForQuota", quota.message, "quota"));
+      out.push_back(Wait(record, index, "WaitingForQuota", quota.message, "quota"));
       continue;
     }
     auto h = head.find(kind);
     if (h != head.end() && !options.enable_backfill) {
-      out.push_back(WaitUnlessUnchanged(record, "Queued", behind_no_backfill[kind], "blocked"));
+      out.push_back(WaitUnlessUnchanged(record, index, "Queued", behind_no_backfill[kind], "blocked"));
       continue;
     }
 
@@ -264,7 +267,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     if (!placement.empty()) {
       if (waiting.resume_unavailable.has_value()) {
         // Never restart from scratch because the catalog could not answer: try next cycle.
-        out.push_back(Wait(record, "CheckpointsUnavailable",
+        out.push_back(Wait(record, index, "CheckpointsUnavailable",
                            absl::StrCat("cannot find the newest committed checkpoint to resume "
                                         "from: ",
                                         *waiting.resume_unavailable)));
@@ -273,6 +276,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
       Decision d;
       d.kind = Decision::Kind::kStart;
       d.job_id = job_id;
+      d.waiting = index;
       d.outcome = "admitted";
       d.nodes.reserve(placement.size());
       for (int i : placement) d.nodes.push_back(pool.node(i).id);
@@ -288,7 +292,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
       continue;
     }
     if (h != head.end()) {
-      out.push_back(WaitUnlessUnchanged(record, "Queued", behind[kind], "blocked"));
+      out.push_back(WaitUnlessUnchanged(record, index, "Queued", behind[kind], "blocked"));
       continue;
     }
 
@@ -426,7 +430,7 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
                                 " (it holds a reservation; starting now would delay it)");
     const std::string outcome =
         reason == "WaitingForPreemption" ? "preempting" : "no_capacity";
-    out.push_back(Wait(record, reason, message, outcome));
+    out.push_back(Wait(record, index, reason, message, outcome));
   }
   return result;
 }

@@ -61,6 +61,9 @@ struct AdmissionDecision {
   };
   Kind kind = Kind::kWait;
   std::string job_id;
+  // kStart and kWait: the job's index in ClusterSnapshot::waiting (the facade applies the
+  // decision through it, without a lookup by id); -1 for kPreempt.
+  int waiting = -1;
   std::vector<std::string> nodes;  // kStart: node id per rank
   std::string reason;              // kWait / kPreempt, e.g. "WaitingForQuota", "Preempted"
   std::string message;

@@ -24,7 +24,7 @@ class AdmissionCycleTest : public ::testing::Test {
     p.inventory.set_accelerator(v1::ACCELERATOR_KIND_CPU);
     p.inventory.set_slots(slots);
     p.inventory.set_topology_domain(domain);
-    snapshot_.nodes.push_back(p);  // tests add nodes in id order
+    nodes_.push_back(p);  // tests add nodes in id order
   }
   JobRecord& Job(const std::string& id, int ranks, int priority = 0,
                  const std::string& tenant = "default", const std::string& queue = "") {
@@ -54,6 +54,7 @@ class AdmissionCycleTest : public ::testing::Test {
     snapshot_.placed[job.id] = {&job, median};
   }
   AdmissionResult Cycle() {
+    snapshot_.pool = std::make_shared<const NodePool>(nodes_);
     AdmissionOptions options;
     options.queues = &queues_;
     options.enable_backfill = backfill_;
@@ -69,6 +70,7 @@ class AdmissionCycleTest : public ::testing::Test {
   }
 
   ClusterSnapshot snapshot_;
+  std::vector<PoolNode> nodes_;  // the snapshot's pool, built by Cycle()
   std::deque<JobRecord> records_;  // stable addresses
   QueuesConfig queues_ = QueuesConfig::Default();
   bool backfill_ = true;
@@ -255,7 +257,7 @@ TEST_F(AdmissionCycleTest, StoppingRanksReleaseTheirSlotsWithoutPreemption) {
 TEST_F(AdmissionCycleTest, UnschedulableBackoffAndUnreachableNodesDoNotBlockOthers) {
   Node("a", 2);
   Node("b", 2);
-  snapshot_.nodes[1].schedulable = false;  // unreachable: keeps its ranks, gets no new ones
+  nodes_[1].schedulable = false;  // unreachable: keeps its ranks, gets no new ones
   snapshot_.now = absl::FromUnixSeconds(1000);
   JobRecord& huge = Job("job-0", 5);
   JobRecord& backing_off = Job("job-1", 1);

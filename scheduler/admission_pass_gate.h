@@ -61,6 +61,9 @@ class AdmissionPassGate {
   // All node state reloaded (Resync): no node unreachable, and a node change.
   void ResetNodes();
   bool IsUnreachable(const std::string& node_id) const { return unreachable_.count(node_id) > 0; }
+  // Node changes so far (NoteNodeChanged, a change of the unreachable set, ResetNodes): while it
+  // stays the same, a pool built from the nodes and IsUnreachable stays valid.
+  uint64_t node_changes() const { return node_changes_; }
 
   // What the gate makes of a waiting job's resume lookup: "" when known (ok, or NOT_FOUND: no
   // checkpoint), else the error's message (a change of it is a change the pass must see).

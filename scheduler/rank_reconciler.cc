@@ -240,22 +240,24 @@ void RankReconciler::RecordStepAdvance(const std::string& job_id, int64_t from_s
   auto last = last_step_advance_.find(job_id);
   // The first report of an attempt (from_step may be a resumed or stale step) gives no interval.
   if (last != last_step_advance_.end() && from_step > 0 && to_step > from_step) {
-    std::deque<double>& window = step_seconds_[job_id];
-    window.push_back(absl::ToDoubleSeconds(now - last->second) /
-                     static_cast<double>(to_step - from_step));
-    if (window.size() > 32) window.pop_front();
+    StepWindow& window = step_seconds_[job_id];
+    window.samples.push_back(absl::ToDoubleSeconds(now - last->second) /
+                             static_cast<double>(to_step - from_step));
+    if (window.samples.size() > 32) window.samples.pop_front();
+    if (window.samples.size() >= 3) {
+      std::vector<double> sorted(window.samples.begin(), window.samples.end());
+      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+      window.median = sorted[sorted.size() / 2];
+    }
     // The job now has an end estimate (MedianStepSeconds > 0): backfill around it may change.
-    if (window.size() == 3) ++generation_;
+    if (window.samples.size() == 3) ++generation_;
   }
   last_step_advance_[job_id] = now;
 }
 
 double RankReconciler::MedianStepSeconds(const std::string& job_id) const {
   auto window = step_seconds_.find(job_id);
-  if (window == step_seconds_.end() || window->second.size() < 3) return 0;
-  std::vector<double> sorted(window->second.begin(), window->second.end());
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  return sorted[sorted.size() / 2];
+  return window == step_seconds_.end() ? 0 : window->second.median;
 }
 
 std::optional<absl::Time> RankReconciler::LastStepAdvance(const std::string& job_id) const {

@@ -210,7 +210,13 @@ class RankReconciler {
   CapacityCounts counts_;
   uint64_t generation_ = 0;
   std::map<std::string, absl::Time> last_step_advance_;
-  std::map<std::string, std::deque<double>> step_seconds_;
+  // A job's last 32 seconds-per-step samples and their median, kept up to date where a sample
+  // is added (a job steps about once a heartbeat; cycles, which read it, run more often).
+  struct StepWindow {
+    std::deque<double> samples;
+    double median = 0;  // 0 with fewer than 3 samples
+  };
+  std::map<std::string, StepWindow> step_seconds_;
   RankProgress progress_;
 };
 

@@ -547,13 +547,12 @@ void Scheduler::ApplyRetention(const JobRecord& job) {
 
 void Scheduler::WaitForCheckpointRetention() { checkpoint_worker_->WaitForRetention(); }
 
-void Scheduler::SetPendingReason(JobRecord& job, const std::string& reason,
-                                 const std::string& message) {
+void Scheduler::SetPendingReason(JobRecord& job, std::string reason, std::string message) {
   // In memory only: a waiting job's reason and message are recomputed by every cycle (also the
   // first one after a restart), so storing each change would only cost a write per job and
   // cycle. The record is stored with its latest reason at its next phase change.
-  job.reason = reason;
-  job.message = message;
+  job.reason = std::move(reason);
+  job.message = std::move(message);
 }
 
 double Scheduler::MedianStepSeconds(const std::string& job_id) const {

@@ -467,7 +467,10 @@ class Scheduler {
   // The placement pass (scheduler_admission.cc): BuildSnapshot, the pure admission cycle
   // (admission_cycle.h), then its decisions applied in order.
   absl::Status PlacePendingJobs(int max_jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ClusterSnapshot BuildSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `waiting_records`: the waiting jobs' records, parallel to the snapshot's `waiting` (where
+  // the cycle's decisions are applied).
+  ClusterSnapshot BuildSnapshot(std::vector<JobRecord*>* waiting_records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts attempt + 1 of a waiting job on `placement` (node id per rank). False (reason
   // "CheckpointsUnavailable" set) when the resume checkpoint cannot be looked up.
   absl::StatusOr<bool> StartAttempt(const std::string& job_id,
@@ -490,7 +493,7 @@ class Scheduler {
   absl::Status AdvanceJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets reason/message of a waiting job in memory (recomputed every cycle; stored with the
   // job at its next phase change).
-  void SetPendingReason(JobRecord& job, const std::string& reason, const std::string& message)
+  void SetPendingReason(JobRecord& job, std::string reason, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   loom::v1::RankAssignment StartAssignment(const JobRecord& job, int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -560,6 +563,11 @@ class Scheduler {
   // Last cycle's queue order: per accelerator kind the waiting job ids in order
   // (ExplainPending's queue position). In memory only.
   std::map<loom::v1::AcceleratorKind, std::vector<std::string>> queue_order_ ABSL_GUARDED_BY(mu_);
+  // The snapshot's node pool, rebuilt by BuildSnapshot when admission_gate_.node_changes()
+  // moves past node_pool_changes_ (a registration, cordon, drain, loss, or a change of the
+  // unreachable set).
+  std::shared_ptr<const NodePool> node_pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t node_pool_changes_ ABSL_GUARDED_BY(mu_) = 0;
   // The checkpoint each job's current attempt resumes from (protected from retention); absent
   // when it starts over. Rebuilt lazily after a restart.
   std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);

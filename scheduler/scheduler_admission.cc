@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,20 +22,28 @@
 
 namespace loom {
 
-ClusterSnapshot Scheduler::BuildSnapshot() const {
+ClusterSnapshot Scheduler::BuildSnapshot(std::vector<JobRecord*>* waiting_records) {
   ClusterSnapshot s;
   s.now = clock_->Now();
-  s.nodes.reserve(nodes_.size());
-  for (const auto& [node_id, node] : nodes_) {
-    PoolNode p;
-    p.id = node_id;
-    p.inventory = node.inventory;
-    p.live = !node.lost;
-    p.cordoned = node.admin.cordoned() || node.admin.draining();
-    // An unreachable node is kept for its stepping ranks only: no new ranks until it heartbeats.
-    p.schedulable = p.live && !p.cordoned && !Unreachable(node, s.now);
-    s.nodes.push_back(std::move(p));
+  if (node_pool_ == nullptr || node_pool_changes_ != admission_gate_.node_changes()) {
+    std::vector<PoolNode> nodes;
+    nodes.reserve(nodes_.size());
+    for (const auto& [node_id, node] : nodes_) {
+      PoolNode p;
+      p.id = node_id;
+      p.inventory = node.inventory;
+      p.live = !node.lost;
+      p.cordoned = node.admin.cordoned() || node.admin.draining();
+      // An unreachable node is kept for its stepping ranks only: no new ranks until it
+      // heartbeats. The gate's set (CheckNodeLiveness marks it at the start of each cycle, a
+      // heartbeat clears it), so that the pool is rebuilt whenever it changes.
+      p.schedulable = p.live && !p.cordoned && !admission_gate_.IsUnreachable(node_id);
+      nodes.push_back(std::move(p));
+    }
+    node_pool_ = std::make_shared<const NodePool>(std::move(nodes));
+    node_pool_changes_ = admission_gate_.node_changes();
   }
+  s.pool = node_pool_;
   const RankReconciler::RankMap& ranks = reconciler_.ranks();
   s.ranks.reserve(ranks.size());
   const std::string* last_job = nullptr;
@@ -48,8 +57,11 @@ ClusterSnapshot Scheduler::BuildSnapshot() const {
                           ClusterSnapshot::PlacedJob{&j->second, MedianStepSeconds(key.first)});
   }
   s.waiting.reserve(waiting_jobs_.size());
+  waiting_records->clear();
+  waiting_records->reserve(waiting_jobs_.size());
   for (const auto& [job_id, job_ptr] : waiting_jobs_) {  // id order, as jobs_
     const JobRecord& job = *job_ptr;
+    waiting_records->push_back(job_ptr);
     ClusterSnapshot::WaitingJob w;
     w.job = &job;
     if (job.attempt >= 1) {
@@ -72,7 +84,8 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
   options.enable_backfill = options_.enable_backfill;
   options.max_jobs = max_jobs;
   const absl::Time now = clock_->Now();
-  const ClusterSnapshot snapshot = BuildSnapshot();
+  std::vector<JobRecord*> waiting_records;  // parallel to snapshot.waiting
+  const ClusterSnapshot snapshot = BuildSnapshot(&waiting_records);
   AdmissionResult result = RunAdmissionCycle(snapshot, options);
   // Before the decisions are applied: their own changes (placements, preemptions) make the next
   // cycle look once more.
@@ -80,6 +93,13 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
                                   : AdmissionPassStats::Kind::kPartial,
                     snapshot, result.considered, now);
   queue_order_ = std::move(result.queue_order);
+  // Outcomes counted here and added once per pass (a full pass decides about every waiting job),
+  // also when applying a decision fails part-way.
+  std::map<std::string, int64_t> outcomes;
+  absl::Cleanup count_outcomes = [&] {
+    if (metrics_ == nullptr) return;
+    for (const auto& [outcome, count] : outcomes) metrics_->AdmissionAttempts(outcome, count);
+  };
   for (AdmissionDecision& d : result.decisions) {
     switch (d.kind) {
       case AdmissionDecision::Kind::kStart: {
@@ -97,10 +117,12 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
           resume_from_.erase(d.job_id);
           blame_.erase(d.job_id);
         }
-        if (!d.unchanged) SetPendingReason(jobs_.at(d.job_id), d.reason, d.message);
+        if (!d.unchanged) {
+          SetPendingReason(*waiting_records[d.waiting], std::move(d.reason), std::move(d.message));
+        }
         break;
     }
-    if (metrics_ != nullptr && !d.outcome.empty()) metrics_->AdmissionAttempt(d.outcome);
+    if (!d.outcome.empty()) ++outcomes[d.outcome];
   }
   return absl::OkStatus();
 }

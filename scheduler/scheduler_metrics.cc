@@ -74,7 +74,12 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                            .Help("Attempts to admit a pending job, by result: admitted, "
                                  "no_capacity, quota, infeasible, blocked, preempting.")
                            .Register(registry);
-  for (const char* r : kAdmissionResults) admission_family_->Add({{"result", r}});
+  // Counters kept, not looked up per attempt: Family::Add hashes the labels under the family's
+  // lock, and a full admission pass counts one attempt per waiting job.
+  for (const char* r : kAdmissionResults) {
+    admission_counters_.emplace(r, &admission_family_->Add({{"result", r}}));
+  }
+  admission_other_ = &admission_family_->Add({{"result", "other"}});
   accelerators_family_ = &prometheus::BuildGauge()
                               .Name("loom_accelerators")
                               .Help("Accelerators (rank slots) of registered nodes, by kind and "
@@ -107,14 +112,10 @@ void SchedulerMetrics::SetTenantJobCounts(
   }
 }
 
-void SchedulerMetrics::AdmissionAttempt(const std::string& result) {
-  for (const char* r : kAdmissionResults) {
-    if (result == r) {
-      admission_family_->Add({{"result", r}}).Increment();
-      return;
-    }
-  }
-  admission_family_->Add({{"result", "other"}}).Increment();
+void SchedulerMetrics::AdmissionAttempts(const std::string& result, int64_t count) {
+  auto it = admission_counters_.find(result);
+  (it == admission_counters_.end() ? admission_other_ : it->second)
+      ->Increment(static_cast<double>(count));
 }
 
 void SchedulerMetrics::SetAccelerators(

@@ -70,9 +70,9 @@ class SchedulerMetrics {
   // from `counts` are set to 0.
   void SetTenantJobCounts(
       const std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, int>& counts);
-  // One admission attempt with `result` (one of the values listed above; others count as
-  // "other").
-  void AdmissionAttempt(const std::string& result);
+  // `count` admission attempts with `result` (one of the values listed above; others count as
+  // "other"). `count` >= 0.
+  void AdmissionAttempts(const std::string& result, int64_t count);
   // Sets loom_accelerators from (kind, state) -> count; every state of every kind in `counts`
   // is set (missing states 0).
   void SetAccelerators(const std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int>& counts);
@@ -92,6 +92,8 @@ class SchedulerMetrics {
   std::map<loom::v1::JobPhase, prometheus::Gauge*> jobs_by_phase_;
   prometheus::Family<prometheus::Gauge>* tenant_jobs_family_;
   prometheus::Family<prometheus::Counter>* admission_family_;
+  std::map<std::string, prometheus::Counter*, std::less<>> admission_counters_;  // by result
+  prometheus::Counter* admission_other_;
   prometheus::Family<prometheus::Gauge>* accelerators_family_;
   prometheus::Family<prometheus::Counter>* restarts_family_;
   absl::Mutex mu_;

@@ -37,15 +37,17 @@ TEST(SchedulerMetricsTest, AdmissionAttemptsByResult) {
   prometheus::Registry registry;
   SchedulerMetrics m(registry);
   ExpectLine(Text(registry), "loom_admission_attempts_total{result=\"quota\"} 0");
-  m.AdmissionAttempt("admitted");
-  m.AdmissionAttempt("no_capacity");
-  m.AdmissionAttempt("no_capacity");
-  m.AdmissionAttempt("something-new");
+  m.AdmissionAttempts("admitted", 1);
+  m.AdmissionAttempts("no_capacity", 1);
+  m.AdmissionAttempts("no_capacity", 1);
+  m.AdmissionAttempts("something-new", 1);
+  m.AdmissionAttempts("quota", 3);
   const std::string t = Text(registry);
   ExpectLine(t, "loom_admission_attempts_total{result=\"admitted\"} 1");
   ExpectLine(t, "loom_admission_attempts_total{result=\"no_capacity\"} 2");
   ExpectLine(t, "loom_admission_attempts_total{result=\"other\"} 1");
   ExpectLine(t, "loom_admission_attempts_total{result=\"infeasible\"} 0");
+  ExpectLine(t, "loom_admission_attempts_total{result=\"quota\"} 3");
 }
 
 TEST(SchedulerMetricsTest, AcceleratorsByKindAndState) {

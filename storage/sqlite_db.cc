@@ -81,6 +81,21 @@ absl::StatusOr<SqliteStatement> SqliteDb::Prepare(absl::string_view sql) {
   return SqliteStatement(this, stmt, std::string(sql));
 }
 
+absl::StatusOr<SqliteStatement*> SqliteDb::PrepareCached(absl::string_view sql) {
+  auto it = cached_.find(sql);
+  if (it == cached_.end()) {
+    ASSIGN_OR_RETURN(SqliteStatement stmt, Prepare(sql));
+    it = cached_.emplace(std::string(sql), std::move(stmt)).first;
+  } else {
+    // reset's result repeats the last step's error, already reported to whoever stepped it.
+    (void)sqlite3_reset(it->second.stmt_.get());
+    sqlite3_clear_bindings(it->second.stmt_.get());
+  }
+  return &it->second;
+}
+
+int64_t SqliteDb::Changes() const { return sqlite3_changes64(db_.get()); }
+
 absl::StatusOr<int64_t> SqliteDb::UserVersion() {
   ASSIGN_OR_RETURN(SqliteStatement stmt, Prepare("PRAGMA user_version"));
   ASSIGN_OR_RETURN(bool has_row, stmt.Step());

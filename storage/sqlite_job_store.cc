@@ -112,34 +112,36 @@ absl::Status SqliteJobStore::WriteJob(const JobRecord& job, bool insert) {
 absl::Status SqliteJobStore::WriteJobRows(const JobRecord& job, bool insert) {
   SqliteDb& db = *db_;
   {
-    const std::string sql =
-        insert ? absl::StrCat("INSERT INTO jobs (", kJobColumns,
-                              ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
-                              "?14, ?15, ?16, ?17)")
-               : std::string(
-                     "UPDATE jobs SET sequence=?2, spec=?3, phase=?4, failure_class=?5, "
-                     "reason=?6, message=?7, create_time_us=?8, start_time_us=?9, "
-                     "end_time_us=?10, attempt=?11, progress=?12, checkpoint_dir=?13, "
-                     "rendezvous_port=?14, request_id=?15, tenant=?16, state=?17 WHERE id=?1");
-    ASSIGN_OR_RETURN(SqliteStatement stmt, db.Prepare(sql));
-    RETURN_IF_ERROR(stmt.BindText(1, job.id));
-    RETURN_IF_ERROR(stmt.BindInt64(2, job.sequence));
-    RETURN_IF_ERROR(stmt.BindBlob(3, job.spec.SerializeAsString()));
-    RETURN_IF_ERROR(stmt.BindInt64(4, job.phase));
-    RETURN_IF_ERROR(stmt.BindInt64(5, job.failure_class));
-    RETURN_IF_ERROR(stmt.BindText(6, job.reason));
-    RETURN_IF_ERROR(stmt.BindText(7, job.message));
-    RETURN_IF_ERROR(BindTime(stmt, 8, job.create_time));
-    RETURN_IF_ERROR(BindTime(stmt, 9, job.start_time));
-    RETURN_IF_ERROR(BindTime(stmt, 10, job.end_time));
-    RETURN_IF_ERROR(stmt.BindInt64(11, job.attempt));
-    RETURN_IF_ERROR(stmt.BindBlob(12, job.progress.SerializeAsString()));
-    RETURN_IF_ERROR(stmt.BindText(13, job.checkpoint_dir));
-    RETURN_IF_ERROR(stmt.BindInt64(14, job.rendezvous_port));
-    RETURN_IF_ERROR(stmt.BindText(15, job.request_id));
-    RETURN_IF_ERROR(stmt.BindText(16, job.tenant));
-    RETURN_IF_ERROR(stmt.BindBlob(17, job.state.SerializeAsString()));
-    absl::Status s = stmt.Run();
+    // The connection's cached statements (PrepareCached): a progress write rewrites a job row
+    // and its rank rows, and preparing them cost more than running them.
+    static const std::string* const kInsert = new std::string(absl::StrCat(
+        "INSERT INTO jobs (", kJobColumns,
+        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"));
+    static constexpr absl::string_view kUpdate =
+        "UPDATE jobs SET sequence=?2, spec=?3, phase=?4, failure_class=?5, "
+        "reason=?6, message=?7, create_time_us=?8, start_time_us=?9, "
+        "end_time_us=?10, attempt=?11, progress=?12, checkpoint_dir=?13, "
+        "rendezvous_port=?14, request_id=?15, tenant=?16, state=?17 WHERE id=?1";
+    ASSIGN_OR_RETURN(SqliteStatement * stmt,
+                     db.PrepareCached(insert ? absl::string_view(*kInsert) : kUpdate));
+    RETURN_IF_ERROR(stmt->BindText(1, job.id));
+    RETURN_IF_ERROR(stmt->BindInt64(2, job.sequence));
+    RETURN_IF_ERROR(stmt->BindBlob(3, job.spec.SerializeAsString()));
+    RETURN_IF_ERROR(stmt->BindInt64(4, job.phase));
+    RETURN_IF_ERROR(stmt->BindInt64(5, job.failure_class));
+    RETURN_IF_ERROR(stmt->BindText(6, job.reason));
+    RETURN_IF_ERROR(stmt->BindText(7, job.message));
+    RETURN_IF_ERROR(BindTime(*stmt, 8, job.create_time));
+    RETURN_IF_ERROR(BindTime(*stmt, 9, job.start_time));
+    RETURN_IF_ERROR(BindTime(*stmt, 10, job.end_time));
+    RETURN_IF_ERROR(stmt->BindInt64(11, job.attempt));
+    RETURN_IF_ERROR(stmt->BindBlob(12, job.progress.SerializeAsString()));
+    RETURN_IF_ERROR(stmt->BindText(13, job.checkpoint_dir));
+    RETURN_IF_ERROR(stmt->BindInt64(14, job.rendezvous_port));
+    RETURN_IF_ERROR(stmt->BindText(15, job.request_id));
+    RETURN_IF_ERROR(stmt->BindText(16, job.tenant));
+    RETURN_IF_ERROR(stmt->BindBlob(17, job.state.SerializeAsString()));
+    absl::Status s = stmt->Run();
     if (s.code() == absl::StatusCode::kAlreadyExists) {
       return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " (sequence ", job.sequence,
                                                    ") conflicts with a stored job: ",
@@ -147,23 +149,20 @@ absl::Status SqliteJobStore::WriteJobRows(const JobRecord& job, bool insert) {
     }
     RETURN_IF_ERROR(s);
     if (!insert) {
-      ASSIGN_OR_RETURN(SqliteStatement changes, db.Prepare("SELECT changes()"));
-      ASSIGN_OR_RETURN(bool row, changes.Step());
-      if (!row || changes.ColumnInt64(0) == 0) {
-        return absl::NotFoundError(absl::StrCat("job ", job.id, " not found"));
-      }
-      ASSIGN_OR_RETURN(SqliteStatement del, db.Prepare("DELETE FROM job_ranks WHERE job_id=?1"));
-      RETURN_IF_ERROR(del.BindText(1, job.id));
-      RETURN_IF_ERROR(del.Run());
+      if (db.Changes() == 0) return absl::NotFoundError(absl::StrCat("job ", job.id, " not found"));
+      ASSIGN_OR_RETURN(SqliteStatement * del,
+                       db.PrepareCached("DELETE FROM job_ranks WHERE job_id=?1"));
+      RETURN_IF_ERROR(del->BindText(1, job.id));
+      RETURN_IF_ERROR(del->Run());
     }
     for (size_t rank = 0; rank < job.rank_nodes.size(); ++rank) {
-      ASSIGN_OR_RETURN(SqliteStatement ins,
-                       db.Prepare("INSERT INTO job_ranks (job_id, rank, node_id) "
-                                    "VALUES (?1, ?2, ?3)"));
-      RETURN_IF_ERROR(ins.BindText(1, job.id));
-      RETURN_IF_ERROR(ins.BindInt64(2, static_cast<int64_t>(rank)));
-      RETURN_IF_ERROR(ins.BindText(3, job.rank_nodes[rank]));
-      absl::Status rs = ins.Run();
+      ASSIGN_OR_RETURN(
+          SqliteStatement * ins,
+          db.PrepareCached("INSERT INTO job_ranks (job_id, rank, node_id) VALUES (?1, ?2, ?3)"));
+      RETURN_IF_ERROR(ins->BindText(1, job.id));
+      RETURN_IF_ERROR(ins->BindInt64(2, static_cast<int64_t>(rank)));
+      RETURN_IF_ERROR(ins->BindText(3, job.rank_nodes[rank]));
+      absl::Status rs = ins->Run();
       if (rs.code() == absl::StatusCode::kFailedPrecondition) {
         return absl::FailedPreconditionError(absl::StrCat(
             "job ", job.id, " rank ", rank, ": unknown node '", job.rank_nodes[rank], "'"));

@@ -160,5 +160,41 @@ TEST(SqliteDbTest, FailedTransactionRollsBack) {
   EXPECT_EQ(count->ColumnInt64(0), 0);
 }
 
+TEST(SqliteDbTest, CachedStatementIsResetWithBindingsClearedAndCountsChanges) {
+  absl::StatusOr<std::unique_ptr<SqliteDb>> db = SqliteDb::Open(TestDir("cached") + "/t.db");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE((*db)->Exec("CREATE TABLE t (x INTEGER, y INTEGER)").ok());
+  constexpr char kInsert[] = "INSERT INTO t VALUES (?1, ?2)";
+  absl::StatusOr<SqliteStatement*> first = (*db)->PrepareCached(kInsert);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->BindInt64(1, 1).ok());
+  ASSERT_TRUE((*first)->BindInt64(2, 10).ok());
+  ASSERT_TRUE((*first)->Run().ok());
+  EXPECT_EQ((*db)->Changes(), 1);
+  // The same statement, reset: ?2 left unbound is NULL again, not the 10 bound before.
+  absl::StatusOr<SqliteStatement*> second = (*db)->PrepareCached(kInsert);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, *first);
+  ASSERT_TRUE((*second)->BindInt64(1, 2).ok());
+  ASSERT_TRUE((*second)->Run().ok());
+  absl::StatusOr<SqliteStatement> nulls = (*db)->Prepare("SELECT x FROM t WHERE y IS NULL");
+  ASSERT_TRUE(nulls.ok());
+  ASSERT_TRUE(*nulls->Step());
+  EXPECT_EQ(nulls->ColumnInt64(0), 2);
+  EXPECT_FALSE(*nulls->Step());
+  ASSERT_TRUE((*db)->Exec("UPDATE t SET y = 5").ok());
+  EXPECT_EQ((*db)->Changes(), 2);
+  absl::StatusOr<SqliteStatement> rows =
+      (*db)->Prepare("SELECT COUNT(*), SUM(x) FROM t WHERE y = 5");
+  ASSERT_TRUE(rows.ok());
+  ASSERT_TRUE(*rows->Step());
+  EXPECT_EQ(rows->ColumnInt64(0), 2);
+  EXPECT_EQ(rows->ColumnInt64(1), 3);
+  // A bad statement is an error naming it, and is not cached.
+  absl::StatusOr<SqliteStatement*> bad = (*db)->PrepareCached("INSERT INTO missing VALUES (1)");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(bad.status().message().find("missing"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace loom
