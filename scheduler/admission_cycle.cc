@@ -150,12 +150,11 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     std::vector<Entry>* last = nullptr;
     const std::string* last_tenant = nullptr;
     for (const ClusterSnapshot::WaitingJob& w : snapshot.waiting) {
-      const JobRecord& job = *w.job;
-      if (last_tenant == nullptr || *last_tenant != job.tenant) {
-        last = &by_tenant[job.tenant];
-        last_tenant = &job.tenant;
+      if (last_tenant == nullptr || (w.tenant != last_tenant && *last_tenant != *w.tenant)) {
+        last = &by_tenant[*w.tenant];
+        last_tenant = w.tenant;
       }
-      last->push_back({job.spec.priority(), job.sequence, &w});
+      last->push_back({w.priority, w.sequence, &w});
     }
   }
   struct Cursor {
@@ -197,16 +196,16 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     if (cursor == nullptr) break;
     const ClusterSnapshot::WaitingJob& waiting = *(*cursor->jobs)[cursor->next++].waiting;
     const int index = static_cast<int>(&waiting - snapshot.waiting.data());
-    const JobRecord& record = *waiting.job;
     if (options.max_jobs > 0 && result.considered >= options.max_jobs) {
       // Past the pass's depth: no decision, only the queue position (shares are fixed now).
-      result.queue_order[KindOfSpec(record.spec)].push_back(record.id);
+      result.queue_order[waiting.kind].push_back(*waiting.id);
       continue;
     }
     ++result.considered;
+    const JobRecord& record = *waiting.job;
     const std::string& job_id = record.id;
     const loom::v1::JobSpec& spec = record.spec;
-    const AcceleratorKind kind = KindOfSpec(spec);
+    const AcceleratorKind kind = waiting.kind;
     const int need = spec.resources().num_ranks();
     const std::string kind_name = AcceleratorKindName(kind);
     result.queue_order[kind].push_back(job_id);

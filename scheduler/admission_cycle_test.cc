@@ -40,7 +40,7 @@ class AdmissionCycleTest : public ::testing::Test {
     return r;
   }
   // Adds `job` to the waiting jobs (call in job id order).
-  void Wait(const JobRecord& job) { snapshot_.waiting.push_back({&job, std::nullopt}); }
+  void Wait(const JobRecord& job) { snapshot_.waiting.push_back(ClusterSnapshot::WaitingJob::Of(job)); }
   // `job` RUNNING with one rank per entry of `nodes`, at `step` with a checkpoint at
   // `checkpoint_step`, `median` seconds per step (call in job id order).
   void Run(JobRecord& job, const std::vector<std::string>& nodes, int64_t step = 0,
@@ -294,7 +294,8 @@ TEST_F(AdmissionCycleTest, SuspectsAreAvoidedAndUnknownResumeKeepsTheSlotsFree) 
   suspicious.attempt = 1;
   suspicious.state.add_suspect_nodes("a");
   JobRecord& fresh = Job("job-2", 1);
-  snapshot_.waiting.push_back({&restarted, std::string("lookup in progress")});
+  snapshot_.waiting.push_back(ClusterSnapshot::WaitingJob::Of(restarted));
+  snapshot_.waiting.back().resume_unavailable = "lookup in progress";
   Wait(suspicious);
   Wait(fresh);
   const AdmissionResult r = Cycle();

@@ -11,6 +11,7 @@
 #ifndef LOOM_SCHEDULER_CLUSTER_SNAPSHOT_H_
 #define LOOM_SCHEDULER_CLUSTER_SNAPSHOT_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,6 +53,30 @@ struct ClusterSnapshot {
     // (the lookup has not answered, or the catalog failed); nullopt when it is known (or
     // there is none). A job with a value is not started (reason "CheckpointsUnavailable").
     std::optional<std::string> resume_unavailable;
+    // The job's id, tenant, order and kind, copied from the record when the facade indexes it
+    // (its spec does not change after submission), so that ordering every waiting job reads
+    // this vector and not the records of the jobs past a pass's depth.
+    const std::string* id = nullptr;      // &job->id
+    const std::string* tenant = nullptr;  // &job->tenant
+    int32_t priority = 0;                 // job->spec.priority()
+    int64_t sequence = 0;                 // job->sequence
+    loom::v1::AcceleratorKind kind = loom::v1::ACCELERATOR_KIND_CPU;  // KindOf(resources)
+    int32_t attempt = 0;                                              // job->attempt
+    int64_t not_before_us = 0;  // job->state.not_before_us(): backoff expiry (0: none)
+
+    // `job`'s keys, with no resume_unavailable; `job` must outlive the value.
+    static WaitingJob Of(const JobRecord& job) {
+      WaitingJob w;
+      w.job = &job;
+      w.id = &job.id;
+      w.tenant = &job.tenant;
+      w.priority = job.spec.priority();
+      w.sequence = job.sequence;
+      w.kind = KindOf(job.spec.resources());
+      w.attempt = job.attempt;
+      w.not_before_us = job.state.not_before_us();
+      return w;
+    }
   };
   std::vector<WaitingJob> waiting;
 

@@ -551,7 +551,13 @@ class Scheduler {
   // rebuilds them): jobs not ended and not waiting for a first placement (the cycle's hang,
   // ready-timeout and resume checks visit only these), and jobs waiting (PENDING, RECOVERING).
   std::map<std::string, JobRecord*> active_jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, JobRecord*> waiting_jobs_ ABSL_GUARDED_BY(mu_);
+  // A waiting job's record and the keys the admission cycle orders it by (refreshed by IndexJob
+  // at every change of the record).
+  struct WaitingIndexEntry {
+    JobRecord* record;
+    ClusterSnapshot::WaitingJob keys;
+  };
+  std::map<std::string, WaitingIndexEntry> waiting_jobs_ ABSL_GUARDED_BY(mu_);
   // Admission passes (SchedulerOptions::admission_*; scheduler_admission_pass.cc): the change
   // counts of jobs and nodes, the unreachable nodes (missed heartbeats but kept: they take no
   // new ranks, so a change of the set is a change the pass must see) and what the last pass saw.

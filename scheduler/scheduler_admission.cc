@@ -59,12 +59,10 @@ ClusterSnapshot Scheduler::BuildSnapshot(std::vector<JobRecord*>* waiting_record
   s.waiting.reserve(waiting_jobs_.size());
   waiting_records->clear();
   waiting_records->reserve(waiting_jobs_.size());
-  for (const auto& [job_id, job_ptr] : waiting_jobs_) {  // id order, as jobs_
-    const JobRecord& job = *job_ptr;
-    waiting_records->push_back(job_ptr);
-    ClusterSnapshot::WaitingJob w;
-    w.job = &job;
-    if (job.attempt >= 1) {
+  for (const auto& [job_id, entry] : waiting_jobs_) {  // id order, as jobs_
+    waiting_records->push_back(entry.record);
+    ClusterSnapshot::WaitingJob w = entry.keys;  // the keys only: no read of the record
+    if (w.attempt >= 1) {
       auto it = prefetched_resume_.find(job_id);
       if (it == prefetched_resume_.end()) {
         w.resume_unavailable = "lookup in progress (the checkpoint catalog has not answered yet)";

@@ -25,7 +25,7 @@ void Scheduler::IndexJob(JobRecord* job) {
     active_jobs_.erase(job->id);
   }
   if (Waiting(*job)) {
-    waiting_jobs_[job->id] = job;
+    waiting_jobs_[job->id] = WaitingIndexEntry{job, ClusterSnapshot::WaitingJob::Of(*job)};
   } else {
     waiting_jobs_.erase(job->id);
   }
@@ -46,7 +46,7 @@ void Scheduler::NoteAdmissionPass(AdmissionPassStats::Kind kind, const ClusterSn
   std::vector<absl::Time> not_before;
   not_before.reserve(snapshot.waiting.size());
   for (const ClusterSnapshot::WaitingJob& w : snapshot.waiting) {
-    const int64_t not_before_us = w.job->state.not_before_us();
+    const int64_t not_before_us = w.not_before_us;
     if (not_before_us > 0) not_before.push_back(absl::FromUnixMicros(not_before_us));
   }
   admission_gate_.NotePass(kind, considered, static_cast<int>(snapshot.waiting.size()),
