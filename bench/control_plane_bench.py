@@ -98,6 +98,20 @@ class Scheduler:
                 out.append(took / 1000.0)
         return out
 
+    PHASES = ("checks", "resume_wait", "snapshot", "decide", "apply", "store")
+
+    def phases(self, start_us, end_us):
+        """Per phase, the ms of each cycle in the window (the trace's columns 5-10,
+        Scheduler::CyclePhases); empty lists for a daemon that does not write them."""
+        out = {name: [] for name in self.PHASES}
+        for line in open(self.trace):
+            fields = [int(x) for x in line.split()]
+            if len(fields) < 10 or not start_us <= fields[0] <= end_us:
+                continue
+            for name, us in zip(self.PHASES, fields[4:10]):
+                out[name].append(us / 1000.0)
+        return out
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -133,6 +147,7 @@ def one_scale(args, nodes):
         cycles = sched.cycles(*window)
         by_kind = {name: sched.cycles(*window, kind=k)
                    for k, name in ((1, "skipped"), (2, "partial"), (3, "full"))}
+        phases = sched.phases(*window)
     finally:
         sched.stop()
     lost = int(metrics.get('loom_nodes{state="lost"}', 0))
@@ -160,6 +175,11 @@ def one_scale(args, nodes):
     print("detail admission_passes " + " ".join(
         f"{name}={len(v)} {name}_p50_ms={percentile(v, 0.5):.2f} "
         f"{name}_max_ms={max(v) if v else 0:.2f}" for name, v in by_kind.items()))
+    if phases["checks"]:
+        # Where a cycle's time goes (under the lock: checks, snapshot, decide, apply).
+        print("detail cycle_phases " + " ".join(
+            f"{name}_p50_ms={percentile(v, 0.5):.2f} {name}_p99_ms={percentile(v, 0.99):.2f}"
+            for name, v in phases.items()))
     if len(cycles) < args.min_cycles:
         print(f"warning: only {len(cycles)} cycles in the window (< {args.min_cycles}); "
               "lengthen --duration_s")

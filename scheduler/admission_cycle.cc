@@ -212,12 +212,12 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
 
     // 2. The previous attempt's ranks must all have ended (or their node been declared lost)
     // before the next attempt starts: two incarnations of one rank never run at once.
-    if (record.attempt > 0 && slots.has_ranks.count(job_id)) continue;
-    if (record.state.not_before_us() > 0 &&
-        now < absl::FromUnixMicros(record.state.not_before_us())) {
+    // The attempt and the backoff expiry from the keys (IndexJob refreshes them at every commit).
+    if (waiting.attempt > 0 && slots.has_ranks.count(job_id)) continue;
+    if (waiting.not_before_us > 0 && now < absl::FromUnixMicros(waiting.not_before_us)) {
       out.push_back(Wait(
           record, index, "Backoff",
-          absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(record.state.not_before_us())),
+          absl::StrCat("backoff until ", Utc(absl::FromUnixMicros(waiting.not_before_us)),
                        record.state.ready_timeouts() > 0
                            ? absl::StrCat(" after ", record.state.ready_timeouts(),
                                           " consecutive gang-ready timeout(s)")
@@ -248,7 +248,8 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     }
     auto h = head.find(kind);
     if (h != head.end() && !options.enable_backfill) {
-      out.push_back(WaitUnlessUnchanged(record, index, "Queued", behind_no_backfill[kind], "blocked"));
+      out.push_back(
+          WaitUnlessUnchanged(record, index, "Queued", behind_no_backfill[kind], "blocked"));
       continue;
     }
 

@@ -71,6 +71,33 @@ TEST_F(AdmissionPassTest, EachChangeMakesTheNextCyclePlaceAgain) {
   EXPECT_NE(CycleKind(), PassKind::kSkipped) << "a cordoned node";
 }
 
+// The cycle's phase times (Scheduler::CyclePhases, the daemon's cycle trace): a pass that
+// places has a snapshot, decide and apply time, all within the cycle's own wall time as the
+// caller measures it; a skipped pass builds no snapshot and decides nothing.
+TEST_F(AdmissionPassTest, CyclePhasesAccountForTheCycleAndASkippedPassHasNoSnapshot) {
+  Register("n0", 1);
+  for (int i = 0; i < 50; ++i) Submit(1);
+  const absl::Time before = absl::Now();
+  ASSERT_NE(CycleKind(), PassKind::kSkipped);
+  const absl::Duration wall = absl::Now() - before;
+  const Scheduler::CyclePhases placed = scheduler_->LastCyclePhases();
+  EXPECT_GT(placed.snapshot, absl::ZeroDuration());
+  EXPECT_GT(placed.decide, absl::ZeroDuration());
+  EXPECT_GT(placed.apply, absl::ZeroDuration());
+  EXPECT_GT(placed.store, absl::ZeroDuration()) << "the placed job is stored";
+  for (absl::Duration d : {placed.checks, placed.resume_wait, placed.snapshot, placed.decide,
+                           placed.apply, placed.store}) {
+    EXPECT_GE(d, absl::ZeroDuration());
+  }
+  EXPECT_LE(placed.checks + placed.resume_wait + placed.snapshot + placed.decide + placed.apply +
+                placed.store,
+            wall);
+  ASSERT_TRUE(SettlesToSkipping());
+  const Scheduler::CyclePhases skipped = scheduler_->LastCyclePhases();
+  EXPECT_EQ(skipped.snapshot, absl::ZeroDuration());
+  EXPECT_EQ(skipped.decide, absl::ZeroDuration());
+}
+
 // A node that misses its heartbeats while its job still steps elsewhere is kept but takes no new
 // ranks (unreachable); its heartbeat makes it take ranks again. Neither changes a job record or
 // the rank table, so only the node-change count makes the next cycle place again.

@@ -409,6 +409,14 @@ absl::StatusOr<const JobRecord*> Scheduler::FindUnendedJob(const std::string& jo
 
 absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
+  CyclePhases phases;
+  absl::Time mark = started;
+  auto lap = [&mark] {  // the time since the last lap
+    const absl::Time t = absl::Now();
+    const absl::Duration d = t - mark;
+    mark = t;
+    return d;
+  };
   std::vector<std::pair<std::string, int32_t>> requested;  // (job id, attempt): new lookups
   {
     absl::MutexLock lock(&mu_);
@@ -433,6 +441,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
       }
     }
     checkpoint_worker_->RetainResume(wanted);  // forgets jobs placed or ended meanwhile
+    phases.checks = lap();
   }
   // A lookup asked for just now usually answers at once (a local catalog, a healthy service):
   // give it resume_lookup_wait, off the lock, so that the job is placed in this cycle. A slow
@@ -440,7 +449,9 @@ absl::Status Scheduler::RunSchedulingCycle() {
   if (!requested.empty()) {
     checkpoint_worker_->AwaitResume(requested, options_.resume_lookup_wait);
   }
+  phases.resume_wait = lap();
   absl::ReleasableMutexLock lock(&mu_);
+  mark = absl::Now();  // waiting for the lock is no phase's own time
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
   for (const auto& [job_id, job] : active_jobs_) {
     if (job->attempt == 0 ||
@@ -464,10 +475,10 @@ absl::Status Scheduler::RunSchedulingCycle() {
   if (pass == AdmissionPassStats::Kind::kSkipped) {
     admission_gate_.NoteSkipped(static_cast<int>(waiting_jobs_.size()));
   } else {
-    placed = PlacePendingJobs(pass == AdmissionPassStats::Kind::kFull
-                                  ? 0
-                                  : options_.admission_queue_depth);
+    placed = PlacePendingJobs(
+        pass == AdmissionPassStats::Kind::kFull ? 0 : options_.admission_queue_depth, &phases);
   }
+  mark = absl::Now();
   deferred_writes_ = nullptr;
   prefetched_resume_.clear();
   // Progress-only changes at least progress_store_interval old ride along in the same
@@ -477,9 +488,15 @@ absl::Status Scheduler::RunSchedulingCycle() {
     if (since <= progress_due) deferred.try_emplace(id);
   }
   if (placed.ok()) UpdateGauges();
+  phases.apply += lap();
   // One transaction (one fsync) for the cycle, written after mu_ is released: the placed jobs'
   // assignments wait for it (StoreOffLock), nothing else does.
   absl::Status stored = StoreOffLock(deferred, &lock);
+  phases.store = lap();
+  {
+    absl::MutexLock relock(&mu_);
+    last_cycle_phases_ = phases;
+  }
   if (!stored.ok()) return stored;
   RETURN_IF_ERROR(placed);
   if (metrics_ != nullptr) metrics_->ObserveSchedulingCycle(absl::Now() - started);

@@ -314,6 +314,17 @@ class Scheduler {
   using AdmissionPassStats = ::loom::AdmissionPassStats;
   AdmissionPassStats LastAdmissionPass();
 
+  // Where the last RunSchedulingCycle's time went (wall time, absl::Now(); the daemon's
+  // --cycle_trace_file writes it, bench/control_plane_bench.py reports percentiles). Under mu_:
+  // `checks` (node liveness, hangs, stops, ready timeouts, resume requests), `snapshot`
+  // (BuildSnapshot), `decide` (the pure admission cycle), `apply` (its decisions, gauges);
+  // off the lock: `resume_wait` (the lookups just requested) and `store` (the cycle's one
+  // transaction). Zero for a part that did not run (a skipped pass has no snapshot). Takes mu_.
+  struct CyclePhases {
+    absl::Duration checks, resume_wait, snapshot, decide, apply, store;
+  };
+  CyclePhases LastCyclePhases();
+
   ~Scheduler();
 
   // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
@@ -466,7 +477,9 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The placement pass (scheduler_admission.cc): BuildSnapshot, the pure admission cycle
   // (admission_cycle.h), then its decisions applied in order.
-  absl::Status PlacePendingJobs(int max_jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `phases`: its snapshot, decide and apply times are set.
+  absl::Status PlacePendingJobs(int max_jobs, CyclePhases* phases)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `waiting_records`: the waiting jobs' records, parallel to the snapshot's `waiting` (where
   // the cycle's decisions are applied).
   ClusterSnapshot BuildSnapshot(std::vector<JobRecord*>* waiting_records)
@@ -552,12 +565,14 @@ class Scheduler {
   // ready-timeout and resume checks visit only these), and jobs waiting (PENDING, RECOVERING).
   std::map<std::string, JobRecord*> active_jobs_ ABSL_GUARDED_BY(mu_);
   // A waiting job's record and the keys the admission cycle orders it by (refreshed by IndexJob
-  // at every change of the record).
+  // at every change of the record). `record` is `keys.job` with write access: the snapshot
+  // hands the cycle the const keys, the facade applies the decisions through `record`.
   struct WaitingIndexEntry {
     JobRecord* record;
     ClusterSnapshot::WaitingJob keys;
   };
   std::map<std::string, WaitingIndexEntry> waiting_jobs_ ABSL_GUARDED_BY(mu_);
+  CyclePhases last_cycle_phases_ ABSL_GUARDED_BY(mu_);
   // Admission passes (SchedulerOptions::admission_*; scheduler_admission_pass.cc): the change
   // counts of jobs and nodes, the unreachable nodes (missed heartbeats but kept: they take no
   // new ranks, so a change of the set is a change the pass must see) and what the last pass saw.

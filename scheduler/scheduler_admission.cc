@@ -75,7 +75,14 @@ ClusterSnapshot Scheduler::BuildSnapshot(std::vector<JobRecord*>* waiting_record
   return s;
 }
 
-absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
+absl::Status Scheduler::PlacePendingJobs(int max_jobs, CyclePhases* phases) {
+  absl::Time mark = absl::Now();
+  auto lap = [&mark] {  // the time since the last lap
+    const absl::Time t = absl::Now();
+    const absl::Duration d = t - mark;
+    mark = t;
+    return d;
+  };
   AdmissionOptions options;
   options.queues = &options_.queues;
   options.enable_preemption = options_.enable_preemption;
@@ -84,7 +91,9 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
   const absl::Time now = clock_->Now();
   std::vector<JobRecord*> waiting_records;  // parallel to snapshot.waiting
   const ClusterSnapshot snapshot = BuildSnapshot(&waiting_records);
+  phases->snapshot = lap();
   AdmissionResult result = RunAdmissionCycle(snapshot, options);
+  phases->decide = lap();
   // Before the decisions are applied: their own changes (placements, preemptions) make the next
   // cycle look once more.
   NoteAdmissionPass(max_jobs == 0 ? AdmissionPassStats::Kind::kFull
@@ -95,8 +104,10 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs) {
   // also when applying a decision fails part-way.
   std::map<std::string, int64_t> outcomes;
   absl::Cleanup count_outcomes = [&] {
-    if (metrics_ == nullptr) return;
-    for (const auto& [outcome, count] : outcomes) metrics_->AdmissionAttempts(outcome, count);
+    if (metrics_ != nullptr) {
+      for (const auto& [outcome, count] : outcomes) metrics_->AdmissionAttempts(outcome, count);
+    }
+    phases->apply = lap();
   };
   for (AdmissionDecision& d : result.decisions) {
     switch (d.kind) {

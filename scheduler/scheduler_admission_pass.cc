@@ -58,4 +58,9 @@ Scheduler::AdmissionPassStats Scheduler::LastAdmissionPass() {
   return admission_gate_.last_pass();
 }
 
+Scheduler::CyclePhases Scheduler::LastCyclePhases() {
+  absl::MutexLock lock(&mu_);
+  return last_cycle_phases_;
+}
+
 }  // namespace loom

@@ -39,7 +39,9 @@ ABSL_FLAG(absl::Duration, reregistration_grace, absl::Seconds(30),
 ABSL_FLAG(int, schedule_interval_ms, 200, "Period of the scheduling loop, in milliseconds.");
 ABSL_FLAG(std::string, cycle_trace_file, "",
           "If set, append one line per scheduling cycle (end time and duration in microseconds, "
-          "ok) to this file; the control-plane benchmark computes percentiles from it.");
+          "ok, the admission pass's kind, then the time of each phase in microseconds: see "
+          "SchedulerServerOptions::cycle_trace_path) to this file; the control-plane benchmark "
+          "computes percentiles from it.");
 ABSL_FLAG(double, hang_step_time_factor, 20,
           "A running job is hung when its step has not advanced for this many median step times "
           "(and at least --hang_min_timeout_s).");

@@ -124,8 +124,8 @@ void SchedulerServer::LoopMain() {
     cycle_ok_ = s.ok();
     if (cycle_trace_ != nullptr) {
       const absl::Time end = absl::Now();
-      TraceCycle(end, end - start, s.ok(),
-                 static_cast<int>(scheduler_->LastAdmissionPass().kind));
+      TraceCycle(end, end - start, s.ok(), static_cast<int>(scheduler_->LastAdmissionPass().kind),
+                 scheduler_->LastCyclePhases());
     }
     if (!s.ok()) {
       // A store error (e.g. disk full) is retried next cycle; log the first and then sparsely.
@@ -138,12 +138,14 @@ void SchedulerServer::LoopMain() {
   if (!flushed.ok()) LOG(WARNING) << "progress of running jobs not stored at shutdown: " << flushed;
 }
 
-void SchedulerServer::TraceCycle(absl::Time end, absl::Duration took, bool ok, int pass_kind) {
+void SchedulerServer::TraceCycle(absl::Time end, absl::Duration took, bool ok, int pass_kind,
+                                 const Scheduler::CyclePhases& phases) {
+  auto us = [](absl::Duration d) { return static_cast<long long>(absl::ToInt64Microseconds(d)); };
   // A trace line is best effort: a full disk must not stop scheduling.
-  (void)std::fprintf(cycle_trace_, "%lld %lld %d %d\n",
-                     static_cast<long long>(absl::ToUnixMicros(end)),
-                     static_cast<long long>(absl::ToInt64Microseconds(took)), ok ? 1 : 0,
-                     pass_kind);
+  (void)std::fprintf(cycle_trace_, "%lld %lld %d %d %lld %lld %lld %lld %lld %lld\n",
+                     static_cast<long long>(absl::ToUnixMicros(end)), us(took), ok ? 1 : 0,
+                     pass_kind, us(phases.checks), us(phases.resume_wait), us(phases.snapshot),
+                     us(phases.decide), us(phases.apply), us(phases.store));
   (void)std::fflush(cycle_trace_);
 }
 

@@ -62,9 +62,9 @@ struct SchedulerServerOptions {
   // Bearer token for the calls to checkpoint_service (its --service_token_file); empty = none.
   std::string checkpoint_token;
   // If set, one line per scheduling cycle is appended to this file: "<end unix us> <duration
-  // us> <0|1 ok> <admission pass: 1 skipped, 2 partial, 3 full>\n"
-  // (Scheduler::AdmissionPassStats::Kind; the control-plane benchmark reads exact percentiles
-  // from it; the
+  // us> <0|1 ok> <admission pass: 1 skipped, 2 partial, 3 full> <checks us> <resume_wait us>
+  // <snapshot us> <decide us> <apply us> <store us>\n" (Scheduler::AdmissionPassStats::Kind,
+  // Scheduler::CyclePhases; the control-plane benchmark reads exact percentiles from it; the
   // loom_scheduling_cycle_seconds histogram only has buckets). Opened at Start; an unopenable
   // path is INVALID_ARGUMENT naming it. Empty = off.
   std::string cycle_trace_path;
@@ -103,7 +103,8 @@ class SchedulerServer {
   std::unique_ptr<CheckpointCatalog> checkpoints_;  // before scheduler_, which uses it
   explicit SchedulerServer(SchedulerServerOptions options) : options_(std::move(options)) {}
   void LoopMain();
-  void TraceCycle(absl::Time end, absl::Duration took, bool ok, int pass_kind);
+  void TraceCycle(absl::Time end, absl::Duration took, bool ok, int pass_kind,
+                  const Scheduler::CyclePhases& phases);
 
   const SchedulerServerOptions options_;
   std::unique_ptr<SqliteJobStore> store_;
