@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -14,13 +15,13 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
-#include "google/protobuf/util/json_util.h"
 #include "scheduler/job_spec_validation_files.h"
 #include "scheduler/job_spec_validation_limits.h"
 #include "spec/ds_config.h"
 #include "spec/engine_options_tiled.h"
 #include "spec/model_config.h"
 #include "spec/sequence_parallel_config.h"
+#include "spec/struct_json.h"
 
 namespace loom {
 namespace {
@@ -31,9 +32,18 @@ using google::protobuf::Reflection;
 
 
 // Walks `msg` and its set sub-messages; the first message with unknown fields (fields a newer
-// client sent that this binary does not know) is reported with its path.
+// client sent that this binary does not know) is reported with its path. Not into a
+// google.protobuf.Struct (model.config, deepspeed_config): a well-known type whose schema does
+// not change, whose keys the config parsers check, and whose map reflection copies every entry
+// (docs/benchmarks.md "Control plane at cluster scale", the submission profile).
 absl::Status CheckNoUnknownFields(const Message& msg, const std::string& path) {
   const Reflection* refl = msg.GetReflection();
+  if (msg.GetDescriptor()->full_name() == "google.protobuf.Struct") {
+    if (!refl->GetUnknownFields(msg).empty()) {
+      return InvalidField(path, absl::StrCat("unknown fields (", msg.GetTypeName(), ")"));
+    }
+    return absl::OkStatus();
+  }
   const google::protobuf::UnknownFieldSet& unknown = refl->GetUnknownFields(msg);
   if (!unknown.empty()) {
     std::vector<int> numbers;
@@ -65,15 +75,6 @@ absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
   return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
 }
 
-absl::StatusOr<std::string> StructToJson(const google::protobuf::Message& m,
-                                         absl::string_view path) {
-  std::string json;
-  auto status = google::protobuf::util::MessageToJsonString(m, &json);
-  if (!status.ok()) {
-    return InvalidField(path, absl::StrCat("cannot convert to JSON: ", status.ToString()));
-  }
-  return json;
-}
 
 bool PathExists(const std::string& path) {
   struct stat st;
@@ -207,8 +208,10 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   if (!spec.model().has_config()) {
     return InvalidField("model.config", "required (a Hugging Face Llama config.json object)");
   }
-  ASSIGN_OR_RETURN(std::string model_json, StructToJson(spec.model().config(), "model.config"));
-  absl::StatusOr<spec::LlamaConfig> model = spec::ParseLlamaConfig(model_json);
+  // Converted in memory, not printed as JSON text and parsed again (spec/struct_json.h).
+  ASSIGN_OR_RETURN(nlohmann::json model_json,
+                   spec::StructToJson(spec.model().config(), "model.config"));
+  absl::StatusOr<spec::LlamaConfig> model = spec::ParseLlamaConfigValue(model_json);
   if (!model.ok()) return WithPrefix(model.status(), "model.config");
   if (!spec.model().init_from().empty()) {
     const std::string& dir = spec.model().init_from();
@@ -240,8 +243,10 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
                    "required (a DeepSpeed ds_config.json object with at least "
                    "train_micro_batch_size_per_gpu and optimizer)");
   }
-  ASSIGN_OR_RETURN(std::string ds_json, StructToJson(spec.deepspeed_config(), "deepspeed_config"));
-  absl::StatusOr<spec::DeepSpeedConfig> ds = spec::ParseDeepSpeedConfig(ds_json, r.num_ranks());
+  ASSIGN_OR_RETURN(nlohmann::json ds_json,
+                   spec::StructToJson(spec.deepspeed_config(), "deepspeed_config"));
+  absl::StatusOr<spec::DeepSpeedConfig> ds =
+      spec::ParseDeepSpeedConfigValue(ds_json, r.num_ranks());
   if (!ds.ok()) return WithPrefix(ds.status(), "deepspeed_config");
   RETURN_IF_ERROR(spec::ValidateSequenceParallel(  // Ulysses (issue 13): heads, S % P
       model->num_attention_heads, model->num_key_value_heads, spec.training().sequence_length(),

@@ -416,11 +416,18 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
 
 absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
                                                      int world_size) {
-  if (world_size < 1) return Invalid("world_size", absl::StrCat(world_size, " must be >= 1"));
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
+  if (root.is_discarded()) {
+    if (world_size < 1) return Invalid("world_size", absl::StrCat(world_size, " must be >= 1"));
     return Invalid(kRoot, "not a JSON object");
   }
+  return ParseDeepSpeedConfigValue(root, world_size);
+}
+
+absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& root,
+                                                          int world_size) {
+  if (world_size < 1) return Invalid("world_size", absl::StrCat(world_size, " must be >= 1"));
+  if (!root.is_object()) return Invalid(kRoot, "not a JSON object");
   RETURN_IF_ERROR(CheckKeys(
       root, kRoot,
       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",

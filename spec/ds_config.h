@@ -20,6 +20,7 @@
 #define LOOM_SPEC_DS_CONFIG_H_
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -196,6 +197,9 @@ struct DeepSpeedConfig {
 // "deepspeed_config.zero_optimization.zenflow.topk_ratio: 1.5 is not in [0, 1]".
 absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
                                                      int world_size);
+// The same on a parsed value (e.g. spec::StructToJson of a job spec's deepspeed_config).
+absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& root,
+                                                          int world_size);
 
 // Learning rate used by optimizer step `step` (0-based: the first step is 0). DeepSpeed builds
 // the scheduler with last_batch_iteration = -1 (which sets the lr once) and calls

@@ -4,7 +4,9 @@
 #ifndef LOOM_SPEC_DS_CONFIG_INTERNAL_H_
 #define LOOM_SPEC_DS_CONFIG_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -13,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "spec/ds_config.h"
 #include "spec/json_fields.h"
 
@@ -39,12 +42,31 @@ inline absl::Status CheckKeys(const json& obj, const std::string& path,
   }
   return absl::OkStatus();
 }
+// The same for a literal list, {"a", "b", ...}: scanned in place, not copied into a set of
+// strings on every call (that copy was most of a DeepSpeed config's parse, which runs for every
+// submission: docs/benchmarks.md "Control plane at cluster scale").
+inline absl::Status CheckKeys(const json& obj, const std::string& path,
+                              std::initializer_list<absl::string_view> known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (std::find(known.begin(), known.end(), absl::string_view(it.key())) == known.end()) {
+      return Invalid(Join(path, it.key()), "unknown key");
+    }
+  }
+  return absl::OkStatus();
+}
 
-// Keys present in `obj` that the engine accepts without implementing them: a warning each.
-inline void WarnIgnored(const json& obj, const std::string& path, const std::set<std::string>& keys,
-                 const std::string& why, std::vector<std::string>* warnings) {
-  for (const std::string& k : keys) {
-    if (obj.contains(k)) warnings->push_back(absl::StrCat(Join(path, k), ": ignored (", why, ")"));
+// Keys present in `obj` that the engine accepts without implementing them: a warning each, in
+// key order.
+inline void WarnIgnored(const json& obj, const std::string& path,
+                        std::initializer_list<absl::string_view> keys, const std::string& why,
+                        std::vector<std::string>* warnings) {
+  std::vector<absl::string_view> present;
+  for (absl::string_view k : keys) {
+    if (obj.find(k) != obj.end()) present.push_back(k);
+  }
+  std::sort(present.begin(), present.end());
+  for (absl::string_view k : present) {
+    warnings->push_back(absl::StrCat(Join(path, std::string(k)), ": ignored (", why, ")"));
   }
 }
 

@@ -41,7 +41,14 @@ int64_t ParamSpec::numel() const {
 
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(kPath, ": not a JSON object"));
+  }
+  return ParseLlamaConfigValue(j);
+}
+
+absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
+  if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(kPath, ": not a JSON object"));
   }
   LlamaConfig c;

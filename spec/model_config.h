@@ -9,6 +9,7 @@
 #define LOOM_SPEC_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,8 @@ struct LlamaConfig {
 // "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4".
 // Also INVALID_ARGUMENT when a dimension or the parameter count exceeds kMaxLlamaParams.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text);
+// The same on a parsed value (e.g. spec::StructToJson of a job spec's model.config).
+absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const nlohmann::json& j);
 
 // A complete Hugging Face config.json object (architectures ["LlamaForCausalLM"],
 // model_type "llama", hidden_act "silu", torch_dtype "float32", attention_bias false, ...; for
