@@ -48,8 +48,9 @@ class JobRepository {
   // and the transaction's status.
   using BatchListener = std::function<void(const std::vector<JobRecord>&, const absl::Status&)>;
   // A submission's acknowledgement: the record as stored, and OK once its batch committed, else
-  // the store's error.
-  using Done = std::function<void(const JobRecord&, const absl::Status&)>;
+  // the store's error. The record is the repository's and is not read after `done` returns, so
+  // `done` may move from it (the reply takes its spec instead of copying it).
+  using Done = std::function<void(JobRecord&, const absl::Status&)>;
 
   struct Stats {
     int64_t batches = 0;        // transactions written (failed ones included)

@@ -636,6 +636,8 @@ class Scheduler {
 
 // The API view of a stored job.
 loom::v1::Job JobRecordToProto(const JobRecord& record);
+// The same, moving the spec out of `record` instead of copying it.
+loom::v1::Job JobRecordToProto(JobRecord&& record);
 
 }  // namespace loom
 

@@ -116,4 +116,11 @@ loom::v1::Job JobRecordToProto(const JobRecord& r) {
   return job;
 }
 
+loom::v1::Job JobRecordToProto(JobRecord&& r) {
+  loom::v1::JobSpec spec = std::move(r.spec);  // r.spec is left empty: copying it costs nothing
+  loom::v1::Job job = JobRecordToProto(static_cast<const JobRecord&>(r));
+  *job.mutable_spec() = std::move(spec);
+  return job;
+}
+
 }  // namespace loom

@@ -129,9 +129,10 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
       // Queued under mu_, so batches keep submission (sequence) order. The job is acknowledged
       // only once its batch's transaction committed and AdoptSubmissions took it into jobs_.
       repository_->Submit(std::move(job),
-                          [done](const JobRecord& stored_job, const absl::Status& stored) {
+                          [done](JobRecord& stored_job, const absl::Status& stored) {
                             if (!stored.ok()) return done(stored, false);
-                            done(JobRecordToProto(stored_job), false);
+                            // Adopted (a copy in jobs_) before this runs: the reply takes it.
+                            done(JobRecordToProto(std::move(stored_job)), false);
                           });
     }
   }

@@ -1,5 +1,6 @@
 // The scheduler core through its API: submission, listing, explain, gang placement, worker
 // registration, id limits, metrics and options (scheduler_test_fixture.h).
+#include "google/protobuf/util/message_differencer.h"
 #include "scheduler/scheduler_test_fixture.h"
 
 namespace loom {
@@ -20,6 +21,26 @@ TEST_F(SchedulerTest, SubmitPersistsAPendingJob) {
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "PENDING"), 1);
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "RUNNING"), 0);
   EXPECT_EQ(MetricValue(*registry_, "loom_job_phase_transitions_total", "to", "PENDING"), 1);
+}
+
+// The reply takes the stored record's spec by move (JobRecordToProto(JobRecord&&)) after the
+// scheduler adopted its own copy: both hold the whole spec as submitted.
+TEST_F(SchedulerTest, SubmissionReplyAndTheAdoptedJobBothHoldTheWholeSpec) {
+  const loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  ASSERT_GT(spec.deepspeed_config().fields_size(), 0);
+  absl::StatusOr<Job> reply = scheduler_->SubmitJob(spec);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(reply->spec(), spec));
+  absl::StatusOr<Job> got = scheduler_->GetJob(reply->id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got->spec(), spec));
+  JobRecord record;
+  record.id = "job-x";
+  record.spec = spec;
+  record.rank_nodes = {"n0", "n1"};
+  const loom::v1::Job copied = JobRecordToProto(record);
+  const loom::v1::Job moved = JobRecordToProto(std::move(record));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(moved, copied));
 }
 
 TEST_F(SchedulerTest, InvalidSpecIsRejectedAndNotStored) {
