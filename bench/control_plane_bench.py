@@ -259,7 +259,8 @@ def main():
                     help="the daemon's production default")
     ap.add_argument("--min_cycles", type=int, default=200)
     ap.add_argument("--client_threads", type=int, default=8)
-    ap.add_argument("--loom_submissions", type=int, default=8000)
+    ap.add_argument("--loom_submissions", type=int, default=24000,
+                    help="about as many seconds of submissions as --slurm_submissions to Slurm")
     ap.add_argument("--slurm_submissions", type=int, default=2000)
     ap.add_argument("--slurm_runs", type=int, default=3,
                     help="Loom/Slurm submission runs; the median ratio is reported")

@@ -115,6 +115,10 @@ bool Register(loom::v1::WorkerService::Stub& stub, const SimNode& node) {
   loom::v1::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  // As a worker daemon keeps trying to register: a channel whose first connect failed (seen
+  // once at 4,000 nodes: one of the 64 channels, "failed to connect to all addresses") retries
+  // within the deadline instead of failing every node on it.
+  ctx.set_wait_for_ready(true);
   const grpc::Status s = stub.RegisterWorker(&ctx, req, &resp);
   if (!s.ok()) std::fprintf(stderr, "RegisterWorker %s: %s\n", node.id.c_str(), s.error_message().c_str());
   return s.ok();
