@@ -472,6 +472,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
   std::map<std::string, JobRecord> deferred;
   deferred_writes_ = &deferred;
   absl::Status placed = absl::OkStatus();
+  phases.checks += lap();  // the resume answers and the gate's choice, under the lock
   if (pass == AdmissionPassStats::Kind::kSkipped) {
     admission_gate_.NoteSkipped(static_cast<int>(waiting_jobs_.size()));
   } else {

@@ -316,7 +316,8 @@ class Scheduler {
 
   // Where the last RunSchedulingCycle's time went (wall time, absl::Now(); the daemon's
   // --cycle_trace_file writes it, bench/control_plane_bench.py reports percentiles). Under mu_:
-  // `checks` (node liveness, hangs, stops, ready timeouts, resume requests), `snapshot`
+  // `checks` (node liveness, hangs, stops, ready timeouts, resume requests and answers, the
+  // admission gate's choice), `snapshot`
   // (BuildSnapshot), `decide` (the pure admission cycle), `apply` (its decisions, gauges);
   // off the lock: `resume_wait` (the lookups just requested) and `store` (the cycle's one
   // transaction). Zero for a part that did not run (a skipped pass has no snapshot). Takes mu_.
