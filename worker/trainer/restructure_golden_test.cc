@@ -13,6 +13,14 @@
 // the in-memory optimizer of fp32 CPU partitions moved to CpuAdam's fused kernel (optimizer.h),
 // which changes the last bits of every step's update (losses from step 4 on differ by ~1e-7).
 //
+// The GEMMs are OpenBLAS's (Debian's libtorch links it), whose kernel is chosen by CPU model at
+// load time, and different kernels round differently. The files were written with its SkylakeX
+// kernels, so the test pins them (OPENBLAS_CORETYPE, inherited by the trainers) wherever the CPU
+// can run them (AVX-512 F/CD/BW/DQ/VL): OpenBLAS 0.3.21 does not know newer Xeons (e.g. CPU model
+// 207, Emerald Rapids) and falls back to its SSE3 "Prescott" kernels, which failed this test
+// there in every stage (it passed with SKYLAKEX forced, failed with HASWELL). On a CPU without
+// AVX-512 the detected kernel runs and the comparison can fail for that reason alone.
+//
 // Generate mode (scripts/make_golden_ckpt.sh): with
 // LOOM_GOLDEN_OUT=<absolute dir> the test writes golden.json and stage3_step3/ there instead of
 // comparing.
@@ -141,7 +149,19 @@ void ExpectSameHashes(const json& want, const json& got, const std::string& what
   EXPECT_GT(compared, 0) << what;
 }
 
+// The kernels the golden files were written with (see the top of the file), for the trainers
+// this test starts; an explicit OPENBLAS_CORETYPE is left as it is.
+void PinGoldenBlasKernels() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl")) {
+    setenv("OPENBLAS_CORETYPE", "SKYLAKEX", /*overwrite=*/0);
+  }
+}
+
 TEST(RestructureGoldenTest, CheckpointsBitIdenticalToPreRestructuringBinaryAndGoldenResumes) {
+  PinGoldenBlasKernels();
   const char* out = std::getenv("LOOM_GOLDEN_OUT");
   const bool generate = out != nullptr && *out != '\0';
   json golden;
