@@ -325,6 +325,13 @@ TEST(JobSpecValidationTest, UnknownProtoFieldsAreNamed) {
   JobSpec top = ValidTestJobSpec();
   top.GetReflection()->MutableUnknownFields(&top)->AddVarint(42, 7);
   ExpectInvalid(top, "spec", "unknown field number 42");
+
+  // A Struct config's own unknown fields are named too (the walk stops at the Struct, not
+  // before it).
+  JobSpec ds = ValidTestJobSpec();
+  google::protobuf::Struct* cfg = ds.mutable_deepspeed_config();
+  cfg->GetReflection()->MutableUnknownFields(cfg)->AddVarint(9, 1);
+  ExpectInvalid(ds, "deepspeed_config", "unknown field number 9");
 }
 
 TEST(JobSpecValidationTest, UnknownFieldsSurviveTheWire) {
