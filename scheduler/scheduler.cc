@@ -410,13 +410,7 @@ absl::StatusOr<const JobRecord*> Scheduler::FindUnendedJob(const std::string& jo
 absl::Status Scheduler::RunSchedulingCycle() {
   const absl::Time started = absl::Now();  // real time: this measures our own compute
   CyclePhases phases;
-  absl::Time mark = started;
-  auto lap = [&mark] {  // the time since the last lap
-    const absl::Time t = absl::Now();
-    const absl::Duration d = t - mark;
-    mark = t;
-    return d;
-  };
+  PhaseClock timer;
   std::vector<std::pair<std::string, int32_t>> requested;  // (job id, attempt): new lookups
   {
     absl::MutexLock lock(&mu_);
@@ -441,7 +435,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
       }
     }
     checkpoint_worker_->RetainResume(wanted);  // forgets jobs placed or ended meanwhile
-    phases.checks = lap();
+    phases.checks = timer.Lap();
   }
   // A lookup asked for just now usually answers at once (a local catalog, a healthy service):
   // give it resume_lookup_wait, off the lock, so that the job is placed in this cycle. A slow
@@ -449,9 +443,9 @@ absl::Status Scheduler::RunSchedulingCycle() {
   if (!requested.empty()) {
     checkpoint_worker_->AwaitResume(requested, options_.resume_lookup_wait);
   }
-  phases.resume_wait = lap();
+  phases.resume_wait = timer.Lap();
   absl::ReleasableMutexLock lock(&mu_);
-  mark = absl::Now();  // waiting for the lock is no phase's own time
+  timer.Restart();  // waiting for the lock is no phase's own time
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
   for (const auto& [job_id, job] : active_jobs_) {
     if (job->attempt == 0 ||
@@ -472,14 +466,14 @@ absl::Status Scheduler::RunSchedulingCycle() {
   std::map<std::string, JobRecord> deferred;
   deferred_writes_ = &deferred;
   absl::Status placed = absl::OkStatus();
-  phases.checks += lap();  // the resume answers and the gate's choice, under the lock
+  phases.checks += timer.Lap();  // the resume answers and the gate's choice, under the lock
   if (pass == AdmissionPassStats::Kind::kSkipped) {
     admission_gate_.NoteSkipped(static_cast<int>(waiting_jobs_.size()));
   } else {
     placed = PlacePendingJobs(
         pass == AdmissionPassStats::Kind::kFull ? 0 : options_.admission_queue_depth, &phases);
   }
-  mark = absl::Now();
+  timer.Restart();  // PlacePendingJobs timed its own phases
   deferred_writes_ = nullptr;
   prefetched_resume_.clear();
   // Progress-only changes at least progress_store_interval old ride along in the same
@@ -489,11 +483,11 @@ absl::Status Scheduler::RunSchedulingCycle() {
     if (since <= progress_due) deferred.try_emplace(id);
   }
   if (placed.ok()) UpdateGauges();
-  phases.apply += lap();
+  phases.apply += timer.Lap();
   // One transaction (one fsync) for the cycle, written after mu_ is released: the placed jobs'
   // assignments wait for it (StoreOffLock), nothing else does.
   absl::Status stored = StoreOffLock(deferred, &lock);
-  phases.store = lap();
+  phases.store = timer.Lap();
   {
     absl::MutexLock relock(&mu_);
     last_cycle_phases_ = phases;

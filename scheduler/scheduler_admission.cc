@@ -76,13 +76,7 @@ ClusterSnapshot Scheduler::BuildSnapshot(std::vector<JobRecord*>* waiting_record
 }
 
 absl::Status Scheduler::PlacePendingJobs(int max_jobs, CyclePhases* phases) {
-  absl::Time mark = absl::Now();
-  auto lap = [&mark] {  // the time since the last lap
-    const absl::Time t = absl::Now();
-    const absl::Duration d = t - mark;
-    mark = t;
-    return d;
-  };
+  PhaseClock timer;
   AdmissionOptions options;
   options.queues = &options_.queues;
   options.enable_preemption = options_.enable_preemption;
@@ -91,9 +85,9 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs, CyclePhases* phases) {
   const absl::Time now = clock_->Now();
   std::vector<JobRecord*> waiting_records;  // parallel to snapshot.waiting
   const ClusterSnapshot snapshot = BuildSnapshot(&waiting_records);
-  phases->snapshot = lap();
+  phases->snapshot = timer.Lap();
   AdmissionResult result = RunAdmissionCycle(snapshot, options);
-  phases->decide = lap();
+  phases->decide = timer.Lap();
   // Before the decisions are applied: their own changes (placements, preemptions) make the next
   // cycle look once more.
   NoteAdmissionPass(max_jobs == 0 ? AdmissionPassStats::Kind::kFull
@@ -107,7 +101,7 @@ absl::Status Scheduler::PlacePendingJobs(int max_jobs, CyclePhases* phases) {
     if (metrics_ != nullptr) {
       for (const auto& [outcome, count] : outcomes) metrics_->AdmissionAttempts(outcome, count);
     }
-    phases->apply = lap();
+    phases->apply = timer.Lap();
   };
   for (AdmissionDecision& d : result.decisions) {
     switch (d.kind) {

@@ -36,6 +36,23 @@ absl::Status CheckIdLength(absl::string_view field, const std::string& id);
 // The address ranks use to reach the node: inventory address, else hostname, else its id.
 std::string NodeAddress(const NodeRecord& node);
 
+// Wall time in consecutive phases (Scheduler::CyclePhases): Lap() is the time since the last
+// Lap() (or construction, or Restart()). Not thread-safe (one cycle's own).
+class PhaseClock {
+ public:
+  PhaseClock() : mark_(absl::Now()) {}
+  absl::Duration Lap() {
+    const absl::Time t = absl::Now();
+    const absl::Duration d = t - mark_;
+    mark_ = t;
+    return d;
+  }
+  void Restart() { mark_ = absl::Now(); }  // the time until now belongs to no phase
+
+ private:
+  absl::Time mark_;
+};
+
 }  // namespace loom
 
 #endif  // LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_
