@@ -191,11 +191,10 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   ASSIGN_OR_RETURN(groups_, ProcessGroups::Create(coll_, o_.ds.sequence_parallel_size,
                                                   SequenceLoss::kShareOfSample));
   ZeroOptions zopts = ZeroOptionsFor(o_.ds, *groups_);
-  // One rank, fp32, stages 1/2: the replicas may be views of the masters when only FinishStep
-  // on this thread writes them, i.e. not with ZenFlow's overlapped CPU step nor SuperOffload's
-  // speculative one (zero_provider.h).
-  zopts.replica_views_master =
-      !o_.ds.zero.zenflow.enabled && !o_.ds.zero.offload_optimizer.super_offload;
+  // One rank, fp32: the parameters forward and backward read may be views of the masters
+  // unless ZenFlow's overlapped CPU step writes masters while forward runs (zero_provider.h
+  // says why SuperOffload's speculative step may).
+  zopts.params_view_masters = !o_.ds.zero.zenflow.enabled;
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroProvider::Create(spec::LlamaParamSpecs(o_.model), &coll_,
                                                 {o_.seed, o_.model.initializer_range, init.get()},

@@ -17,6 +17,11 @@ std::map<size_t, ZeroProvider::Live>::iterator ZeroProvider::StartGather(size_t 
   const ZeroParam& p = params_[i];
   const int64_t n_ranks = collectives_->world_size();
   Live l;
+  if (gather_views_shard_) {  // one rank, fp32: the shard is the whole parameter (p = n)
+    l.full = p.shard.narrow(0, 0, p.numel).view(p.spec.shape);
+    l.view = true;
+    return live_.emplace(i, std::move(l)).first;
+  }
   l.kind = p.persistent ? MemoryKind::kParams : MemoryKind::kBuffers;
   if (p.persistent) {  // kept for the whole step: counted as a parameter, not pooled
     l.buffer = at::empty({n_ranks * p.slice.partition_numel}, p.shard.options());
@@ -40,9 +45,13 @@ std::map<size_t, ZeroProvider::Live>::iterator ZeroProvider::StartGather(size_t 
 
 void ZeroProvider::Free(std::map<size_t, Live>::iterator it) {
   Live& l = it->second;
+  if (l.prefetched_unused) prefetch_elems_ -= params_[it->first].numel;
+  if (l.view) {  // nothing was allocated, counted or sent
+    live_.erase(it);
+    return;
+  }
   absl::Status s = absl::OkStatus();
   if (l.pending) s = l.pending->Wait();
-  if (l.prefetched_unused) prefetch_elems_ -= params_[it->first].numel;
   const bool pooled = !params_[it->first].persistent;
   if (pooled) {
     live_elems_ -= params_[it->first].numel;

@@ -45,8 +45,10 @@ absl::StatusOr<std::unique_ptr<ZeroProvider>> ZeroProvider::Create(
   const int stage = options.stage;
   const at::ScalarType dt = options.param_dtype;
   const bool fp32 = dt == at::kFloat;
-  m->replica_views_master_ =
-      options.replica_views_master && fp32 && n_ranks == 1 && (stage == 1 || stage == 2);
+  const bool view = options.params_view_masters && fp32 && n_ranks == 1;
+  m->replica_views_master_ = view && (stage == 1 || stage == 2);
+  m->gather_views_shard_ = view && stage == 3 && !(options.partition_source != nullptr &&
+                                                    options.partition_source->serves_partitions());
   try {
     at::NoGradGuard no_grad;
     m->anchor_ = at::empty({0}, at::kFloat).set_requires_grad(true);
@@ -217,7 +219,7 @@ void ZeroProvider::RefreshParams() {
     // One rank: the partition is the whole parameter, so copy it into the replica (no
     // collective and no staging buffers; perf showed the old bucketed gather's fresh buffers
     // as page faults at ~1/3 of a 1-rank offload step), or nothing when the replica is a view
-    // of the master (ZeroOptions::replica_views_master).
+    // of the master (ZeroOptions::params_view_masters).
     if (replica_views_master_) return;
     for (ZeroParam& p : params_) p.replica.view({-1}).copy_(p.master.narrow(0, 0, p.numel));
     return;

@@ -119,15 +119,27 @@ struct ZeroOptions {
   PartitionSource* partition_source = nullptr;
   // "Partition gradient ready" events. Not owned; may also be set by set_grad_ready_listener.
   GradReadyListener* grad_ready_listener = nullptr;
-  // Stages 1/2 on one rank with fp32 params: each replica is a view of its fp32 master (p = n
-  // there), so RefreshParams copies nothing and a write of a master is at once a write of the
-  // parameter that forward and backward read. Set it only when masters are written while no
-  // forward or backward runs: the in-memory and the synchronous offload optimizer (they step in
-  // FinishStep on the training thread) and LoadPartition. Leave it false with ZenFlow (its
-  // overlapped CPU step publishes into masters while the next forward runs) and SuperOffload
-  // (its speculative step writes them during backward and may roll back). Ignored otherwise
-  // (other stages, bf16/fp16 params and more than one rank keep a separate replica).
-  bool replica_views_master = false;
+  // One rank with fp32 params (stages 1-3; p = n there): the parameter that forward and backward
+  // read is a view of its fp32 master, so a write of a master is at once a write of that
+  // parameter. Stages 1/2: the replica is the master's view and RefreshParams copies nothing.
+  // Stage 3: Acquire returns a view of the shard (the master itself) and gathers nothing: no
+  // buffer, no copy, and a persistent parameter holds no second copy (a 1-rank "all-gather" was a
+  // copy of every parameter in forward and again in backward: 11% of a small offload step,
+  // docs/benchmarks.md). Set it only when no master is written while forward or backward may
+  // still read its parameter:
+  //   - the in-memory and the synchronous offload optimizer: they step in FinishStep, on the
+  //     training thread; LoadPartition likewise;
+  //   - SuperOffload: its speculative step writes a sub-group's masters only once that
+  //     sub-group's gradients are complete (the grad-ready event, raised after the parameter's
+  //     last expected contribution), and every op reads its parameter before it hands over the
+  //     gradient (autograd_ops.h: dx before dW), so nothing reads that parameter again before the
+  //     next step's forward, which starts after FinishStep waited for every speculative step
+  //     (and after a rollback restored the masters).
+  // Leave it false with ZenFlow: its overlapped CPU step publishes into the masters while the
+  // next forward runs. Ignored otherwise (bf16/fp16 params, more than one rank, stage 0 whose
+  // fp32 replica is always the master, and stage 3 with offload_param nvme, which reads the
+  // partition from its file).
+  bool params_view_masters = false;
 };
 
 struct ZeroParam {
@@ -142,7 +154,7 @@ struct ZeroParam {
                             // accumulator); undefined until the first reduction of a step
   at::Tensor local_grad;    // stage 1: fp32 [N*p] local accumulator over micro-steps
   at::Tensor replica;       // stages 0-2: full parameter [shape], param dtype (a view of
-                            // master: stage 0 fp32, and ZeroOptions::replica_views_master)
+                            // master: stage 0 fp32, and ZeroOptions::params_view_masters)
   at::Tensor shard;         // stage 3: [p] param dtype (the master itself when fp32)
   bool shard_offloaded = false;  // stage 3 offload_param nvme: master/shard are stride-0
                                  // placeholders; all-gathers read PartitionSource::Fetch
@@ -189,7 +201,7 @@ class ZeroProvider : public ParamAccess {
   void BeginMicroStep(bool last);
   void FinishMicroStep();
   // After the optimizer updated the fp32 masters: refreshes the compute copies (stage 0 cast,
-  // stage 1/2 on one rank a copy, or nothing with ZeroOptions::replica_views_master; stage 1/2
+  // stage 1/2 on one rank a copy, or nothing with ZeroOptions::params_view_masters; stage 1/2
   // all-gather of each partition straight into its replica, zero_refresh.cc: with
   // fp32 params started and left in flight, each waited by its parameter's next Acquire and
   // all by FinishMicroStep / LoadPartition / the next RefreshParams, so the masters must not be
@@ -240,6 +252,7 @@ class ZeroProvider : public ParamAccess {
     std::unique_ptr<PendingCollective> pending;
     int uses = 0;
     bool prefetched_unused = false;
+    bool view = false;  // full is a view of the shard (gather_views_shard_): nothing to free
     MemoryKind kind = MemoryKind::kBuffers;
   };
   struct Reduction {
@@ -328,7 +341,8 @@ class ZeroProvider : public ParamAccess {
   // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
   std::vector<std::unique_ptr<PendingCollective>> replica_pending_;
   int64_t replicas_pending_ = 0;
-  bool replica_views_master_ = false;  // the options' replica_views_master took effect
+  bool replica_views_master_ = false;  // params_view_masters took effect at stage 1/2
+  bool gather_views_shard_ = false;    // params_view_masters took effect at stage 3
 
   // Stage-3 fetching.
   std::map<size_t, Live> live_;

@@ -88,7 +88,7 @@ TEST(ZeroRefreshTest, EveryRanksPartitionReachesEveryReplica) {
   }
 }
 
-// One rank (local collectives), stages 1/2: with replica_views_master an fp32 replica is a view
+// One rank (local collectives), stages 1/2: with params_view_masters an fp32 replica is a view
 // of its master (a master write reaches forward at once, RefreshParams copies nothing); without
 // it, or with bf16 params, the replica is a copy that only RefreshParams updates (what ZenFlow
 // and SuperOffload need: their masters are written while forward/backward run).
@@ -97,12 +97,12 @@ TEST(ZeroRefreshOneRankTest, Fp32ReplicaViewsTheMasterOnlyWhenAsked) {
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
       for (bool view : {false, true}) {
         const std::string what = absl::StrCat("stage ", stage, " ", c10::toString(dtype),
-                                              " replica_views_master ", view);
+                                              " params_view_masters ", view);
         std::unique_ptr<Collectives> coll = CreateLocalCollectives();
         ZeroOptions o;
         o.stage = stage;
         o.param_dtype = dtype;
-        o.replica_views_master = view;
+        o.params_view_masters = view;
         std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(kSpecs, coll.get(), {3, 0.02}, o);
         const bool aliased = view && dtype == at::kFloat;
         auto write = [&](bool garbage) {
@@ -137,6 +137,71 @@ TEST(ZeroRefreshOneRankTest, Fp32ReplicaViewsTheMasterOnlyWhenAsked) {
         EXPECT_EQ(z->memory().current(MemoryKind::kOptimizerStates),
                   2 * master_bytes + (aliased ? 0 : master_bytes))
             << what;
+      }
+    }
+  }
+}
+
+// One rank, stage 3: with params_view_masters an fp32 Acquire returns a view of the shard (the
+// master) and gathers nothing: a master write is seen at once, no gather buffer is counted, and
+// persistent parameters hold no second copy; without it, or with bf16 params, Acquire returns a
+// gathered copy that keeps the values it was gathered with. Both inside a traced micro-step
+// (record, then replay with prefetches) and outside one.
+TEST(ZeroRefreshOneRankTest, Stage3Fp32AcquireViewsTheShardOnlyWhenAsked) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (bool view : {false, true}) {
+      for (int64_t persistence : {int64_t{0}, int64_t{100}}) {
+        const std::string what = absl::StrCat(c10::toString(dtype), " params_view_masters ", view,
+                                              " persistence ", persistence);
+        std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+        ZeroOptions o;
+        o.stage = 3;
+        o.param_dtype = dtype;
+        o.params_view_masters = view;
+        o.param_persistence_threshold = persistence;
+        std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(kSpecs, coll.get(), {3, 0.02}, o);
+        const bool aliased = view && dtype == at::kFloat;
+        const int64_t params_at_rest = z->memory().current(MemoryKind::kParams);
+        auto write = [&](float garbage) {
+          at::NoGradGuard no_grad;
+          for (size_t i = 0; i < z->params().size(); ++i) {
+            ZeroParam& p = z->params()[i];
+            for (int64_t j = 0; j < p.numel; ++j) {
+              p.master[j] = garbage != 0 ? garbage : Updated(i, j);
+            }
+          }
+        };
+        write(0);
+        z->RefreshParams();  // bf16: casts the masters into the shards
+        for (int micro = 0; micro < 3; ++micro) {  // untraced, record, replay
+          const bool traced = micro > 0;
+          if (traced) z->BeginMicroStep(/*last=*/true);
+          for (size_t q = 0; q < z->params().size(); ++q) {
+            const ZeroParam& p = z->params()[q];
+            const at::Tensor full = z->Acquire(q);
+            EXPECT_EQ(full.is_alias_of(p.master), aliased) << what << " micro " << micro;
+            EXPECT_EQ(full.sizes(), at::IntArrayRef(p.spec.shape)) << what;
+            if (aliased) {
+              EXPECT_EQ(z->memory().current(MemoryKind::kBuffers), 0) << what << " param " << q;
+              EXPECT_EQ(z->memory().current(MemoryKind::kParams), params_at_rest) << what;
+            } else if (!p.persistent) {
+              EXPECT_GE(z->memory().current(MemoryKind::kBuffers), full.nbytes()) << what;
+            }
+            const at::Tensor before = full.to(at::kFloat).reshape({-1}).clone();
+            write(-1000.0f);  // a view shows it, a gathered copy keeps what it gathered
+            const at::Tensor after = full.to(at::kFloat).reshape({-1});
+            for (int64_t j = 0; j < full.numel(); ++j) {
+              EXPECT_EQ(before[j].item<float>(), Updated(q, j)) << what << " param " << q;
+              EXPECT_EQ(after[j].item<float>(), aliased ? -1000.0f : Updated(q, j))
+                  << what << " param " << q << " elem " << j;
+            }
+            write(0);
+            z->Release(q);
+          }
+          if (traced) z->FinishMicroStep();
+          z->RefreshParams();  // drops the persistent gathers (stale after a step)
+        }
+        EXPECT_EQ(z->memory().current(MemoryKind::kParams), params_at_rest) << what;
       }
     }
   }
