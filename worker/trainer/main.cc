@@ -38,6 +38,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -51,6 +53,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
+#include "worker/trainer/blas_kernels.h"
 #include "worker/trainer/exit_codes.h"
 #include "worker/trainer/trainer_events.h"
 
@@ -244,9 +247,32 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenBLAS chose its kernels when it was loaded; if it fell back to Prescott's on a CPU with
+  // AVX2/AVX-512, start again with the right ones (blas_kernels.h). Once: the variable is set.
+  constexpr char kFallback[] = "LOOM_OPENBLAS_DETECTED_CORE";
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    const std::string detected = loom::trainer::LoadedBlasCoreName();
+    if (std::optional<std::string> core = loom::trainer::BlasCoreTypeFor(
+            detected, loom::trainer::DetectCpuFeatures())) {
+      ::setenv("OPENBLAS_CORETYPE", core->c_str(), /*overwrite=*/1);
+      ::setenv(kFallback, detected.c_str(), /*overwrite=*/1);
+      ::execv("/proc/self/exe", argv);
+      ::unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on with the detected kernels
+      ::unsetenv(kFallback);
+    }
+  }
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (const char* detected = std::getenv(kFallback); detected != nullptr) {
+    LOG(INFO) << "BLAS: OpenBLAS core " << loom::trainer::LoadedBlasCoreName()
+              << " (OPENBLAS_CORETYPE=" << std::getenv("OPENBLAS_CORETYPE")
+              << " set by loom-trainer: OpenBLAS did not recognise this CPU and chose "
+              << detected << ")";
+    ::unsetenv(kFallback);
+  } else if (const std::string core = loom::trainer::LoadedBlasCoreName(); !core.empty()) {
+    LOG(INFO) << "BLAS: OpenBLAS core " << core;
+  }
   // See the malloc_* flags above. Set before any large allocation of the engine.
   const bool env_allocator = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
                              std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
