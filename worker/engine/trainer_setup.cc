@@ -191,10 +191,10 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   ASSIGN_OR_RETURN(groups_, ProcessGroups::Create(coll_, o_.ds.sequence_parallel_size,
                                                   SequenceLoss::kShareOfSample));
   ZeroOptions zopts = ZeroOptionsFor(o_.ds, *groups_);
-  // One rank, fp32: the parameters forward and backward read may be views of the masters
-  // unless ZenFlow's overlapped CPU step writes masters while forward runs (zero_provider.h
-  // says why SuperOffload's speculative step may).
-  zopts.params_view_masters = !o_.ds.zero.zenflow.enabled;
+  // One rank, fp32: the parameters forward and backward read are views of the masters. Every
+  // optimizer pipeline writes a master only where no forward or backward reads its parameter
+  // (zero_provider.h says why for SuperOffload's speculative step and ZenFlow's CPU step).
+  zopts.params_view_masters = true;
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroProvider::Create(spec::LlamaParamSpecs(o_.model), &coll_,
                                                 {o_.seed, o_.model.initializer_range, init.get()},

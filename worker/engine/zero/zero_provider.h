@@ -134,11 +134,13 @@ struct ZeroOptions {
   //     last expected contribution), and every op reads its parameter before it hands over the
   //     gradient (autograd_ops.h: dx before dW), so nothing reads that parameter again before the
   //     next step's forward, which starts after FinishStep waited for every speculative step
-  //     (and after a rollback restored the masters).
-  // Leave it false with ZenFlow: its overlapped CPU step publishes into the masters while the
-  // next forward runs. Ignored otherwise (bf16/fp16 params, more than one rank, stage 0 whose
-  // fp32 replica is always the master, and stage 3 with offload_param nvme, which reads the
-  // partition from its file).
+  //     (and after a rollback restored the masters);
+  //   - ZenFlow: its overlapped CPU step writes its own fp32 copy of each partition and the
+  //     moments, never a master; the masters are written by the selective update and by
+  //     Publish, both in FinishStep on the training thread (zenflow_pipeline.h).
+  // Ignored otherwise (bf16/fp16 params, more than one rank, stage 0 whose fp32 replica is
+  // always the master, and stage 3 with offload_param nvme, which reads the partition from its
+  // file).
   bool params_view_masters = false;
 };
 

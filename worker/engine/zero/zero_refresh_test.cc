@@ -90,8 +90,7 @@ TEST(ZeroRefreshTest, EveryRanksPartitionReachesEveryReplica) {
 
 // One rank (local collectives), stages 1/2: with params_view_masters an fp32 replica is a view
 // of its master (a master write reaches forward at once, RefreshParams copies nothing); without
-// it, or with bf16 params, the replica is a copy that only RefreshParams updates (what ZenFlow
-// and SuperOffload need: their masters are written while forward/backward run).
+// it, or with bf16 params, the replica is a copy that only RefreshParams updates.
 TEST(ZeroRefreshOneRankTest, Fp32ReplicaViewsTheMasterOnlyWhenAsked) {
   for (int stage : {1, 2}) {
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
