@@ -256,7 +256,13 @@ int main(int argc, char** argv) {
             detected, loom::trainer::DetectCpuFeatures())) {
       ::setenv("OPENBLAS_CORETYPE", core->c_str(), /*overwrite=*/1);
       ::setenv(kFallback, detected.c_str(), /*overwrite=*/1);
-      ::execv("/proc/self/exe", argv);
+      // The binary's own path, not /proc/self/exe: the process keeps its name (ps, pgrep).
+      char self[4096];
+      const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+      if (len > 0) {
+        self[len] = '\0';
+        ::execv(self, argv);
+      }
       ::unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on with the detected kernels
       ::unsetenv(kFallback);
     }
