@@ -8,11 +8,14 @@ once with it off (0), because speculation pays only when its steps stand:
                 after backward; the training thread waits for it).
   superoffload: the same plus offload_optimizer.super_offload (ratio 1: every sub-group on the
                 CPU, stepped speculatively on the speculation thread while backward runs;
-                cpuadam_cores_perc 1; sub-group size modelled by the trainer unless given).
+                cpuadam_cores_perc 1; sub-group size modelled by the trainer unless given;
+                offload_optimizer.speculation from --speculation: "adaptive", the default,
+                does not speculate a step after a clipped one, "always" speculates every step).
 
 Per run: median step time and optimizer_s over the steps after --skip; for SuperOffload the mean
 optimizer_overlap_fraction (the share of the optimizer's work done before FinishStep) and the
-rollback rate (rolled-back / speculative sub-group steps, from the last step's counters).
+rollback rate (rolled-back / speculative sub-group steps, from the last step's counters), and
+the CPU sub-group steps not speculated (adaptive speculation after a clipped step).
 Last line:
   superoffload_vs_offload speedup=<x> overlap_fraction=<y> rollback_rate=<z>
 where x, y are from the clipping-off runs (the issue's regime: >= 30% of the step in the
@@ -35,7 +38,8 @@ def spec(path, a, super_offload, clip):
     zero["overlap_comm"] = True
     if super_offload:
         zero["offload_optimizer"].update({"super_offload": True, "ratio": 1.0,
-                                          "cpuadam_cores_perc": 1.0})
+                                          "cpuadam_cores_perc": 1.0,
+                                          "speculation": a.speculation})
     if a.sub_group_size > 0:
         zero["sub_group_size"] = a.sub_group_size
     return ob.write_spec(path, a, "superoffload-bench", zero, clip,
@@ -51,10 +55,12 @@ def run(a, name, super_offload, clip):
     last = all_steps[-1]
     spec_n = last.get("speculated_sub_groups", 0)
     rolled = last.get("rollbacks_clip", 0) + last.get("rollbacks_overflow", 0)
+    paused = last.get("speculation_paused", 0)
     load = ob.load_average()
     print("  %-18s %6.1f s wall: step %.4f s, optimizer %.4f s (%.0f%%), overlap %.3f, "
-          "rolled back %d/%d, load %.1f" % (name, wall, step_t, opt, 100 * opt / step_t,
-                                            overlap, rolled, spec_n, load), flush=True)
+          "rolled back %d/%d, not speculated %d, load %.1f"
+          % (name, wall, step_t, opt, 100 * opt / step_t, overlap, rolled, spec_n, paused, load),
+          flush=True)
     return {"step": step_t, "opt": opt, "overlap": overlap, "spec": spec_n, "rolled": rolled,
             "load": load}
 
@@ -64,6 +70,8 @@ def main():
     ob.add_shape_flags(p, threads=1, stage=3, steps=16, skip=3, repeats=3)
     p.add_argument("--clip", type=float, default=1.0, help="gradient_clipping of the 'on' runs")
     p.add_argument("--clip_modes", default="off,on", help="which of off,on to run")
+    p.add_argument("--speculation", default="adaptive", choices=["adaptive", "always"],
+                   help="offload_optimizer.speculation of the SuperOffload runs")
     p.add_argument("--sub_group_size", type=int, default=0, help="0 = the trainer's model")
     a = p.parse_args()
     ob.apply_example(a)

@@ -75,6 +75,10 @@ struct OffloadConfig {
   // of sub-groups whose step runs on the CPU (the last ones), the rest in-memory Adam.
   bool super_offload = false;
   double cpuadam_cores_perc = 0.8;  // share (0, 1] of training.threads_per_rank for CPU Adam
+  // Loom's key (not DeepSpeed's), SuperOffload only: "adaptive" (default) speculates a step only
+  // when the previous step's gradient norm did not trigger gradient_clipping; "always"
+  // speculates every step (each clipped step is then rolled back and replayed).
+  bool speculate_always = false;
 };
 
 // zero_optimization.zenflow (TECHNIQUES.md §2.6; DeepSpeed runtime/zenflow/zenflow_config.py),

@@ -53,7 +53,8 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
   RETURN_IF_ERROR(CheckKeys(*off, path,
                             {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
                              "pin_memory", "pipeline_read", "pipeline_write", "fast_init",
-                             "ratio", "super_offload", "cpuadam_cores_perc", "pipeline"}));
+                             "ratio", "super_offload", "cpuadam_cores_perc", "speculation",
+                             "pipeline"}));
   RETURN_IF_ERROR(ReadString(*off, "device", path, &o->device));
   RETURN_IF_ERROR(ReadString(*off, "nvme_path", path, &o->nvme_path));
   RETURN_IF_ERROR(ReadInt(*off, "buffer_count", path, &o->buffer_count));

@@ -2,8 +2,9 @@
 // (TECHNIQUES.md §4.2): super_offload (bool, default false), ratio (the fraction of sub-groups
 // whose optimizer step runs on the CPU, the last ones; DeepSpeed's zero/stage3.py puts sub-group i
 // on the CPU iff i >= floor((1 - ratio) * #sub-groups)) and cpuadam_cores_perc (the share of the
-// rank's threads reserved for the speculative CPU Adam, default 0.8). Errors: INVALID_ARGUMENT
-// naming the key.
+// rank's threads reserved for the speculative CPU Adam, default 0.8); and Loom's own key
+// speculation ("adaptive", the default, or "always": super_offload_pipeline.h). Errors:
+// INVALID_ARGUMENT naming the key.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,19 @@ absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is
                                OffloadConfig* o) {
   RETURN_IF_ERROR(ReadBool(off, "super_offload", path, &o->super_offload));
   RETURN_IF_ERROR(ReadDouble(off, "cpuadam_cores_perc", path, &o->cpuadam_cores_perc));
-  if (!o->super_offload) return absl::OkStatus();
+  std::string speculation = "adaptive";
+  RETURN_IF_ERROR(ReadString(off, "speculation", path, &speculation));
+  if (speculation != "adaptive" && speculation != "always") {
+    return Invalid(Join(path, "speculation"),
+                   absl::StrCat("\"", speculation, "\" is not one of adaptive, always"));
+  }
+  o->speculate_always = speculation == "always";
+  if (!o->super_offload) {
+    if (off.contains("speculation")) {
+      return Invalid(Join(path, "speculation"), "needs super_offload: true");
+    }
+    return absl::OkStatus();
+  }
   if (is_param) {
     return Invalid(Join(path, "super_offload"), "belongs to offload_optimizer, not offload_param");
   }

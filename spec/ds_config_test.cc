@@ -389,6 +389,11 @@ TEST(ParseDeepSpeedConfigTest, SuperOffloadKeys) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->zero.offload_optimizer.ratio, 1.0);
   EXPECT_EQ(r->zero.offload_optimizer.cpuadam_cores_perc, 0.8);
+  EXPECT_FALSE(r->zero.offload_optimizer.speculate_always);  // Loom's default: adaptive
+  r = ParseDeepSpeedConfig(
+      head + R"({"device": "cpu", "super_offload": true, "speculation": "always"}}})", 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->zero.offload_optimizer.speculate_always);
   r = ParseDeepSpeedConfig(head + R"({"device": "cpu"}}})", 2);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->zero.offload_optimizer.super_offload);
@@ -405,7 +410,13 @@ TEST(ParseDeepSpeedConfigTest, SuperOffloadKeys) {
            {R"({"device": "nvme", "nvme_path": "/tmp/x", "super_offload": true}}})",
             z + "super_offload: needs device \"cpu\""},
            {R"({"device": "none", "super_offload": true}}})",
-            z + "super_offload: needs device \"cpu\""}}) {
+            z + "super_offload: needs device \"cpu\""},
+           {R"({"device": "cpu", "super_offload": true, "speculation": "never"}}})",
+            z + "speculation: \"never\" is not one of adaptive, always"},
+           {R"({"device": "cpu", "super_offload": true, "speculation": 1}}})",
+            z + "speculation: expected"},
+           {R"({"device": "cpu", "speculation": "always"}}})",
+            z + "speculation: needs super_offload: true"}}) {
     r = ParseDeepSpeedConfig(head + tail, 2);
     EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument, message))
         << tail;

@@ -148,12 +148,15 @@ TEST(SuperOffloadTrainerTest, EqualsSynchronousZeroOffloadForRatio0HalfAnd1OnOne
   }
 }
 
-// Clipping 0.5 is active on every step of this job: each speculative sub-group step is rolled
-// back and replayed with the clip coefficient, and the run equals the synchronous clipped one.
+// Clipping 0.5 is active on every step of this job: with speculation "always" each speculative
+// sub-group step is rolled back and replayed with the clip coefficient, and the run equals the
+// synchronous clipped one.
 TEST(SuperOffloadTrainerTest, ClippingRollsBackAndReplaysToTheSynchronousClippedRun) {
   const int world = 2;
   GangResult sync = RunJob("clip_sync", Spec("clip_sync", world, kSync, 0.5), world);
-  GangResult r = RunJob("clip_super", Spec("clip_super", world, Super(1.0), 0.5), world);
+  json always = Super(1.0);
+  always["speculation"] = "always";
+  GangResult r = RunJob("clip_super", Spec("clip_super", world, always, 0.5), world);
   EXPECT_EQ(Final("clip_super", world, "fp32_params"), Final("clip_sync", world, "fp32_params"));
   EXPECT_EQ(Losses(r, "step"), Losses(sync, "step"));
   const int64_t spec = LastField(r, "speculated_sub_groups");
@@ -166,6 +169,30 @@ TEST(SuperOffloadTrainerTest, ClippingRollsBackAndReplaysToTheSynchronousClipped
   EXPECT_EQ(rolled_back_steps, kSteps);
   // Clipping configured: the snapshots exist (3 floats per CPU element).
   EXPECT_GT(r.Of(0, "started")[0]["superoffload_copy_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(LastField(r, "speculation_paused"), 0);
+}
+
+// The same job with the default, adaptive speculation: step 1 is speculated (no step before it)
+// and rolled back; every later step follows a clipped one, so none is speculated (its CPU
+// sub-groups step after validation), and the run still equals the synchronous clipped one.
+TEST(SuperOffloadTrainerTest, AdaptiveSpeculationPausesWhileClippingIsActive) {
+  const int world = 2;
+  GangResult sync = RunJob("adapt_sync", Spec("adapt_sync", world, kSync, 0.5), world);
+  GangResult r = RunJob("adapt_super", Spec("adapt_super", world, Super(1.0), 0.5), world);
+  EXPECT_EQ(Final("adapt_super", world, "fp32_params"), Final("adapt_sync", world, "fp32_params"));
+  EXPECT_EQ(Losses(r, "step"), Losses(sync, "step"));
+  std::vector<json> steps = r.Of(0, "step");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  const int64_t per_step = steps[0]["speculated_sub_groups"].get<int64_t>();  // step 1: all
+  EXPECT_GT(per_step, 0);
+  EXPECT_EQ(steps[0]["optimizer_rollbacks"].get<int>(), 1);
+  EXPECT_EQ(steps[0]["speculation_paused"].get<int64_t>(), 0);
+  for (int i = 1; i < kSteps; ++i) {
+    EXPECT_EQ(steps[i]["optimizer_rollbacks"].get<int>(), 0) << "step " << i + 1;
+    EXPECT_EQ(steps[i]["speculated_sub_groups"].get<int64_t>(), per_step) << "step " << i + 1;
+    EXPECT_EQ(steps[i]["speculation_paused"].get<int64_t>(), i * per_step) << "step " << i + 1;
+  }
+  EXPECT_EQ(LastField(r, "rollbacks_clip"), per_step);
 }
 
 // fp16 with an inf injected into rank 0's gradient at step 3 (after the speculative steps

@@ -99,6 +99,7 @@ absl::Status SuperOffloadPipeline::OnBegin() {
         name(), ": loss scale ", scale, " but the pipeline was built without gradient slots"));
   }
   unscale_ = scale == 1.0 ? 1.0 : 1.0 / scale;  // as ValidateStep's multiplier without clipping
+  speculate_ = !options_.adaptive_speculation || !last_clip_active_;
   for (CpuGroup& g : cpu_) {
     g.stepped = false;
     g.nonfinite = false;
@@ -108,6 +109,11 @@ absl::Status SuperOffloadPipeline::OnBegin() {
 
 absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
   if (!on_cpu(k)) return absl::OkStatus();  // device sub-groups step after validation
+  if (!speculate_) {  // adaptive: the last step clipped, so this one is stepped in FinishStep
+    std::lock_guard<std::mutex> l(stats_mu_);
+    ++stats_.not_speculated_paused;
+    return absl::OkStatus();
+  }
   const SubGroup& sg = plan().sub_group(k);
   Task t{k, step_, lr_, unscale_, {}};
   for (size_t i = sg.first; i < sg.last; ++i) {
@@ -267,12 +273,13 @@ absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
       if (g.stepped) {
         ++hits;  // the speculative step is the step
       } else {
-        StepCpuGroup(k, v.grad_multiplier);  // not speculated (a non-finite bf16/fp32 gradient)
+        StepCpuGroup(k, v.grad_multiplier);  // not speculated (paused, or non-finite gradient)
       }
       g.stepped = false;
     }
   }
   StepDeviceGroups(v.grad_multiplier);
+  last_clip_active_ = v.clip_coef > 1.0;
   std::lock_guard<std::mutex> l(stats_mu_);
   stats_.hits += hits;
   stats_.rollbacks_clip += rolled_back;

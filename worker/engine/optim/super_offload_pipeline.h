@@ -18,6 +18,17 @@
 //     restored and its step replayed with the gradient times v.grad_multiplier. Otherwise the
 //     speculative steps stand (a "hit"). The device sub-groups then take their in-memory
 //     Adam/AdamW step (ApplyOptimizerStep, worker/engine/optimizer.h) with v.grad_multiplier.
+//   Adaptive speculation (options.adaptive_speculation; the job default, offload_optimizer.
+//     speculation "adaptive"): a step is speculated only if the previous committed step's
+//     clipping was inactive (clip_coef <= 1; the first step is speculated). While the norm stays
+//     above gradient_clipping (typical early in training, and the whole run of a small job) no
+//     speculative step is taken only to be rolled back: the CPU sub-groups step in FinishStep as
+//     in synchronous ZeRO-Offload (3x the optimizer's work otherwise: snapshot, step, restore and
+//     replay; measured 0.55-0.60x of ZeRO-Offload's step, docs/benchmarks.md), and speculation
+//     resumes the step after one whose norm was under the threshold. The prediction "as the last
+//     step" costs at most one rolled-back step per transition into clipping. DeepSpeed instead
+//     turns speculation off whenever gradient_clipping is configured. An overflowed step does
+//     not change the decision. Results are the same either way (only where the step runs).
 //
 // Split (DeepSpeed zero/stage3.py): sub-group k's step runs on the CPU iff
 // k >= floor((1 - ratio) * num_sub_groups), so `ratio` (offload_optimizer.ratio) is the fraction
@@ -73,6 +84,8 @@ struct SuperOffloadOptions {
   // them, and their 3 floats per element of memory and of copying per step; a Commit with
   // clip_coef > 1 or a Rollback then fails with FAILED_PRECONDITION instead of guessing.
   bool exact_rollback = true;
+  // See "Adaptive speculation" above; false speculates every step.
+  bool adaptive_speculation = false;
   std::chrono::milliseconds wait_deadline{std::chrono::minutes(10)};
 };
 
@@ -85,6 +98,8 @@ struct SuperOffloadStats {
   int64_t rollbacks_clip = 0;      // sub-group steps undone because clipping was active
   int64_t replays = 0;             // sub-group steps replayed with the clip coefficient
   int64_t not_speculated_nonfinite = 0;  // sub-groups not stepped: their gradient was non-finite
+  int64_t not_speculated_paused = 0;  // CPU sub-group steps not speculated because the previous
+                                      // step clipped (adaptive speculation; stepped in FinishStep)
   int64_t step_rollbacks = 0;      // optimizer steps in which anything was rolled back
   double speculative_s = 0;        // the speculation thread's work (copies + CpuAdam)
   double overlapped_s = 0;         // the part of it done before FinishStep was entered
@@ -163,6 +178,8 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   int64_t first_cpu_ = 0;
   int64_t copy_bytes_ = 0;
   double unscale_ = 1.0;
+  bool speculate_ = true;             // this step's sub-groups go to the speculation thread
+  bool last_clip_active_ = false;     // the last committed step had clip_coef > 1
   std::vector<CpuGroup> cpu_;  // index k - first_cpu_
   offload::CpuAdam adam_;      // speculation thread and replays (never concurrently)
 

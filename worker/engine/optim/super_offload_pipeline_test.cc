@@ -342,6 +342,60 @@ TEST(SuperOffloadPipelineTest, ClipReplayEqualsClippedStepInAnyCompletionOrder) 
   }
 }
 
+// Adaptive speculation: a step is speculated only after a step whose clipping was inactive (the
+// first step always is). Clip pattern over 6 steps: off, on, on, off, on, off -> speculated at
+// steps 1, 2 and 5 (after steps -, 1 and 4 ran unclipped), paused at 3, 4 and 6; rolled back at
+// 2 and 5 (speculated, then clipped). The state equals the synchronous ZeRO-Offload pipeline
+// bit for bit at every step.
+TEST(SuperOffloadPipelineTest, AdaptiveSpeculationFollowsTheLastStepsClipping) {
+  const int64_t sgs = 120;
+  const int64_t n_groups = Plan(sgs).num_sub_groups();
+  Model base = MakeModel(21);
+  Model m = Clone(base), sync = Clone(base);
+  SuperOffloadOptions o;
+  o.optimizer = AdamW(0.01);
+  o.cpu_threads = 2;
+  o.adaptive_speculation = true;
+  auto pipe = SuperOffloadPipeline::Create(o, Plan(sgs), SourceOf(&m));
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  offload::OffloadOptimizerOptions oo;
+  oo.adam.weight_decay = 0.01;
+  oo.adam.threads = 2;
+  oo.sub_group_size = sgs;
+  auto opt = offload::OffloadOptimizer::Create(oo, kNumels);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  Model sync_view = sync;
+  for (OptimizerPartition& p : sync_view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
+  auto sync_pipe = MakeOffloadPipeline(opt->get(), SourceOf(&sync_view));
+  const bool clipped[6] = {false, true, true, false, true, false};
+  const bool speculated[6] = {true, true, false, false, true, false};
+  int64_t want_spec = 0, want_paused = 0, want_rolled = 0;
+  for (int64_t t = 1; t <= 6; ++t) {
+    StepValidation v;
+    if (clipped[t - 1]) {
+      v.clip_coef = 2.5;
+      v.grad_multiplier = 1.0 / 2.5;
+    }
+    for (Model* model : {&m, &sync}) SetGrads(*model, t, 1.0);
+    ASSERT_TRUE(sync_pipe->BeginStep(t, 1e-3).ok());
+    ASSERT_TRUE(RaiseSubGroups(*sync_pipe).ok());
+    ASSERT_TRUE(sync_pipe->FinishStep(v).ok());
+    ASSERT_TRUE((*pipe)->BeginStep(t, 1e-3).ok());
+    ASSERT_TRUE(RaiseSubGroups(**pipe).ok());
+    ASSERT_TRUE((*pipe)->FinishStep(v).ok());
+    (speculated[t - 1] ? want_spec : want_paused) += n_groups;
+    if (speculated[t - 1] && clipped[t - 1]) want_rolled += n_groups;
+    const SuperOffloadStats st = (*pipe)->stats();
+    const std::string what = "step " + std::to_string(t);
+    EXPECT_EQ(st.speculated, want_spec) << what;
+    EXPECT_EQ(st.not_speculated_paused, want_paused) << what;
+    EXPECT_EQ(st.rollbacks_clip, want_rolled) << what;
+    for (size_t i = 0; i < m.parts.size(); ++i) {
+      EXPECT_TRUE(BitEqual(m.parts[i].param, sync.parts[i].param)) << what << ": param " << i;
+    }
+  }
+}
+
 // No overflow, clipping off: ratio 0 (all in-memory Adam), 0.5 and 1 (all speculative CPU Adam)
 // follow the reference within fp32 tolerance over 5 steps with a changing learning rate, and
 // ratio 1 equals the synchronous ZeRO-Offload pipeline bit for bit.

@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineFo
   o.loss_scaled = ds.fp16.enabled;
   // Only clipping and an fp16 overflow roll a speculative step back; without both, no snapshot.
   o.exact_rollback = ds.gradient_clipping > 0 || ds.fp16.enabled;
+  o.adaptive_speculation = !oo.speculate_always;
   return SuperOffloadPipeline::Create(o, std::move(plan), std::move(source));
 }
 
