@@ -113,6 +113,30 @@ std::unique_ptr<SuperOffloadPipeline> Make(Model* m, double wd, double ratio, in
   return std::move(*p);
 }
 
+// Loom's synchronous ZeRO-Offload pipeline over `model`'s tensors (AdamW, weight decay 0.01,
+// CpuAdam on `threads` threads, `sgs` elements per sub-group, 0 = the optimizer's default): the
+// non-speculative reference. Its optimizer keeps its own moments, so it is handed none.
+struct SyncOffload {
+  std::unique_ptr<offload::OffloadOptimizer> optimizer;
+  Model view;
+  std::unique_ptr<OptimizerPipeline> pipe;
+};
+std::unique_ptr<SyncOffload> MakeSyncOffload(const Model& model, int threads, int64_t sgs) {
+  offload::OffloadOptimizerOptions oo;
+  oo.adam.weight_decay = 0.01;
+  oo.adam.threads = threads;
+  if (sgs > 0) oo.sub_group_size = sgs;
+  absl::StatusOr<std::unique_ptr<offload::OffloadOptimizer>> opt =
+      offload::OffloadOptimizer::Create(oo, kNumels);
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  auto s = std::make_unique<SyncOffload>();
+  s->optimizer = std::move(*opt);
+  s->view = model;  // the same tensors
+  for (OptimizerPartition& p : s->view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
+  s->pipe = MakeOffloadPipeline(s->optimizer.get(), SourceOf(&s->view));
+  return s;
+}
+
 // Raises the sub-groups in `order` (all of them when empty: reverse order, as backward does).
 absl::Status RaiseSubGroups(OptimizerPipeline& pipe, std::vector<int64_t> order = {}) {
   if (order.empty()) {
@@ -298,15 +322,8 @@ TEST(SuperOffloadPipelineTest, ClipReplayEqualsClippedStepInAnyCompletionOrder) 
   }
   // Synchronous ZeRO-Offload on the same data: the non-speculative clipped step.
   Model sync = Clone(base);
-  offload::OffloadOptimizerOptions oo;
-  oo.adam.weight_decay = 0.01;
-  oo.adam.threads = 2;
-  oo.sub_group_size = sgs;
-  auto opt = offload::OffloadOptimizer::Create(oo, kNumels);
-  ASSERT_TRUE(opt.ok()) << opt.status();
-  Model sync_view = sync;  // the offload optimizer owns its moments: hand it no moment tensors
-  for (OptimizerPartition& p : sync_view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
-  auto sync_pipe = MakeOffloadPipeline(opt->get(), SourceOf(&sync_view));
+  std::unique_ptr<SyncOffload> sync_off = MakeSyncOffload(sync, 2, sgs);
+  OptimizerPipeline* sync_pipe = sync_off->pipe.get();
   Reference ref(base);
   StepValidation clip;
   clip.clip_coef = 3.5;
@@ -358,15 +375,8 @@ TEST(SuperOffloadPipelineTest, AdaptiveSpeculationFollowsTheLastStepsClipping) {
   o.adaptive_speculation = true;
   auto pipe = SuperOffloadPipeline::Create(o, Plan(sgs), SourceOf(&m));
   ASSERT_TRUE(pipe.ok()) << pipe.status();
-  offload::OffloadOptimizerOptions oo;
-  oo.adam.weight_decay = 0.01;
-  oo.adam.threads = 2;
-  oo.sub_group_size = sgs;
-  auto opt = offload::OffloadOptimizer::Create(oo, kNumels);
-  ASSERT_TRUE(opt.ok()) << opt.status();
-  Model sync_view = sync;
-  for (OptimizerPartition& p : sync_view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
-  auto sync_pipe = MakeOffloadPipeline(opt->get(), SourceOf(&sync_view));
+  std::unique_ptr<SyncOffload> sync_off = MakeSyncOffload(sync, 2, sgs);
+  OptimizerPipeline* sync_pipe = sync_off->pipe.get();
   const bool clipped[6] = {false, true, true, false, true, false};
   const bool speculated[6] = {true, true, false, false, true, false};
   int64_t want_spec = 0, want_paused = 0, want_rolled = 0;
@@ -403,14 +413,8 @@ TEST(SuperOffloadPipelineTest, RatioSplitFollowsTheReferenceAndEqualsZeroOffload
   const int64_t sgs = 250;
   Model base = MakeModel(21);
   Model sync = Clone(base);
-  offload::OffloadOptimizerOptions oo;
-  oo.adam.weight_decay = 0.01;
-  oo.sub_group_size = sgs;
-  auto opt = offload::OffloadOptimizer::Create(oo, kNumels);
-  ASSERT_TRUE(opt.ok()) << opt.status();
-  Model sync_view = sync;
-  for (OptimizerPartition& p : sync_view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
-  auto sync_pipe = MakeOffloadPipeline(opt->get(), SourceOf(&sync_view));
+  std::unique_ptr<SyncOffload> sync_off = MakeSyncOffload(sync, offload::CpuAdamOptions().threads, sgs);
+  OptimizerPipeline* sync_pipe = sync_off->pipe.get();
   Reference ref(base);
   auto lr = [](int64_t t) { return 1e-3 * t / 5.0; };  // a warm-up: both sides follow it
   for (int64_t t = 1; t <= 5; ++t) {
@@ -473,14 +477,8 @@ TEST(SuperOffloadPipelineTest, NoSnapshotWhenNoRollbackCanHappen) {
   o.exact_rollback = false;
   auto pipe = *SuperOffloadPipeline::Create(o, Plan(250), SourceOf(&m));
   EXPECT_EQ(pipe->copy_bytes(), 0);
-  offload::OffloadOptimizerOptions oo;
-  oo.adam.weight_decay = 0.01;
-  oo.adam.threads = 2;
-  auto opt = offload::OffloadOptimizer::Create(oo, kNumels);
-  ASSERT_TRUE(opt.ok()) << opt.status();
-  Model sync_view = sync;  // the offload optimizer owns its moments: hand it no moment tensors
-  for (OptimizerPartition& p : sync_view.parts) p.exp_avg = p.exp_avg_sq = at::Tensor();
-  auto sync_pipe = MakeOffloadPipeline(opt->get(), SourceOf(&sync_view));
+  std::unique_ptr<SyncOffload> sync_off = MakeSyncOffload(sync, 2, 0);
+  OptimizerPipeline* sync_pipe = sync_off->pipe.get();
   for (int64_t t = 1; t <= 3; ++t) {
     CommitStep(*pipe, m, t, 1e-3);
     CommitStep(*sync_pipe, sync, t, 1e-3);
