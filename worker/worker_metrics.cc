@@ -118,6 +118,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Help("SuperOffload: sub-group CPU optimizer steps started speculatively during "
                     "backward.")
               .Register(registry)),
+      superoffload_paused_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_superoffload_speculation_paused_sub_groups_total")
+              .Help("SuperOffload: sub-group CPU optimizer steps not speculated because the "
+                    "previous step clipped (adaptive speculation); stepped after validation.")
+              .Register(registry)),
       superoffload_hits_(
           prometheus::BuildCounter()
               .Name("loom_trainer_superoffload_speculation_hits_total")
@@ -240,6 +246,8 @@ void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
                   stats.superoffload_speculated);
     AddCumulative(superoffload_hits_.Add(labels), rank, "hits", pid,
                   stats.superoffload_hits);
+    AddCumulative(superoffload_paused_.Add(labels), rank, "paused", pid,
+                  stats.superoffload_speculation_paused);
     AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "overflow"}}), rank,
                   "rollbacks_overflow", pid, stats.superoffload_rollbacks_overflow);
     AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "clip"}}), rank,
