@@ -271,8 +271,9 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   if (const char* detected = std::getenv(kFallback); detected != nullptr) {
+    const char* set = std::getenv("OPENBLAS_CORETYPE");
     LOG(INFO) << "BLAS: OpenBLAS core " << loom::trainer::LoadedBlasCoreName()
-              << " (OPENBLAS_CORETYPE=" << std::getenv("OPENBLAS_CORETYPE")
+              << " (OPENBLAS_CORETYPE=" << (set != nullptr ? set : "")
               << " set by loom-trainer: OpenBLAS did not recognise this CPU and chose "
               << detected << ")";
     ::unsetenv(kFallback);
