@@ -4,7 +4,6 @@
 #include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -103,19 +102,27 @@ absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
   RETURN_IF_ERROR(CheckKeys(*sch, path, {"type", "params"}));
   std::string type;
   RETURN_IF_ERROR(ReadString(*sch, "type", path, &type));
-  std::set<std::string> known = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                 "warmup_type", "last_batch_iteration"};
+  // Each scheduler's params keys (DeepSpeed's lr_schedules.py).
+  static const std::initializer_list<absl::string_view> kWarmupLR = {
+      "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+      "last_batch_iteration"};
+  static const std::initializer_list<absl::string_view> kWarmupDecayLR = {
+      "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+      "last_batch_iteration", "total_num_steps"};
+  static const std::initializer_list<absl::string_view> kWarmupCosineLR = {
+      "total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+      "warmup_type", "last_batch_iteration"};
+  const std::initializer_list<absl::string_view>* known = &kWarmupLR;
   if (type == "WarmupLR") {
     s.type = SchedulerConfig::Type::kWarmupLR;
     s.warmup_max_lr = c->optimizer.lr;  // DeepSpeed: warmup_max_lr None -> optimizer lr
   } else if (type == "WarmupDecayLR") {
     s.type = SchedulerConfig::Type::kWarmupDecayLR;
     s.warmup_max_lr = 0.001;
-    known.insert("total_num_steps");
+    known = &kWarmupDecayLR;
   } else if (type == "WarmupCosineLR") {
     s.type = SchedulerConfig::Type::kWarmupCosineLR;
-    known = {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
-             "warmup_type", "last_batch_iteration"};
+    known = &kWarmupCosineLR;
   } else if (type.empty()) {
     return Invalid(Join(path, "type"), "required field is missing");
   } else {
@@ -129,7 +136,7 @@ absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
     return absl::OkStatus();
   }
   const std::string pp = Join(path, "params");
-  RETURN_IF_ERROR(CheckKeys(*params, pp, known));
+  RETURN_IF_ERROR(CheckKeys(*params, pp, *known));
   RETURN_IF_ERROR(ReadDouble(*params, "warmup_min_lr", pp, &s.warmup_min_lr));
   RETURN_IF_ERROR(ReadDouble(*params, "warmup_max_lr", pp, &s.warmup_max_lr));
   RETURN_IF_ERROR(ReadInt(*params, "warmup_num_steps", pp, &s.warmup_num_steps));

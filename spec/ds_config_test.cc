@@ -164,6 +164,21 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3},
       "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}})", 2,
               "deepspeed_config.scheduler.params.total_num_steps: required");
+  // Each scheduler type has its own params keys (DeepSpeed's lr_schedules.py).
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3},
+      "scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 5}}})", 2,
+              "deepspeed_config.scheduler.params.total_num_steps: unknown key");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3},
+      "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5,
+                                                         "warmup_max_lr": 1}}})", 2,
+              "deepspeed_config.scheduler.params.warmup_max_lr: unknown key");
+  EXPECT_TRUE(ParseDeepSpeedConfig("{" + ok + R"(, "zero_optimization": {"stage": 3},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 5,
+                                                        "warmup_max_lr": 1}}})", 2).ok());
+  EXPECT_TRUE(ParseDeepSpeedConfig("{" + ok + R"(, "zero_optimization": {"stage": 3},
+      "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100,
+                                                         "warmup_num_steps": 10,
+                                                         "cos_min_ratio": 0.1}}})", 2).ok());
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3},
       "scheduler": {"type": "OneCycle"}})", 2,
               "deepspeed_config.scheduler.type: scheduler \"OneCycle\" is not supported yet");
