@@ -15,7 +15,9 @@
 // OPENBLAS_CORETYPE=Prescott keeps the fallback). Different kernels round GEMMs differently, so
 // results are reproducible per kernel family, not across them.
 //
-// Thread-safety: the functions are pure or read process-wide state only.
+// Thread-safety: DetectCpuFeatures, LoadedBlasCoreName and BlasCoreTypeFor are pure or read
+// process-wide state; ReexecForBlasKernels and BlasReport change the environment: call them from
+// main() before other threads start.
 #ifndef LOOM_WORKER_TRAINER_BLAS_KERNELS_H_
 #define LOOM_WORKER_TRAINER_BLAS_KERNELS_H_
 
@@ -42,6 +44,17 @@ std::string LoadedBlasCoreName();
 // back to Prescott and the CPU can run them; nullopt for any core OpenBLAS recognised, for an
 // empty name, and for a CPU without AVX2.
 std::optional<std::string> BlasCoreTypeFor(absl::string_view detected, const CpuFeatures& cpu);
+
+// At the start of main(), before any other thread or output: when OPENBLAS_CORETYPE is unset and
+// BlasCoreTypeFor picks other kernels, sets it (and a note of the detected core for BlasReport)
+// and execv()s this binary by its own path with `argv` (the process keeps its name). Returns
+// only when nothing is to change or the exec failed (then the variables are removed again).
+void ReexecForBlasKernels(char** argv);
+
+// One line for the log: "BLAS: OpenBLAS core <name>", plus "(OPENBLAS_CORETYPE=<v> set by
+// loom-trainer: ... chose <detected>)" after ReexecForBlasKernels' exec; empty when the BLAS is
+// not OpenBLAS. Consumes the note (call once).
+std::string BlasReport();
 
 }  // namespace loom::trainer
 

@@ -38,7 +38,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -247,38 +246,12 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenBLAS chose its kernels when it was loaded; if it fell back to Prescott's on a CPU with
-  // AVX2/AVX-512, start again with the right ones (blas_kernels.h). Once: the variable is set.
-  constexpr char kFallback[] = "LOOM_OPENBLAS_DETECTED_CORE";
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    const std::string detected = loom::trainer::LoadedBlasCoreName();
-    if (std::optional<std::string> core = loom::trainer::BlasCoreTypeFor(
-            detected, loom::trainer::DetectCpuFeatures())) {
-      ::setenv("OPENBLAS_CORETYPE", core->c_str(), /*overwrite=*/1);
-      ::setenv(kFallback, detected.c_str(), /*overwrite=*/1);
-      // The binary's own path, not /proc/self/exe: the process keeps its name (ps, pgrep).
-      char self[4096];
-      const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-      if (len > 0) {
-        self[len] = '\0';
-        ::execv(self, argv);
-      }
-      ::unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on with the detected kernels
-      ::unsetenv(kFallback);
-    }
-  }
+  loom::trainer::ReexecForBlasKernels(argv);  // at most once, before anything else runs
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
-  if (const char* detected = std::getenv(kFallback); detected != nullptr) {
-    const char* set = std::getenv("OPENBLAS_CORETYPE");
-    LOG(INFO) << "BLAS: OpenBLAS core " << loom::trainer::LoadedBlasCoreName()
-              << " (OPENBLAS_CORETYPE=" << (set != nullptr ? set : "")
-              << " set by loom-trainer: OpenBLAS did not recognise this CPU and chose "
-              << detected << ")";
-    ::unsetenv(kFallback);
-  } else if (const std::string core = loom::trainer::LoadedBlasCoreName(); !core.empty()) {
-    LOG(INFO) << "BLAS: OpenBLAS core " << core;
+  if (const std::string report = loom::trainer::BlasReport(); !report.empty()) {
+    LOG(INFO) << report;
   }
   // See the malloc_* flags above. Set before any large allocation of the engine.
   const bool env_allocator = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||

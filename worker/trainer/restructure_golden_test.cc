@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint/shard_format.h"
+#include "worker/trainer/blas_kernels.h"
 #include "worker/trainer/gang_test_util.h"
 
 namespace {
@@ -152,10 +153,7 @@ void ExpectSameHashes(const json& want, const json& got, const std::string& what
 // The kernels the golden files were written with (see the top of the file), for the trainers
 // this test starts; an explicit OPENBLAS_CORETYPE is left as it is.
 void PinGoldenBlasKernels() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl")) {
+  if (loom::trainer::DetectCpuFeatures().avx512_skx) {
     setenv("OPENBLAS_CORETYPE", "SKYLAKEX", /*overwrite=*/0);
   }
 }
