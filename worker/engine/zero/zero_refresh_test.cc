@@ -35,11 +35,12 @@ const std::vector<ParamSpec> kSpecs = {{"a", {4, 6}, ParamSpec::Kind::kLinear},
                                        {"b", {5}, ParamSpec::Kind::kNorm},  // padded on 2 ranks
                                        {"c", {3, 4}, ParamSpec::Kind::kLinear}};
 
-void WriteMasters(ZeroProvider& z, int rank, float garbage) {
+// Writes each rank's partition of every master: Updated(i, j), or `garbage` when non-zero.
+void WriteMasters(ZeroProvider& z, int world, int rank, float garbage) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < z.params().size(); ++i) {
     ZeroParam& p = z.params()[i];
-    const PartitionSlice s = ComputePartition(p.numel, 2, rank);
+    const PartitionSlice s = ComputePartition(p.numel, world, rank);
     for (int64_t k = 0; k < s.valid(); ++k) {
       p.master[k] = garbage != 0 ? garbage : Updated(i, s.begin + k);
     }
@@ -66,16 +67,16 @@ void RunStage(int stage, at::ScalarType dtype) {
     absl::StatusOr<std::unique_ptr<ZeroProvider>> z =
         ZeroProvider::Create(kSpecs, &world, {3, 0.02}, o);
     if (!z.ok()) return z.status();
-    WriteMasters(**z, rank, 0);
+    WriteMasters(**z, 2, rank, 0);
     (*z)->RefreshParams();
     ExpectReplicasUpdated(**z, what + " rank " + std::to_string(rank));
     // Again, then a micro-step without any use of a parameter: its end waits for the gathers,
     // so writing the masters afterwards leaves the replicas as gathered.
-    WriteMasters(**z, rank, 0);
+    WriteMasters(**z, 2, rank, 0);
     (*z)->RefreshParams();
     (*z)->BeginMicroStep(/*last=*/true);
     (*z)->FinishMicroStep();
-    WriteMasters(**z, rank, -1000.0f);
+    WriteMasters(**z, 2, rank, -1000.0f);
     ExpectReplicasUpdated(**z, what + " after FinishMicroStep, rank " + std::to_string(rank));
     return absl::OkStatus();
   });
@@ -104,13 +105,7 @@ TEST(ZeroRefreshOneRankTest, Fp32ReplicaViewsTheMasterOnlyWhenAsked) {
         o.params_view_masters = view;
         std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(kSpecs, coll.get(), {3, 0.02}, o);
         const bool aliased = view && dtype == at::kFloat;
-        auto write = [&](bool garbage) {
-          at::NoGradGuard no_grad;
-          for (size_t i = 0; i < z->params().size(); ++i) {
-            ZeroParam& p = z->params()[i];
-            for (int64_t j = 0; j < p.numel; ++j) p.master[j] = garbage ? -1000.0f : Updated(i, j);
-          }
-        };
+        auto write = [&](bool garbage) { WriteMasters(*z, 1, 0, garbage ? -1000.0f : 0.0f); };
         for (const ZeroParam& p : z->params()) {
           EXPECT_EQ(p.replica.is_alias_of(p.master), aliased) << what << " " << p.spec.name;
         }
@@ -161,15 +156,7 @@ TEST(ZeroRefreshOneRankTest, Stage3Fp32AcquireViewsTheShardOnlyWhenAsked) {
         std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(kSpecs, coll.get(), {3, 0.02}, o);
         const bool aliased = view && dtype == at::kFloat;
         const int64_t params_at_rest = z->memory().current(MemoryKind::kParams);
-        auto write = [&](float garbage) {
-          at::NoGradGuard no_grad;
-          for (size_t i = 0; i < z->params().size(); ++i) {
-            ZeroParam& p = z->params()[i];
-            for (int64_t j = 0; j < p.numel; ++j) {
-              p.master[j] = garbage != 0 ? garbage : Updated(i, j);
-            }
-          }
-        };
+        auto write = [&](float garbage) { WriteMasters(*z, 1, 0, garbage); };
         write(0);
         z->RefreshParams();  // bf16: casts the masters into the shards
         for (int micro = 0; micro < 3; ++micro) {  // untraced, record, replay
