@@ -8,10 +8,12 @@
 
 namespace loom {
 
-JobRepository::JobRepository(JobStore* store, BatchListener on_batch, int max_batch)
+JobRepository::JobRepository(JobStore* store, BatchListener on_batch, int max_batch,
+                             absl::Duration join_wait)
     : store_(store),
       on_batch_(std::move(on_batch)),
-      max_batch_(static_cast<size_t>(std::max(1, max_batch))) {
+      max_batch_(static_cast<size_t>(std::max(1, max_batch))),
+      join_wait_(std::max(join_wait, absl::ZeroDuration())) {
   commit_thread_ = std::thread([this] { CommitLoop(); });
 }
 
@@ -32,6 +34,16 @@ void JobRepository::Submit(JobRecord job, Done done) {
     }
   }
   if (done) done(job, absl::FailedPreconditionError("the job repository is shutting down"));
+}
+
+void JobRepository::StartPreparing() {
+  absl::MutexLock lock(&mu_);
+  ++preparing_started_;
+}
+
+void JobRepository::FinishPreparing() {
+  absl::MutexLock lock(&mu_);
+  ++preparing_finished_;
 }
 
 absl::Status JobRepository::SubmitAndWait(JobRecord job) {
@@ -56,6 +68,26 @@ void JobRepository::CommitLoop() {
           },
           this));
       if (queue_.empty()) return;  // stopping, nothing left to commit
+      // Let the submissions announced by now join this batch ("Joining a batch").
+      const uint64_t announced = preparing_started_;
+      if (preparing_finished_ < announced && queue_.size() < max_batch_ && !stop_ &&
+          join_wait_ > absl::ZeroDuration()) {
+        struct Joined {
+          JobRepository* r;
+          uint64_t announced;
+        } joined{this, announced};
+        ++stats_.join_waits;
+        if (!mu_.AwaitWithTimeout(
+                absl::Condition(
+                    +[](Joined* j) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                      return j->r->preparing_finished_ >= j->announced || j->r->stop_ ||
+                             j->r->queue_.size() >= j->r->max_batch_;
+                    },
+                    &joined),
+                join_wait_)) {
+          ++stats_.join_timeouts;
+        }
+      }
       if (queue_.size() <= max_batch_) {
         batch.swap(queue_);
       } else {

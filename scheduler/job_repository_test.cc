@@ -253,6 +253,67 @@ TEST(JobRepositoryTest, MaxBatchBoundsATransaction) {
   EXPECT_EQ(repo.stats().jobs, 11);
 }
 
+// "Joining a batch": a submission announced before the batch's commit starts (as the scheduler
+// announces one before validating its spec) shares that batch's transaction. Job 1 is queued
+// from batch 0's acknowledgement, on the commit thread itself, while job 2's submitter has
+// announced it but is still preparing it: the commit thread's next decision sees job 1 alone and
+// an announcement outstanding, and waits for job 2 instead of writing job 1 alone (which it
+// does, without the join wait, before the test thread even wakes up).
+TEST(JobRepositoryTest, AnAnnouncedSubmissionJoinsTheBatchBeingCommitted) {
+  auto store = SqliteJobStore::Open(DbPath("join"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<size_t> batch_sizes;
+  JobRepository repo(
+      store->get(),
+      [&](const std::vector<JobRecord>& batch, const absl::Status&) {
+        batch_sizes.push_back(batch.size());  // only the commit thread touches it
+      },
+      4096, /*join_wait=*/absl::Seconds(30));
+  absl::Notification announced, joined;
+  repo.Submit(Job(0), [&](const JobRecord&, const absl::Status& s) {
+    EXPECT_TRUE(s.ok()) << s;
+    repo.StartPreparing();  // job 2's submitter begins validating
+    repo.Submit(Job(1), [&](const JobRecord&, const absl::Status& s1) {
+      EXPECT_TRUE(s1.ok()) << s1;
+      joined.Notify();
+    });
+    announced.Notify();
+  });
+  announced.WaitForNotification();
+  repo.Submit(Job(2), nullptr);
+  repo.FinishPreparing();
+  joined.WaitForNotification();
+  ASSERT_EQ(batch_sizes.size(), 2u);
+  EXPECT_EQ(batch_sizes[0], 1u);
+  EXPECT_EQ(batch_sizes[1], 2u);  // {1, 2}
+  EXPECT_EQ(repo.stats().join_timeouts, 0);
+  // Nothing announced: the next submission is written at once, without a join wait.
+  const int64_t waits = repo.stats().join_waits;
+  EXPECT_TRUE(repo.SubmitAndWait(Job(3)).ok());
+  EXPECT_EQ(repo.stats().join_waits, waits);
+  EXPECT_EQ(repo.stats().batches, 3);
+}
+
+// An announcement that is never finished (a submitter stuck in validation) delays a batch by at
+// most join_wait; the batch is written and acknowledged, and the timeout is counted.
+TEST(JobRepositoryTest, AStuckAnnouncementDelaysABatchOnlyByTheJoinWait) {
+  auto store = SqliteJobStore::Open(DbPath("join_timeout"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRepository repo(store->get(), nullptr, 4096, /*join_wait=*/absl::Milliseconds(20));
+  repo.StartPreparing();
+  EXPECT_TRUE(repo.SubmitAndWait(Job(1)).ok());
+  EXPECT_EQ(repo.stats().join_waits, 1);
+  EXPECT_EQ(repo.stats().join_timeouts, 1);
+  EXPECT_TRUE((*store)->GetJob(Job(1).id).ok());
+  repo.FinishPreparing();
+  // A zero join_wait never waits, announced or not.
+  JobRepository eager(store->get(), nullptr, 4096, absl::ZeroDuration());
+  eager.StartPreparing();
+  EXPECT_TRUE(eager.SubmitAndWait(Job(2)).ok());
+  EXPECT_EQ(eager.stats().join_waits, 0);
+  eager.FinishPreparing();
+}
+
 }  // namespace
 }  // namespace loom
 

@@ -58,6 +58,9 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
 
 void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string& request_id,
                                const std::string& tenant_in, SubmitDone done) {
+  // Announced before validation, so a batch being committed waits for this submission
+  // (JobRepository "Joining a batch"); ended on return, after Submit() or a refusal.
+  JobRepository::PreparingScope preparing(repository_.get());
   bool deduplicated = false;
   auto fail = [&](const absl::Status& status) { done(status, false); };
   if (absl::Status s = CheckIdLength("request_id", request_id); !s.ok()) return fail(s);
@@ -102,6 +105,16 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   if (absl::Status s = Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING); !s.ok()) {
     return fail(s);
   }
+  // The record is built (and the spec copied) before taking mu_; only the id, the sequence and
+  // the in-flight sets need the lock.
+  JobRecord job;
+  job.request_id = request_id;
+  job.tenant = tenant;
+  job.spec = spec;
+  job.phase = v1::JOB_PHASE_PENDING;
+  job.reason = "Queued";
+  job.message = "waiting for the next scheduling cycle";
+  job.progress.set_total_steps(spec.training().steps());
   {
     absl::MutexLock lock(&mu_);
     if (!request_id.empty() && job_by_request_.count(request_id)) {
@@ -111,18 +124,10 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
       answer = absl::UnavailableError(absl::StrCat(
           "request_id ", request_id, ": a submission with this id is being committed; retry"));
     } else {
-      JobRecord job;
       job.id = NewJobId();
-      job.request_id = request_id;
-      job.tenant = tenant;
       job.sequence = next_sequence_++;
-      job.spec = spec;
-      job.phase = v1::JOB_PHASE_PENDING;
-      job.reason = "Queued";
-      job.message = "waiting for the next scheduling cycle";
       job.create_time = clock_->Now();
       job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
-      job.progress.set_total_steps(spec.training().steps());
       AppendHistory(&job.state, job.create_time, job.phase, job.reason, job.message, 0);
       inflight_ids_.insert(job.id);
       if (!request_id.empty()) inflight_requests_.insert(request_id);
