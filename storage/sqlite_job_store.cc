@@ -56,6 +56,16 @@ ALTER TABLE jobs ADD COLUMN state BLOB NOT NULL DEFAULT x'';
 ALTER TABLE nodes ADD COLUMN admin BLOB NOT NULL DEFAULT x'';
 CREATE INDEX jobs_by_tenant ON jobs(tenant, sequence);
 )sql",
+    // 3 -> 4: drop the two secondary indexes that no query of the daemon reads. The scheduler
+    // reads the whole jobs table once at start (ORDER BY sequence: sequence's own unique index)
+    // and otherwise addresses rows by id; ListJobs(phase), which only tools and tests call,
+    // scans. Each index cost every submission batch and every phase change a b-tree page
+    // written to the WAL and fsynced (docs/benchmarks.md "Control plane": 6 b-trees per job row
+    // became 4).
+    R"sql(
+DROP INDEX IF EXISTS jobs_by_phase;
+DROP INDEX IF EXISTS jobs_by_tenant;
+)sql",
 };
 constexpr int64_t kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,

@@ -22,7 +22,7 @@ namespace loom {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema version this binary writes.
-  static constexpr int64_t kSchemaVersion = 3;
+  static constexpr int64_t kSchemaVersion = 4;
 
   // Opens or creates the database at `path` and migrates it to kSchemaVersion.
   // FAILED_PRECONDITION if the file's schema is newer than kSchemaVersion; UNAVAILABLE if the

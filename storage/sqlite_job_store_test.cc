@@ -58,6 +58,28 @@ TEST(SqliteJobStoreTest, ReopeningTheFileKeepsJobsAndNodes) {
   EXPECT_EQ((*nodes)[0].inventory.slots(), 2);
 }
 
+// The jobs table's indexes by name, from sqlite_master (a second connection).
+std::vector<std::string> JobIndexes(const std::string& path) {
+  std::vector<std::string> names;
+  absl::StatusOr<std::unique_ptr<SqliteDb>> db = SqliteDb::Open(path);
+  EXPECT_TRUE(db.ok()) << db.status();
+  if (!db.ok()) return names;
+  absl::StatusOr<SqliteStatement> stmt = (*db)->Prepare(
+      "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='jobs' ORDER BY name");
+  EXPECT_TRUE(stmt.ok()) << stmt.status();
+  if (!stmt.ok()) return names;
+  while (true) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok() || !*row) break;
+    names.push_back(stmt->ColumnText(0));
+  }
+  return names;
+}
+
+// id's primary key, sequence's UNIQUE, and the request-id index (idempotent submission).
+const std::vector<std::string> kJobIndexes = {"jobs_by_request_id", "sqlite_autoindex_jobs_1",
+                                              "sqlite_autoindex_jobs_2"};
+
 TEST(SqliteJobStoreTest, ConnectionUsesWalForeignKeysAndSchemaVersion) {
   const std::string path = TestDir("pragmas") + "/loom.db";
   {
@@ -133,6 +155,28 @@ INSERT INTO nodes (id, inventory, last_heartbeat_us) VALUES ('node-old', x'', 5)
   JobRecord next = SampleJob("job-new", 2);
   next.request_id = "client-1";
   EXPECT_TRUE((*store)->CreateJob(next).ok());
+  store->reset();
+  EXPECT_EQ(JobIndexes(path), kJobIndexes);
+}
+
+// Version 4 dropped jobs_by_phase and jobs_by_tenant (no query of the daemon reads them; every
+// write paid for them). A new file has the same indexes as a migrated one, and listing by phase
+// still works without its index.
+TEST(SqliteJobStoreTest, JobsHaveOnlyTheIndexesTheirQueriesUse) {
+  const std::string path = TestDir("indexes") + "/loom.db";
+  absl::StatusOr<std::unique_ptr<SqliteJobStore>> store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRecord pending = SampleJob("job-a", 1);
+  pending.phase = loom::v1::JOB_PHASE_PENDING;
+  JobRecord running = SampleJob("job-b", 2);
+  running.phase = loom::v1::JOB_PHASE_RUNNING;
+  ASSERT_TRUE((*store)->CreateJobs({pending, running}).ok());
+  absl::StatusOr<std::vector<JobRecord>> listed = (*store)->ListJobs(loom::v1::JOB_PHASE_RUNNING);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ(listed->front().id, "job-b");
+  store->reset();
+  EXPECT_EQ(JobIndexes(path), kJobIndexes);
 }
 
 TEST(SqliteJobStoreTest, UnopenablePathIsUnavailable) {
