@@ -17,6 +17,14 @@ using nlohmann::json;
 // The number as protobuf's JSON printer writes a double (SimpleDtoa: "%.15g", "%.17g" when
 // that does not read back as the same double) and as nlohmann reads that text back.
 json Number(double v) {
+  // The printer's text for a non-integral double always has a '.' or an 'e' (a digits-only text
+  // that reads back as v makes v integral, and "%.17g" always reads back), and an integral
+  // |v| < 1e15 prints as its digits under "%.15g": both answers are known without printing.
+  if (v != std::trunc(v)) return json(v);
+  if (std::fabs(v) < 1e15) {
+    if (v < 0) return json(static_cast<int64_t>(v));
+    return json(static_cast<uint64_t>(v));
+  }
   char text[32];
   std::snprintf(text, sizeof(text), "%.15g", v);
   if (std::strtod(text, nullptr) != v) std::snprintf(text, sizeof(text), "%.17g", v);

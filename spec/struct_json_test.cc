@@ -72,6 +72,12 @@ TEST(StructToJsonTest, NumbersBecomeIntegersExactlyWhenThePrinterWritesNoPointOr
                    2.5e-7,
                    1e14,
                    123456789012345.0,
+                   123456789012345.6,
+                   // Either side of StructToJson's printer-free range (integral, |v| < 1e15).
+                   999999999999999.0,
+                   -999999999999999.0,
+                   999999999999999.5,
+                   1e15 + 2,
                    1e15,
                    1234567890123456.0,
                    12345678901234567.0,
