@@ -217,24 +217,26 @@ void HeartbeatThread(const std::string& target, int id, std::vector<SimNode>* no
   }
 }
 
-loom::v1::JobSpec MakeSpec(std::mt19937_64& rng) {
+// Writes a job spec into `spec` in place (one copy of the template, as a client fills its
+// request once).
+void FillSpec(std::mt19937_64& rng, loom::v1::JobSpec* spec) {
   static const loom::v1::JobSpec base = [] {
     loom::v1::JobSpec s = TestJobSpecWithRanks(1);
     s.mutable_resources()->set_accelerator(loom::v1::ACCELERATOR_KIND_H100);
     return s;
   }();
   std::uniform_int_distribution<int> ranks(1, 16), prio(0, 3);
-  loom::v1::JobSpec spec = base;
-  spec.mutable_resources()->set_num_ranks(ranks(rng));
-  spec.set_priority(prio(rng));
-  return spec;
+  *spec = base;
+  spec->mutable_resources()->set_num_ranks(ranks(rng));
+  spec->set_priority(prio(rng));
 }
 
-// Submits one job; returns the latency in ms, or a negative value on error.
-double SubmitOne(loom::v1::JobService::Stub& stub, const loom::v1::JobSpec& spec,
+// Submits one job with a spec from FillSpec; returns the latency in ms, or a negative value on
+// error.
+double SubmitOne(loom::v1::JobService::Stub& stub, std::mt19937_64& rng,
                  const std::string& request_id) {
   loom::v1::SubmitJobRequest req;
-  *req.mutable_spec() = spec;
+  FillSpec(rng, req.mutable_spec());
   req.set_request_id(request_id);
   loom::v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
@@ -258,7 +260,7 @@ int SubmitOnly(const std::string& target) {
     stubs.push_back(loom::v1::JobService::NewStub(NewChannel(target, 2000 + t)));
     std::mt19937_64 rng(1);
     // Warm each channel (connection set-up is not a submission): one job each, not counted.
-    if (SubmitOne(*stubs.back(), MakeSpec(rng), absl::StrCat("warm-", t)) < 0) return 1;
+    if (SubmitOne(*stubs.back(), rng, absl::StrCat("warm-", t)) < 0) return 1;
   }
   std::atomic<int> next{0}, errors{0};
   std::vector<std::vector<double>> ms(static_cast<size_t>(threads));
@@ -268,7 +270,7 @@ int SubmitOnly(const std::string& target) {
     ts.emplace_back([&, t] {
       std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
       for (int i = next.fetch_add(1); i < total; i = next.fetch_add(1)) {
-        const double m = SubmitOne(*stubs[static_cast<size_t>(t)], MakeSpec(rng),
+        const double m = SubmitOne(*stubs[static_cast<size_t>(t)], rng,
                                    absl::StrCat("submit-", i));
         if (m < 0) errors.fetch_add(1); else ms[static_cast<size_t>(t)].push_back(m);
       }
@@ -366,7 +368,7 @@ int Main() {
         auto stub = loom::v1::JobService::NewStub(NewChannel(target, 2000 + t));
         std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
         for (int i = next.fetch_add(1); i < prefill; i = next.fetch_add(1)) {
-          if (SubmitOne(*stub, MakeSpec(rng), absl::StrCat("prefill-", i)) < 0) {
+          if (SubmitOne(*stub, rng, absl::StrCat("prefill-", i)) < 0) {
             prefill_errors.fetch_add(1);
           }
         }
@@ -402,7 +404,7 @@ int Main() {
         break;
       }
       if (absl::Now() < due) absl::SleepFor(due - absl::Now());  // pacing
-      const double ms = SubmitOne(*stub, MakeSpec(rng), absl::StrCat("window-", i++));
+      const double ms = SubmitOne(*stub, rng, absl::StrCat("window-", i++));
       if (ms < 0) ++submit_errors; else submit_ms.push_back(ms);
       due += absl::Seconds(1.0 / rate);
     }
