@@ -9,6 +9,7 @@
 #include "proto/common.pb.h"
 #include "spec/engine_options_tiled.h"
 #include "spec/sequence_parallel_config.h"
+#include "spec/struct_json.h"
 #include "worker/engine/engine_options_model.h"
 
 namespace loom::engine {
@@ -19,20 +20,6 @@ absl::Status Invalid(const std::string& path, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
 }
 
-// A google.protobuf.Struct (model.config, deepspeed_config) as the JSON object its own parser
-// reads, keys sorted: a Struct is a map whose printing order is unspecified, and
-// model_config_json is written into checkpoints and exports, which must not depend on it.
-absl::StatusOr<std::string> StructJson(const google::protobuf::Message& m, const char* path) {
-  std::string json;
-  auto st = google::protobuf::util::MessageToJsonString(m, &json);
-  if (!st.ok()) {
-    return Invalid(path, absl::StrCat("cannot convert to JSON: ", st.message().ToString()));
-  }
-  nlohmann::json sorted = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (sorted.is_discarded()) return Invalid(path, "protobuf wrote JSON that does not parse");
-  return sorted.dump();
-}
-
 }  // namespace
 
 absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& spec,
@@ -41,15 +28,21 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   o.world_size = world_size;
 
   if (!spec.model().has_config()) return Invalid("model.config", "required object is missing");
-  ASSIGN_OR_RETURN(o.model_config_json, StructJson(spec.model().config(), "model.config"));
+  // Both configs are converted in memory (spec/struct_json.h), as submission validation does.
+  ASSIGN_OR_RETURN(nlohmann::json model_json,
+                   spec::StructToJson(spec.model().config(), "model.config"));
+  // Written into checkpoints and exports: nlohmann's object is an ordered map, so the text's
+  // keys are sorted and do not depend on the Struct's unspecified order.
+  o.model_config_json = model_json.dump();
   o.init_from = spec.model().init_from();
-  ASSIGN_OR_RETURN(o.model, spec::ParseLlamaConfig(o.model_config_json));
+  ASSIGN_OR_RETURN(o.model, spec::ParseLlamaConfigValue(model_json));
 
   if (!spec.has_deepspeed_config()) {
     return Invalid("deepspeed_config", "required object is missing");
   }
-  ASSIGN_OR_RETURN(std::string ds_json, StructJson(spec.deepspeed_config(), "deepspeed_config"));
-  ASSIGN_OR_RETURN(o.ds, spec::ParseDeepSpeedConfig(ds_json, world_size));
+  ASSIGN_OR_RETURN(nlohmann::json ds_json,
+                   spec::StructToJson(spec.deepspeed_config(), "deepspeed_config"));
+  ASSIGN_OR_RETURN(o.ds, spec::ParseDeepSpeedConfigValue(ds_json, world_size));
 
   const loom::v1::DatasetSpec& dataset = spec.dataset();
   if (!dataset.path().empty()) {
