@@ -144,7 +144,18 @@ TEST_F(SchedulerGaugesTest, IncrementalCountsEqualRecountAfterRandomOperations) 
     if (::testing::Test::HasFailure()) return;
   }
   // The sequence did exercise the cases (some ranks ran, some node was lost or cordoned).
-  EXPECT_GT(MetricValue(*registry_, "loom_jobs_submitted_total"), 10);
+  const double submitted = MetricValue(*registry_, "loom_jobs_submitted_total");
+  EXPECT_GT(submitted, 10);
+  // Every accepted submission was stored by exactly one group commit.
+  double committed_jobs = -1;
+  for (const prometheus::MetricFamily& family : registry_->Collect()) {
+    if (family.name == "loom_submission_commit_jobs") {
+      committed_jobs = family.metric.at(0).histogram.sample_sum;
+    }
+  }
+  EXPECT_EQ(committed_jobs, submitted);
+  EXPECT_EQ(MetricValue(*registry_, "loom_submission_commit_jobs"),
+            MetricValue(*registry_, "loom_submission_commits_total"));
 }
 
 }  // namespace

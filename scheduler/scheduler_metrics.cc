@@ -52,6 +52,17 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                         .Add({}, prometheus::Histogram::BucketBoundaries{
                                      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                      0.05, 0.1, 0.25, 0.5, 1.0});
+  submission_commits_ = &prometheus::BuildCounter()
+                            .Name("loom_submission_commits_total")
+                            .Help("Group commits of submitted jobs (one transaction and fsync each).")
+                            .Register(registry)
+                            .Add({});
+  submission_commit_jobs_ = &prometheus::BuildHistogram()
+                                .Name("loom_submission_commit_jobs")
+                                .Help("Submitted jobs stored per group commit.")
+                                .Register(registry)
+                                .Add({}, prometheus::Histogram::BucketBoundaries{
+                                             1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096});
   queue_wait_seconds_ = &prometheus::BuildHistogram()
                              .Name("loom_job_queue_wait_seconds")
                              .Help("Time from submission to placement of a job (leaving PENDING).")
@@ -181,6 +192,11 @@ void SchedulerMetrics::ObserveSchedulingCycle(absl::Duration duration) {
 void SchedulerMetrics::SetRankSlots(int free, int used) {
   slots_free_->Set(free);
   slots_used_->Set(used);
+}
+
+void SchedulerMetrics::SubmissionsCommitted(int64_t jobs) {
+  submission_commits_->Increment();
+  submission_commit_jobs_->Observe(static_cast<double>(jobs));
 }
 
 }  // namespace loom

@@ -26,6 +26,10 @@
 //   loom_job_restarts_total{cause}            counter: new attempts after a failure, by failure
 //                                             class: user | infra | setup | oom | preemption |
 //                                             other
+//   loom_submission_commits_total             counter: group commits of submitted jobs (one
+//                                             SQLite transaction and fsync each)
+//   loom_submission_commit_jobs               histogram: jobs per such commit (the group commit's
+//                                             batch size; JobRepository)
 #ifndef LOOM_SCHEDULER_SCHEDULER_METRICS_H_
 #define LOOM_SCHEDULER_SCHEDULER_METRICS_H_
 
@@ -78,6 +82,8 @@ class SchedulerMetrics {
   void SetAccelerators(const std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int>& counts);
   // A job starts a new attempt after a failure of class `cause` (PREEMPTED -> "preemption").
   void JobRestarted(loom::v1::FailureClass cause);
+  // One group commit that durably stored `jobs` (>= 1) submitted jobs.
+  void SubmissionsCommitted(int64_t jobs);
 
  private:
   // Immutable after construction (the series themselves are thread-safe).
@@ -96,6 +102,8 @@ class SchedulerMetrics {
   prometheus::Counter* admission_other_;
   prometheus::Family<prometheus::Gauge>* accelerators_family_;
   prometheus::Family<prometheus::Counter>* restarts_family_;
+  prometheus::Counter* submission_commits_;
+  prometheus::Histogram* submission_commit_jobs_;
   absl::Mutex mu_;
   std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, prometheus::Gauge*>
       tenant_jobs_ ABSL_GUARDED_BY(mu_);

@@ -33,6 +33,25 @@ TEST(SchedulerMetricsTest, TenantJobsKeepSeenCombinationsAtZero) {
   ExpectLine(t, "loom_tenant_jobs{phase=\"RUNNING\",queue=\"default\",tenant=\"team-a\"} 2");
 }
 
+TEST(SchedulerMetricsTest, SubmissionCommitsAndTheirBatchSizes) {
+  prometheus::Registry registry;
+  SchedulerMetrics m(registry);
+  ExpectLine(Text(registry), "loom_submission_commits_total 0");
+  m.SubmissionsCommitted(1);
+  m.SubmissionsCommitted(3);
+  m.SubmissionsCommitted(3);
+  m.SubmissionsCommitted(100);
+  const std::string t = Text(registry);
+  ExpectLine(t, "loom_submission_commits_total 4");
+  ExpectLine(t, "loom_submission_commit_jobs_count 4");
+  ExpectLine(t, "loom_submission_commit_jobs_sum 107");
+  ExpectLine(t, "loom_submission_commit_jobs_bucket{le=\"1\"} 1");
+  ExpectLine(t, "loom_submission_commit_jobs_bucket{le=\"2\"} 1");
+  ExpectLine(t, "loom_submission_commit_jobs_bucket{le=\"4\"} 3");
+  ExpectLine(t, "loom_submission_commit_jobs_bucket{le=\"64\"} 3");
+  ExpectLine(t, "loom_submission_commit_jobs_bucket{le=\"128\"} 4");
+}
+
 TEST(SchedulerMetricsTest, AdmissionAttemptsByResult) {
   prometheus::Registry registry;
   SchedulerMetrics m(registry);

@@ -186,7 +186,10 @@ void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl
     return;
   }
   // Only the job counts changed (UpdateGauges would also walk every rank and node).
-  if (metrics_ != nullptr) metrics_->SetJobCounts(phase_counts_);
+  if (metrics_ != nullptr) {
+    metrics_->SetJobCounts(phase_counts_);
+    metrics_->SubmissionsCommitted(static_cast<int64_t>(batch.size()));
+  }
 }
 
 }  // namespace loom

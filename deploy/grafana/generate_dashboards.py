@@ -76,6 +76,10 @@ d.panel("Phase transitions per minute", [(f"sum by (to) (rate(loom_job_phase_tra
 d.panel("Scheduling cycle duration", [
     (f"histogram_quantile(0.5, sum by (le) (rate(loom_scheduling_cycle_seconds_bucket[{RI}])))", "p50"),
     (f"histogram_quantile(0.99, sum by (le) (rate(loom_scheduling_cycle_seconds_bucket[{RI}])))", "p99")], unit="s")
+d.panel("Submissions per group commit", [
+    (f"sum(rate(loom_submission_commit_jobs_sum[{RI}])) / sum(rate(loom_submission_commit_jobs_count[{RI}]))", "jobs per commit"),
+    (f"sum(rate(loom_submission_commits_total[{RI}]))", "commits per second")],
+    desc="Submitted jobs stored per SQLite transaction (one fsync each): concurrent submissions share a commit.")
 d.row("Workers and daemons")
 d.panel("Ranks by state", [("sum by (state) (loom_worker_ranks)", "{{state}}")])
 d.panel("Heartbeats per second", [(f"sum by (instance, result) (rate(loom_worker_heartbeats_total[{RI}]))", "{{instance}} {{result}}")], unit="reqps")
