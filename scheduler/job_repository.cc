@@ -46,6 +46,10 @@ void JobRepository::FinishPreparing() {
   ++preparing_finished_;
 }
 
+bool JobRepository::JoinedOrFull() const {
+  return preparing_finished_ >= join_target_ || stop_ || queue_.size() >= max_batch_;
+}
+
 absl::Status JobRepository::SubmitAndWait(JobRecord job) {
   absl::Notification acknowledged;
   absl::Status result;
@@ -69,22 +73,11 @@ void JobRepository::CommitLoop() {
           this));
       if (queue_.empty()) return;  // stopping, nothing left to commit
       // Let the submissions announced by now join this batch ("Joining a batch").
-      const uint64_t announced = preparing_started_;
-      if (preparing_finished_ < announced && queue_.size() < max_batch_ && !stop_ &&
-          join_wait_ > absl::ZeroDuration()) {
-        struct Joined {
-          JobRepository* r;
-          uint64_t announced;
-        } joined{this, announced};
+      join_target_ = preparing_started_;
+      if (join_wait_ > absl::ZeroDuration() && !JoinedOrFull()) {
         ++stats_.join_waits;
-        if (!mu_.AwaitWithTimeout(
-                absl::Condition(
-                    +[](Joined* j) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                      return j->r->preparing_finished_ >= j->announced || j->r->stop_ ||
-                             j->r->queue_.size() >= j->r->max_batch_;
-                    },
-                    &joined),
-                join_wait_)) {
+        if (!mu_.AwaitWithTimeout(absl::Condition(this, &JobRepository::JoinedOrFull),
+                                  join_wait_)) {
           ++stats_.join_timeouts;
         }
       }

@@ -138,6 +138,9 @@ class JobRepository {
     Done done;
   };
   void CommitLoop();
+  // The commit thread's join wait is over: every submission announced when it began waiting
+  // (join_target_) finished preparing, the repository is stopping, or the batch is full.
+  bool JoinedOrFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* const store_;
   const BatchListener on_batch_;
@@ -147,6 +150,7 @@ class JobRepository {
   // Announced submissions: started and finished so far (StartPreparing / FinishPreparing).
   uint64_t preparing_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t preparing_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t join_target_ ABSL_GUARDED_BY(mu_) = 0;  // preparing_started_ when the wait began
   std::vector<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
