@@ -74,6 +74,9 @@ struct EngineOptions {
   // > 0: this rank's training micro-batches use this many tokens per sample instead of
   // sequence_length (uneven data across ranks).
   int64_t test_rank_sequence_length = 0;
+  // ZenFlow with overlap_step accumulates on the training thread, fused into the selective pass
+  // (ZenFlowOptions::host_accumulation false): the reference of the host-thread accumulation.
+  bool test_zenflow_fused_accumulation = false;
 };
 
 // Fills the spec fields of EngineOptions from `spec` (model.config, model.init_from, dataset,

@@ -98,6 +98,8 @@ class Trainer : public GradReadyListener {
   // pipeline's FinishStep (commit, or roll back on overflow). `step`: 0-based, as TrainStep's;
   // `scale`: this step's loss scale.
   void OptimizerStep(int64_t step, double scale, double* grad_norm, bool* skipped);
+  // See grads_to_clear_.
+  void ReleaseGradsBeforeBackward();
   // GradReadyListener: parameter i's reduced gradient partition is final for this step (the ZeRO
   // provider raises it as the last micro-step's reductions complete, during backward): raises
   // its sub-group's OnSubGroupReady once the whole sub-group is. Idempotent within a step, so
@@ -157,6 +159,10 @@ class Trainer : public GradReadyListener {
   std::vector<char> marked_;  // per parameter: OnPartitionGradReady seen in this step
   std::unique_ptr<CheckpointIo> checkpoints_;
   double last_optimizer_s_ = 0;  // wall time of the last OptimizerStep
+  // The last committed step's gradients are still read by the pipeline
+  // (reads_gradients_after_finish): ClearGrads waits for ReleaseGradients, before the next
+  // backward (ReleaseGradsBeforeBackward).
+  bool grads_to_clear_ = false;
   double data_seconds_ = 0;  // wall seconds spent building input batches so far
   std::unique_ptr<TrajectoryRecorder> trajectory_;  // null unless o_.trajectory_dir is set
   // The named process groups (process_groups.h), built for every job (P = 1 creates no process

@@ -105,6 +105,8 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_t0).count();
     model_->BeginMicroStep(m == gas - 1);
     at::Tensor loss;
+    // The sequence-parallel runner may run backward inside Loss; every other path only here.
+    if (sp_ != nullptr) ReleaseGradsBeforeBackward();
     if (sp_ != nullptr) {  // this rank's shard; loss_r * n_r / N (sequence_parallel.h)
       SequenceParallelRunner::MicroStep ms = sp_->Loss(x.ids, x.targets, order, x.positions);
       loss = ms.backprop;
@@ -127,12 +129,22 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
     }
     at::Tensor scaled = loss / static_cast<double>(gas);
     if (scale != 1.0) scaled = scaled * scale;  // fp16: DeepSpeed scales loss/GAS
+    ReleaseGradsBeforeBackward();
     scaled.backward();
     model_->FinishMicroStep();
   }
   const double mean_loss = MeanAcrossRanks(loss_sum / gas);
   OptimizerStep(step, scale, grad_norm, skipped);
   return mean_loss;
+}
+
+void Trainer::ReleaseGradsBeforeBackward() {
+  if (!grads_to_clear_) return;
+  // ZenFlow's host thread may still be accumulating the last step's gradients (it overlapped
+  // them with this forward): wait, then clear them as OptimizerStep would have.
+  Check(pipeline_->ReleaseGradients());
+  model_->ClearGrads();
+  grads_to_clear_ = false;
 }
 
 void Trainer::OnPartitionGradReady(ParamId i) {
@@ -183,7 +195,11 @@ void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool*
   last_optimizer_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
   model_->RefreshParams();
-  model_->ClearGrads();
+  if (pipeline_->reads_gradients_after_finish()) {
+    grads_to_clear_ = true;  // cleared before the next backward (ReleaseGradsBeforeBackward)
+  } else {
+    model_->ClearGrads();
+  }
   scaler_.Update(/*overflow=*/false);
 }
 

@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
   if (zf.overlap_step && pt < o.threads_per_rank) at::set_num_threads(pt);
   zo.topk_ratio = zf.topk_ratio;
   zo.overlap_step = zf.overlap_step;
+  zo.host_accumulation = !o.test_zenflow_fused_accumulation;
   zo.auto_ratio = zf.auto_ratio;
   zo.schedule.warm_up = zf.full_warm_up_rounds;
   zo.schedule.update_interval = zf.update_interval;

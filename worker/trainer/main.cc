@@ -96,6 +96,8 @@ ABSL_FLAG(std::vector<std::string>, test_inject_inf_grad_steps, {},
           "Test only: 1-based steps at which rank 0 writes +inf into a gradient.");
 ABSL_FLAG(std::string, test_layer_order, "",
           "Test only: STEP:L0,L1,... runs the decoder layers in this order at that step.");
+ABSL_FLAG(bool, test_zenflow_fused_accumulation, false,
+          "Test only: ZenFlow with overlap_step accumulates on the training thread.");
 ABSL_FLAG(int, test_rank_sequence_length, 0,
           "Test only: this rank's training samples use this many tokens (uneven data).");
 
@@ -180,6 +182,7 @@ int Main() {
   options->job_id = absl::GetFlag(FLAGS_job_id);
   options->collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
   options->trajectory_dir = absl::GetFlag(FLAGS_trajectory_dir);
+  options->test_zenflow_fused_accumulation = absl::GetFlag(FLAGS_test_zenflow_fused_accumulation);
   for (const std::string& v : absl::GetFlag(FLAGS_test_inject_inf_grad_steps)) {
     int64_t step = 0;
     if (!absl::SimpleAtoi(v, &step) || step < 1) {

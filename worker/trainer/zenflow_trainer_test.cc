@@ -5,6 +5,9 @@
 //   * TrainsOnEveryStageAndBf16: topk 0.25, select every 2 steps, update every 2, overlap on:
 //     stages 1, 2, 3 agree with each other (fp32 reduction order only), bf16 trains, the held-out
 //     loss falls, and the step events carry the ZenFlow metrics (interval, mass, bytes).
+//   * HostAccumulationEqualsTheFusedPassBitForBit: overlap_step's accumulation on the host thread,
+//     after FinishStep and before the next backward, against the training thread's fused pass
+//     (--test_zenflow_fused_accumulation), stages 1 and 3: losses and checkpoints bit for bit.
 //   * ResumeIsBitForBit: save at step 3 (a CPU step in flight) -> resume -> steps 4-6 and the
 //     step-6 checkpoint equal the uninterrupted run's bit for bit; the state file is required.
 //   * Fp16InjectedInfSkipsTheStepOnBothSides: fp16 with an inf injected into rank 0's gradient
@@ -142,6 +145,29 @@ TEST(ZenFlowTrainerTest, TrainsOnEveryStageAndBf16) {
   const std::vector<double> beval = Losses(bf, "eval");
   ASSERT_GE(beval.size(), 2u);
   EXPECT_LT(beval.back(), beval.front());
+}
+
+// The host thread's accumulation (overlap_step) reads the gradients after FinishStep returns, and
+// the trainer clears them only after ReleaseGradients, before the next backward; stages 1-2 zero
+// them there and stage 3 lets the next reduction overwrite them. Against the training thread's
+// fused pass, the same arithmetic in the same order, the losses and the checkpointed parameters
+// and moments are equal bit for bit; a gradient cleared or overwritten while the host thread
+// still reads it would change them.
+TEST(ZenFlowTrainerTest, HostAccumulationEqualsTheFusedPassBitForBit) {
+  for (int stage : {1, 3}) {
+    const std::string host = absl::StrCat("zf_host_s", stage);
+    const std::string fused = absl::StrCat("zf_fused_s", stage);
+    json zfb = ZenFlowBlock();
+    zfb["full_warm_up_rounds"] = 0;
+    const std::string spec = Spec(host, 7, Zero(stage, zfb), false, 7);
+    GangResult a = RunJob(host, spec);
+    GangResult b = RunJob(fused, spec, {"--test_zenflow_fused_accumulation"});
+    ASSERT_EQ(Losses(a, "step").size(), 7u) << host;
+    EXPECT_EQ(Losses(a, "step"), Losses(b, "step")) << "stage " << stage;
+    EXPECT_EQ(Losses(a, "eval"), Losses(b, "eval")) << "stage " << stage;
+    const std::string step7 = "/" + loom::storage::StepDirName(7);
+    ExpectSameSections(Dir(host) + step7, Dir(fused) + step7, absl::StrCat("stage ", stage));
+  }
 }
 
 TEST(ZenFlowTrainerTest, ResumeIsBitForBit) {

@@ -61,6 +61,11 @@ absl::Status OptimizerPipeline::FinishStep(const StepValidation& validation) {
   return Commit(validation);
 }
 
+absl::Status OptimizerPipeline::ReleaseGradients() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return OnReleaseGradients();
+}
+
 bool OptimizerPipeline::step_open() const {
   std::lock_guard<std::mutex> lock(mu_);
   return open_;

@@ -20,7 +20,10 @@
 //                                  applied with the gradients multiplied by
 //                                  validation.grad_multiplier = 1 / (clip * loss_scale).
 // Then the caller refreshes the model's working parameters from the masters and clears the
-// gradients. The update math is unchanged by the pipeline: the in-memory implementation is
+// gradients; a pipeline whose reads_gradients_after_finish() is true still reads them after
+// FinishStep returns (ZenFlow with overlap_step accumulates them on its host thread while the
+// next forward runs), and the caller must call ReleaseGradients() before it clears or overwrites
+// them (before the next backward). The update math is unchanged by the pipeline: the in-memory implementation is
 // torch.optim.Adam/AdamW (worker/engine/optimizer.h), the offload one CpuAdam
 // (worker/engine/offload/cpu_adam.h); per element the two differ by FMA rounding only.
 //
@@ -90,6 +93,11 @@ class OptimizerPipeline {
   absl::Status OnSubGroupReady(int64_t k);
   absl::Status FinishStep(const StepValidation& validation);
   bool step_open() const;
+  // See above. ReleaseGradients blocks until the pipeline no longer reads the gradients of the
+  // last FinishStep; call it from the training thread, outside FinishStep, before the gradients
+  // change (open step or not).
+  virtual bool reads_gradients_after_finish() const { return false; }
+  absl::Status ReleaseGradients();
 
  protected:
   // The hooks, called under the mutex after the protocol checks. `step_` / `lr_` hold
@@ -98,6 +106,7 @@ class OptimizerPipeline {
   virtual absl::Status OnReady(int64_t /*k*/) { return absl::OkStatus(); }
   virtual absl::Status Commit(const StepValidation& validation) = 0;
   virtual absl::Status Rollback() { return absl::OkStatus(); }
+  virtual absl::Status OnReleaseGradients() { return absl::OkStatus(); }
 
   int64_t step_ = 0;
   double lr_ = 0.0;

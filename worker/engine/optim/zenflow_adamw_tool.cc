@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
         if (auto s = (*pipe)->OnSubGroupReady(k); !s.ok()) return s;
       }
       if (auto s = (*pipe)->FinishStep({}); !s.ok()) return s;
+      if (auto s = (*pipe)->ReleaseGradients(); !s.ok()) return s;  // before the next read
     }
     (*pipe)->Quiesce();
     return absl::OkStatus();

@@ -56,7 +56,8 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
       coll_(collectives),
       cpu_adam_(options.adam),
       device_adam_(WithThreads(options.adam, options.device_threads)),
-      pass_(options.adam, options.device_threads) {
+      pass_(options.adam, options.device_threads),
+      host_acc_(options.overlap_step && options.host_accumulation) {
   const size_t n = params_.size();
   selected_.resize(n);
   sel_idx_.resize(n);
@@ -67,27 +68,39 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
   if (opt_.schedule.update_interval == 0) {
     auto_ = std::make_unique<ZenFlowAutoInterval>(n2d, opt_.topk_ratio, opt_.auto_ratio);
   }
+  if (opt_.overlap_step) host_ = std::make_unique<HostWorker>();
 }
 
 ZenFlowPipeline::~ZenFlowPipeline() { Quiesce(); }
 
 void ZenFlowPipeline::Quiesce() {
-  if (worker_.joinable()) {
-    worker_.join();
+  if (host_ != nullptr) host_->WaitAll();
+  if (cpu_in_flight_) {
+    cpu_in_flight_ = false;
     pending_ = true;
   }
 }
 
 void ZenFlowPipeline::Flush() {
-  WaitCpu();
+  Quiesce();
   if (pending_) Publish();
 }
 
 void ZenFlowPipeline::WaitCpu() {
-  if (!worker_.joinable()) return;
+  if (!cpu_in_flight_) return;
   const auto t0 = std::chrono::steady_clock::now();
-  Quiesce();
+  host_->WaitBackground(cpu_ticket_);
+  cpu_in_flight_ = false;
+  pending_ = true;
   metrics_.stall_s += Seconds(t0);
+}
+
+absl::Status ZenFlowPipeline::OnReleaseGradients() {
+  if (!host_acc_ || acc_ticket_ == 0) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  host_->WaitUrgent(acc_ticket_);
+  release_wait_s_ += Seconds(t0);
+  return absl::OkStatus();
 }
 
 void ZenFlowPipeline::InitCpuCopies() {
@@ -167,6 +180,26 @@ void ZenFlowPipeline::Publish() {
   pending_ = false;
 }
 
+void ZenFlowPipeline::PostCpuStep(int64_t t, double lr, int buffer) {
+  // Chunks of whole 64-byte lines, so that an accumulation posted meanwhile waits at most one
+  // chunk (~1 ms) for the thread; CpuAdam is element-wise, so the chunks change no bit.
+  constexpr int64_t kChunk = 1 << 18;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    const int64_t n = cpu_param_[i].numel();
+    for (int64_t b = 0; b < n; b += kChunk) {
+      const int64_t e = std::min(n, b + kChunk);
+      cpu_ticket_ = host_->PostBackground([this, t, lr, buffer, i, b, e] {
+        OptimizerPartition p = source_(i);
+        cpu_adam_.StepRange(t, lr, cpu_param_[i].data_ptr<float>(),
+                            acc_[buffer][i].data_ptr<float>(), p.exp_avg.data_ptr<float>(),
+                            p.exp_avg_sq.data_ptr<float>(), b, e);
+      });
+    }
+  }
+  cpu_in_flight_ = true;
+}
+
 void ZenFlowPipeline::RunCpuStep(int64_t t, double lr, int buffer) {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!is2d(i)) continue;
@@ -212,7 +245,8 @@ absl::StatusOr<bool> ZenFlowPipeline::AutoBoundary() {
 }
 
 absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
-  metrics_.stall_s = 0;
+  metrics_.stall_s = release_wait_s_;
+  release_wait_s_ = 0;
   if (!initialized_) InitCpuCopies();
   const size_t n = params_.size();
   const bool warm_up = opt_.schedule.IsWarmUp(step_);
@@ -272,31 +306,45 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   ++acc_steps_[b];
   ++interval_steps_;
   ++sel_t_;
+  // With the host thread, the accumulation of every 2-D parameter is posted first and runs
+  // there while this thread applies the selective update (both only read the gradient).
+  const bool async = host_acc_;
+  std::vector<ZenFlowPassArgs> args;
   for (size_t i = 0; i < n; ++i) {
-    if (is2d(i)) {
-      ZenFlowPassArgs a;
-      a.grad = GradPtr(parts[i]);
-      a.grad_multiplier = mult;
-      a.acc = acc_[b][i].data_ptr<float>();
-      a.n = acc_[b][i].numel();
-      a.first = first;
-      a.mean_scale = mean;
-      a.selected = sel_idx_[i].data();
-      a.k = static_cast<int64_t>(sel_idx_[i].size());
-      a.master = parts[i].param.data_ptr<float>();
-      if (a.k > 0) {
-        a.sel_exp_avg = sel_m_[i].data_ptr<float>();
-        a.sel_exp_avg_sq = sel_v_[i].data_ptr<float>();
-      }
-      a.t = sel_t_;
-      a.lr = lr_;
-      pass_.Run(a);
-      if (parts[i].grad.defined()) metrics_.bytes_moved += 4 * parts[i].grad.numel();
-    } else {
-      device_adam_.Step(step_, lr_, parts[i].param.data_ptr<float>(), GradPtr(parts[i]),
-                        parts[i].exp_avg.data_ptr<float>(), parts[i].exp_avg_sq.data_ptr<float>(),
-                        parts[i].param.numel());
+    if (!is2d(i)) continue;
+    ZenFlowPassArgs a;
+    a.grad = GradPtr(parts[i]);
+    a.grad_multiplier = mult;
+    a.acc = acc_[b][i].data_ptr<float>();
+    a.n = acc_[b][i].numel();
+    a.first = first;
+    a.mean_scale = mean;
+    a.selected = sel_idx_[i].data();
+    a.k = static_cast<int64_t>(sel_idx_[i].size());
+    a.master = parts[i].param.data_ptr<float>();
+    if (a.k > 0) {
+      a.sel_exp_avg = sel_m_[i].data_ptr<float>();
+      a.sel_exp_avg_sq = sel_v_[i].data_ptr<float>();
     }
+    a.t = sel_t_;
+    a.lr = lr_;
+    a.accumulate = !async;
+    args.push_back(a);
+    if (parts[i].grad.defined()) metrics_.bytes_moved += 4 * parts[i].grad.numel();
+  }
+  if (async && !args.empty()) {
+    acc_ticket_ = host_->PostUrgent([args] {
+      for (const ZenFlowPassArgs& a : args) ZenFlowStepPass::AccumulateAll(a);
+    });
+  }
+  for (const ZenFlowPassArgs& a : args) {
+    if (a.accumulate || a.k > 0) pass_.Run(a);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (is2d(i)) continue;
+    device_adam_.Step(step_, lr_, parts[i].param.data_ptr<float>(), GradPtr(parts[i]),
+                      parts[i].exp_avg.data_ptr<float>(), parts[i].exp_avg_sq.data_ptr<float>(),
+                      parts[i].param.numel());
   }
   if (!boundary) return absl::OkStatus();
   // Update boundary: the interval's mean gradient (acc_[b], scaled above) goes to the CPU
@@ -307,9 +355,9 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   if (opt_.overlap_step) {
     WaitCpu();  // interval k-1's step: its result lands now, one interval late
     if (pending_) Publish();
-    const int64_t t = step_;
-    const double lr = lr_;
-    worker_ = std::thread([this, t, lr, b] { RunCpuStep(t, lr, b); });
+    // Behind this step's accumulation into buffer b: a background task starts only when no
+    // urgent one is queued (host_worker.h).
+    PostCpuStep(step_, lr_, b);
     state_ ^= 1;
     acc_steps_[state_] = 0;
   } else {

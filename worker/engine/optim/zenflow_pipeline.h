@@ -13,13 +13,22 @@
 // overwritten by CPU values. 1-D parameters (norms, biases) are updated on the device every step.
 // The first full_warm_up_rounds steps are synchronous full ZeRO-Offload steps.
 //
-// overlap_step (DeepSpeed's "Parallel" variant, §2.4): the CPU step of interval k runs on a
-// worker thread while interval k+1 accumulates into the second buffer (double buffering: the
-// worker reads buffer s, training writes buffer s^1, never aliased); its result is published at
-// boundary k+1. Staleness: an unselected column's gradient of a step in interval k reaches the
-// master at the end of interval k+1, i.e. at most 2*update_interval - 1 steps later (at most
-// update_interval - 1 without overlap). A select boundary first waits for a CPU step in flight
-// and publishes it early, then re-selects: the CPU copy of the previously selected columns is
+// overlap_step (DeepSpeed's "Parallel" variant, §2.4): the pipeline has a host thread
+// (host_worker.h) that does the CPU side. Each step's accumulation of the gradient into the
+// interval's buffer is posted to it in FinishStep and runs while the training thread applies the
+// selective update and the next forward runs (the trainer calls ReleaseGradients before the next
+// backward, which waits for it: reads_gradients_after_finish()). At an update boundary the CPU
+// step of interval k is posted behind it, in chunks that the next steps' accumulations overtake,
+// while interval k+1 accumulates into the second buffer (double buffering: the CPU step reads
+// buffer s, the accumulations write buffer s^1, never aliased); its result is published at
+// boundary k+1. On a CPU node this keeps the training thread's optimizer work to the selective
+// update (DeepSpeed's device-side accumulation is a GPU kernel; a CPU rank's is a pass over the
+// partition as large as the CPU Adam's reads, docs/benchmarks.md). Staleness: an unselected
+// column's gradient of a step in interval k reaches the master at the end of interval k+1, i.e.
+// at most 2*update_interval - 1 steps later (at most update_interval - 1 without overlap, where
+// the accumulation is fused into the selective pass on the training thread and the CPU step
+// runs there at the boundary). A select boundary first waits for a CPU step in flight and
+// publishes it early, then re-selects: the CPU copy of the previously selected columns is
 // resynced from the master and the selective moments restart at zero with their own step count
 // (DeepSpeed keeps the old count, which inflates the first update ~3.2x, TECHNIQUES-TESTS.md
 // §2.1.2(b); Loom does not copy that).
@@ -31,9 +40,11 @@
 // anything reads them (DeepSpeed clips only the CPU path): in place at warm-up, select and
 // Zen-auto steps and for 1-D parameters, otherwise on read by the fused per-step pass.
 //
-// Per step, each 2-D partition is streamed once (zenflow_step_pass.h: accumulation, the
-// interval's mean at its last step, the selective AdamW); the CPU step reads the accumulator,
-// and an accumulator whose count is 0 is overwritten by its next step (never zeroed).
+// Per step, each 2-D partition is streamed once on the training thread (zenflow_step_pass.h:
+// accumulation, the interval's mean at its last step, the selective AdamW), or, with
+// overlap_step, the selective AdamW there and the accumulation on the host thread (the same
+// arithmetic, so the same bits); the CPU step reads the accumulator, and an accumulator whose
+// count is 0 is overwritten by its next step (never zeroed).
 //
 // Sub-group events: OnSubGroupReady only records (the protocol's bookkeeping); all work happens
 // in FinishStep on the training thread, because the clip multiplier is known only then and the
@@ -46,8 +57,9 @@
 // [2 * #2-D params] doubles per step after warm-up.
 //
 // Thread-safety: OptimizerPipeline's contract. The accessors (metrics, selection, state) are for
-// the training thread between steps. Quiesce() waits for a CPU step in flight (call it before
-// reading the moments or masters, e.g. for a checkpoint).
+// the training thread between steps; accumulator() after ReleaseGradients. Quiesce() waits for
+// everything posted to the host thread (call it before reading the moments or masters, e.g. for
+// a checkpoint).
 #ifndef LOOM_WORKER_ENGINE_OPTIM_ZENFLOW_PIPELINE_H_
 #define LOOM_WORKER_ENGINE_OPTIM_ZENFLOW_PIPELINE_H_
 
@@ -56,13 +68,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/offload/cpu_adam.h"
 #include "worker/engine/optim/column_selection.h"
+#include "worker/engine/optim/host_worker.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
 #include "worker/engine/optim/zenflow_step_pass.h"
 
@@ -80,12 +92,18 @@ struct ZenFlowOptions {
   double topk_ratio = 0.1;
   ZenFlowSchedule schedule;      // update_interval 0 = Zen-auto
   bool overlap_step = false;
+  // With overlap_step: accumulate on the host thread (see above). false keeps the accumulation
+  // fused into the training thread's pass, as without overlap_step (the same bits; a test
+  // reference, loom-trainer --test_zenflow_fused_accumulation).
+  bool host_accumulation = true;
   double auto_ratio = 0.99;
 };
 
 // Observability, per the last committed step.
 struct ZenFlowMetrics {
-  double stall_s = 0;                  // training thread blocked on the CPU optimizer
+  double stall_s = 0;                  // training thread blocked on the CPU optimizer (this
+                                       // step's FinishStep, and with overlap_step the wait in
+                                       // ReleaseGradients before its backward)
   double selected_mass_fraction = 0;   // Σ|g| of selected columns / Σ|g| of 2-D params (last
                                        // selection, or every step in auto mode)
   int64_t update_interval = 0;         // steps in the last completed CPU interval
@@ -113,8 +131,11 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // step count (tests).
   at::Tensor accumulator(size_t i) const;
   int64_t accumulated_steps() const { return acc_steps_[state_]; }
-  bool cpu_step_in_flight() const { return worker_.joinable(); }
-  // Waits for a CPU step in flight (its result stays pending for the next boundary).
+  // A CPU step was started and not yet waited for (it may have finished).
+  bool cpu_step_in_flight() const { return cpu_in_flight_; }
+  bool reads_gradients_after_finish() const override { return host_acc_; }
+  // Waits for everything on the host thread (a CPU step's result stays pending for the next
+  // boundary).
   void Quiesce();
   // Waits for a CPU step in flight and publishes any pending result (end of training).
   void Flush();
@@ -129,6 +150,7 @@ class ZenFlowPipeline : public OptimizerPipeline {
 
  protected:
   absl::Status Commit(const StepValidation& validation) override;
+  absl::Status OnReleaseGradients() override;
 
  private:
   ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan plan,
@@ -144,6 +166,8 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // Blocks on the CPU step in flight, counting the wait as stall.
   void WaitCpu();
   void RunCpuStep(int64_t t, double lr, int buffer);
+  // Posts RunCpuStep's work to the host thread in chunks (overlap_step).
+  void PostCpuStep(int64_t t, double lr, int buffer);
   absl::StatusOr<bool> AutoBoundary();
 
   const ZenFlowOptions opt_;
@@ -152,7 +176,11 @@ class ZenFlowPipeline : public OptimizerPipeline {
   Collectives* const coll_;
   offload::CpuAdam cpu_adam_, device_adam_;
   ZenFlowStepPass pass_;  // the per-step accumulation + selective update (zenflow_step_pass.h)
-  std::thread worker_;
+  int64_t acc_ticket_ = 0;             // the last accumulation posted (HostWorker urgent ticket)
+  int64_t cpu_ticket_ = 0;             // the last chunk of the CPU step posted (background)
+  bool cpu_in_flight_ = false;
+  double release_wait_s_ = 0;          // ReleaseGradients' wait, added to the next step's stall
+  const bool host_acc_;                // overlap_step && host_accumulation
   bool initialized_ = false;
   std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy
   std::vector<at::Tensor> acc_[2];     // per parameter [p_i]: host accumulators (2-D only)
@@ -166,6 +194,9 @@ class ZenFlowPipeline : public OptimizerPipeline {
   std::unique_ptr<ZenFlowAutoInterval> auto_;
   int64_t interval_steps_ = 0;         // steps since the last update boundary
   ZenFlowMetrics metrics_;
+  // overlap_step: the CPU side's thread (null otherwise). Last, so it is joined before any
+  // buffer its tasks use is destroyed (the destructor quiesces it first anyway).
+  std::unique_ptr<HostWorker> host_;
 };
 
 }  // namespace loom::engine::optim

@@ -102,7 +102,9 @@ absl::Status Step(OptimizerPipeline& pipe, int64_t t, double multiplier = 1.0) {
   }
   StepValidation v;
   v.grad_multiplier = multiplier;
-  return pipe.FinishStep(v);
+  if (absl::Status s = pipe.FinishStep(v); !s.ok()) return s;
+  // The callers write the next step's gradients next: as the trainer does before its backward.
+  return pipe.ReleaseGradients();
 }
 
 bool BitEqual(const at::Tensor& a, const at::Tensor& b) {
@@ -393,6 +395,7 @@ TEST(ZenFlowPipelineTest, ZenAutoTrainsALeastSquaresProblemWithFiniteLoss) {
       if (absl::Status s = pipe->BeginStep(t, 0.05); !s.ok()) FAIL() << s;
       ASSERT_TRUE(pipe->OnSubGroupReady(0).ok());
       ASSERT_TRUE(pipe->FinishStep({}).ok());
+      ASSERT_TRUE(pipe->ReleaseGradients().ok());
       if (pipe->metrics().update_interval > 0) intervals.insert(pipe->metrics().update_interval);
     }
     pipe->Quiesce();

@@ -52,6 +52,9 @@ struct ZenFlowPassArgs {
   float* sel_exp_avg_sq = nullptr;  // [k]
   int64_t t = 1;                  // selective Adam step
   double lr = 0;
+  // false: Run skips the accumulation (acc, first and mean_scale are not read): the caller
+  // accumulates on another thread with AccumulateAll (ZenFlow with overlap_step).
+  bool accumulate = true;
 };
 
 class ZenFlowStepPass {
@@ -63,6 +66,12 @@ class ZenFlowStepPass {
   ZenFlowStepPass(const offload::CpuAdamOptions& adam, int threads);
 
   void Run(const ZenFlowPassArgs& a);
+
+  // The accumulation alone, over all n elements on the calling thread (grad, grad_multiplier,
+  // acc, n, first and mean_scale are read): the same arithmetic as Run's, so splitting the two
+  // changes no bit. It only reads grad, and Run with accumulate = false does not write acc, so
+  // the two may run at the same time on one partition.
+  static void AccumulateAll(const ZenFlowPassArgs& a);
 
  private:
   offload::ThreadPool pool_;
