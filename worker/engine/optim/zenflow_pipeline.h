@@ -17,8 +17,10 @@
 // (host_worker.h) that does the CPU side. Each step's accumulation of the gradient into the
 // interval's buffer is posted to it in FinishStep and runs while the training thread applies the
 // selective update and the next forward runs (the trainer calls ReleaseGradients before the next
-// backward, which waits for it: reads_gradients_after_finish()). At an update boundary the CPU
-// step of interval k is posted behind it, in chunks that the next steps' accumulations overtake,
+// backward, which waits for it: reads_gradients_after_finish(); so the gradients stay allocated
+// through that forward, which matters only where ClearGrads frees them, with
+// contiguous_gradients false). At an update boundary the CPU step of interval k is posted behind
+// it, in chunks that the next steps' accumulations overtake,
 // while interval k+1 accumulates into the second buffer (double buffering: the CPU step reads
 // buffer s, the accumulations write buffer s^1, never aliased); its result is published at
 // boundary k+1. On a CPU node this keeps the training thread's optimizer work to the selective
