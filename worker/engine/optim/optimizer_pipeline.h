@@ -23,8 +23,8 @@
 // gradients; a pipeline whose reads_gradients_after_finish() is true still reads them after
 // FinishStep returns (ZenFlow with overlap_step accumulates them on its host thread while the
 // next forward runs), and the caller must call ReleaseGradients() before it clears or overwrites
-// them (before the next backward). The update math is unchanged by the pipeline: the in-memory implementation is
-// torch.optim.Adam/AdamW (worker/engine/optimizer.h), the offload one CpuAdam
+// them (before the next backward). The update math is unchanged by the pipeline: the in-memory
+// implementation is torch.optim.Adam/AdamW (worker/engine/optimizer.h), the offload one CpuAdam
 // (worker/engine/offload/cpu_adam.h); per element the two differ by FMA rounding only.
 //
 // Thread-safety: the three calls are serialised by the pipeline's mutex, and the hooks run
