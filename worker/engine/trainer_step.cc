@@ -174,10 +174,19 @@ void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool*
   in.grads_partitioned = model_->grads_partitioned();
   absl::StatusOr<optim::StepValidation> v = optim::ValidateStep(
       coll_, in, [this] { return model_->any_nonfinite_grad(); },
-      [this] {  // one fp32 read per element, no fp64 temporaries (grad_norm.h)
-        std::vector<at::Tensor> grads;
-        for (const ZeroParam& p : model_->params()) grads.push_back(p.grad);
-        return optim::LocalSquaredNorm(grads);
+      [this] {
+        // One fp32 read per element, no fp64 temporaries (grad_norm.h), skipped for the
+        // parameters whose norm the pipeline already took while backward ran (SuperOffload's
+        // speculation thread). Summed in parameter order: LocalSquaredNorm's value, bit for bit.
+        double sq = 0;
+        for (size_t i = 0; i < model_->params().size(); ++i) {
+          double part = 0;
+          if (!pipeline_->ComputedSquaredNorm(i, &part)) {
+            part = optim::LocalSquaredNorm({model_->params()[i].grad});
+          }
+          sq += part;
+        }
+        return sq;
       });
   Check(v.status());
   if (v->overflow) {

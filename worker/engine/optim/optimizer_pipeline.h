@@ -98,6 +98,17 @@ class OptimizerPipeline {
   // change (open step or not).
   virtual bool reads_gradients_after_finish() const { return false; }
   absl::Status ReleaseGradients();
+  // Parameter i's local squared gradient norm, Σ g² in fp64 exactly as
+  // optim::SumOfSquares(grad, numel) computes it (grad_norm.h), when the pipeline has already
+  // computed it this step while the sub-group was ready (SuperOffload's speculation thread does,
+  // in the same read as its finiteness check); false when it has not (or never does), and the
+  // caller computes it. Either way the value is the same bits, so summing per-parameter values
+  // in parameter order gives optim::LocalSquaredNorm's result exactly. Call from the training
+  // thread while the step is open, after backward (the gradients are final); lock-free, not
+  // serialised with the calls above.
+  virtual bool ComputedSquaredNorm(size_t /*i*/, double* /*squared_norm*/) const {
+    return false;
+  }
 
  protected:
   // The hooks, called under the mutex after the protocol checks. `step_` / `lr_` hold

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/optim/grad_norm.h"
 
 namespace loom::engine::optim {
 namespace {
@@ -28,12 +29,10 @@ offload::CpuAdamOptions AdamOptions(const SuperOffloadOptions& o) {
   return a;
 }
 
-bool AllFinite(const float* g, int64_t n) {
-  if (g == nullptr) return true;
-  for (int64_t j = 0; j < n; ++j) {
-    if (!std::isfinite(g[j])) return false;
-  }
-  return true;
+offload::CpuAdamOptions HelperAdamOptions(const SuperOffloadOptions& o) {
+  offload::CpuAdamOptions a = AdamOptions(o);
+  a.threads = 1;
+  return a;
 }
 
 }  // namespace
@@ -54,7 +53,11 @@ SuperOffloadPipeline::SuperOffloadPipeline(const SuperOffloadOptions& options, S
     : OptimizerPipeline(std::move(plan)),
       options_(options),
       source_(std::move(source)),
-      adam_(AdamOptions(options)) {
+      adam_(AdamOptions(options)),
+      helper_adam_(HelperAdamOptions(options)),
+      norm_sq_(this->plan().num_params(), 0.0),
+      norm_ready_(new std::atomic<bool>[this->plan().num_params()]) {
+  for (size_t i = 0; i < this->plan().num_params(); ++i) norm_ready_[i].store(false);
   const int64_t n = this->plan().num_sub_groups();
   // DeepSpeed zero/stage3.py: sub-group i on the CPU iff i >= floor((1 - ratio) * n).
   first_cpu_ = std::min<int64_t>(n, static_cast<int64_t>(std::floor((1.0 - options_.ratio) * n)));
@@ -104,7 +107,17 @@ absl::Status SuperOffloadPipeline::OnBegin() {
     g.stepped = false;
     g.nonfinite = false;
   }
+  // No task runs between steps (Commit and Rollback drain the queue).
+  for (size_t i = 0; i < plan().num_params(); ++i) {
+    norm_ready_[i].store(false, std::memory_order_relaxed);
+  }
   return absl::OkStatus();
+}
+
+bool SuperOffloadPipeline::ComputedSquaredNorm(size_t i, double* squared_norm) const {
+  if (i >= plan().num_params() || !norm_ready_[i].load(std::memory_order_acquire)) return false;
+  *squared_norm = norm_sq_[i];
+  return true;
 }
 
 absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
@@ -121,7 +134,7 @@ absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
     t.slices.push_back({p.param.data_ptr<float>(),
                         p.grad.defined() ? p.grad.data_ptr<float>() : nullptr,
                         p.exp_avg.data_ptr<float>(), p.exp_avg_sq.data_ptr<float>(),
-                        p.param.numel(), plan().partition_offset(i) - sg.offset});
+                        p.param.numel(), plan().partition_offset(i) - sg.offset, i});
   }
   {
     std::lock_guard<std::mutex> l(q_mu_);
@@ -140,18 +153,26 @@ void SuperOffloadPipeline::WorkerLoop() {
     queue_.pop_front();
     busy_ = true;
     l.unlock();
-    RunTask(t);
+    RunTask(t, adam_);
     l.lock();
     busy_ = false;
     if (queue_.empty()) idle_cv_.notify_all();
   }
 }
 
-void SuperOffloadPipeline::RunTask(const Task& t) {
+void SuperOffloadPipeline::RunTask(const Task& t, offload::CpuAdam& adam) {
+  if (options_.test_on_task) options_.test_on_task(t.k, &adam == &helper_adam_);
   CpuGroup& g = cpu_[t.k - first_cpu_];
   g.start = Clock::now();
+  // The finiteness check is the squared norm (finite iff every element is: a float's square and
+  // any sum of them fit a double), published for step validation (ComputedSquaredNorm).
   bool finite = true;
-  for (const Slice& s : t.slices) finite = finite && AllFinite(s.grad, s.numel);
+  for (const Slice& s : t.slices) {
+    const double sq = s.grad != nullptr ? SumOfSquares(s.grad, s.numel) : 0.0;
+    norm_sq_[s.index] = sq;
+    norm_ready_[s.index].store(true, std::memory_order_release);
+    finite = finite && std::isfinite(sq);
+  }
   if (!finite) {
     g.nonfinite = true;  // the step overflows: nothing to speculate
   } else {
@@ -169,7 +190,7 @@ void SuperOffloadPipeline::RunTask(const Task& t) {
         for (int64_t j = 0; j < s.numel; ++j) slot[j] = s.grad[j] * mul;
         grad = slot;
       }
-      adam_.Step(t.step, t.lr, s.param, grad, s.exp_avg, s.exp_avg_sq, s.numel);
+      adam.Step(t.step, t.lr, s.param, grad, s.exp_avg, s.exp_avg_sq, s.numel);
     }
     g.stepped = true;
   }
@@ -178,6 +199,15 @@ void SuperOffloadPipeline::RunTask(const Task& t) {
 
 bool SuperOffloadPipeline::Drain() {
   std::unique_lock<std::mutex> l(q_mu_);
+  // Help with what is still queued (backward's last sub-groups), newest first: the speculation
+  // thread takes the oldest, so the two threads meet in the middle of the queue.
+  while (!queue_.empty()) {
+    Task t = std::move(queue_.back());
+    queue_.pop_back();
+    l.unlock();
+    RunTask(t, helper_adam_);
+    l.lock();
+  }
   return idle_cv_.wait_for(l, options_.wait_deadline,
                            [this] { return queue_.empty() && !busy_; });
 }

@@ -10,9 +10,14 @@
 //     closed-form inverse, so a rollback restores them bit for bit whatever the gradients held),
 //     and steps on the unscaled, unclipped gradient g * (1 / loss_scale) (a separate fp32 slot
 //     when the loss scale is not 1; DeepSpeed speculates on the scaled gradient). A sub-group
-//     whose gradient holds an inf/NaN is not stepped (it is going to overflow anyway).
+//     whose gradient holds an inf/NaN is not stepped (it is going to overflow anyway). The
+//     finiteness check is the sub-group's squared gradient norm per parameter (one fp32 read;
+//     non-finite iff an element is), which the caller's validation then takes instead of reading
+//     the gradient again (ComputedSquaredNorm): the global norm's work moves under backward too.
 //   FinishStep(v): waits for every queued step (applied to its own sub-group whatever the
-//     completion order). Overflow: every speculated sub-group is restored from its snapshot and
+//     completion order); while steps are still queued, the calling thread takes them from the
+//     queue and runs them itself (its own single-threaded CpuAdam; the kernels are bit-identical
+//     whatever the thread), so the tail of backward's last sub-groups is stepped by two threads. Overflow: every speculated sub-group is restored from its snapshot and
 //     nothing else runs (the step is skipped; the caller halves the loss scale). Clipping active
 //     (v.clip_coef > 1; DeepSpeed turns speculation off here): every speculated sub-group is
 //     restored and its step replayed with the gradient times v.grad_multiplier. Otherwise the
@@ -54,6 +59,7 @@
 #ifndef LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
 #define LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -87,6 +93,9 @@ struct SuperOffloadOptions {
   // See "Adaptive speculation" above; false speculates every step.
   bool adaptive_speculation = false;
   std::chrono::milliseconds wait_deadline{std::chrono::minutes(10)};
+  // Tests only: called before each queued step runs, with its sub-group and whether the thread
+  // in FinishStep (true) or the speculation thread (false) runs it.
+  std::function<void(int64_t k, bool in_finish_step)> test_on_task;
 };
 
 // Counters since Create (all steps). Times are wall seconds.
@@ -129,6 +138,8 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   // Bytes of the snapshots and gradient slots (what exact rollback costs), allocated at Create.
   int64_t copy_bytes() const { return copy_bytes_; }
   SuperOffloadStats stats() const;
+  // The squared norms its tasks computed this step (OptimizerPipeline::ComputedSquaredNorm).
+  bool ComputedSquaredNorm(size_t i, double* squared_norm) const override;
 
  protected:
   absl::Status OnBegin() override;
@@ -144,6 +155,7 @@ class SuperOffloadPipeline : public OptimizerPipeline {
     float* exp_avg_sq;
     int64_t numel;
     int64_t offset;  // element offset within the sub-group
+    size_t index;    // the parameter's index (model order)
   };
   struct Task {
     int64_t k;
@@ -163,8 +175,11 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   SuperOffloadPipeline(const SuperOffloadOptions& options, SubGroupPlan plan,
                        PartitionSource source);
   void WorkerLoop();
-  void RunTask(const Task& t);
-  // Waits until the queue is empty and no task runs; false on the deadline.
+  // Runs one queued step with `adam` (the speculation thread's adam_, or helper_adam_ on the
+  // thread in FinishStep).
+  void RunTask(const Task& t, offload::CpuAdam& adam);
+  // Runs queued steps on the calling thread until the queue is empty, then waits until no task
+  // runs; false on the deadline.
   bool Drain();
   // Restores every stepped CPU sub-group from its snapshot; returns how many.
   int64_t RestoreAll();
@@ -182,6 +197,11 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   bool last_clip_active_ = false;     // the last committed step had clip_coef > 1
   std::vector<CpuGroup> cpu_;  // index k - first_cpu_
   offload::CpuAdam adam_;      // speculation thread and replays (never concurrently)
+  offload::CpuAdam helper_adam_;  // FinishStep's thread running queued steps (1 thread)
+  // Per parameter: Σ g² of this step's gradient, valid once norm_ready_[i] is true (set with
+  // release by the thread that ran i's task; cleared in OnBegin, when no task runs).
+  std::vector<double> norm_sq_;
+  std::unique_ptr<std::atomic<bool>[]> norm_ready_;
 
   std::mutex q_mu_;
   std::condition_variable q_cv_, idle_cv_;

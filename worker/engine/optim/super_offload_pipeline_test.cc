@@ -8,9 +8,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/loss_scaler.h"
 #include "worker/engine/offload/offload_optimizer.h"
+#include "worker/engine/optim/grad_norm.h"
 #include "worker/engine/optim/offload_pipeline.h"
 #include "worker/engine/optim/step_validation.h"
 
@@ -439,6 +443,94 @@ TEST(SuperOffloadPipelineTest, RatioSplitFollowsTheReferenceAndEqualsZeroOffload
       }
     }
   }
+}
+
+// The thread in FinishStep runs what is still queued. The speculation thread is held inside its
+// first task until FinishStep's thread has run every other one (no sleeps: a condition on the
+// count), so all but one sub-group step on the FinishStep thread's own CpuAdam. The result must
+// be the synchronous ZeRO-Offload step bit for bit, and the squared norms the tasks published
+// must be each gradient's, bit for bit as the trainer would compute them itself
+// (SumOfSquares) and within fp64 rounding of a double-precision reference; their sum in
+// parameter order is LocalSquaredNorm's value exactly.
+TEST(SuperOffloadPipelineTest, FinishStepRunsQueuedStepsAndTasksPublishTheGradientNorms) {
+  const int64_t sgs = 1;  // one sub-group per partition: 6
+  Model base = MakeModel(31);
+  Model sync = Clone(base);
+  std::unique_ptr<SyncOffload> sync_off = MakeSyncOffload(sync, 1, sgs);
+  Model m = Clone(base);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_finish = 0, on_worker = 0;
+  int64_t n_groups = 0;
+  SuperOffloadOptions o;
+  o.optimizer = AdamW(0.01);
+  o.ratio = 1.0;
+  o.cpu_threads = 2;
+  o.wait_deadline = std::chrono::seconds(60);
+  o.test_on_task = [&](int64_t, bool in_finish_step) {
+    std::unique_lock<std::mutex> l(mu);
+    if (in_finish_step) {
+      ++in_finish;
+      cv.notify_all();
+      return;
+    }
+    ++on_worker;
+    // The speculation thread's task waits until the others ran on FinishStep's thread. The
+    // bound only turns a regression (FinishStep not running queued steps) into a failure
+    // instead of a hang: FinishStep's wait_deadline below is longer, so it then fails.
+    cv.wait_for(l, std::chrono::seconds(20), [&] { return in_finish + on_worker >= n_groups; });
+  };
+  absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> made =
+      SuperOffloadPipeline::Create(o, Plan(sgs), SourceOf(&m));
+  ASSERT_TRUE(made.ok()) << made.status();
+  SuperOffloadPipeline& pipe = **made;
+  n_groups = pipe.plan().num_sub_groups();
+  ASSERT_EQ(n_groups, 6);
+
+  for (int64_t t = 1; t <= 3; ++t) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      in_finish = on_worker = 0;
+    }
+    SetGrads(sync, t, 1.0);
+    ASSERT_TRUE(sync_off->pipe->BeginStep(t, 1e-3).ok());
+    ASSERT_TRUE(RaiseSubGroups(*sync_off->pipe).ok());
+    ASSERT_TRUE(sync_off->pipe->FinishStep(NoClip()).ok());
+
+    SetGrads(m, t, 1.0);
+    ASSERT_TRUE(pipe.BeginStep(t, 1e-3).ok());
+    double sq = 0;
+    EXPECT_FALSE(pipe.ComputedSquaredNorm(0, &sq)) << "step " << t << ": before any task ran";
+    ASSERT_TRUE(RaiseSubGroups(pipe).ok());
+    // The gradients are final and untouched by the step: keep them to check the norms.
+    std::vector<at::Tensor> grads;
+    for (const OptimizerPartition& p : m.parts) grads.push_back(p.grad.clone());
+    ASSERT_TRUE(pipe.FinishStep(NoClip()).ok());
+    {
+      std::lock_guard<std::mutex> l(mu);
+      EXPECT_GE(in_finish, n_groups - 1) << "step " << t;
+      EXPECT_EQ(in_finish + on_worker, n_groups) << "step " << t;
+    }
+    double total = 0;
+    for (size_t i = 0; i < m.parts.size(); ++i) {
+      double part = -1;
+      ASSERT_TRUE(pipe.ComputedSquaredNorm(i, &part)) << "step " << t << " param " << i;
+      const double own = SumOfSquares(grads[i].data_ptr<float>(), grads[i].numel());
+      EXPECT_EQ(std::memcmp(&part, &own, sizeof(double)), 0) << "step " << t << " param " << i;
+      const double ref = grads[i].to(at::kDouble).pow(2).sum().item<double>();
+      EXPECT_NEAR(part, ref, 1e-12 * ref) << "step " << t << " param " << i;
+      total += part;
+    }
+    const double local = LocalSquaredNorm(grads);
+    EXPECT_EQ(std::memcmp(&total, &local, sizeof(double)), 0) << "step " << t;
+    for (size_t i = 0; i < m.parts.size(); ++i) {  // the offload optimizer owns its moments
+      EXPECT_TRUE(BitEqual(m.parts[i].param, sync.parts[i].param)) << "step " << t << " param "
+                                                                    << i;
+    }
+  }
+  EXPECT_EQ(pipe.stats().hits, 3 * n_groups);
+  EXPECT_FALSE(pipe.ComputedSquaredNorm(m.parts.size(), nullptr));  // out of range
 }
 
 TEST(SuperOffloadPipelineTest, CopyBytesAndSplit) {
