@@ -162,6 +162,10 @@ void SuperOffloadPipeline::WorkerLoop() {
 
 void SuperOffloadPipeline::RunTask(const Task& t, offload::CpuAdam& adam) {
   if (options_.test_on_task) options_.test_on_task(t.k, &adam == &helper_adam_);
+  if (t.in_commit) {
+    StepCpuGroup(t.k, t.multiplier, adam);
+    return;
+  }
   CpuGroup& g = cpu_[t.k - first_cpu_];
   g.start = Clock::now();
   // The finiteness check is the squared norm (finite iff every element is: a float's square and
@@ -245,7 +249,7 @@ int64_t SuperOffloadPipeline::RestoreAll() {
   return restored;
 }
 
-void SuperOffloadPipeline::StepCpuGroup(int64_t k, double multiplier) {
+void SuperOffloadPipeline::StepCpuGroup(int64_t k, double multiplier, offload::CpuAdam& adam) {
   // The synchronous ZeRO-Offload step (offload_pipeline.cc): gradient multiplied in place, then
   // CpuAdam per parameter.
   const SubGroup& sg = plan().sub_group(k);
@@ -256,9 +260,25 @@ void SuperOffloadPipeline::StepCpuGroup(int64_t k, double multiplier) {
       if (multiplier != 1.0) p.grad.mul_(multiplier);
       grad = p.grad.data_ptr<float>();
     }
-    adam_.Step(step_, lr_, p.param.data_ptr<float>(), grad, p.exp_avg.data_ptr<float>(),
-               p.exp_avg_sq.data_ptr<float>(), p.param.numel());
+    adam.Step(step_, lr_, p.param.data_ptr<float>(), grad, p.exp_avg.data_ptr<float>(),
+              p.exp_avg_sq.data_ptr<float>(), p.param.numel());
   }
+}
+
+bool SuperOffloadPipeline::StepCpuGroupsInCommit(const std::vector<int64_t>& ks,
+                                                 double multiplier) {
+  if (ks.empty()) return true;
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    for (int64_t k : ks) {
+      Task t{k, step_, lr_, 1.0, {}};
+      t.in_commit = true;
+      t.multiplier = multiplier;
+      queue_.push_back(std::move(t));
+    }
+  }
+  q_cv_.notify_one();
+  return Drain();
 }
 
 void SuperOffloadPipeline::StepDeviceGroups(double multiplier) {
@@ -273,6 +293,12 @@ void SuperOffloadPipeline::StepDeviceGroups(double multiplier) {
     for (size_t i = sg.first; i < sg.last; ++i) group.push_back(source_(i));
     ApplyOptimizerStep(options_.optimizer, args, group);
   }
+}
+
+absl::Status SuperOffloadPipeline::DeadlineInCommit() const {
+  return absl::DeadlineExceededError(absl::StrCat(
+      name(), ": step ", step_, ": CPU sub-group steps in FinishStep did not finish within ",
+      options_.wait_deadline.count(), " ms"));
 }
 
 absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
@@ -294,19 +320,21 @@ absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
     // Clipping is active: the speculative steps used the unclipped gradient. Restore them
     // exactly and replay every CPU sub-group with the clipped one (clip-and-replay).
     rolled_back = RestoreAll();
-    for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) {
-      StepCpuGroup(k, v.grad_multiplier);
-    }
+    std::vector<int64_t> all;
+    for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) all.push_back(k);
+    if (!StepCpuGroupsInCommit(all, v.grad_multiplier)) return DeadlineInCommit();
   } else {
+    std::vector<int64_t> rest;  // not speculated (paused, or non-finite gradient)
     for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) {
       CpuGroup& g = cpu_[k - first_cpu_];
       if (g.stepped) {
         ++hits;  // the speculative step is the step
       } else {
-        StepCpuGroup(k, v.grad_multiplier);  // not speculated (paused, or non-finite gradient)
+        rest.push_back(k);
       }
       g.stepped = false;
     }
+    if (!StepCpuGroupsInCommit(rest, v.grad_multiplier)) return DeadlineInCommit();
   }
   StepDeviceGroups(v.grad_multiplier);
   last_clip_active_ = v.clip_coef > 1.0;

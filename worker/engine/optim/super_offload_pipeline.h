@@ -17,7 +17,9 @@
 //   FinishStep(v): waits for every queued step (applied to its own sub-group whatever the
 //     completion order); while steps are still queued, the calling thread takes them from the
 //     queue and runs them itself (its own single-threaded CpuAdam; the kernels are bit-identical
-//     whatever the thread), so the tail of backward's last sub-groups is stepped by two threads. Overflow: every speculated sub-group is restored from its snapshot and
+//     whatever the thread), so the tail of backward's last sub-groups is stepped by two threads.
+//     The CPU sub-group steps FinishStep itself takes (replays, and steps not speculated) are
+//     shared between the two threads the same way. Overflow: every speculated sub-group is restored from its snapshot and
 //     nothing else runs (the step is skipped; the caller halves the loss scale). Clipping active
 //     (v.clip_coef > 1; DeepSpeed turns speculation off here): every speculated sub-group is
 //     restored and its step replayed with the gradient times v.grad_multiplier. Otherwise the
@@ -163,6 +165,10 @@ class SuperOffloadPipeline : public OptimizerPipeline {
     double lr;
     double unscale;  // 1 / loss_scale
     std::vector<Slice> slices;
+    // A step posted by Commit, not a speculation: StepCpuGroup(k, multiplier), no snapshot,
+    // no norm (slices empty).
+    bool in_commit = false;
+    double multiplier = 1.0;
   };
   struct CpuGroup {  // per CPU sub-group
     std::vector<float> param, exp_avg, exp_avg_sq;  // the snapshot
@@ -183,7 +189,11 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   bool Drain();
   // Restores every stepped CPU sub-group from its snapshot; returns how many.
   int64_t RestoreAll();
-  void StepCpuGroup(int64_t k, double multiplier);
+  void StepCpuGroup(int64_t k, double multiplier, offload::CpuAdam& adam);
+  // Steps the CPU sub-groups `ks` (not speculated, or replayed) with `multiplier` on both the
+  // speculation thread and the calling thread; false on the deadline.
+  bool StepCpuGroupsInCommit(const std::vector<int64_t>& ks, double multiplier);
+  absl::Status DeadlineInCommit() const;  // StepCpuGroupsInCommit's deadline, as a status
   void StepDeviceGroups(double multiplier);
   // Adds the finished tasks' times to stats_ (overlap measured against `finish_entered`).
   void AccountTasks(std::chrono::steady_clock::time_point finish_entered);
