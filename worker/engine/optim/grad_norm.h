@@ -18,7 +18,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace loom::engine::optim {
@@ -28,6 +30,40 @@ double SumOfSquares(const float* g, int64_t n);
 
 // Σ over the defined tensors of SumOfSquares of their elements.
 double LocalSquaredNorm(const std::vector<at::Tensor>& grads);
+
+// Per-parameter SumOfSquares values computed ahead of step validation by a pipeline's helper
+// thread while backward runs (OptimizerPipeline::ComputedSquaredNorm), each tagged with the
+// pipeline's step epoch (a counter the pipeline advances at every BeginStep, so that a value
+// from an earlier step, or from a rolled-back attempt at the same step number, never passes for
+// this one).
+// Thread-safety: Publish(i, ...) from one thread at a time per parameter; Get from any thread;
+// a value is visible to Get once Publish has returned (release/acquire on the epoch).
+class ReadySquaredNorms {
+ public:
+  explicit ReadySquaredNorms(size_t n)
+      : n_(n), sq_(new std::atomic<double>[n]), epoch_(new std::atomic<int64_t>[n]) {
+    for (size_t i = 0; i < n; ++i) {
+      sq_[i].store(0.0, std::memory_order_relaxed);
+      epoch_[i].store(0, std::memory_order_relaxed);  // epochs count from 1
+    }
+  }
+  size_t size() const { return n_; }
+  void Publish(size_t i, int64_t epoch, double squared_norm) {
+    sq_[i].store(squared_norm, std::memory_order_relaxed);
+    epoch_[i].store(epoch, std::memory_order_release);
+  }
+  // False when i is out of range or its value is not from `epoch`.
+  bool Get(size_t i, int64_t epoch, double* squared_norm) const {
+    if (i >= n_ || epoch_[i].load(std::memory_order_acquire) != epoch) return false;
+    *squared_norm = sq_[i].load(std::memory_order_relaxed);
+    return true;
+  }
+
+ private:
+  size_t n_;
+  std::unique_ptr<std::atomic<double>[]> sq_;
+  std::unique_ptr<std::atomic<int64_t>[]> epoch_;
+};
 
 }  // namespace loom::engine::optim
 

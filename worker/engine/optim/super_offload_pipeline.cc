@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/optim/grad_norm.h"
 
 namespace loom::engine::optim {
 namespace {
@@ -55,9 +54,7 @@ SuperOffloadPipeline::SuperOffloadPipeline(const SuperOffloadOptions& options, S
       source_(std::move(source)),
       adam_(AdamOptions(options)),
       helper_adam_(HelperAdamOptions(options)),
-      norm_sq_(this->plan().num_params(), 0.0),
-      norm_ready_(new std::atomic<bool>[this->plan().num_params()]) {
-  for (size_t i = 0; i < this->plan().num_params(); ++i) norm_ready_[i].store(false);
+      norms_(this->plan().num_params()) {
   const int64_t n = this->plan().num_sub_groups();
   // DeepSpeed zero/stage3.py: sub-group i on the CPU iff i >= floor((1 - ratio) * n).
   first_cpu_ = std::min<int64_t>(n, static_cast<int64_t>(std::floor((1.0 - options_.ratio) * n)));
@@ -107,17 +104,12 @@ absl::Status SuperOffloadPipeline::OnBegin() {
     g.stepped = false;
     g.nonfinite = false;
   }
-  // No task runs between steps (Commit and Rollback drain the queue).
-  for (size_t i = 0; i < plan().num_params(); ++i) {
-    norm_ready_[i].store(false, std::memory_order_relaxed);
-  }
+  ++epoch_;
   return absl::OkStatus();
 }
 
 bool SuperOffloadPipeline::ComputedSquaredNorm(size_t i, double* squared_norm) const {
-  if (i >= plan().num_params() || !norm_ready_[i].load(std::memory_order_acquire)) return false;
-  *squared_norm = norm_sq_[i];
-  return true;
+  return norms_.Get(i, epoch_, squared_norm);
 }
 
 absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
@@ -129,6 +121,7 @@ absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
   }
   const SubGroup& sg = plan().sub_group(k);
   Task t{k, step_, lr_, unscale_, {}};
+  t.epoch = epoch_;
   for (size_t i = sg.first; i < sg.last; ++i) {
     OptimizerPartition p = source_(i);
     t.slices.push_back({p.param.data_ptr<float>(),
@@ -173,8 +166,7 @@ void SuperOffloadPipeline::RunTask(const Task& t, offload::CpuAdam& adam) {
   bool finite = true;
   for (const Slice& s : t.slices) {
     const double sq = s.grad != nullptr ? SumOfSquares(s.grad, s.numel) : 0.0;
-    norm_sq_[s.index] = sq;
-    norm_ready_[s.index].store(true, std::memory_order_release);
+    norms_.Publish(s.index, t.epoch, sq);
     finite = finite && std::isfinite(sq);
   }
   if (!finite) {

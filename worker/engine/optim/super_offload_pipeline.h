@@ -61,7 +61,6 @@
 #ifndef LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
 #define LOOM_WORKER_ENGINE_OPTIM_SUPER_OFFLOAD_PIPELINE_H_
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -76,6 +75,7 @@
 #include "absl/status/statusor.h"
 #include "spec/ds_config.h"
 #include "worker/engine/offload/cpu_adam.h"
+#include "worker/engine/optim/grad_norm.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
 
 namespace loom::engine::optim {
@@ -165,6 +165,7 @@ class SuperOffloadPipeline : public OptimizerPipeline {
     double lr;
     double unscale;  // 1 / loss_scale
     std::vector<Slice> slices;
+    int64_t epoch = 0;  // the norms' tag
     // A step posted by Commit, not a speculation: StepCpuGroup(k, multiplier), no snapshot,
     // no norm (slices empty).
     bool in_commit = false;
@@ -208,10 +209,9 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   std::vector<CpuGroup> cpu_;  // index k - first_cpu_
   offload::CpuAdam adam_;      // speculation thread and replays (never concurrently)
   offload::CpuAdam helper_adam_;  // FinishStep's thread running queued steps (1 thread)
-  // Per parameter: Σ g² of this step's gradient, valid once norm_ready_[i] is true (set with
-  // release by the thread that ran i's task; cleared in OnBegin, when no task runs).
-  std::vector<double> norm_sq_;
-  std::unique_ptr<std::atomic<bool>[]> norm_ready_;
+  // Per parameter: Σ g² of this step's gradient, published by the thread that ran its task.
+  ReadySquaredNorms norms_;
+  int64_t epoch_ = 0;  // advanced at every BeginStep (the norms' tag)
 
   std::mutex q_mu_;
   std::condition_variable q_cv_, idle_cv_;
