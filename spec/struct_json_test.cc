@@ -129,7 +129,9 @@ TEST(StructToJsonTest, AValueWithNoKindIsHandledAsThePrinterHandlesIt) {
     const bool printed = google::protobuf::util::MessageToJsonString(*s, &text).ok();
     absl::StatusOr<json> got = StructToJson(*s, "cfg");
     ASSERT_EQ(got.ok(), printed) << text << " / " << got.status();
-    if (printed) EXPECT_EQ(got->dump(), json::parse(text).dump());
+    if (printed) {
+      EXPECT_EQ(got->dump(), json::parse(text).dump());
+    }
   }
 }
 
