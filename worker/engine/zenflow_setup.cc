@@ -73,12 +73,8 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
     zp.end = p.slice.end;
     params.push_back(zp);
   }
-  // One sub-group per parameter: ZenFlow's plan only carries the readiness events (its CPU step
-  // runs per parameter, in chunks), and per-parameter events let the host thread take each
-  // gradient's norm while backward still runs (DeepSpeed's ZenFlow works per reduced bucket);
-  // sub_group_size (DeepSpeed's default 1e9: one group, ready only after backward) does not
-  // apply to it.
-  ASSIGN_OR_RETURN(optim::SubGroupPlan plan, optim::SubGroupPlan::Create(numels, 1));
+  ASSIGN_OR_RETURN(optim::SubGroupPlan plan,
+                   optim::SubGroupPlan::Create(numels, o.ds.zero.sub_group_size));
   optim::PartitionSource source = [&model](size_t i) {
     ZeroParam& p = model.params()[i];
     return OptimizerPartition{p.master, p.grad, p.exp_avg, p.exp_avg_sq};

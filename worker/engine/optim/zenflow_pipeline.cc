@@ -57,8 +57,7 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
       cpu_adam_(options.adam),
       device_adam_(WithThreads(options.adam, options.device_threads)),
       pass_(options.adam, options.device_threads),
-      host_acc_(options.overlap_step && options.host_accumulation),
-      norms_(params_.size()) {
+      host_acc_(options.overlap_step && options.host_accumulation) {
   const size_t n = params_.size();
   selected_.resize(n);
   sel_idx_.resize(n);
@@ -94,42 +93,6 @@ void ZenFlowPipeline::WaitCpu() {
   cpu_in_flight_ = false;
   pending_ = true;
   metrics_.stall_s += Seconds(t0);
-}
-
-absl::Status ZenFlowPipeline::OnBegin() {
-  ++epoch_;
-  return absl::OkStatus();
-}
-
-absl::Status ZenFlowPipeline::OnReady(int64_t k) {
-  if (host_ == nullptr) return absl::OkStatus();
-  struct Grad {
-    size_t index;
-    const float* data;
-    int64_t numel;
-  };
-  std::vector<Grad> grads;
-  const SubGroup& sg = plan().sub_group(k);
-  for (size_t i = sg.first; i < sg.last; ++i) {
-    const OptimizerPartition p = source_(i);
-    if (!p.grad.defined()) {
-      norms_.Publish(i, epoch_, 0.0);
-    } else if (p.grad.scalar_type() == at::kFloat && p.grad.is_contiguous()) {
-      grads.push_back({i, p.grad.data_ptr<float>(), p.grad.numel()});
-    }  // else: the caller converts and computes it
-  }
-  if (grads.empty()) return absl::OkStatus();
-  // Urgent: ahead of a CPU step's chunks, behind nothing of this step (the last step's
-  // accumulation finished before this backward began: ReleaseGradients). FIFO on one thread, so
-  // a task of an earlier epoch never publishes after one of this epoch.
-  host_->PostUrgent([this, grads = std::move(grads), epoch = epoch_] {
-    for (const Grad& g : grads) norms_.Publish(g.index, epoch, SumOfSquares(g.data, g.numel));
-  });
-  return absl::OkStatus();
-}
-
-bool ZenFlowPipeline::ComputedSquaredNorm(size_t i, double* squared_norm) const {
-  return norms_.Get(i, epoch_, squared_norm);
 }
 
 absl::Status ZenFlowPipeline::OnReleaseGradients() {

@@ -76,7 +76,6 @@
 #include "worker/engine/collectives.h"
 #include "worker/engine/offload/cpu_adam.h"
 #include "worker/engine/optim/column_selection.h"
-#include "worker/engine/optim/grad_norm.h"
 #include "worker/engine/optim/host_worker.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
 #include "worker/engine/optim/zenflow_step_pass.h"
@@ -137,10 +136,6 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // A CPU step was started and not yet waited for (it may have finished).
   bool cpu_step_in_flight() const { return cpu_in_flight_; }
   bool reads_gradients_after_finish() const override { return host_acc_; }
-  // With overlap_step, each sub-group's squared gradient norms are taken on the host thread as
-  // soon as the sub-group is ready (an urgent task, while backward runs), so step validation
-  // does not read those gradients again on the training thread.
-  bool ComputedSquaredNorm(size_t i, double* squared_norm) const override;
   // Waits for everything on the host thread (a CPU step's result stays pending for the next
   // boundary).
   void Quiesce();
@@ -156,8 +151,6 @@ class ZenFlowPipeline : public OptimizerPipeline {
   absl::Status ImportState(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
  protected:
-  absl::Status OnBegin() override;
-  absl::Status OnReady(int64_t k) override;
   absl::Status Commit(const StepValidation& validation) override;
   absl::Status OnReleaseGradients() override;
 
@@ -203,8 +196,6 @@ class ZenFlowPipeline : public OptimizerPipeline {
   std::unique_ptr<ZenFlowAutoInterval> auto_;
   int64_t interval_steps_ = 0;         // steps since the last update boundary
   ZenFlowMetrics metrics_;
-  ReadySquaredNorms norms_;  // published by the host thread's norm tasks (OnReady)
-  int64_t epoch_ = 0;        // advanced at every BeginStep (the norms' tag)
   // overlap_step: the CPU side's thread (null otherwise). Last, so it is joined before any
   // buffer its tasks use is destroyed (the destructor quiesces it first anyway).
   std::unique_ptr<HostWorker> host_;
