@@ -19,12 +19,13 @@
 //     queue and runs them itself (its own single-threaded CpuAdam; the kernels are bit-identical
 //     whatever the thread), so the tail of backward's last sub-groups is stepped by two threads.
 //     The CPU sub-group steps FinishStep itself takes (replays, and steps not speculated) are
-//     shared between the two threads the same way. Overflow: every speculated sub-group is restored from its snapshot and
-//     nothing else runs (the step is skipped; the caller halves the loss scale). Clipping active
-//     (v.clip_coef > 1; DeepSpeed turns speculation off here): every speculated sub-group is
-//     restored and its step replayed with the gradient times v.grad_multiplier. Otherwise the
-//     speculative steps stand (a "hit"). The device sub-groups then take their in-memory
-//     Adam/AdamW step (ApplyOptimizerStep, worker/engine/optimizer.h) with v.grad_multiplier.
+//     shared between the two threads the same way. Overflow: every speculated sub-group is
+//     restored from its snapshot and nothing else runs (the step is skipped; the caller halves
+//     the loss scale). Clipping active (v.clip_coef > 1; DeepSpeed turns speculation off here):
+//     every speculated sub-group is restored and its step replayed with the gradient times
+//     v.grad_multiplier. Otherwise the speculative steps stand (a "hit"). The device sub-groups
+//     then take their in-memory Adam/AdamW step (ApplyOptimizerStep, worker/engine/optimizer.h)
+//     with v.grad_multiplier.
 //   Adaptive speculation (options.adaptive_speculation; the job default, offload_optimizer.
 //     speculation "adaptive"): a step is speculated only if the previous committed step's
 //     clipping was inactive (clip_coef <= 1; the first step is speculated). While the norm stays
