@@ -11,11 +11,15 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace loom::engine {
 
@@ -240,6 +244,45 @@ class GlooPending : public PendingCollective {
   std::function<void()> finish_;
 };
 
+// Test only (GlooOptions::test_store_get_delay): the rendezvous store of a slow rank, whose
+// every get waits first. Forwards everything else to the real store.
+class SlowGetStore : public c10d::Store {
+ public:
+  SlowGetStore(c10::intrusive_ptr<c10d::Store> inner, absl::Duration delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_->set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    absl::SleepFor(delay_);
+    return inner_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { inner_->wait(keys); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    inner_->wait(keys, timeout);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> inner_;
+  absl::Duration delay_;
+};
+
+// Returns once every rank of `pg` has built its mesh; throws like any Gloo collective.
+// Without it a rank could leave the rendezvous, fail in its set-up (a refused checkpoint) and exit
+// while a slower peer is still connecting: with rank 0 gone its TCPStore is gone, and a peer that
+// waits for a connection from the dead rank waits in Gloo's initial connect for 5x the timeout
+// (gloo/transport/tcp/pair.h, waitUntil) instead of failing: 300 s at the tests' 60 s. After the
+// barrier a rank's exit reaches its peers as a closed connection in their next collective.
+void EveryRankConnected(c10d::ProcessGroupGloo& pg, std::chrono::milliseconds timeout) {
+  auto work = pg.barrier();
+  if (!work->wait(timeout)) throw std::runtime_error("barrier after the rendezvous timed out");
+}
+
 class GlooCollectives : public Collectives {
  public:
   using Device = std::shared_ptr<::gloo::transport::Device>;
@@ -407,6 +450,7 @@ class GlooCollectives : public Collectives {
       opts->devices.push_back(device_);
       opts->threads = 1;
       auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, sub_rank, sub_world, opts);
+      EveryRankConnected(*pg, timeout_);
       return std::unique_ptr<Collectives>(
           new GlooCollectives(store, pg, device_, prefix, sub_rank, sub_world, timeout_));
     } catch (const std::exception& e) {
@@ -476,8 +520,12 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOpt
     so.numWorkers = o.world_size;
     so.waitWorkers = false;  // report the port first; the process group waits for peers
     so.timeout = timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
-    if (o.rank == 0 && o.on_listening) o.on_listening(store->getPort());
+    auto tcp_store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+    if (o.rank == 0 && o.on_listening) o.on_listening(tcp_store->getPort());
+    c10::intrusive_ptr<c10d::Store> store = tcp_store;
+    if (o.test_store_get_delay > absl::ZeroDuration()) {
+      store = c10::make_intrusive<SlowGetStore>(tcp_store, o.test_store_get_delay);
+    }
     auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
     // The address given (the trainer passes its node's advertised address); no address is
     // inferred from master_addr here.
@@ -487,6 +535,7 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOpt
     pg_opts->devices.push_back(device);
     pg_opts->threads = 1;
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, pg_opts);
+    EveryRankConnected(*pg, timeout);
     return std::unique_ptr<Collectives>(
         new GlooCollectives(store, pg, device, "", o.rank, o.world_size, timeout));
   } catch (const std::exception& e) {

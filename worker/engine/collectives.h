@@ -160,6 +160,8 @@ struct GlooOptions {
   absl::Duration timeout = absl::Seconds(300);
   // Rank 0 only: called with the bound TCPStore port once it listens, before waiting for peers.
   std::function<void(int port)> on_listening;
+  // Test only: every get of this rank's rendezvous store waits this long first (a slow rank).
+  absl::Duration test_store_get_delay = absl::ZeroDuration();
 };
 
 // Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo (subgroups: a
@@ -168,6 +170,8 @@ struct GlooOptions {
 // LibTorch 1.13 has neither reduce_scatter nor _allgather_base, and its allgather copies through
 // a full-size temporary); the reduce-scatter sums in rank order after the receives.
 // All-to-all is Gloo's alltoall_base with equal splits.
+// Returns only once every rank has connected (a barrier ends the rendezvous, so a rank that fails
+// and exits right after it cannot strand a slower peer inside Gloo's connect; same for subgroups).
 // Errors: INVALID_ARGUMENT for bad ranks/ports, UNAVAILABLE / DEADLINE_EXCEEDED when peers do
 // not arrive within the timeout.
 absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOptions& options);

@@ -259,6 +259,43 @@ TEST(Bf16WireTest, GathersBroadcastAndReductionsOfBf16) {
   });
 }
 
+// Regression (CI of d70984a: a rank of a gang that refused its checkpoint was killed after 120 s
+// without an error). A rank that fails right after the rendezvous and exits must not strand a
+// slower peer still connecting: rank 0 here drops its group (and with it the TCPStore server),
+// as a process exiting does, the moment CreateGlooCollectives returns, while rank 2 reads the
+// store slowly. Every rank must still get a working group: the rendezvous ends in a barrier, so
+// rank 0 returns only after rank 2 has connected. Without it rank 2 lost the store ("Broken
+// pipe") or waited in Gloo's connect for 5x the timeout.
+TEST(GlooCollectivesTest, NoRankLeavesTheRendezvousBeforeASlowPeerHasConnected) {
+  const int world = 3;
+  std::promise<int> port;
+  std::shared_future<int> shared = port.get_future().share();
+  std::vector<absl::Status> status(world);
+  std::vector<std::unique_ptr<Collectives>> groups(world);
+  auto rank_main = [&](int rank, std::shared_future<int> master_port) {
+    GlooOptions o;
+    o.bind_address = "127.0.0.1";
+    o.rank = rank;
+    o.world_size = world;
+    o.timeout = absl::Seconds(10);
+    if (rank == 0) {
+      o.on_listening = [&](int p) { port.set_value(p); };
+    } else {
+      o.master_port = master_port.get();
+    }
+    if (rank == 2) o.test_store_get_delay = absl::Milliseconds(300);
+    absl::StatusOr<std::unique_ptr<Collectives>> c = CreateGlooCollectives(o);
+    status[rank] = c.status();
+    if (c.ok() && rank != 0) groups[rank] = std::move(*c);  // rank 0: gone at once
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(rank_main, r, shared);
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  EXPECT_NE(groups[1], nullptr);
+  EXPECT_NE(groups[2], nullptr);
+}
+
 TEST(LocalCollectivesTest, AllToAllIsACopyAndTheOnlySubgroupIsRankZero) {
   std::unique_ptr<Collectives> c = CreateLocalCollectives();
   at::Tensor in = at::arange(5, at::kFloat).to(at::kBFloat16);
