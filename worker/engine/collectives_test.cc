@@ -263,9 +263,10 @@ TEST(Bf16WireTest, GathersBroadcastAndReductionsOfBf16) {
 // without an error). A rank that fails right after the rendezvous and exits must not strand a
 // slower peer still connecting: rank 0 here drops its group (and with it the TCPStore server),
 // as a process exiting does, the moment CreateGlooCollectives returns, while rank 2 reads the
-// store slowly. Every rank must still get a working group: the rendezvous ends in a barrier, so
+// store slowly. Every rank must still get its group: the rendezvous ends in a barrier, so
 // rank 0 returns only after rank 2 has connected. Without it rank 2 lost the store ("Broken
-// pipe") or waited in Gloo's connect for 5x the timeout.
+// pipe") and rank 1 waited in Gloo's connect for 5x the timeout. Own threads, not
+// testing::RunGang: that harness keeps every group (and rank 0's store) until all ranks are done.
 TEST(GlooCollectivesTest, NoRankLeavesTheRendezvousBeforeASlowPeerHasConnected) {
   const int world = 3;
   std::promise<int> port;
@@ -278,13 +279,22 @@ TEST(GlooCollectivesTest, NoRankLeavesTheRendezvousBeforeASlowPeerHasConnected) 
     o.rank = rank;
     o.world_size = world;
     o.timeout = absl::Seconds(10);
+    bool listening = false;
     if (rank == 0) {
-      o.on_listening = [&](int p) { port.set_value(p); };
+      o.on_listening = [&](int p) {
+        listening = true;
+        port.set_value(p);
+      };
     } else {
       o.master_port = master_port.get();
+      if (o.master_port <= 0) {  // rank 0 failed before it listened: no rendezvous to join
+        status[rank] = absl::UnavailableError("rank 0 never listened");
+        return;
+      }
     }
     if (rank == 2) o.test_store_get_delay = absl::Milliseconds(300);
     absl::StatusOr<std::unique_ptr<Collectives>> c = CreateGlooCollectives(o);
+    if (rank == 0 && !listening) port.set_value(-1);  // release the others instead of hanging
     status[rank] = c.status();
     if (c.ok() && rank != 0) groups[rank] = std::move(*c);  // rank 0: gone at once
   };
@@ -292,8 +302,6 @@ TEST(GlooCollectivesTest, NoRankLeavesTheRendezvousBeforeASlowPeerHasConnected) 
   for (int r = 0; r < world; ++r) threads.emplace_back(rank_main, r, shared);
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-  EXPECT_NE(groups[1], nullptr);
-  EXPECT_NE(groups[2], nullptr);
 }
 
 TEST(LocalCollectivesTest, AllToAllIsACopyAndTheOnlySubgroupIsRankZero) {
