@@ -5,7 +5,8 @@ medians), once with gradient clipping on (--clip, active when the global norm ex
 once with it off (0), because speculation pays only when its steps stand:
 
   offload:      zero_optimization.offload_optimizer.device cpu (CpuAdam over the partition
-                after backward; the training thread waits for it).
+                after backward; the training thread waits for it), or nvme with --device nvme
+                (ZeRO-Infinity: each sub-group read from its files, stepped, written back).
   superoffload: the same plus offload_optimizer.super_offload (ratio 1: every sub-group on the
                 CPU, stepped speculatively on the speculation thread while backward runs;
                 cpuadam_cores_perc 1; sub-group size modelled by the trainer unless given;
@@ -36,6 +37,12 @@ import offload_bench as ob  # noqa: E402
 def spec(path, a, super_offload, clip):
     zero = ob.offload_zero(a)
     zero["overlap_comm"] = True
+    if a.device == "nvme":  # both systems keep the optimizer state on files (ZeRO-Infinity)
+        nvme_dir = os.path.join(a.workdir, "nvme")
+        os.makedirs(nvme_dir, exist_ok=True)
+        zero["offload_optimizer"].update({"device": "nvme", "nvme_path": nvme_dir,
+                                          "buffer_count": a.buffer_count,
+                                          "pipeline_read": True, "pipeline_write": True})
     if super_offload:
         zero["offload_optimizer"].update({"super_offload": True, "ratio": 1.0,
                                           "cpuadam_cores_perc": 1.0,
@@ -73,13 +80,19 @@ def main():
     p.add_argument("--speculation", default="adaptive", choices=["adaptive", "always"],
                    help="offload_optimizer.speculation of the SuperOffload runs")
     p.add_argument("--sub_group_size", type=int, default=0, help="0 = the trainer's model")
+    p.add_argument("--device", default="cpu", choices=["cpu", "nvme"],
+                   help="offload_optimizer.device of both systems (nvme: files under the "
+                        "work directory; SuperOffload holds its steps in swap buffers)")
+    p.add_argument("--buffer_count", type=int, default=60,
+                   help="offload_optimizer.buffer_count with --device nvme (3 per sub-group "
+                        "SuperOffload may hold at once)")
     a = p.parse_args()
     ob.apply_example(a)
     keep = bool(a.workdir)
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="superoffload_bench_")
     os.makedirs(a.workdir, exist_ok=True)
-    print("shapes: %s; clipping %s (on = %g); load %.1f"
-          % (ob.shapes(a), a.clip_modes, a.clip, ob.load_average()), flush=True)
+    print("shapes: %s; clipping %s (on = %g); optimizer state %s; load %.1f"
+          % (ob.shapes(a), a.clip_modes, a.clip, a.device, ob.load_average()), flush=True)
     m = ob.median_run
     summary = {}
     for mode in a.clip_modes.split(","):

@@ -3,7 +3,9 @@
 // whose optimizer step runs on the CPU, the last ones; DeepSpeed's zero/stage3.py puts sub-group i
 // on the CPU iff i >= floor((1 - ratio) * #sub-groups)) and cpuadam_cores_perc (the share of the
 // rank's threads reserved for the speculative CPU Adam, default 0.8); and Loom's own key
-// speculation ("adaptive", the default, or "always": super_offload_pipeline.h). Errors:
+// speculation ("adaptive", the default, or "always": super_offload_pipeline.h). device "cpu"
+// keeps the optimizer state in host memory, "nvme" on files (held swap buffers instead of
+// rollback copies: super_offload_pipeline.h). Errors:
 // INVALID_ARGUMENT naming the key.
 #include <string>
 
@@ -33,9 +35,10 @@ absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is
   if (is_param) {
     return Invalid(Join(path, "super_offload"), "belongs to offload_optimizer, not offload_param");
   }
-  if (o->device != "cpu") {
+  if (o->device != "cpu" && o->device != "nvme") {
     return Invalid(Join(path, "super_offload"),
-                   absl::StrCat("needs device \"cpu\" (device is \"", o->device, "\")"));
+                   absl::StrCat("needs device \"cpu\" or \"nvme\" (device is \"", o->device,
+                                "\")"));
   }
   if (!(o->ratio >= 0.0 && o->ratio <= 1.0)) {
     return Invalid(Join(path, "ratio"), absl::StrCat(o->ratio, " is not in [0, 1]"));

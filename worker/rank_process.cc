@@ -305,6 +305,8 @@ void RankProcess::HandleEvent(const std::string& line) {
         stats_.superoffload_rollbacks_clip = static_cast<double>(st.rollbacks_clip());
         stats_.superoffload_replays = static_cast<double>(st.replays());
         stats_.superoffload_speculation_paused = static_cast<double>(st.speculation_paused());
+        stats_.superoffload_speculation_no_buffer =
+            static_cast<double>(st.speculation_no_buffer());
         stats_.superoffload_overlap_fraction = st.optimizer_overlap_fraction();
         stats_.superoffload_optimizer_work_seconds = st.optimizer_work_s();
       }

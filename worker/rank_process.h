@@ -86,6 +86,7 @@ struct RankStats {
   double superoffload_rollbacks_clip = 0;
   double superoffload_replays = 0;        // replayed with the clip coefficient
   double superoffload_speculation_paused = 0;  // not speculated: the step before clipped
+  double superoffload_speculation_no_buffer = 0;  // not speculated: no NVMe swap buffers free
   double superoffload_overlap_fraction = 0;
   double superoffload_optimizer_work_seconds = 0;
   // Per-kind peak memory of the last step (TrainerEvent.Step param_bytes, grad_bytes,

@@ -124,6 +124,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Help("SuperOffload: sub-group CPU optimizer steps not speculated because the "
                     "previous step clipped (adaptive speculation); stepped after validation.")
               .Register(registry)),
+      superoffload_no_buffer_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_superoffload_speculation_no_buffer_sub_groups_total")
+              .Help("SuperOffload with NVMe optimizer state: sub-group CPU optimizer steps not "
+                    "speculated because no swap buffers were free to hold them "
+                    "(offload_optimizer.buffer_count); stepped after validation.")
+              .Register(registry)),
       superoffload_hits_(
           prometheus::BuildCounter()
               .Name("loom_trainer_superoffload_speculation_hits_total")
@@ -248,6 +255,8 @@ void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
                   stats.superoffload_hits);
     AddCumulative(superoffload_paused_.Add(labels), rank, "paused", pid,
                   stats.superoffload_speculation_paused);
+    AddCumulative(superoffload_no_buffer_.Add(labels), rank, "no_buffer", pid,
+                  stats.superoffload_speculation_no_buffer);
     AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "overflow"}}), rank,
                   "rollbacks_overflow", pid, stats.superoffload_rollbacks_overflow);
     AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "clip"}}), rank,

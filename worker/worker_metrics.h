@@ -154,6 +154,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& zenflow_bytes_moved_;
   prometheus::Family<prometheus::Counter>& superoffload_speculated_;
   prometheus::Family<prometheus::Counter>& superoffload_paused_;
+  prometheus::Family<prometheus::Counter>& superoffload_no_buffer_;
   prometheus::Family<prometheus::Counter>& superoffload_hits_;
   prometheus::Family<prometheus::Gauge>& superoffload_hit_rate_;
   prometheus::Family<prometheus::Counter>& superoffload_rollbacks_;

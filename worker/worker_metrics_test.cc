@@ -28,6 +28,7 @@ RankStats SuperOffload(int64_t pid, double speculated, double hits, double clip)
   s.superoffload_rollbacks_clip = clip;
   s.superoffload_replays = clip;
   s.superoffload_speculation_paused = 2 * clip;
+  s.superoffload_speculation_no_buffer = 3 * clip;
   s.optimizer_rollbacks = clip;
   s.superoffload_overlap_fraction = 0.5;
   return s;
@@ -50,6 +51,7 @@ TEST(WorkerMetricsTest, CumulativeCountsOfTwoProcessesOfOneRankNeverMix) {
         "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"clip\"} 4\n",
         "loom_trainer_superoffload_replays_total{rank=\"0\",reason=\"clip\"} 4\n",
         "loom_trainer_superoffload_speculation_paused_sub_groups_total{rank=\"0\"} 8\n",
+        "loom_trainer_superoffload_speculation_no_buffer_sub_groups_total{rank=\"0\"} 12\n",
         "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"overflow\"} 0\n",
         "loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 4\n",
         // The gauges are the last recorded process's.

@@ -87,6 +87,7 @@ loom::TrainerEvent Trainer::StepEvent(const StepMeasures& m) {
     s->set_rollbacks_overflow(now.rollbacks_overflow);
     s->set_rollbacks_clip(now.rollbacks_clip);
     s->set_speculation_paused(now.not_speculated_paused);
+    s->set_speculation_no_buffer(now.not_speculated_no_buffer);
     s->set_replays(now.replays);
     s->set_optimizer_overlap_fraction(d.overlap_fraction());
     s->set_optimizer_work_s(d.speculative_s + d.finish_work_s);

@@ -49,10 +49,14 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
     return absl::OkStatus();
   }
   const std::string zpath = "deepspeed_config.zero_optimization.";
-  // SuperOffload: the moments stay with the model's partitions (host memory on a CPU node);
-  // the SuperOffload pipeline (SetUpPipeline) steps them.
-  if (oo.super_offload) return optim::CheckSuperOffloadJob(o_.ds);
-  if (oo.device != "none" && oo.ratio != 1.0) {
+  // SuperOffload with device "cpu": the moments stay with the model's partitions (host memory
+  // on a CPU node); the SuperOffload pipeline (SetUpPipeline) steps them. With "nvme" the offload
+  // optimizer below keeps every sub-group's state on files, cut by SuperOffload's sub-group
+  // size, and the pipeline holds its speculative steps in that optimizer's swap buffers.
+  if (oo.super_offload) {
+    RETURN_IF_ERROR(optim::CheckSuperOffloadJob(o_.ds));
+    if (oo.device != "nvme") return absl::OkStatus();
+  } else if (oo.device != "none" && oo.ratio != 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(
         zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
   }
@@ -76,6 +80,16 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   oo_opts.adam.bias_correction = oc.bias_correction;
   oo_opts.adam.threads = std::max(1, o_.threads_per_rank);
   oo_opts.sub_group_size = zc.sub_group_size;
+  std::vector<int64_t> numels;
+  int64_t partition_elems = 0;
+  for (const spec::ParamSpec& spec : spec::LlamaParamSpecs(o_.model)) {
+    numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
+    partition_elems += numels.back();
+  }
+  if (oo.super_offload) {
+    super_choice_ = optim::ChooseSuperOffload(o_.ds, o_.threads_per_rank, partition_elems);
+    oo_opts.sub_group_size = super_choice_.sub_group_size;
+  }
   // Scratch files of this process only (two jobs, or two ranks on one node, never share them).
   auto scratch = [&](const std::string& nvme_path, const char* what) {
     return absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
@@ -92,10 +106,6 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   oo_opts.param_buffer_elements = op.buffer_size;
   oo_opts.aio_block_bytes = o_.ds.aio.block_size;
   oo_opts.aio_queue_depth = static_cast<int>(o_.ds.aio.queue_depth);
-  std::vector<int64_t> numels;
-  for (const spec::ParamSpec& spec : spec::LlamaParamSpecs(o_.model)) {
-    numels.push_back(PartitionNumel(spec.numel(), coll_.world_size()));
-  }
   ASSIGN_OR_RETURN(offload_, offload::OffloadOptimizer::Create(oo_opts, numels));
   z->allocate_optimizer_state = false;
   partition_source_ = std::make_unique<OffloadPartitionSource>(offload_.get(),
@@ -129,7 +139,7 @@ absl::Status Trainer::SetUpPipeline() {
     ASSIGN_OR_RETURN(std::unique_ptr<optim::SuperOffloadPipeline> super,
                      optim::MakeSuperOffloadPipelineForJob(
                          o_.ds, o_.threads_per_rank, numels, std::move(source),
-                         [this] { return scaler_.scale(); }, &super_choice_));
+                         [this] { return scaler_.scale(); }, offload_.get(), &super_choice_));
     super_ = super.get();
     pipeline_ = std::move(super);
     model_->memory().Acquire(MemoryKind::kOptimizerStates, super_->copy_bytes());
@@ -139,6 +149,19 @@ absl::Status Trainer::SetUpPipeline() {
               << "), " << pipeline_->plan().num_sub_groups() - super_->first_cpu_sub_group()
               << " on the CPU, CpuAdam x" << super_choice_.cpu_threads << ", casting "
               << super_choice_.casting << ", " << super_->copy_bytes() << " rollback bytes";
+    if (offload_ != nullptr) {
+      const int64_t cpu_groups =
+          pipeline_->plan().num_sub_groups() - super_->first_cpu_sub_group();
+      const int64_t holdable = o_.ds.zero.offload_optimizer.buffer_count / 3;
+      LOG(INFO) << "superoffload: optimizer state on NVMe; up to " << holdable
+                << " sub-groups held in swap buffers per step (offload_optimizer.buffer_count / 3)";
+      if (holdable < cpu_groups) {
+        LOG(WARNING) << "superoffload: " << cpu_groups << " CPU sub-groups but buffer_count "
+                     << o_.ds.zero.offload_optimizer.buffer_count << " holds " << holdable
+                     << "; the others step after validation. Set buffer_count to "
+                     << 3 * cpu_groups << " to speculate them all";
+      }
+    }
   } else if (offload_ != nullptr) {
     // ZeRO-Offload: CpuAdam over the offloaded state, sub-group by sub-group (same math as
     // ApplyOptimizerStep up to FMA rounding; see offload/cpu_adam.h).

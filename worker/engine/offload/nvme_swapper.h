@@ -71,6 +71,8 @@ class NvmeSwapper {
   absl::StatusOr<int> Acquire();
   // Returns a buffer (not in flight) to the pool.
   void Release(int buffer);
+  // Buffers Acquire can hand out now without waiting for a write.
+  int64_t free_buffers() const { return static_cast<int64_t>(free_.size()); }
   // The buffer's memory: buffer_bytes bytes, 4096-aligned.
   char* data(int buffer) const;
   float* floats(int buffer) const { return reinterpret_cast<float*>(data(buffer)); }

@@ -148,10 +148,11 @@ absl::Status OffloadOptimizer::FinishInit() {
 }
 
 void OffloadOptimizer::UpdateGroup(const Group& g, int64_t t, double lr, float* master, float* m,
-                                   float* v, const std::vector<const float*>& grads) {
+                                   float* v, const std::vector<const float*>& grads,
+                                   CpuAdam& adam) {
   for (size_t i = g.first; i < g.last; ++i) {
     const int64_t off = offsets_[i] - g.offset;
-    adam_.Step(t, lr, master + off, grads[i], m + off, v + off, numels_[i]);
+    adam.Step(t, lr, master + off, grads[i], m + off, v + off, numels_[i]);
   }
 }
 
@@ -172,12 +173,26 @@ absl::Status OffloadOptimizer::PublishGroup(const Group& g, const float* master,
 
 absl::Status OffloadOptimizer::Step(int64_t t, double lr, const std::vector<float*>& model_params,
                                     const std::vector<const float*>& grads) {
+  std::vector<int64_t> all(static_cast<size_t>(num_sub_groups()));
+  for (size_t g = 0; g < all.size(); ++g) all[g] = static_cast<int64_t>(g);
+  return StepGroups(all, t, lr, model_params, grads);
+}
+
+absl::Status OffloadOptimizer::StepGroups(const std::vector<int64_t>& groups, int64_t t,
+                                          double lr, const std::vector<float*>& model_params,
+                                          const std::vector<const float*>& grads) {
   RETURN_IF_ERROR(FinishInit());
   if (grads.size() != numels_.size() || model_params.size() != numels_.size()) {
     return absl::InvalidArgumentError("offload step: one gradient and parameter per partition");
   }
+  for (int64_t gi : groups) {
+    if (gi < 0 || gi >= num_sub_groups()) {
+      return absl::OutOfRangeError(absl::StrCat("offload step: sub-group ", gi));
+    }
+  }
   if (!options_.optimizer_nvme) {
-    for (const Group& g : plan_->sub_groups()) {
+    for (int64_t gi : groups) {
+      const Group& g = plan_->sub_group(gi);
       if (master_is_model()) {
         // The model's tensors are the master: update them in place, parameter by parameter.
         for (size_t i = g.first; i < g.last; ++i) {
@@ -188,7 +203,7 @@ absl::Status OffloadOptimizer::Step(int64_t t, double lr, const std::vector<floa
       }
       float* master = master_.data() + g.offset;
       UpdateGroup(g, t, lr, master, exp_avg_.data() + g.offset, exp_avg_sq_.data() + g.offset,
-                  grads);
+                  grads, adam_);
       RETURN_IF_ERROR(PublishGroup(g, master, model_params));
     }
     return param_swapper_ ? param_swapper_->Flush() : absl::OkStatus();
@@ -210,28 +225,116 @@ absl::Status OffloadOptimizer::Step(int64_t t, double lr, const std::vector<floa
     return absl::OkStatus();
   };
   const bool prefetch = options_.pipeline_read && options_.optimizer_buffer_count >= 6;
-  const int64_t n = num_sub_groups();
-  if (n == 0) return absl::OkStatus();
+  const size_t n = groups.size();
+  if (n == 0) return sw.Flush();
   Slot cur, next;
-  RETURN_IF_ERROR(start_reads(0, &cur));
-  for (int64_t gi = 0; gi < n; ++gi) {
-    if (prefetch && gi + 1 < n) RETURN_IF_ERROR(start_reads(gi + 1, &next));
+  RETURN_IF_ERROR(start_reads(groups[0], &cur));
+  for (size_t j = 0; j < n; ++j) {
+    const int64_t gi = groups[j];
+    if (prefetch && j + 1 < n) RETURN_IF_ERROR(start_reads(groups[j + 1], &next));
     for (int k = 0; k < 3; ++k) RETURN_IF_ERROR(sw.WaitRead(cur.buf[k]));
     const Group& g = plan_->sub_group(gi);
     UpdateGroup(g, t, lr, sw.floats(cur.buf[0]), sw.floats(cur.buf[1]), sw.floats(cur.buf[2]),
-                grads);
+                grads, adam_);
     RETURN_IF_ERROR(PublishGroup(g, sw.floats(cur.buf[0]), model_params));
     for (int k = 0; k < 3; ++k) RETURN_IF_ERROR(sw.WriteAsync(streams[k], gi, cur.buf[k]));
     if (!options_.pipeline_write) RETURN_IF_ERROR(sw.Flush());
-    if (gi + 1 < n) {
+    if (j + 1 < n) {
       if (prefetch) {
         cur = next;
       } else {
-        RETURN_IF_ERROR(start_reads(gi + 1, &cur));
+        RETURN_IF_ERROR(start_reads(groups[j + 1], &cur));
       }
     }
   }
   RETURN_IF_ERROR(sw.Flush());
+  return param_swapper_ ? param_swapper_->Flush() : absl::OkStatus();
+}
+
+int64_t OffloadOptimizer::holdable_groups() const {
+  return opt_swapper_ ? opt_swapper_->free_buffers() / 3 : 0;
+}
+
+absl::StatusOr<OffloadOptimizer::HeldGroup> OffloadOptimizer::StepGroupHeld(
+    int64_t g, int64_t t, double lr, const std::vector<const float*>& grads, CpuAdam& adam) {
+  if (!options_.optimizer_nvme) {
+    return absl::FailedPreconditionError(
+        "StepGroupHeld: the optimizer state is not on NVMe (offload_optimizer.device)");
+  }
+  if (g < 0 || g >= num_sub_groups()) {
+    return absl::OutOfRangeError(absl::StrCat("StepGroupHeld: sub-group ", g));
+  }
+  if (grads.size() != numels_.size()) {
+    return absl::InvalidArgumentError("StepGroupHeld: one gradient per partition");
+  }
+  RETURN_IF_ERROR(FinishInit());
+  if (holdable_groups() < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "StepGroupHeld: sub-group ", g, ": fewer than 3 swap buffers are free "
+        "(zero_optimization.offload_optimizer.buffer_count ", options_.optimizer_buffer_count,
+        ")"));
+  }
+  NvmeSwapper& sw = *opt_swapper_;
+  const int streams[3] = {s_master_, s_m_, s_v_};
+  HeldGroup h;
+  absl::Status st;
+  for (int k = 0; k < 3 && st.ok(); ++k) {
+    absl::StatusOr<int> b = sw.Acquire();
+    if (!b.ok()) {
+      st = b.status();
+      break;
+    }
+    h.buf[k] = *b;
+    st = sw.ReadAsync(streams[k], g, h.buf[k]);
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (h.buf[k] < 0) continue;
+    absl::Status w = sw.WaitRead(h.buf[k]);  // wait for every started read, even after an error
+    if (st.ok()) st = w;
+  }
+  if (!st.ok()) {
+    for (int k = 0; k < 3; ++k) {
+      if (h.buf[k] >= 0) sw.Release(h.buf[k]);
+    }
+    return st;
+  }
+  h.group = g;
+  UpdateGroup(plan_->sub_group(g), t, lr, sw.floats(h.buf[0]), sw.floats(h.buf[1]),
+              sw.floats(h.buf[2]), grads, adam);
+  return h;
+}
+
+absl::Status OffloadOptimizer::CommitHeldGroup(HeldGroup* h,
+                                               const std::vector<float*>& model_params) {
+  if (h->group < 0) return absl::FailedPreconditionError("CommitHeldGroup: nothing held");
+  if (model_params.size() != numels_.size()) {
+    return absl::InvalidArgumentError("CommitHeldGroup: one parameter per partition");
+  }
+  NvmeSwapper& sw = *opt_swapper_;
+  const int streams[3] = {s_master_, s_m_, s_v_};
+  const HeldGroup held = *h;
+  *h = HeldGroup();
+  absl::Status st = PublishGroup(plan_->sub_group(held.group), sw.floats(held.buf[0]),
+                                 model_params);
+  for (int k = 0; k < 3; ++k) {
+    if (!st.ok()) {
+      sw.Release(held.buf[k]);  // not written: the buffers must still go back to the pool
+      continue;
+    }
+    st = sw.WriteAsync(streams[k], held.group, held.buf[k]);
+  }
+  return st;
+}
+
+void OffloadOptimizer::DropHeldGroup(HeldGroup* h) {
+  if (h->group < 0) return;
+  for (int k = 0; k < 3; ++k) opt_swapper_->Release(h->buf[k]);
+  *h = HeldGroup();
+}
+
+absl::Status OffloadOptimizer::Flush() {
+  RETURN_IF_ERROR(FinishInit());
+  if (opt_swapper_) RETURN_IF_ERROR(opt_swapper_->Flush());
   return param_swapper_ ? param_swapper_->Flush() : absl::OkStatus();
 }
 

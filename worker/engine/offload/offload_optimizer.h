@@ -27,7 +27,10 @@
 // The update math is CpuAdam's in every case, so all four give bit-identical parameters and
 // state for the same gradients.
 //
-// Not thread-safe: one caller (the training loop).
+// Not thread-safe: one caller at a time. The training loop is the caller, except that SuperOffload's
+// speculation thread calls the held-group functions below while backward runs, and the training
+// thread calls nothing on this object until that thread has finished (the pipeline's queue lock
+// orders the two).
 #ifndef LOOM_WORKER_ENGINE_OFFLOAD_OFFLOAD_OPTIMIZER_H_
 #define LOOM_WORKER_ENGINE_OFFLOAD_OFFLOAD_OPTIMIZER_H_
 
@@ -85,6 +88,40 @@ class OffloadOptimizer {
   absl::Status Step(int64_t t, double lr, const std::vector<float*>& model_params,
                     const std::vector<const float*>& grads);
 
+  // Step's work for the listed sub-groups only, in that order (the same read/write pipelining),
+  // then Flush. Step(t, lr, ...) is StepGroups(every sub-group, ...).
+  absl::Status StepGroups(const std::vector<int64_t>& groups, int64_t t, double lr,
+                          const std::vector<float*>& model_params,
+                          const std::vector<const float*>& grads);
+
+  // SuperOffload's delayed write-back (optimizer state on NVMe only; the caller is
+  // optim/super_offload_pipeline.h). A held sub-group was read into three swap buffers and
+  // stepped there, and is not written yet: its files still hold the pre-step master and moments,
+  // so releasing the buffers undoes the step bit for bit with no copy, and writing them commits
+  // it. At most holdable_groups() more can be held (free swap buffers / 3: a sub-group holds
+  // three until it is committed or dropped).
+  struct HeldGroup {
+    int64_t group = -1;         // the sub-group; -1 = none held
+    int buf[3] = {-1, -1, -1};  // master, exp_avg, exp_avg_sq
+  };
+  int64_t holdable_groups() const;
+  // Reads sub-group g's state, waits for it, and steps it in the buffers with `adam` (the
+  // caller's CpuAdam: same options as this object's, any thread count; the kernels are
+  // bit-identical) at step t and lr. grads as in Step (only g's parameters are read). Errors:
+  // FAILED_PRECONDITION when the optimizer state is not on NVMe or no three buffers are free;
+  // OUT_OF_RANGE for g; the swapper's read errors, naming the file (nothing is then held).
+  absl::StatusOr<HeldGroup> StepGroupHeld(int64_t g, int64_t t, double lr,
+                                          const std::vector<const float*>& grads,
+                                          CpuAdam& adam);
+  // Copies the held master into model_params (as in Step) and starts writing the three buffers
+  // back (they return to the pool when written; Flush waits). *h is emptied.
+  absl::Status CommitHeldGroup(HeldGroup* h, const std::vector<float*>& model_params);
+  // Releases the buffers unwritten: that sub-group's step never happened. *h is emptied.
+  void DropHeldGroup(HeldGroup* h);
+  // Writes the sub-group InitParam is filling, if any, and waits for every write started so
+  // far (afterwards every buffer is free); the first write error.
+  absl::Status Flush();
+
   // Parameter i's current partition (params on NVMe only): p_i floats into dst.
   absl::Status FetchParam(size_t i, float* dst);
   // The same in two halves, so the read overlaps compute (ZeRO-Infinity §6.2: parameters are
@@ -130,9 +167,9 @@ class OffloadOptimizer {
  private:
   using Group = optim::SubGroup;
   OffloadOptimizer(const OffloadOptimizerOptions& options);
-  // Updates the sub-group whose master/m/v are at the given pointers.
+  // Updates the sub-group whose master/m/v are at the given pointers with `adam`.
   void UpdateGroup(const Group& g, int64_t t, double lr, float* master, float* m, float* v,
-                   const std::vector<const float*>& grads);
+                   const std::vector<const float*>& grads, CpuAdam& adam);
   // Copies the new master values of g into the model or the parameter files.
   absl::Status PublishGroup(const Group& g, const float* master,
                             const std::vector<float*>& model_params);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace loom::engine::optim {
 namespace {
@@ -43,6 +44,20 @@ absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> SuperOffloadPipeline::Crea
         absl::StrCat("deepspeed_config.zero_optimization.offload_optimizer.ratio: ",
                      options.ratio, " is not in [0, 1]"));
   }
+  if (options.nvme != nullptr) {
+    if (!options.nvme->optimizer_nvme() || options.nvme->params_nvme()) {
+      return absl::InvalidArgumentError(
+          "SuperOffload on NVMe: the offload optimizer must keep its state on NVMe and the "
+          "parameters in memory (offload_optimizer.device \"nvme\", offload_param not nvme)");
+    }
+    const SubGroupPlan& op = options.nvme->plan();
+    if (op.num_sub_groups() != plan.num_sub_groups() || op.num_params() != plan.num_params() ||
+        op.total_numel() != plan.total_numel()) {
+      return absl::InvalidArgumentError(
+          "SuperOffload on NVMe: the pipeline's sub-group plan differs from the offload "
+          "optimizer's");
+    }
+  }
   return std::unique_ptr<SuperOffloadPipeline>(
       new SuperOffloadPipeline(options, std::move(plan), std::move(source)));
 }
@@ -62,13 +77,14 @@ SuperOffloadPipeline::SuperOffloadPipeline(const SuperOffloadOptions& options, S
   for (int64_t k = first_cpu_; k < n; ++k) {
     CpuGroup& g = cpu_[k - first_cpu_];
     const size_t numel = static_cast<size_t>(this->plan().sub_group(k).numel);
-    if (options_.exact_rollback) {
+    if (options_.exact_rollback && options_.nvme == nullptr) {  // NVMe: the files are the copy
       g.param.resize(numel);
       g.exp_avg.resize(numel);
       g.exp_avg_sq.resize(numel);
     }
     if (options_.loss_scaled) g.grad.resize(numel);
-    copy_bytes_ += static_cast<int64_t>(((options_.exact_rollback ? 3 : 0) +
+    const bool snapshot = options_.exact_rollback && options_.nvme == nullptr;
+    copy_bytes_ += static_cast<int64_t>(((snapshot ? 3 : 0) +
                                          (options_.loss_scaled ? 1 : 0)) *
                                         numel * sizeof(float));
   }
@@ -99,10 +115,14 @@ absl::Status SuperOffloadPipeline::OnBegin() {
         name(), ": loss scale ", scale, " but the pipeline was built without gradient slots"));
   }
   unscale_ = scale == 1.0 ? 1.0 : 1.0 / scale;  // as ValidateStep's multiplier without clipping
+  // NVMe: every swap buffer free before the speculation thread holds any (InitParam's last).
+  if (options_.nvme != nullptr) RETURN_IF_ERROR(options_.nvme->Flush());
   speculate_ = !options_.adaptive_speculation || !last_clip_active_;
   for (CpuGroup& g : cpu_) {
     g.stepped = false;
     g.nonfinite = false;
+    g.no_buffer = false;
+    g.error = absl::OkStatus();
   }
   ++epoch_;
   return absl::OkStatus();
@@ -124,9 +144,11 @@ absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
   t.epoch = epoch_;
   for (size_t i = sg.first; i < sg.last; ++i) {
     OptimizerPartition p = source_(i);
+    // With the state on NVMe the moments are the optimizer's (undefined here).
     t.slices.push_back({p.param.data_ptr<float>(),
                         p.grad.defined() ? p.grad.data_ptr<float>() : nullptr,
-                        p.exp_avg.data_ptr<float>(), p.exp_avg_sq.data_ptr<float>(),
+                        p.exp_avg.defined() ? p.exp_avg.data_ptr<float>() : nullptr,
+                        p.exp_avg_sq.defined() ? p.exp_avg_sq.data_ptr<float>() : nullptr,
                         p.param.numel(), plan().partition_offset(i) - sg.offset, i});
   }
   {
@@ -171,6 +193,8 @@ void SuperOffloadPipeline::RunTask(const Task& t, offload::CpuAdam& adam) {
   }
   if (!finite) {
     g.nonfinite = true;  // the step overflows: nothing to speculate
+  } else if (options_.nvme != nullptr) {
+    RunNvmeTask(t, g, adam);
   } else {
     for (const Slice& s : t.slices) {
       if (!options_.exact_rollback) break;  // no rollback can happen: no snapshot
@@ -193,11 +217,37 @@ void SuperOffloadPipeline::RunTask(const Task& t, offload::CpuAdam& adam) {
   g.end = Clock::now();
 }
 
+void SuperOffloadPipeline::RunNvmeTask(const Task& t, CpuGroup& g, offload::CpuAdam& adam) {
+  if (options_.nvme->holdable_groups() < 1) {
+    g.no_buffer = true;  // stepped after validation, from the files
+    return;
+  }
+  std::vector<const float*> grads(plan().num_params(), nullptr);
+  const float mul = static_cast<float>(t.unscale);  // at::mul_'s fp32 scalar
+  for (const Slice& s : t.slices) {
+    grads[s.index] = s.grad;
+    if (s.grad != nullptr && t.unscale != 1.0) {
+      float* slot = g.grad.data() + s.offset;
+      for (int64_t j = 0; j < s.numel; ++j) slot[j] = s.grad[j] * mul;
+      grads[s.index] = slot;
+    }
+  }
+  absl::StatusOr<offload::OffloadOptimizer::HeldGroup> h =
+      options_.nvme->StepGroupHeld(t.k, t.step, t.lr, grads, adam);
+  if (!h.ok()) {
+    g.error = h.status();
+    return;
+  }
+  g.held = *h;
+  g.stepped = true;
+}
+
 bool SuperOffloadPipeline::Drain() {
   std::unique_lock<std::mutex> l(q_mu_);
   // Help with what is still queued (backward's last sub-groups), newest first: the speculation
   // thread takes the oldest, so the two threads meet in the middle of the queue.
-  while (!queue_.empty()) {
+  // Not with the state on NVMe: the swapper takes one thread at a time.
+  while (options_.nvme == nullptr && !queue_.empty()) {
     Task t = std::move(queue_.back());
     queue_.pop_back();
     l.unlock();
@@ -212,6 +262,7 @@ void SuperOffloadPipeline::AccountTasks(Clock::time_point finish_entered) {
   std::lock_guard<std::mutex> l(stats_mu_);
   ++stats_.steps;
   for (const CpuGroup& g : cpu_) {
+    if (g.no_buffer) ++stats_.not_speculated_no_buffer;
     if (!g.stepped && !g.nonfinite) continue;
     if (g.stepped) ++stats_.speculated;
     if (g.nonfinite) ++stats_.not_speculated_nonfinite;
@@ -226,6 +277,12 @@ int64_t SuperOffloadPipeline::RestoreAll() {
   for (int64_t k = first_cpu_; k < plan().num_sub_groups(); ++k) {
     CpuGroup& g = cpu_[k - first_cpu_];
     if (!g.stepped) continue;
+    if (options_.nvme != nullptr) {  // the files hold the pre-step state: drop the buffers
+      options_.nvme->DropHeldGroup(&g.held);
+      g.stepped = false;
+      ++restored;
+      continue;
+    }
     const SubGroup& sg = plan().sub_group(k);
     for (size_t i = sg.first; i < sg.last; ++i) {
       OptimizerPartition p = source_(i);
@@ -301,6 +358,7 @@ absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
         options_.wait_deadline.count(), " ms"));
   }
   AccountTasks(entered);
+  if (options_.nvme != nullptr) return CommitNvme(v);
   const Clock::time_point work0 = Clock::now();
   int64_t rolled_back = 0, hits = 0;
   if (v.clip_coef > 1.0 && !options_.exact_rollback) {
@@ -347,6 +405,7 @@ absl::Status SuperOffloadPipeline::Rollback() {
         options_.wait_deadline.count(), " ms (rollback)"));
   }
   AccountTasks(entered);
+  if (options_.nvme != nullptr) return RollbackNvme();
   if (!options_.exact_rollback) {
     bool stepped = false;
     for (CpuGroup& g : cpu_) {
@@ -360,6 +419,85 @@ absl::Status SuperOffloadPipeline::Rollback() {
   }
   const Clock::time_point work0 = Clock::now();
   const int64_t restored = RestoreAll();
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.rollbacks_overflow += restored;
+  if (restored > 0) ++stats_.step_rollbacks;
+  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine::optim
+
+namespace loom::engine::optim {
+
+absl::Status SuperOffloadPipeline::TaskError() const {
+  for (const CpuGroup& g : cpu_) {
+    if (!g.error.ok()) return g.error;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SuperOffloadPipeline::CommitNvme(const StepValidation& v) {
+  const Clock::time_point work0 = Clock::now();
+  absl::Status error = TaskError();
+  if (!error.ok()) {
+    RestoreAll();  // drop whatever is held; the files keep the pre-step state
+    return error;
+  }
+  const int64_t n = plan().num_sub_groups();
+  const size_t num_params = plan().num_params();
+  std::vector<float*> masters(num_params, nullptr);
+  for (size_t i = 0; i < num_params; ++i) masters[i] = source_(i).param.data_ptr<float>();
+  int64_t rolled_back = 0, hits = 0;
+  std::vector<bool> committed(n, false);
+  if (v.clip_coef > 1.0) {
+    rolled_back = RestoreAll();  // the speculative steps used the unclipped gradient
+  } else {
+    for (int64_t k = first_cpu_; k < n; ++k) {
+      CpuGroup& g = cpu_[k - first_cpu_];
+      if (!g.stepped) continue;
+      g.stepped = false;
+      committed[k] = true;
+      ++hits;
+      absl::Status st = options_.nvme->CommitHeldGroup(&g.held, masters);
+      if (!st.ok()) {
+        RestoreAll();
+        return st;
+      }
+    }
+  }
+  // Everything not committed above steps now from the files, as synchronous ZeRO-Infinity does
+  // (offload_pipeline.cc): the gradient multiplied in place, then OffloadOptimizer's step.
+  std::vector<int64_t> rest;
+  std::vector<const float*> grads(num_params, nullptr);
+  for (int64_t k = 0; k < n; ++k) {
+    if (committed[k]) continue;
+    rest.push_back(k);
+    const SubGroup& sg = plan().sub_group(k);
+    for (size_t i = sg.first; i < sg.last; ++i) {
+      OptimizerPartition p = source_(i);
+      if (!p.grad.defined()) continue;
+      if (v.grad_multiplier != 1.0) p.grad.mul_(v.grad_multiplier);
+      grads[i] = p.grad.data_ptr<float>();
+    }
+  }
+  RETURN_IF_ERROR(options_.nvme->StepGroups(rest, step_, lr_, masters, grads));
+  RETURN_IF_ERROR(options_.nvme->Flush());
+  last_clip_active_ = v.clip_coef > 1.0;
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.hits += hits;
+  stats_.rollbacks_clip += rolled_back;
+  stats_.replays += rolled_back;
+  if (rolled_back > 0) ++stats_.step_rollbacks;
+  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  return absl::OkStatus();
+}
+
+absl::Status SuperOffloadPipeline::RollbackNvme() {
+  const Clock::time_point work0 = Clock::now();
+  const absl::Status error = TaskError();
+  const int64_t restored = RestoreAll();  // drops the buffers; the files are untouched
+  RETURN_IF_ERROR(error);
   std::lock_guard<std::mutex> l(stats_mu_);
   stats_.rollbacks_overflow += restored;
   if (restored > 0) ++stats_.step_rollbacks;

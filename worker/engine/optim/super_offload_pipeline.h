@@ -52,6 +52,22 @@
 // happen, options.exact_rollback false) and, when the loss scale can differ from 1, their
 // unscaled-gradient slots (1 float per element): copy_bytes().
 //
+// NVMe optimizer state (options.nvme set: offload_optimizer.device "nvme"): every sub-group's
+// master and moments live in the OffloadOptimizer's files, and a rollback needs no copy. The
+// speculation thread reads CPU sub-group k's state into three swap buffers, steps it there, and
+// holds the buffers until validation (OffloadOptimizer::StepGroupHeld): the files keep the
+// pre-step state. A hit writes them back and copies the master into the model
+// (CommitHeldGroup); an overflow or a clip drops them (DropHeldGroup), and a clip then replays
+// the sub-group from the files as synchronous ZeRO-Infinity does. The model's parameter is
+// written only at commit, so nothing backward reads changes while it runs. At most
+// buffer_count / 3 sub-groups are held at once; a CPU sub-group that finds no free buffers is
+// not speculated (not_speculated_no_buffer) and steps after validation, with the device
+// sub-groups (their state is on the files too), through OffloadOptimizer::StepGroups. The
+// swapper is single-threaded, so FinishStep's thread does not take queued speculative steps
+// here; it waits for the speculation thread. No snapshot is allocated (copy_bytes is the
+// unscaled-gradient slots only); the buffers are the optimizer's, counted in its
+// resident_bytes.
+//
 // Thread-safety: OptimizerPipeline's contract. The speculation thread touches only the
 // partitions of the sub-groups it was handed, after their gradients are final; the model's
 // master of such a parameter may be its working stage-3 shard (fp32 training), which backward
@@ -76,6 +92,7 @@
 #include "absl/status/statusor.h"
 #include "spec/ds_config.h"
 #include "worker/engine/offload/cpu_adam.h"
+#include "worker/engine/offload/offload_optimizer.h"
 #include "worker/engine/optim/grad_norm.h"
 #include "worker/engine/optim/optimizer_pipeline.h"
 
@@ -96,6 +113,9 @@ struct SuperOffloadOptions {
   // See "Adaptive speculation" above; false speculates every step.
   bool adaptive_speculation = false;
   std::chrono::milliseconds wait_deadline{std::chrono::minutes(10)};
+  // Optimizer state on NVMe (see above); not owned, must outlive the pipeline, and its plan()
+  // must be the pipeline's. null: the state is the source's tensors in memory.
+  offload::OffloadOptimizer* nvme = nullptr;
   // Tests only: called before each queued step runs, with its sub-group and whether the thread
   // in FinishStep (true) or the speculation thread (false) runs it.
   std::function<void(int64_t k, bool in_finish_step)> test_on_task;
@@ -112,6 +132,7 @@ struct SuperOffloadStats {
   int64_t not_speculated_nonfinite = 0;  // sub-groups not stepped: their gradient was non-finite
   int64_t not_speculated_paused = 0;  // CPU sub-group steps not speculated because the previous
                                       // step clipped (adaptive speculation; stepped in FinishStep)
+  int64_t not_speculated_no_buffer = 0;  // NVMe: no free swap buffers to hold it (FinishStep)
   int64_t step_rollbacks = 0;      // optimizer steps in which anything was rolled back
   double speculative_s = 0;        // the speculation thread's work (copies + CpuAdam)
   double overlapped_s = 0;         // the part of it done before FinishStep was entered
@@ -177,6 +198,9 @@ class SuperOffloadPipeline : public OptimizerPipeline {
     std::vector<float> grad;                        // unscaled gradient (loss_scaled only)
     bool stepped = false;  // this step: speculated and stepped (the snapshot is live)
     bool nonfinite = false;
+    bool no_buffer = false;                      // NVMe: not speculated, no buffers free
+    offload::OffloadOptimizer::HeldGroup held;   // NVMe: the stepped state, not yet written
+    absl::Status error;                          // NVMe: the speculative read's error
     std::chrono::steady_clock::time_point start, end;
   };
 
@@ -186,6 +210,8 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   // Runs one queued step with `adam` (the speculation thread's adam_, or helper_adam_ on the
   // thread in FinishStep).
   void RunTask(const Task& t, offload::CpuAdam& adam);
+  // RunTask's step with the state on NVMe: step k into held swap buffers (see above).
+  void RunNvmeTask(const Task& t, CpuGroup& g, offload::CpuAdam& adam);
   // Runs queued steps on the calling thread until the queue is empty, then waits until no task
   // runs; false on the deadline.
   bool Drain();
@@ -197,6 +223,11 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   bool StepCpuGroupsInCommit(const std::vector<int64_t>& ks, double multiplier);
   absl::Status DeadlineInCommit() const;  // StepCpuGroupsInCommit's deadline, as a status
   void StepDeviceGroups(double multiplier);
+  // Commit and Rollback with the state on NVMe (options_.nvme; see above).
+  absl::Status CommitNvme(const StepValidation& v);
+  absl::Status RollbackNvme();
+  // The first speculative-read error of this step (NVMe), if any.
+  absl::Status TaskError() const;
   // Adds the finished tasks' times to stats_ (overlap measured against `finish_entered`).
   void AccountTasks(std::chrono::steady_clock::time_point finish_entered);
 

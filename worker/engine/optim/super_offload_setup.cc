@@ -62,31 +62,48 @@ SuperOffloadChoice ModelSubGroupSize(int threads, int64_t partition_elems) {
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineForJob(
-    const spec::DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
-    PartitionSource source, std::function<double()> loss_scale, SuperOffloadChoice* choice) {
-  RETURN_IF_ERROR(CheckSuperOffloadJob(ds));
+SuperOffloadChoice ChooseSuperOffload(const spec::DeepSpeedConfig& ds, int threads_per_rank,
+                                      int64_t partition_elems) {
   const spec::OffloadConfig& oo = ds.zero.offload_optimizer;
   const int threads = std::max(
       1, static_cast<int>(std::lround(oo.cpuadam_cores_perc * std::max(1, threads_per_rank))));
-  int64_t total = 0;
-  for (int64_t n : numels) total += n;
-  if (ds.zero.sub_group_size_set) {
-    choice->sub_group_size = ds.zero.sub_group_size;
-    choice->cpu_threads = threads;
-  } else {
-    *choice = ModelSubGroupSize(threads, total);
+  if (!ds.zero.sub_group_size_set) return ModelSubGroupSize(threads, partition_elems);
+  SuperOffloadChoice c;
+  c.sub_group_size = ds.zero.sub_group_size;
+  c.cpu_threads = threads;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineForJob(
+    const spec::DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
+    PartitionSource source, std::function<double()> loss_scale,
+    offload::OffloadOptimizer* nvme_state, SuperOffloadChoice* choice) {
+  RETURN_IF_ERROR(CheckSuperOffloadJob(ds));
+  const spec::OffloadConfig& oo = ds.zero.offload_optimizer;
+  if ((oo.device == "nvme") != (nvme_state != nullptr)) {
+    return absl::InternalError(absl::StrCat(
+        "SuperOffload: offload_optimizer.device is \"", oo.device, "\" but the offload "
+        "optimizer ", nvme_state != nullptr ? "was" : "was not", " given"));
   }
-  ASSIGN_OR_RETURN(SubGroupPlan plan, SubGroupPlan::Create(numels, choice->sub_group_size));
+  if (nvme_state == nullptr) {
+    int64_t total = 0;
+    for (int64_t n : numels) total += n;
+    *choice = ChooseSuperOffload(ds, threads_per_rank, total);
+  }
+  ASSIGN_OR_RETURN(SubGroupPlan plan,
+                   nvme_state != nullptr
+                       ? absl::StatusOr<SubGroupPlan>(nvme_state->plan())
+                       : SubGroupPlan::Create(numels, choice->sub_group_size));
   SuperOffloadOptions o;
   o.optimizer = ds.optimizer;
   o.ratio = oo.ratio;
-  o.cpu_threads = threads;
+  o.cpu_threads = choice->cpu_threads;
   o.loss_scale = std::move(loss_scale);
   o.loss_scaled = ds.fp16.enabled;
   // Only clipping and an fp16 overflow roll a speculative step back; without both, no snapshot.
   o.exact_rollback = ds.gradient_clipping > 0 || ds.fp16.enabled;
   o.adaptive_speculation = !oo.speculate_always;
+  o.nvme = nvme_state;
   return SuperOffloadPipeline::Create(o, std::move(plan), std::move(source));
 }
 

@@ -2,6 +2,10 @@
 // model, and the pipeline built from them (super_offload_pipeline.h). Called from the Trainer
 // (worker/engine/engine.cc) when zero_optimization.offload_optimizer.super_offload is true.
 //
+// Optimizer state: host memory with offload_optimizer.device "cpu"; the offload optimizer's
+// NVMe files with "nvme" (the pipeline then holds speculative steps in swap buffers instead of
+// copying: super_offload_pipeline.h).
+//
 // Casting (paper §4.3 "superchip-aware casting"; TECHNIQUES.md §4.1 item 3): where the fp32 <->
 // 16-bit casts happen is a choice between casting on the device and moving fp32 across the link
 // (NVLink-C2C, ~900 GB/s on GH200) and casting on the host and moving 16-bit (PCIe). Loom's ranks
@@ -31,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "spec/ds_config.h"
+#include "worker/engine/offload/offload_optimizer.h"
 #include "worker/engine/optim/super_offload_pipeline.h"
 
 namespace loom::engine::optim {
@@ -51,12 +56,21 @@ struct SuperOffloadChoice {
 // The measured model above for `threads` CpuAdam threads and a partition of `partition_elems`.
 SuperOffloadChoice ModelSubGroupSize(int threads, int64_t partition_elems);
 
-// The pipeline over the rank's partitions (numels in model order, p_i of each), with
-// cpuadam_cores_perc of threads_per_rank reserved (at least 1) and the loss scale read from
-// loss_scale at every BeginStep (fp16). *choice receives what was decided.
+// The job's choice: the CpuAdam threads (cpuadam_cores_perc of threads_per_rank, at least 1)
+// and the sub-group size (zero_optimization.sub_group_size when given, else the model above for
+// a partition of partition_elems).
+SuperOffloadChoice ChooseSuperOffload(const spec::DeepSpeedConfig& ds, int threads_per_rank,
+                                      int64_t partition_elems);
+
+// The pipeline over the rank's partitions (numels in model order, p_i of each), with the loss
+// scale read from loss_scale at every BeginStep (fp16). nvme_state: the job's offload optimizer
+// when offload_optimizer.device is "nvme" (its plan is the pipeline's; build it with
+// ChooseSuperOffload's sub_group_size, and pass that choice in *choice), else null: then *choice
+// receives ChooseSuperOffload's result.
 absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineForJob(
     const spec::DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
-    PartitionSource source, std::function<double()> loss_scale, SuperOffloadChoice* choice);
+    PartitionSource source, std::function<double()> loss_scale,
+    offload::OffloadOptimizer* nvme_state, SuperOffloadChoice* choice);
 
 }  // namespace loom::engine::optim
 
