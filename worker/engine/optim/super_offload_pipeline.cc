@@ -387,6 +387,12 @@ absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
     if (!StepCpuGroupsInCommit(rest, v.grad_multiplier)) return DeadlineInCommit();
   }
   StepDeviceGroups(v.grad_multiplier);
+  RecordCommit(v, hits, rolled_back, work0);
+  return absl::OkStatus();
+}
+
+void SuperOffloadPipeline::RecordCommit(const StepValidation& v, int64_t hits,
+                                        int64_t rolled_back, Clock::time_point work0) {
   last_clip_active_ = v.clip_coef > 1.0;
   std::lock_guard<std::mutex> l(stats_mu_);
   stats_.hits += hits;
@@ -394,7 +400,13 @@ absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
   stats_.replays += rolled_back;
   if (rolled_back > 0) ++stats_.step_rollbacks;
   stats_.finish_work_s += Seconds(Clock::now() - work0);
-  return absl::OkStatus();
+}
+
+void SuperOffloadPipeline::RecordRollback(int64_t restored, Clock::time_point work0) {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.rollbacks_overflow += restored;
+  if (restored > 0) ++stats_.step_rollbacks;
+  stats_.finish_work_s += Seconds(Clock::now() - work0);
 }
 
 absl::Status SuperOffloadPipeline::Rollback() {
@@ -419,10 +431,7 @@ absl::Status SuperOffloadPipeline::Rollback() {
   }
   const Clock::time_point work0 = Clock::now();
   const int64_t restored = RestoreAll();
-  std::lock_guard<std::mutex> l(stats_mu_);
-  stats_.rollbacks_overflow += restored;
-  if (restored > 0) ++stats_.step_rollbacks;
-  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  RecordRollback(restored, work0);
   return absl::OkStatus();
 }
 
@@ -483,13 +492,7 @@ absl::Status SuperOffloadPipeline::CommitNvme(const StepValidation& v) {
   }
   RETURN_IF_ERROR(options_.nvme->StepGroups(rest, step_, lr_, masters, grads));
   RETURN_IF_ERROR(options_.nvme->Flush());
-  last_clip_active_ = v.clip_coef > 1.0;
-  std::lock_guard<std::mutex> l(stats_mu_);
-  stats_.hits += hits;
-  stats_.rollbacks_clip += rolled_back;
-  stats_.replays += rolled_back;
-  if (rolled_back > 0) ++stats_.step_rollbacks;
-  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  RecordCommit(v, hits, rolled_back, work0);
   return absl::OkStatus();
 }
 
@@ -498,10 +501,7 @@ absl::Status SuperOffloadPipeline::RollbackNvme() {
   const absl::Status error = TaskError();
   const int64_t restored = RestoreAll();  // drops the buffers; the files are untouched
   RETURN_IF_ERROR(error);
-  std::lock_guard<std::mutex> l(stats_mu_);
-  stats_.rollbacks_overflow += restored;
-  if (restored > 0) ++stats_.step_rollbacks;
-  stats_.finish_work_s += Seconds(Clock::now() - work0);
+  RecordRollback(restored, work0);
   return absl::OkStatus();
 }
 

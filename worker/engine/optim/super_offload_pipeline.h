@@ -228,6 +228,10 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   absl::Status RollbackNvme();
   // The first speculative-read error of this step (NVMe), if any.
   absl::Status TaskError() const;
+  // Stats of a committed step (and the adaptive decision's input), of a rolled-back one.
+  void RecordCommit(const StepValidation& v, int64_t hits, int64_t rolled_back,
+                    std::chrono::steady_clock::time_point work0);
+  void RecordRollback(int64_t restored, std::chrono::steady_clock::time_point work0);
   // Adds the finished tasks' times to stats_ (overlap measured against `finish_entered`).
   void AccountTasks(std::chrono::steady_clock::time_point finish_entered);
 
