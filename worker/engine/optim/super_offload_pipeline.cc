@@ -435,9 +435,7 @@ absl::Status SuperOffloadPipeline::Rollback() {
   return absl::OkStatus();
 }
 
-}  // namespace loom::engine::optim
-
-namespace loom::engine::optim {
+// --- Optimizer state on NVMe (options_.nvme): held swap buffers instead of snapshots.
 
 absl::Status SuperOffloadPipeline::TaskError() const {
   for (const CpuGroup& g : cpu_) {
