@@ -247,7 +247,8 @@ TEST(SuperOffloadTrainerTest, ResumeMatchesTheUninterruptedRun) {
 // swap buffers and written back on a hit, dropped and replayed from the files on a clip. Each
 // run equals synchronous ZeRO-Infinity (the same job without super_offload) bit for bit, without
 // clipping (every speculation a hit) and with clipping active on every step (every speculation
-// rolled back and replayed), also with buffer_count 3 (one sub-group held at a time); a resume
+// rolled back and replayed), also at ZeRO stage 1 and with buffer_count 3 (one sub-group held
+// at a time); a resume
 // from step 3 continues the trajectory bit for bit.
 TEST(SuperOffloadTrainerTest, NvmeStateEqualsSynchronousNvmeOffloadAndResumes) {
   const int world = 2;
@@ -279,6 +280,24 @@ TEST(SuperOffloadTrainerTest, NvmeStateEqualsSynchronousNvmeOffloadAndResumes) {
     // No snapshot: the files are the rollback copy.
     EXPECT_EQ(r.Of(0, "started")[0]["superoffload_copy_bytes"].get<int64_t>(), 0) << tag;
     if (clip == 0) {
+      // ZeRO stage 1 (the masters are all-gathered after the step, not sharded working copies):
+      // the same equality with ZeRO-Infinity at stage 1.
+      const json stage1 = {{"zero_optimization", {{"stage", 1},
+                                                  {"sub_group_size", 20000},
+                                                  {"offload_optimizer", always}}}};
+      GangResult s1 = RunJob("nvme_s1_sync", Spec("nvme_s1_sync", world, nvme(kSync), clip,
+                             {{"zero_optimization", {{"stage", 1},
+                                                     {"sub_group_size", 20000},
+                                                     {"offload_optimizer", nvme(kSync)}}}}),
+                             world);
+      GangResult r1s = RunJob("nvme_s1_super", Spec("nvme_s1_super", world, always, clip, stage1),
+                              world);
+      EXPECT_EQ(Losses(r1s, "step"), Losses(s1, "step"));
+      EXPECT_EQ(Final("nvme_s1_super", world, "fp32_params"),
+                Final("nvme_s1_sync", world, "fp32_params"));
+      EXPECT_EQ(Final("nvme_s1_super", world, "exp_avg_sq"),
+                Final("nvme_s1_sync", world, "exp_avg_sq"));
+      EXPECT_GT(LastField(r1s, "speculation_hits"), 0);
       // buffer_count 3: one sub-group held at a time; the others step after validation.
       json one = always;
       one["buffer_count"] = 3;
