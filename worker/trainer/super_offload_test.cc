@@ -197,65 +197,47 @@ TEST(SuperOffloadTrainerTest, AdaptiveSpeculationPausesWhileClippingIsActive) {
 
 // fp16 with an inf injected into rank 0's gradient at step 3 (after the speculative steps
 // started): every sub-group's parameters and moments equal step 2's, the step is skipped and the
-// loss scale halves (hysteresis 1).
-TEST(SuperOffloadTrainerTest, InjectedInfSkipsTheStepRestoresEverythingAndHalvesTheScale) {
+// loss scale halves (hysteresis 1). Run with the state in memory (restored from the snapshots)
+// and on NVMe (the held buffers are dropped, so the files the checkpoints read keep step 2's
+// state).
+void ExpectInjectedInfSkipsTheStep(const std::string& name, const json& offload) {
   const json fp16 = {{"fp16",
                       {{"enabled", true},
                        {"initial_scale_power", 8},
                        {"loss_scale_window", 100},
                        {"hysteresis", 1}}}};
-  std::string spec = Spec("fp16_super", 2, Super(0.5), 0.0, fp16, 4);
+  std::string spec = Spec(name, 2, offload, 0.0, fp16, 4);
   json j = json::parse(*ReadText(spec));
   j["checkpoint"]["interval_steps"] = "1";
   std::ofstream(spec) << j.dump(2);
-  GangResult r = RunJob("fp16_super", spec, 2, {"--test_inject_inf_grad_steps=3"});
+  GangResult r = RunJob(name, spec, 2, {"--test_inject_inf_grad_steps=3"});
   std::vector<json> steps = r.Of(0, "step");
-  ASSERT_EQ(steps.size(), 4u);
-  EXPECT_FALSE(steps[1]["skipped"].get<bool>());
-  EXPECT_TRUE(steps[2]["skipped"].get<bool>());
-  EXPECT_EQ(steps[2]["loss_scale"].get<double>(), 256.0);
-  EXPECT_EQ(steps[3]["loss_scale"].get<double>(), 128.0);
-  EXPECT_EQ(steps[2]["optimizer_rollbacks"].get<int>(), 1);
-  EXPECT_GT(steps[2]["rollbacks_overflow"].get<int64_t>(), 0);
+  ASSERT_EQ(steps.size(), 4u) << name;
+  EXPECT_FALSE(steps[1]["skipped"].get<bool>()) << name;
+  EXPECT_TRUE(steps[2]["skipped"].get<bool>()) << name;
+  EXPECT_EQ(steps[2]["loss_scale"].get<double>(), 256.0) << name;
+  EXPECT_EQ(steps[3]["loss_scale"].get<double>(), 128.0) << name;
+  EXPECT_EQ(steps[2]["optimizer_rollbacks"].get<int>(), 1) << name;
+  EXPECT_GT(steps[2]["rollbacks_overflow"].get<int64_t>(), 0) << name;
   for (const char* section : {"fp32_params", "exp_avg", "exp_avg_sq"}) {
-    auto s2 = Final("fp16_super", 2, section, 2), s3 = Final("fp16_super", 2, section, 3),
-         s4 = Final("fp16_super", 2, section, 4);
-    ASSERT_FALSE(s2.empty());
-    EXPECT_EQ(s3, s2) << section << " changed by the skipped step 3";
-    EXPECT_NE(s4, s2) << section << " not updated by step 4";
+    auto s2 = Final(name, 2, section, 2), s3 = Final(name, 2, section, 3),
+         s4 = Final(name, 2, section, 4);
+    ASSERT_FALSE(s2.empty()) << name;
+    EXPECT_EQ(s3, s2) << name << ": " << section << " changed by the skipped step 3";
+    EXPECT_NE(s4, s2) << name << ": " << section << " not updated by step 4";
   }
 }
 
-// The same with the optimizer state on NVMe: the held buffers are dropped, so the files (read by
-// the checkpoints) keep step 2's state bit for bit.
+TEST(SuperOffloadTrainerTest, InjectedInfSkipsTheStepRestoresEverythingAndHalvesTheScale) {
+  ExpectInjectedInfSkipsTheStep("fp16_super", Super(0.5));
+}
+
 TEST(SuperOffloadTrainerTest, NvmeInjectedInfSkipsTheStepAndLeavesTheFilesUnchanged) {
-  const json fp16 = {{"fp16",
-                      {{"enabled", true},
-                       {"initial_scale_power", 8},
-                       {"loss_scale_window", 100},
-                       {"hysteresis", 1}}}};
   json off = Super(0.5);
   off["device"] = "nvme";
   off["nvme_path"] = TmpDir();
   off["buffer_count"] = 30;
-  std::string spec = Spec("fp16_nvme", 2, off, 0.0, fp16, 4);
-  json j = json::parse(*ReadText(spec));
-  j["checkpoint"]["interval_steps"] = "1";
-  std::ofstream(spec) << j.dump(2);
-  GangResult r = RunJob("fp16_nvme", spec, 2, {"--test_inject_inf_grad_steps=3"});
-  std::vector<json> steps = r.Of(0, "step");
-  ASSERT_EQ(steps.size(), 4u);
-  EXPECT_TRUE(steps[2]["skipped"].get<bool>());
-  EXPECT_EQ(steps[2]["loss_scale"].get<double>(), 256.0);
-  EXPECT_EQ(steps[3]["loss_scale"].get<double>(), 128.0);
-  EXPECT_GT(steps[2]["rollbacks_overflow"].get<int64_t>(), 0);
-  for (const char* section : {"fp32_params", "exp_avg", "exp_avg_sq"}) {
-    auto s2 = Final("fp16_nvme", 2, section, 2), s3 = Final("fp16_nvme", 2, section, 3),
-         s4 = Final("fp16_nvme", 2, section, 4);
-    ASSERT_FALSE(s2.empty());
-    EXPECT_EQ(s3, s2) << section << " changed by the skipped step 3";
-    EXPECT_NE(s4, s2) << section << " not updated by step 4";
-  }
+  ExpectInjectedInfSkipsTheStep("fp16_nvme", off);
 }
 
 // Resume from step 3's checkpoint: steps 4-6 and the final state equal the uninterrupted run.
