@@ -16,11 +16,16 @@ per system: median step time, median stall, and the held-out loss (--eval_batche
 of the held-out split) as the mean of the last --eval_last evaluations, one every --eval_every
 steps (a single final evaluation moves by up to 0.2 between neighbouring steps at small shapes,
 docs/benchmarks.md "The final flush"; evaluation runs between steps, outside the step times).
+--finetune_from N: the regime the paper measures, fine-tuning a trained model. One synchronous
+ZeRO-Offload run of N steps from seed 1000 first trains the base model (its final weights
+exported by loom-trainer --trajectory_dir, trajectory/final_hf); every pair then starts from it
+(model.init_from), each from its own seed (data order). Without it both start from random init.
 Last line:
   zenflow_vs_offload speedup=<x> stall_reduction=<1 - stall_zf/stall_off> loss_delta=<|dl|/l>
 Usage: bench/zenflow_bench.sh [flags]   (builds loom-trainer, then runs this).
 """
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -39,9 +44,33 @@ def spec(path, a, zenflow, seed):
                            "update_interval": a.update_interval, "overlap_step": True,
                            "full_warm_up_rounds": a.warm_up_rounds,
                            "pt_reserved_cores_perc": a.pt_reserved}
-    return ob.write_spec(path, a, "zenflow-bench", zero, 1.0,
-                         {"eval_batches": a.eval_batches,
-                          "eval_every_steps": str(a.eval_every), "seed": str(seed)})
+    ob.write_spec(path, a, "zenflow-bench", zero, 1.0,
+                  {"eval_batches": a.eval_batches, "eval_every_steps": str(a.eval_every),
+                   "seed": str(seed)})
+    if a.init_from:
+        with open(path) as f:
+            s = json.load(f)
+        s["model"]["init_from"] = a.init_from
+        with open(path, "w") as f:
+            json.dump(s, f)
+    return path
+
+
+def train_base(a):
+    """--finetune_from: trains the base model (synchronous offload, seed 1000) and returns the
+    directory of its Hugging Face export."""
+    traj = os.path.join(a.workdir, "base_trajectory")
+    base = argparse.Namespace(**vars(a))
+    base.steps, base.init_from = a.finetune_from, ""
+    base.trainer_arg = a.trainer_arg + ["--trajectory_dir=" + traj]
+    path = spec(os.path.join(a.workdir, "base.json"), base, False, 1000)
+    _, wall = ob.run_gang(base, "base", path)
+    export = os.path.join(traj, "final_hf")
+    if not os.path.exists(os.path.join(export, "model.safetensors")):
+        raise RuntimeError("base: no export under %s" % export)
+    print("  base         %6.1f s wall: %d steps of synchronous offload from seed 1000 -> %s"
+          % (wall, a.finetune_from, export), flush=True)
+    return export
 
 
 def run(a, name, zenflow, seed):
@@ -82,6 +111,8 @@ def main():
                    help="steps between held-out evaluations (training.eval_every_steps)")
     p.add_argument("--eval_last", type=int, default=10,
                    help="the held-out loss compared is the mean of this many last evaluations")
+    p.add_argument("--finetune_from", type=int, default=0,
+                   help="N > 0: both systems fine-tune a base model trained N steps (above)")
     p.add_argument("--no_vary_seed", dest="vary_seed", action="store_false",
                    help="every pair trains from seed 1 (the losses then repeat exactly)")
     a = p.parse_args()
@@ -89,10 +120,13 @@ def main():
     keep = bool(a.workdir)
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="zenflow_bench_")
     os.makedirs(a.workdir, exist_ok=True)
+    a.init_from = ""
     print("shapes: %s; zenflow topk %.3g, select every %d, update every %d, overlap on; held-out "
           "%d x %d x %d tokens; load %.1f"
           % (ob.shapes(a), a.topk, a.select_interval, a.update_interval, a.eval_batches, a.micro,
              a.seq, ob.load_average()), flush=True)
+    if a.finetune_from > 0:
+        a.init_from = train_base(a)
     off, zf = [], []
     for rep in range(a.repeats):
         # Pair rep trains both systems from seed rep + 1 (initialisation and data order): one

@@ -85,7 +85,18 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
                                         : std::to_string(zf.update_interval))
             << ", overlap_step " << zf.overlap_step << ", warm-up " << zf.full_warm_up_rounds
             << ", threads training " << pt << " / CPU optimizer " << zo.adam.threads;
-  return optim::ZenFlowPipeline::Create(zo, std::move(plan), std::move(params), source, &coll);
+  // Where forward reads the masters themselves (one rank, fp32), the selective update runs on
+  // the CPU optimizer's host thread while the next forward starts, each parameter's first read
+  // waiting for its own update through the provider's master fence (zenflow_pipeline.h).
+  zo.defer_selective = model.params_view_masters();
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::ZenFlowPipeline> pipeline,
+                   optim::ZenFlowPipeline::Create(zo, std::move(plan), std::move(params), source,
+                                                  &coll));
+  if (zo.defer_selective && zo.overlap_step && zo.host_accumulation) {
+    optim::ZenFlowPipeline* p = pipeline.get();
+    model.set_master_fence([p](ParamId i) { p->AwaitMaster(i); });
+  }
+  return pipeline;
 }
 
 std::string ZenFlowStateFile(const std::string& step_dir, int rank) {

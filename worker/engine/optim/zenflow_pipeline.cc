@@ -57,8 +57,10 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
       cpu_adam_(options.adam),
       device_adam_(WithThreads(options.adam, options.device_threads)),
       pass_(options.adam, options.device_threads),
-      host_acc_(options.overlap_step && options.host_accumulation) {
+      host_acc_(options.overlap_step && options.host_accumulation),
+      defer_(host_acc_ && options.defer_selective) {
   const size_t n = params_.size();
+  sel_ticket_.assign(n, 0);
   selected_.resize(n);
   sel_idx_.resize(n);
   sel_m_.resize(n);
@@ -84,6 +86,14 @@ void ZenFlowPipeline::Quiesce() {
 void ZenFlowPipeline::Flush() {
   Quiesce();
   if (pending_) Publish();
+}
+
+void ZenFlowPipeline::AwaitMaster(size_t i) {
+  if (i >= sel_ticket_.size() || sel_ticket_[i] == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  host_->WaitUrgent(sel_ticket_[i]);
+  sel_ticket_[i] = 0;
+  release_wait_s_ += Seconds(t0);
 }
 
 void ZenFlowPipeline::WaitCpu() {
@@ -246,6 +256,10 @@ absl::StatusOr<bool> ZenFlowPipeline::AutoBoundary() {
 }
 
 absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
+  // The last step's deferred selective updates have all been waited for by the forward that
+  // read their parameters; one not read since (a parameter this forward did not use) is waited
+  // for here, before anything below reads or writes a master.
+  for (size_t i = 0; i < sel_ticket_.size(); ++i) AwaitMaster(i);
   metrics_.stall_s = release_wait_s_;
   release_wait_s_ = 0;
   if (!initialized_) InitCpuCopies();
@@ -333,13 +347,31 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     args.push_back(a);
     if (parts[i].grad.defined()) metrics_.bytes_moved += 4 * parts[i].grad.numel();
   }
+  if (defer_) {
+    // The selective updates go to the host thread, in parameter order, ahead of the
+    // accumulation; the next forward waits for each at its parameter's first read (AwaitMaster,
+    // through the provider's master fence). Publish also writes the masters, so a boundary's
+    // publish of interval k-1 happens now, before they are posted; it writes only unselected
+    // columns and the selective update only selected ones, so the order changes no bit.
+    if (boundary) {
+      WaitCpu();  // the boundary code below then finds nothing in flight and nothing pending
+      if (pending_) Publish();
+    }
+    for (size_t q = 0, i = 0; i < n; ++i) {
+      if (!is2d(i)) continue;
+      const ZenFlowPassArgs& a = args[q++];
+      if (a.k > 0) sel_ticket_[i] = host_->PostUrgent([this, a] { pass_.Run(a); });
+    }
+  }
   if (async && !args.empty()) {
     acc_ticket_ = host_->PostUrgent([args] {
       for (const ZenFlowPassArgs& a : args) ZenFlowStepPass::AccumulateAll(a);
     });
   }
-  for (const ZenFlowPassArgs& a : args) {
-    if (a.accumulate || a.k > 0) pass_.Run(a);
+  if (!defer_) {
+    for (const ZenFlowPassArgs& a : args) {
+      if (a.accumulate || a.k > 0) pass_.Run(a);
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     if (is2d(i)) continue;

@@ -48,7 +48,12 @@
 // arithmetic, so the same bits); the CPU step reads the accumulator, and an accumulator whose
 // count is 0 is overwritten by its next step (never zeroed).
 //
-// Sub-group events: OnSubGroupReady only records (the protocol's bookkeeping); all work happens
+// defer_selective (one rank, the model's parameters are the masters): the selective update of
+// each 2-D parameter is posted to the host thread too, ahead of the accumulation, in parameter
+// order; the next forward waits for parameter i's update at its first read (AwaitMaster, called
+// by the provider's master fence), so later layers are updated while earlier ones run forward.
+//
+// Sub-group events: OnSubGroupReady only records (the protocol's bookkeeping); all work starts
 // in FinishStep on the training thread, because the clip multiplier is known only then and the
 // selection's all-reduce must be issued in the same order on every rank. So the pipeline is
 // correct whether the provider raises the events during backward or after FinishMicroStep. An
@@ -98,6 +103,12 @@ struct ZenFlowOptions {
   // fused into the training thread's pass, as without overlap_step (the same bits; a test
   // reference, loom-trainer --test_zenflow_fused_accumulation).
   bool host_accumulation = true;
+  // With overlap_step and host_accumulation: the selective update of each 2-D parameter also
+  // runs on the host thread, posted in FinishStep ahead of the accumulation, and the next forward
+  // waits for it at the parameter's first read (AwaitMaster). Set it only when every read or
+  // write of a master outside this pipeline calls AwaitMaster(i) first (MakeTrainerZenFlow sets
+  // it where the provider's parameters view the masters and wires its master fence).
+  bool defer_selective = false;
   double auto_ratio = 0.99;
 };
 
@@ -105,7 +116,8 @@ struct ZenFlowOptions {
 struct ZenFlowMetrics {
   double stall_s = 0;                  // training thread blocked on the CPU optimizer (this
                                        // step's FinishStep, and with overlap_step the wait in
-                                       // ReleaseGradients before its backward)
+                                       // ReleaseGradients before its backward and, with
+                                       // defer_selective, the forward's AwaitMaster waits)
   double selected_mass_fraction = 0;   // Σ|g| of selected columns / Σ|g| of 2-D params (last
                                        // selection, or every step in auto mode)
   int64_t update_interval = 0;         // steps in the last completed CPU interval
@@ -139,6 +151,10 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // Waits for everything on the host thread (a CPU step's result stays pending for the next
   // boundary).
   void Quiesce();
+  // Returns once parameter i's master is not being written by a deferred selective update
+  // (ZenFlowOptions::defer_selective); at once otherwise. The wait counts as stall in the next
+  // step's metrics. Training thread only.
+  void AwaitMaster(size_t i);
   // Waits for a CPU step in flight and publishes any pending result (end of training).
   void Flush();
 
@@ -183,6 +199,8 @@ class ZenFlowPipeline : public OptimizerPipeline {
   bool cpu_in_flight_ = false;
   double release_wait_s_ = 0;          // ReleaseGradients' wait, added to the next step's stall
   const bool host_acc_;                // overlap_step && host_accumulation
+  const bool defer_;                   // host_acc_ && defer_selective
+  std::vector<int64_t> sel_ticket_;    // per parameter: its deferred selective update (0: none)
   bool initialized_ = false;
   std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy
   std::vector<at::Tensor> acc_[2];     // per parameter [p_i]: host accumulators (2-D only)

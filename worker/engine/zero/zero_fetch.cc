@@ -124,6 +124,7 @@ void ZeroProvider::InvalidateTrace() {
 }
 
 const at::Tensor& ZeroProvider::Acquire(ParamId i) {
+  if (master_fence_) master_fence_(i);
   ZeroParam& p = params_[i];
   if (options_.stage < 3) {
     if (replicas_pending_ > 0) WaitReplica(i);  // RefreshParams' gather into it (stages 1/2)

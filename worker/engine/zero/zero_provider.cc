@@ -195,6 +195,11 @@ void ZeroProvider::FinishMicroStep() {
 
 void ZeroProvider::RefreshParams() {
   at::NoGradGuard no_grad;
+  // With the parameters viewing the masters nothing below reads a master, and the fence waits
+  // at each parameter's next Acquire instead (set_master_fence).
+  if (master_fence_ && !params_view_masters()) {
+    for (ParamId i = 0; i < params_.size(); ++i) master_fence_(i);
+  }
   const at::ScalarType dt = options_.param_dtype;
   switch (options_.stage) {
     case 0:
@@ -284,6 +289,7 @@ at::Tensor ZeroProvider::GatherFull(ParamId i) {
 }
 
 at::Tensor ZeroProvider::CheckpointPartition(ParamId i, int which) const {
+  if (master_fence_) master_fence_(i);
   const ZeroParam& p = params_[i];
   const at::Tensor& t = which == 0 ? p.master : which == 1 ? p.exp_avg : p.exp_avg_sq;
   if (options_.stage != 0) return t;
@@ -297,6 +303,7 @@ at::Tensor ZeroProvider::CheckpointPartition(ParamId i, int which) const {
 void ZeroProvider::LoadPartition(ParamId i, int which, const float* src) {
   at::NoGradGuard no_grad;
   WaitReplicas();  // a master partition may still be the send buffer of a gather
+  if (master_fence_) master_fence_(i);
   ZeroParam& p = params_[i];
   const int64_t part = p.slice.partition_numel;
   const int64_t n_ranks = collectives_->world_size();

@@ -75,6 +75,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -136,8 +137,10 @@ struct ZeroOptions {
   //     next step's forward, which starts after FinishStep waited for every speculative step
   //     (and after a rollback restored the masters);
   //   - ZenFlow: its overlapped CPU step writes its own fp32 copy of each partition and the
-  //     moments, never a master; the masters are written by the selective update and by
-  //     Publish, both in FinishStep on the training thread (zenflow_pipeline.h).
+  //     moments, never a master; the masters are written by Publish in FinishStep and by the
+  //     selective update, in FinishStep or, deferred to its host thread, behind the master
+  //     fence (set_master_fence) that every Acquire of the parameter waits on
+  //     (zenflow_pipeline.h).
   // Ignored otherwise (bf16/fp16 params, more than one rank, stage 0 whose fp32 replica is
   // always the master, and stage 3 with offload_param nvme, which reads the partition from its
   // file).
@@ -235,6 +238,16 @@ class ZeroProvider : public ParamAccess {
   std::vector<ZeroParam>& params() { return params_; }
   const ZeroOptions& options() const { return options_; }
   void set_grad_ready_listener(GradReadyListener* l) { options_.grad_ready_listener = l; }
+  // A writer of master partitions that may still run after the optimizer step returned (ZenFlow's
+  // deferred selective update, optim/zenflow_pipeline.h): the provider calls fence(i) on the
+  // calling thread before anything it does reads or writes master i (Acquire, GatherFull,
+  // CheckpointPartition, LoadPartition, RefreshParams), and fence(i) returns once no such write
+  // is in flight. Only meaningful where the parameter forward reads is the master itself
+  // (params_view_masters()), so that the wait lands at the parameter's first use in the next
+  // forward. Empty function: none (the default). Set it from the training thread, between steps.
+  void set_master_fence(std::function<void(ParamId)> fence) { master_fence_ = std::move(fence); }
+  // ZeroOptions::params_view_masters took effect (one rank, fp32 params, stages 1-3).
+  bool params_view_masters() const { return replica_views_master_ || gather_views_shard_; }
   // Σ m * 4: bytes of this rank's fp32 master (= Σ p * 4 for stages 1-3, Σ n * 4 for stage 0).
   int64_t partition_bytes() const;
   MemoryTracker& memory() { return memory_; }
@@ -345,6 +358,7 @@ class ZeroProvider : public ParamAccess {
   int64_t replicas_pending_ = 0;
   bool replica_views_master_ = false;  // params_view_masters took effect at stage 1/2
   bool gather_views_shard_ = false;    // params_view_masters took effect at stage 3
+  std::function<void(ParamId)> master_fence_;  // set_master_fence (empty: none)
 
   // Stage-3 fetching.
   std::map<size_t, Live> live_;
