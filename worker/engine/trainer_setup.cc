@@ -218,6 +218,11 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   // optimizer pipeline writes a master only where no forward or backward reads its parameter
   // (zero_provider.h says why for SuperOffload's speculative step and ZenFlow's CPU step).
   zopts.params_view_masters = true;
+  // ZenFlow's host thread accumulates a step's gradients while the next forward runs; with a
+  // second gradient buffer (one rank) also through the next backward (zenflow_setup.cc).
+  const spec::ZenFlowConfig& zf = o_.ds.zero.zenflow;
+  zopts.double_buffer_grads =
+      zf.enabled && zf.overlap_step && !o_.test_zenflow_fused_accumulation;
   RETURN_IF_ERROR(SetUpOffload(&zopts));
   ASSIGN_OR_RETURN(model_, ZeroProvider::Create(spec::LlamaParamSpecs(o_.model), &coll_,
                                                 {o_.seed, o_.model.initializer_range, init.get()},

@@ -191,6 +191,9 @@ void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool*
   Check(v.status());
   if (v->overflow) {
     Check(pipeline_->FinishStep(*v));  // rolls back: the step is skipped on every rank
+    // Before every ClearGrads (optimizer_pipeline.h): with two gradient buffers this clear
+    // switches to the one whose gradients ZenFlow's host thread may still be reading.
+    if (pipeline_->reads_gradients_after_finish()) Check(pipeline_->ReleaseGradients());
     model_->ClearGrads();
     scaler_.Update(/*overflow=*/true);
     *skipped = true;

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
   // the CPU optimizer's host thread while the next forward starts, each parameter's first read
   // waiting for its own update through the provider's master fence (zenflow_pipeline.h).
   zo.defer_selective = model.params_view_masters();
+  zo.gradient_buffers = model.gradient_buffers();
   ASSIGN_OR_RETURN(std::unique_ptr<optim::ZenFlowPipeline> pipeline,
                    optim::ZenFlowPipeline::Create(zo, std::move(plan), std::move(params), source,
                                                   &coll));

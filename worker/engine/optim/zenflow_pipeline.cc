@@ -57,10 +57,14 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
       cpu_adam_(options.adam),
       device_adam_(WithThreads(options.adam, options.device_threads)),
       pass_(options.adam, options.device_threads),
+      host_pass_(options.adam, 1),
       host_acc_(options.overlap_step && options.host_accumulation),
       defer_(host_acc_ && options.defer_selective) {
   const size_t n = params_.size();
   sel_ticket_.assign(n, 0);
+  sel_args_.resize(n);
+  sel_state_ = std::make_unique<std::atomic<int>[]>(n);
+  for (size_t i = 0; i < n; ++i) sel_state_[i].store(kSelDone);
   selected_.resize(n);
   sel_idx_.resize(n);
   sel_m_.resize(n);
@@ -88,12 +92,25 @@ void ZenFlowPipeline::Flush() {
   if (pending_) Publish();
 }
 
+bool ZenFlowPipeline::ClaimSelective(size_t i) {
+  int pending = kSelPending;
+  return sel_state_[i].compare_exchange_strong(pending, kSelClaimed, std::memory_order_acq_rel);
+}
+
 void ZenFlowPipeline::AwaitMaster(size_t i) {
   if (i >= sel_ticket_.size() || sel_ticket_[i] == 0) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  host_->WaitUrgent(sel_ticket_[i]);
+  if (ClaimSelective(i)) {
+    // The host thread has not started it: run it here rather than wait behind the updates
+    // queued before it (the training thread's own selective update, as without deferral: not
+    // stall).
+    pass_.Run(sel_args_[i]);
+    sel_state_[i].store(kSelDone, std::memory_order_release);
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    host_->WaitUrgent(sel_ticket_[i]);
+    release_wait_s_ += Seconds(t0);
+  }
   sel_ticket_[i] = 0;
-  release_wait_s_ += Seconds(t0);
 }
 
 void ZenFlowPipeline::WaitCpu() {
@@ -106,9 +123,13 @@ void ZenFlowPipeline::WaitCpu() {
 }
 
 absl::Status ZenFlowPipeline::OnReleaseGradients() {
-  if (!host_acc_ || acc_ticket_ == 0) return absl::OkStatus();
+  // With two gradient buffers the one about to be written holds the gradients of the step
+  // before last: wait only for what was posted up to the previous release.
+  const int64_t ticket = opt_.gradient_buffers == 2 ? acc_ticket_at_release_ : acc_ticket_;
+  acc_ticket_at_release_ = acc_ticket_;
+  if (!host_acc_ || ticket == 0) return absl::OkStatus();
   const auto t0 = std::chrono::steady_clock::now();
-  host_->WaitUrgent(acc_ticket_);
+  host_->WaitUrgent(ticket);
   release_wait_s_ += Seconds(t0);
   return absl::OkStatus();
 }
@@ -360,7 +381,14 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     for (size_t q = 0, i = 0; i < n; ++i) {
       if (!is2d(i)) continue;
       const ZenFlowPassArgs& a = args[q++];
-      if (a.k > 0) sel_ticket_[i] = host_->PostUrgent([this, a] { pass_.Run(a); });
+      if (a.k == 0) continue;
+      sel_args_[i] = a;
+      sel_state_[i].store(kSelPending, std::memory_order_release);
+      sel_ticket_[i] = host_->PostUrgent([this, i] {
+        if (!ClaimSelective(i)) return;  // the training thread took it (AwaitMaster)
+        host_pass_.Run(sel_args_[i]);
+        sel_state_[i].store(kSelDone, std::memory_order_release);
+      });
     }
   }
   if (async && !args.empty()) {

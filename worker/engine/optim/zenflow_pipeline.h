@@ -50,8 +50,9 @@
 //
 // defer_selective (one rank, the model's parameters are the masters): the selective update of
 // each 2-D parameter is posted to the host thread too, ahead of the accumulation, in parameter
-// order; the next forward waits for parameter i's update at its first read (AwaitMaster, called
-// by the provider's master fence), so later layers are updated while earlier ones run forward.
+// order; at its first read in the next forward parameter i's update is waited for (AwaitMaster,
+// called by the provider's master fence) or, if the host thread has not started it yet, run by
+// the training thread itself; so later layers are updated while earlier ones run forward.
 //
 // Sub-group events: OnSubGroupReady only records (the protocol's bookkeeping); all work starts
 // in FinishStep on the training thread, because the clip multiplier is known only then and the
@@ -72,6 +73,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -109,6 +111,12 @@ struct ZenFlowOptions {
   // write of a master outside this pipeline calls AwaitMaster(i) first (MakeTrainerZenFlow sets
   // it where the provider's parameters view the masters and wires its master fence).
   bool defer_selective = false;
+  // 2: the gradients of a step stay intact until the second ReleaseGradients after its
+  // FinishStep (a provider with two gradient buffers, ZeroProvider::gradient_buffers(); the
+  // caller calls ReleaseGradients before every switch of buffers), so ReleaseGradients waits only
+  // for the host thread's reads of the step before last, and the accumulation overlaps the next
+  // backward as well as its forward. 1: until the next ReleaseGradients.
+  int gradient_buffers = 1;
   double auto_ratio = 0.99;
 };
 
@@ -194,13 +202,22 @@ class ZenFlowPipeline : public OptimizerPipeline {
   Collectives* const coll_;
   offload::CpuAdam cpu_adam_, device_adam_;
   ZenFlowStepPass pass_;  // the per-step accumulation + selective update (zenflow_step_pass.h)
+  ZenFlowStepPass host_pass_;  // the host thread's (defer_selective): one thread, own buffers
   int64_t acc_ticket_ = 0;             // the last accumulation posted (HostWorker urgent ticket)
+  int64_t acc_ticket_at_release_ = 0;  // acc_ticket_ when ReleaseGradients was last called
   int64_t cpu_ticket_ = 0;             // the last chunk of the CPU step posted (background)
   bool cpu_in_flight_ = false;
   double release_wait_s_ = 0;          // ReleaseGradients' wait, added to the next step's stall
   const bool host_acc_;                // overlap_step && host_accumulation
   const bool defer_;                   // host_acc_ && defer_selective
-  std::vector<int64_t> sel_ticket_;    // per parameter: its deferred selective update (0: none)
+  // defer_selective, per parameter: the host ticket of its update posted in the last Commit (0:
+  // none or already awaited), its arguments, and who runs it: whichever of the host thread and
+  // AwaitMaster claims it first (kSelPending -> kSelClaimed), the other does not.
+  static constexpr int kSelPending = 0, kSelClaimed = 1, kSelDone = 2;
+  bool ClaimSelective(size_t i);
+  std::vector<int64_t> sel_ticket_;
+  std::vector<ZenFlowPassArgs> sel_args_;
+  std::unique_ptr<std::atomic<int>[]> sel_state_;
   bool initialized_ = false;
   std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy
   std::vector<at::Tensor> acc_[2];     // per parameter [p_i]: host accumulators (2-D only)

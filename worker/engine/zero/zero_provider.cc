@@ -241,6 +241,20 @@ void ZeroProvider::ClearGrads() {
     // (FlushGrads) instead of the whole buffer here.
     if (identity_reduction()) {
       grads_stale_ = true;
+      if (gradient_buffers() == 2) {
+        // The other buffer (the step before last's gradients, or new zeros) becomes the
+        // gradient storage; the last step's stays readable until the next ClearGrads.
+        if (!grad_flat_other_.defined()) {
+          grad_flat_other_ = at::zeros_like(grad_flat_);
+          memory_.Acquire(MemoryKind::kGrads, Bytes(grad_flat_other_));
+        }
+        std::swap(grad_flat_, grad_flat_other_);
+        int64_t off = 0;
+        for (ZeroParam& q : params_) {
+          q.grad = grad_flat_.narrow(0, off, q.master.numel());
+          off += q.master.numel();
+        }
+      }
     } else {
       grad_flat_.zero_();
     }

@@ -145,6 +145,12 @@ struct ZeroOptions {
   // always the master, and stage 3 with offload_param nvme, which reads the partition from its
   // file).
   bool params_view_masters = false;
+  // One rank with an fp32 wire and contiguous_gradients (the reduction is the identity): two
+  // gradient buffers, ClearGrads switching between them, so that an optimizer still reading the
+  // last step's gradients (ZenFlow's host-thread accumulation) may keep reading them through the
+  // next backward, which writes the other buffer. Costs 4 bytes per parameter (counted as
+  // kGrads). Ignored otherwise; gradient_buffers() says whether it took effect.
+  bool double_buffer_grads = false;
 };
 
 struct ZeroParam {
@@ -248,6 +254,13 @@ class ZeroProvider : public ParamAccess {
   void set_master_fence(std::function<void(ParamId)> fence) { master_fence_ = std::move(fence); }
   // ZeroOptions::params_view_masters took effect (one rank, fp32 params, stages 1-3).
   bool params_view_masters() const { return replica_views_master_ || gather_views_shard_; }
+  // 2 when ZeroOptions::double_buffer_grads took effect: the gradients of step s stay intact
+  // until the ClearGrads before step s + 2's backward; else 1 (until the next ClearGrads).
+  int gradient_buffers() const {
+    return options_.double_buffer_grads && options_.contiguous_gradients && identity_reduction()
+               ? 2
+               : 1;
+  }
   // Σ m * 4: bytes of this rank's fp32 master (= Σ p * 4 for stages 1-3, Σ n * 4 for stage 0).
   int64_t partition_bytes() const;
   MemoryTracker& memory() { return memory_; }
@@ -352,6 +365,7 @@ class ZeroProvider : public ParamAccess {
   int64_t bucket_elems_ = 0;
   std::deque<Reduction> in_flight_;
   at::Tensor grad_flat_;  // contiguous_gradients storage
+  at::Tensor grad_flat_other_;  // double_buffer_grads: the previous step's (ClearGrads swaps)
   bool grads_stale_ = false;  // one rank: ClearGrads left grad_flat_ unzeroed (FlushGrads zeroes)
   // Stages 1/2: per param, the direct all-gather into its replica still in flight (or null).
   std::vector<std::unique_ptr<PendingCollective>> replica_pending_;

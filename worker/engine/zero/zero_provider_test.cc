@@ -511,5 +511,52 @@ TEST(OneRankIdentityReductionTest, UnwrittenGradientsAreZeroAfterTheLastMicroSte
   }
 }
 
+// double_buffer_grads (one rank, fp32 wire): each ClearGrads switches between two gradient
+// buffers, so the tensors holding step s's gradients keep those values through step s + 1's
+// backward (ZenFlow's host thread reads them then) and are reused at step s + 2; the current
+// gradients follow the same zeroing rule as with one buffer. Values are exact.
+TEST(OneRankIdentityReductionTest, DoubleBufferedGradientsKeepTheLastStepThroughTheNext) {
+  const std::vector<spec::ParamSpec> specs = {{"a", {2, 3}, spec::ParamSpec::Kind::kLinear},
+                                              {"b", {4}, spec::ParamSpec::Kind::kNorm}};
+  for (int stage : {1, 2, 3}) {
+    std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+    ZeroOptions o;
+    o.stage = stage;
+    o.double_buffer_grads = true;
+    std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o);
+    EXPECT_EQ(z->gradient_buffers(), 2) << "stage " << stage;
+    auto micro = [&](const std::vector<std::pair<size_t, float>>& grads) {
+      z->BeginMicroStep(true);
+      for (const auto& [i, v] : grads) z->NoteUse(i);
+      for (const auto& [i, v] : grads) z->AddGrad(i, at::full(specs[i].shape, v, at::kFloat));
+      z->FinishMicroStep();
+    };
+    auto full = [&](size_t i, float v) { return at::full({specs[i].numel()}, v, at::kFloat); };
+    micro({{0, 1.5f}, {1, 2.5f}});
+    const at::Tensor a1 = z->params()[0].grad, b1 = z->params()[1].grad;  // views, not copies
+    z->ClearGrads();
+    micro({{0, -0.5f}});
+    EXPECT_TRUE(at::equal(z->params()[0].grad, full(0, -0.5f))) << "stage " << stage;
+    EXPECT_TRUE(at::equal(z->params()[1].grad, full(1, 0.0f))) << "stage " << stage;
+    EXPECT_TRUE(at::equal(a1, full(0, 1.5f))) << "stage " << stage << ": step 1's a overwritten";
+    EXPECT_TRUE(at::equal(b1, full(1, 2.5f))) << "stage " << stage << ": step 1's b overwritten";
+    z->ClearGrads();
+    micro({{1, 1.0f}});  // step 3 is back in step 1's buffer
+    EXPECT_EQ(z->params()[1].grad.data_ptr(), b1.data_ptr()) << "stage " << stage;
+    EXPECT_TRUE(at::equal(b1, full(1, 1.0f))) << "stage " << stage;
+    EXPECT_TRUE(at::equal(a1, full(0, 0.0f))) << "stage " << stage << ": a had no gradient";
+  }
+  // Not where the reduction is a real one: a 16-bit wire (or more than one rank).
+  std::unique_ptr<Collectives> coll = CreateLocalCollectives();
+  ZeroOptions o;
+  o.stage = 2;
+  o.double_buffer_grads = true;
+  o.communication_dtype = at::kBFloat16;
+  EXPECT_EQ((*ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o))->gradient_buffers(), 1);
+  o.communication_dtype = at::kFloat;
+  o.double_buffer_grads = false;
+  EXPECT_EQ((*ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o))->gradient_buffers(), 1);
+}
+
 }  // namespace
 }  // namespace loom::engine
