@@ -151,42 +151,15 @@ void ZenFlowPipeline::BuildIndices(size_t i) {
   const ZenFlowParam& p = params_[i];
   std::vector<char> chosen(p.cols, 0);
   for (int64_t j : selected_[i]) chosen[j] = 1;
-  std::vector<int64_t> idx;
+  std::vector<int64_t>& idx = sel_idx_[i];
+  idx.clear();
   int64_t j = p.begin % p.cols;
   for (int64_t f = p.begin; f < p.end; ++f) {
     if (chosen[j]) idx.push_back(f - p.begin);
     if (++j == p.cols) j = 0;
   }
-  // The selective moments continue across a re-selection: an element still selected keeps its
-  // own; one newly selected starts from the CPU optimizer's moments of that element (built from
-  // the interval means, or by warm-up's full steps), which the CPU step kept current while the
-  // element was on the CPU side. (Restarting them at zero, as DeepSpeed does, made every
-  // select boundary a sign-like step of size lr on the most important columns: at
-  // update_interval 1 it tripled the held-out loss gap to synchronous offload; docs/benchmarks.md.)
-  at::Tensor m = at::empty({static_cast<int64_t>(idx.size())}, at::kFloat);
-  at::Tensor v = at::empty({static_cast<int64_t>(idx.size())}, at::kFloat);
-  const std::vector<int64_t>& old = sel_idx_[i];
-  const float* old_m = old.empty() ? nullptr : sel_m_[i].data_ptr<float>();
-  const float* old_v = old.empty() ? nullptr : sel_v_[i].data_ptr<float>();
-  OptimizerPartition part = source_(i);
-  const float* cpu_m = part.exp_avg.data_ptr<float>();
-  const float* cpu_v = part.exp_avg_sq.data_ptr<float>();
-  float* nm = m.data_ptr<float>();
-  float* nv = v.data_ptr<float>();
-  size_t q = 0;
-  for (size_t e = 0; e < idx.size(); ++e) {
-    while (q < old.size() && old[q] < idx[e]) ++q;
-    if (q < old.size() && old[q] == idx[e]) {
-      nm[e] = old_m[q];
-      nv[e] = old_v[q];
-    } else {
-      nm[e] = cpu_m[idx[e]];
-      nv[e] = cpu_v[idx[e]];
-    }
-  }
-  sel_idx_[i] = std::move(idx);
-  sel_m_[i] = m;
-  sel_v_[i] = v;
+  sel_m_[i] = at::zeros({static_cast<int64_t>(idx.size())}, at::kFloat);
+  sel_v_[i] = at::zeros({static_cast<int64_t>(idx.size())}, at::kFloat);
 }
 
 absl::Status ZenFlowPipeline::Reselect() {
@@ -389,7 +362,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
       a.sel_exp_avg = sel_m_[i].data_ptr<float>();
       a.sel_exp_avg_sq = sel_v_[i].data_ptr<float>();
     }
-    a.t = step_;  // the moments continue across selections (BuildIndices)
+    a.t = sel_t_;
     a.lr = lr_;
     a.accumulate = !async;
     args.push_back(a);

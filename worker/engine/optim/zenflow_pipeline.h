@@ -31,12 +31,9 @@
 // the accumulation is fused into the selective pass on the training thread and the CPU step
 // runs there at the boundary). A select boundary first waits for a CPU step in flight and
 // publishes it early, then re-selects: the CPU copy of the previously selected columns is
-// resynced from the master, and the selective Adam moments continue: a column still selected
-// keeps its own, a newly selected one starts from the CPU optimizer's moments of its elements,
-// and the selective step uses the optimizer step as t. (DeepSpeed restarts them at zero and
-// keeps the old count, which inflates the first update ~3.2x, TECHNIQUES-TESTS.md §2.1.2(b);
-// restarting at zero with a fresh count, Loom's earlier choice, made each select boundary a
-// sign-like step of size lr on the most important columns, docs/benchmarks.md.)
+// resynced from the master and the selective moments restart at zero with their own step count
+// (DeepSpeed keeps the old count, which inflates the first update ~3.2x, TECHNIQUES-TESTS.md
+// §2.1.2(b); Loom does not copy that).
 //
 // Step indices: the CPU Adam uses the optimizer step of the boundary as t (DeepSpeed's
 // micro_step + 1), so update_interval 1 with topk_ratio 0 and no overlap is ZeRO-Offload bit for
@@ -230,7 +227,7 @@ class ZenFlowPipeline : public OptimizerPipeline {
   std::vector<std::vector<int64_t>> selected_;
   std::vector<std::vector<int64_t>> sel_idx_;
   std::vector<at::Tensor> sel_m_, sel_v_;  // per 2-D parameter [|sel_idx|]
-  int64_t sel_t_ = 0;                  // steps since the last selection (state file only)
+  int64_t sel_t_ = 0;                  // selective Adam steps since the last selection
   std::unique_ptr<ZenFlowAutoInterval> auto_;
   int64_t interval_steps_ = 0;         // steps since the last update boundary
   ZenFlowMetrics metrics_;

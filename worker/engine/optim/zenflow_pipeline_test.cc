@@ -144,32 +144,6 @@ TEST(ZenFlowPipelineTest, AllColumnsSelectedEqualsTorchAdamW) {
   });
 }
 
-// The selective Adam moments continue across selections: after 3 warm-up steps (full CPU
-// steps) the first selection takes the CPU optimizer's moments of every (newly) selected
-// element, and re-selecting every 2 steps keeps the moments of the columns still selected, with
-// t = the optimizer step. With every column selected that is AdamW all along. (Restarting them
-// at zero at each selection, as DeepSpeed does and Loom did, fails this at step 4.)
-TEST(ZenFlowPipelineTest, SelectiveMomentsContinueAcrossWarmUpAndReselection) {
-  WithRank([](Collectives& coll) {
-    Model m = MakeModel();
-    std::vector<torch::Tensor> ref;
-    for (const OptimizerPartition& p : m.parts) ref.push_back(p.param.clone().requires_grad_());
-    torch::optim::AdamW torch_opt(ref, torch::optim::AdamWOptions(kLr).weight_decay(kWd));
-    auto pipe = *ZenFlowPipeline::Create(Options(1.0, 3, 2, 3, false), PlanOf(m), m.params,
-                                         [&m](size_t i) { return m.parts[i]; }, &coll);
-    for (int64_t t = 1; t <= 10; ++t) {
-      SetGrads(m, t);
-      for (size_t i = 0; i < ref.size(); ++i) ref[i].mutable_grad() = m.parts[i].grad.clone();
-      ASSERT_TRUE(Step(*pipe, t).ok());
-      torch_opt.step();
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double diff = (m.parts[i].param - ref[i].detach()).abs().max().item<double>();
-        ASSERT_LE(diff, 1e-6) << "param " << i << " after step " << t;
-      }
-    }
-  });
-}
-
 // ZeRO-Offload: the OffloadOptimizer pipeline on a copy of the model.
 struct Offload {
   Model m;
