@@ -472,23 +472,36 @@ TEST(OneRankIdentityReductionTest, NoGradientCollectiveAndStageZeroGradientsBitF
   }
 }
 
+// Two parameters, a [2, 3] weight and a [4] norm, for the one-rank gradient tests below.
+const std::vector<spec::ParamSpec>& TwoParams() {
+  static const auto* specs = new std::vector<spec::ParamSpec>{
+      {"a", {2, 3}, spec::ParamSpec::Kind::kLinear}, {"b", {4}, spec::ParamSpec::Kind::kNorm}};
+  return *specs;
+}
+
+// One micro-step whose backward hands parameter i the constant gradient v, per (i, v).
+void MicroStep(ZeroProvider& z, bool last, const std::vector<std::pair<size_t, float>>& grads) {
+  z.BeginMicroStep(last);
+  for (const auto& [i, v] : grads) z.NoteUse(i);  // the forward's uses
+  for (const auto& [i, v] : grads) {
+    z.AddGrad(i, at::full(TwoParams()[i].shape, v, at::kFloat));
+  }
+  z.FinishMicroStep();
+}
+
 // One rank: ClearGrads leaves the zeroing to the end of the last micro-step (each gradient's
 // first write overwrites its partition): a parameter with no gradient in a step reads zeros
 // afterwards, not the previous step's values, and one written only in an earlier micro-step
 // keeps that contribution. Values are exact (multiples of 1/2).
 TEST(OneRankIdentityReductionTest, UnwrittenGradientsAreZeroAfterTheLastMicroStep) {
-  const std::vector<spec::ParamSpec> specs = {{"a", {2, 3}, spec::ParamSpec::Kind::kLinear},
-                                              {"b", {4}, spec::ParamSpec::Kind::kNorm}};
+  const std::vector<spec::ParamSpec>& specs = TwoParams();
   for (int stage : {1, 2, 3}) {
     std::unique_ptr<Collectives> coll = CreateLocalCollectives();
     ZeroOptions o;
     o.stage = stage;
     std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o);
     auto micro = [&](bool last, const std::vector<std::pair<size_t, float>>& grads) {
-      z->BeginMicroStep(last);
-      for (const auto& [i, v] : grads) z->NoteUse(i);  // the forward's uses
-      for (const auto& [i, v] : grads) z->AddGrad(i, at::full(specs[i].shape, v, at::kFloat));
-      z->FinishMicroStep();
+      MicroStep(*z, last, grads);
     };
     auto expect = [&](size_t i, float v, const std::string& what) {
       const at::Tensor& g = z->params()[i].grad;
@@ -516,8 +529,7 @@ TEST(OneRankIdentityReductionTest, UnwrittenGradientsAreZeroAfterTheLastMicroSte
 // backward (ZenFlow's host thread reads them then) and are reused at step s + 2; the current
 // gradients follow the same zeroing rule as with one buffer. Values are exact.
 TEST(OneRankIdentityReductionTest, DoubleBufferedGradientsKeepTheLastStepThroughTheNext) {
-  const std::vector<spec::ParamSpec> specs = {{"a", {2, 3}, spec::ParamSpec::Kind::kLinear},
-                                              {"b", {4}, spec::ParamSpec::Kind::kNorm}};
+  const std::vector<spec::ParamSpec>& specs = TwoParams();
   for (int stage : {1, 2, 3}) {
     std::unique_ptr<Collectives> coll = CreateLocalCollectives();
     ZeroOptions o;
@@ -526,10 +538,7 @@ TEST(OneRankIdentityReductionTest, DoubleBufferedGradientsKeepTheLastStepThrough
     std::unique_ptr<ZeroProvider> z = *ZeroProvider::Create(specs, coll.get(), {1, 0.02}, o);
     EXPECT_EQ(z->gradient_buffers(), 2) << "stage " << stage;
     auto micro = [&](const std::vector<std::pair<size_t, float>>& grads) {
-      z->BeginMicroStep(true);
-      for (const auto& [i, v] : grads) z->NoteUse(i);
-      for (const auto& [i, v] : grads) z->AddGrad(i, at::full(specs[i].shape, v, at::kFloat));
-      z->FinishMicroStep();
+      MicroStep(*z, true, grads);
     };
     auto full = [&](size_t i, float v) { return at::full({specs[i].numel()}, v, at::kFloat); };
     micro({{0, 1.5f}, {1, 2.5f}});
