@@ -206,9 +206,10 @@ bool CpuAdam::ForceIsa(Isa isa) {
 
 namespace {
 
-Coeffs MakeCoeffs(const CpuAdamOptions& o, int64_t t, double lr) {
+// t: exp_avg's update count, t2: exp_avg_sq's.
+Coeffs MakeCoeffs(const CpuAdamOptions& o, int64_t t, int64_t t2, double lr) {
   const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, static_cast<double>(t)) : 1.0;
-  const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, static_cast<double>(t)) : 1.0;
+  const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, static_cast<double>(t2)) : 1.0;
   Coeffs c;
   c.decoupled = o.weight_decay != 0 && o.decoupled_weight_decay;
   c.use_l2 = o.weight_decay != 0 && !o.decoupled_weight_decay;
@@ -238,9 +239,16 @@ void CpuAdam::Step(int64_t t, double lr, float* param, const float* grad, float*
   RunKernel(t, lr, param, grad, exp_avg, exp_avg_sq, n);
 }
 
+void CpuAdam::StepWithMomentCounts(int64_t t_exp_avg, int64_t t_exp_avg_sq, double lr,
+                                   float* param, const float* grad, float* exp_avg,
+                                   float* exp_avg_sq, int64_t n) {
+  Drain();
+  RunKernel(t_exp_avg, lr, param, grad, exp_avg, exp_avg_sq, n, t_exp_avg_sq);
+}
+
 void CpuAdam::RunKernel(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
-                        float* exp_avg_sq, int64_t n) {
-  const Coeffs c = MakeCoeffs(options_, t, lr);
+                        float* exp_avg_sq, int64_t n, int64_t t_exp_avg_sq) {
+  const Coeffs c = MakeCoeffs(options_, t, t_exp_avg_sq < 0 ? t : t_exp_avg_sq, lr);
   const KernelFn kernel = KernelFor(isa_);
   // Chunks of whole 64-byte lines (16 floats), at least 16K elements so that a thread's share
   // outweighs waking it.

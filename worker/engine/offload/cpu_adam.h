@@ -100,6 +100,12 @@ class CpuAdam {
   // `grad` == nullptr means a zero gradient.
   void Step(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
             float* exp_avg_sq, int64_t n);
+  // Step with separate counts for the two bias corrections: exp_avg has had t_exp_avg updates
+  // (1 - beta1^t_exp_avg) and exp_avg_sq t_exp_avg_sq (1 - beta2^t_exp_avg_sq), for moments that
+  // started at different times (ZenFlow's newly selected columns, zenflow_pipeline.h).
+  // Step(t, ...) is StepWithMomentCounts(t, t, ...).
+  void StepWithMomentCounts(int64_t t_exp_avg, int64_t t_exp_avg_sq, double lr, float* param,
+                            const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n);
 
   // Step of the elements [begin, end) only (0 <= begin <= end <= the arrays' length); the
   // arrays are the whole partition (not offset by begin). The rest is left untouched.
@@ -148,7 +154,7 @@ class CpuAdam {
   void Drain();
   // The fused update over n elements on the pool (Step without the Drain).
   void RunKernel(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
-                 float* exp_avg_sq, int64_t n);
+                 float* exp_avg_sq, int64_t n, int64_t t_exp_avg_sq = -1);
 
   CpuAdamOptions options_;
   Isa isa_;

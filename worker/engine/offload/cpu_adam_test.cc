@@ -36,11 +36,13 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-// The engine's non-offloaded update (worker/engine/engine.cc AdamStep), op by op.
+// The engine's non-offloaded update (worker/engine/engine.cc AdamStep), op by op; t_sq >= 0:
+// exp_avg_sq's bias correction uses t_sq instead of t.
 void TorchStep(const CpuAdamOptions& oc, int64_t t, double lr, at::Tensor param, at::Tensor grad,
-               at::Tensor exp_avg, at::Tensor exp_avg_sq) {
+               at::Tensor exp_avg, at::Tensor exp_avg_sq, int64_t t_sq = -1) {
   const double bc1 = oc.bias_correction ? 1.0 - std::pow(oc.beta1, t) : 1.0;
-  const double bc2 = oc.bias_correction ? 1.0 - std::pow(oc.beta2, t) : 1.0;
+  const double bc2 =
+      oc.bias_correction ? 1.0 - std::pow(oc.beta2, t_sq >= 0 ? t_sq : t) : 1.0;
   const double step_size = lr / bc1;
   const double bc2_sqrt = std::sqrt(bc2);
   if (oc.weight_decay != 0) {
@@ -151,6 +153,28 @@ TEST_P(CpuAdamTest, NullGradientMeansZeroGradient) {
   EXPECT_TRUE(BitEqual(a.p, b.p));
   EXPECT_TRUE(BitEqual(a.m, b.m));
   EXPECT_TRUE(BitEqual(a.v, b.v));
+}
+
+// Separate bias-correction counts for the two moments (ZenFlow's newly selected columns):
+// against the op-by-op update with those counts, and equal to Step when they agree.
+TEST_P(CpuAdamTest, StepWithMomentCountsCorrectsEachMomentByItsOwnCount) {
+  at::set_num_threads(1);
+  CpuAdamOptions o;
+  o.weight_decay = 0.05;
+  o.decoupled_weight_decay = GetParam();
+  const int64_t n = 4099;
+  State a = Random(n, 11), b = a, c = a, d = a;
+  CpuAdam adam(o);
+  adam.StepWithMomentCounts(2, 40, 2e-3, a.p.data(), a.g.data(), a.m.data(), a.v.data(), n);
+  TorchStep(o, 2, 2e-3, T(b.p), T(b.g).clone(), T(b.m), T(b.v), 40);
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(a.p[i]) - b.p[i]));
+  EXPECT_LE(worst / 2e-3, 1e-4);
+  // Not Step(2): the counts matter (bc2 at 40 vs at 2 differs ~20x here).
+  adam.Step(2, 2e-3, c.p.data(), c.g.data(), c.m.data(), c.v.data(), n);
+  EXPECT_FALSE(BitEqual(a.p, c.p));
+  adam.StepWithMomentCounts(2, 2, 2e-3, d.p.data(), d.g.data(), d.m.data(), d.v.data(), n);
+  EXPECT_TRUE(BitEqual(c.p, d.p));
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightDecay, CpuAdamTest, ::testing::Bool(),

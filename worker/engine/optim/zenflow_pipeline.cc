@@ -1,8 +1,10 @@
 #include "worker/engine/optim/zenflow_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,8 +69,8 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
   for (size_t i = 0; i < n; ++i) sel_state_[i].store(kSelDone);
   selected_.resize(n);
   sel_idx_.resize(n);
-  sel_m_.resize(n);
-  sel_v_.resize(n);
+  cohorts_.resize(n);
+  col_cohort_.resize(n);
   int64_t n2d = 0;
   for (size_t i = 0; i < n; ++i) n2d += is2d(i) ? 1 : 0;
   if (opt_.schedule.update_interval == 0) {
@@ -103,7 +105,7 @@ void ZenFlowPipeline::AwaitMaster(size_t i) {
     // The host thread has not started it: run it here rather than wait behind the updates
     // queued before it (the training thread's own selective update, as without deferral: not
     // stall).
-    pass_.Run(sel_args_[i]);
+    for (const ZenFlowPassArgs& a : sel_args_[i]) pass_.Run(a);
     sel_state_[i].store(kSelDone, std::memory_order_release);
   } else {
     const auto t0 = std::chrono::steady_clock::now();
@@ -147,19 +149,57 @@ void ZenFlowPipeline::InitCpuCopies() {
   initialized_ = true;
 }
 
-void ZenFlowPipeline::BuildIndices(size_t i) {
+void ZenFlowPipeline::BuildCohorts(size_t i, std::vector<int> col_cohort,
+                                   std::vector<std::pair<int64_t, int64_t>> t,
+                                   const float* init_m, const float* init_v) {
   const ZenFlowParam& p = params_[i];
-  std::vector<char> chosen(p.cols, 0);
-  for (int64_t j : selected_[i]) chosen[j] = 1;
-  std::vector<int64_t>& idx = sel_idx_[i];
-  idx.clear();
+  std::vector<Cohort> old = std::move(cohorts_[i]);
+  const std::vector<int> old_map = std::move(col_cohort_[i]);
+  std::vector<size_t> cursor(old.size(), 0);
+  std::vector<Cohort> now(t.size());
+  for (size_t c = 0; c < t.size(); ++c) std::tie(now[c].t, now[c].t_sq) = t[c];
+  std::vector<int64_t>& all = sel_idx_[i];
+  all.clear();
+  // One ascending pass over the partition: each cohort's elements come out ascending, and an
+  // old cohort's elements are met in its own (ascending) order, so one cursor per old cohort
+  // finds an element's moments.
   int64_t j = p.begin % p.cols;
   for (int64_t f = p.begin; f < p.end; ++f) {
-    if (chosen[j]) idx.push_back(f - p.begin);
+    const int c = col_cohort[j];
+    if (c >= 0) {
+      const int64_t e = f - p.begin;
+      Cohort& to = now[c];
+      to.idx.push_back(e);
+      all.push_back(e);
+      const int o = old_map.empty() ? -1 : old_map[j];
+      float m = init_m != nullptr ? init_m[e] : 0.0f;
+      float v = init_v != nullptr ? init_v[e] : 0.0f;
+      if (o >= 0) {
+        const Cohort& from = old[o];
+        size_t& q = cursor[o];
+        while (q < from.idx.size() && from.idx[q] != e) ++q;
+        if (q < from.idx.size()) {
+          m = from.m[q];
+          v = from.v[q];
+          ++q;
+        }
+      }
+      to.m.push_back(m);
+      to.v.push_back(v);
+    }
     if (++j == p.cols) j = 0;
   }
-  sel_m_[i] = at::zeros({static_cast<int64_t>(idx.size())}, at::kFloat);
-  sel_v_[i] = at::zeros({static_cast<int64_t>(idx.size())}, at::kFloat);
+  cohorts_[i] = std::move(now);
+  col_cohort_[i] = std::move(col_cohort);
+}
+
+int64_t ZenFlowPipeline::selective_steps(size_t i, int64_t column) const {
+  if (i >= col_cohort_.size() || column < 0 ||
+      column >= static_cast<int64_t>(col_cohort_[i].size())) {
+    return 0;
+  }
+  const int c = col_cohort_[i][column];
+  return c < 0 ? 0 : cohorts_[i][c].t;
 }
 
 absl::Status ZenFlowPipeline::Reselect() {
@@ -187,11 +227,44 @@ absl::Status ZenFlowPipeline::Reselect() {
     selected_[i] = sel->selected[q];
     for (double s : sel->sums[q]) all += s;
     for (int64_t j : selected_[i]) chosen += sel->sums[q][j];
-    BuildIndices(i);
+    // Columns still selected stay in their cohorts. The new ones form a cohort whose first
+    // moment starts at zero and whose second moment starts from the CPU optimizer's, with
+    // cpu_steps_ updates (each bias correction matches its moment's history; the CPU step
+    // itself uses the optimizer step as t, as DeepSpeed's does). Every rank sees the same
+    // selections and CPU steps, so the cohorts agree across ranks.
+    const std::vector<int>& old_map = col_cohort_[i];
+    std::vector<std::pair<int64_t, int64_t>> t;
+    for (const Cohort& c : cohorts_[i]) t.emplace_back(c.t, c.t_sq);
+    const int fresh = static_cast<int>(t.size());
+    t.emplace_back(0, cpu_steps_);
+    std::vector<int> map(params_[i].cols, -1);
+    std::vector<int64_t> members(t.size(), 0);
+    for (int64_t j : selected_[i]) {
+      map[j] = old_map.empty() || old_map[j] < 0 ? fresh : old_map[j];
+      ++members[map[j]];
+    }
+    // Drop the empty cohorts; past kMaxCohorts merge the two oldest at the younger's t.
+    std::vector<int> order;  // surviving cohorts, oldest first
+    for (size_t c = 0; c < t.size(); ++c) {
+      if (members[c] > 0) order.push_back(static_cast<int>(c));
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return t[a] > t[b]; });
+    std::vector<int> renum(t.size(), -1);
+    size_t skip = order.size() > kMaxCohorts ? order.size() - kMaxCohorts : 0;
+    std::vector<std::pair<int64_t, int64_t>> new_t;
+    for (size_t r = 0; r < order.size(); ++r) {
+      if (r < skip) continue;  // merged into the first kept cohort below
+      renum[order[r]] = static_cast<int>(new_t.size());
+      new_t.push_back(t[order[r]]);
+    }
+    for (size_t r = 0; r < skip; ++r) renum[order[r]] = 0;
+    for (int& c : map) c = c < 0 ? -1 : renum[c];
+    OptimizerPartition part = source_(i);
+    BuildCohorts(i, std::move(map), std::move(new_t), nullptr,
+                 part.exp_avg_sq.data_ptr<float>());
     metrics_.bytes_moved += 8 * params_[i].cols;  // the column sums
   }
   metrics_.selected_mass_fraction = all > 0 ? chosen / all : 0.0;
-  sel_t_ = 0;
   return absl::OkStatus();
 }
 
@@ -316,6 +389,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     metrics_.stall_s = Seconds(t0);
     metrics_.update_interval = 1;
     ++metrics_.cpu_updates;
+    ++cpu_steps_;
     return absl::OkStatus();
   }
   if (select) {
@@ -341,11 +415,12 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   const float mult = in_place ? 1.0f : static_cast<float>(v.grad_multiplier);
   ++acc_steps_[b];
   ++interval_steps_;
-  ++sel_t_;
   // With the host thread, the accumulation of every 2-D parameter is posted first and runs
   // there while this thread applies the selective update (both only read the gradient).
   const bool async = host_acc_;
-  std::vector<ZenFlowPassArgs> args;
+  // Per 2-D parameter one pass per cohort; the first (k = 0 when nothing is selected) also
+  // carries the accumulation.
+  std::vector<std::vector<ZenFlowPassArgs>> args(n);
   for (size_t i = 0; i < n; ++i) {
     if (!is2d(i)) continue;
     ZenFlowPassArgs a;
@@ -355,17 +430,22 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     a.n = acc_[b][i].numel();
     a.first = first;
     a.mean_scale = mean;
-    a.selected = sel_idx_[i].data();
-    a.k = static_cast<int64_t>(sel_idx_[i].size());
     a.master = parts[i].param.data_ptr<float>();
-    if (a.k > 0) {
-      a.sel_exp_avg = sel_m_[i].data_ptr<float>();
-      a.sel_exp_avg_sq = sel_v_[i].data_ptr<float>();
-    }
-    a.t = sel_t_;
     a.lr = lr_;
     a.accumulate = !async;
-    args.push_back(a);
+    if (cohorts_[i].empty()) args[i].push_back(a);
+    for (Cohort& c : cohorts_[i]) {
+      ++c.t;
+      ++c.t_sq;
+      a.selected = c.idx.data();
+      a.k = static_cast<int64_t>(c.idx.size());
+      a.sel_exp_avg = c.m.data();
+      a.sel_exp_avg_sq = c.v.data();
+      a.t = c.t;
+      a.t_exp_avg_sq = c.t_sq;
+      args[i].push_back(a);
+      a.accumulate = false;
+    }
     if (parts[i].grad.defined()) metrics_.bytes_moved += 4 * parts[i].grad.numel();
   }
   if (defer_) {
@@ -378,27 +458,33 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
       WaitCpu();  // the boundary code below then finds nothing in flight and nothing pending
       if (pending_) Publish();
     }
-    for (size_t q = 0, i = 0; i < n; ++i) {
-      if (!is2d(i)) continue;
-      const ZenFlowPassArgs& a = args[q++];
-      if (a.k == 0) continue;
-      sel_args_[i] = a;
+    for (size_t i = 0; i < n; ++i) {
+      if (cohorts_[i].empty()) continue;  // 1-D, or nothing selected
+      sel_args_[i] = args[i];
       sel_state_[i].store(kSelPending, std::memory_order_release);
       sel_ticket_[i] = host_->PostUrgent([this, i] {
         if (!ClaimSelective(i)) return;  // the training thread took it (AwaitMaster)
-        host_pass_.Run(sel_args_[i]);
+        for (const ZenFlowPassArgs& a : sel_args_[i]) host_pass_.Run(a);
         sel_state_[i].store(kSelDone, std::memory_order_release);
       });
     }
   }
-  if (async && !args.empty()) {
-    acc_ticket_ = host_->PostUrgent([args] {
-      for (const ZenFlowPassArgs& a : args) ZenFlowStepPass::AccumulateAll(a);
-    });
+  if (async) {
+    std::vector<ZenFlowPassArgs> acc;
+    for (size_t i = 0; i < n; ++i) {
+      if (!args[i].empty()) acc.push_back(args[i].front());
+    }
+    if (!acc.empty()) {
+      acc_ticket_ = host_->PostUrgent([acc = std::move(acc)] {
+        for (const ZenFlowPassArgs& a : acc) ZenFlowStepPass::AccumulateAll(a);
+      });
+    }
   }
   if (!defer_) {
-    for (const ZenFlowPassArgs& a : args) {
-      if (a.accumulate || a.k > 0) pass_.Run(a);
+    for (size_t i = 0; i < n; ++i) {
+      for (const ZenFlowPassArgs& a : args[i]) {
+        if (a.accumulate || a.k > 0) pass_.Run(a);
+      }
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -413,6 +499,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   metrics_.update_interval = interval_steps_;
   interval_steps_ = 0;
   ++metrics_.cpu_updates;
+  ++cpu_steps_;
   if (opt_.overlap_step) {
     WaitCpu();  // interval k-1's step: its result lands now, one interval late
     if (pending_) Publish();
@@ -442,8 +529,8 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowPipeline::ExportState() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   const std::vector<double> autos = auto_ ? auto_->State() : std::vector<double>{};
   at::Tensor counters = at::tensor(std::vector<int64_t>{acc_steps_[0], acc_steps_[1], state_,
-                                                        pending_ ? 1 : 0, sel_t_,
-                                                        interval_steps_},
+                                                        pending_ ? 1 : 0, interval_steps_,
+                                                        cpu_steps_},
                                    at::kLong);
   out.emplace_back("counters", counters);
   out.emplace_back("auto", at::tensor(autos, at::kDouble).reshape({-1}));
@@ -458,10 +545,21 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowPipeline::ExportState() {
     }
     out.emplace_back(p + "selected",
                      at::tensor(selected_[i], at::kLong).reshape({-1}).clone());
-    out.emplace_back(p + "sel_exp_avg", sel_m_[i].defined() ? sel_m_[i].clone()
-                                                              : at::zeros({0}, at::kFloat));
-    out.emplace_back(p + "sel_exp_avg_sq", sel_v_[i].defined() ? sel_v_[i].clone()
-                                                                 : at::zeros({0}, at::kFloat));
+    // The cohort of each selected column (in `selected` order), each cohort's step count, and
+    // the moments cohort after cohort, each cohort's elements ascending.
+    std::vector<int64_t> of, t;
+    std::vector<float> m, v;
+    for (int64_t j : selected_[i]) of.push_back(col_cohort_[i][j]);
+    for (const Cohort& c : cohorts_[i]) {
+      t.push_back(c.t);
+      t.push_back(c.t_sq);
+      m.insert(m.end(), c.m.begin(), c.m.end());
+      v.insert(v.end(), c.v.begin(), c.v.end());
+    }
+    out.emplace_back(p + "sel_cohort", at::tensor(of, at::kLong).reshape({-1}).clone());
+    out.emplace_back(p + "sel_cohort_t", at::tensor(t, at::kLong).reshape({-1}).clone());
+    out.emplace_back(p + "sel_exp_avg", at::tensor(m, at::kFloat).reshape({-1}).clone());
+    out.emplace_back(p + "sel_exp_avg_sq", at::tensor(v, at::kFloat).reshape({-1}).clone());
   }
   return out;
 }
@@ -478,8 +576,7 @@ absl::Status ZenFlowPipeline::ImportState(
   for (size_t q = 0; q < want.size(); ++q) {
     const auto& [name, t] = state[q];
     if (name != want[q].first || t.scalar_type() != want[q].second.scalar_type() ||
-        (name.find(".selected") == std::string::npos &&
-         name.find(".sel_exp_avg") == std::string::npos && name != "auto" &&
+        (name.find(".sel") == std::string::npos && name != "auto" &&
          t.numel() != want[q].second.numel())) {
       return absl::InvalidArgumentError(absl::StrCat("zenflow state: tensor ", q, " \"", name,
                                                      "\" does not match \"", want[q].first,
@@ -491,8 +588,8 @@ absl::Status ZenFlowPipeline::ImportState(
   acc_steps_[1] = c[1];
   state_ = static_cast<int>(c[2]);
   pending_ = c[3] != 0;
-  sel_t_ = c[4];
-  interval_steps_ = c[5];
+  interval_steps_ = c[4];
+  cpu_steps_ = c[5];
   if (auto_ != nullptr) {
     const at::Tensor& a = state[1].second;
     absl::Status s =
@@ -506,23 +603,64 @@ absl::Status ZenFlowPipeline::ImportState(
     acc_[0][i].copy_(state[q++].second);
     acc_[1][i].copy_(state[q++].second);
     const at::Tensor& s = state[q++].second;
-    selected_[i].assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
-    for (int64_t j : selected_[i]) {
-      if (j < 0 || j >= params_[i].cols) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("zenflow state: param", i, ".selected: column ", j, " out of range"));
-      }
-    }
-    BuildIndices(i);
+    const at::Tensor& of = state[q++].second;
+    const at::Tensor& ts = state[q++].second;
     const at::Tensor& m = state[q++].second;
     const at::Tensor& v = state[q++].second;
-    if (m.numel() != sel_m_[i].numel() || v.numel() != sel_v_[i].numel()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "zenflow state: param", i, ".sel_exp_avg: ", m.numel(), " values for ",
-          sel_m_[i].numel(), " selected elements"));
+    selected_[i].assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+    if (of.numel() != s.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i, ".sel_cohort: ",
+                                                     of.numel(), " values for ", s.numel(),
+                                                     " selected columns"));
     }
-    sel_m_[i].copy_(m);
-    sel_v_[i].copy_(v);
+    // [cohorts, 2]: each cohort's (m, v) update counts.
+    if (ts.numel() % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "zenflow state: param", i, ".sel_cohort_t: ", ts.numel(), " values, not pairs"));
+    }
+    const int64_t cohorts = ts.numel() / 2;
+    std::vector<std::pair<int64_t, int64_t>> t;
+    for (int64_t c = 0; c < cohorts; ++c) {
+      const int64_t tm = ts.data_ptr<int64_t>()[2 * c], tv = ts.data_ptr<int64_t>()[2 * c + 1];
+      if (tm < 0 || tv < tm) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "zenflow state: param", i, ".sel_cohort_t: bad step counts (", tm, ", ", tv, ")"));
+      }
+      t.emplace_back(tm, tv);
+    }
+    std::vector<int> map(params_[i].cols, -1);
+    for (int64_t e = 0; e < s.numel(); ++e) {
+      const int64_t j = selected_[i][e], c = of.data_ptr<int64_t>()[e];
+      if (j < 0 || j >= params_[i].cols || map[j] >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "zenflow state: param", i, ".selected: column ", j, " out of range or repeated"));
+      }
+      if (c < 0 || c >= cohorts) {
+        return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i,
+                                                       ".sel_cohort: cohort ", c, " of ",
+                                                       cohorts));
+      }
+      map[j] = static_cast<int>(c);
+    }
+    col_cohort_[i].clear();  // nothing carries over: the moments come from the state
+    cohorts_[i].clear();
+    BuildCohorts(i, std::move(map), std::move(t), nullptr, nullptr);
+    int64_t k = 0;
+    for (const Cohort& c : cohorts_[i]) k += static_cast<int64_t>(c.idx.size());
+    if (m.numel() != k || v.numel() != k) {
+      return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i,
+                                                     ".sel_exp_avg: ", m.numel(), " and ",
+                                                     v.numel(), " values for ", k,
+                                                     " selected elements"));
+    }
+    const float* pm = m.data_ptr<float>();
+    const float* pv = v.data_ptr<float>();
+    for (Cohort& c : cohorts_[i]) {
+      std::copy(pm, pm + c.idx.size(), c.m.begin());
+      std::copy(pv, pv + c.idx.size(), c.v.begin());
+      pm += c.idx.size();
+      pv += c.idx.size();
+    }
   }
   return absl::OkStatus();
 }

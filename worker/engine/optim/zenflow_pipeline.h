@@ -31,9 +31,26 @@
 // the accumulation is fused into the selective pass on the training thread and the CPU step
 // runs there at the boundary). A select boundary first waits for a CPU step in flight and
 // publishes it early, then re-selects: the CPU copy of the previously selected columns is
-// resynced from the master and the selective moments restart at zero with their own step count
-// (DeepSpeed keeps the old count, which inflates the first update ~3.2x, TECHNIQUES-TESTS.md
-// §2.1.2(b); Loom does not copy that).
+// resynced from the master. A column that stays selected keeps its selective moments and
+// their update counts. A newly selected column's first moment starts at zero and its second
+// moment from the CPU optimizer's (which has integrated the column's interval means over
+// cpu_steps_ CPU steps), each bias-corrected by its own update count (CpuAdam's
+// StepWithMomentCounts), so its first step is neither a sign step nor driven by the CPU's
+// momentum, which averages over update_interval times as many steps and lags.
+// - DeepSpeed zeroes every selected column's moments at each select boundary and keeps the old
+//   count, which inflates the first update ~3.2x (TECHNIQUES-TESTS.md §2.1.2(b)).
+// - Loom before 2026-12-04 zeroed them and restarted the count: every re-selection's first step
+//   was then a sign step of size lr on the most important columns (3.0% of held-out loss in
+//   docs/benchmarks.md's small-batch regime, against 0.2% now).
+// - Starting from both CPU moments was worse where gradients are less noisy (5.2% in the
+//   fortunes regime, against 2.0% now): the lagging momentum (docs/benchmarks.md).
+//
+// Selection cohorts: the selected columns of a parameter that entered the selection at the same
+// select boundary share their update counts (CpuAdam takes one pair per call), so the fused
+// pass runs once per cohort. At most kMaxCohorts per parameter: past that the two oldest merge
+// at the younger one's counts (the older columns' counts are then too small by the difference,
+// at least select_interval; a smaller count gives a smaller step once past Adam's first few
+// steps, so the merge is conservative).
 //
 // Step indices: the CPU Adam uses the optimizer step of the boundary as t (DeepSpeed's
 // micro_step + 1), so update_interval 1 with topk_ratio 0 and no overlap is ZeRO-Offload bit for
@@ -153,6 +170,9 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // step count (tests).
   at::Tensor accumulator(size_t i) const;
   int64_t accumulated_steps() const { return acc_steps_[state_]; }
+  // The selective Adam steps that column `column` of parameter i has taken since it entered the
+  // selection (its cohort's t); 0 for a column not selected (tests).
+  int64_t selective_steps(size_t i, int64_t column) const;
   // A CPU step was started and not yet waited for (it may have finished).
   bool cpu_step_in_flight() const { return cpu_in_flight_; }
   bool reads_gradients_after_finish() const override { return host_acc_; }
@@ -168,9 +188,9 @@ class ZenFlowPipeline : public OptimizerPipeline {
 
   // Checkpoint: every piece of ZenFlow state that the model's master/exp_avg/exp_avg_sq
   // sections do not hold (the CPU copy, both accumulators and counts, the selection with its
-  // moments and step count, the buffer state, the pending flag, the auto-interval counters),
-  // as named contiguous CPU tensors. ExportState quiesces first. ImportState checks names and
-  // sizes (INVALID_ARGUMENT naming the tensor).
+  // cohorts, moments and step counts, the buffer state, the pending flag, the auto-interval
+  // counters), as named contiguous CPU tensors. ExportState quiesces first. ImportState checks
+  // names, sizes and cohort numbers (INVALID_ARGUMENT naming the tensor).
   std::vector<std::pair<std::string, at::Tensor>> ExportState();
   absl::Status ImportState(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
@@ -185,8 +205,13 @@ class ZenFlowPipeline : public OptimizerPipeline {
   bool is2d(size_t i) const { return params_[i].cols > 0; }
   void InitCpuCopies();
   absl::Status Reselect();
-  // Builds sel_idx_ (local element indices of the selected columns) of parameter i.
-  void BuildIndices(size_t i);
+  // Rebuilds parameter i's cohorts for the selection col_cohort ([cols]: the cohort of each
+  // selected column, -1 elsewhere) with update counts t (per cohort: m's, v's), and
+  // sel_idx_[i]. An element whose column was selected before keeps its moments; any other
+  // starts from init_m/init_v ([n] local elements; nullptr: zero).
+  void BuildCohorts(size_t i, std::vector<int> col_cohort,
+                    std::vector<std::pair<int64_t, int64_t>> t, const float* init_m,
+                    const float* init_v);
   // cpu_param -> master for the unselected columns of every 2-D parameter.
   void Publish();
   // Blocks on the CPU step in flight, counting the wait as stall.
@@ -216,7 +241,7 @@ class ZenFlowPipeline : public OptimizerPipeline {
   static constexpr int kSelPending = 0, kSelClaimed = 1, kSelDone = 2;
   bool ClaimSelective(size_t i);
   std::vector<int64_t> sel_ticket_;
-  std::vector<ZenFlowPassArgs> sel_args_;
+  std::vector<std::vector<ZenFlowPassArgs>> sel_args_;  // per parameter, one per cohort
   std::unique_ptr<std::atomic<int>[]> sel_state_;
   bool initialized_ = false;
   std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy
@@ -225,11 +250,20 @@ class ZenFlowPipeline : public OptimizerPipeline {
   int state_ = 0;                      // the buffer training accumulates into
   bool pending_ = false;               // a finished CPU result not yet published
   std::vector<std::vector<int64_t>> selected_;
-  std::vector<std::vector<int64_t>> sel_idx_;
-  std::vector<at::Tensor> sel_m_, sel_v_;  // per 2-D parameter [|sel_idx|]
-  int64_t sel_t_ = 0;                  // selective Adam steps since the last selection
+  std::vector<std::vector<int64_t>> sel_idx_;  // per parameter: all selected local elements
+  // Columns that entered the selection at the same select boundary (header comment).
+  struct Cohort {
+    int64_t t = 0;              // selective Adam steps taken: m's update count
+    int64_t t_sq = 0;           // v's update count (t + the CPU steps v started from)
+    std::vector<int64_t> idx;   // ascending local element indices
+    std::vector<float> m, v;    // [idx.size()] the selective AdamW moments
+  };
+  static constexpr int kMaxCohorts = 8;
+  std::vector<std::vector<Cohort>> cohorts_;   // per parameter
+  std::vector<std::vector<int>> col_cohort_;   // per parameter [cols]: cohort, -1 unselected
   std::unique_ptr<ZenFlowAutoInterval> auto_;
   int64_t interval_steps_ = 0;         // steps since the last update boundary
+  int64_t cpu_steps_ = 0;              // CPU Adam steps applied to the moments (warm-up's too)
   ZenFlowMetrics metrics_;
   // overlap_step: the CPU side's thread (null otherwise). Last, so it is joined before any
   // buffer its tasks use is destroyed (the destructor quiesces it first anyway).

@@ -316,6 +316,68 @@ TEST(ZenFlowPipelineTest, SelectedColumnsAreNeverOverwrittenByCpuValues) {
   });
 }
 
+// Re-selection: a column that stays selected keeps its moments and step count; a newly
+// selected one starts with a zero first moment and the CPU optimizer's second moment, each
+// bias-corrected by its own update count (the reference: plain-ops AdamW per column, the CPU
+// step's result as the new column's starting value and second moment).
+TEST(ZenFlowPipelineTest, ReselectionKeepsAStayingColumnsMomentsAndStartsANewOnesVFromTheCpu) {
+  WithRank([](Collectives& coll) {
+    Model m = MakeModel();
+    const at::Tensor w0 = m.parts[0].param.clone().reshape({4, 6});
+    // topk 0.34 of 6 columns: 2; select at steps 1 and 3, CPU step at 2 and 4, no overlap.
+    auto pipe = *ZenFlowPipeline::Create(Options(0.34, 0, 2, 2, false), PlanOf(m), m.params,
+                                         [&m](size_t i) { return m.parts[i]; }, &coll);
+    std::vector<at::Tensor> g;
+    for (int64_t t = 1; t <= 4; ++t) {
+      SetGrads(m, t);
+      at::Tensor gt = m.parts[0].grad.reshape({4, 6});
+      // Columns {0, 1} dominate steps 1-2 and {1, 2} steps 3-4.
+      for (int64_t j : t <= 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{1, 2}) {
+        gt.select(1, j).mul_(100);
+      }
+      g.push_back(gt.clone());
+      ASSERT_TRUE(Step(*pipe, t).ok());
+      EXPECT_THAT(pipe->selection()[0],
+                  ::testing::ElementsAreArray(t <= 2 ? std::vector<int64_t>{0, 1}
+                                                     : std::vector<int64_t>{1, 2}))
+          << "step " << t;
+    }
+    EXPECT_EQ(pipe->selective_steps(0, 0), 0);
+    EXPECT_EQ(pipe->selective_steps(0, 1), 4);
+    EXPECT_EQ(pipe->selective_steps(0, 2), 2);
+    const at::Tensor w = m.parts[0].param.reshape({4, 6});
+    // Column 1: one AdamW run over the four steps.
+    at::Tensor p1 = w0.select(1, 1), m1 = at::zeros({4}), v1 = at::zeros({4});
+    for (int64_t t = 1; t <= 4; ++t) p1 = AdamW(p1, g[t - 1].select(1, 1), m1, v1, t);
+    ExpectClose(w.select(1, 1), p1, "staying column");
+    // Column 2: the CPU step at 2 (t = 2, the mean of steps 1-2), then AdamW on steps 3-4 with
+    // m from zero (t = 1, 2) and v continuing the CPU's (one update before: t = 2, 3).
+    at::Tensor mc = at::zeros({4}), vc = at::zeros({4});
+    at::Tensor p2 = AdamW(w0.select(1, 2), (g[0] + g[1]).select(1, 2) / 2.0, mc, vc, 2);
+    at::Tensor m2 = at::zeros({4});
+    for (int64_t t = 3; t <= 4; ++t) {
+      const at::Tensor gt = g[t - 1].select(1, 2);
+      p2 = p2 * (1 - kLr * kWd);
+      m2 = m2 * 0.9 + gt * 0.1;
+      vc = vc * 0.999 + gt * gt * 0.001;
+      const double bc1 = 1 - std::pow(0.9, t - 2), bc2 = 1 - std::pow(0.999, t - 1);
+      p2 = p2 - (kLr / bc1) * m2 / (vc.sqrt() / std::sqrt(bc2) + 1e-8);
+    }
+    ExpectClose(w.select(1, 2), p2, "new column");
+    // The saved cohorts round-trip, and a bad cohort number is rejected.
+    auto state = pipe->ExportState();
+    ASSERT_TRUE(pipe->ImportState(state).ok());
+    EXPECT_EQ(pipe->selective_steps(0, 1), 4);
+    EXPECT_EQ(pipe->selective_steps(0, 2), 2);
+    for (auto& [name, t] : state) {
+      if (name == "param0.sel_cohort") t.fill_(7);
+    }
+    absl::Status bad = pipe->ImportState(state);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad.message(), ::testing::HasSubstr("param0.sel_cohort"));
+  });
+}
+
 // Runs steps [from, to] of a ZenFlow job on m.
 void RunSteps(ZenFlowPipeline& pipe, Model& m, int64_t from, int64_t to) {
   for (int64_t t = from; t <= to; ++t) {
@@ -328,7 +390,8 @@ TEST(ZenFlowPipelineTest, ResumeFromExportedStateIsBitForBit) {
   for (bool overlap : {false, true}) {
     for (int64_t update : {int64_t{2}, int64_t{0}}) {  // fixed, and Zen-auto
       WithRank([&](Collectives& coll) {
-        const ZenFlowOptions zo = Options(0.34, 1, 4, update, overlap);
+        // Select every 2 steps: the state saved at step 5 holds two cohorts' worth of columns.
+        const ZenFlowOptions zo = Options(0.34, 1, 2, update, overlap);
         Model a = MakeModel();
         auto pa = *ZenFlowPipeline::Create(zo, PlanOf(a), a.params,
                                            [&a](size_t i) { return a.parts[i]; }, &coll);

@@ -81,7 +81,8 @@ void ZenFlowStepPass::Run(const ZenFlowPassArgs& a) {
           g[c] = a.grad != nullptr ? a.grad[*s] * a.grad_multiplier : 0.0f;
         }
         if (c == 0) continue;
-        adam.Step(a.t, a.lr, w, g, a.sel_exp_avg + q0, a.sel_exp_avg_sq + q0, c);
+        adam.StepWithMomentCounts(a.t, a.t_exp_avg_sq > 0 ? a.t_exp_avg_sq : a.t, a.lr, w, g,
+                                  a.sel_exp_avg + q0, a.sel_exp_avg_sq + q0, c);
         const int64_t* idx = a.selected + q0;
         for (int64_t e = 0; e < c; ++e) a.master[idx[e]] = w[e];
       }

@@ -50,7 +50,8 @@ struct ZenFlowPassArgs {
   float* master = nullptr;        // [n] fp32 master (the selected elements are updated)
   float* sel_exp_avg = nullptr;   // [k]
   float* sel_exp_avg_sq = nullptr;  // [k]
-  int64_t t = 1;                  // selective Adam step
+  int64_t t = 1;                  // selective Adam step: exp_avg's update count (1-based)
+  int64_t t_exp_avg_sq = 0;       // exp_avg_sq's update count when it differs; 0: t
   double lr = 0;
   // false: Run skips the accumulation (acc, first and mean_scale are not read): the caller
   // accumulates on another thread with AccumulateAll (ZenFlow with overlap_step).
