@@ -378,6 +378,49 @@ TEST(ZenFlowPipelineTest, ReselectionKeepsAStayingColumnsMomentsAndStartsANewOne
   });
 }
 
+// Cohorts past kMaxCohorts (8): a sliding window of 9 important columns out of 20, re-selected
+// every step, adds a cohort per step; from step 9 on the two oldest merge at the younger's
+// count, so at most 8 counts remain and the merged column's count is the younger one's.
+TEST(ZenFlowPipelineTest, MoreThanEightCohortsMergeTheOldestTwoAtTheYoungersCount) {
+  WithRank([](Collectives& coll) {
+    const int64_t rows = 2, cols = 20;
+    OptimizerPartition part;
+    part.param = at::zeros({rows * cols}, at::kFloat);
+    part.grad = at::zeros_like(part.param);
+    part.exp_avg = at::zeros_like(part.param);
+    part.exp_avg_sq = at::zeros_like(part.param);
+    auto pipe = *ZenFlowPipeline::Create(Options(0.45, 0, 1, 1, false),
+                                         *SubGroupPlan::Create({rows * cols}, 1 << 20),
+                                         {{rows, cols, 0, rows * cols}},
+                                         [&part](size_t) { return part; }, &coll);
+    for (int64_t t = 1; t <= 11; ++t) {
+      // Step t's window: columns t-1 .. t+7 (floor(0.45 * 20) = 9 selected).
+      at::Tensor g = at::full({rows, cols}, 1e-3f);
+      g.narrow(1, t - 1, 9).fill_(1.0f);
+      part.grad.copy_(g.reshape({-1}));
+      ASSERT_TRUE(Step(*pipe, t).ok());
+      ASSERT_EQ(pipe->selection()[0].size(), 9u);
+      std::set<int64_t> counts;
+      for (int64_t j = t - 1; j <= t + 7; ++j) {
+        const int64_t age = t - std::max<int64_t>(1, j - 7) + 1;  // without merges
+        const int64_t got = pipe->selective_steps(0, j);
+        EXPECT_GE(got, 1) << "step " << t << " column " << j;
+        EXPECT_LE(got, age) << "step " << t << " column " << j;
+        counts.insert(got);
+      }
+      EXPECT_LE(counts.size(), 8u) << "step " << t;
+      EXPECT_EQ(pipe->selective_steps(0, t + 7), 1) << "step " << t;  // the newest column
+    }
+    // Step 11 merged column 10 (entered at step 3: 8 steps before it) into column 11's cohort
+    // (7): after step 11 both read 8, where column 10 alone would read 9.
+    EXPECT_EQ(pipe->selective_steps(0, 10), 8);
+    EXPECT_EQ(pipe->selective_steps(0, 11), 8);
+    EXPECT_EQ(pipe->selective_steps(0, 12), 7);
+    EXPECT_EQ(pipe->selective_steps(0, 9), 0);  // left the selection at step 11
+    EXPECT_TRUE(part.param.isfinite().all().item<bool>());
+  });
+}
+
 // Runs steps [from, to] of a ZenFlow job on m.
 void RunSteps(ZenFlowPipeline& pipe, Model& m, int64_t from, int64_t to) {
   for (int64_t t = from; t <= to; ++t) {
