@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
   ASSIGN_OR_RETURN(std::unique_ptr<optim::ZenFlowPipeline> pipeline,
                    optim::ZenFlowPipeline::Create(zo, std::move(plan), std::move(params), source,
                                                   &coll));
-  if (zo.defer_selective && zo.overlap_step && zo.host_accumulation) {
+  if (pipeline->defers_selective()) {
     optim::ZenFlowPipeline* p = pipeline.get();
     model.set_master_fence([p](ParamId i) { p->AwaitMaster(i); });
   }

@@ -176,6 +176,10 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // A CPU step was started and not yet waited for (it may have finished).
   bool cpu_step_in_flight() const { return cpu_in_flight_; }
   bool reads_gradients_after_finish() const override { return host_acc_; }
+  // The selective updates run on the host thread (defer_selective took effect: it also needs
+  // overlap_step and host_accumulation); every master read outside the pipeline must then call
+  // AwaitMaster first.
+  bool defers_selective() const { return defer_; }
   // Waits for everything on the host thread (a CPU step's result stays pending for the next
   // boundary).
   void Quiesce();
@@ -237,7 +241,8 @@ class ZenFlowPipeline : public OptimizerPipeline {
   const bool defer_;                   // host_acc_ && defer_selective
   // defer_selective, per parameter: the host ticket of its update posted in the last Commit (0:
   // none or already awaited), its arguments, and who runs it: whichever of the host thread and
-  // AwaitMaster claims it first (kSelPending -> kSelClaimed), the other does not.
+  // AwaitMaster claims it first (kSelPending -> kSelClaimed), the other does not. Waiting
+  // instead cut stall_reduction from 0.96 to 0.63-0.66 (docs/benchmarks.md, 2026-12-04).
   static constexpr int kSelPending = 0, kSelClaimed = 1, kSelDone = 2;
   bool ClaimSelective(size_t i);
   std::vector<int64_t> sel_ticket_;

@@ -33,15 +33,19 @@ void ZeroProvider::EnsureGrad(ZeroParam& p) {
       grad_flat_ = at::zeros({total}, at::kFloat);
       memory_.Acquire(MemoryKind::kGrads, Bytes(grad_flat_));
     }
-    int64_t off = 0;
-    for (ZeroParam& q : params_) {
-      q.grad = grad_flat_.narrow(0, off, q.master.numel());
-      off += q.master.numel();
-    }
+    ViewGradsInFlat();
     return;
   }
   p.grad = at::zeros_like(p.master);
   memory_.Acquire(MemoryKind::kGrads, Bytes(p.grad));
+}
+
+void ZeroProvider::ViewGradsInFlat() {
+  int64_t off = 0;
+  for (ZeroParam& q : params_) {
+    q.grad = grad_flat_.narrow(0, off, q.master.numel());
+    off += q.master.numel();
+  }
 }
 
 at::Tensor ZeroProvider::NewGradBuffer(size_t i) {

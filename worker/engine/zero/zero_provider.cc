@@ -249,11 +249,7 @@ void ZeroProvider::ClearGrads() {
           memory_.Acquire(MemoryKind::kGrads, Bytes(grad_flat_other_));
         }
         std::swap(grad_flat_, grad_flat_other_);
-        int64_t off = 0;
-        for (ZeroParam& q : params_) {
-          q.grad = grad_flat_.narrow(0, off, q.master.numel());
-          off += q.master.numel();
-        }
+        ViewGradsInFlat();
       }
     } else {
       grad_flat_.zero_();

@@ -309,6 +309,8 @@ class ZeroProvider : public ParamAccess {
   void FreeGathered();  // FinishMicroStep's stage-3 part
   // zero_grads.cc
   void EnsureGrad(ZeroParam& p);
+  // contiguous_gradients: points every parameter's grad at its slice of grad_flat_.
+  void ViewGradsInFlat();
   at::Tensor NewGradBuffer(size_t i);
   at::Tensor NewLocalGrad(size_t i);  // stage 1: a pooled [N*p] accumulator counted as kGrads
   void PutLocalGrad(ZeroParam& p);   // back to the pool once reduced
