@@ -236,19 +236,19 @@ void CpuAdam::Drain() {
 void CpuAdam::Step(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
                    float* exp_avg_sq, int64_t n) {
   Drain();
-  RunKernel(t, lr, param, grad, exp_avg, exp_avg_sq, n);
+  RunKernel(t, t, lr, param, grad, exp_avg, exp_avg_sq, n);
 }
 
 void CpuAdam::StepWithMomentCounts(int64_t t_exp_avg, int64_t t_exp_avg_sq, double lr,
                                    float* param, const float* grad, float* exp_avg,
                                    float* exp_avg_sq, int64_t n) {
   Drain();
-  RunKernel(t_exp_avg, lr, param, grad, exp_avg, exp_avg_sq, n, t_exp_avg_sq);
+  RunKernel(t_exp_avg, t_exp_avg_sq, lr, param, grad, exp_avg, exp_avg_sq, n);
 }
 
-void CpuAdam::RunKernel(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
-                        float* exp_avg_sq, int64_t n, int64_t t_exp_avg_sq) {
-  const Coeffs c = MakeCoeffs(options_, t, t_exp_avg_sq < 0 ? t : t_exp_avg_sq, lr);
+void CpuAdam::RunKernel(int64_t t, int64_t t_exp_avg_sq, double lr, float* param,
+                        const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
+  const Coeffs c = MakeCoeffs(options_, t, t_exp_avg_sq, lr);
   const KernelFn kernel = KernelFor(isa_);
   // Chunks of whole 64-byte lines (16 floats), at least 16K elements so that a thread's share
   // outweighs waking it.
@@ -340,7 +340,7 @@ absl::Status CpuAdam::StartStepAsync(int64_t t, double lr, float* param, const f
   }
   async_ = std::thread(
       [this, t, lr, param, grad, exp_avg, exp_avg_sq, n] {
-        RunKernel(t, lr, param, grad, exp_avg, exp_avg_sq, n);
+        RunKernel(t, t, lr, param, grad, exp_avg, exp_avg_sq, n);
       });
   return absl::OkStatus();
 }

@@ -152,9 +152,9 @@ class CpuAdam {
  private:
   // Waits for an asynchronous step, if any (before a synchronous update).
   void Drain();
-  // The fused update over n elements on the pool (Step without the Drain).
-  void RunKernel(int64_t t, double lr, float* param, const float* grad, float* exp_avg,
-                 float* exp_avg_sq, int64_t n, int64_t t_exp_avg_sq = -1);
+  // The fused update over n elements on the pool (StepWithMomentCounts without the Drain).
+  void RunKernel(int64_t t, int64_t t_exp_avg_sq, double lr, float* param, const float* grad,
+                 float* exp_avg, float* exp_avg_sq, int64_t n);
 
   CpuAdamOptions options_;
   Isa isa_;

@@ -151,7 +151,7 @@ void ZenFlowPipeline::InitCpuCopies() {
 
 void ZenFlowPipeline::BuildCohorts(size_t i, std::vector<int> col_cohort,
                                    std::vector<std::pair<int64_t, int64_t>> t,
-                                   const float* init_m, const float* init_v) {
+                                   const float* init_v) {
   const ZenFlowParam& p = params_[i];
   std::vector<Cohort> old = std::move(cohorts_[i]);
   const std::vector<int> old_map = std::move(col_cohort_[i]);
@@ -172,7 +172,7 @@ void ZenFlowPipeline::BuildCohorts(size_t i, std::vector<int> col_cohort,
       to.idx.push_back(e);
       all.push_back(e);
       const int o = old_map.empty() ? -1 : old_map[j];
-      float m = init_m != nullptr ? init_m[e] : 0.0f;
+      float m = 0.0f;
       float v = init_v != nullptr ? init_v[e] : 0.0f;
       if (o >= 0) {
         const Cohort& from = old[o];
@@ -260,8 +260,7 @@ absl::Status ZenFlowPipeline::Reselect() {
     for (size_t r = 0; r < skip; ++r) renum[order[r]] = 0;
     for (int& c : map) c = c < 0 ? -1 : renum[c];
     OptimizerPartition part = source_(i);
-    BuildCohorts(i, std::move(map), std::move(new_t), nullptr,
-                 part.exp_avg_sq.data_ptr<float>());
+    BuildCohorts(i, std::move(map), std::move(new_t), part.exp_avg_sq.data_ptr<float>());
     metrics_.bytes_moved += 8 * params_[i].cols;  // the column sums
   }
   metrics_.selected_mass_fraction = all > 0 ? chosen / all : 0.0;

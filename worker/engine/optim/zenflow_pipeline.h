@@ -212,10 +212,9 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // Rebuilds parameter i's cohorts for the selection col_cohort ([cols]: the cohort of each
   // selected column, -1 elsewhere) with update counts t (per cohort: m's, v's), and
   // sel_idx_[i]. An element whose column was selected before keeps its moments; any other
-  // starts from init_m/init_v ([n] local elements; nullptr: zero).
+  // starts with m = 0 and v = init_v ([n] local elements; nullptr: zero).
   void BuildCohorts(size_t i, std::vector<int> col_cohort,
-                    std::vector<std::pair<int64_t, int64_t>> t, const float* init_m,
-                    const float* init_v);
+                    std::vector<std::pair<int64_t, int64_t>> t, const float* init_v);
   // cpu_param -> master for the unselected columns of every 2-D parameter.
   void Publish();
   // Blocks on the CPU step in flight, counting the wait as stall.

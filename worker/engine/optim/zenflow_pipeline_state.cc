@@ -135,7 +135,7 @@ absl::Status ZenFlowPipeline::ImportState(
     }
     col_cohort_[i].clear();  // nothing carries over: the moments come from the state
     cohorts_[i].clear();
-    BuildCohorts(i, std::move(map), std::move(t), nullptr, nullptr);
+    BuildCohorts(i, std::move(map), std::move(t), nullptr);
     int64_t k = 0;
     for (const Cohort& c : cohorts_[i]) k += static_cast<int64_t>(c.idx.size());
     if (m.numel() != k || v.numel() != k) {
