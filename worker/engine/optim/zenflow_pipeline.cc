@@ -25,6 +25,22 @@ const float* GradPtr(const OptimizerPartition& p) {
   return p.grad.defined() ? p.grad.data_ptr<float>() : nullptr;
 }
 
+// Calls fn(e, j) for every local element e of the partition p that lies in one of the columns
+// `cols` (ascending), in ascending order of e: row by row, and in each row the columns in order.
+// rows x |cols| steps, not the partition's n.
+template <typename Fn>
+void ForEachElementOfColumns(const ZenFlowParam& p, const std::vector<int64_t>& cols, Fn fn) {
+  if (cols.empty() || p.cols <= 0) return;
+  for (int64_t row = p.begin / p.cols; row * p.cols < p.end; ++row) {
+    for (int64_t j : cols) {
+      const int64_t f = row * p.cols + j;
+      if (f < p.begin) continue;
+      if (f >= p.end) break;
+      fn(f - p.begin, j);
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZenFlowPipeline>> ZenFlowPipeline::Create(
@@ -65,6 +81,7 @@ ZenFlowPipeline::ZenFlowPipeline(const ZenFlowOptions& options, SubGroupPlan pla
   const size_t n = params_.size();
   sel_ticket_.assign(n, 0);
   sel_args_.resize(n);
+  cohort_args_.resize(n);
   sel_state_ = std::make_unique<std::atomic<int>[]>(n);
   for (size_t i = 0; i < n; ++i) sel_state_[i].store(kSelDone);
   selected_.resize(n);
@@ -105,7 +122,7 @@ void ZenFlowPipeline::AwaitMaster(size_t i) {
     // The host thread has not started it: run it here rather than wait behind the updates
     // queued before it (the training thread's own selective update, as without deferral: not
     // stall).
-    for (const ZenFlowPassArgs& a : sel_args_[i]) pass_.Run(a);
+    pass_.Run(sel_args_[i]);
     sel_state_[i].store(kSelDone, std::memory_order_release);
   } else {
     const auto t0 = std::chrono::steady_clock::now();
@@ -160,35 +177,44 @@ void ZenFlowPipeline::BuildCohorts(size_t i, std::vector<int> col_cohort,
   for (size_t c = 0; c < t.size(); ++c) std::tie(now[c].t, now[c].t_sq) = t[c];
   std::vector<int64_t>& all = sel_idx_[i];
   all.clear();
-  // One ascending pass over the partition: each cohort's elements come out ascending, and an
-  // old cohort's elements are met in its own (ascending) order, so one cursor per old cohort
-  // finds an element's moments.
-  int64_t j = p.begin % p.cols;
-  for (int64_t f = p.begin; f < p.end; ++f) {
-    const int c = col_cohort[j];
-    if (c >= 0) {
-      const int64_t e = f - p.begin;
-      Cohort& to = now[c];
-      to.idx.push_back(e);
-      all.push_back(e);
-      const int o = old_map.empty() ? -1 : old_map[j];
-      float m = 0.0f;
-      float v = init_v != nullptr ? init_v[e] : 0.0f;
-      if (o >= 0) {
-        const Cohort& from = old[o];
-        size_t& q = cursor[o];
-        while (q < from.idx.size() && from.idx[q] != e) ++q;
-        if (q < from.idx.size()) {
-          m = from.m[q];
-          v = from.v[q];
-          ++q;
-        }
-      }
-      to.m.push_back(m);
-      to.v.push_back(v);
+  // Each cohort's elements come out ascending (ForEachElementOfColumns), and an old cohort's
+  // elements are met in its own (ascending) order, so one cursor per old cohort finds an
+  // element's moments.
+  std::vector<int64_t> cols, per_cohort(now.size(), 0);
+  for (int64_t j = 0; j < p.cols; ++j) {
+    if (col_cohort[j] >= 0) {
+      cols.push_back(j);
+      ++per_cohort[col_cohort[j]];
     }
-    if (++j == p.cols) j = 0;
   }
+  const int64_t rows = (p.end - p.begin + p.cols - 1) / p.cols + 1;  // rows the partition spans
+  for (size_t c = 0; c < now.size(); ++c) {
+    now[c].idx.reserve(rows * per_cohort[c]);
+    now[c].m.reserve(rows * per_cohort[c]);
+    now[c].v.reserve(rows * per_cohort[c]);
+  }
+  all.reserve(rows * static_cast<int64_t>(cols.size()));
+  ForEachElementOfColumns(p, cols, [&](int64_t e, int64_t j) {
+    const int c = col_cohort[j];
+    Cohort& to = now[c];
+    to.idx.push_back(e);
+    all.push_back(e);
+    const int o = old_map.empty() ? -1 : old_map[j];
+    float m = 0.0f;
+    float v = init_v != nullptr ? init_v[e] : 0.0f;
+    if (o >= 0) {
+      const Cohort& from = old[o];
+      size_t& q = cursor[o];
+      while (q < from.idx.size() && from.idx[q] != e) ++q;
+      if (q < from.idx.size()) {
+        m = from.m[q];
+        v = from.v[q];
+        ++q;
+      }
+    }
+    to.m.push_back(m);
+    to.v.push_back(v);
+  });
   cohorts_[i] = std::move(now);
   col_cohort_[i] = std::move(col_cohort);
 }
@@ -214,10 +240,6 @@ absl::Status ZenFlowPipeline::Reselect() {
     ids.push_back(i);
     cp.push_back({params_[i].rows, params_[i].cols, params_[i].begin, params_[i].end,
                   GradPtr(p)});
-    // The CPU copy of the columns leaving the device takes the device's values.
-    float* cpu = cpu_param_[i].data_ptr<float>();
-    const float* master = p.param.data_ptr<float>();
-    for (int64_t e : sel_idx_[i]) cpu[e] = master[e];
   }
   absl::StatusOr<ColumnSelection> sel = SelectColumns(*coll_, cp, opt_.topk_ratio);
   if (!sel.ok()) return sel.status();
@@ -243,6 +265,16 @@ absl::Status ZenFlowPipeline::Reselect() {
       map[j] = old_map.empty() || old_map[j] < 0 ? fresh : old_map[j];
       ++members[map[j]];
     }
+    // The CPU copy of the columns leaving the device takes the device's values. A staying
+    // column's CPU copy is never published (Publish keeps the selected elements), so it is left.
+    std::vector<int64_t> leaving;
+    for (size_t j = 0; j < old_map.size(); ++j) {
+      if (old_map[j] >= 0 && map[j] < 0) leaving.push_back(static_cast<int64_t>(j));
+    }
+    OptimizerPartition part = source_(i);
+    ForEachElementOfColumns(params_[i], leaving, [cpu = cpu_param_[i].data_ptr<float>(),
+                                                  master = part.param.data_ptr<float>()](
+                                                     int64_t e, int64_t) { cpu[e] = master[e]; });
     // Drop the empty cohorts; past kMaxCohorts merge the two oldest at the younger's t.
     std::vector<int> order;  // surviving cohorts, oldest first
     for (size_t c = 0; c < t.size(); ++c) {
@@ -259,7 +291,6 @@ absl::Status ZenFlowPipeline::Reselect() {
     }
     for (size_t r = 0; r < skip; ++r) renum[order[r]] = 0;
     for (int& c : map) c = c < 0 ? -1 : renum[c];
-    OptimizerPartition part = source_(i);
     BuildCohorts(i, std::move(map), std::move(new_t), part.exp_avg_sq.data_ptr<float>());
     metrics_.bytes_moved += 8 * params_[i].cols;  // the column sums
   }
@@ -417,12 +448,12 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   // With the host thread, the accumulation of every 2-D parameter is posted first and runs
   // there while this thread applies the selective update (both only read the gradient).
   const bool async = host_acc_;
-  // Per 2-D parameter one pass per cohort; the first (k = 0 when nothing is selected) also
-  // carries the accumulation.
-  std::vector<std::vector<ZenFlowPassArgs>> args(n);
+  // Per 2-D parameter one pass over all its cohorts (cohort_args_[i], which lives until the
+  // next Commit: a deferred update reads it on the host thread).
+  std::vector<ZenFlowPassArgs> args(n);
   for (size_t i = 0; i < n; ++i) {
     if (!is2d(i)) continue;
-    ZenFlowPassArgs a;
+    ZenFlowPassArgs& a = args[i];
     a.grad = GradPtr(parts[i]);
     a.grad_multiplier = mult;
     a.acc = acc_[b][i].data_ptr<float>();
@@ -432,19 +463,16 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
     a.master = parts[i].param.data_ptr<float>();
     a.lr = lr_;
     a.accumulate = !async;
-    if (cohorts_[i].empty()) args[i].push_back(a);
+    std::vector<ZenFlowCohortArgs>& ca = cohort_args_[i];
+    ca.clear();
     for (Cohort& c : cohorts_[i]) {
       ++c.t;
       ++c.t_sq;
-      a.selected = c.idx.data();
-      a.k = static_cast<int64_t>(c.idx.size());
-      a.sel_exp_avg = c.m.data();
-      a.sel_exp_avg_sq = c.v.data();
-      a.t = c.t;
-      a.t_exp_avg_sq = c.t_sq;
-      args[i].push_back(a);
-      a.accumulate = false;
+      ca.push_back({c.idx.data(), static_cast<int64_t>(c.idx.size()), c.m.data(), c.v.data(),
+                    c.t, c.t_sq});
     }
+    a.cohorts = ca.data();
+    a.num_cohorts = static_cast<int>(ca.size());
     if (parts[i].grad.defined()) metrics_.bytes_moved += 4 * parts[i].grad.numel();
   }
   if (defer_) {
@@ -463,7 +491,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
       sel_state_[i].store(kSelPending, std::memory_order_release);
       sel_ticket_[i] = host_->PostUrgent([this, i] {
         if (!ClaimSelective(i)) return;  // the training thread took it (AwaitMaster)
-        for (const ZenFlowPassArgs& a : sel_args_[i]) host_pass_.Run(a);
+        host_pass_.Run(sel_args_[i]);
         sel_state_[i].store(kSelDone, std::memory_order_release);
       });
     }
@@ -471,7 +499,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   if (async) {
     std::vector<ZenFlowPassArgs> acc;
     for (size_t i = 0; i < n; ++i) {
-      if (!args[i].empty()) acc.push_back(args[i].front());
+      if (is2d(i)) acc.push_back(args[i]);
     }
     if (!acc.empty()) {
       acc_ticket_ = host_->PostUrgent([acc = std::move(acc)] {
@@ -481,9 +509,7 @@ absl::Status ZenFlowPipeline::Commit(const StepValidation& v) {
   }
   if (!defer_) {
     for (size_t i = 0; i < n; ++i) {
-      for (const ZenFlowPassArgs& a : args[i]) {
-        if (a.accumulate || a.k > 0) pass_.Run(a);
-      }
+      if (is2d(i) && (args[i].accumulate || args[i].num_cohorts > 0)) pass_.Run(args[i]);
     }
   }
   for (size_t i = 0; i < n; ++i) {

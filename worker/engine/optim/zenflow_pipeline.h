@@ -46,8 +46,9 @@
 //   fortunes regime, against 2.0% now): the lagging momentum (docs/benchmarks.md).
 //
 // Selection cohorts: the selected columns of a parameter that entered the selection at the same
-// select boundary share their update counts (CpuAdam takes one pair per call), so the fused
-// pass runs once per cohort. At most kMaxCohorts per parameter: past that the two oldest merge
+// select boundary share their update counts (CpuAdam takes one pair per call); the fused pass
+// updates all of a parameter's cohorts in one sweep, one CpuAdam call per cohort and block
+// (zenflow_step_pass.h). At most kMaxCohorts per parameter: past that the two oldest merge
 // at the younger one's counts (the older columns' counts are then too small by the difference,
 // at least select_interval; a smaller count gives a smaller step once past Adam's first few
 // steps, so the merge is conservative).
@@ -245,7 +246,8 @@ class ZenFlowPipeline : public OptimizerPipeline {
   static constexpr int kSelPending = 0, kSelClaimed = 1, kSelDone = 2;
   bool ClaimSelective(size_t i);
   std::vector<int64_t> sel_ticket_;
-  std::vector<std::vector<ZenFlowPassArgs>> sel_args_;  // per parameter, one per cohort
+  std::vector<ZenFlowPassArgs> sel_args_;  // per parameter: its one pass over all cohorts
+  std::vector<std::vector<ZenFlowCohortArgs>> cohort_args_;  // per parameter: what it points at
   std::unique_ptr<std::atomic<int>[]> sel_state_;
   bool initialized_ = false;
   std::vector<at::Tensor> cpu_param_;  // per parameter [p_i]: the CPU optimizer's fp32 copy

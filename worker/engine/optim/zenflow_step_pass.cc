@@ -1,6 +1,7 @@
 #include "worker/engine/optim/zenflow_step_pass.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace loom::engine::optim {
 namespace {
@@ -56,35 +57,45 @@ void ZenFlowStepPass::Run(const ZenFlowPassArgs& a) {
   if (a.n <= 0) return;
   const int64_t blocks = (a.n + kBlock - 1) / kBlock;
   const int64_t tasks = std::min<int64_t>(pool_.threads(), blocks);
+  const int nc = std::max(0, a.num_cohorts);
   pool_.ParallelFor(tasks, 1, [&](int64_t tb, int64_t te) {
+    std::vector<const int64_t*> cursor(nc);  // per cohort: its next element at or past the block
     for (int64_t task = tb; task < te; ++task) {
       const int64_t b0 = blocks * task / tasks, b1 = blocks * (task + 1) / tasks;
       float* w = w_[task].data();
       float* g = g_[task].data();
       offload::CpuAdam& adam = *adam_[task];
-      const int64_t* sel_end = a.selected + a.k;
-      const int64_t* s = std::lower_bound(a.selected, sel_end, b0 * kBlock);
+      for (int c = 0; c < nc; ++c) {
+        const ZenFlowCohortArgs& h = a.cohorts[c];
+        cursor[c] = std::lower_bound(h.selected, h.selected + h.k, b0 * kBlock);
+      }
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t e0 = blk * kBlock, e1 = std::min(a.n, e0 + kBlock);
         if (a.accumulate) {
           Accumulate(a.grad != nullptr ? a.grad + e0 : nullptr, a.grad_multiplier, a.acc + e0,
                      e1 - e0, a.first, a.mean_scale);
         }
-        const int64_t q0 = s - a.selected;
-        int64_t c = 0;
-        for (; s != sel_end && *s < e1; ++s, ++c) {
-          if (sel_end - s > kPrefetch) {
-            __builtin_prefetch(a.master + s[kPrefetch], 1);
-            if (a.grad != nullptr) __builtin_prefetch(a.grad + s[kPrefetch], 0);
+        for (int c = 0; c < nc; ++c) {
+          const ZenFlowCohortArgs& h = a.cohorts[c];
+          const int64_t* sel_end = h.selected + h.k;
+          const int64_t* s = cursor[c];
+          const int64_t q0 = s - h.selected;
+          int64_t m = 0;
+          for (; s != sel_end && *s < e1; ++s, ++m) {
+            if (sel_end - s > kPrefetch) {
+              __builtin_prefetch(a.master + s[kPrefetch], 1);
+              if (a.grad != nullptr) __builtin_prefetch(a.grad + s[kPrefetch], 0);
+            }
+            w[m] = a.master[*s];
+            g[m] = a.grad != nullptr ? a.grad[*s] * a.grad_multiplier : 0.0f;
           }
-          w[c] = a.master[*s];
-          g[c] = a.grad != nullptr ? a.grad[*s] * a.grad_multiplier : 0.0f;
+          cursor[c] = s;
+          if (m == 0) continue;
+          adam.StepWithMomentCounts(h.t_exp_avg, h.t_exp_avg_sq, a.lr, w, g, h.exp_avg + q0,
+                                    h.exp_avg_sq + q0, m);
+          const int64_t* idx = h.selected + q0;
+          for (int64_t e = 0; e < m; ++e) a.master[idx[e]] = w[e];
         }
-        if (c == 0) continue;
-        adam.StepWithMomentCounts(a.t, a.t_exp_avg_sq > 0 ? a.t_exp_avg_sq : a.t, a.lr, w, g,
-                                  a.sel_exp_avg + q0, a.sel_exp_avg_sq + q0, c);
-        const int64_t* idx = a.selected + q0;
-        for (int64_t e = 0; e < c; ++e) a.master[idx[e]] = w[e];
       }
     }
   });

@@ -13,17 +13,20 @@
 //   acc    = first ? 0 + g : acc + g                  (first: the interval's first step; the
 //                                                       accumulator is not read, no zeroing pass)
 //   acc    = acc * mean_scale   if mean_scale != 1    (the interval's last step: its mean)
-//   for the selected elements of the block: gather master and g, CpuAdam::Step (the same
-//   per-element math as every other CpuAdam call: bit-identical to one Step over all k), scatter.
+//   for each cohort, the selected elements of the block: gather master and g,
+//   CpuAdam::StepWithMomentCounts (the same per-element math as every other CpuAdam call:
+//   bit-identical to one call over the cohort's k), scatter.
+//
+// All cohorts are updated in the same sweep: a row-major W's selected columns touch most of
+// its cache lines, so a sweep per cohort would read the master and gradient once per cohort.
 //
 // Every element's arithmetic is the same sequence of correctly rounded fp32 operations as the
 // unfused ops, so the results are bit-identical to them (zenflow_step_pass_test checks against
 // plain LibTorch ops). Compiled with -ffp-contract=off (no FMA).
 //
 // Shapes and units: all arrays are fp32 and flat over this rank's partition [n] of W [out, in]
-// (row-major, partition.h); `selected` holds k ascending local indices into [0, n) and the
-// selective moments are [k], in the same order. lr is the step's learning rate, t the selective
-// Adam step count (1-based).
+// (row-major, partition.h); each cohort's `selected` holds k ascending local indices into
+// [0, n) and its moments are [k], in the same order. lr is the step's learning rate.
 //
 // Thread-safety: one Run at a time per object; Run splits the blocks over `threads` (the
 // calling thread included) with disjoint element ranges, so arrays are never shared.
@@ -38,6 +41,18 @@
 
 namespace loom::engine::optim {
 
+// One selection cohort of a parameter: the selected elements whose columns entered the
+// selection at the same select boundary, so their moments share update counts
+// (zenflow_pipeline.h). The cohorts of one pass hold disjoint elements.
+struct ZenFlowCohortArgs {
+  const int64_t* selected = nullptr;  // [k] ascending local element indices into [0, n)
+  int64_t k = 0;
+  float* exp_avg = nullptr;           // [k] the selective AdamW moments, in `selected` order
+  float* exp_avg_sq = nullptr;        // [k]
+  int64_t t_exp_avg = 1;              // update counts including this step (1-based), for the
+  int64_t t_exp_avg_sq = 1;           // bias corrections (CpuAdam::StepWithMomentCounts)
+};
+
 struct ZenFlowPassArgs {
   const float* grad = nullptr;  // [n]; nullptr = a zero gradient
   float grad_multiplier = 1.0f;  // applied on read (1 when the caller already scaled grad)
@@ -45,13 +60,9 @@ struct ZenFlowPassArgs {
   int64_t n = 0;
   bool first = false;            // the interval's first step: acc = 0 + g
   float mean_scale = 1.0f;       // != 1: acc *= mean_scale after the add (interval's last step)
-  const int64_t* selected = nullptr;  // [k] ascending local element indices
-  int64_t k = 0;
-  float* master = nullptr;        // [n] fp32 master (the selected elements are updated)
-  float* sel_exp_avg = nullptr;   // [k]
-  float* sel_exp_avg_sq = nullptr;  // [k]
-  int64_t t = 1;                  // selective Adam step: exp_avg's update count (1-based)
-  int64_t t_exp_avg_sq = 0;       // exp_avg_sq's update count when it differs; 0: t
+  float* master = nullptr;       // [n] fp32 master (the selected elements are updated)
+  const ZenFlowCohortArgs* cohorts = nullptr;  // [num_cohorts], all updated in the one pass
+  int num_cohorts = 0;
   double lr = 0;
   // false: Run skips the accumulation (acc, first and mean_scale are not read): the caller
   // accumulates on another thread with AccumulateAll (ZenFlow with overlap_step).
