@@ -74,31 +74,33 @@ absl::Status ZenFlowPipeline::ImportState(
                                                      "\" of this run"));
     }
   }
+  // Everything is checked before anything is applied: a state rejected here leaves the
+  // pipeline as it was.
   const int64_t* c = state[0].second.data_ptr<int64_t>();
-  acc_steps_[0] = c[0];
-  acc_steps_[1] = c[1];
-  state_ = static_cast<int>(c[2]);
-  pending_ = c[3] != 0;
-  interval_steps_ = c[4];
-  cpu_steps_ = c[5];
-  if (auto_ != nullptr) {
-    const at::Tensor& a = state[1].second;
-    absl::Status s =
-        auto_->SetState(std::vector<double>(a.data_ptr<double>(), a.data_ptr<double>() + a.numel()));
-    if (!s.ok()) return s;
+  if (c[0] < 0 || c[1] < 0 || (c[2] != 0 && c[2] != 1) || (c[3] != 0 && c[3] != 1) ||
+      c[4] < 0 || c[5] < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zenflow state: counters [", c[0], ", ", c[1], ", ", c[2], ", ", c[3], ", ", c[4], ", ",
+        c[5], "] out of range (counts >= 0, buffer and pending 0 or 1)"));
   }
-  size_t q = 2;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  if (auto_ != nullptr && state[1].second.numel() != want[1].second.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("zenflow state: auto: ",
+                                                   state[1].second.numel(), " values, expected ",
+                                                   want[1].second.numel()));
+  }
+  struct Selection {
+    std::vector<int> map;                          // [cols] cohort of each column, -1 unselected
+    std::vector<std::pair<int64_t, int64_t>> t;    // per cohort (m, v) update counts
+  };
+  std::vector<Selection> sel(params_.size());
+  for (size_t i = 0, q = 2; i < params_.size(); ++i) {
     if (!is2d(i)) continue;
-    cpu_param_[i].copy_(state[q++].second);
-    acc_[0][i].copy_(state[q++].second);
-    acc_[1][i].copy_(state[q++].second);
-    const at::Tensor& s = state[q++].second;
-    const at::Tensor& of = state[q++].second;
-    const at::Tensor& ts = state[q++].second;
-    const at::Tensor& m = state[q++].second;
-    const at::Tensor& v = state[q++].second;
-    selected_[i].assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+    const at::Tensor& s = state[q + 3].second;
+    const at::Tensor& of = state[q + 4].second;
+    const at::Tensor& ts = state[q + 5].second;
+    const at::Tensor& m = state[q + 6].second;
+    const at::Tensor& v = state[q + 7].second;
+    q += 8;
     if (of.numel() != s.numel()) {
       return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i, ".sel_cohort: ",
                                                      of.numel(), " values for ", s.numel(),
@@ -110,47 +112,75 @@ absl::Status ZenFlowPipeline::ImportState(
           "zenflow state: param", i, ".sel_cohort_t: ", ts.numel(), " values, not pairs"));
     }
     const int64_t cohorts = ts.numel() / 2;
-    std::vector<std::pair<int64_t, int64_t>> t;
-    for (int64_t c = 0; c < cohorts; ++c) {
-      const int64_t tm = ts.data_ptr<int64_t>()[2 * c], tv = ts.data_ptr<int64_t>()[2 * c + 1];
+    Selection& out = sel[i];
+    for (int64_t h = 0; h < cohorts; ++h) {
+      const int64_t tm = ts.data_ptr<int64_t>()[2 * h], tv = ts.data_ptr<int64_t>()[2 * h + 1];
       if (tm < 0 || tv < tm) {
         return absl::InvalidArgumentError(absl::StrCat(
             "zenflow state: param", i, ".sel_cohort_t: bad step counts (", tm, ", ", tv, ")"));
       }
-      t.emplace_back(tm, tv);
+      out.t.emplace_back(tm, tv);
     }
-    std::vector<int> map(params_[i].cols, -1);
+    out.map.assign(params_[i].cols, -1);
+    int64_t k = 0;  // selected elements in this rank's partition
+    const ZenFlowParam& p = params_[i];
     for (int64_t e = 0; e < s.numel(); ++e) {
-      const int64_t j = selected_[i][e], c = of.data_ptr<int64_t>()[e];
-      if (j < 0 || j >= params_[i].cols || map[j] >= 0) {
+      const int64_t j = s.data_ptr<int64_t>()[e], h = of.data_ptr<int64_t>()[e];
+      if (j < 0 || j >= p.cols || out.map[j] >= 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "zenflow state: param", i, ".selected: column ", j, " out of range or repeated"));
       }
-      if (c < 0 || c >= cohorts) {
+      if (h < 0 || h >= cohorts) {
         return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i,
-                                                       ".sel_cohort: cohort ", c, " of ",
+                                                       ".sel_cohort: cohort ", h, " of ",
                                                        cohorts));
       }
-      map[j] = static_cast<int>(c);
+      out.map[j] = static_cast<int>(h);
+      // Column j's elements in [begin, end): rows r with begin <= r * cols + j < end.
+      const int64_t r_min = p.begin > j ? (p.begin - j + p.cols - 1) / p.cols : 0;
+      const int64_t r_max = p.end - 1 >= j ? (p.end - 1 - j) / p.cols : -1;
+      k += std::max<int64_t>(0, r_max - r_min + 1);
     }
-    col_cohort_[i].clear();  // nothing carries over: the moments come from the state
-    cohorts_[i].clear();
-    BuildCohorts(i, std::move(map), std::move(t), nullptr);
-    int64_t k = 0;
-    for (const Cohort& c : cohorts_[i]) k += static_cast<int64_t>(c.idx.size());
     if (m.numel() != k || v.numel() != k) {
       return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i,
                                                      ".sel_exp_avg: ", m.numel(), " and ",
                                                      v.numel(), " values for ", k,
                                                      " selected elements"));
     }
+  }
+  // Apply.
+  acc_steps_[0] = c[0];
+  acc_steps_[1] = c[1];
+  state_ = static_cast<int>(c[2]);
+  pending_ = c[3] != 0;
+  interval_steps_ = c[4];
+  cpu_steps_ = c[5];
+  if (auto_ != nullptr) {
+    const at::Tensor& a = state[1].second;
+    absl::Status st =
+        auto_->SetState(std::vector<double>(a.data_ptr<double>(), a.data_ptr<double>() + a.numel()));
+    if (!st.ok()) return st;  // not reached: its size was checked above
+  }
+  for (size_t i = 0, q = 2; i < params_.size(); ++i) {
+    if (!is2d(i)) continue;
+    cpu_param_[i].copy_(state[q].second);
+    acc_[0][i].copy_(state[q + 1].second);
+    acc_[1][i].copy_(state[q + 2].second);
+    const at::Tensor& s = state[q + 3].second;
+    const at::Tensor& m = state[q + 6].second;
+    const at::Tensor& v = state[q + 7].second;
+    q += 8;
+    selected_[i].assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+    col_cohort_[i].clear();  // nothing carries over: the moments come from the state
+    cohorts_[i].clear();
+    BuildCohorts(i, std::move(sel[i].map), std::move(sel[i].t), nullptr);
     const float* pm = m.data_ptr<float>();
     const float* pv = v.data_ptr<float>();
-    for (Cohort& c : cohorts_[i]) {
-      std::copy(pm, pm + c.idx.size(), c.m.begin());
-      std::copy(pv, pv + c.idx.size(), c.v.begin());
-      pm += c.idx.size();
-      pv += c.idx.size();
+    for (Cohort& h : cohorts_[i]) {
+      std::copy(pm, pm + h.idx.size(), h.m.begin());
+      std::copy(pv, pv + h.idx.size(), h.v.begin());
+      pm += h.idx.size();
+      pv += h.idx.size();
     }
   }
   return absl::OkStatus();

@@ -465,6 +465,40 @@ TEST(ZenFlowPipelineTest, ResumeFromExportedStateIsBitForBit) {
         }
         state[0].second = at::zeros({3}, at::kFloat);
         EXPECT_FALSE(pc->ImportState(state).ok());
+        // A state rejected at its last parameter changes nothing (every check runs before
+        // anything is applied): the first parameter's valid new CPU copy and counters are not
+        // taken either. Counters out of range are rejected by name.
+        const auto before = pc->ExportState();
+        auto Copy = [&before] {
+          auto s = before;
+          for (auto& [name, t] : s) t = t.clone();
+          return s;
+        };
+        auto bad = Copy();
+        int last = -1;
+        for (size_t q = 0; q < bad.size(); ++q) {
+          if (bad[q].first.find(".sel_cohort") != std::string::npos &&
+              bad[q].first.find("_t") == std::string::npos && bad[q].second.numel() > 0) {
+            last = static_cast<int>(q);
+          }
+        }
+        ASSERT_GT(last, 10) << "the last selection must not be the first parameter's";
+        bad[last].second.fill_(99);
+        bad[0].second[4] += 1;        // interval_steps
+        bad[2].second.add_(1.0f);     // the first 2-D parameter's CPU copy
+        absl::Status rejected = pc->ImportState(bad);
+        EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(rejected.message(), ::testing::HasSubstr(".sel_cohort"));
+        const auto after = pc->ExportState();
+        ASSERT_EQ(after.size(), before.size());
+        for (size_t q = 0; q < before.size(); ++q) {
+          EXPECT_TRUE(at::equal(after[q].second, before[q].second)) << before[q].first;
+        }
+        auto counters = Copy();
+        counters[0].second[2] = 5;  // the buffer index: 0 or 1
+        rejected = pc->ImportState(counters);
+        EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(rejected.message(), ::testing::HasSubstr("counters"));
       });
     }
   }
