@@ -8,7 +8,8 @@ steps, in one run, alternating the two systems --repeats times (median of the pe
            given; stall = the step's zenflow_stall_s, the training thread's wait on the CPU
            optimizer).
 
-Pair i (of --repeats) trains both systems from seed i + 1; loss_delta compares the held-out losses
+Pair i (of --repeats) trains both systems from seed i + 1, offload first in even pairs and ZenFlow
+first in odd ones (use an even --repeats); loss_delta compares the held-out losses
 averaged over the pairs (--no_vary_seed: every pair from seed 1, as before 2026-12-03 23:00).
 Regime: a micro-batch small enough that synchronous offload spends a large share of its step in
 the optimizer (fine-tuning with small batches); the shapes and that share are printed. Reported
@@ -41,7 +42,7 @@ def spec(path, a, zenflow, seed):
     if zenflow:
         zero["zenflow"] = {"topk_ratio": a.topk, "select_strategy": "step",
                            "select_interval": a.select_interval,
-                           "update_interval": a.update_interval, "overlap_step": True,
+                           "update_interval": a.update_interval, "overlap_step": a.overlap_step,
                            "full_warm_up_rounds": a.warm_up_rounds,
                            "pt_reserved_cores_perc": a.pt_reserved}
     ob.write_spec(path, a, "zenflow-bench", zero, 1.0,
@@ -105,6 +106,8 @@ def main():
     p.add_argument("--update_interval", type=int, default=4)
     p.add_argument("--warm_up_rounds", type=int, default=0)
     p.add_argument("--pt_reserved", type=float, default=0.5)
+    p.add_argument("--no_overlap", dest="overlap_step", action="store_false",
+                   help="zenflow.overlap_step false: the CPU step runs on the training thread")
     p.add_argument("--eval_batches", type=int, default=4,
                    help="held-out micro-batches per evaluation (its noise: use enough)")
     p.add_argument("--eval_every", type=int, default=2,
@@ -121,9 +124,10 @@ def main():
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="zenflow_bench_")
     os.makedirs(a.workdir, exist_ok=True)
     a.init_from = ""
-    print("shapes: %s; zenflow topk %.3g, select every %d, update every %d, overlap on; held-out "
+    print("shapes: %s; zenflow topk %.3g, select every %d, update every %d, overlap %s; held-out "
           "%d x %d x %d tokens; load %.1f"
-          % (ob.shapes(a), a.topk, a.select_interval, a.update_interval, a.eval_batches, a.micro,
+          % (ob.shapes(a), a.topk, a.select_interval, a.update_interval,
+             "on" if a.overlap_step else "off", a.eval_batches, a.micro,
              a.seq, ob.load_average()), flush=True)
     if a.finetune_from > 0:
         a.init_from = train_base(a)
@@ -133,8 +137,15 @@ def main():
         # tiny-batch trajectory's held-out loss moves by several percent with any change to the
         # update (docs/benchmarks.md), so the loss is compared over the pairs' seeds.
         seed = rep + 1 if a.vary_seed else 1
-        off.append(run(a, "offload_%d" % rep, False, seed))
-        zf.append(run(a, "zenflow_%d" % rep, True, seed))
+        # Odd pairs run ZenFlow first: whichever run of a pair goes second reads slower on this
+        # machine (offload against itself: 0.993 over 5 pairs, docs/benchmarks.md 2026-12-04
+        # 22:10), so a fixed order would bias the ratio by about as much as it measures.
+        if rep % 2 == 0:
+            off.append(run(a, "offload_%d" % rep, False, seed))
+            zf.append(run(a, "zenflow_%d" % rep, True, seed))
+        else:
+            zf.append(run(a, "zenflow_%d" % rep, True, seed))
+            off.append(run(a, "offload_%d" % rep, False, seed))
     m = ob.median_run
     o_step, o_stall = m(off, "step"), m(off, "stall")
     z_step, z_stall = m(zf, "step"), m(zf, "stall")
