@@ -146,6 +146,7 @@ absl::Status ZenFlowPipeline::OnReleaseGradients() {
   // before last: wait only for what was posted up to the previous release.
   const int64_t ticket = opt_.gradient_buffers == 2 ? acc_ticket_at_release_ : acc_ticket_;
   acc_ticket_at_release_ = acc_ticket_;
+  last_release_wait_ = host_acc_ ? ticket : 0;
   if (!host_acc_ || ticket == 0) return absl::OkStatus();
   const auto t0 = std::chrono::steady_clock::now();
   host_->WaitUrgent(ticket);

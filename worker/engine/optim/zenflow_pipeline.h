@@ -174,6 +174,9 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // The selective Adam steps that column `column` of parameter i has taken since it entered the
   // selection (its cohort's t); 0 for a column not selected (tests).
   int64_t selective_steps(size_t i, int64_t column) const;
+  // The host-thread accumulation (its urgent ticket, 1-based in posting order) that the last
+  // ReleaseGradients waited for; 0 when it waited for none (tests).
+  int64_t last_release_wait() const { return last_release_wait_; }
   // A CPU step was started and not yet waited for (it may have finished).
   bool cpu_step_in_flight() const { return cpu_in_flight_; }
   bool reads_gradients_after_finish() const override { return host_acc_; }
@@ -234,6 +237,7 @@ class ZenFlowPipeline : public OptimizerPipeline {
   ZenFlowStepPass host_pass_;  // the host thread's (defer_selective): one thread, own buffers
   int64_t acc_ticket_ = 0;             // the last accumulation posted (HostWorker urgent ticket)
   int64_t acc_ticket_at_release_ = 0;  // acc_ticket_ when ReleaseGradients was last called
+  int64_t last_release_wait_ = 0;      // last_release_wait()
   int64_t cpu_ticket_ = 0;             // the last chunk of the CPU step posted (background)
   bool cpu_in_flight_ = false;
   double release_wait_s_ = 0;          // ReleaseGradients' wait, added to the next step's stall

@@ -504,6 +504,30 @@ TEST(ZenFlowPipelineTest, ResumeFromExportedStateIsBitForBit) {
   }
 }
 
+// ReleaseGradients (called before the next backward writes a gradient buffer) waits for exactly
+// the host-thread accumulation that reads the buffer about to be written: with one buffer the
+// last step's, with two the step's before it, so that step t's accumulation overlaps step t+1's
+// backward. Each FinishStep posts one urgent task here (no deferred selective updates), so step
+// t's accumulation is ticket t. host_worker_test checks that waiting for ticket n waits for it.
+TEST(ZenFlowPipelineTest, ReleaseWaitsForTheAccumulationOfTheBufferItFrees) {
+  for (int buffers : {1, 2}) {
+    WithRank([&](Collectives& coll) {
+      ZenFlowOptions zo = Options(0.34, 0, 2, 2, true);
+      zo.gradient_buffers = buffers;
+      Model m = MakeModel();
+      auto pipe = *ZenFlowPipeline::Create(zo, PlanOf(m), m.params,
+                                           [&m](size_t i) { return m.parts[i]; }, &coll);
+      for (int64_t t = 1; t <= 6; ++t) {
+        SetGrads(m, t);
+        ASSERT_TRUE(Step(*pipe, t).ok());  // FinishStep, then ReleaseGradients
+        EXPECT_EQ(pipe->last_release_wait(), buffers == 1 ? t : t - 1)
+            << buffers << " buffer(s), step " << t;
+      }
+      pipe->Quiesce();
+    });
+  }
+}
+
 TEST(ZenFlowPipelineTest, ZenAutoTrainsALeastSquaresProblemWithFiniteLoss) {
   WithRank([](Collectives& coll) {
     // W [4, 16] fitting Y = X Wt^T: gradients from LibTorch autograd in the test.
