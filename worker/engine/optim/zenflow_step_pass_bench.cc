@@ -6,7 +6,8 @@
 //   adam:       CpuAdam::Step over every element (what offload's training thread does);
 //   selective:  ZenFlowStepPass::Run with accumulate = false (the training thread's part with
 //               overlap_step: AdamW of the selected columns, random columns of each W);
-//   accumulate: ZenFlowStepPass::AccumulateAll (the host thread's per-step part).
+//   accumulate: ZenFlowStepPass::AccumulateAll (the host thread's per-step part);
+//   both fused: Run with accumulate = true (the training thread's pass without overlap_step).
 // The selected columns of a row-major W touch 1 - (1 - topk)^16 of its 64-byte lines, so the
 // selective pass costs far more than topk of the Adam step (docs/benchmarks.md, ZenFlow).
 #include <algorithm>
@@ -101,10 +102,12 @@ int main(int argc, char** argv) {
           adam.Step(rep + 1, 1e-3, m.w.data(), m.g.data(), m.m.data(), m.v.data(), m.rows * m.cols);
         }
       }));
-      ZenFlowPassArgs a;
-      t_sel.push_back(TimeMs([&] {
+      // The selective pass over every matrix, with (fused) or without the accumulation.
+      auto selective = [&](bool accumulate) {
         for (Matrix& m : ms) {
+          ZenFlowPassArgs a;
           a.grad = m.g.data();
+          a.acc = m.acc.data();
           a.n = m.rows * m.cols;
           const ZenFlowCohortArgs cohort{m.selected.data(),
                                          static_cast<int64_t>(m.selected.size()),
@@ -113,12 +116,14 @@ int main(int argc, char** argv) {
           a.num_cohorts = 1;
           a.master = m.w.data();
           a.lr = 1e-3;
-          a.accumulate = false;
+          a.accumulate = accumulate;
           pass.Run(a);
         }
-      }));
+      };
+      t_sel.push_back(TimeMs([&] { selective(false); }));
       t_acc.push_back(TimeMs([&] {
         for (Matrix& m : ms) {
+          ZenFlowPassArgs a;
           a.grad = m.g.data();
           a.acc = m.acc.data();
           a.n = m.rows * m.cols;
@@ -126,23 +131,7 @@ int main(int argc, char** argv) {
           ZenFlowStepPass::AccumulateAll(a);
         }
       }));
-      t_fused.push_back(TimeMs([&] {  // both in one pass: the gradient is read once
-        for (Matrix& m : ms) {
-          a.grad = m.g.data();
-          a.acc = m.acc.data();
-          a.n = m.rows * m.cols;
-          a.first = false;
-          const ZenFlowCohortArgs cohort{m.selected.data(),
-                                         static_cast<int64_t>(m.selected.size()),
-                                         m.sel_m.data(), m.sel_v.data(), rep + 1, rep + 1};
-          a.cohorts = &cohort;
-          a.num_cohorts = 1;
-          a.master = m.w.data();
-          a.lr = 1e-3;
-          a.accumulate = true;
-          pass.Run(a);
-        }
-      }));
+      t_fused.push_back(TimeMs([&] { selective(true); }));  // the gradient read once
     }
     const double ad = Median(t_adam), se = Median(t_sel), ac = Median(t_acc);
     const double fu = Median(t_fused);
