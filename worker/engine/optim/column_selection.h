@@ -38,6 +38,24 @@ int64_t NumSelectedColumns(int64_t columns, double topk_ratio);
 void AddColumnAbsSums(const float* grad, int64_t begin, int64_t end, int64_t cols,
                       double* sums);
 
+// Calls fn(e, j) for every local element e (0-based in the partition) of the flat elements
+// [begin, end) of a row-major [rows, cols] weight that lies in one of the columns `columns`
+// (ascending), in ascending order of e: row by row, the columns in order within a row. Takes
+// rows x |columns| steps, not end - begin.
+template <typename Fn>
+void ForEachElementOfColumns(int64_t begin, int64_t end, int64_t cols,
+                             const std::vector<int64_t>& columns, Fn fn) {
+  if (columns.empty() || cols <= 0) return;
+  for (int64_t row = begin / cols; row * cols < end; ++row) {
+    for (int64_t j : columns) {
+      const int64_t f = row * cols + j;
+      if (f < begin) continue;
+      if (f >= end) break;
+      fn(f - begin, j);
+    }
+  }
+}
+
 // The k largest of sums[0 .. cols), returned sorted ascending by column index. Ties: the lower
 // index wins (deterministic, so identical inputs give identical selections). 0 <= k <= cols.
 std::vector<int64_t> TopKColumns(const double* sums, int64_t cols, int64_t k);

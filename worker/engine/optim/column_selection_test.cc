@@ -44,6 +44,27 @@ std::vector<int64_t> Reference(const at::Tensor& g, int64_t k) {
   return out;
 }
 
+// Against a walk over every flat element: partitions that start and end mid-row, one inside a
+// single row, an empty one, and no columns.
+TEST(ForEachElementOfColumnsTest, VisitsExactlyTheColumnsElementsInAscendingOrder) {
+  const int64_t cols = 7;
+  const std::vector<int64_t> columns = {0, 3, 6};
+  for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 35}, {18, 35}, {0, 18}, {9, 12}, {10, 10}, {5, 7}}) {
+    std::vector<std::pair<int64_t, int64_t>> want, got;
+    for (int64_t f = begin; f < end; ++f) {
+      const int64_t j = f % cols;
+      if (j == 0 || j == 3 || j == 6) want.emplace_back(f - begin, j);
+    }
+    ForEachElementOfColumns(begin, end, cols, columns,
+                            [&got](int64_t e, int64_t j) { got.emplace_back(e, j); });
+    EXPECT_EQ(got, want) << "[" << begin << ", " << end << ")";
+    int64_t none = 0;
+    ForEachElementOfColumns(begin, end, cols, {}, [&none](int64_t, int64_t) { ++none; });
+    EXPECT_EQ(none, 0);
+  }
+}
+
 TEST(SelectColumnsTest, TopKOfColumnSumsIdenticalOnTwoRanks) {
   // Shapes whose partitions cut rows (5x7: rank 0 owns [0, 18), rank 1 [18, 35)), a wide one,
   // a one-row one and a one-element one (rank 1 owns nothing of it).

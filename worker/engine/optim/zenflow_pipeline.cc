@@ -25,22 +25,6 @@ const float* GradPtr(const OptimizerPartition& p) {
   return p.grad.defined() ? p.grad.data_ptr<float>() : nullptr;
 }
 
-// Calls fn(e, j) for every local element e of the partition p that lies in one of the columns
-// `cols` (ascending), in ascending order of e: row by row, and in each row the columns in order.
-// rows x |cols| steps, not the partition's n.
-template <typename Fn>
-void ForEachElementOfColumns(const ZenFlowParam& p, const std::vector<int64_t>& cols, Fn fn) {
-  if (cols.empty() || p.cols <= 0) return;
-  for (int64_t row = p.begin / p.cols; row * p.cols < p.end; ++row) {
-    for (int64_t j : cols) {
-      const int64_t f = row * p.cols + j;
-      if (f < p.begin) continue;
-      if (f >= p.end) break;
-      fn(f - p.begin, j);
-    }
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZenFlowPipeline>> ZenFlowPipeline::Create(
@@ -195,7 +179,7 @@ void ZenFlowPipeline::BuildCohorts(size_t i, std::vector<int> col_cohort,
     now[c].v.reserve(rows * per_cohort[c]);
   }
   all.reserve(rows * static_cast<int64_t>(cols.size()));
-  ForEachElementOfColumns(p, cols, [&](int64_t e, int64_t j) {
+  ForEachElementOfColumns(p.begin, p.end, p.cols, cols, [&](int64_t e, int64_t j) {
     const int c = col_cohort[j];
     Cohort& to = now[c];
     to.idx.push_back(e);
@@ -273,9 +257,10 @@ absl::Status ZenFlowPipeline::Reselect() {
       if (old_map[j] >= 0 && map[j] < 0) leaving.push_back(static_cast<int64_t>(j));
     }
     OptimizerPartition part = source_(i);
-    ForEachElementOfColumns(params_[i], leaving, [cpu = cpu_param_[i].data_ptr<float>(),
-                                                  master = part.param.data_ptr<float>()](
-                                                     int64_t e, int64_t) { cpu[e] = master[e]; });
+    float* cpu = cpu_param_[i].data_ptr<float>();
+    const float* master = part.param.data_ptr<float>();
+    ForEachElementOfColumns(params_[i].begin, params_[i].end, params_[i].cols, leaving,
+                            [cpu, master](int64_t e, int64_t) { cpu[e] = master[e]; });
     // Drop the empty cohorts; past kMaxCohorts merge the two oldest at the younger's t.
     std::vector<int> order;  // surviving cohorts, oldest first
     for (size_t c = 0; c < t.size(); ++c) {

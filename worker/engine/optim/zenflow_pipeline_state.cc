@@ -122,7 +122,6 @@ absl::Status ZenFlowPipeline::ImportState(
       out.t.emplace_back(tm, tv);
     }
     out.map.assign(params_[i].cols, -1);
-    int64_t k = 0;  // selected elements in this rank's partition
     const ZenFlowParam& p = params_[i];
     for (int64_t e = 0; e < s.numel(); ++e) {
       const int64_t j = s.data_ptr<int64_t>()[e], h = of.data_ptr<int64_t>()[e];
@@ -136,11 +135,12 @@ absl::Status ZenFlowPipeline::ImportState(
                                                        cohorts));
       }
       out.map[j] = static_cast<int>(h);
-      // Column j's elements in [begin, end): rows r with begin <= r * cols + j < end.
-      const int64_t r_min = p.begin > j ? (p.begin - j + p.cols - 1) / p.cols : 0;
-      const int64_t r_max = p.end - 1 >= j ? (p.end - 1 - j) / p.cols : -1;
-      k += std::max<int64_t>(0, r_max - r_min + 1);
     }
+    // The selected elements in this rank's partition: as many as BuildCohorts will make.
+    std::vector<int64_t> cols(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+    std::sort(cols.begin(), cols.end());
+    int64_t k = 0;
+    ForEachElementOfColumns(p.begin, p.end, p.cols, cols, [&k](int64_t, int64_t) { ++k; });
     if (m.numel() != k || v.numel() != k) {
       return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i,
                                                      ".sel_exp_avg: ", m.numel(), " and ",
