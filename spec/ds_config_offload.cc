@@ -12,8 +12,8 @@ namespace {
 
 // The keys of an offload section that Loom reads but does not act on, each with a warning
 // naming it (implemented: device, nvme_path, buffer_count; offload_param.buffer_size;
-// offload_optimizer.pipeline_read / pipeline_write; offload_optimizer.ratio, refused below 1 by
-// the engine). None of them can change results: they tune memory placement and threading.
+// offload_optimizer.pipeline_read / pipeline_write; offload_optimizer.ratio, refused below 1 in
+// ParseOffload). None of them can change results: they tune memory placement and threading.
 void WarnIgnoredOffloadKeys(const json& off, const std::string& path, bool is_param,
                             bool super_offload, std::vector<std::string>* warnings) {
   WarnIgnored(off, path, {"pin_memory"},
@@ -74,6 +74,13 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
     return Invalid(Join(path, "nvme_path"), "required when device is nvme");
   }
   RETURN_IF_ERROR(ParseSuperOffload(*off, path, is_param, o));
+  if (!is_param && !o->super_offload && o->device != "none" && !(o->ratio == 1.0)) {
+    // DeepSpeed's ZeRO-Offload++ partial offload (Twin-Flow) is not implemented; refused here so
+    // that a submission fails at once, whatever else the job enables (ZenFlow included).
+    return Unsupported(Join(path, "ratio"),
+                       absl::StrCat("partial offload (", o->ratio, "; only 1.0 without "
+                                    "super_offload)"));
+  }
   WarnIgnoredOffloadKeys(*off, path, is_param, o->super_offload, warnings);
   return absl::OkStatus();
 }

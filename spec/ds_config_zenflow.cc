@@ -1,6 +1,7 @@
 // zero_optimization.zenflow (TECHNIQUES.md §2.6): every key as DeepSpeed spells it
 // (runtime/zenflow/zenflow_config.py ZenFlowConfig), with DeepSpeed's defaults and constraints,
 // plus the ones Loom's implementation needs. Each violation is INVALID_ARGUMENT naming the key.
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,7 +38,7 @@ absl::Status ReadInterval(const json& zf, const std::string& key, const std::str
 
 absl::Status InRange(const std::string& path, const char* key, double v, double lo, double hi,
                      bool lo_open) {
-  if (v < lo || v > hi || (lo_open && v == lo)) {
+  if (!(v >= lo && v <= hi) || (lo_open && v == lo)) {  // NaN fails too
     return Invalid(Join(path, key), absl::StrCat(v, " is not in ", lo_open ? "(" : "[", lo, ", ",
                                                  hi, "]"));
   }
@@ -77,7 +78,8 @@ absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig
     return Invalid(Join(path, "full_warm_up_rounds"),
                    absl::StrCat(c.full_warm_up_rounds, " is negative"));
   }
-  if (zf->contains("steps_per_epoch") && c.steps_per_epoch < 1) {
+  const auto spe = zf->find("steps_per_epoch");
+  if (spe != zf->end() && !spe->is_null() && c.steps_per_epoch < 1) {
     return Invalid(Join(path, "steps_per_epoch"),
                    absl::StrCat(c.steps_per_epoch, " is not a positive integer"));
   }
@@ -97,6 +99,12 @@ absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig
     warnings->push_back(absl::StrCat(Join(path, "select_interval"), ": ignored (",
                                      "select_strategy \"auto\" re-selects once per epoch)"));
     c.select_interval = 0;
+  }
+  if (c.select_strategy == "epoch" && c.steps_per_epoch > 0 &&
+      c.select_interval > std::numeric_limits<int64_t>::max() / c.steps_per_epoch) {
+    return Invalid(Join(path, "select_interval"),
+                   absl::StrCat(c.select_interval, " epochs of steps_per_epoch ",
+                                c.steps_per_epoch, " overflow a 64-bit step count"));
   }
   if (c.select_strategy == "step" && c.update_interval != 0 &&
       c.select_interval < c.update_interval) {

@@ -118,6 +118,36 @@ TEST(ZenFlowConfigTest, EachViolationNamesItsKey) {
   ExpectError(Config(R"({"steps_per_epoch": 0})"), zf + ".steps_per_epoch");
   ExpectError(Config(R"({"topk": 0.1})"), zf + ".topk: unknown key");
   ExpectError(Config("[1]"), zf + ": expected a JSON object");
+  // Regression: "nan" (absl::SimpleAtod accepts it) passed every range check, and a NaN
+  // topk_ratio with update_interval "auto" silently turned the CPU updates off.
+  for (const char* key : {"topk_ratio", "auto_ratio", "pt_reserved_cores_perc"}) {
+    for (const char* nan : {"nan", "NaN", "-nan"}) {
+      ExpectError(Config(absl::StrCat(R"({")", key, R"(": ")", nan, R"("})")),
+                  absl::StrCat(zf, ".", key, ": expected a number"));
+    }
+  }
+  // select_interval epochs whose step count overflows int64 (it used to wrap to a negative or
+  // zero interval).
+  ExpectError(Config(R"({"select_strategy": "epoch", "select_interval": 4503599627370496,
+                         "steps_per_epoch": 4096})"),
+              zf + ".select_interval: 4503599627370496 epochs of steps_per_epoch 4096 overflow");
+}
+
+TEST(ZenFlowConfigTest, NullStepsPerEpochIsAbsentLikeEveryOtherKey) {
+  absl::StatusOr<DeepSpeedConfig> c =
+      ParseDeepSpeedConfig(Config(R"({"steps_per_epoch": null})"), 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero.zenflow.steps_per_epoch, 0);
+}
+
+TEST(ZenFlowConfigTest, PartialOffloadIsRefusedWithZenFlowToo) {
+  // Regression: the ratio check lived in the trainer's offload setup, which ZenFlow skips, so
+  // ratio 0.5 was silently ignored under ZenFlow (and accepted at submission without it).
+  ExpectError(Config("{}", 2, R"({"device": "cpu", "ratio": 0.5})"),
+              "deepspeed_config.zero_optimization.offload_optimizer.ratio: partial offload (0.5");
+  ExpectError(Config("{}", 2, R"({"device": "cpu", "ratio": 0})"),
+              "offload_optimizer.ratio: partial offload (0;");
+  EXPECT_TRUE(ParseDeepSpeedConfig(Config("{}", 2, R"({"device": "cpu", "ratio": 1.0})"), 2).ok());
 }
 
 TEST(ZenFlowConfigTest, NeedsCpuOptimizerOffloadAndAZeroStage) {

@@ -51,8 +51,12 @@ absl::StatusOr<std::optional<double>> OptDouble(const json& obj, const std::stri
   const json& v = *it;
   if (v.is_number()) return std::optional<double>(v.get<double>());
   if (v.is_string()) {
+    // absl::SimpleAtod accepts "nan": a NaN passes every range check written as
+    // `v < lo || v > hi` and is never a meaningful setting, so it is refused here for every key.
     double out = 0;
-    if (absl::SimpleAtod(v.get<std::string>(), &out)) return std::optional<double>(out);
+    if (absl::SimpleAtod(v.get<std::string>(), &out) && !std::isnan(out)) {
+      return std::optional<double>(out);
+    }
   }
   return TypeError(path, key, "a number", v);
 }

@@ -53,12 +53,9 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   // on a CPU node); the SuperOffload pipeline (SetUpPipeline) steps them. With "nvme" the offload
   // optimizer below keeps every sub-group's state on files, cut by SuperOffload's sub-group
   // size, and the pipeline holds its speculative steps in that optimizer's swap buffers.
-  if (oo.super_offload) {
+  if (oo.super_offload) {  // (partial offload without it is refused by the spec parser)
     RETURN_IF_ERROR(optim::CheckSuperOffloadJob(o_.ds));
     if (oo.device != "nvme") return absl::OkStatus();
-  } else if (oo.device != "none" && oo.ratio != 1.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        zpath, "offload_optimizer.ratio: partial offload (", oo.ratio, ") is not supported yet"));
   }
   if (zc.stage == 0) {
     return absl::InvalidArgumentError(

@@ -303,7 +303,8 @@ TEST(ZeroStagesCommunicationTest, StepVolumeMatchesZeroAccounting) {
 }
 
 // Keys Loom accepts but does not implement are "warning" events naming the key; partial offload
-// (offload_optimizer.ratio < 1) is refused at engine start with an error naming the key.
+// (offload_optimizer.ratio < 1) is refused when the trainer parses the spec (as at submission),
+// with an error naming the key.
 TEST(ZeroStagesKeyPolicyTest, WarningsAndOffloadRefusal) {
   json zero = {{"stage", 2}, {"round_robin_gradients", true}};
   GangResult r = RunGang("warn", Spec("warn", 1, 1, zero, {{"wall_clock_breakdown", true}}), 1,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,8 @@
 namespace loom::engine::optim {
 
 int64_t NumSelectedColumns(int64_t columns, double topk_ratio) {
-  if (columns <= 0 || topk_ratio <= 0.0) return 0;
+  if (columns <= 0 || !(topk_ratio > 0.0)) return 0;  // NaN selects nothing (the spec refuses it)
+  if (topk_ratio >= 1.0) return columns;
   const int64_t k = static_cast<int64_t>(std::floor(topk_ratio * static_cast<double>(columns)));
   return std::min(columns, std::max<int64_t>(1, k));
 }
@@ -103,7 +105,13 @@ int64_t SelectIntervalSteps(const std::string& strategy, int64_t select_interval
                             int64_t steps_per_epoch) {
   if (strategy == "step") return select_interval;
   const int64_t epochs = strategy == "epoch" ? select_interval : 1;
-  return epochs * std::max<int64_t>(0, steps_per_epoch);
+  const int64_t epoch = std::max<int64_t>(0, steps_per_epoch);
+  // Saturates: a product past int64 means "never within any run" (and must not wrap to a
+  // negative or zero interval).
+  if (epoch > 0 && epochs > std::numeric_limits<int64_t>::max() / epoch) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return epochs * epoch;
 }
 
 ZenFlowAutoInterval::ZenFlowAutoInterval(int64_t num_params, double topk_ratio,

@@ -102,6 +102,7 @@ struct ZenFlowSchedule {
 
 // select_interval in steps from the config: strategy "step": the integer; "epoch": interval *
 // steps_per_epoch; "auto": steps_per_epoch. steps_per_epoch 0 (unknown) gives 0 = select once.
+// A product past int64 saturates at INT64_MAX (never re-selected in any run).
 int64_t SelectIntervalSteps(const std::string& strategy, int64_t select_interval,
                             int64_t steps_per_epoch);
 

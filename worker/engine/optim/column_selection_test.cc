@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -34,6 +36,9 @@ TEST(NumSelectedColumnsTest, CountRule) {
                                          {64, 0.1, 6}}) {
     EXPECT_EQ(NumSelectedColumns(c.n, c.ratio), c.want) << c.n << " x " << c.ratio;
   }
+  // Regression: a NaN ratio cast floor(NaN * n) to int64 (undefined; it selected 1 column).
+  EXPECT_EQ(NumSelectedColumns(10, std::nan("")), 0);
+  EXPECT_EQ(NumSelectedColumns(10, 1e300), 10);
 }
 
 // Reference: the full [rows, cols] gradient, |g| summed over rows, torch.topk, sorted.
@@ -178,6 +183,11 @@ TEST(ZenFlowScheduleTest, SelectIntervalInSteps) {
   EXPECT_EQ(SelectIntervalSteps("epoch", 2, 10), 20);
   EXPECT_EQ(SelectIntervalSteps("auto", 0, 10), 10);  // ZF-U7: interval 10 with a 10-step loader
   EXPECT_EQ(SelectIntervalSteps("epoch", 1, 0), 0);   // no epoch length: select once
+  // Regression: the product wrapped (to INT64_MIN here, to 0 with 4096 steps an epoch).
+  EXPECT_EQ(SelectIntervalSteps("epoch", int64_t{1} << 52, 2048),
+            std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(SelectIntervalSteps("epoch", int64_t{1} << 52, 4096),
+            std::numeric_limits<int64_t>::max());
 }
 
 TEST(ZenFlowAutoIntervalTest, FollowsTheRule) {
