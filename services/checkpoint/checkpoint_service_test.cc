@@ -442,6 +442,37 @@ TEST_F(CheckpointServiceTest, CorruptStepIsMarkedListedAndSkippedAsResumePoint) 
   EXPECT_NE(none.status().message().find("skipped step 4"), absl::string_view::npos);
 }
 
+// The same for a side file (a technique's state, e.g. ZenFlow's) that a rank's manifest lists.
+// Regression: such a file with a flipped byte verified OK, so every restart resumed from that
+// step and failed with DATA_LOSS until the job ran out of restarts.
+TEST_F(CheckpointServiceTest, CorruptSideFileMakesTheStepCorruptForResume) {
+  const std::string job_dir = root_ + "/job-s";
+  WriteTinyCheckpoint(job_dir, 4, 2, {0, 1});
+  WriteTinyCheckpoint(job_dir, 8, 2, {0, 1});
+  const std::string step8 = job_dir + "/step_00000008";
+  const std::string state = "ZenFlow state of rank 0 at step 8";
+  ASSERT_TRUE(WriteFileAtomically(step8 + "/zenflow_rank0.bin", state).ok());
+  auto m = storage::ReadManifest(step8, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->side_files.push_back({"zenflow_rank0.bin", static_cast<int64_t>(state.size()),
+                           storage::Crc32(0, state.data(), state.size())});
+  ASSERT_TRUE(
+      WriteFileAtomically(step8 + "/" + storage::ManifestFileName(0), ManifestToJson(*m)).ok());
+  GrpcCheckpointCatalog catalog(channel_, absl::Seconds(30));
+  auto before = catalog.NewestIntact("job-s", "");
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->step, 8);
+
+  std::string bad = state;
+  bad[3] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(step8 + "/zenflow_rank0.bin", bad).ok());
+  auto chosen = catalog.NewestIntact("job-s", "");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->step, 4);
+  EXPECT_NE(chosen->skipped.find("zenflow_rank0.bin (rank 0): CRC-32"), std::string::npos)
+      << chosen->skipped;
+}
+
 TEST_F(CheckpointServiceTest, DefaultHealthServiceReportsServing) {
   grpc::GenericStub generic(channel_);
   grpc::CompletionQueue cq;

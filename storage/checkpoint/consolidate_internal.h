@@ -107,6 +107,10 @@ absl::StatusOr<OpenShards> OpenShardFiles(const StepScan& scan);
 absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards, size_t chunk_bytes,
                              std::vector<std::vector<CrcPiece>>* known = nullptr);
 
+// Checks every side file the manifests list (ShardManifest::side_files) for size and CRC-32;
+// DATA_LOSS "<path> (rank r): ..." naming the first bad one (missing, wrong size, CRC mismatch).
+absl::Status VerifySideFiles(const StepScan& scan, size_t chunk_bytes);
+
 }  // namespace loom::storage::consolidate_internal
 
 #endif  // LOOM_STORAGE_CHECKPOINT_CONSOLIDATE_INTERNAL_H_

@@ -13,7 +13,6 @@ namespace loom::storage {
 namespace consolidate_internal {
 namespace {
 
-
 // CRC-32 of `size` bytes of `fd` at `offset`, chained onto `crc`, computed on the page cache's
 // pages (ForEachMappedChunk, `chunk_bytes` at a time) rather than on a copy.
 absl::StatusOr<uint32_t> CrcRange(int fd, uint32_t crc, int64_t offset, int64_t size,
@@ -79,6 +78,24 @@ absl::Status VerifyShardCrcs(const StepScan& scan, const OpenShards& shards, siz
   return absl::OkStatus();
 }
 
+absl::Status VerifySideFiles(const StepScan& scan, size_t chunk_bytes) {
+  for (const auto& [rank, m] : scan.manifests) {
+    for (const SideFile& f : m.side_files) {
+      const std::string path = absl::StrCat(scan.info.path, "/", f.name);
+      ASSIGN_OR_RETURN(ScopedFd fd, OpenSideFile(scan.info.path, rank, f));
+      uint32_t crc = Crc32(0, nullptr, 0);
+      if (f.bytes > 0) {
+        ASSIGN_OR_RETURN(crc, CrcRange(fd.get(), crc, 0, f.bytes, chunk_bytes, path));
+      }
+      if (crc != f.crc32) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s (rank %d): CRC-32 %08x, manifest says %08x", path, rank, crc, f.crc32));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace consolidate_internal
 
 using consolidate_internal::BufferSize;
@@ -89,6 +106,7 @@ using consolidate_internal::ScanStep;
 using consolidate_internal::StepScan;
 using consolidate_internal::IsDir;
 using consolidate_internal::VerifyShardCrcs;
+using consolidate_internal::VerifySideFiles;
 
 absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
                                                    int64_t io_buffer_bytes) {
@@ -106,6 +124,7 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpointDir(const std::string& step_dir,
   if (!scan.info.committed) return scan.info.commit_status;
   ASSIGN_OR_RETURN(OpenShards shards, OpenShardFiles(scan));
   RETURN_IF_ERROR(VerifyShardCrcs(scan, shards, BufferSize(io_buffer_bytes)));
+  RETURN_IF_ERROR(VerifySideFiles(scan, BufferSize(io_buffer_bytes)));
   return std::move(scan.info);
 }
 

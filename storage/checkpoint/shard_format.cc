@@ -74,6 +74,13 @@ std::string ManifestToJson(const ShardManifest& m) {
                       {"partition_offset", p.partition_offset}});
   }
   j["params"] = std::move(params);
+  if (!m.side_files.empty()) {
+    json side = json::array();
+    for (const SideFile& f : m.side_files) {
+      side.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}});
+    }
+    j["side_files"] = std::move(side);
+  }
   return j.dump(1);
 }
 
@@ -151,6 +158,24 @@ absl::StatusOr<ShardManifest> ManifestFromJson(const std::string& text) {
       p.partition_numel = ExactInt<int64_t>(jp, "partition_numel");
       p.partition_offset = ExactInt<int64_t>(jp, "partition_offset");
       m.params.push_back(std::move(p));
+    }
+    if (j.contains("side_files")) {
+      const json& side = j.at("side_files");
+      if (!side.is_array()) throw std::out_of_range("'side_files' is not a list");
+      for (const json& jf : side) {
+        SideFile f;
+        f.name = jf.at("name").get<std::string>();
+        // A plain name inside the step directory: never a path out of it.
+        if (f.name.empty() || f.name == "." || f.name == ".." ||
+            f.name.find('/') != std::string::npos || f.name.find('\0') != std::string::npos) {
+          throw std::out_of_range(absl::StrCat("side file name '", f.name,
+                                               "' is not a plain file name"));
+        }
+        f.bytes = ExactInt<int64_t>(jf, "bytes");
+        if (f.bytes < 0) throw std::out_of_range(absl::StrCat("side file '", f.name, "': negative bytes"));
+        f.crc32 = ExactInt<uint32_t>(jf, "crc32");
+        m.side_files.push_back(std::move(f));
+      }
     }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
@@ -249,26 +274,55 @@ absl::Status CheckPieces(const ShardManifest& m, absl::Span<const int64_t> ends,
 
 }  // namespace
 
-absl::StatusOr<ScopedFd> OpenShardFile(const std::string& step_dir, const ShardManifest& m) {
-  const std::string path = absl::StrCat(step_dir, "/", ShardFileName(m.rank));
+namespace {
+
+// `path` (rank `rank`'s file) opened for reading: a regular file of `bytes` bytes, or DATA_LOSS.
+absl::StatusOr<ScopedFd> OpenRegularFileOfSize(const std::string& path, int32_t rank,
+                                               int64_t bytes) {
   // O_NONBLOCK: a FIFO planted as a shard must not block the reader (it is refused below).
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT) {
-      return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): missing"));
+      return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): missing"));
     }
-    return ErrnoError(absl::StrCat("cannot open (rank ", m.rank, ")"), path);
+    return ErrnoError(absl::StrCat("cannot open (rank ", rank, ")"), path);
   }
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError("cannot stat", path);
   if (!S_ISREG(st.st_mode)) {
-    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): not a regular file"));
+    return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): not a regular file"));
   }
-  if (st.st_size != m.shard_bytes) {
-    return absl::DataLossError(absl::StrCat(path, " (rank ", m.rank, "): ", st.st_size,
-                                            " bytes, manifest says ", m.shard_bytes));
+  if (st.st_size != bytes) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): ", st.st_size,
+                                            " bytes, manifest says ", bytes));
   }
   return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<ScopedFd> OpenShardFile(const std::string& step_dir, const ShardManifest& m) {
+  return OpenRegularFileOfSize(absl::StrCat(step_dir, "/", ShardFileName(m.rank)), m.rank,
+                               m.shard_bytes);
+}
+
+absl::StatusOr<ScopedFd> OpenSideFile(const std::string& step_dir, int32_t rank,
+                                      const SideFile& want) {
+  return OpenRegularFileOfSize(absl::StrCat(step_dir, "/", want.name), rank, want.bytes);
+}
+
+absl::Status CheckSideFileData(const std::string& path, int32_t rank, const SideFile& want,
+                               absl::string_view data) {
+  if (static_cast<int64_t>(data.size()) != want.bytes) {
+    return absl::DataLossError(absl::StrCat(path, " (rank ", rank, "): ", data.size(),
+                                            " bytes, manifest says ", want.bytes));
+  }
+  const uint32_t crc = Crc32(0, data.data(), data.size());
+  if (crc != want.crc32) {
+    return absl::DataLossError(absl::StrFormat("%s (rank %d): CRC-32 %08x, manifest says %08x",
+                                               path, rank, crc, want.crc32));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WriteShardPieces(const std::string& step_dir, ShardManifest m,

@@ -48,6 +48,22 @@ struct ShardParam {
   int64_t partition_offset = 0; // element offset of this partition inside every section
 };
 
+// A file of one rank's technique state that lives next to its shard (e.g. ZenFlow's
+// zenflow_rank<r>.bin, worker/engine/zenflow_setup.h), written and fsynced before the shard, so
+// the manifest (written last) can vouch for it: its size and CRC-32 are checked with the shard's
+// (VerifyCheckpointDir), so a corrupt or swapped side file makes the step corrupt and recovery
+// falls back to an older one. `name` is a plain file name inside the step directory. A side
+// file must not end with its own CRC-32: the CRC-32 of such a file is the same constant (CRC-32's
+// residue, 0x2144df1c) whatever its content, so its whole-file checksum would catch nothing.
+struct SideFile {
+  std::string name;
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+  bool operator==(const SideFile& o) const {
+    return name == o.name && bytes == o.bytes && crc32 == o.crc32;
+  }
+};
+
 struct ShardManifest {
   std::string format = kShardFormatVersion;
   int64_t step = 0;
@@ -70,6 +86,9 @@ struct ShardManifest {
   // Filled by WriteShard: bytes of the shard file and its CRC-32 (zlib polynomial).
   int64_t shard_bytes = 0;
   uint32_t shard_crc32 = 0;
+  // This rank's side files (JSON "side_files", absent when empty, so manifests without one are
+  // byte-for-byte what they were before side files existed).
+  std::vector<SideFile> side_files;
 };
 
 // "step_00000100".
@@ -99,6 +118,14 @@ absl::Status WriteShard(const std::string& step_dir, ShardManifest manifest,
 // manifest.shard_bytes bytes. Never blocks on a FIFO planted as a shard (O_NONBLOCK). DATA_LOSS
 // naming the file and rank when it is missing, not a regular file or of another size.
 absl::StatusOr<ScopedFd> OpenShardFile(const std::string& step_dir, const ShardManifest& manifest);
+// Side files (SideFile above). OpenSideFile: step_dir/want.name opened for reading, its size
+// checked; DATA_LOSS naming the file and rank when it is missing, not a regular file, or of
+// another size. CheckSideFileData: DATA_LOSS naming `path` and rank unless `data` has want's size
+// and CRC-32 (for a reader that holds the whole file, e.g. the trainer loading ZenFlow state).
+absl::StatusOr<ScopedFd> OpenSideFile(const std::string& step_dir, int32_t rank,
+                                      const SideFile& want);
+absl::Status CheckSideFileData(const std::string& path, int32_t rank, const SideFile& want,
+                               absl::string_view data);
 
 // Streaming shard I/O, for writers and readers that must not hold a whole shard (12 bytes per
 // partition element for Adam) in memory. Every section is cut into the same pieces:

@@ -162,5 +162,25 @@ TEST(ShardPiecesTest, BadPiecesAndProducerErrorsCommitNothing) {
   EXPECT_NE(::access((dir + "/" + ShardFileName(1)).c_str(), F_OK), 0);
 }
 
+TEST(ManifestSideFilesTest, RoundTripAbsentWhenEmptyAndPlainNamesOnly) {
+  ShardManifest m = ThreeParams();
+  m.shard_bytes = 96;
+  const std::string without = ManifestToJson(m);
+  EXPECT_EQ(without.find("side_files"), std::string::npos);  // old manifests stay byte-identical
+  m.side_files = {{"zenflow_rank1.bin", 1234, 0xdeadbeefu}, {"empty.bin", 0, 0}};
+  auto back = ManifestFromJson(ManifestToJson(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->side_files, m.side_files);
+  for (const char* name : {"", ".", "..", "../rank_0.shard", "a/b", "/etc/passwd"}) {
+    m.side_files = {{name, 1, 1}};
+    EXPECT_THAT(ManifestFromJson(ManifestToJson(m)),
+                StatusIs(absl::StatusCode::kInvalidArgument, "not a plain file name"))
+        << "'" << name << "'";
+  }
+  m.side_files = {{"x.bin", -1, 1}};
+  EXPECT_THAT(ManifestFromJson(ManifestToJson(m)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "negative bytes"));
+}
+
 }  // namespace
 }  // namespace loom::storage

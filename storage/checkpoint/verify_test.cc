@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdlib>
 #include <string>
@@ -224,6 +225,39 @@ TEST_F(VerifyShardedTest, CorruptLoomCheckpointNamesFileAndRank) {
   ExpectProblem(root_ + "/ckpt/step_00000001", absl::StatusCode::kDataLoss,
                 "rank_0.shard (rank 0): 10 bytes, manifest says");
   ExpectProblem(root_, absl::StatusCode::kNotFound, "nothing to verify");
+}
+
+// A side file (e.g. ZenFlow's state) that rank 1's manifest lists is checked like its shard.
+// Regression: a ZenFlow state file with a flipped byte verified OK, so the scheduler resumed
+// from that step on every restart (each failing with DATA_LOSS) instead of an older one.
+TEST_F(VerifyShardedTest, CorruptSideFileNamesFileAndRank) {
+  const std::string step = root_ + "/ckpt/step_00000001";
+  const std::string side = step + "/zenflow_rank1.bin";
+  const std::string content = "technique state of rank 1, any bytes \x01\x02";
+  Write(side, content);
+  auto m = ReadManifest(step, 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  // The reference CRC is zlib's, not the code under test's.
+  m->side_files.push_back(
+      {"zenflow_rank1.bin", static_cast<int64_t>(content.size()),
+       static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(content.data()),
+                                     static_cast<uInt>(content.size())))});
+  Write(step + "/rank_1.manifest.json", ManifestToJson(*m));
+  auto ok = VerifyPath(step);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  std::string bad = content;
+  bad[5] ^= 0x20;
+  Write(side, bad);
+  ExpectProblem(step, absl::StatusCode::kDataLoss, "zenflow_rank1.bin (rank 1): CRC-32");
+  Write(side, content.substr(0, 7));
+  ExpectProblem(step, absl::StatusCode::kDataLoss,
+                absl::StrCat("zenflow_rank1.bin (rank 1): 7 bytes, manifest says ",
+                             content.size()));
+  ASSERT_EQ(::unlink(side.c_str()), 0);
+  ExpectProblem(step, absl::StatusCode::kDataLoss, "zenflow_rank1.bin (rank 1): missing");
+  // CheckSideFileData (for a reader holding the whole file) applies the same rule.
+  EXPECT_TRUE(CheckSideFileData(side, 1, m->side_files[0], content).ok());
+  EXPECT_EQ(CheckSideFileData(side, 1, m->side_files[0], bad).code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ absl::Status CheckpointIo::WriteShards(const std::string& base_dir, int64_t step
   // Recorded for retention (keep the best by eval_loss): identical on every rank, since both
   // losses are all-reduced means.
   for (const auto& [name, value] : meta.metrics) m.metrics[name] = value;
+  m.side_files = meta.side_files;
   for (size_t i = 0; i < model_.params().size(); ++i) {
     const ZeroParam& p = model_.params()[i];
     storage::ShardParam sp;

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "data/corpus.h"
+#include "storage/checkpoint/shard_format.h"
 #include "worker/engine/engine_options.h"
 #include "worker/engine/trajectory.h"
 
@@ -43,6 +44,7 @@ class OffloadOptimizer;
 struct CheckpointMeta {
   int64_t optimizer_step = 0;             // committed optimizer steps (skipped ones excluded)
   std::map<std::string, double> metrics;  // e.g. train_loss, eval_loss of this step (retention)
+  std::vector<storage::SideFile> side_files;  // this rank's technique state files (manifest)
 };
 
 // The trajectory dump's shape for this rank of a run resumed at `start_step` (0: fresh).

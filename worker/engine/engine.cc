@@ -39,12 +39,15 @@ CheckpointMeta Trainer::MetaAt(int64_t step) const {
 }
 
 absl::Status Trainer::SaveCheckpoint(int64_t step) {
+  CheckpointMeta meta = MetaAt(step);
   if (zenflow_ != nullptr) {  // before the shard, so a committed checkpoint has it
-    RETURN_IF_ERROR(SaveZenFlowState(
-        *zenflow_, absl::StrCat(o_.checkpoint_dir, "/", storage::StepDirName(step)),
-        coll_.rank()));
+    ASSIGN_OR_RETURN(storage::SideFile state,
+                     SaveZenFlowState(*zenflow_, absl::StrCat(o_.checkpoint_dir, "/",
+                                                              storage::StepDirName(step)),
+                                      coll_.rank()));
+    meta.side_files.push_back(std::move(state));
   }
-  RETURN_IF_ERROR(checkpoints_->WriteShards(o_.checkpoint_dir, step, MetaAt(step)));
+  RETURN_IF_ERROR(checkpoints_->WriteShards(o_.checkpoint_dir, step, meta));
   Emit(CheckpointEvent(step));
   return absl::OkStatus();
 }

@@ -244,7 +244,20 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   int64_t start = 0;
   if (!o_.resume_from.empty()) {
     RETURN_IF_ERROR(checkpoints_->Load(o_.resume_from, &start, &optimizer_step_));
-    if (zenflow_ != nullptr) RETURN_IF_ERROR(LoadZenFlowState(*zenflow_, o_.resume_from, coll_.rank()));
+    if (zenflow_ != nullptr) {
+      RETURN_IF_ERROR(LoadZenFlowState(*zenflow_, o_.resume_from, coll_.rank()));
+    } else if (const std::string zf = ZenFlowStateFile(o_.resume_from, coll_.rank());
+               ::access(zf.c_str(), F_OK) == 0) {
+      // Allowed (a user may turn ZenFlow off to finish a run), but never silently: the masters
+      // resume as saved, without the accumulated gradients of the unselected columns and any
+      // CPU update not yet published.
+      const std::string w = absl::StrCat(
+          zf, ": this checkpoint holds ZenFlow state, and this run has no "
+          "zero_optimization.zenflow: its host accumulators and any CPU update not yet applied "
+          "are dropped");
+      LOG(WARNING) << w;
+      Emit(WarningEvent(w));
+    }
   }
   if (start > o_.steps) {
     return absl::InvalidArgumentError(absl::StrCat(

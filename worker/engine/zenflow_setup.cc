@@ -17,7 +17,11 @@
 namespace loom::engine {
 namespace {
 
-constexpr char kMagic[] = "LOOMZF01";
+// v2 keeps its CRC-32 after the magic. v1 (read, not written) ended with it, and a file that
+// ends with its own CRC-32 has the same whole-file CRC-32 for any content (CRC-32's residue,
+// 0x2144df1c), which made the manifest's side-file checksum blind to a swapped or stale file.
+constexpr char kMagic[] = "LOOMZF02";
+constexpr char kMagicV1[] = "LOOMZF01";
 
 void Put(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
 
@@ -104,10 +108,11 @@ std::string ZenFlowStateFile(const std::string& step_dir, int rank) {
   return absl::StrCat(step_dir, "/zenflow_rank", rank, ".bin");
 }
 
-absl::Status SaveZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
-                              int rank) {
+absl::StatusOr<storage::SideFile> SaveZenFlowState(optim::ZenFlowPipeline& pipeline,
+                                                   const std::string& step_dir, int rank) {
   std::vector<std::pair<std::string, at::Tensor>> state = pipeline.ExportState();
   std::string out(kMagic, 8);
+  out.append(4, '\0');  // the CRC-32 of everything after it, filled in below
   Put(&out, state.size());
   for (const auto& [name, t0] : state) {
     const at::Tensor t = t0.contiguous();
@@ -118,10 +123,13 @@ absl::Status SaveZenFlowState(optim::ZenFlowPipeline& pipeline, const std::strin
     Put(&out, static_cast<uint64_t>(t.numel()));
     out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   }
-  const uint32_t crc = storage::Crc32(0, out.data(), out.size());
-  out.append(reinterpret_cast<const char*>(&crc), 4);
+  const uint32_t crc = storage::Crc32(0, out.data() + 12, out.size() - 12);
+  std::memcpy(out.data() + 8, &crc, 4);
   RETURN_IF_ERROR(MakeDirs(step_dir));
-  return WriteFileAtomically(ZenFlowStateFile(step_dir, rank), out);
+  const std::string path = ZenFlowStateFile(step_dir, rank);
+  RETURN_IF_ERROR(WriteFileAtomically(path, out));
+  return storage::SideFile{path.substr(path.rfind('/') + 1), static_cast<int64_t>(out.size()),
+                           storage::Crc32(0, out.data(), out.size())};
 }
 
 absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
@@ -133,15 +141,33 @@ absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::strin
                                             data.status().message()));
   }
   const std::string& s = *data;
+  // The rank's manifest vouches for the file (checkpoints since 2026-12-05): a file of another
+  // rank or step (same size, its own CRC intact) is caught here, not by ImportState.
+  absl::StatusOr<storage::ShardManifest> manifest = storage::ReadManifest(step_dir, rank);
+  if (manifest.ok()) {
+    const std::string name = path.substr(path.rfind('/') + 1);
+    for (const storage::SideFile& f : manifest->side_files) {
+      if (f.name != name) continue;
+      absl::Status st = storage::CheckSideFileData(path, rank, f, s);
+      if (!st.ok()) {
+        return absl::DataLossError(absl::StrCat(
+            st.message(), " (not the ZenFlow state this rank wrote with this step's shard)"));
+      }
+    }
+  }
   auto corrupt = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(path, ": ", why));
   };
-  if (s.size() < 20 || std::memcmp(s.data(), kMagic, 8) != 0) return corrupt("not a state file");
+  if (s.size() < 20) return corrupt("not a state file");
+  const bool v1 = std::memcmp(s.data(), kMagicV1, 8) == 0;
+  if (!v1 && std::memcmp(s.data(), kMagic, 8) != 0) return corrupt("not a state file");
   uint32_t crc = 0;
-  std::memcpy(&crc, s.data() + s.size() - 4, 4);
-  if (storage::Crc32(0, s.data(), s.size() - 4) != crc) return corrupt("CRC-32 mismatch");
-  size_t pos = 8;
-  const size_t end = s.size() - 4;
+  std::memcpy(&crc, s.data() + (v1 ? s.size() - 4 : 8), 4);
+  const uint32_t got = v1 ? storage::Crc32(0, s.data(), s.size() - 4)
+                          : storage::Crc32(0, s.data() + 12, s.size() - 12);
+  if (got != crc) return corrupt("CRC-32 mismatch");
+  size_t pos = v1 ? 8 : 12;
+  const size_t end = v1 ? s.size() - 4 : s.size();
   auto get = [&](uint64_t* v) {
     if (pos + 8 > end) return false;
     std::memcpy(v, s.data() + pos, 8);
@@ -153,14 +179,15 @@ absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::strin
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (uint64_t q = 0; q < count; ++q) {
     uint64_t len = 0, numel = 0;
-    if (!get(&len) || pos + len + 1 > end) return corrupt("truncated name");
+    if (!get(&len) || len >= end - pos) return corrupt("truncated name");  // no pos + len wrap
     std::string name = s.substr(pos, len);
     pos += len;
     const uint8_t dtype = static_cast<uint8_t>(s[pos++]);
     if (dtype > 2 || !get(&numel)) return corrupt(absl::StrCat(name, ": bad header"));
     const at::ScalarType st = dtype == 0 ? at::kFloat : dtype == 1 ? at::kLong : at::kDouble;
-    const size_t bytes = numel * (dtype == 0 ? 4 : 8);
-    if (pos + bytes > end) return corrupt(absl::StrCat(name, ": truncated values"));
+    const size_t width = dtype == 0 ? 4 : 8;
+    if (numel > (end - pos) / width) return corrupt(absl::StrCat(name, ": truncated values"));
+    const size_t bytes = numel * width;
     at::Tensor t = at::empty({static_cast<int64_t>(numel)}, st);
     std::memcpy(t.data_ptr(), s.data() + pos, bytes);
     pos += bytes;

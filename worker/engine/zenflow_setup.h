@@ -4,13 +4,17 @@
 // next to a checkpoint's shards so that a resumed run continues bit for bit.
 //
 // State file: <step dir>/zenflow_rank<r>.bin, written atomically (temporary file + rename) before
-// the rank's shard, so a committed checkpoint always has it. Format (little-endian): magic
-// "LOOMZF01", u64 tensor count, then per tensor: u64 name length, name bytes, u8 dtype
-// (0 fp32, 1 int64, 2 fp64), u64 numel, the values, then a CRC-32 (zlib) of everything before.
+// the rank's shard, so a committed checkpoint always has it; the rank's manifest lists it as a
+// side file (size, CRC-32: storage/checkpoint/shard_format.h), so checkpoint verification covers
+// it and loading refuses a file of another rank or step. Format (little-endian): magic
+// "LOOMZF02", the CRC-32 (zlib) of everything after it, u64 tensor count, then per tensor: u64
+// name length, name bytes, u8 dtype (0 fp32, 1 int64, 2 fp64), u64 numel, the values. Files of
+// format "LOOMZF01" (the same without the leading CRC, which ended the file instead) are read.
 //
 // Thread-safety: the training thread. Errors: INVALID_ARGUMENT naming the zenflow key for a
 // configuration the engine cannot run; file errors naming the file (NOT_FOUND for a missing
-// state file when resuming a ZenFlow run, DATA_LOSS for a corrupt one).
+// state file when resuming a ZenFlow run, DATA_LOSS for a corrupt one or one that does not
+// match the rank's manifest).
 #ifndef LOOM_WORKER_ENGINE_ZENFLOW_SETUP_H_
 #define LOOM_WORKER_ENGINE_ZENFLOW_SETUP_H_
 
@@ -19,6 +23,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "storage/checkpoint/shard_format.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/engine_options.h"
 #include "worker/engine/optim/zenflow_pipeline.h"
@@ -39,8 +44,10 @@ absl::StatusOr<std::unique_ptr<optim::ZenFlowPipeline>> MakeTrainerZenFlow(
     int64_t steps_per_epoch);
 
 std::string ZenFlowStateFile(const std::string& step_dir, int rank);
-absl::Status SaveZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
-                              int rank);
+// Returns the file as the rank's manifest lists it (storage::SideFile: name, bytes, CRC-32), so
+// that verifying the checkpoint covers it.
+absl::StatusOr<storage::SideFile> SaveZenFlowState(optim::ZenFlowPipeline& pipeline,
+                                                   const std::string& step_dir, int rank);
 absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
                               int rank);
 

@@ -31,10 +31,13 @@
 #include <string>
 #include <vector>
 
+#include <zlib.h>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint/consolidate.h"
 #include "storage/checkpoint/shard_format.h"
+#include "worker/trainer/exit_codes.h"
 #include "worker/trainer/gang_test_util.h"
 
 namespace {
@@ -220,6 +223,74 @@ TEST(ZenFlowTrainerTest, ResumeIsBitForBit) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(b[i], a[i + 3]) << "step " << i + 4;
   EXPECT_EQ(Losses(full, "eval").back(), Losses(resumed, "eval").back());
   ExpectSameSections(Dir("zf_full") + step6, Dir("zf_resumed") + step6, "resumed");
+  // Each rank's manifest lists its state file, so verifying the checkpoint covers it.
+  // Regression: a corrupt state file verified OK, and the scheduler resumed from that step on
+  // every restart instead of falling back to an older one.
+  const std::string dir3 = Dir("zf_full") + step3;
+  for (int r : {0, 1}) {
+    absl::StatusOr<loom::storage::ShardManifest> m = loom::storage::ReadManifest(dir3, r);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ(m->side_files.size(), 1u);
+    EXPECT_EQ(m->side_files[0].name, absl::StrCat("zenflow_rank", r, ".bin"));
+    EXPECT_EQ(m->side_files[0].bytes,
+              static_cast<int64_t>(std::filesystem::file_size(dir3 + "/" + m->side_files[0].name)));
+  }
+  ASSERT_TRUE(loom::storage::VerifyCheckpointDir(dir3).ok());
+  // The two ranks' files swapped (each intact by its own CRC): verification and resume both
+  // refuse, naming the file. Regression: the resume went on silently with the wrong state.
+  const std::string f0 = dir3 + "/zenflow_rank0.bin", f1 = dir3 + "/zenflow_rank1.bin";
+  std::filesystem::rename(f0, dir3 + "/swap");
+  std::filesystem::rename(f1, f0);
+  std::filesystem::rename(dir3 + "/swap", f1);
+  absl::Status verified = loom::storage::VerifyCheckpointDir(dir3).status();
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
+  EXPECT_NE(verified.message().find("zenflow_rank0.bin (rank 0)"), std::string::npos) << verified;
+  GangResult swapped = RunGang("zf_swapped", spec, 2, {"--resume_from=" + dir3});
+  ASSERT_FALSE(swapped.timed_out);
+  EXPECT_EQ(swapped.exit_codes[0], loom::kTrainerExitDataError);
+  std::vector<json> swap_errors = swapped.Of(0, "error");
+  ASSERT_EQ(swap_errors.size(), 1u);
+  EXPECT_NE(swap_errors[0]["message"].get<std::string>().find(
+                "zenflow_rank0.bin (rank 0): CRC-32"),
+            std::string::npos)
+      << swap_errors[0]["message"];
+  std::filesystem::rename(f0, dir3 + "/swap");
+  std::filesystem::rename(f1, f0);
+  std::filesystem::rename(dir3 + "/swap", f1);
+  // A checkpoint written before 2026-12-05 (state format LOOMZF01, whose CRC-32 ended the file;
+  // manifests without side files) still resumes bit for bit.
+  const std::string old3 = Dir("zf_v1") + step3;
+  std::filesystem::create_directories(old3);
+  std::filesystem::copy(dir3, old3, std::filesystem::copy_options::recursive);
+  for (int r : {0, 1}) {
+    const std::string f = old3 + absl::StrCat("/zenflow_rank", r, ".bin");
+    std::optional<std::string> text = ReadText(f);
+    ASSERT_TRUE(text.has_value());
+    std::string v2 = *text;
+    ASSERT_EQ(v2.substr(0, 8), "LOOMZF02");
+    std::string v1 = "LOOMZF01" + v2.substr(12);
+    const uint32_t crc = static_cast<uint32_t>(
+        ::crc32(0, reinterpret_cast<const Bytef*>(v1.data()), static_cast<uInt>(v1.size())));
+    v1.append(reinterpret_cast<const char*>(&crc), 4);
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << v1;
+    const std::string mf = old3 + absl::StrCat("/rank_", r, ".manifest.json");
+    std::optional<std::string> mtext = ReadText(mf);
+    ASSERT_TRUE(mtext.has_value());
+    json m = json::parse(*mtext);
+    m.erase("side_files");
+    std::ofstream(mf, std::ios::trunc) << m.dump(1);
+  }
+  GangResult from_v1 = RunJob("zf_from_v1", spec, {"--resume_from=" + old3});
+  EXPECT_EQ(Losses(from_v1, "step"), b);
+  // Resumed without zenflow: allowed, but the dropped state is named in a warning.
+  GangResult off = RunJob("zf_off", Spec("zf_off", 6, Zero(2, json())),
+                          {"--resume_from=" + dir3});
+  ASSERT_EQ(Losses(off, "step").size(), 3u);
+  std::string warnings;
+  for (const json& w : off.Of(0, "warning")) warnings += w["message"].get<std::string>() + "\n";
+  EXPECT_NE(warnings.find("zenflow_rank0.bin: this checkpoint holds ZenFlow state"),
+            std::string::npos)
+      << warnings;
   // Without its state file a ZenFlow checkpoint is refused, naming the file.
   std::filesystem::remove(Dir("zf_full") + step3 + "/zenflow_rank0.bin");
   GangResult bad = RunGang("zf_bad", spec, 2, {"--resume_from=" + Dir("zf_full") + step3});

@@ -84,9 +84,13 @@ absl::Status ZenFlowPipeline::ImportState(
         c[5], "] out of range (counts >= 0, buffer and pending 0 or 1)"));
   }
   if (auto_ != nullptr && state[1].second.numel() != want[1].second.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("zenflow state: auto: ",
-                                                   state[1].second.numel(), " values, expected ",
-                                                   want[1].second.numel()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zenflow state: auto: ", state[1].second.numel(), " values, expected ",
+        want[1].second.numel(),
+        state[1].second.numel() == 0
+            ? " (the checkpoint was written with a fixed update_interval and this run's is "
+              "\"auto\": Zen-auto cannot resume a fixed-interval run)"
+            : ""));
   }
   struct Selection {
     std::vector<int> map;                          // [cols] cohort of each column, -1 unselected
@@ -112,6 +116,11 @@ absl::Status ZenFlowPipeline::ImportState(
           "zenflow state: param", i, ".sel_cohort_t: ", ts.numel(), " values, not pairs"));
     }
     const int64_t cohorts = ts.numel() / 2;
+    if (cohorts > kMaxCohorts) {
+      return absl::InvalidArgumentError(absl::StrCat("zenflow state: param", i,
+                                                     ".sel_cohort_t: ", cohorts,
+                                                     " cohorts, at most ", kMaxCohorts));
+    }
     Selection& out = sel[i];
     for (int64_t h = 0; h < cohorts; ++h) {
       const int64_t tm = ts.data_ptr<int64_t>()[2 * h], tv = ts.data_ptr<int64_t>()[2 * h + 1];

@@ -375,6 +375,14 @@ TEST(ZenFlowPipelineTest, ReselectionKeepsAStayingColumnsMomentsAndStartsANewOne
     absl::Status bad = pipe->ImportState(state);
     EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(bad.message(), ::testing::HasSubstr("param0.sel_cohort"));
+    // More cohorts than the pipeline ever keeps (8; a forged file had 16 and was accepted).
+    state = pipe->ExportState();
+    for (auto& [name, t] : state) {
+      if (name == "param0.sel_cohort_t") t = at::ones({2 * 9}, at::kLong);
+    }
+    bad = pipe->ImportState(state);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad.message(), ::testing::HasSubstr("param0.sel_cohort_t: 9 cohorts, at most 8"));
   });
 }
 
