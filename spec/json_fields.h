@@ -18,7 +18,7 @@ namespace loom::spec::json_fields {
 // "<path>.<key>: expected an integer, got ...".
 absl::StatusOr<std::optional<int64_t>> OptInt(const nlohmann::json& obj, const std::string& key,
                                               const std::string& path);
-// Number (or numeric string).
+// Number (or numeric string; "nan" and other NaN spellings are refused as not a number).
 absl::StatusOr<std::optional<double>> OptDouble(const nlohmann::json& obj, const std::string& key,
                                                 const std::string& path);
 absl::StatusOr<std::optional<bool>> OptBool(const nlohmann::json& obj, const std::string& key,
