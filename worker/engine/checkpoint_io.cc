@@ -116,7 +116,9 @@ absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* 
     return absl::FailedPreconditionError(absl::StrCat(
         "resume_from: ", dir, " was written with world size ", m0.world_size,
         " but this run has world size ", coll_.world_size(),
-        " (ZeRO-3 shards cannot be resharded here; consolidate and restart instead)"));
+        " (its shards are partitioned for that world size at every ZeRO stage and cannot be "
+        "resharded here; consolidate it and start a new run from the export with "
+        "model.init_from)"));
   }
   ASSIGN_OR_RETURN(storage::ShardManifest m, storage::ReadManifest(dir, coll_.rank()));
   std::vector<ZeroParam>& params = model_.params();
