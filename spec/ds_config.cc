@@ -349,7 +349,10 @@ absl::Status ParsePrecision(const json& root, DeepSpeedConfig* c) {
   return absl::OkStatus();
 }
 
-absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
+// `ranks`: how the messages name the rank count the batch is divided by ("world size 2", or the
+// data-parallel size under sequence parallelism).
+absl::Status ParseBatch(const json& root, int world_size, const std::string& ranks,
+                        DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(std::optional<int64_t> tbs,
                    json_fields::OptInt(root, "train_batch_size", kRoot));
   ASSIGN_OR_RETURN(std::optional<int64_t> micro,
@@ -379,13 +382,13 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
   } else if (tbs && micro) {
     if (*tbs % (*micro * w) != 0) {
       return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by micro batch ", *micro,
-                                            " x world size ", w));
+                                            " x ", ranks));
     }
     gas = *tbs / (*micro * w);
   } else if (tbs && gas) {
     if (*tbs % (*gas * w) != 0) {
       return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by gradient accumulation ",
-                                            *gas, " x world size ", w));
+                                            *gas, " x ", ranks));
     }
     micro = *tbs / (*gas * w);
   } else if (micro) {
@@ -394,14 +397,14 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
     if (product > kMaxBatch) {
       return Invalid(micro_path,
                      absl::StrCat("train_micro_batch_size_per_gpu ", *micro,
-                                  " * gradient_accumulation_steps ", *gas, " * world size ", w,
+                                  " * gradient_accumulation_steps ", *gas, " * ", ranks,
                                   " is larger than ", kMaxBatch));
     }
     tbs = static_cast<int64_t>(product);
   } else if (tbs) {
     gas = 1;
     if (*tbs % w != 0) {
-      return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by world size ", w));
+      return Invalid(tbs_path, absl::StrCat(*tbs, " is not divisible by ", ranks));
     }
     micro = *tbs / w;
   } else {
@@ -411,7 +414,7 @@ absl::Status ParseBatch(const json& root, int world_size, DeepSpeedConfig* c) {
   if (static_cast<__int128>(*tbs) != static_cast<__int128>(*micro) * *gas * w) {
     return Invalid(tbs_path, absl::StrCat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
                                           " * gradient_accumulation_steps ", *gas,
-                                          " * world size ", w));
+                                          " * ", ranks));
   }
   c->train_batch_size = *tbs;
   c->train_micro_batch_size_per_gpu = *micro;
@@ -449,7 +452,14 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
   DeepSpeedConfig c;
   // Ulysses (ds_config_sequence_parallel.cc): the batch counts data-parallel ranks, world / P.
   RETURN_IF_ERROR(ds_config_internal::ParseSequenceParallel(root, world_size, &c));
-  RETURN_IF_ERROR(ParseBatch(root, world_size / static_cast<int>(c.sequence_parallel_size), &c));
+  const int dp = world_size / static_cast<int>(c.sequence_parallel_size);
+  RETURN_IF_ERROR(ParseBatch(
+      root, dp,
+      c.sequence_parallel_size > 1
+          ? absl::StrCat("data-parallel size ", dp, " (world size ", world_size,
+                         " / sequence_parallel_size ", c.sequence_parallel_size, ")")
+          : absl::StrCat("world size ", world_size),
+      &c));
   RETURN_IF_ERROR(ReadDouble(root, "gradient_clipping", kRoot, &c.gradient_clipping));
   if (!(c.gradient_clipping >= 0)) {
     return Invalid(Join(kRoot, "gradient_clipping"), "must be >= 0");

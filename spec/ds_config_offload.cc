@@ -74,6 +74,13 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
     return Invalid(Join(path, "nvme_path"), "required when device is nvme");
   }
   RETURN_IF_ERROR(ParseSuperOffload(*off, path, is_param, o));
+  if (!is_param && !(o->ratio >= 0.0 && o->ratio <= 1.0)) {  // whatever the device
+    return Invalid(Join(path, "ratio"), absl::StrCat(o->ratio, " is not in [0, 1]"));
+  }
+  if (!is_param && !o->super_offload && o->device == "none" && o->ratio != 1.0) {
+    warnings->push_back(absl::StrCat(Join(path, "ratio"),
+                                     ": ignored (device \"none\": nothing is offloaded)"));
+  }
   if (!is_param && !o->super_offload && o->device != "none" && !(o->ratio == 1.0)) {
     // DeepSpeed's ZeRO-Offload++ partial offload (Twin-Flow) is not implemented; refused here so
     // that a submission fails at once, whatever else the job enables (ZenFlow included).

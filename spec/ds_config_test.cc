@@ -117,6 +117,12 @@ TEST(ParseDeepSpeedConfigTest, AbsurdBatchSizesAreRefused) {
       "gradient_accumulation_steps": 2147483647)" + rest + "}", 4,
               "deepspeed_config.train_micro_batch_size_per_gpu: train_micro_batch_size_per_gpu "
               "2147483647 * gradient_accumulation_steps 2147483647 * world size 4 is larger");
+  // Under sequence parallelism the batch divides by the data-parallel size, and the message says
+  // so (it used to call world / P the "world size").
+  ExpectError(R"({"train_batch_size": 3, "train_micro_batch_size_per_gpu": 2,
+      "sequence_parallel_size": 2)" + rest + "}", 2,
+              "deepspeed_config.train_batch_size: 3 is not divisible by micro batch 2 x "
+              "data-parallel size 1 (world size 2 / sequence_parallel_size 2)");
   ExpectError(R"({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2147483647,
       "gradient_accumulation_steps": 2147483647)" + rest + "}", 2147483647,
               "deepspeed_config.train_batch_size: 2 != train_micro_batch_size_per_gpu");
@@ -340,6 +346,9 @@ TEST(ParseDeepSpeedConfigTest, IgnoredOffloadAndAioKeysEachWarn) {
       {R"("offload_param": {"device": "cpu", "pipeline_write": true}}})",
        z + "offload_param.pipeline_write"},
       {R"("offload_param": {"device": "cpu", "ratio": 0.5}}})", z + "offload_param.ratio"},
+      // Regression: with device "none" any ratio (7, -3) was accepted without a word.
+      {R"("offload_optimizer": {"device": "none", "ratio": 0.5}}})",
+       z + "offload_optimizer.ratio"},
       {R"("offload_optimizer": {"device": "cpu", "buffer_size": 1000}}})",
        z + "offload_optimizer.buffer_size"},
       {R"("offload_optimizer": {"device": "none"}}, "aio": {"thread_count": 2}})",

@@ -148,6 +148,11 @@ TEST(ZenFlowConfigTest, PartialOffloadIsRefusedWithZenFlowToo) {
   ExpectError(Config("{}", 2, R"({"device": "cpu", "ratio": 0})"),
               "offload_optimizer.ratio: partial offload (0;");
   EXPECT_TRUE(ParseDeepSpeedConfig(Config("{}", 2, R"({"device": "cpu", "ratio": 1.0})"), 2).ok());
+  // Out of [0, 1] is refused whatever the device (it was accepted with device "none").
+  for (const char* off : {R"({"device": "none", "ratio": 7})", R"({"ratio": -3})",
+                          R"({"device": "cpu", "ratio": 1.5})"}) {
+    ExpectError(Config("{}", 2, off), "offload_optimizer.ratio: ");
+  }
 }
 
 TEST(ZenFlowConfigTest, NeedsCpuOptimizerOffloadAndAZeroStage) {

@@ -121,6 +121,22 @@ absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* 
         "model.init_from)"));
   }
   ASSIGN_OR_RETURN(storage::ShardManifest m, storage::ReadManifest(dir, coll_.rank()));
+  // Every rank must resume the same step: manifests that disagree (a directory that is not a
+  // committed checkpoint, e.g. one rank's manifest from another step) used to start the ranks
+  // at different steps, train wrong losses, and abort when their collectives fell out of step.
+  at::Tensor agreed = at::tensor({static_cast<double>(m.step), -static_cast<double>(m.step),
+                                  static_cast<double>(m.optimizer_step),
+                                  -static_cast<double>(m.optimizer_step)},
+                                 at::kDouble);
+  RETURN_IF_ERROR(coll_.AllReduce(agreed, ReduceOp::kMax));
+  const double* a = agreed.data_ptr<double>();
+  if (a[0] != -a[1] || a[2] != -a[3]) {
+    return absl::DataLossError(absl::StrCat(
+        "resume_from: ", dir, ": the ranks' manifests disagree (steps ", -a[1], " to ", a[0],
+        ", optimizer steps ", -a[3], " to ", a[2], "; this rank's ",
+        storage::ManifestFileName(coll_.rank()), " says step ", m.step,
+        "): not a committed checkpoint"));
+  }
   std::vector<ZeroParam>& params = model_.params();
   if (m.params.size() != params.size()) {
     return absl::FailedPreconditionError(absl::StrCat(

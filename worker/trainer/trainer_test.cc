@@ -268,6 +268,35 @@ TEST_F(TrainerTest, ResumeFromACorruptShardIsRefusedNamingTheFile) {
   EXPECT_TRUE(r.Of(1, "step").empty()) << "rank 1 must not train from a corrupt shard";
 }
 
+// A directory whose ranks' manifests disagree on the step (not committed by storage's rules) is
+// refused by every rank, naming the disagreement. Regression: each rank resumed its own
+// manifest's step, trained wrong losses, and rank 0 aborted when the collectives fell out of step.
+TEST_F(TrainerTest, ResumeFromManifestsThatDisagreeOnTheStepIsRefused) {
+  ExpectSuccess(*two_, "two");
+  namespace fs = std::filesystem;
+  const std::string from = Dir("two") + "/" + loom::storage::StepDirName(6);
+  const std::string copy = Dir("disagree_copy") + "/" + loom::storage::StepDirName(6);
+  fs::remove_all(Dir("disagree_copy"));
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(from)) {
+    fs::copy_file(e.path(), copy + "/" + e.path().filename().string());
+  }
+  const std::string manifest = copy + "/rank_1.manifest.json";
+  json m = json::parse(*ReadText(manifest));
+  m["step"] = 7;
+  std::ofstream(manifest, std::ios::trunc) << m.dump(1);
+  GangResult r = RunGang("disagree", WriteSpec("disagree", 3, 12), 2, {"--resume_from=" + copy});
+  ASSERT_FALSE(r.timed_out);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(r.exit_codes[rank], loom::kTrainerExitDataError) << "rank " << rank;
+    EXPECT_TRUE(r.Of(rank, "step").empty()) << "rank " << rank << " must not train";
+    std::vector<json> errors = r.Of(rank, "error");
+    ASSERT_EQ(errors.size(), 1u) << "rank " << rank;
+    const std::string msg = errors[0]["message"];
+    EXPECT_NE(msg.find("manifests disagree (steps 6 to 7"), std::string::npos) << msg;
+  }
+}
+
 // The glibc allocator flags change where memory comes from, never the arithmetic: the same run
 // with a fixed 4 MiB mmap threshold and 64 MiB trim threshold gives bit-identical losses, and an
 // out-of-range threshold is an invalid flag (exit 78, error event naming it).

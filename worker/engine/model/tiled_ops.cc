@@ -185,7 +185,9 @@ struct TiledLossFn : public torch::autograd::Function<TiledLossFn> {
 }  // namespace
 
 int64_t LocalTileCount(int64_t length, int64_t tile_size) {
-  return std::max<int64_t>(1, (length + tile_size - 1) / tile_size);
+  // length / tile, rounded up, without the overflow of (length + tile - 1) for a tile size near
+  // INT64_MAX (the spec allows any positive tile size).
+  return std::max<int64_t>(1, length / tile_size + (length % tile_size != 0 ? 1 : 0));
 }
 
 int64_t AgreeTileCount(Collectives* group, int64_t local) {

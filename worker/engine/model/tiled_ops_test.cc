@@ -18,6 +18,7 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,6 +95,9 @@ TEST(TiledMlpTest, TileCountRuleIsCeilOfLengthOverTileSize) {
   EXPECT_EQ(LocalTileCount(128, 32), 4);
   EXPECT_EQ(LocalTileCount(129, 32), 5);
   EXPECT_EQ(LocalTileCount(3, 32), 1);
+  // Regression: (length + tile - 1) overflowed int64 for a tile size near INT64_MAX.
+  EXPECT_EQ(LocalTileCount(125, std::numeric_limits<int64_t>::max()), 1);
+  EXPECT_EQ(LocalTileCount(std::numeric_limits<int64_t>::max(), 2), (int64_t{1} << 62));
   // The default tile is hidden_size: ArcticTraining's num_shards = ceil(seqlen / hidden).
   auto rep = *ReplicatedProvider::Create(MlpSpecs(8, 12), {1, 0.1});
   TiledMlp mlp(rep.get(), nullptr, 0);
