@@ -48,6 +48,18 @@ class TrainerTest : public ::testing::Test {
     delete three_;
   }
   static std::string Dir(const std::string& name) { return TmpDir() + "/ckpt_" + name; }
+  // A fresh copy of the two-rank run's step-6 checkpoint under Dir(name), to damage.
+  static std::string CopyOfStepSix(const std::string& name) {
+    namespace fs = std::filesystem;
+    const std::string from = Dir("two") + "/" + loom::storage::StepDirName(6);
+    const std::string copy = Dir(name) + "/" + loom::storage::StepDirName(6);
+    fs::remove_all(Dir(name));
+    fs::create_directories(copy);
+    for (const auto& e : fs::directory_iterator(from)) {
+      fs::copy_file(e.path(), copy + "/" + e.path().filename().string());
+    }
+    return copy;
+  }
   static void ExpectSuccess(const GangResult& r, const std::string& name) {
     for (size_t rank = 0; rank < r.exit_codes.size(); ++rank) {
       EXPECT_EQ(r.exit_codes[rank], 0) << name << " rank " << rank << " (see "
@@ -242,14 +254,7 @@ TEST_F(TrainerTest, ResumeWithAnotherWorldSizeIsRefused) {
 // it is loaded; the other rank stops too instead of hanging.
 TEST_F(TrainerTest, ResumeFromACorruptShardIsRefusedNamingTheFile) {
   ExpectSuccess(*two_, "two");
-  namespace fs = std::filesystem;
-  const std::string from = Dir("two") + "/" + loom::storage::StepDirName(6);
-  const std::string copy = Dir("corrupt_copy") + "/" + loom::storage::StepDirName(6);
-  fs::remove_all(Dir("corrupt_copy"));
-  fs::create_directories(copy);
-  for (const auto& e : fs::directory_iterator(from)) {
-    fs::copy_file(e.path(), copy + "/" + e.path().filename().string());
-  }
+  const std::string copy = CopyOfStepSix("corrupt_copy");
   {
     std::fstream f(copy + "/rank_1.shard", std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(1000);
@@ -273,14 +278,7 @@ TEST_F(TrainerTest, ResumeFromACorruptShardIsRefusedNamingTheFile) {
 // manifest's step, trained wrong losses, and rank 0 aborted when the collectives fell out of step.
 TEST_F(TrainerTest, ResumeFromManifestsThatDisagreeOnTheStepIsRefused) {
   ExpectSuccess(*two_, "two");
-  namespace fs = std::filesystem;
-  const std::string from = Dir("two") + "/" + loom::storage::StepDirName(6);
-  const std::string copy = Dir("disagree_copy") + "/" + loom::storage::StepDirName(6);
-  fs::remove_all(Dir("disagree_copy"));
-  fs::create_directories(copy);
-  for (const auto& e : fs::directory_iterator(from)) {
-    fs::copy_file(e.path(), copy + "/" + e.path().filename().string());
-  }
+  const std::string copy = CopyOfStepSix("disagree_copy");
   const std::string manifest = copy + "/rank_1.manifest.json";
   json m = json::parse(*ReadText(manifest));
   m["step"] = 7;
