@@ -74,19 +74,22 @@ absl::Status ParseOffload(const json& zero, const std::string& key, const std::s
     return Invalid(Join(path, "nvme_path"), "required when device is nvme");
   }
   RETURN_IF_ERROR(ParseSuperOffload(*off, path, is_param, o));
-  if (!is_param && !(o->ratio >= 0.0 && o->ratio <= 1.0)) {  // whatever the device
-    return Invalid(Join(path, "ratio"), absl::StrCat(o->ratio, " is not in [0, 1]"));
-  }
-  if (!is_param && !o->super_offload && o->device == "none" && o->ratio != 1.0) {
-    warnings->push_back(absl::StrCat(Join(path, "ratio"),
-                                     ": ignored (device \"none\": nothing is offloaded)"));
-  }
-  if (!is_param && !o->super_offload && o->device != "none" && !(o->ratio == 1.0)) {
-    // DeepSpeed's ZeRO-Offload++ partial offload (Twin-Flow) is not implemented; refused here so
-    // that a submission fails at once, whatever else the job enables (ZenFlow included).
-    return Unsupported(Join(path, "ratio"),
-                       absl::StrCat("partial offload (", o->ratio, "; only 1.0 without "
-                                    "super_offload)"));
+  if (!is_param) {  // offload_param's ratio is warned about as ignored below
+    if (!(o->ratio >= 0.0 && o->ratio <= 1.0)) {  // whatever the device; NaN too
+      return Invalid(Join(path, "ratio"), absl::StrCat(o->ratio, " is not in [0, 1]"));
+    }
+    if (!o->super_offload && o->ratio != 1.0) {
+      if (o->device == "none") {
+        warnings->push_back(absl::StrCat(Join(path, "ratio"),
+                                         ": ignored (device \"none\": nothing is offloaded)"));
+      } else {
+        // DeepSpeed's ZeRO-Offload++ partial offload (Twin-Flow) is a feature Loom does not
+        // have; refused at parse time so a submission fails at once, ZenFlow or not.
+        return Unsupported(Join(path, "ratio"),
+                           absl::StrCat("partial offload (", o->ratio,
+                                        "; only 1.0 without super_offload)"));
+      }
+    }
   }
   WarnIgnoredOffloadKeys(*off, path, is_param, o->super_offload, warnings);
   return absl::OkStatus();

@@ -40,9 +40,7 @@ absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is
                    absl::StrCat("needs device \"cpu\" or \"nvme\" (device is \"", o->device,
                                 "\")"));
   }
-  if (!(o->ratio >= 0.0 && o->ratio <= 1.0)) {
-    return Invalid(Join(path, "ratio"), absl::StrCat(o->ratio, " is not in [0, 1]"));
-  }
+  // ratio's range [0, 1] is checked by ParseOffload for every offload_optimizer.
   if (!(o->cpuadam_cores_perc > 0.0 && o->cpuadam_cores_perc <= 1.0)) {
     return Invalid(Join(path, "cpuadam_cores_perc"),
                    absl::StrCat(o->cpuadam_cores_perc, " is not in (0, 1]"));
