@@ -388,7 +388,10 @@ void RankProcess::ReadEvents(int fd) {
   if (WIFSIGNALED(wstatus)) status_.set_term_signal(WTERMSIG(wstatus));
   if (exit_code == 0 && saw_done_) {
     status_.set_state(loom::v1::RANK_STATE_SUCCEEDED);
-  } else if (exit_code == 0 && saw_graceful_stop_ && graceful_requested_) {
+  } else if (exit_code == 0 && saw_graceful_stop_) {
+    // Not only when this worker asked: the ranks agree on the stop (a SIGUSR1 on any one rank
+    // stops the gang), so a rank whose peer was signalled first ends the same way, and can do so
+    // before this worker's own stop entry arrives in a heartbeat reply.
     status_.set_state(loom::v1::RANK_STATE_STOPPED);
     status_.set_graceful_stop(true);
   } else if (stop_requested_) {

@@ -12,8 +12,9 @@
 // Stopping: Stop() is immediate (SIGTERM to the process group, SIGKILL after stop_grace; the
 // rank ends STOPPED). StopGracefully() sends SIGUSR1 to the trainer: the ranks agree on a step,
 // write a final checkpoint and exit 0 after a "stopped" event carrying checkpoint_step; the rank
-// then ends STOPPED with graceful_stop set. A rank asked to stop gracefully that exits otherwise
-// ends FAILED (unless Stop() was called too).
+// then ends STOPPED with graceful_stop set. So does a rank that a peer's SIGUSR1 stopped before
+// this worker's own stop request arrived (the gang agrees on the stop). A rank asked to stop
+// gracefully that exits otherwise ends FAILED (unless Stop() was called too).
 #ifndef LOOM_WORKER_RANK_PROCESS_H_
 #define LOOM_WORKER_RANK_PROCESS_H_
 

@@ -352,6 +352,21 @@ TEST_F(WorkerDaemonTest, GracefulStopRequestCheckpointsAndStops) {
   EXPECT_EQ(st.progress().last_checkpoint_step(), 3);
 }
 
+// Regression (CI, 2026-12-05): rank 1 stopped on rank 0's SIGUSR1 before worker-1's own stop
+// entry arrived, and was reported FAILED, which made the scheduler abandon a stop that had
+// completed. A "stopped" event with a checkpoint step and exit 0 is a graceful stop either way.
+TEST_F(WorkerDaemonTest, RankStoppedByAPeerBeforeItsOwnStopRequestIsAGracefulStop) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-peer-stop", "peer_stopped");
+  client_.replies.push_back(start);
+  loom::v1::RankStatus st = TickUntil(d, "job-peer-stop", loom::v1::RANK_STATE_STOPPED);
+  EXPECT_TRUE(st.graceful_stop());
+  EXPECT_EQ(st.exit_code(), 0);
+  EXPECT_EQ(st.progress().last_checkpoint_step(), 4);
+  EXPECT_EQ(st.error(), "");
+}
+
 TEST_F(WorkerDaemonTest, OutputLinesReachTheSchedulerOnceAndAgainAfterAFailedHeartbeat) {
   WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
   loom::v1::HeartbeatResponse start;

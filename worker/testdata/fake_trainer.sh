@@ -33,6 +33,13 @@ case "$name" in
     echo '{"step":{"step":3,"loss":5.0,"tokens_per_s":100}}'
     i=0
     while true; do i=$((i+1)); echo "fake trainer: tick $i" >&2; sleep 0.05; done ;;
+  peer_stopped)
+    # A rank whose peer got the SIGUSR1: the gang agreed on step 4, this rank wrote its part of
+    # the final checkpoint and exits 0 without a signal of its own.
+    echo '{"step":{"step":4,"loss":5.0,"tokens_per_s":100}}'
+    echo '{"checkpoint":{"step":4,"dir":"/tmp/x"}}'
+    echo '{"stopped":{"step":4,"checkpoint_step":4}}'
+    exit 0 ;;
   superoffload)
     # A SuperOffload rank: its "started" names the casting choice; two steps with cumulative
     # sub-group counts, then it runs until SIGTERM.
