@@ -245,7 +245,7 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   if (!o_.resume_from.empty()) {
     RETURN_IF_ERROR(checkpoints_->Load(o_.resume_from, &start, &optimizer_step_));
     if (zenflow_ != nullptr) {
-      RETURN_IF_ERROR(LoadZenFlowState(*zenflow_, o_.resume_from, coll_.rank()));
+      RETURN_IF_ERROR(LoadZenFlowState(*zenflow_, o_.resume_from, coll_.rank(), start));
     } else if (const std::string zf = ZenFlowStateFile(o_.resume_from, coll_.rank());
                ::access(zf.c_str(), F_OK) == 0) {
       // Allowed (a user may turn ZenFlow off to finish a run), but never silently: the masters

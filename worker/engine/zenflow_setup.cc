@@ -133,7 +133,7 @@ absl::StatusOr<storage::SideFile> SaveZenFlowState(optim::ZenFlowPipeline& pipel
 }
 
 absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
-                              int rank) {
+                              int rank, int64_t step) {
   const std::string path = ZenFlowStateFile(step_dir, rank);
   absl::StatusOr<std::string> data = ReadFile(path);
   if (!data.ok()) {
@@ -193,7 +193,7 @@ absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::strin
     pos += bytes;
     state.emplace_back(std::move(name), std::move(t));
   }
-  absl::Status st = pipeline.ImportState(state);
+  absl::Status st = pipeline.ImportState(state, step);
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
   return absl::OkStatus();
 }

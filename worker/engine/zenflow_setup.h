@@ -48,8 +48,11 @@ std::string ZenFlowStateFile(const std::string& step_dir, int rank);
 // that verifying the checkpoint covers it.
 absl::StatusOr<storage::SideFile> SaveZenFlowState(optim::ZenFlowPipeline& pipeline,
                                                    const std::string& step_dir, int rank);
+// `step`: the checkpoint's step, which bounds every step count in the file (a larger one is
+// refused: INVALID_ARGUMENT). DATA_LOSS for a file that fails its CRC-32, its manifest entry or
+// its framing; NOT_FOUND when it is missing.
 absl::Status LoadZenFlowState(optim::ZenFlowPipeline& pipeline, const std::string& step_dir,
-                              int rank);
+                              int rank, int64_t step);
 
 }  // namespace loom::engine
 

@@ -93,6 +93,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -198,9 +199,11 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // sections do not hold (the CPU copy, both accumulators and counts, the selection with its
   // cohorts, moments and step counts, the buffer state, the pending flag, the auto-interval
   // counters), as named contiguous CPU tensors. ExportState quiesces first. ImportState checks
-  // names, sizes and cohort numbers (INVALID_ARGUMENT naming the tensor).
+  // names, sizes and cohort numbers, and that no step count exceeds `max_steps` (each counts
+  // steps, so the checkpoint's step bounds them all): INVALID_ARGUMENT naming the tensor.
   std::vector<std::pair<std::string, at::Tensor>> ExportState();
-  absl::Status ImportState(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  absl::Status ImportState(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                           int64_t max_steps = std::numeric_limits<int64_t>::max());
 
  protected:
   absl::Status Commit(const StepValidation& validation) override;

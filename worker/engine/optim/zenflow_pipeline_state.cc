@@ -56,7 +56,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZenFlowPipeline::ExportState() {
 }
 
 absl::Status ZenFlowPipeline::ImportState(
-    const std::vector<std::pair<std::string, at::Tensor>>& state) {
+    const std::vector<std::pair<std::string, at::Tensor>>& state, int64_t max_steps) {
   Quiesce();
   if (!initialized_) InitCpuCopies();
   std::vector<std::pair<std::string, at::Tensor>> want = ExportState();
@@ -77,11 +77,13 @@ absl::Status ZenFlowPipeline::ImportState(
   // Everything is checked before anything is applied: a state rejected here leaves the
   // pipeline as it was.
   const int64_t* c = state[0].second.data_ptr<int64_t>();
-  if (c[0] < 0 || c[1] < 0 || (c[2] != 0 && c[2] != 1) || (c[3] != 0 && c[3] != 1) ||
-      c[4] < 0 || c[5] < 0) {
+  auto count_ok = [max_steps](int64_t n) { return n >= 0 && n <= max_steps; };
+  if (!count_ok(c[0]) || !count_ok(c[1]) || (c[2] != 0 && c[2] != 1) ||
+      (c[3] != 0 && c[3] != 1) || !count_ok(c[4]) || !count_ok(c[5])) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zenflow state: counters [", c[0], ", ", c[1], ", ", c[2], ", ", c[3], ", ", c[4], ", ",
-        c[5], "] out of range (counts >= 0, buffer and pending 0 or 1)"));
+        c[5], "] out of range (step counts in [0, ", max_steps,
+        "], buffer and pending 0 or 1)"));
   }
   if (auto_ != nullptr && state[1].second.numel() != want[1].second.numel()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -124,7 +126,7 @@ absl::Status ZenFlowPipeline::ImportState(
     Selection& out = sel[i];
     for (int64_t h = 0; h < cohorts; ++h) {
       const int64_t tm = ts.data_ptr<int64_t>()[2 * h], tv = ts.data_ptr<int64_t>()[2 * h + 1];
-      if (tm < 0 || tv < tm) {
+      if (tm < 0 || tv < tm || tv > max_steps) {
         return absl::InvalidArgumentError(absl::StrCat(
             "zenflow state: param", i, ".sel_cohort_t: bad step counts (", tm, ", ", tv, ")"));
       }

@@ -463,7 +463,7 @@ TEST(ZenFlowPipelineTest, ResumeFromExportedStateIsBitForBit) {
         pb.reset();
         auto pc = *ZenFlowPipeline::Create(zo, PlanOf(c), c.params,
                                            [&c](size_t i) { return c.parts[i]; }, &coll);
-        ASSERT_TRUE(pc->ImportState(state).ok());
+        ASSERT_TRUE(pc->ImportState(state, /*max_steps=*/5).ok());  // saved after step 5
         RunSteps(*pc, c, 6, 9);
         pc->Quiesce();
         for (size_t i = 0; i < a.parts.size(); ++i) {
@@ -507,6 +507,24 @@ TEST(ZenFlowPipelineTest, ResumeFromExportedStateIsBitForBit) {
         rejected = pc->ImportState(counters);
         EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
         EXPECT_THAT(rejected.message(), ::testing::HasSubstr("counters"));
+        // A count beyond the checkpoint's step (a forged file with a valid CRC: 2^62 CPU
+        // steps) is refused; the same state is taken with no bound.
+        auto forged = Copy();
+        forged[0].second[5] = int64_t{1} << 62;
+        rejected = pc->ImportState(forged, /*max_steps=*/9);
+        EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(rejected.message(), ::testing::HasSubstr("step counts in [0, 9]"));
+        auto forged_cohort = Copy();
+        for (auto& [name, t] : forged_cohort) {
+          if (name.find(".sel_cohort_t") != std::string::npos && t.numel() >= 2) {
+            t[1] = int64_t{1} << 62;  // the first cohort's v count
+            break;
+          }
+        }
+        rejected = pc->ImportState(forged_cohort, /*max_steps=*/9);
+        EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(rejected.message(), ::testing::HasSubstr("bad step counts"));
+        EXPECT_TRUE(pc->ImportState(before, /*max_steps=*/9).ok());
       });
     }
   }
