@@ -275,6 +275,30 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
     return Invalid(Join(Join(path, "offload_param"), "device"),
                    absl::StrCat("parameter offload needs stage 3, not stage ", zc.stage));
   }
+  // The offload sections' combinations, checked here so that submission refuses them (the
+  // trainer parses the same config): they used to be checked only when a rank started.
+  const OffloadConfig& oo = zc.offload_optimizer;
+  if (oo.super_offload && zc.stage == 0) {
+    // The speculative step needs partitioned fp32 masters, which stage 0 does not keep apart
+    // from the replicas.
+    return Invalid(Join(Join(path, "offload_optimizer"), "super_offload"),
+                   "needs ZeRO stage 1, 2 or 3 (stage is 0)");
+  }
+  if (oo.device != "none" && zc.stage == 0) {
+    return Invalid(Join(Join(path, "offload_optimizer"), "device"),
+                   "offload needs ZeRO stage 1, 2 or 3 (stage is 0)");
+  }
+  if (zc.offload_param.device == "nvme" && oo.device == "none") {
+    // DeepSpeed keeps the fp32 master with the optimizer; here the optimizer must own it to
+    // let the parameter partitions leave memory.
+    return Invalid(Join(Join(path, "offload_param"), "device"),
+                   "parameter offload to nvme needs offload_optimizer too");
+  }
+  if (oo.super_offload && zc.offload_param.device == "nvme") {
+    return Invalid(Join(Join(path, "offload_param"), "device"),
+                   "SuperOffload keeps the parameters in memory (\"nvme\" is not supported with "
+                   "offload_optimizer.super_offload)");
+  }
   if (zc.reduce_bucket_size <= 0) return Invalid(Join(path, "reduce_bucket_size"), "must be > 0");
   if (zc.allgather_bucket_size <= 0) {
     return Invalid(Join(path, "allgather_bucket_size"), "must be > 0");

@@ -193,6 +193,40 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
               "deepspeed_config.train_micro_batch_size_per_gpu: expected an integer");
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "gradient_clipping": -1})", 2,
               "deepspeed_config.gradient_clipping: must be >= 0");
+  // Regression (break-it pass, 2026-12-05): "inf" passed every `v < lo` check (an lr of "inf"
+  // trained to NaN and exited 0).
+  const std::string rest = R"(, "zero_optimization": {"stage": 3}})";
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": "inf"}})" + rest, 2,
+              "deepspeed_config.optimizer.params.lr: expected a finite number, got \"inf\"");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3}, "gradient_clipping": "-Infinity"})",
+              2, "deepspeed_config.gradient_clipping: expected a finite number");
+}
+
+// Regression (break-it pass, 2026-12-05): these combinations were accepted at submission and
+// refused only when the ranks started (the job then failed as a configuration error).
+TEST(ParseDeepSpeedConfigTest, OffloadCombinationsAreRefusedAtParse) {
+  const std::string head = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+      "zero_optimization": )";
+  const std::string z = "deepspeed_config.zero_optimization.";
+  ExpectError(head + R"({"stage": 0, "offload_optimizer": {"device": "cpu",
+      "super_offload": true}}})", 2,
+              z + "offload_optimizer.super_offload: needs ZeRO stage 1, 2 or 3 (stage is 0)");
+  ExpectError(head + R"({"stage": 0, "offload_optimizer": {"device": "cpu"}}})", 2,
+              z + "offload_optimizer.device: offload needs ZeRO stage 1, 2 or 3 (stage is 0)");
+  ExpectError(head + R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})",
+              2, z + "offload_param.device: parameter offload to nvme needs offload_optimizer");
+  ExpectError(head + R"({"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": true},
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})", 2,
+              z + "offload_param.device: SuperOffload keeps the parameters in memory");
+  for (const char* ok : {R"({"stage": 1, "offload_optimizer": {"device": "cpu",
+                              "super_offload": true}}})",
+                         R"({"stage": 3, "offload_optimizer": {"device": "cpu",
+                              "super_offload": true}, "offload_param": {"device": "cpu"}}})",
+                         R"({"stage": 3, "offload_optimizer": {"device": "cpu"},
+                              "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})"}) {
+    EXPECT_TRUE(ParseDeepSpeedConfig(head + ok, 2).ok()) << ok;
+  }
 }
 
 // Stages 0-2, fp16/bf16 and offload sections are accepted; keys that cannot change results are
@@ -236,8 +270,8 @@ TEST(ParseDeepSpeedConfigTest, StagesPrecisionOffloadAndWarnings) {
             std::string::npos);
   c = ParseDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 2,
       "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
-      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
-                            "nvme_path": "/tmp/x"}}})", 2);
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                            "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}}})", 2);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->bf16_enabled);
   EXPECT_EQ(c->zero.offload_param.device, "nvme");

@@ -123,7 +123,7 @@ TEST(ZenFlowConfigTest, EachViolationNamesItsKey) {
   for (const char* key : {"topk_ratio", "auto_ratio", "pt_reserved_cores_perc"}) {
     for (const char* nan : {"nan", "NaN", "-nan"}) {
       ExpectError(Config(absl::StrCat(R"({")", key, R"(": ")", nan, R"("})")),
-                  absl::StrCat(zf, ".", key, ": expected a number"));
+                  absl::StrCat(zf, ".", key, ": expected a finite number"));
     }
   }
   // select_interval epochs whose step count overflows int64 (it used to wrap to a negative or

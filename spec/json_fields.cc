@@ -49,16 +49,22 @@ absl::StatusOr<std::optional<double>> OptDouble(const json& obj, const std::stri
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return std::optional<double>();
   const json& v = *it;
-  if (v.is_number()) return std::optional<double>(v.get<double>());
-  if (v.is_string()) {
-    // absl::SimpleAtod accepts "nan": a NaN passes every range check written as
-    // `v < lo || v > hi` and is never a meaningful setting, so it is refused here for every key.
+  // absl::SimpleAtod accepts "nan" and "inf". A NaN passes every range check written as
+  // `v < lo || v > hi`, an inf passes every `v < lo` (an lr of "inf" trained to NaN and exited
+  // 0), and neither is a meaningful setting of any key: both are refused here, for every key
+  // (numbers too, for a json built in code; the parser itself refuses 1e999).
+  if (v.is_number()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d)) return std::optional<double>(d);
+    return absl::InvalidArgumentError(  // v.dump() would print an inf as null
+        absl::StrCat(Join(path, key), ": expected a finite number, got ", d));
+  } else if (v.is_string()) {
     double out = 0;
-    if (absl::SimpleAtod(v.get<std::string>(), &out) && !std::isnan(out)) {
+    if (absl::SimpleAtod(v.get<std::string>(), &out) && std::isfinite(out)) {
       return std::optional<double>(out);
     }
   }
-  return TypeError(path, key, "a number", v);
+  return TypeError(path, key, "a finite number", v);
 }
 
 absl::StatusOr<std::optional<bool>> OptBool(const json& obj, const std::string& key,

@@ -18,7 +18,8 @@ namespace loom::spec::json_fields {
 // "<path>.<key>: expected an integer, got ...".
 absl::StatusOr<std::optional<int64_t>> OptInt(const nlohmann::json& obj, const std::string& key,
                                               const std::string& path);
-// Number (or numeric string; "nan" and other NaN spellings are refused as not a number).
+// Finite number (or numeric string): NaN and infinity in any spelling ("nan", "inf",
+// "-Infinity") are refused, INVALID_ARGUMENT "<path>.<key>: expected a finite number, got ...".
 absl::StatusOr<std::optional<double>> OptDouble(const nlohmann::json& obj, const std::string& key,
                                                 const std::string& path);
 absl::StatusOr<std::optional<bool>> OptBool(const nlohmann::json& obj, const std::string& key,

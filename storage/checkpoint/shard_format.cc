@@ -406,12 +406,15 @@ absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& m
 absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank) {
   std::string path = absl::StrCat(step_dir, "/", ManifestFileName(rank));
   ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, kMaxManifestBytes));
+  // A manifest file that does not parse, or names another rank, is a damaged checkpoint
+  // (DATA_LOSS: the trainer exits 65, and the scheduler skips the step for an older one), not a
+  // configuration error: ManifestFromJson's INVALID_ARGUMENT is about bytes, here about a file.
   auto m = ManifestFromJson(text);
   if (!m.ok()) {
-    return absl::Status(m.status().code(), absl::StrCat(path, ": ", m.status().message()));
+    return absl::DataLossError(absl::StrCat(path, ": ", m.status().message()));
   }
   if (m->rank != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": manifest.rank is ", m->rank));
+    return absl::DataLossError(absl::StrCat(path, ": manifest.rank is ", m->rank));
   }
   return m;
 }

@@ -156,7 +156,8 @@ absl::Status ReadShardPieces(const std::string& step_dir, const ShardManifest& m
 
 // Reads and validates the manifest of `rank` in `step_dir`. NOT_FOUND if the rank has not reported;
 // FAILED_PRECONDITION if the manifest is not a regular file (a FIFO, /dev/zero) or is larger
-// than kMaxManifestBytes.
+// than kMaxManifestBytes; DATA_LOSS naming the file if it does not parse (ManifestFromJson) or
+// names another rank.
 absl::StatusOr<ShardManifest> ReadManifest(const std::string& step_dir, int32_t rank);
 
 // Reads the whole shard of `rank` and checks its size and CRC-32 against the manifest

@@ -5,8 +5,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -180,6 +183,29 @@ TEST(ManifestSideFilesTest, RoundTripAbsentWhenEmptyAndPlainNamesOnly) {
   m.side_files = {{"x.bin", -1, 1}};
   EXPECT_THAT(ManifestFromJson(ManifestToJson(m)),
               StatusIs(absl::StatusCode::kInvalidArgument, "negative bytes"));
+}
+
+// Regression (break-it pass, 2026-12-05): a truncated manifest was INVALID_ARGUMENT, which the
+// trainer reports as a configuration error (exit 78: the job failed at once, never restarted
+// from an older checkpoint). A damaged manifest is DATA_LOSS naming the file.
+TEST(ReadManifestTest, DamagedManifestIsDataLossNamingTheFile) {
+  ShardManifest m = ThreeParams();
+  const std::string dir = NewDir("damaged_manifest");
+  ASSERT_TRUE(WriteShardPieces(dir, m, std::vector<int64_t>{8},
+                               [](size_t, size_t, int64_t, int64_t n, float* dst) {
+                                 std::fill(dst, dst + n, 0.5f);
+                                 return absl::OkStatus();
+                               })
+                  .ok());
+  const std::string path = dir + "/" + ManifestFileName(1);
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(ReadManifest(dir, 1).ok());
+  std::ofstream(path, std::ios::trunc) << text.substr(0, text.size() / 2);
+  EXPECT_THAT(ReadManifest(dir, 1), StatusIs(absl::StatusCode::kDataLoss, path));
+  std::filesystem::rename(dir + "/" + ShardFileName(1), dir + "/" + ShardFileName(0));
+  std::ofstream(dir + "/" + ManifestFileName(0), std::ios::trunc) << text;  // says rank 1
+  EXPECT_THAT(ReadManifest(dir, 0), StatusIs(absl::StatusCode::kDataLoss, "manifest.rank is 1"));
 }
 
 }  // namespace

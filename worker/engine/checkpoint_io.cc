@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +28,51 @@ using nlohmann::json;
 namespace {
 constexpr int64_t kFinalLogitTokens = 32;
 constexpr char kLossScalerFile[] = "loss_scaler.json";
+
+// The fp16 loss scaler's state as WriteShards writes it (rank 0, next to the shards). Every
+// value is checked before it is used: a scale of 0 or below, or not finite, would turn every
+// weight into NaN on the first step (or skip every step) while the run still "succeeds".
+// DATA_LOSS naming the file for anything else than what WriteShards writes.
+absl::StatusOr<LossScaler::State> ParseLossScalerState(const std::string& path,
+                                                       const std::string& text) {
+  auto bad = [&path](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("resume_from: ", path, ": ", why));
+  };
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  auto number = [&j](const char* key) -> const json* {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() ? &*it : nullptr;
+  };
+  auto integer = [&j](const char* key) -> const json* {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() ? &*it : nullptr;
+  };
+  LossScaler::State st;
+  const json* scale = number("scale");
+  if (scale == nullptr) return bad("\"scale\" is missing or not a number");
+  st.scale = scale->get<double>();
+  if (!std::isfinite(st.scale) || st.scale <= 0) {
+    return bad(absl::StrCat("\"scale\" ", st.scale, " is not a positive finite number"));
+  }
+  const json* cur_iter = integer("cur_iter");
+  const json* last_overflow = integer("last_overflow_iter");
+  const json* hysteresis = integer("cur_hysteresis");
+  if (cur_iter == nullptr || last_overflow == nullptr || hysteresis == nullptr) {
+    return bad("\"cur_iter\", \"last_overflow_iter\" and \"cur_hysteresis\" must be integers");
+  }
+  st.cur_iter = cur_iter->get<int64_t>();
+  st.last_overflow_iter = last_overflow->get<int64_t>();
+  st.cur_hysteresis = hysteresis->get<int64_t>();
+  if (st.cur_iter < 0 || st.last_overflow_iter < -1 || st.last_overflow_iter > st.cur_iter ||
+      st.cur_hysteresis < 1) {
+    return bad(absl::StrCat("iterations out of range (cur_iter ", st.cur_iter,
+                            ", last_overflow_iter ", st.last_overflow_iter, ", cur_hysteresis ",
+                            st.cur_hysteresis, "; want 0 <= cur_iter, -1 <= last_overflow_iter "
+                            "<= cur_iter, cur_hysteresis >= 1)"));
+  }
+  return st;
+}
 }  // namespace
 
 CheckpointIo::CheckpointIo(const EngineOptions& options, Collectives& collectives,
@@ -93,8 +141,12 @@ absl::Status CheckpointIo::WriteShards(const std::string& base_dir, int64_t step
               {"cur_iter", st.cur_iter},
               {"last_overflow_iter", st.last_overflow_iter},
               {"cur_hysteresis", st.cur_hysteresis}};
+    const std::string text = j.dump();
     RETURN_IF_ERROR(MakeDirs(dir));
-    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), j.dump()));
+    RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLossScalerFile), text));
+    // Listed in rank 0's manifest, so that verifying the checkpoint covers it.
+    m.side_files.push_back(storage::SideFile{kLossScalerFile, static_cast<int64_t>(text.size()),
+                                             storage::Crc32(0, text.data(), text.size())});
   }
   RETURN_IF_ERROR(storage::WriteShardPieces(
       dir, m, ends,
@@ -147,8 +199,11 @@ absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* 
     if (m.params[i].name != params[i].spec.name || m.params[i].shape != params[i].spec.shape ||
         m.params[i].partition_numel != params[i].slice.partition_numel) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "resume_from: ", dir, " parameter ", i, " is ", m.params[i].name,
-          ", the model expects ", params[i].spec.name, " with the same shape"));
+          "resume_from: ", dir, " parameter ", i, " is ", m.params[i].name, " [",
+          absl::StrJoin(m.params[i].shape, ", "), "] (", m.params[i].partition_numel,
+          " elements on this rank); this run's model has ", params[i].spec.name, " [",
+          absl::StrJoin(params[i].spec.shape, ", "), "] (", params[i].slice.partition_numel,
+          "): the checkpoint was written for another model.config"));
     }
   }
   if (m.sections != std::vector<std::string>{"fp32_params", "exp_avg", "exp_avg_sq"}) {
@@ -158,16 +213,16 @@ absl::Status CheckpointIo::Load(const std::string& dir, int64_t* step, int64_t* 
   }
   if (scaler_.enabled()) {
     const std::string path = absl::StrCat(dir, "/", kLossScalerFile);
-    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20));
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("scale")) {
-      return absl::FailedPreconditionError(absl::StrCat("resume_from: ", path, " is not valid"));
+    if (::access(path.c_str(), F_OK) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resume_from: ", path, " does not exist: this run uses fp16 loss scaling and the "
+          "checkpoint holds no loss-scaler state (it was written without fp16?)"));
     }
-    LossScaler::State st;
-    st.scale = j.value("scale", 1.0);
-    st.cur_iter = j.value("cur_iter", int64_t{0});
-    st.last_overflow_iter = j.value("last_overflow_iter", int64_t{-1});
-    st.cur_hysteresis = j.value("cur_hysteresis", int64_t{1});
+    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20));
+    for (const storage::SideFile& f : m0.side_files) {  // checkpoints since 2026-12-05
+      if (f.name == kLossScalerFile) RETURN_IF_ERROR(storage::CheckSideFileData(path, 0, f, text));
+    }
+    ASSIGN_OR_RETURN(LossScaler::State st, ParseLossScalerState(path, text));
     scaler_.set_state(st);
   }
   // Verified (size, CRC-32) before anything is loaded, then streamed piece by piece (every rank

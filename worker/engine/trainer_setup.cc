@@ -48,25 +48,14 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
     if (op.device == "cpu") LOG(INFO) << "offload_param cpu: parameters stay in host memory";
     return absl::OkStatus();
   }
-  const std::string zpath = "deepspeed_config.zero_optimization.";
   // SuperOffload with device "cpu": the moments stay with the model's partitions (host memory
   // on a CPU node); the SuperOffload pipeline (SetUpPipeline) steps them. With "nvme" the offload
   // optimizer below keeps every sub-group's state on files, cut by SuperOffload's sub-group
   // size, and the pipeline holds its speculative steps in that optimizer's swap buffers.
-  if (oo.super_offload) {  // (partial offload without it is refused by the spec parser)
-    RETURN_IF_ERROR(optim::CheckSuperOffloadJob(o_.ds));
-    if (oo.device != "nvme") return absl::OkStatus();
-  }
-  if (zc.stage == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(zpath, "offload_optimizer.device: offload needs ZeRO stage 1, 2 or 3"));
-  }
-  if (op.device == "nvme" && oo.device == "none") {
-    // DeepSpeed keeps the fp32 master with the optimizer; here the optimizer must own it to
-    // let the parameter partitions leave memory.
-    return absl::InvalidArgumentError(absl::StrCat(
-        zpath, "offload_param.device: parameter offload needs offload_optimizer too"));
-  }
+  // The stage and section combinations (offload needs stage 1-3, nvme parameters need the
+  // optimizer offloaded, SuperOffload keeps parameters in memory) are refused by the spec
+  // parser (spec/ds_config.cc), at submission and here alike.
+  if (oo.super_offload && oo.device != "nvme") return absl::OkStatus();
   offload::OffloadOptimizerOptions oo_opts;
   const spec::OptimizerConfig& oc = o_.ds.optimizer;
   oo_opts.adam.beta1 = oc.beta1;

@@ -12,7 +12,10 @@
 // Every gang has a deadline; on expiry all children are killed and the test fails.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -238,6 +241,40 @@ TEST(ZeroStagesPrecisionTest, Fp16OverflowSkipsTheStepAndAdjustsTheLossScale) {
     EXPECT_EQ(b[i]["loss"], a[i + 4]["loss"]) << "step " << i + 5;
     EXPECT_EQ(b[i]["loss_scale"], a[i + 4]["loss_scale"]) << "step " << i + 5;
   }
+  // Regression (break-it pass, 2026-12-05): loss_scaler.json was read without any check, and a
+  // scale of 0 resumed into NaN weights with exit 0. It is listed in rank 0's manifest (size,
+  // CRC-32), and its values are checked even where the manifest does not list it (older
+  // checkpoints): both refusals are DATA_LOSS naming the file.
+  auto m0 = loom::storage::ReadManifest(dir(4), 0);
+  ASSERT_TRUE(m0.ok());
+  ASSERT_EQ(m0->side_files.size(), 1u);
+  EXPECT_EQ(m0->side_files[0].name, "loss_scaler.json");
+  const std::string copy = Dir("fp16_scaler_copy");
+  std::filesystem::copy(dir(4), copy, std::filesystem::copy_options::recursive);
+  const std::string scaler = copy + "/loss_scaler.json";
+  std::ofstream(scaler, std::ios::trunc)
+      << R"({"cur_hysteresis":2,"cur_iter":4,"last_overflow_iter":3,"scale":0.0})";
+  auto expect_refused = [&](const std::string& name, const std::string& why) {
+    GangResult bad = RunGang(name, spec, 2, {"--resume_from=" + copy});
+    ASSERT_FALSE(bad.timed_out) << name;
+    EXPECT_EQ(bad.exit_codes[0], loom::kTrainerExitDataError) << name;
+    std::vector<json> errors = bad.Of(0, "error");
+    ASSERT_EQ(errors.size(), 1u) << name;
+    const std::string message = errors[0]["message"].get<std::string>();
+    EXPECT_NE(message.find(scaler), std::string::npos) << message;
+    EXPECT_NE(message.find(why), std::string::npos) << message;
+    EXPECT_TRUE(bad.Of(0, "step").empty()) << name;
+  };
+  expect_refused("fp16_scaler_crc", "manifest says");  // its size or CRC-32
+  const std::string mf = copy + "/rank_0.manifest.json";
+  std::ifstream in(mf);
+  json m = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+  m.erase("side_files");
+  std::ofstream(mf, std::ios::trunc) << m.dump(1);
+  expect_refused("fp16_scaler_zero", "\"scale\" 0 is not a positive finite number");
+  std::ofstream(scaler, std::ios::trunc)
+      << R"({"cur_hysteresis":2,"cur_iter":4,"last_overflow_iter":3,"scale":"abc"})";
+  expect_refused("fp16_scaler_type", "\"scale\" is missing or not a number");
 }
 
 // fp16 weights on every stage (fp32 activations on CPU): trains, no overflow at the default

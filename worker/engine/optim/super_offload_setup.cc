@@ -12,8 +12,6 @@
 namespace loom::engine::optim {
 namespace {
 
-constexpr char kPath[] = "deepspeed_config.zero_optimization.";
-
 // Median seconds of one CpuAdam step over n elements (5 runs after a warm-up).
 double TimeStep(offload::CpuAdam& adam, int64_t n) {
   std::vector<float> p(n, 0.01f), g(n, 1e-3f), m(n, 0.f), v(n, 0.f);
@@ -29,19 +27,6 @@ double TimeStep(offload::CpuAdam& adam, int64_t n) {
 }
 
 }  // namespace
-
-absl::Status CheckSuperOffloadJob(const spec::DeepSpeedConfig& ds) {
-  if (ds.zero.stage == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kPath, "offload_optimizer.super_offload: needs ZeRO stage 1, 2 or 3 (stage is 0)"));
-  }
-  if (ds.zero.offload_param.device == "nvme") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kPath, "offload_param.device: SuperOffload keeps the parameters in memory (\"nvme\" "
-               "is not supported with offload_optimizer.super_offload)"));
-  }
-  return absl::OkStatus();
-}
 
 SuperOffloadChoice ModelSubGroupSize(int threads, int64_t partition_elems) {
   SuperOffloadChoice c;
@@ -78,7 +63,6 @@ absl::StatusOr<std::unique_ptr<SuperOffloadPipeline>> MakeSuperOffloadPipelineFo
     const spec::DeepSpeedConfig& ds, int threads_per_rank, const std::vector<int64_t>& numels,
     PartitionSource source, std::function<double()> loss_scale,
     offload::OffloadOptimizer* nvme_state, SuperOffloadChoice* choice) {
-  RETURN_IF_ERROR(CheckSuperOffloadJob(ds));
   const spec::OffloadConfig& oo = ds.zero.offload_optimizer;
   if ((oo.device == "nvme") != (nvme_state != nullptr)) {
     return absl::InternalError(absl::StrCat(

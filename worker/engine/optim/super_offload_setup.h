@@ -40,9 +40,6 @@
 
 namespace loom::engine::optim {
 
-// The job-level checks: stages 1-3 (the speculative step needs partitioned fp32 masters, which
-// stage 0 does not keep apart from the replicas), offload_param none or cpu.
-absl::Status CheckSuperOffloadJob(const spec::DeepSpeedConfig& ds);
 
 struct SuperOffloadChoice {
   std::string casting = "no transfer";  // see above
