@@ -251,7 +251,7 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   // activation checkpointing; the trainer's own parser (engine_options_tiled.h).
   RETURN_IF_ERROR(spec::ValidateAlstKeys(spec, *ds));
   RETURN_IF_ERROR(spec::CheckPackDocuments(spec.dataset(), ds->train_micro_batch_size_per_gpu,
-                                           model->eos_token_id));
+                                           *model));
 
   if (spec.checkpoint().interval_steps() < 0) {
     return InvalidField("checkpoint.interval_steps",

@@ -393,14 +393,33 @@ TEST(JobSpecValidationTest, PackDocumentsNeedsMicroBatchOneAndAnEosForTokenFiles
   loom::v1::DatasetSpec tokens;
   tokens.set_format("tokens");
   tokens.set_pack_documents(true);
-  EXPECT_TRUE(loom::spec::CheckPackDocuments(tokens, 1, 2).ok());
-  const absl::Status no_eos = loom::spec::CheckPackDocuments(tokens, 1, -1);
+  loom::spec::LlamaConfig model;
+  model.vocab_size = 256;
+  model.eos_token_id = 2;
+  model.eos_token_id_set = true;
+  EXPECT_TRUE(loom::spec::CheckPackDocuments(tokens, 1, model).ok());
+  // Regression (break-it pass, 2026-12-05): the default id 2 stood in for a missing key, and an
+  // id outside the vocabulary (it never occurs: no document ends) was taken.
+  model.eos_token_id_set = false;
+  const absl::Status no_eos = loom::spec::CheckPackDocuments(tokens, 1, model);
   EXPECT_EQ(no_eos.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(no_eos.message())
                 .find("dataset.pack_documents: a token-file data set marks document ends by "
-                      "model.config.eos_token_id"),
+                      "model.config.eos_token_id, which is not set"),
             std::string::npos)
       << no_eos;
+  model.eos_token_id_set = true;
+  for (int64_t bad : {int64_t{-1}, int64_t{256}, int64_t{100000}}) {
+    model.eos_token_id = bad;
+    const absl::Status outside = loom::spec::CheckPackDocuments(tokens, 1, model);
+    EXPECT_NE(std::string(outside.message())
+                  .find(absl::StrCat(bad, " is not a token id of vocab_size 256")),
+              std::string::npos)
+        << outside;
+  }
+  loom::v1::DatasetSpec text = tokens;
+  text.set_format("text");  // text: documents end where the text says, the id is not needed
+  EXPECT_TRUE(loom::spec::CheckPackDocuments(text, 1, model).ok());
 }
 
 // ALST's tiled-compute, attention-core and checkpointing keys (issue 13) are refused at

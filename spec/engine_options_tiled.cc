@@ -55,7 +55,7 @@ absl::Status ParseModelExecution(const loom::v1::JobSpec& spec,
 }
 
 absl::Status CheckPackDocuments(const loom::v1::DatasetSpec& dataset, int64_t micro_batch,
-                                int64_t eos_token_id) {
+                                const LlamaConfig& model) {
   if (!dataset.pack_documents()) return absl::OkStatus();
   if (micro_batch != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -63,10 +63,17 @@ absl::Status CheckPackDocuments(const loom::v1::DatasetSpec& dataset, int64_t mi
         micro_batch, " (one packed sample per micro-batch; raise gradient_accumulation_steps "
         "instead)"));
   }
-  if (dataset.format() == "tokens" && eos_token_id < 0) {
+  if (dataset.format() == "tokens" && !model.eos_token_id_set) {
     return absl::InvalidArgumentError(
         "dataset.pack_documents: a token-file data set marks document ends by "
         "model.config.eos_token_id, which is not set");
+  }
+  if (dataset.format() == "tokens" &&
+      (model.eos_token_id < 0 || model.eos_token_id >= model.vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.pack_documents: a token-file data set marks document ends by "
+        "model.config.eos_token_id, and ", model.eos_token_id, " is not a token id of "
+        "vocab_size ", model.vocab_size));
   }
   return absl::OkStatus();
 }

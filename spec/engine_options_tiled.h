@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "proto/common.pb.h"
 #include "spec/ds_config.h"
+#include "spec/model_config.h"
 #include "spec/tiled_compute_options.h"
 
 namespace loom::spec {
@@ -43,10 +44,12 @@ absl::Status ParseModelExecution(const loom::v1::JobSpec& spec,
 // dataset.pack_documents (packed samples; proto/common.proto): needs
 // train_micro_batch_size_per_gpu == 1 (`micro_batch`: one packed sample per micro-batch, the
 // layout of Hugging Face's DataCollatorWithFlattening) and, for dataset.format "tokens", an
-// eos_token_id >= 0 (token files mark document ends only by it). INVALID_ARGUMENT
-// "dataset.pack_documents: ..." naming the other field and its value. OK when the key is off.
+// model.config.eos_token_id given and a token id of the vocabulary, 0 <= id < vocab_size (token
+// files mark document ends only by it: a default or an id that cannot occur would silently pack
+// across documents). INVALID_ARGUMENT "dataset.pack_documents: ..." naming the other field and
+// its value. OK when the key is off.
 absl::Status CheckPackDocuments(const loom::v1::DatasetSpec& dataset, int64_t micro_batch,
-                                int64_t eos_token_id);
+                                const LlamaConfig& model);
 
 // Both parsers above on `spec` with `ds` = ParseDeepSpeedConfig(spec.deepspeed_config()): the
 // scheduler's submission check. The first error, as the trainer would report it.

@@ -101,6 +101,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   if (bos.has_value()) c.bos_token_id = *bos;
   ASSIGN_OR_RETURN(std::optional<int64_t> eos, json_fields::OptInt(j, "eos_token_id", kPath));
   if (eos.has_value()) c.eos_token_id = *eos;
+  c.eos_token_id_set = eos.has_value();
 
   // Features this engine does not implement change the model's function: refuse them.
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {

@@ -40,7 +40,10 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;     // lm_head shares model.embed_tokens.weight
   double initializer_range = 0.02;      // std of the normal init of linear/embedding weights
   int64_t bos_token_id = 1;             // written to config.json only
-  int64_t eos_token_id = 2;             // written to config.json only
+  // Marks document ends in token files for dataset.pack_documents; else written to config.json
+  // only. eos_token_id_set: the config gave it (pack_documents on token files requires that).
+  int64_t eos_token_id = 2;
+  bool eos_token_id_set = false;
 
   // d = H / Hq.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

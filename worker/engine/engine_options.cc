@@ -127,7 +127,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   RETURN_IF_ERROR(ModelExecutionOptionsFromJobSpec(spec, &o));  // issue 13
   // Packed samples (issue 13): the check the scheduler makes too (engine_options_tiled.h).
   RETURN_IF_ERROR(spec::CheckPackDocuments(spec.dataset(), o.ds.train_micro_batch_size_per_gpu,
-                                           o.model.eos_token_id));
+                                           o.model));
   o.pack_documents = spec.dataset().pack_documents();
 
   o.checkpoint_interval_steps = spec.checkpoint().interval_steps();
