@@ -329,13 +329,18 @@ class Scheduler {
   ~Scheduler();
 
   // Registers (or re-registers) a node with its inventory; a lost node becomes live again.
+  // `instance_id` (the worker process's random id; may be empty) becomes the node's owner: the
+  // heartbeats of any other instance are refused from now on (Heartbeat: ABORTED).
   // Returns the heartbeat interval. INVALID_ARGUMENT for an empty node id or one longer than
   // kMaxIdBytes, slots outside [1, kMaxSlotsPerNode] or an unknown accelerator kind.
   absl::StatusOr<absl::Duration> RegisterWorker(const std::string& node_id,
-                                                const loom::v1::NodeInventory& inventory);
+                                                const loom::v1::NodeInventory& inventory,
+                                                const std::string& instance_id = "");
 
   // Records a node's heartbeat and rank statuses; returns the ranks it must start and stop.
-  // NOT_FOUND if the node is unknown or was declared lost (it must register again). A rank 0 that
+  // NOT_FOUND if the node is unknown or was declared lost (it must register again). ABORTED if
+  // another instance registered the node id since (request.instance_id differs from the
+  // owner's): the sender must stop its ranks and exit. A rank 0 that
   // reports a rendezvous port outside [0, 65535] fails its job (class SETUP) rather than handing
   // the other ranks an impossible port.
   absl::StatusOr<loom::v1::HeartbeatResponse> Heartbeat(const loom::v1::HeartbeatRequest& request);

@@ -57,6 +57,17 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::HeartbeatLocked(
   if (node_it == nodes_.end()) {
     return absl::NotFoundError(absl::StrCat("node ", node_id, " is not registered; register again"));
   }
+  if (!request.instance_id().empty()) {
+    std::string& owner = node_it->second.instance_id;
+    if (owner.empty()) {
+      owner = request.instance_id();  // after a scheduler restart: the first one heard owns it
+    } else if (owner != request.instance_id()) {
+      return absl::AbortedError(absl::StrCat(
+          "node ", node_id, " was registered by another worker instance (", owner,
+          "); this instance (", request.instance_id(),
+          ") is superseded: two daemons must not share a --node_id"));
+    }
+  }
   if (node_it->second.lost) {
     return absl::NotFoundError(
         absl::StrCat("node ", node_id, " was declared lost; register again"));

@@ -27,9 +27,11 @@
 namespace loom {
 
 absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node_id,
-                                                         const loom::v1::NodeInventory& inventory) {
+                                                         const loom::v1::NodeInventory& inventory,
+                                                         const std::string& instance_id) {
   if (node_id.empty()) return absl::InvalidArgumentError("node_id: required");
   RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckIdLength("instance_id", instance_id));
   if (inventory.slots() < 1 || inventory.slots() > kMaxSlotsPerNode) {
     return absl::InvalidArgumentError(absl::StrCat("inventory.slots: must be in [1, ",
                                                    kMaxSlotsPerNode, "], got ", inventory.slots()));
@@ -77,6 +79,17 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
     node.admin = known->second.admin;  // cordon/drain survive re-registration
   }
   node.inventory = inventory;
+  node.instance_id = instance_id;
+  if (auto known = nodes_.find(node_id);
+      known != nodes_.end() && !known->second.instance_id.empty() &&
+      known->second.instance_id != instance_id && !known->second.lost) {
+    // A restarted worker (the usual case) or a second daemon given the same --node_id: either
+    // way the earlier process is fenced from here on (HeartbeatLocked refuses it).
+    LOG(WARNING) << "node " << node_id << ": registered by instance " << instance_id
+                 << "; instance " << known->second.instance_id << " (last heard "
+                 << absl::FormatDuration(clock_->Now() - known->second.last_heartbeat_time)
+                 << " ago) is fenced: its heartbeats are refused";
+  }
   if (node.inventory.accelerator() == v1::ACCELERATOR_KIND_UNSPECIFIED) {
     node.inventory.set_accelerator(v1::ACCELERATOR_KIND_CPU);
   }

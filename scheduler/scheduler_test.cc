@@ -321,6 +321,43 @@ TEST_F(SchedulerTest, RegisterWorkerRefusesAbsurdSlotCounts) {
   EXPECT_TRUE(scheduler_->RegisterWorker("node-a", inv).ok());
 }
 
+// Regression (break-it pass, 2026-12-05): a second daemon started with the --node_id of a live
+// worker was accepted, and both ran the same attempt's rank (two trainers writing one checkpoint
+// directory). The newest registration owns the node id: the earlier instance's heartbeats are
+// refused (ABORTED) and it is never handed a rank again.
+TEST_F(SchedulerTest, ANewInstanceOfANodeIdFencesTheEarlierOne) {
+  loom::v1::NodeInventory inv;
+  inv.set_slots(1);
+  inv.set_address("addr-node-a");
+  ASSERT_TRUE(scheduler_->RegisterWorker("node-a", inv, "instance-1").ok());
+  auto beat = [&](const std::string& instance) {
+    HeartbeatRequest req;
+    req.set_node_id("node-a");
+    req.set_instance_id(instance);
+    return scheduler_->Heartbeat(req);
+  };
+  ASSERT_TRUE(beat("instance-1").ok());
+  const Job job = Submit(1);
+  Cycle();
+  absl::StatusOr<HeartbeatResponse> first = beat("instance-1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->start_size(), 1);  // instance 1 is told to start the rank
+  inv.set_slots(4);
+  ASSERT_TRUE(scheduler_->RegisterWorker("node-a", inv, "instance-2").ok());
+  absl::StatusOr<HeartbeatResponse> fenced = beat("instance-1");
+  EXPECT_EQ(fenced.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(fenced.status().message().find("was registered by another worker instance "
+                                           "(instance-2); this instance (instance-1) is "
+                                           "superseded"),
+            std::string::npos)
+      << fenced.status();
+  EXPECT_TRUE(beat("instance-2").ok());
+  EXPECT_EQ(beat("instance-1").status().code(), absl::StatusCode::kAborted);  // stays fenced
+  // Workers that send no instance id (older builds) are not fenced.
+  EXPECT_TRUE(beat("").ok());
+  EXPECT_FALSE(Get(job.id()).id().empty());
+}
+
 // Regression: a 100 KB job id came back in the NOT_FOUND message, which exceeded gRPC's
 // metadata limit: the client saw RESOURCE_EXHAUSTED. Over-long ids are INVALID_ARGUMENT with a
 // short message; ids at the limit still get NOT_FOUND.

@@ -63,6 +63,9 @@ struct NodeRecord {
   bool lost = false;
   // Cordon / drain (persisted as serialized proto bytes).
   loom::internal::NodeAdminState admin;
+  // The worker process that registered last (RegisterWorkerRequest.instance_id). In memory
+  // only: after a scheduler restart the first instance heard from is adopted.
+  std::string instance_id;
 };
 
 // Persistent store of jobs and nodes. Implementations are thread-safe.

@@ -1,10 +1,13 @@
 #include "worker/worker_daemon.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -36,8 +39,19 @@ absl::Status WorkerOptions::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+// "<pid>-<64 random bits in hex>": unique per process, readable in the scheduler's log.
+std::string NewInstanceId() {
+  absl::BitGen gen;
+  return absl::StrCat(::getpid(), "-", absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
+}
+}  // namespace
+
 WorkerDaemon::WorkerDaemon(WorkerOptions options, SchedulerClient* client, WorkerMetrics* metrics)
-    : options_(std::move(options)), client_(client), metrics_(metrics) {}
+    : options_(std::move(options)),
+      client_(client),
+      metrics_(metrics),
+      instance_id_(NewInstanceId()) {}
 
 WorkerDaemon::~WorkerDaemon() {
   absl::MutexLock l(&mu_);
@@ -48,6 +62,7 @@ WorkerDaemon::~WorkerDaemon() {
 absl::Status WorkerDaemon::Register() {
   loom::v1::RegisterWorkerRequest req;
   req.set_node_id(options_.node_id);
+  req.set_instance_id(instance_id_);
   *req.mutable_inventory() = options_.inventory;
   ASSIGN_OR_RETURN(auto resp, client_->RegisterWorker(req));
   (void)resp;
@@ -121,12 +136,18 @@ absl::Status WorkerDaemon::Tick() {
   bool registered;
   {
     absl::MutexLock l(&mu_);
+    if (superseded_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", options_.node_id, ": this worker instance was superseded; it does not register "
+          "again"));
+    }
     registered = registered_;
   }
   if (!registered) RETURN_IF_ERROR(Register());
 
   loom::v1::HeartbeatRequest req;
   req.set_node_id(options_.node_id);
+  req.set_instance_id(instance_id_);
   std::vector<loom::v1::RankStatus> statuses;
   std::vector<RankStats> stats;
   std::map<RankKey, int64_t> sent_up_to;  // newest line sent per rank in this heartbeat
@@ -169,6 +190,19 @@ absl::Status WorkerDaemon::Tick() {
     if (absl::IsNotFound(resp.status())) {
       absl::MutexLock l(&mu_);
       registered_ = false;  // the scheduler lost us (e.g. restarted on a new DB): register again
+    }
+    if (absl::IsAborted(resp.status())) {
+      // Another process registered this node id: it owns the node's ranks now. Never register
+      // again (the two would take the node from each other in turn): stop and shut down.
+      LOG(ERROR) << "node " << options_.node_id << " (instance " << instance_id_
+                 << "): " << resp.status().message() << "; stopping every rank and shutting down";
+      {
+        absl::MutexLock l(&mu_);
+        superseded_ = true;
+        registered_ = false;
+        for (auto& [key, rank] : ranks_) rank.Stop();
+      }
+      Shutdown();
     }
     return resp.status();
   }
@@ -230,7 +264,13 @@ void WorkerDaemon::Run() {
 }
 
 void WorkerDaemon::Shutdown() {
+  absl::MutexLock l(&shutdown_mu_);
   if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
+}
+
+bool WorkerDaemon::Superseded() const {
+  absl::MutexLock l(&mu_);
+  return superseded_;
 }
 
 }  // namespace loom::worker

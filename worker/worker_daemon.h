@@ -72,6 +72,12 @@ class WorkerDaemon {
   // True once the scheduler accepted RegisterWorker (false again if it asks the worker to
   // register anew). The worker's /readyz.
   bool Registered() const;
+  // True once the scheduler refused a heartbeat because another worker process registered this
+  // node id since (ABORTED; RegisterWorkerRequest.instance_id): this daemon then stopped its
+  // ranks and shut down (Run() returns), and its process should exit with an error.
+  bool Superseded() const;
+  // This process's random instance id (sent with every registration and heartbeat).
+  const std::string& instance_id() const { return instance_id_; }
 
  private:
   using RankKey = std::tuple<std::string, int, int>;  // job id, attempt, rank
@@ -82,10 +88,13 @@ class WorkerDaemon {
   const WorkerOptions options_;
   SchedulerClient* const client_;
   WorkerMetrics* const metrics_;
+  const std::string instance_id_;
+  absl::Mutex shutdown_mu_;  // Shutdown() may be called from Tick() and a signal thread at once
   absl::Notification shutdown_;
 
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool superseded_ ABSL_GUARDED_BY(mu_) = false;
   struct Rank {
     std::unique_ptr<RankProcess> process;  // null if the process could not be started
     loom::v1::RankStatus start_failure;    // reported when process is null

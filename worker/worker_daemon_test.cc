@@ -180,6 +180,38 @@ TEST_F(WorkerDaemonTest, StopRequestStopsRunningRank) {
   EXPECT_EQ(d.RunningRanks(), 0);
 }
 
+// Regression (break-it pass, 2026-12-05): two daemons with one --node_id both ran the same rank.
+// Every registration and heartbeat carries this process's instance id; when the scheduler says
+// another instance owns the node (ABORTED), the daemon stops its ranks, never registers again,
+// and Run() returns (loom-worker then exits 1).
+TEST_F(WorkerDaemonTest, SupersededInstanceStopsItsRanksAndShutsDown) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-hang", "hang");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-hang", loom::v1::RANK_STATE_RUNNING);
+  {
+    absl::MutexLock l(&client_.mu_);
+    ASSERT_EQ(client_.registrations.size(), 1u);
+    EXPECT_FALSE(d.instance_id().empty());
+    EXPECT_EQ(client_.registrations[0].instance_id(), d.instance_id());
+    EXPECT_EQ(client_.heartbeats.back().instance_id(), d.instance_id());
+    client_.next_status = absl::AbortedError("node n1 was registered by another worker instance");
+  }
+  EXPECT_EQ(d.Tick().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(d.Superseded());
+  EXPECT_FALSE(d.Registered());
+  EXPECT_EQ(d.Tick().code(), absl::StatusCode::kFailedPrecondition);  // and stays out
+  d.Run();  // returns at once: the daemon shut itself down
+  {
+    absl::MutexLock l(&client_.mu_);
+    EXPECT_EQ(client_.registrations.size(), 1u);  // never registered again
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (d.RunningRanks() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(d.RunningRanks(), 0);  // the trainer was stopped (SIGTERM)
+}
+
 // Regression: loom-worker blocks SIGTERM in every thread (a sigwait thread handles it); trainers
 // inherited that mask, ignored the worker's SIGTERM and were SIGKILLed after the grace period.
 TEST_F(WorkerDaemonTest, TrainerStartsWithNoBlockedSignalsEvenIfTheDaemonBlocksSigterm) {

@@ -10,7 +10,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
     loom::v1::RegisterWorkerResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<absl::Duration> interval =
-      scheduler_->RegisterWorker(request->node_id(), request->inventory());
+      scheduler_->RegisterWorker(request->node_id(), request->inventory(), request->instance_id());
   if (interval.ok()) response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(*interval));
   reactor->Finish(ToGrpcStatus(interval.status()));
   return reactor;

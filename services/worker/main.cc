@@ -292,10 +292,18 @@ int main(int argc, char** argv) {
   LOG(INFO) << "loom-worker " << options.node_id << " serving metrics at " << (*endpoint)->url()
             << ", scheduler " << absl::GetFlag(FLAGS_scheduler);
   daemon.Run();
-  // Run() returns only after Shutdown(), i.e. after the signal thread ran.
+  // Run() returns after Shutdown(): from the signal thread, or from the daemon itself when
+  // another worker process registered this node id. Then the signal thread still waits: wake it.
+  const bool superseded = daemon.Superseded();
+  if (superseded) ::kill(::getpid(), SIGTERM);  // blocked here; sigwait in signal_thread takes it
   signal_thread.join();
   // Stop serving (joining the server thread, so no /readyz probe is still running) before
   // `daemon`, which the ready check reads, is destroyed.
   endpoint->reset();
+  if (superseded) {
+    LOG(ERROR) << "loom-worker " << options.node_id
+               << ": superseded by another worker registered with the same --node_id";
+    return 1;
+  }
   return 0;
 }

@@ -148,6 +148,13 @@ class Trainer : public GradReadyListener {
   std::unique_ptr<LlamaModel> llama_;
   int64_t optimizer_step_ = 0;
   LossScaler scaler_;
+  // The NVMe swap directories this rank made (<nvme_path>/loom_swap_<job>_pid<p>_rank<r> and
+  // its optimizer/ and params/), removed (when empty) after offload_, declared below and so
+  // destroyed first, has deleted its swap files: nothing is left in nvme_path.
+  struct ScratchDirs {
+    std::vector<std::string> made;  // parents before children
+    ~ScratchDirs();
+  } scratch_dirs_;
   std::unique_ptr<offload::OffloadOptimizer> offload_;  // null: optimizer state in memory
   std::unique_ptr<optim::OptimizerPipeline> pipeline_;   // every optimizer update goes here
   optim::ZenFlowPipeline* zenflow_ = nullptr;            // pipeline_ when ZenFlow runs

@@ -38,6 +38,11 @@ void LimitBlasThreads(int threads) {
 
 }  // namespace
 
+Trainer::ScratchDirs::~ScratchDirs() {
+  // rmdir removes only empty directories: a file someone else put there keeps its directory.
+  for (auto it = made.rbegin(); it != made.rend(); ++it) ::rmdir(it->c_str());
+}
+
 absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   const spec::ZeroConfig& zc = o_.ds.zero;
   const spec::OffloadConfig& oo = zc.offload_optimizer;
@@ -78,8 +83,13 @@ absl::Status Trainer::SetUpOffload(ZeroOptions* z) {
   }
   // Scratch files of this process only (two jobs, or two ranks on one node, never share them).
   auto scratch = [&](const std::string& nvme_path, const char* what) {
-    return absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
-                        ::getpid(), "_rank", coll_.rank(), "/", what);
+    const std::string root =
+        absl::StrCat(nvme_path, "/loom_swap_", o_.job_id.empty() ? "job" : o_.job_id, "_pid",
+                     ::getpid(), "_rank", coll_.rank());
+    std::vector<std::string>& made = scratch_dirs_.made;
+    if (std::find(made.begin(), made.end(), root) == made.end()) made.push_back(root);
+    made.push_back(absl::StrCat(root, "/", what));
+    return made.back();
   };
   oo_opts.optimizer_nvme = oo.device == "nvme";
   if (oo_opts.optimizer_nvme) oo_opts.optimizer_dir = scratch(oo.nvme_path, "optimizer");
