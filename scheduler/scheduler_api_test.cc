@@ -230,9 +230,34 @@ TEST_F(SchedulerApiTest, KillDuringAGracefulStopOverridesIt) {
   ASSERT_TRUE(killed.ok());
   EXPECT_EQ(killed->phase(), loom::v1::JOB_PHASE_CANCELLED);
   EXPECT_EQ(killed->reason(), "Killed");
+  // Regression (break-it pass, 2026-12-05): a kill right after the trainers had committed their
+  // final checkpoint (reports still on the way) said "without a final checkpoint".
+  EXPECT_NE(killed->message().find("killed by request while STOPPING: the ranks were writing a "
+                                   "final checkpoint and may have committed it"),
+            std::string::npos)
+      << killed->message();
   HeartbeatResponse r = Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING)});
   ASSERT_EQ(r.stop_size(), 1);
   EXPECT_FALSE(r.stop(0).graceful_stop());
+}
+
+TEST_F(SchedulerApiTest, KillAfterRankZeroConfirmedTheFinalCheckpointSaysSo) {
+  Start();
+  Job job = RunTwoRankJob();
+  ASSERT_TRUE(scheduler_->CancelJob(job.id()).ok());
+  RankStatus stopped0 = Rank(job, 0, loom::v1::RANK_STATE_STOPPED);
+  stopped0.set_graceful_stop(true);
+  stopped0.mutable_progress()->set_step(13);
+  stopped0.mutable_progress()->set_last_checkpoint_step(13);
+  Beat("node-a", {stopped0});
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_STOPPING);  // rank 1 still running
+  absl::StatusOr<Job> killed = scheduler_->KillJob(job.id());
+  ASSERT_TRUE(killed.ok());
+  EXPECT_EQ(killed->reason(), "Killed");
+  EXPECT_NE(killed->message().find("after rank 0 had confirmed the final checkpoint at step 13"),
+            std::string::npos)
+      << killed->message();
+  EXPECT_EQ(killed->progress().last_checkpoint_step(), 13);
 }
 
 TEST_F(SchedulerApiTest, RestartDuringAGracefulStopAsksAgain) {

@@ -69,11 +69,25 @@ absl::StatusOr<loom::v1::Job> Scheduler::KillJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const JobRecord* found, FindUnendedJob(job_id));
   const JobRecord& job = *found;
-  std::string message = absl::StrCat("killed by request while ", JobPhaseName(job.phase),
-                                     ": ranks stopped without a final checkpoint");
-  if (job.progress.last_checkpoint_step() > 0) {
-    absl::StrAppend(&message, " (newest checkpoint at step ", job.progress.last_checkpoint_step(),
-                    ")");
+  const int64_t newest = job.progress.last_checkpoint_step();
+  std::string message;
+  const StopCoordinator::StopRequest* stop =
+      job.phase == v1::JOB_PHASE_STOPPING ? stop_coordinator_.Find(job_id) : nullptr;
+  if (stop != nullptr && !stop->escalated && stop->final_checkpoint_step >= 0) {
+    message = absl::StrCat("killed by request while STOPPING, after rank 0 had confirmed the final "
+                           "checkpoint at step ", stop->final_checkpoint_step);
+  } else if (stop != nullptr && !stop->escalated) {
+    // The ranks may have committed their final checkpoint already, with the report still on its
+    // way (a kill right after the trainers' "stopped"): do not claim there is none.
+    message = absl::StrCat(
+        "killed by request while STOPPING: the ranks were writing a final checkpoint and may "
+        "have committed it before they were killed (newest confirmed: ",
+        newest > 0 ? absl::StrCat("step ", newest) : std::string("none"),
+        "; `loomctl checkpoints ", job_id, "` lists the committed steps)");
+  } else {
+    message = absl::StrCat("killed by request while ", JobPhaseName(job.phase),
+                           ": ranks stopped without a final checkpoint");
+    if (newest > 0) absl::StrAppend(&message, " (newest checkpoint at step ", newest, ")");
   }
   RETURN_IF_ERROR(EndJob(job_id, v1::JOB_PHASE_CANCELLED, v1::FAILURE_CLASS_UNSPECIFIED,
                          "Killed", message));

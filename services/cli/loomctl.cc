@@ -208,7 +208,12 @@ int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
     grpc::Status s = stub.GetJob(Context().get(), req, &job);
     if (!s.ok()) {
       absl::Status st = loom::FromGrpcStatus(s);
-      if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) return Fail(st);
+      // A restarting scheduler cancels the calls in flight (CANCELLED; this client never
+      // cancels its own): retried like UNAVAILABLE. Returned, CANCELLED is gRPC code 1, which is
+      // also this command's "the job ended unsuccessfully" exit status.
+      if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st) && !absl::IsCancelled(st)) {
+        return Fail(st);
+      }
       if (absl::Now() - last_error > absl::Seconds(10)) {
         std::fprintf(stderr, "loomctl: scheduler unavailable, retrying: %s\n",
                      s.error_message().c_str());
