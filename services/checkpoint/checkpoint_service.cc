@@ -6,6 +6,7 @@
 #include "storage/checkpoint/shard_format.h"
 #include "storage/checkpoint/verify.h"
 
+#include <dirent.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
 #include <prometheus/counter.h>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -57,9 +59,40 @@ absl::Status ValidateOutputDir(const std::string& dir) {
     return absl::InvalidArgumentError(
         absl::StrCat("output_dir: '", dir, "' is not an absolute path"));
   }
-  for (absl::string_view part : absl::StrSplit(dir, '/')) {
+  std::vector<absl::string_view> parts = absl::StrSplit(dir, '/', absl::SkipEmpty());
+  for (absl::string_view part : parts) {
     if (part == "..") {
       return absl::InvalidArgumentError(absl::StrCat("output_dir: '", dir, "' contains '..'"));
+    }
+  }
+  // Never into a checkpoint step directory (its own or another step's, of any job): the export
+  // replaces model.safetensors and config.json there, and verifying that step would then check
+  // the export instead of its shards. A subdirectory of one (the default: <step>/hf) is fine.
+  auto is_step_name = [](absl::string_view name) {
+    int64_t step = 0;
+    return absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step) &&
+           step >= 0 && storage::StepDirName(step) == name;
+  };
+  if (!parts.empty() && is_step_name(parts.back())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output_dir: '", dir, "' is a checkpoint step directory; export into a directory of "
+        "its own (the default is <step directory>/hf)"));
+  }
+  if (DIR* d = ::opendir(dir.c_str()); d != nullptr) {
+    bool shards = false;
+    while (dirent* e = ::readdir(d)) {
+      const absl::string_view name = e->d_name;
+      if (absl::StartsWith(name, "rank_") &&
+          (absl::EndsWith(name, ".manifest.json") || absl::EndsWith(name, ".shard"))) {
+        shards = true;
+        break;
+      }
+    }
+    ::closedir(d);
+    if (shards) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output_dir: '", dir, "' holds checkpoint shards (rank_*.manifest.json / "
+          "rank_*.shard); export into a directory of its own"));
     }
   }
   return absl::OkStatus();

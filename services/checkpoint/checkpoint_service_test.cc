@@ -266,6 +266,25 @@ TEST_F(CheckpointServiceTest, ShardedBf16ConsolidationDeleteAndRetentionOverGrpc
     ASSERT_TRUE(w.ok());
     EXPECT_EQ(w->substr(0, 2), std::string("\xc0\x3f", 2));  // 1.5f = 0x3fc00000 -> 0x3fc0
   }
+  // Regression (break-it pass, 2026-12-05): an export into another step's directory replaced
+  // files there, and verifying that step then checked the export instead of its shards.
+  ASSERT_TRUE(MakeDirs(root_ + "/elsewhere").ok());
+  ASSERT_TRUE(WriteFileAtomically(root_ + "/elsewhere/rank_0.shard", "x").ok());
+  for (const std::string& bad : {job_dir + "/step_00000010", job_dir + "/step_00000010/",
+                                 root_ + "/job-9/step_00000001", root_ + "/elsewhere"}) {
+    grpc::ClientContext ctx;
+    v1::ConsolidateCheckpointRequest req;
+    req.set_job_id("job-3");
+    req.set_step(30);
+    req.set_output_dir(bad);
+    v1::ConsolidateCheckpointResponse resp;
+    grpc::Status s = stub_->ConsolidateCheckpoint(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_NE(s.error_message().find("output_dir: '" + bad + "'"), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_NE(::access((job_dir + "/step_00000010/rank_0.manifest.json").c_str(), F_OK), -1);
+  EXPECT_EQ(::access((job_dir + "/step_00000010/model.safetensors").c_str(), F_OK), -1);
   for (const char* field : {"max_shard_size", "dtype"}) {
     grpc::ClientContext ctx;
     v1::ConsolidateCheckpointRequest req;
