@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -180,6 +181,7 @@ std::string QuotedScalarError(const json& value, const google::protobuf::FieldDe
 std::string FirstSchemaError(const json& obj, const google::protobuf::Descriptor* desc,
                              const std::string& path) {
   if (!obj.is_object()) return "";
+  std::map<const google::protobuf::FieldDescriptor*, std::string> seen;  // field -> its spelling
   for (const auto& [key, value] : obj.items()) {
     const google::protobuf::FieldDescriptor* f = desc->FindFieldByName(key);
     for (int i = 0; f == nullptr && i < desc->field_count(); ++i) {
@@ -188,6 +190,12 @@ std::string FirstSchemaError(const json& obj, const google::protobuf::Descriptor
     std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
     if (f == nullptr) {
       return absl::StrCat(child, ": unknown field in ", desc->name());
+    }
+    // Both spellings of one field (num_ranks and numRanks): protobuf's parser would keep one
+    // silently, like a duplicate key, which is refused.
+    if (auto [it, inserted] = seen.emplace(f, key); !inserted) {
+      return absl::StrCat(child, ": duplicate of ",
+                          path.empty() ? it->second : absl::StrCat(path, ".", it->second));
     }
     if (std::string quoted = QuotedScalarError(value, f, child); !quoted.empty()) return quoted;
     if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE &&
@@ -213,7 +221,14 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
   try {
     std::istringstream in(yaml_text);
     YAML::Parser parser(in);
-    while (parser.HandleNextDocument(aliases)) {
+    int documents = 0;
+    while (parser.HandleNextDocument(aliases)) ++documents;
+    if (documents > 1) {
+      // kubectl would apply each; YAML::Load reads only the first, and the rest were dropped
+      // without a word.
+      return absl::InvalidArgumentError(absl::StrCat(
+          file_name, ": a job spec file holds one YAML document, found ", documents,
+          " (submit each spec from its own file)"));
     }
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {

@@ -153,6 +153,25 @@ TEST(JobSpecYamlTest, MalformedYamlIsInvalidArgument) {
   EXPECT_NE(spec.status().message().find("bad.yaml: invalid YAML"), std::string::npos);
 }
 
+// Regression (break-it pass, 2026-12-05): a second YAML document was dropped without a word,
+// and both spellings of one field (num_ranks and numRanks) were taken, one silently winning.
+TEST(JobSpecYamlTest, SecondDocumentAndBothSpellingsOfAFieldAreRefused) {
+  auto two = JobSpecFromYaml(std::string(kSpec) + "---\nname: second\n", ".", "two.yaml");
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(two.status().message().find("two.yaml: a job spec file holds one YAML document, "
+                                        "found 2"),
+            std::string::npos)
+      << two.status();
+  EXPECT_TRUE(JobSpecFromYaml(std::string("---\n") + kSpec, ".", "one.yaml").ok());
+  std::string both = kSpec;
+  both.replace(both.find("{num_ranks: 2,"), 14, "{num_ranks: 1, numRanks: 2,");
+  auto dup = JobSpecFromYaml(both, ".", "dup.yaml");
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.status().message().find("resources.num_ranks: duplicate of resources.numRanks"),
+            std::string::npos)
+      << dup.status();
+}
+
 TEST(JobSpecYamlTest, DeepSpeedConfigFromJsonFile) {
   std::string dir = std::getenv("TEST_TMPDIR");
   ASSERT_TRUE(WriteFileAtomically(absl::StrCat(dir, "/ds_config.json"),
