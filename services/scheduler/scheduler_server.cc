@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -54,7 +55,10 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (!options.checkpoint_service.empty()) {
     ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(options.checkpoint_tls_ca));
     s->checkpoints_ = std::make_unique<GrpcCheckpointCatalog>(
-        grpc::CreateChannel(options.checkpoint_service, channel_creds),
+        // Bounded reconnect backoff, as the workers' and the gateway's channels: with gRPC's
+        // default (up to 120 s) a RECOVERING job waited long after loom-checkpoint was back.
+        CreateReconnectingChannel(options.checkpoint_service, channel_creds,
+                                  kDefaultReconnectBackoffMax),
         options.checkpoint_rpc_timeout, options.checkpoint_token);
   }
   if (!options.auth_tokens_file.empty()) {
