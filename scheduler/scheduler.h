@@ -129,6 +129,8 @@ namespace loom {
 inline constexpr size_t kMaxIdBytes = 256;
 // Most rank slots one node may offer (RegisterWorker); keeps slot arithmetic and placement small.
 inline constexpr int32_t kMaxSlotsPerNode = 1024;
+// Longest cordon / drain reason: it is stored with the node and returned by every ListNodes.
+inline constexpr size_t kMaxAdminReasonBytes = 1024;
 
 struct SchedulerOptions {
   // Directory under which each job's checkpoints live (<checkpoint_root>/<job id>). Required.
@@ -354,7 +356,8 @@ class Scheduler {
   // write fails (memory keeps the progress).
   absl::Status FlushProgress();
 
-  // Operator API (proto/admin_service.proto). NOT_FOUND for an unknown node.
+  // Operator API (proto/admin_service.proto). NOT_FOUND for an unknown node; INVALID_ARGUMENT
+  // for a reason over kMaxAdminReasonBytes.
   absl::StatusOr<std::vector<loom::v1::NodeInfo>> ListNodes();
   absl::StatusOr<loom::v1::NodeInfo> CordonNode(const std::string& node_id,
                                                 const std::string& reason);

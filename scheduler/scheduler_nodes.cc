@@ -26,6 +26,16 @@
 
 namespace loom {
 
+namespace {
+// Regression (break-it pass, 2026-12-05): a 1,000,000-byte reason was stored and returned in
+// every ListNodes.
+absl::Status CheckAdminReason(const std::string& reason) {
+  if (reason.size() <= kMaxAdminReasonBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("reason: ", reason.size(),
+                                                 " bytes, longer than ", kMaxAdminReasonBytes));
+}
+}  // namespace
+
 absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node_id,
                                                          const loom::v1::NodeInventory& inventory,
                                                          const std::string& instance_id) {
@@ -143,6 +153,7 @@ absl::StatusOr<std::vector<loom::v1::NodeInfo>> Scheduler::ListNodes() {
 absl::StatusOr<loom::v1::NodeInfo> Scheduler::CordonNode(const std::string& node_id,
                                                          const std::string& reason) {
   RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckAdminReason(reason));
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));
@@ -173,6 +184,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::UncordonNode(const std::string& no
 absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::string& node_id,
                                                                  const std::string& reason) {
   RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckAdminReason(reason));
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));

@@ -358,6 +358,17 @@ TEST_F(SchedulerTest, ANewInstanceOfANodeIdFencesTheEarlierOne) {
   EXPECT_FALSE(Get(job.id()).id().empty());
 }
 
+TEST_F(SchedulerTest, OverlongCordonAndDrainReasonsAreRefused) {
+  Register("node-a", 1);
+  const std::string huge(kMaxAdminReasonBytes + 1, 'r');
+  for (absl::Status s : {scheduler_->CordonNode("node-a", huge).status(),
+                         scheduler_->DrainNode("node-a", huge).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("reason: 1025 bytes, longer than 1024"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(scheduler_->CordonNode("node-a", std::string(kMaxAdminReasonBytes, 'r')).ok());
+}
+
 // Regression: a 100 KB job id came back in the NOT_FOUND message, which exceeded gRPC's
 // metadata limit: the client saw RESOURCE_EXHAUSTED. Over-long ids are INVALID_ARGUMENT with a
 // short message; ids at the limit still get NOT_FOUND.
