@@ -142,6 +142,18 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
     } else if (tail_lines_ < 0) {
       error = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                            "tail_lines: must be >= 0 (0 = all retained lines)");
+    } else {
+      // A rank the job does not have would stream nothing, and a follower would wait in
+      // silence until the job ends.
+      const int32_t world = job->spec().resources().num_ranks();
+      for (int32_t r : ranks_) {
+        if (r < 0 || r >= world) {
+          error = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               absl::StrCat("ranks: rank ", r, " is not in [0, ", world,
+                                            ") (the job's num_ranks is ", world, ")"));
+          break;
+        }
+      }
     }
     if (!error.ok()) {
       FinishEarly(error);

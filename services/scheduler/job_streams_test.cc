@@ -330,6 +330,21 @@ TEST_F(JobStreamsTest, StreamLogsErrors) {
   req.set_tail_lines(0);
   EXPECT_TRUE(ReadLogs(req, &status).empty());
   EXPECT_TRUE(status.ok());
+  // Regression (break-it pass, 2026-12-05): a rank the job does not have streamed nothing with
+  // OK (and a follower waited silently until the job ended).
+  for (int32_t bad : {1, -1}) {
+    req.clear_ranks();
+    req.add_ranks(bad);
+    ReadLogs(req, &status);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_NE(status.error_message().find(absl::StrCat("ranks: rank ", bad, " is not in [0, 1)")),
+              std::string::npos)
+        << status.error_message();
+  }
+  req.clear_ranks();
+  req.add_ranks(0);
+  ReadLogs(req, &status);
+  EXPECT_TRUE(status.ok());
 }
 
 TEST_F(JobStreamsTest, CancelAndKillErrors) {
