@@ -147,6 +147,10 @@ class Trainer : public GradReadyListener {
   std::unique_ptr<ZeroProvider> model_;
   std::unique_ptr<LlamaModel> llama_;
   int64_t optimizer_step_ = 0;
+  // --test_inject_inf_grad_steps: rank 0's first gradient element becomes +inf this step, written
+  // when that partition's gradient is raised ready (OnPartitionGradReady), so that a pipeline
+  // that reads gradients as they become ready (SuperOffload's speculation) sees it too.
+  bool inject_inf_pending_ = false;
   LossScaler scaler_;
   // The NVMe swap directories this rank made (<nvme_path>/loom_swap_<job>_pid<p>_rank<r> and
   // its optimizer/ and params/), removed (when empty) after offload_, declared below and so

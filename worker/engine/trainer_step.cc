@@ -86,6 +86,11 @@ double Trainer::TrainStep(int64_t step, double* grad_norm, double* lr, bool* ski
   // Opened before the last backward, so sub-group events raised during it land in this step.
   ready_->ResetReadiness();
   marked_.assign(model_->params().size(), 0);
+  {
+    const std::vector<int64_t>& inject = o_.test_inject_inf_grad_steps;
+    inject_inf_pending_ =
+        coll_.rank() == 0 && std::find(inject.begin(), inject.end(), step + 1) != inject.end();
+  }
   Check(pipeline_->BeginStep(optimizer_step_ + 1, *lr));
   double loss_sum = 0;
   for (int64_t m = 0; m < gas; ++m) {
@@ -150,6 +155,14 @@ void Trainer::ReleaseGradsBeforeBackward() {
 void Trainer::OnPartitionGradReady(ParamId i) {
   if (marked_[i]) return;
   marked_[i] = 1;
+  if (i == 0 && inject_inf_pending_) {
+    // Regression (break-it pass, 2026-12-05): written in OptimizerStep, after SuperOffload's
+    // speculation had already read this gradient, the inf was never seen with speculation
+    // "always" in fp32, and a test relying on the hook passed without exercising the inf path.
+    ZeroParam& p = model_->params()[0];
+    if (p.grad.defined()) p.grad.view({-1})[0] = std::numeric_limits<float>::infinity();
+    inject_inf_pending_ = false;
+  }
   absl::StatusOr<int64_t> k = ready_->MarkParamReady(i);
   Check(k.status());
   if (*k >= 0) Check(pipeline_->OnSubGroupReady(*k));
@@ -158,12 +171,6 @@ void Trainer::OnPartitionGradReady(ParamId i) {
 void Trainer::OptimizerStep(int64_t step, double scale, double* grad_norm, bool* skipped) {
   at::NoGradGuard no_grad;
   *skipped = false;
-  const std::vector<int64_t>& inject = o_.test_inject_inf_grad_steps;
-  if (coll_.rank() == 0 &&
-      std::find(inject.begin(), inject.end(), step + 1) != inject.end()) {
-    ZeroParam& p = model_->params()[0];
-    if (p.grad.defined()) p.grad.view({-1})[0] = std::numeric_limits<float>::infinity();
-  }
   // The provider raised the parameters that got gradients as their reductions completed; the
   // rest (no gradient this step) are final too.
   for (size_t i = 0; i < model_->params().size(); ++i) OnPartitionGradReady(i);

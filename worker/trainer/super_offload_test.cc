@@ -240,6 +240,33 @@ TEST(SuperOffloadTrainerTest, NvmeInjectedInfSkipsTheStepAndLeavesTheFilesUnchan
   ExpectInjectedInfSkipsTheStep("fp16_nvme", off);
 }
 
+// Regression (break-it pass, 2026-12-05): the inf-injection hook wrote the inf after
+// SuperOffload's speculation had read rank 0's gradient, so with speculation "always" in fp32 the
+// inf was never seen and the step stood: the run equalled the one without injection. Now the
+// injected run equals the synchronous offload run with the same injection (ratio 1: the same
+// CpuAdam on the same gradients) and differs from the run without it.
+TEST(SuperOffloadTrainerTest, InjectedInfReachesSpeculationAlways) {
+  json always = Super(1.0);
+  always["speculation"] = "always";
+  const std::string inject = "--test_inject_inf_grad_steps=2";
+  const GangResult so =
+      RunJob("inj_always", Spec("inj_always", 2, always, 0.5, json::object(), 4), 2, {inject});
+  const GangResult sync =
+      RunJob("inj_sync", Spec("inj_sync", 2, kSync, 0.5, json::object(), 4), 2, {inject});
+  const GangResult clean =
+      RunJob("inj_none", Spec("inj_none", 2, always, 0.5, json::object(), 4), 2);
+  const std::vector<double> a = Losses(so, "step"), b = Losses(sync, "step"),
+                            c = Losses(clean, "step");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(c.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE((std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i])
+        << "step " << i + 1 << ": " << a[i] << " vs synchronous " << b[i];
+  }
+  EXPECT_FALSE(a[2] == c[2]) << "step 3 equals the run without the injected inf: " << a[2];
+}
+
 // Resume from step 3's checkpoint: steps 4-6 and the final state equal the uninterrupted run.
 TEST(SuperOffloadTrainerTest, ResumeMatchesTheUninterruptedRun) {
   const int world = 2;
