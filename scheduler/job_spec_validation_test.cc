@@ -475,6 +475,14 @@ TEST(JobSpecValidationTest, AlstKeysAreValidatedAtSubmission) {
                 "deepspeed_config.activation_checkpointing.cpu_checkpointing");
   ExpectInvalid(with_ac("partition_activations", yes),
                 "deepspeed_config.activation_checkpointing.partition_activations");
+  google::protobuf::Value no;
+  no.set_bool_value(false);
+  JobSpec contradiction = with_ac("cpu_checkpointing", no);
+  s = ValidateJobSpec(contradiction, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;
+  contradiction.mutable_training()->set_activation_checkpoint_cpu_offload(true);
+  ExpectInvalid(contradiction, "training.activation_checkpoint_cpu_offload",
+                "contradicts deepspeed_config.activation_checkpointing.cpu_checkpointing: false");
 
   // A sequence longer than max_position_embeddings: both numbers in the message.
   spec = ValidTestJobSpec();

@@ -160,6 +160,7 @@ struct AioConfig {
 struct ActivationCheckpointingConfig {
   bool enabled = false;  // the section is present (and not null)
   bool cpu_checkpointing = false;
+  bool cpu_checkpointing_set = false;  // the key was given (false explicitly, or true)
 };
 
 struct DeepSpeedConfig {

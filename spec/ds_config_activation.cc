@@ -19,6 +19,8 @@ absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c) 
   c->activation_checkpointing.enabled = true;
   RETURN_IF_ERROR(
       ReadBool(*ac, "cpu_checkpointing", path, &c->activation_checkpointing.cpu_checkpointing));
+  c->activation_checkpointing.cpu_checkpointing_set =
+      ac->contains("cpu_checkpointing") && !(*ac)["cpu_checkpointing"].is_null();
   bool partition = false;
   RETURN_IF_ERROR(ReadBool(*ac, "partition_activations", path, &partition));
   if (partition) {

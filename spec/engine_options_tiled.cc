@@ -49,6 +49,13 @@ absl::Status ParseModelExecution(const loom::v1::JobSpec& spec,
         absl::StrCat("model.attn_block_size: ", out->attn_block_size, " must be >= 1"));
   }
   const bool arctic_offload = spec.training().activation_checkpoint_cpu_offload();
+  if (arctic_offload && ac.cpu_checkpointing_set && !ac.cpu_checkpointing) {
+    // Regression (break-it pass, 2026-12-05): the two spellings contradicted each other and
+    // offload silently won.
+    return absl::InvalidArgumentError(
+        "training.activation_checkpoint_cpu_offload: true contradicts "
+        "deepspeed_config.activation_checkpointing.cpu_checkpointing: false (set one of them)");
+  }
   out->activation_checkpointing = ac.enabled || arctic_offload;
   out->activation_checkpoint_cpu_offload = ac.cpu_checkpointing || arctic_offload;
   return absl::OkStatus();
