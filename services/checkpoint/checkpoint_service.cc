@@ -133,6 +133,9 @@ void ToProto(const storage::CheckpointInfo& info, v1::CheckpointInfo* out) {
   for (const auto& [name, value] : info.metrics) (*out->mutable_metrics())[name] = value;
   out->set_corrupt(info.corrupt);
   out->set_corrupt_reason(info.corrupt_reason);
+  if (!info.corrupt && absl::IsDataLoss(info.commit_status)) {
+    out->set_damaged_reason(std::string(info.commit_status.message()));
+  }
 }
 
 }  // namespace

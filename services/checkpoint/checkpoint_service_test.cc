@@ -461,6 +461,32 @@ TEST_F(CheckpointServiceTest, CorruptStepIsMarkedListedAndSkippedAsResumePoint) 
   EXPECT_NE(none.status().message().find("skipped step 4"), absl::string_view::npos);
 }
 
+// Regression (break-it pass, 2026-12-05): a step with a truncated manifest was passed over like
+// a partial one, and the job restarted from an older step with no word about why.
+TEST_F(CheckpointServiceTest, StepWithAnUnreadableManifestIsListedDamagedAndNamedAsSkipped) {
+  const std::string job_dir = root_ + "/job-m";
+  WriteTinyCheckpoint(job_dir, 4, 2, {0, 1});
+  WriteTinyCheckpoint(job_dir, 8, 2, {0, 1});
+  ASSERT_TRUE(WriteFileAtomically(job_dir + "/step_00000008/rank_1.manifest.json", "{\"fo").ok());
+  grpc::ClientContext ctx;
+  v1::ListCheckpointsRequest req;
+  req.set_job_id("job-m");
+  v1::ListCheckpointsResponse resp;
+  ASSERT_TRUE(stub_->ListCheckpoints(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.checkpoints_size(), 2);
+  EXPECT_FALSE(resp.checkpoints(1).committed());
+  EXPECT_NE(resp.checkpoints(1).damaged_reason().find("unreadable manifest of rank 1"),
+            std::string::npos)
+      << resp.checkpoints(1).damaged_reason();
+  EXPECT_EQ(resp.checkpoints(0).damaged_reason(), "");
+  GrpcCheckpointCatalog catalog(channel_, absl::Seconds(30));
+  auto chosen = catalog.NewestIntact("job-m", "");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->step, 4);
+  EXPECT_NE(chosen->skipped.find("skipped step 8 ("), std::string::npos) << chosen->skipped;
+  EXPECT_NE(chosen->skipped.find("rank_1.manifest.json"), std::string::npos) << chosen->skipped;
+}
+
 // The same for a side file (a technique's state, e.g. ZenFlow's) that a rank's manifest lists.
 // Regression: such a file with a flipped byte verified OK, so every restart resumed from that
 // step and failed with DATA_LOSS until the job ran out of restarts.

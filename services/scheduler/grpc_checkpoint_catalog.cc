@@ -44,7 +44,12 @@ absl::StatusOr<CommittedCheckpoint> GrpcCheckpointCatalog::NewestIntact(
       skip(it->step(), absl::StrCat("marked corrupt: ", it->corrupt_reason()));
       continue;
     }
-    if (!it->committed()) continue;
+    if (!it->committed()) {
+      // Damaged (unreadable manifest, wrong shard size): named, like a corrupt step; a partial
+      // one (ranks still writing) is passed over.
+      if (!it->damaged_reason().empty()) skip(it->step(), it->damaged_reason());
+      continue;
+    }
     v1::VerifyCheckpointRequest verify;
     verify.set_job_id(job_id);
     verify.set_step(it->step());

@@ -39,7 +39,14 @@ absl::StatusOr<ResumePoint> NewestIntactCheckpoint(const std::string& checkpoint
       point.skipped.push_back({it->step, it->path, absl::StrCat("marked corrupt: ", it->corrupt_reason)});
       continue;
     }
-    if (!it->committed) continue;  // partial: being written, or abandoned
+    if (!it->committed) {
+      // A damaged step (an unreadable manifest, a shard of the wrong size: DATA_LOSS) is named
+      // like a corrupt one; it used to be passed over in silence, like a partial one.
+      if (absl::IsDataLoss(it->commit_status)) {
+        point.skipped.push_back({it->step, it->path, std::string(it->commit_status.message())});
+      }
+      continue;  // partial: being written, or abandoned
+    }
     absl::StatusOr<CheckpointInfo> verified = VerifyAndMarkCorrupt(it->path);
     if (verified.ok()) {
       point.checkpoint = *std::move(verified);

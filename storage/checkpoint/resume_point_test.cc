@@ -94,6 +94,25 @@ TEST(ResumePointTest, CorruptNewestStepIsMarkedSkippedAndListedAsCorrupt) {
   EXPECT_TRUE(absl::StartsWith(again->skipped[0].reason, "marked corrupt: ")) << again->skipped[0].reason;
 }
 
+// Regression (break-it pass, 2026-12-05): a step with a truncated manifest was passed over
+// like a partial one, and the restart from the older step said nothing about why.
+TEST(ResumePointTest, StepWithAnUnreadableManifestIsNamedAsSkipped) {
+  const std::string dir = TmpDir("unreadable_manifest");
+  WriteStep(dir, 4);
+  WriteStep(dir, 8);
+  std::ofstream(absl::StrCat(dir, "/", StepDirName(8), "/rank_1.manifest.json"),
+                std::ios::trunc)
+      << "{\"format\":";
+  auto point = NewestIntactCheckpoint(dir);
+  ASSERT_TRUE(point.ok()) << point.status();
+  ASSERT_TRUE(point->checkpoint.has_value());
+  EXPECT_EQ(point->checkpoint->step, 4);
+  ASSERT_EQ(point->skipped.size(), 1u);
+  EXPECT_EQ(point->skipped[0].step, 8);
+  EXPECT_TRUE(absl::StrContains(point->skipped[0].reason, "unreadable manifest of rank 1"))
+      << point->skipped[0].reason;
+}
+
 TEST(ResumePointTest, RewritingTheStepLiftsTheMark) {
   const std::string dir = TmpDir("rewritten");
   WriteStep(dir, 4);
