@@ -356,6 +356,18 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = args[1];
   const std::string arg = args.size() > 2 ? args[2] : "";
+  {
+    // Extra words were ignored (`loomctl get a b` showed a): a typo or a shell-split value must
+    // not pass silently, as kubectl refuses them too.
+    const size_t most = cmd == "checkpoint" ? 4
+                        : (cmd == "list" || cmd == "nodes" || cmd == "queues") ? 2
+                                                                                 : 3;
+    if (args.size() > most) {
+      std::fprintf(stderr, "loomctl %s: unexpected argument '%s'\n%s\n", cmd.c_str(),
+                   TerminalSafe(args[most]).c_str(), absl::ProgramUsageMessage().data());
+      return 2;
+    }
+  }
   auto need_arg = [&](const char* what) {
     if (arg.empty()) {
       std::fprintf(stderr, "loomctl %s: missing %s\n", cmd.c_str(), what);

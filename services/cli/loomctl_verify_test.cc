@@ -77,5 +77,21 @@ TEST(LoomctlVerifyTest, ValidInvalidAndMissing) {
   EXPECT_EQ(Loomctl({"checkpoint", "verify"}).code, 2);
 }
 
+// Regression (break-it pass, 2026-12-05): extra positional arguments were ignored silently
+// (`loomctl get a b` showed job a). They are a usage error (exit 2) before anything connects.
+TEST(LoomctlUsageTest, ExtraPositionalArgumentsAreRefused) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"get", "a", "b"},
+                                             {"submit", "x.yaml", "y.yaml"},
+                                             {"queues", "extra"},
+                                             {"checkpoint", "verify", "/p", "/q"}}) {
+    CliRun run = Loomctl(args);
+    EXPECT_EQ(run.code, 2) << args[0] << ": " << run.output;
+    EXPECT_NE(run.output.find("loomctl " + args[0] + ": unexpected argument '" + args.back() + "'"),
+              std::string::npos)
+        << run.output;
+  }
+}
+
 }  // namespace
 }  // namespace loom
