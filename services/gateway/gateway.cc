@@ -8,10 +8,13 @@
 #include <grpcpp/client_context.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <memory>
 #include <regex>
+#include <thread>
 #include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -42,6 +45,51 @@ std::string AllowedMethods(const std::string& path) {
   return route == nullptr ? "" : route->methods;
 }
 
+// The request's Content-Length headers, when they do not say one length in decimal digits: a
+// message naming the problem; "" when there is none or one valid length (repeated identical
+// values are allowed, as RFC 9112 section 6.3 permits). httplib reads a body by the first header
+// and by strtoull ("2x" is 2): a proxy in front that framed the request by another value would
+// see a different next request than the gateway does (request smuggling), so such a request is
+// refused and its connection closed.
+std::string AmbiguousLength(const httplib::Request& req) {
+  const size_t count = req.get_header_value_count("Content-Length");
+  std::string first;
+  for (size_t i = 0; i < count; ++i) {
+    const std::string value = req.get_header_value("Content-Length", i);
+    // At most 18 digits: a length that fits in int64_t whatever the digits.
+    if (value.empty() || value.size() > 18 ||
+        value.find_first_not_of("0123456789") != std::string::npos) {
+      return absl::StrCat("Content-Length '", internal::Printable(value, 32),
+                          "' is not a decimal byte count");
+    }
+    if (i == 0) {
+      first = value;
+    } else if (value != first) {
+      return absl::StrCat("the request has ", count, " Content-Length headers with different "
+                          "values ('", first, "' and '", value, "')");
+    }
+  }
+  return "";
+}
+
+// The first query parameter whose name or value is not UTF-8 once percent-decoded: a message
+// naming it; "" if all are. The routes quote parameters in their errors and the ListJobs route
+// turns them into JSON, which must be UTF-8.
+std::string NonUtf8Parameter(const httplib::Request& req) {
+  for (const auto& [key, value] : req.params) {
+    if (internal::FirstInvalidUtf8(key) != absl::string_view::npos) {
+      return absl::StrCat("query parameter name '", internal::Printable(key, 64),
+                          "' is not valid UTF-8");
+    }
+    if (const size_t bad = internal::FirstInvalidUtf8(value); bad != absl::string_view::npos) {
+      return absl::StrCat("query parameter '", key, "': its value '",
+                          internal::Printable(value, 64), "' is not valid UTF-8 (byte ", bad,
+                          ")");
+    }
+  }
+  return "";
+}
+
 // DeclaredLength: the declared Content-Length, or -1 when there is none or it is not a number.
 int64_t DeclaredLength(const httplib::Request& req) {
   int64_t length = -1;
@@ -50,6 +98,15 @@ int64_t DeclaredLength(const httplib::Request& req) {
     return -1;
   }
   return length;
+}
+
+// The answer when building an error answer failed (out of memory, ...): fixed text.
+void WriteFallbackError(httplib::Response& res) noexcept {
+  try {
+    res.status = 500;
+    res.set_content(R"({"code":13,"status":"INTERNAL","message":"gateway error"})", kJson);
+  } catch (...) {
+  }
 }
 
 // When the request being answered on this thread reached routing (httplib runs a request's
@@ -66,12 +123,14 @@ void WriteLibraryError(const httplib::Request& req, httplib::Response& res) {
       const std::string allow = AllowedMethods(req.path);
       if (allow.empty()) {
         WriteError(res, grpc::StatusCode::NOT_FOUND,
-                   absl::StrCat("no route for ", req.method, " ", req.path));
+                   absl::StrCat("no route for ", internal::Printable(req.method), " ",
+                                internal::Printable(req.path)));
         return;
       }
       res.set_header("Allow", allow);
       WriteHttpError(res, 405, grpc::StatusCode::UNIMPLEMENTED,
-                     absl::StrCat("method ", req.method, " is not allowed on ", req.path,
+                     absl::StrCat("method ", internal::Printable(req.method),
+                                  " is not allowed on ", internal::Printable(req.path),
                                   " (allowed: ", allow, ")"));
       return;
     }
@@ -88,7 +147,7 @@ void WriteLibraryError(const httplib::Request& req, httplib::Response& res) {
       return;
     case 416:
       WriteHttpError(res, 416, grpc::StatusCode::OUT_OF_RANGE,
-                     absl::StrCat("Range '", req.get_header_value("Range"),
+                     absl::StrCat("Range '", internal::Printable(req.get_header_value("Range")),
                                   "' cannot be satisfied"));
       return;
     default: {
@@ -99,52 +158,9 @@ void WriteLibraryError(const httplib::Request& req, httplib::Response& res) {
       WriteHttpError(res, res.status,
                      server ? grpc::StatusCode::INTERNAL : grpc::StatusCode::INVALID_ARGUMENT,
                      absl::StrCat(server ? "gateway error" : "bad request", " (HTTP ", res.status,
-                                  ")", what.empty() ? "" : ": ", what));
+                                  ")", what.empty() ? "" : ": ", internal::Printable(what)));
     }
   }
-}
-
-// follow=true|false|1|0, rank=N (repeatable, or comma-separated), tail_lines=N (or tail=N). On a
-// bad value answers 400 and returns false.
-bool ParseLogsQuery(const httplib::Request& req, loom::v1::StreamLogsRequest* out,
-                    httplib::Response& res) {
-  for (const auto& [key, value] : req.params) {
-    if (key == "follow") {
-      if (value == "true" || value == "1") {
-        out->set_follow(true);
-      } else if (value == "false" || value == "0" || value.empty()) {
-        out->set_follow(false);
-      } else {
-        WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-                   absl::StrCat("follow: want true or false, got '", value, "'"));
-        return false;
-      }
-    } else if (key == "rank" || key == "ranks") {
-      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        int32_t rank = 0;
-        if (!absl::SimpleAtoi(part, &rank) || rank < 0) {
-          WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-                     absl::StrCat(key, ": '", part, "' is not a rank"));
-          return false;
-        }
-        out->add_ranks(rank);
-      }
-    } else if (key == "tail_lines" || key == "tail" || key == "tailLines") {
-      int32_t tail = 0;
-      if (!absl::SimpleAtoi(value, &tail) || tail < 0) {
-        WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-                   absl::StrCat(key, ": want a count >= 0, got '", value, "'"));
-        return false;
-      }
-      out->set_tail_lines(tail);
-    } else {
-      WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("unknown query parameter '", key,
-                              "' (want follow, rank, tail_lines)"));
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -152,7 +168,10 @@ bool ParseLogsQuery(const httplib::Request& req, loom::v1::StreamLogsRequest* ou
 int HttpStatusFromGrpc(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK: return 200;
-    case grpc::StatusCode::CANCELLED: return 499;
+    // Not google.api's 499 ("client closed request"): this gateway's HTTP client did not cancel
+    // anything; a CANCELLED from the scheduler is a call it dropped while restarting, so it is
+    // answered as retryable (break-it pass, 2026-12-05: clients do not retry a 4xx).
+    case grpc::StatusCode::CANCELLED: return 503;
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::OUT_OF_RANGE: return 400;
@@ -167,6 +186,16 @@ int HttpStatusFromGrpc(grpc::StatusCode code) {
     case grpc::StatusCode::UNAVAILABLE: return 503;
     default: return 500;
   }
+}
+
+int DefaultHttpThreads() {
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return std::max(8, 2 * static_cast<int>(hardware));
+}
+
+void SetHttpThreads(httplib::Server& server, int threads) {
+  const size_t n = static_cast<size_t>(std::max(1, threads));
+  server.new_task_queue = [n] { return new httplib::ThreadPool(n); };
 }
 
 JobGateway::JobGateway(loom::v1::JobService::StubInterface* stub, GatewayOptions options)
@@ -186,10 +215,19 @@ void JobGateway::Register(httplib::Server& server) {
                                                   httplib::Response& res) {
     request_started = true;
     request_start = absl::Now();
+    // Framing first: nothing else about a request can be trusted if its length is ambiguous.
+    if (const std::string ambiguous = AmbiguousLength(req); !ambiguous.empty()) {
+      internal::WriteHttpErrorAndClose(res, 400, grpc::StatusCode::INVALID_ARGUMENT, ambiguous);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const int64_t declared = DeclaredLength(req);
     if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
       WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body));
       res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (const std::string bad = NonUtf8Parameter(req); !bad.empty()) {
+      WriteError(res, grpc::StatusCode::INVALID_ARGUMENT, bad);
       return httplib::Server::HandlerResponse::Handled;
     }
     const internal::RouteInfo* route = internal::FindRoute(req.path);
@@ -212,15 +250,27 @@ void JobGateway::Register(httplib::Server& server) {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // A client that asks before sending a large body (curl does above 1 MiB) is refused before it
-  // sends it.
+  // sends it; so is one whose length is ambiguous (this handler runs before pre-routing).
+  // httplib calls it outside its exception handling: nothing may escape.
   server.set_expect_100_continue_handler([max_body](const httplib::Request& req,
                                                     httplib::Response& res) {
-    const int64_t declared = DeclaredLength(req);
-    if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
-      WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body));
-      return 413;
+    try {
+      if (const std::string ambiguous = AmbiguousLength(req); !ambiguous.empty()) {
+        internal::WriteHttpErrorAndClose(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
+                                         ambiguous);
+        return 400;
+      }
+      const int64_t declared = DeclaredLength(req);
+      if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
+        WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT,
+                       TooLarge(declared, max_body));
+        return 413;
+      }
+      return 100;
+    } catch (...) {
+      WriteFallbackError(res);
+      return 500;
     }
-    return 100;
   });
   // Answers with `resp` or the RPC's error.
   auto reply = [](httplib::Response& res, const grpc::Status& s,
@@ -251,10 +301,10 @@ void JobGateway::Register(httplib::Server& server) {
         fields[key] = size;
         continue;
       }
-      fields[key] = value;
+      fields[key] = value;  // UTF-8: the pre-routing handler refused other bytes
     }
     loom::v1::ListJobsRequest request;
-    if (!internal::ParseBody(fields.dump(), &request, res)) return;
+    if (!internal::ParseBody(internal::SafeDump(fields), &request, res)) return;
     loom::v1::ListJobsResponse response;
     reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });
@@ -291,70 +341,7 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::Job response;
     reply(res, stub_->KillJob(context(req).get(), request, &response), response);
   });
-  server.Get(internal::kLogsRoute,
-             [this, context](const httplib::Request& req, httplib::Response& res) {
-               loom::v1::StreamLogsRequest request;
-               request.set_job_id(req.matches[1]);
-               if (!ParseLogsQuery(req, &request, res)) return;
-               if (!request.follow()) {
-                 // The retained lines at once, as {"lines": [LogLine, ...]}, under the deadline.
-                 auto ctx = context(req);
-                 auto reader = stub_->StreamLogs(ctx.get(), request);
-                 // Each line is protobuf's JSON already: joined, not parsed and dumped again.
-                 std::vector<std::string> lines;
-                 loom::v1::LogLine line;
-                 while (reader->Read(&line)) lines.push_back(internal::MessageJson(line));
-                 grpc::Status s = reader->Finish();
-                 if (!s.ok()) {
-                   WriteError(res, s.error_code(), s.error_message());
-                   return;
-                 }
-                 res.status = 200;
-                 res.set_content(absl::StrCat("{\"lines\":[", absl::StrJoin(lines, ","), "]}"),
-                                 kJson);
-                 return;
-               }
-               // follow: chunked NDJSON, one LogLine per line, until the job ends. The status
-               // code comes from a GetJob first (missing job, another tenant's, no token), so that
-               // the headers go out at once instead of after the first line; then no deadline.
-               {
-                 loom::v1::GetJobRequest get;
-                 get.set_job_id(request.job_id());
-                 loom::v1::Job job;
-                 grpc::Status s = stub_->GetJob(context(req).get(), get, &job);
-                 if (!s.ok()) {
-                   WriteError(res, s.error_code(), s.error_message());
-                   return;
-                 }
-               }
-               std::shared_ptr<grpc::ClientContext> ctx = context(req);
-               ctx->set_deadline(std::chrono::system_clock::time_point::max());
-               std::shared_ptr<grpc::ClientReaderInterface<loom::v1::LogLine>> reader(
-                   stub_->StreamLogs(ctx.get(), request));
-               res.status = 200;
-               // A client that goes away is noticed at the next write (a line or the end); a
-               // quiet job's follower holds its gateway thread until then.
-               res.set_chunked_content_provider(
-                   "application/x-ndjson",
-                   [reader](size_t, httplib::DataSink& sink) {
-                     loom::v1::LogLine line;
-                     if (!reader->Read(&line)) {
-                       grpc::Status s = reader->Finish();
-                       if (!s.ok()) {  // the stream broke after the headers: say so in-band
-                         std::string err = nlohmann::json({{"error", {{"code", static_cast<int>(s.error_code())},
-                                                                      {"status", CodeName(s.error_code())},
-                                                                      {"message", s.error_message()}}}})
-                                               .dump() + "\n";
-                         sink.write(err.data(), err.size());
-                       }
-                       sink.done();
-                       return true;
-                     }
-                     std::string out = internal::MessageJson(line) + "\n";
-                     return sink.write(out.data(), out.size());
-                   },
-                   [ctx](bool /*success*/) { ctx->TryCancel(); });
-             });
+  RegisterLogs(server);
   server.Get(internal::kJobRoute,
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                loom::v1::GetJobRequest request;
@@ -380,25 +367,61 @@ void JobGateway::Register(httplib::Server& server) {
                          .Register(*options_.registry);
     server.set_logger([requests, seconds](const httplib::Request& req,
                                           const httplib::Response& res) {
-      const internal::RouteInfo* route = internal::FindRoute(req.path);
-      const std::map<std::string, std::string> labels = {
-          {"route", route != nullptr ? route->route : "unmatched"},
-          {"method", req.method},
-          {"code", std::to_string(res.status)}};
-      requests->Add(labels).Increment();
-      if (request_started) {
-        static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-            60, 300};
-        seconds->Add(labels, *kBuckets).Observe(absl::ToDoubleSeconds(absl::Now() - request_start));
-        request_started = false;
+      // httplib calls the logger outside its exception handling: a metric is not worth the
+      // process.
+      try {
+        const internal::RouteInfo* route = internal::FindRoute(req.path);
+        const std::map<std::string, std::string> labels = {
+            {"route", route != nullptr ? route->route : "unmatched"},
+            {"method", req.method},
+            {"code", std::to_string(res.status)}};
+        requests->Add(labels).Increment();
+        if (request_started) {
+          static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+              0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+              60, 300};
+          seconds->Add(labels, *kBuckets).Observe(absl::ToDoubleSeconds(absl::Now() - request_start));
+        }
+      } catch (...) {
       }
+      request_started = false;
     });
   }
+  // httplib calls the error handler outside its exception handling (an exception here ended the
+  // process: breakit_s41 H1), so it catches everything; the messages quote request bytes only
+  // through internal::Printable.
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;  // a handler already wrote its error
-    WriteLibraryError(req, res);
+    if (internal::HasBody(res)) return;  // a handler already wrote its error
+    try {
+      WriteLibraryError(req, res);
+    } catch (...) {
+      WriteFallbackError(res);
+    }
   });
+  // An exception from a handler or the pre-routing handler: 500 INTERNAL with its what(). httplib
+  // calls this inside a catch block, where a second exception would end the process.
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        try {
+          std::string what = "unknown exception";
+          try {
+            if (ep) std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          // A handler may have set a stream before it threw: the error replaces it.
+          res.content_provider_ = nullptr;
+          res.content_provider_resource_releaser_ = nullptr;
+          res.content_length_ = 0;
+          res.is_chunked_content_provider_ = false;
+          res.headers.clear();
+          WriteHttpError(res, 500, grpc::StatusCode::INTERNAL,
+                         absl::StrCat("gateway error: ", internal::Printable(what)));
+        } catch (...) {
+          WriteFallbackError(res);
+        }
+      });
 }
 
 }  // namespace loom::gateway

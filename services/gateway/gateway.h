@@ -21,11 +21,13 @@
 //                                              -> StreamLogs      200 {"lines": [LogLine...]};
 //        with follow=true a chunked application/x-ndjson body, one LogLine per line, that ends
 //        when the job has ended (an error after the headers is sent as a last {"error": {...}}
-//        line). A client that disconnects cancels the stream at the next line or the job's end.
-//        rank may repeat or be comma-separated.
+//        line). While the job is quiet the connection is probed every `follow_probe` (nothing
+//        is written: the body stays one LogLine per line), so a client that closed its
+//        connection is noticed within about that time: the gateway then cancels the
+//        StreamLogs call and frees its thread. rank may repeat or be comma-separated.
 //   For :watch and followed logs the status code comes from a GetJob before the stream (404,
 //   401, ...); the headers go out at once; each open stream holds one gateway thread (httplib's
-//   pool) and :watch one more (the gRPC reader).
+//   pool, `--http_threads`) and one more that reads the gRPC stream.
 // Checkpoints (CheckpointService; admin token, as loom-checkpoint demands, 403 otherwise; 501
 // UNIMPLEMENTED when the gateway has no checkpoint service):
 //   GET    /v1/jobs/{id}/checkpoints                 -> ListCheckpoints  200 ListCheckpointsResponse
@@ -60,6 +62,13 @@
 // `max_body_bytes` (refused from the declared Content-Length before the body is read, or while
 // reading a chunked one); 400 INVALID_ARGUMENT for a request httplib cannot parse; 404 NOT_FOUND
 // for an unknown path. The other POSTs need no body and no Content-Length (curl -XPOST).
+// 400 INVALID_ARGUMENT, and the connection closed, for a request whose length is ambiguous
+// (RFC 9112 section 6.3): Content-Length headers that differ, or one that is not a decimal
+// number. 400 INVALID_ARGUMENT naming the parameter for a query parameter (name or value) that
+// is not UTF-8 once percent-decoded, and for a JSON body that is not UTF-8. Request bytes quoted
+// in an error message (a path, a Range header) show each byte that is not UTF-8 as \xff. An
+// exception in a handler is 500 INTERNAL; none reaches httplib's threads (it would end the
+// process).
 //
 // Authentication: the request's `Authorization` header is forwarded as the RPC's `authorization`
 // metadata, so the service authenticates the caller and scopes it to its tenant (401 for
@@ -111,6 +120,9 @@ struct GatewayOptions {
   loom::v1::CheckpointService::StubInterface* checkpoints = nullptr;
   // How often a quiet :watch stream sends a ": keep-alive" comment (> 0).
   absl::Duration sse_keepalive = absl::Seconds(15);
+  // How often a quiet followed log stream checks that its client is still connected (> 0): a
+  // client that left frees its gateway thread within about this time.
+  absl::Duration follow_probe = absl::Seconds(1);
   // If set, /v1/ requests need a bearer token known to it (401 otherwise; 403 for a user token
   // on an admin route). Must outlive the server.
   const TokenAuthenticator* auth = nullptr;
@@ -125,6 +137,13 @@ struct GatewayOptions {
 // DEADLINE_EXCEEDED 504, anything else 500.
 int HttpStatusFromGrpc(grpc::StatusCode code);
 
+// The default size of the pool of threads serving HTTP requests (loom-gateway --http_threads):
+// max(8, 2 x the hardware threads). Each open :watch or followed log stream holds one.
+int DefaultHttpThreads();
+// Makes `server` serve its requests on a pool of `threads` threads (>= 1) instead of httplib's
+// default (max(8, hardware threads - 1)). Call before listening.
+void SetHttpThreads(httplib::Server& server, int threads);
+
 // Routes the REST API onto `stub` (and options.admin, options.checkpoints). Thread-safe (httplib
 // runs handlers on a thread pool; gRPC stubs are thread-safe). `stub` must outlive the server
 // the routes are registered on.
@@ -134,8 +153,9 @@ class JobGateway {
   void Register(httplib::Server& server);
 
  private:
-  // gateway_watch.cc, gateway_checkpoint_routes.cc, gateway_admin_routes.cc.
+  // gateway_watch.cc, gateway_logs.cc, gateway_checkpoint_routes.cc, gateway_admin_routes.cc.
   void RegisterExplainAndWatch(httplib::Server& server);
+  void RegisterLogs(httplib::Server& server);
   void RegisterCheckpointRoutes(httplib::Server& server);
   void RegisterAdminRoutes(httplib::Server& server);
 

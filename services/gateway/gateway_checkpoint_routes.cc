@@ -21,7 +21,7 @@ bool ParseStep(const std::string& text, int64_t* step, httplib::Response& res) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
       !absl::SimpleAtoi(text, step)) {
     WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-               absl::StrCat("step: '", text.substr(0, 32),
+               absl::StrCat("step: '", internal::Printable(text, 32),
                             "' is not a checkpoint step (a decimal integer >= 0)"));
     return false;
   }

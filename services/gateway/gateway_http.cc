@@ -2,7 +2,9 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <utility>
@@ -21,6 +23,36 @@ bool IsChunked(const httplib::Request& req) {
   return absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
 }
 
+// The length of the well-formed UTF-8 sequence starting at text[i] (1-4), or 0 if there is none
+// (RFC 3629 section 4's table: the second byte's range excludes overlong forms, surrogates and
+// code points above U+10FFFF).
+size_t Utf8SequenceAt(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b0 = byte(i);
+  if (b0 < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    n = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    n = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    n = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > text.size()) return 0;
+  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
 }  // namespace
 
 std::string CodeName(grpc::StatusCode code) {
@@ -33,12 +65,73 @@ std::string CodeName(grpc::StatusCode code) {
   return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
 }
 
+size_t FirstInvalidUtf8(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8SequenceAt(text, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return absl::string_view::npos;
+}
+
+std::string Printable(absl::string_view text, size_t max_bytes) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size() && i < max_bytes) {
+    const size_t n = Utf8SequenceAt(text, i);
+    if (n == 0) {
+      absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned char>(text[i]),
+                                               absl::kZeroPad2));
+      ++i;
+    } else {
+      out.append(text.data() + i, n);
+      i += n;
+    }
+  }
+  if (i < text.size()) out += "...";
+  return out;
+}
+
+std::string SafeDump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+std::string ErrorBody(grpc::StatusCode code, const std::string& message) {
+  return SafeDump({{"code", static_cast<int>(code)}, {"status", CodeName(code)},
+                   {"message", message}});
+}
+
+}  // namespace
+
 void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode code,
                     const std::string& message) {
   res.status = http_status;
-  nlohmann::json body = {{"code", static_cast<int>(code)}, {"status", CodeName(code)},
-                         {"message", message}};
-  res.set_content(body.dump(), kJson);
+  res.set_content(ErrorBody(code, message), kJson);
+}
+
+void WriteHttpErrorAndClose(httplib::Response& res, int http_status, grpc::StatusCode code,
+                            const std::string& message) {
+  res.status = http_status;
+  res.set_header("Connection", "close");
+  auto body = std::make_shared<const std::string>(ErrorBody(code, message));
+  res.set_content_provider(
+      body->size(), kJson,
+      [body](size_t offset, size_t length, httplib::DataSink& sink) {
+        // The body (or the part a Range header asked for), then "failure": httplib ends the
+        // connection instead of reading the request's unread bytes as the next request. (httplib
+        // sends Content-Length from the provider's length: it applies ranges to every routed
+        // response and to every error the gateway's error handler saw.)
+        if (offset < body->size()) {
+          sink.write(body->data() + offset, std::min(length, body->size() - offset));
+        }
+        return false;
+      });
+}
+
+bool HasBody(const httplib::Response& res) {
+  return !res.body.empty() || static_cast<bool>(res.content_provider_);
 }
 
 void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message) {
@@ -76,6 +169,14 @@ void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf
 }
 
 bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res) {
+  if (const size_t bad = FirstInvalidUtf8(json); bad != absl::string_view::npos) {
+    WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
+               absl::StrCat("request body is not valid UTF-8 JSON (a ",
+                            m->GetDescriptor()->full_name(), " is expected): byte 0x",
+                            absl::Hex(static_cast<unsigned char>(json[bad]), absl::kZeroPad2),
+                            " at offset ", bad, " is not UTF-8"));
+    return false;
+  }
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;
   auto st = google::protobuf::util::JsonStringToMessage(json.empty() ? "{}" : json, m, opts);

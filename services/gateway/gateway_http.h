@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace loom::gateway::internal {
@@ -23,10 +25,34 @@ inline constexpr char kJson[] = "application/json";
 // Canonical upper-case name of a gRPC code ("NOT_FOUND").
 std::string CodeName(grpc::StatusCode code);
 
+// The offset of the first byte of `text` that does not start a well-formed UTF-8 sequence
+// (RFC 3629: no overlong forms, surrogates or code points above U+10FFFF), or npos if all of it
+// is UTF-8.
+size_t FirstInvalidUtf8(absl::string_view text);
+// `text` made safe to quote in a message: its UTF-8 kept, each byte that is not UTF-8 written as
+// \xFF, and cut after `max_bytes` of input with "...". Request bytes (a path, a header, a query
+// parameter) go through this before they are quoted in an error, so that the error is readable
+// and JSON can carry it.
+std::string Printable(absl::string_view text, size_t max_bytes = 200);
+// j.dump() that never throws on text that is not UTF-8 (nlohmann's default does, type_error
+// 316): such bytes become U+FFFD. Every dump of text that may hold request bytes uses this.
+std::string SafeDump(const nlohmann::json& j);
+
 // {"code": <gRPC code number>, "status": "NOT_FOUND", "message": ...} with an explicit HTTP
-// status (for errors of HTTP itself: 405, 411, 413, ...).
+// status (for errors of HTTP itself: 405, 411, 413, ...). Never throws on a message that is not
+// UTF-8 (SafeDump).
 void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode code,
                     const std::string& message);
+// The same error, after which httplib closes the connection: for a request whose framing cannot
+// be trusted (RFC 9112 section 6.3), whose unread bytes must not be parsed as a next request.
+// httplib 0.11 keeps a connection open whatever the response's `Connection` header says; it
+// closes it when a content provider fails, so the body goes out through a provider that writes
+// it whole and then reports failure.
+void WriteHttpErrorAndClose(httplib::Response& res, int http_status, grpc::StatusCode code,
+                            const std::string& message);
+// True once WriteHttpError / WriteHttpErrorAndClose or a handler wrote a response body, so that
+// the error handler leaves it alone.
+bool HasBody(const httplib::Response& res);
 // The same body with the HTTP status of HttpStatusFromGrpc(code).
 void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string& message);
 
@@ -38,7 +64,9 @@ void WriteMessage(httplib::Response& res, const google::protobuf::Message& m);
 void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf::Message& resp);
 
 // Parses `json` ("" = {}) into `m`; unknown fields are an error. On failure answers 400
-// INVALID_ARGUMENT naming the message type and returns false.
+// INVALID_ARGUMENT naming the message type and returns false; a body that is not UTF-8 (JSON
+// text must be, RFC 8259 section 8.1) is refused first, naming the offset of the bad byte,
+// because protobuf's parse error would quote the bytes back.
 bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res);
 
 // Reads a request body through `reader` into *body, at most `max` bytes. A request with neither

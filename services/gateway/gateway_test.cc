@@ -180,8 +180,9 @@ TEST_F(GatewayClusterTest, KillRoute) {
 
 // The logs route's query parameters and errors. The job never ran (no nodes), so it has no
 // retained lines: the scheduler answers an empty list, and follow on an ended job ends at once.
+// Two ranks, so that rank=1 and rank=0,1 name ranks the job has (the scheduler refuses others).
 TEST_F(GatewayClusterTest, LogsRouteParametersAndErrors) {
-  const std::string id = Submit(kTeamA);
+  const std::string id = Submit(kTeamA, 2);
   ASSERT_FALSE(id.empty());
   ASSERT_EQ(Call("POST", "/v1/jobs/" + id + ":cancel", kTeamA).first, 200);
   auto [all_code, all] = Call("GET", "/v1/jobs/" + id + "/logs", kTeamA);
@@ -189,6 +190,9 @@ TEST_F(GatewayClusterTest, LogsRouteParametersAndErrors) {
   EXPECT_TRUE(!all.contains("lines") || all["lines"].empty()) << all;
   auto [tail_code, tail] = Call("GET", "/v1/jobs/" + id + "/logs?rank=1&tail_lines=2", kTeamA);
   EXPECT_EQ(tail_code, 200) << tail;
+  auto [range_code, range] = Call("GET", "/v1/jobs/" + id + "/logs?rank=2", kTeamA);
+  EXPECT_EQ(range_code, 400) << range;  // the scheduler's INVALID_ARGUMENT, passed through
+  EXPECT_EQ(range["status"], "INVALID_ARGUMENT") << range;
 
   // follow: chunked NDJSON, one LogLine per line (none here), ending with the ended job.
   httplib::Headers auth = {{"Authorization", kTeamA}};
@@ -197,7 +201,9 @@ TEST_F(GatewayClusterTest, LogsRouteParametersAndErrors) {
   EXPECT_EQ(followed->status, 200);
   EXPECT_EQ(followed->get_header_value("Content-Type"), "application/x-ndjson");
   for (absl::string_view l : absl::StrSplit(followed->body, '\n', absl::SkipEmpty())) {
-    EXPECT_FALSE(json::parse(l, nullptr, false).is_discarded()) << l;
+    const json line = json::parse(l, nullptr, false);
+    EXPECT_FALSE(line.is_discarded()) << l;
+    EXPECT_FALSE(line.contains("error")) << l;
   }
 
   EXPECT_EQ(Call("GET", "/v1/jobs/job-nope/logs", kTeamA).first, 404);
@@ -214,7 +220,7 @@ TEST_F(GatewayClusterTest, LogsRouteParametersAndErrors) {
 
 TEST(HttpStatusFromGrpcTest, FollowsGoogleRpcCodeMapping) {
   const std::map<grpc::StatusCode, int> want = {
-      {grpc::StatusCode::OK, 200}, {grpc::StatusCode::CANCELLED, 499},
+      {grpc::StatusCode::OK, 200}, {grpc::StatusCode::CANCELLED, 503},
       {grpc::StatusCode::UNKNOWN, 500}, {grpc::StatusCode::INVALID_ARGUMENT, 400},
       {grpc::StatusCode::DEADLINE_EXCEEDED, 504}, {grpc::StatusCode::NOT_FOUND, 404},
       {grpc::StatusCode::ALREADY_EXISTS, 409}, {grpc::StatusCode::PERMISSION_DENIED, 403},

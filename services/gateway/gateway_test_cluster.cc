@@ -72,8 +72,11 @@ void GatewayClusterTest::SetUp() {
   gateway_options.admin = admin_.get();
   gateway_options.checkpoints = checkpoints_.get();
   gateway_options.sse_keepalive = absl::Milliseconds(100);
+  gateway_options.follow_probe = absl::Milliseconds(50);
   gateway_ = std::make_unique<JobGateway>(jobs_.get(), gateway_options);
+  SetHttpThreads(http_, kHttpThreads);
   gateway_->Register(http_);
+  AddRoutes(http_);
   http_port_ = http_.bind_to_any_port("127.0.0.1");
   ASSERT_GT(http_port_, 0);
   listener_ = std::thread([this] { http_.listen_after_bind(); });

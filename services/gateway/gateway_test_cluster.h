@@ -38,8 +38,16 @@ class GatewayClusterTest : public ::testing::Test {
  protected:
   using json = nlohmann::json;
 
+  // The gateway's pool: httplib's default on a small machine (max(8, hardware threads - 1))
+  // and the smallest DefaultHttpThreads(), fixed so that a test exhausting it means the same on
+  // every machine.
+  static constexpr int kHttpThreads = 8;
+
   void SetUp() override;
   void TearDown() override;
+  // Called after the gateway's routes are registered and before the server listens: a test
+  // fixture may add routes of its own here.
+  virtual void AddRoutes(httplib::Server& /*server*/) {}
 
   // One HTTP exchange with `authorization` ("" = none): status and parsed JSON body (the test
   // fails if there is no response or the body is not JSON).

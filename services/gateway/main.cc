@@ -2,7 +2,8 @@
 //
 //   loom-gateway --scheduler=HOST:PORT [--checkpoint=HOST:PORT] [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
 //                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
-//                [--reconnect_backoff_max=1s]
+//                [--reconnect_backoff_max=1s] [--http_threads=N] [--sse_keepalive=15s]
+//                [--follow_probe=1s]
 //
 // Prints "LOOM_READY loom-gateway grpc=- metrics=URL http=URL" once serving HTTP on --host:--port
 // (common/daemon.h) and stops on SIGTERM or SIGINT. The metrics port also serves /healthz and
@@ -37,6 +38,13 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(absl::Duration, sse_keepalive, absl::Seconds(15),
           "How often a quiet GET /v1/jobs/{id}:watch event stream sends a keep-alive comment "
           "(a client that went away is noticed within this time).");
+ABSL_FLAG(absl::Duration, follow_probe, absl::Seconds(1),
+          "How often a quiet GET /v1/jobs/{id}/logs?follow=true stream checks that its client "
+          "is still connected (nothing is written); a client that left frees its thread within "
+          "about this time.");
+ABSL_FLAG(int, http_threads, 0,
+          "Threads serving HTTP requests; each open :watch or followed log stream holds one "
+          "while it lasts, and requests beyond them wait. 0 = max(8, 2 x hardware threads).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind HTTP and /metrics to.");
 ABSL_FLAG(int, port, 8080, "HTTP port of the REST API (0 = any free port, logged).");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = any free port).");
@@ -103,6 +111,18 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--sse_keepalive: must be > 0, got " << absl::GetFlag(FLAGS_sse_keepalive);
     return 2;
   }
+  if (absl::GetFlag(FLAGS_follow_probe) <= absl::ZeroDuration()) {
+    LOG(ERROR) << "--follow_probe: must be > 0, got " << absl::GetFlag(FLAGS_follow_probe);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_http_threads) < 0) {
+    LOG(ERROR) << "--http_threads: must be >= 0 (0 = default), got "
+               << absl::GetFlag(FLAGS_http_threads);
+    return 2;
+  }
+  const int http_threads = absl::GetFlag(FLAGS_http_threads) == 0
+                               ? loom::gateway::DefaultHttpThreads()
+                               : absl::GetFlag(FLAGS_http_threads);
   auto registry = std::make_shared<prometheus::Registry>();
   loom::gateway::GatewayOptions options;
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
@@ -117,9 +137,11 @@ int main(int argc, char** argv) {
   options.admin = admin.get();
   options.checkpoints = checkpoints.get();
   options.sse_keepalive = absl::GetFlag(FLAGS_sse_keepalive);
+  options.follow_probe = absl::GetFlag(FLAGS_follow_probe);
   loom::gateway::JobGateway gateway(stub.get(), options);
 
   httplib::Server server;
+  loom::gateway::SetHttpThreads(server, http_threads);
   gateway.Register(server);
   const std::string host = absl::GetFlag(FLAGS_host);
   int port = absl::GetFlag(FLAGS_port);
@@ -153,7 +175,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG(INFO) << "loom-gateway serving http://" << host << ":" << port << " for scheduler "
-            << absl::GetFlag(FLAGS_scheduler);
+            << absl::GetFlag(FLAGS_scheduler) << " on " << http_threads << " HTTP threads";
   int sig = 0;
   sigwait(&signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";

@@ -1,0 +1,381 @@
+// loom-gateway against hostile or careless clients, over raw HTTP/1.1 bytes on loopback against
+// a real loom-scheduler with bearer tokens (GatewayClusterTest), each a regression test of
+// breakit_s41 (services/gateway):
+//   H1  a path or Range header that is not UTF-8 ended the process (nlohmann's dump threw in
+//       httplib's error handler); an exception in a handler must be a 500, never a crash;
+//   M2  a query parameter or JSON body that is not UTF-8 was a 500 instead of a 400;
+//   H3  followed-log requests abandoned by their clients on a quiet job held httplib's pool
+//       threads until the job printed, and the gateway stopped answering everyone;
+//   M6  Content-Length headers that differ, or one that is not a number, were accepted.
+// No sleeps: every wait is for a condition, under a deadline.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "services/gateway/gateway_http.h"
+#include "services/gateway/gateway_test_cluster.h"
+
+namespace loom::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+struct RawResponse {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+};
+
+// A loopback connection that sends bytes exactly as given (what httplib's client would not
+// send: a header that is not UTF-8, two Content-Length headers) and reads responses. Every read
+// gives up after 20 s (SO_RCVTIMEO), so a gateway that never answers fails the test instead of
+// hanging it.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd_ < 0) return;
+    timeval timeout{20, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Close();
+  }
+  ~RawConnection() { Close(); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool ok() const { return fd_ >= 0; }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (fd_ >= 0 && sent < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return sent == bytes.size();
+  }
+
+  // Reads until `text` arrived after what earlier calls consumed; false on end of stream or
+  // the receive timeout.
+  bool ReadUntil(const std::string& text) {
+    while (in_.find(text, pos_) == std::string::npos) {
+      if (!ReadMore()) return false;
+    }
+    return true;
+  }
+
+  // ReadUntil(text), then consumes everything up to the end of `text`.
+  bool Skip(const std::string& text) {
+    if (!ReadUntil(text)) return false;
+    pos_ = in_.find(text, pos_) + text.size();
+    return true;
+  }
+
+  // True when the gateway closes the connection (end of stream, or a reset: closing a socket
+  // with unread bytes sends one) before the receive timeout, and sent nothing more.
+  bool ReadToEof() {
+    const size_t before = in_.size();
+    while (ReadMore()) {
+    }
+    return closed_ && in_.size() == before;
+  }
+
+  // The next response: its headers and a Content-Length body.
+  absl::StatusOr<RawResponse> ReadResponse() {
+    if (!ReadUntil("\r\n\r\n")) {
+      return absl::DeadlineExceededError(absl::StrCat("no response headers: '", in_, "'"));
+    }
+    const size_t header_end = in_.find("\r\n\r\n", pos_);
+    std::vector<std::string> lines =
+        absl::StrSplit(in_.substr(pos_, header_end - pos_), "\r\n");
+    std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
+    RawResponse resp;
+    if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &resp.status)) {
+      return absl::InternalError(absl::StrCat("bad status line: ", lines[0]));
+    }
+    for (size_t i = 1; i < lines.size(); ++i) {
+      const size_t colon = lines[i].find(':');
+      if (colon == std::string::npos) continue;
+      resp.headers[absl::AsciiStrToLower(lines[i].substr(0, colon))] =
+          std::string(absl::StripAsciiWhitespace(lines[i].substr(colon + 1)));
+    }
+    size_t length = 0;
+    if (!absl::SimpleAtoi(resp.headers["content-length"], &length)) length = 0;
+    const size_t body_start = header_end + 4;
+    while (in_.size() < body_start + length) {
+      if (!ReadMore()) {
+        return absl::DeadlineExceededError(absl::StrCat("incomplete body: '", in_, "'"));
+      }
+    }
+    resp.body = in_.substr(body_start, length);
+    pos_ = body_start + length;
+    return resp;
+  }
+
+ private:
+  bool ReadMore() {
+    if (fd_ < 0 || closed_) return false;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    // A timeout is EAGAIN; anything else ends the connection.
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed_ = true;
+    if (n <= 0) return false;
+    in_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  std::string in_;
+  size_t pos_ = 0;
+  bool closed_ = false;
+};
+
+// The message of a JSON error body ("" and a test failure if it is not one).
+std::string Message(const RawResponse& resp) {
+  const json body = json::parse(resp.body, nullptr, false);
+  EXPECT_TRUE(body.is_object() && body.contains("message")) << resp.body;
+  return body.is_object() && body.contains("message") ? body["message"].get<std::string>() : "";
+}
+
+class GatewayRobustnessTest : public GatewayClusterTest {
+ protected:
+  // Routes of this test only: handlers that throw, as a bug in a route would.
+  void AddRoutes(httplib::Server& server) override {
+    server.Get("/test/throw", [](const httplib::Request&, httplib::Response&) {
+      throw std::runtime_error("broken handler \xff\xfe");
+    });
+    server.Get("/test/throw-int", [](const httplib::Request&, httplib::Response&) { throw 7; });
+  }
+
+  // GET /healthz on a fresh connection answers 200: the gateway is alive and has a free thread.
+  void ExpectServing() {
+    RawConnection c(http_port_);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.Send("GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"));
+    absl::StatusOr<RawResponse> resp = c.ReadResponse();
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(resp->status, 200);
+    EXPECT_EQ(resp->body, "ok\n");
+  }
+};
+
+// H1: both requests ended the gateway (and with it this test process). Now 404 and 416 with
+// the offending bytes quoted as \xff, and the same connection serves the next request.
+TEST_F(GatewayRobustnessTest, NonUtf8PathOrRangeHeaderIs4xxAndTheGatewayKeepsServing) {
+  RawConnection c(http_port_);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.Send("GET /%ff HTTP/1.1\r\nHost: gw\r\n\r\n"));
+  absl::StatusOr<RawResponse> path = c.ReadResponse();
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(path->status, 404) << path->body;
+  EXPECT_EQ(Message(*path), "no route for GET /\\xff");
+
+  ASSERT_TRUE(c.Send("GET /healthz HTTP/1.1\r\nHost: gw\r\nRange: bytes=\xff\r\n\r\n"));
+  absl::StatusOr<RawResponse> range = c.ReadResponse();
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->status, 416) << range->body;
+  EXPECT_EQ(Message(*range), "Range 'bytes=\\xff' cannot be satisfied");
+
+  // The same under /v1/ with a token, and a 405 quoting the path.
+  ASSERT_TRUE(c.Send(absl::StrCat("GET /v1/jobs/%ff%fe/x HTTP/1.1\r\nHost: gw\r\nAuthorization: ",
+                                  kTeamA, "\r\n\r\n")));
+  absl::StatusOr<RawResponse> v1 = c.ReadResponse();
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(v1->status, 404) << v1->body;
+
+  ASSERT_TRUE(c.Send("GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"));
+  absl::StatusOr<RawResponse> next = c.ReadResponse();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->status, 200);
+  ExpectServing();
+}
+
+// H1: no exception reaches httplib's threads. A handler's is a 500 INTERNAL JSON error whose
+// message is JSON-safe even when what() is not UTF-8.
+TEST_F(GatewayRobustnessTest, AnExceptionInAHandlerIsA500) {
+  for (const char* path : {"/test/throw", "/test/throw-int"}) {
+    RawConnection c(http_port_);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.Send(absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: gw\r\n\r\n")));
+    absl::StatusOr<RawResponse> resp = c.ReadResponse();
+    ASSERT_TRUE(resp.ok()) << path << ": " << resp.status();
+    EXPECT_EQ(resp->status, 500) << resp->body;
+    EXPECT_EQ(resp->headers["content-type"], "application/json");
+    const json body = json::parse(resp->body, nullptr, false);
+    ASSERT_TRUE(body.is_object()) << resp->body;
+    EXPECT_EQ(body["status"], "INTERNAL");
+    EXPECT_TRUE(absl::StartsWith(body["message"].get<std::string>(), "gateway error: "))
+        << body;
+  }
+  auto [code, err] = Call("GET", "/test/throw", "");
+  EXPECT_EQ(err["message"], "gateway error: broken handler \\xff\\xfe");
+  ExpectServing();
+}
+
+// M2: these answered 500 INTERNAL (nlohmann's type_error inside the handler); now 400 naming
+// the parameter, or saying that the body is not UTF-8.
+TEST_F(GatewayRobustnessTest, NonUtf8QueryParameterOrBodyIs400) {
+  auto [value_code, value] = Call("GET", "/v1/jobs?name_prefix=%ff%fe", kTeamA);
+  EXPECT_EQ(value_code, 400) << value;
+  EXPECT_EQ(value["status"], "INVALID_ARGUMENT");
+  EXPECT_EQ(value["message"],
+            "query parameter 'name_prefix': its value '\\xff\\xfe' is not valid UTF-8 (byte 0)")
+      << value;
+  auto [name_code, name] = Call("GET", "/v1/jobs?%ff=1", kTeamA);
+  EXPECT_EQ(name_code, 400) << name;
+  EXPECT_EQ(name["message"], "query parameter name '\\xff' is not valid UTF-8") << name;
+  const std::string id = Submit(kTeamA);
+  ASSERT_FALSE(id.empty());
+  auto [rank_code, rank] = Call("GET", "/v1/jobs/" + id + "/logs?rank=0%c0%af", kTeamA);
+  EXPECT_EQ(rank_code, 400) << rank;  // an overlong '/' is not UTF-8 either
+  EXPECT_NE(rank["message"].get<std::string>().find("'rank'"), std::string::npos) << rank;
+
+  auto [body_code, body] = Call("POST", "/v1/jobs", kTeamA, "{\"spec\": \xff}");
+  EXPECT_EQ(body_code, 400) << body;
+  EXPECT_EQ(body["status"], "INVALID_ARGUMENT");
+  EXPECT_EQ(body["message"],
+            "request body is not valid UTF-8 JSON (a loom.v1.SubmitJobRequest is expected): "
+            "byte 0xff at offset 9 is not UTF-8")
+      << body;
+  RegisterNode("worker-0", 1);
+  auto [cordon_code, cordon] =
+      Call("POST", "/v1/nodes/worker-0:cordon", kAdmin, "{\"reason\": \"\xff\"}");
+  EXPECT_EQ(cordon_code, 400) << cordon;
+  EXPECT_NE(cordon["message"].get<std::string>().find("not valid UTF-8"), std::string::npos)
+      << cordon;
+  // Valid UTF-8 beyond ASCII is fine.
+  auto [ok_code, ok] = Call("GET", "/v1/jobs?name_prefix=%c3%a9t%c3%a9", kTeamA);
+  EXPECT_EQ(ok_code, 200) << ok;
+}
+
+// H3: each abandoned follower of a quiet job held a pool thread (blocked in the StreamLogs
+// Read()) until the job printed or ended; kHttpThreads of them hung the gateway for every
+// client. Now the gateway notices the closed connection within `follow_probe`, cancels the
+// call and frees the thread, while a follower that stays connected keeps its stream.
+TEST_F(GatewayRobustnessTest, AbandonedLogFollowersFreeTheirThreads) {
+  const std::string id = Submit(kTeamA, 2);  // no nodes: it waits, and prints nothing
+  ASSERT_FALSE(id.empty());
+  const std::string follow =
+      absl::StrCat("GET /v1/jobs/", id, "/logs?follow=true HTTP/1.1\r\nHost: gw\r\n",
+                   "Authorization: ", kTeamA, "\r\n\r\n");
+  RawConnection live(http_port_);
+  ASSERT_TRUE(live.ok());
+  ASSERT_TRUE(live.Send(follow));
+  ASSERT_TRUE(live.Skip("\r\n\r\n")) << "the live follower got no headers";
+
+  // More abandoned followers than the pool has threads, one after another: each needs a free
+  // thread to get its headers, which it gets only if the earlier ones were freed.
+  const int abandoned = kHttpThreads + 2;
+  for (int i = 0; i < abandoned; ++i) {
+    RawConnection c(http_port_);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.Send(follow));
+    ASSERT_TRUE(c.ReadUntil("\r\n\r\n"))
+        << "follower " << i << " got no headers: the pool is held by abandoned followers";
+  }  // each closes its connection here without reading on
+  // Every abandoned response ended (httplib counts a response when it ends), and the live one
+  // did not: the probe ends only streams whose client left.
+  EXPECT_TRUE(AwaitRequests("/v1/jobs/{id}/logs", "GET", "200", abandoned));
+  auto [code, job] = Call("GET", "/v1/jobs/" + id, kTeamA);
+  EXPECT_EQ(code, 200) << job;
+  EXPECT_EQ(job["phase"], "JOB_PHASE_PENDING") << job;
+  EXPECT_EQ(Requests("/v1/jobs/{id}/logs", "GET", "200"), abandoned);
+
+  ASSERT_EQ(Call("POST", "/v1/jobs/" + id + ":kill", kTeamA).first, 200);
+  // The live follower's stream ends with the job: no line, then the terminating chunk.
+  EXPECT_TRUE(live.ReadUntil("0\r\n\r\n")) << "the live follower's stream did not end";
+  EXPECT_TRUE(AwaitRequests("/v1/jobs/{id}/logs", "GET", "200", abandoned + 1));
+  ExpectServing();
+}
+
+// M6 (RFC 9112 section 6.3): differing Content-Length headers, or one that is not a decimal
+// number, are refused with 400 and the connection closed (its unread bytes are not parsed as a
+// next request). They were read by the first value, and "2x" as 2.
+TEST_F(GatewayRobustnessTest, AmbiguousContentLengthIs400AndClosesTheConnection) {
+  const std::string head = absl::StrCat("POST /v1/jobs/job-nope:cancel HTTP/1.1\r\nHost: gw\r\n",
+                                        "Authorization: ", kTeamA,
+                                        "\r\nContent-Type: application/json\r\n");
+  struct Case {
+    std::string headers;
+    std::string want;  // in the message
+  };
+  for (const Case& test : std::vector<Case>{
+           {"Content-Length: 2\r\nContent-Length: 7\r\n",
+            "2 Content-Length headers with different values ('2' and '7')"},
+           {"Content-Length: 2x\r\n", "Content-Length '2x' is not a decimal byte count"},
+           {"Content-Length: -2\r\n", "Content-Length '-2' is not a decimal byte count"},
+           {"Content-Length: 2\r\nExpect: 100-continue\r\nContent-Length: 3\r\n",
+            "different values"}}) {
+    RawConnection c(http_port_);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.Send(absl::StrCat(head, test.headers, "\r\n{}GET /healthz HTTP/1.1\r\n\r\n")));
+    absl::StatusOr<RawResponse> resp = c.ReadResponse();
+    ASSERT_TRUE(resp.ok()) << test.headers << resp.status();
+    EXPECT_EQ(resp->status, 400) << test.headers << resp->body;
+    EXPECT_NE(Message(*resp).find(test.want), std::string::npos) << resp->body;
+    EXPECT_EQ(resp->headers["connection"], "close") << test.headers;
+    EXPECT_TRUE(c.ReadToEof()) << test.headers << ": the connection stayed open";
+  }
+  // The same length twice is one length (RFC 9112 allows it): the request goes through.
+  RawConnection same(http_port_);
+  ASSERT_TRUE(same.ok());
+  ASSERT_TRUE(same.Send(absl::StrCat(head, "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}")));
+  absl::StatusOr<RawResponse> resp = same.ReadResponse();
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->status, 404) << resp->body;  // job-nope: the scheduler was asked
+  ExpectServing();
+}
+
+TEST(Utf8Test, FirstInvalidAndPrintable) {
+  using internal::FirstInvalidUtf8;
+  using internal::Printable;
+  constexpr size_t kNone = absl::string_view::npos;
+  EXPECT_EQ(FirstInvalidUtf8(""), kNone);
+  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), kNone);
+  EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), kNone);
+  EXPECT_EQ(FirstInvalidUtf8("a\xff"), 1u);
+  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0u);           // overlong '/'
+  EXPECT_EQ(FirstInvalidUtf8("\xe0\x80\xaf"), 0u);       // overlong, 3 bytes
+  EXPECT_EQ(FirstInvalidUtf8("x\xed\xa0\x80"), 1u);      // a UTF-16 surrogate
+  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0u);   // above U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("ab\xe2\x82"), 2u);         // cut short
+  EXPECT_EQ(FirstInvalidUtf8("\x80"), 0u);               // a lone continuation byte
+  EXPECT_EQ(Printable("/\xff\xc3\xa9"), "/\\xff\xc3\xa9");
+  EXPECT_EQ(Printable("abcdef", 3), "abc...");
+  // What Printable returns always survives a strict dump.
+  EXPECT_NO_THROW(json(Printable("\xed\xa0\x80\xf4\x90\x80\x80\xc0")).dump());
+}
+
+TEST(HttpThreadsTest, DefaultIsAtLeastEightAndTwicePerHardwareThread) {
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(DefaultHttpThreads(), std::max(8, 2 * hardware));
+}
+
+}  // namespace
+}  // namespace loom::gateway
