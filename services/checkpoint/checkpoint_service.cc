@@ -218,10 +218,20 @@ grpc::Status CheckpointServiceImpl::VerifyCheckpoint(grpc::ServerContext* contex
   } else {
     auto dir = JobCheckpointDir(options_.checkpoint_root, req->job_id());
     if (!dir.ok()) return ToGrpcStatus(dir.status());
-    if (req->step() <= 0) {
-      return ToGrpcStatus(absl::InvalidArgumentError("step: required (or path)"));
+    if (req->step() < 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("step: ", req->step(), " is negative (0 = the newest committed step)")));
     }
-    path = absl::StrCat(*dir, "/", storage::StepDirName(req->step()));
+    if (req->step() == 0) {
+      // As ConsolidateCheckpoint: 0 is the newest committed step (it was refused here, while
+      // consolidation took it; break-it pass, 2026-12-05).
+      if (grpc::Status e = ToGrpcStatus(JobDirExists(req->job_id(), *dir)); !e.ok()) return e;
+      absl::StatusOr<storage::CheckpointInfo> newest = storage::NewestCommittedCheckpoint(*dir);
+      if (!newest.ok()) return ToGrpcStatus(newest.status());
+      path = newest->path;
+    } else {
+      path = absl::StrCat(*dir, "/", storage::StepDirName(req->step()));
+    }
   }
   absl::StatusOr<storage::VerifyReport> report = storage::VerifyPath(path);
   if (!report.ok()) {

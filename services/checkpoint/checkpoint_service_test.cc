@@ -461,6 +461,30 @@ TEST_F(CheckpointServiceTest, CorruptStepIsMarkedListedAndSkippedAsResumePoint) 
   EXPECT_NE(none.status().message().find("skipped step 4"), absl::string_view::npos);
 }
 
+// Regression (break-it pass, 2026-12-05): VerifyCheckpoint refused step 0, which
+// ConsolidateCheckpoint takes as "the newest committed step"; now both do.
+TEST_F(CheckpointServiceTest, VerifyStepZeroIsTheNewestCommittedStep) {
+  const std::string job_dir = root_ + "/job-v";
+  WriteTinyCheckpoint(job_dir, 4, 2, {0, 1});
+  WriteTinyCheckpoint(job_dir, 8, 2, {0, 1});
+  WriteTinyCheckpoint(job_dir, 12, 2, {0});  // partial: not committed
+  auto verify = [&](int64_t step, v1::VerifyCheckpointResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::VerifyCheckpointRequest req;
+    req.set_job_id("job-v");
+    req.set_step(step);
+    return stub_->VerifyCheckpoint(&ctx, req, resp);
+  };
+  v1::VerifyCheckpointResponse resp;
+  grpc::Status s = verify(0, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GT(resp.files_size(), 0);
+  EXPECT_NE(resp.files(0).find(job_dir + "/step_00000008/"), std::string::npos) << resp.files(0);
+  s = verify(-3, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("step: -3 is negative"), std::string::npos) << s.error_message();
+}
+
 // Regression (break-it pass, 2026-12-05): a step with a truncated manifest was passed over like
 // a partial one, and the job restarted from an older step with no word about why.
 TEST_F(CheckpointServiceTest, StepWithAnUnreadableManifestIsListedDamagedAndNamedAsSkipped) {
