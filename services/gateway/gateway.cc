@@ -304,7 +304,10 @@ void JobGateway::Register(httplib::Server& server) {
       fields[key] = value;  // UTF-8: the pre-routing handler refused other bytes
     }
     loom::v1::ListJobsRequest request;
-    if (!internal::ParseBody(internal::SafeDump(fields), &request, res)) return;
+    // The query string as a ListJobsRequest: errors say "query string", not "request body".
+    if (!internal::ParseBody(internal::SafeDump(fields), &request, res, "query string")) {
+      return;
+    }
     loom::v1::ListJobsResponse response;
     reply(res, stub_->ListJobs(context(req).get(), request, &response), response);
   });

@@ -168,10 +168,11 @@ void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf
   }
 }
 
-bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res) {
+bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res,
+               absl::string_view what) {
   if (const size_t bad = FirstInvalidUtf8(json); bad != absl::string_view::npos) {
     WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-               absl::StrCat("request body is not valid UTF-8 JSON (a ",
+               absl::StrCat(what, " is not valid UTF-8 JSON (a ",
                             m->GetDescriptor()->full_name(), " is expected): byte 0x",
                             absl::Hex(static_cast<unsigned char>(json[bad]), absl::kZeroPad2),
                             " at offset ", bad, " is not UTF-8"));
@@ -182,7 +183,7 @@ bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::R
   auto st = google::protobuf::util::JsonStringToMessage(json.empty() ? "{}" : json, m, opts);
   if (!st.ok()) {
     WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
-               absl::StrCat("request body is not a valid ", m->GetDescriptor()->full_name(),
+               absl::StrCat(what, " is not a valid ", m->GetDescriptor()->full_name(),
                             " in JSON: ", st.message().as_string()));
     return false;
   }

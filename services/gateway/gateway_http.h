@@ -66,8 +66,10 @@ void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf
 // Parses `json` ("" = {}) into `m`; unknown fields are an error. On failure answers 400
 // INVALID_ARGUMENT naming the message type and returns false; a body that is not UTF-8 (JSON
 // text must be, RFC 8259 section 8.1) is refused first, naming the offset of the bad byte,
-// because protobuf's parse error would quote the bytes back.
-bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res);
+// because protobuf's parse error would quote the bytes back. `what` names the source in the
+// messages ("request body", or "query string" for a message built from the query parameters).
+bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res,
+               absl::string_view what = "request body");
 
 // Reads a request body through `reader` into *body, at most `max` bytes. A request with neither
 // Content-Length nor chunked encoding has no body (curl -XPOST without -d sends none): fine

@@ -132,6 +132,16 @@ TEST_F(GatewayListTest, BadPageParametersAre400NamingTheParameter) {
   auto [tok_code, tok] = Get("/v1/jobs?page_token=bm90LWEtdG9rZW4");
   EXPECT_EQ(tok_code, 400);
   EXPECT_EQ(tok["message"].get<std::string>().rfind("page_token: ", 0), 0u) << tok;
+  // Regression (break-it pass, 2026-12-05): errors about query parameters spoke of a "request
+  // body" (a GET has none).
+  for (const char* query : {"phase=RUNNING", "bogus=1"}) {
+    auto [code, err] = Get(absl::StrCat("/v1/jobs?", query));
+    EXPECT_EQ(code, 400) << query;
+    EXPECT_EQ(err["message"].get<std::string>().rfind(
+                  "query string is not a valid loom.v1.ListJobsRequest in JSON: ", 0),
+              0u)
+        << err;
+  }
 }
 
 }  // namespace
