@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_credentials.h"
+#include "common/utf8.h"
 #include "services/gateway/gateway_http.h"
 
 namespace loom::gateway {
@@ -77,11 +78,11 @@ std::string AmbiguousLength(const httplib::Request& req) {
 // turns them into JSON, which must be UTF-8.
 std::string NonUtf8Parameter(const httplib::Request& req) {
   for (const auto& [key, value] : req.params) {
-    if (internal::FirstInvalidUtf8(key) != absl::string_view::npos) {
+    if (loom::FirstInvalidUtf8(key) != absl::string_view::npos) {
       return absl::StrCat("query parameter name '", internal::Printable(key, 64),
                           "' is not valid UTF-8");
     }
-    if (const size_t bad = internal::FirstInvalidUtf8(value); bad != absl::string_view::npos) {
+    if (const size_t bad = loom::FirstInvalidUtf8(value); bad != absl::string_view::npos) {
       return absl::StrCat("query parameter '", key, "': its value '",
                           internal::Printable(value, 64), "' is not valid UTF-8 (byte ", bad,
                           ")");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_credentials.h"
+#include "common/utf8.h"
 #include "services/gateway/gateway.h"
 
 namespace loom::gateway::internal {
@@ -21,36 +23,6 @@ namespace {
 
 bool IsChunked(const httplib::Request& req) {
   return absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
-}
-
-// The length of the well-formed UTF-8 sequence starting at text[i] (1-4), or 0 if there is none
-// (RFC 3629 section 4's table: the second byte's range excludes overlong forms, surrogates and
-// code points above U+10FFFF).
-size_t Utf8SequenceAt(absl::string_view text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char b0 = byte(i);
-  if (b0 < 0x80) return 1;
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    n = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    n = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    n = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + n > text.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
-  }
-  return n;
 }
 
 }  // namespace
@@ -65,21 +37,13 @@ std::string CodeName(grpc::StatusCode code) {
   return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
 }
 
-size_t FirstInvalidUtf8(absl::string_view text) {
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = Utf8SequenceAt(text, i);
-    if (n == 0) return i;
-    i += n;
-  }
-  return absl::string_view::npos;
-}
-
 std::string Printable(absl::string_view text, size_t max_bytes) {
   std::string out;
   size_t i = 0;
   while (i < text.size() && i < max_bytes) {
-    const size_t n = Utf8SequenceAt(text, i);
-    if (n == 0) {
+    uint32_t code_point = 0;
+    const int n = loom::DecodeUtf8(text, i, &code_point);  // 0 invalid, -1 cut off: both one bad byte
+    if (n <= 0) {
       absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned char>(text[i]),
                                                absl::kZeroPad2));
       ++i;
@@ -170,7 +134,7 @@ void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf
 
 bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res,
                absl::string_view what) {
-  if (const size_t bad = FirstInvalidUtf8(json); bad != absl::string_view::npos) {
+  if (const size_t bad = loom::FirstInvalidUtf8(json); bad != absl::string_view::npos) {
     WriteError(res, grpc::StatusCode::INVALID_ARGUMENT,
                absl::StrCat(what, " is not valid UTF-8 JSON (a ",
                             m->GetDescriptor()->full_name(), " is expected): byte 0x",

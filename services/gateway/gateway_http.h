@@ -25,10 +25,7 @@ inline constexpr char kJson[] = "application/json";
 // Canonical upper-case name of a gRPC code ("NOT_FOUND").
 std::string CodeName(grpc::StatusCode code);
 
-// The offset of the first byte of `text` that does not start a well-formed UTF-8 sequence
-// (RFC 3629: no overlong forms, surrogates or code points above U+10FFFF), or npos if all of it
-// is UTF-8.
-size_t FirstInvalidUtf8(absl::string_view text);
+// UTF-8 checks of request bytes use loom::FirstInvalidUtf8 / DecodeUtf8 (common/utf8.h).
 // `text` made safe to quote in a message: its UTF-8 kept, each byte that is not UTF-8 written as
 // \xFF, and cut after `max_bytes` of input with "...". Request bytes (a path, a header, a query
 // parameter) go through this before they are quoted in an error, so that the error is readable

@@ -352,20 +352,9 @@ TEST_F(GatewayRobustnessTest, AmbiguousContentLengthIs400AndClosesTheConnection)
   ExpectServing();
 }
 
-TEST(Utf8Test, FirstInvalidAndPrintable) {
-  using internal::FirstInvalidUtf8;
+// The UTF-8 validation itself is common/utf8.h's (utf8_test); Printable quotes with it.
+TEST(PrintableTest, KeepsUtf8EscapesTheRestAndCuts) {
   using internal::Printable;
-  constexpr size_t kNone = absl::string_view::npos;
-  EXPECT_EQ(FirstInvalidUtf8(""), kNone);
-  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), kNone);
-  EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), kNone);
-  EXPECT_EQ(FirstInvalidUtf8("a\xff"), 1u);
-  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0u);           // overlong '/'
-  EXPECT_EQ(FirstInvalidUtf8("\xe0\x80\xaf"), 0u);       // overlong, 3 bytes
-  EXPECT_EQ(FirstInvalidUtf8("x\xed\xa0\x80"), 1u);      // a UTF-16 surrogate
-  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0u);   // above U+10FFFF
-  EXPECT_EQ(FirstInvalidUtf8("ab\xe2\x82"), 2u);         // cut short
-  EXPECT_EQ(FirstInvalidUtf8("\x80"), 0u);               // a lone continuation byte
   EXPECT_EQ(Printable("/\xff\xc3\xa9"), "/\\xff\xc3\xa9");
   EXPECT_EQ(Printable("abcdef", 3), "abc...");
   // What Printable returns always survives a strict dump.
