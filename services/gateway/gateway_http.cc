@@ -60,11 +60,14 @@ std::string SafeDump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+nlohmann::json ErrorJson(grpc::StatusCode code, const std::string& message) {
+  return {{"code", static_cast<int>(code)}, {"status", CodeName(code)}, {"message", message}};
+}
+
 namespace {
 
 std::string ErrorBody(grpc::StatusCode code, const std::string& message) {
-  return SafeDump({{"code", static_cast<int>(code)}, {"status", CodeName(code)},
-                   {"message", message}});
+  return SafeDump(ErrorJson(code, message));
 }
 
 }  // namespace

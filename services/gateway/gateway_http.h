@@ -31,6 +31,9 @@ std::string CodeName(grpc::StatusCode code);
 // parameter) go through this before they are quoted in an error, so that the error is readable
 // and JSON can carry it.
 std::string Printable(absl::string_view text, size_t max_bytes = 200);
+// {"code": <gRPC code number>, "status": "NOT_FOUND", "message": ...}: every error the gateway
+// writes, as a body, an NDJSON {"error": ...} line or an SSE error frame.
+nlohmann::json ErrorJson(grpc::StatusCode code, const std::string& message);
 // j.dump() that never throws on text that is not UTF-8 (nlohmann's default does, type_error
 // 316): such bytes become U+FFFD. Every dump of text that may hold request bytes uses this.
 std::string SafeDump(const nlohmann::json& j);

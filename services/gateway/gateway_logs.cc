@@ -86,10 +86,7 @@ void FollowLines(loom::v1::JobService::StubInterface* stub,
   const grpc::Status s = reader->Finish();
   // A cancelled call is the client's going away (the releaser's TryCancel): nothing to say.
   if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
-    const nlohmann::json err = {{"error",
-                                 {{"code", static_cast<int>(s.error_code())},
-                                  {"status", internal::CodeName(s.error_code())},
-                                  {"message", s.error_message()}}}};
+    const nlohmann::json err = {{"error", internal::ErrorJson(s.error_code(), s.error_message())}};
     emit(internal::SafeDump(err) + "\n");
   }
 }

@@ -47,10 +47,8 @@ void WatchFrames(loom::v1::JobService::StubInterface* stub,
   const grpc::Status s = reader->Finish();
   // A cancelled call is the client's going away (the releaser's TryCancel): nothing to say.
   if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
-    const nlohmann::json body = {{"code", static_cast<int>(s.error_code())},
-                                 {"status", internal::CodeName(s.error_code())},
-                                 {"message", s.error_message()}};
-    emit(Frame("error", ++id, internal::SafeDump(body)));
+    emit(Frame("error", ++id,
+               internal::SafeDump(internal::ErrorJson(s.error_code(), s.error_message()))));
   }
 }
 
