@@ -68,12 +68,7 @@ absl::Status ValidateOutputDir(const std::string& dir) {
   // Never into a checkpoint step directory (its own or another step's, of any job): the export
   // replaces model.safetensors and config.json there, and verifying that step would then check
   // the export instead of its shards. A subdirectory of one (the default: <step>/hf) is fine.
-  auto is_step_name = [](absl::string_view name) {
-    int64_t step = 0;
-    return absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step) &&
-           step >= 0 && storage::StepDirName(step) == name;
-  };
-  if (!parts.empty() && is_step_name(parts.back())) {
+  if (!parts.empty() && storage::ParseStepDirName(parts.back()).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "output_dir: '", dir, "' is a checkpoint step directory; export into a directory of "
         "its own (the default is <step directory>/hf)"));
@@ -238,7 +233,7 @@ grpc::Status CheckpointServiceImpl::VerifyCheckpoint(grpc::ServerContext* contex
     // A committed step whose shard fails its size or CRC-32 check is marked corrupt, so that
     // listings show it and no resume (nor "newest" consolidation) picks it again.
     if (absl::IsDataLoss(report.status()) &&
-        absl::StartsWith(path.substr(path.rfind('/') + 1), "step_") &&
+        storage::ParseStepDirName(path.substr(path.rfind('/') + 1)).has_value() &&
         !storage::CorruptMarkReason(path).has_value()) {
       absl::Status marked =
           storage::MarkCheckpointCorrupt(path, std::string(report.status().message()));

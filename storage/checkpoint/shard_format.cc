@@ -13,8 +13,10 @@
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
@@ -23,6 +25,15 @@ namespace loom::storage {
 using nlohmann::json;
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step_%08d", step); }
+
+std::optional<int64_t> ParseStepDirName(absl::string_view name) {
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&name, "step_") || !absl::SimpleAtoi(name, &step) || step < 0 ||
+      StepDirName(step) != absl::StrCat("step_", name)) {
+    return std::nullopt;
+  }
+  return step;
+}
 std::string ShardFileName(int32_t rank) { return absl::StrCat("rank_", rank, ".shard"); }
 std::string ManifestFileName(int32_t rank) { return absl::StrCat("rank_", rank, ".manifest.json"); }
 

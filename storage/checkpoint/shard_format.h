@@ -23,11 +23,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/file_util.h"
 
@@ -93,6 +95,9 @@ struct ShardManifest {
 
 // "step_00000100".
 std::string StepDirName(int64_t step);
+// The step of a directory name StepDirName produces exactly ("step_00000100" -> 100); nullopt for
+// any other name ("step_100", "step_-1", "hf").
+std::optional<int64_t> ParseStepDirName(absl::string_view name);
 std::string ShardFileName(int32_t rank);     // "rank_<r>.shard"
 std::string ManifestFileName(int32_t rank);  // "rank_<r>.manifest.json"
 

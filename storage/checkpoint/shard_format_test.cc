@@ -208,5 +208,14 @@ TEST(ReadManifestTest, DamagedManifestIsDataLossNamingTheFile) {
   EXPECT_THAT(ReadManifest(dir, 0), StatusIs(absl::StatusCode::kDataLoss, "manifest.rank is 1"));
 }
 
+TEST(StepDirNameTest, ParsesExactlyWhatItWrites) {
+  EXPECT_EQ(ParseStepDirName(StepDirName(100)), std::optional<int64_t>(100));
+  EXPECT_EQ(ParseStepDirName("step_00000000"), std::optional<int64_t>(0));
+  EXPECT_EQ(ParseStepDirName(StepDirName(123456789012)), std::optional<int64_t>(123456789012));
+  for (const char* other : {"step_100", "step_-0000001", "step_0000010x", "hf", "step_", ""}) {
+    EXPECT_EQ(ParseStepDirName(other), std::nullopt) << other;
+  }
+}
+
 }  // namespace
 }  // namespace loom::storage
