@@ -86,20 +86,19 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
   NodeRecord node;
   node.id = node_id;
   if (auto known = nodes_.find(node_id); known != nodes_.end()) {
-    node.admin = known->second.admin;  // cordon/drain survive re-registration
+    const NodeRecord& was = known->second;
+    node.admin = was.admin;  // cordon/drain survive re-registration
+    if (!was.instance_id.empty() && was.instance_id != instance_id && !was.lost) {
+      // A restarted worker (the usual case) or a second daemon given the same --node_id: either
+      // way the earlier process is fenced from here on (HeartbeatLocked refuses it).
+      LOG(WARNING) << "node " << node_id << ": registered by instance " << instance_id
+                   << "; instance " << was.instance_id << " (last heard "
+                   << absl::FormatDuration(clock_->Now() - was.last_heartbeat_time)
+                   << " ago) is fenced: its heartbeats are refused";
+    }
   }
   node.inventory = inventory;
   node.instance_id = instance_id;
-  if (auto known = nodes_.find(node_id);
-      known != nodes_.end() && !known->second.instance_id.empty() &&
-      known->second.instance_id != instance_id && !known->second.lost) {
-    // A restarted worker (the usual case) or a second daemon given the same --node_id: either
-    // way the earlier process is fenced from here on (HeartbeatLocked refuses it).
-    LOG(WARNING) << "node " << node_id << ": registered by instance " << instance_id
-                 << "; instance " << known->second.instance_id << " (last heard "
-                 << absl::FormatDuration(clock_->Now() - known->second.last_heartbeat_time)
-                 << " ago) is fenced: its heartbeats are refused";
-  }
   if (node.inventory.accelerator() == v1::ACCELERATOR_KIND_UNSPECIFIED) {
     node.inventory.set_accelerator(v1::ACCELERATOR_KIND_CPU);
   }
