@@ -8,9 +8,10 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ protobuf-compiler protobuf-compiler-grpc
   libgrpc++-dev libprotobuf-dev libabsl-dev libsqlite3-dev prometheus-cpp-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libsentencepiece-dev
-  libtorch-dev libgloo-dev
-  # Debian's LibTorch uses the system BLAS; OpenBLAS is ~15x faster than the reference one
-  libopenblas0-pthread libgtest-dev libgmock-dev libbenchmark-dev
+  # Gloo's headers for c10d's ProcessGroupGloo.hpp (the wheel's LibTorch ships Gloo's code in
+  # libtorch_cpu but not its headers; libgloo.so itself is never linked: docs/building.md)
+  libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
   # ZeRO-Infinity NVMe offload: asynchronous file I/O through io_uring
   liburing-dev
   # checkpoint CRC-32s at PCLMULQDQ speed (ISA-L crc32_gzip_refl = zlib crc32)
@@ -26,8 +27,8 @@ PACKAGES=(
   # one long continuous English text for the long-sequence (ALST) example (bible-kjv-text is
   # compressed; the bible reader prints it: examples/bible-alst/make_corpus.sh)
   bible-kjv bible-kjv-text
-  # tests: reference PyTorch for the independent export check
-  python3-torch python3-numpy
+  # the project's Python virtual environment (PyTorch 2.11 and the Python checks, below)
+  python3-venv
   # logging facade used by the daemons
   libgoogle-glog-dev
   # gperftools' tcmalloc for the scheduler daemon (per-thread caches: its gRPC and protobuf
@@ -55,18 +56,30 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The OpenAPI validator of //services/gateway:openapi_lint_test: Redocly's CLI from the npm
-# registry, pinned (1.x runs on Debian 12's nodejs 18.19), in a fixed prefix the test looks in.
-REDOCLY_VERSION=1.34.5
-REDOCLY_PREFIX=/opt/loom/redocly
-if [ "$("$REDOCLY_PREFIX/node_modules/.bin/redocly" --version 2>/dev/null)" != "$REDOCLY_VERSION" ]; then
-  if ! command -v npm >/dev/null; then
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+# LibTorch and the Python side: PyPI's torch (CUDA 13.0 build) and every pinned Python package
+# of scripts/python-requirements.txt, in one project-owned virtual environment at a fixed prefix
+# (so every clone and CI share it, and Bazel's WORKSPACE can name it). A stamp holding the
+# requirements file's hash makes the second run a no-op. About 3 GB to download, 4.7 GB on disk.
+VENV=/opt/loom/venv
+REQS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/python-requirements.txt"
+stamp="$VENV/.loom-requirements.sha256"
+want=$(sha256sum "$REQS" | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  $SUDO mkdir -p /opt/loom
+  if [ ! -x "$VENV/bin/python3" ]; then
+    $SUDO /usr/bin/python3 -m venv "$VENV"
   fi
-  echo "install_deps: installing @redocly/cli@$REDOCLY_VERSION into $REDOCLY_PREFIX"
-  $SUDO mkdir -p "$REDOCLY_PREFIX"
-  $SUDO npm install --prefix "$REDOCLY_PREFIX" --no-audit --no-fund --loglevel=error \
-    "@redocly/cli@$REDOCLY_VERSION"
+  echo "install_deps: installing the pinned Python packages into $VENV (first time: ~3 GB, a few minutes)"
+  if ! $SUDO "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQS"; then
+    echo "install_deps: pip could not install $REQS into $VENV: is PyPI reachable from here?" \
+      "(pip's own error is above)" >&2
+    exit 1
+  fi
+  echo "$want" | $SUDO tee "$stamp" >/dev/null
+fi
+# Stable paths for Bazel (third_party/libtorch.BUILD) whatever the venv's Python version is.
+site=$("$VENV/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ "$(readlink /opt/loom/site-packages 2>/dev/null)" != "$site" ]; then
+  $SUDO ln -sfn "$site" /opt/loom/site-packages
 fi
 echo "install_deps: done"

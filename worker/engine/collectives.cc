@@ -250,6 +250,10 @@ class SlowGetStore : public c10d::Store {
  public:
   SlowGetStore(c10::intrusive_ptr<c10d::Store> inner, absl::Duration delay)
       : inner_(std::move(inner)), delay_(delay) {}
+  // c10d 2.x: a store another thread can use on its own connection (the same slowness).
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<SlowGetStore>(inner_->clone(), delay_);
+  }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     inner_->set(key, value);
   }

@@ -7,6 +7,7 @@
 // waits for the gathers (FinishMicroStep), so the masters can be written afterwards without
 // reaching the replicas.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <memory>
