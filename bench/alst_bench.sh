@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build //worker/trainer:loom-trainer  # .bazelrc builds with -O2
-exec /usr/bin/python3 bench/alst_search.py --trainer=bazel-bin/worker/trainer/loom-trainer "$@"
+exec /opt/loom/venv/bin/python3 bench/alst_search.py --trainer=bazel-bin/worker/trainer/loom-trainer "$@"

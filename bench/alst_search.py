@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """ALST max-sequence benchmark (issue 13, "Benchmark"): the longest sequence a fixed model trains
 under the same per-rank memory cap, as the ALST paper's ablation ladder.
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Tests of bench/alst_search.py's per-rung search (search_rung) against a known maximum.
 
 No trainer runs here: `at(S)` is a fake probe that fits iff S <= the test's maximum (the

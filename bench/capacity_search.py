@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Measured capacity: the largest model a system trains under a per-rank memory cap.
 
 Each probe runs the system's gang with every rank in its own cgroup capped at the same bytes

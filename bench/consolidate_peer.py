@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""Python peer of //storage/checkpoint:consolidate_bench (Debian's /usr/bin/python3, torch 1.13).
+#!/opt/loom/venv/bin/python3
+"""Python peer of //storage/checkpoint:consolidate_bench (the project venv's /opt/loom/venv/bin/python3, torch 2.11).
 
   consolidate_peer.py make SHAPES_JSON SAVE_DIR WORLD_SIZE STAGE MOMENTS
       Writes a DeepSpeed-layout ZeRO checkpoint (tests/python/deepspeed_ckpt.py) of the parameters

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Control-plane benchmark at cluster scale (docs/benchmarks.md, "Control plane at cluster scale").
 
 For each node count: a real loom-scheduler daemon (its own process: SQLite store with

@@ -13,6 +13,6 @@ if ! dpkg -s slurmctld slurm-client munge >/dev/null 2>&1; then
     slurmctld slurm-client munge
 fi
 bazel build //services/scheduler:loom-scheduler //services/scheduler:control_plane_loadgen  # .bazelrc builds with -O2
-exec /usr/bin/python3 bench/control_plane_bench.py \
+exec /opt/loom/venv/bin/python3 bench/control_plane_bench.py \
   --scheduler=bazel-bin/services/scheduler/loom-scheduler \
   --loadgen=bazel-bin/services/scheduler/control_plane_loadgen "$@"

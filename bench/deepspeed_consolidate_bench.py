@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Benchmark: one DeepSpeed-layout ZeRO-3 checkpoint (>= 2 GB, Llama-shaped, 3 ranks; written by
 tests/python/deepspeed_ckpt.py through consolidate_peer.py make) consolidated into safetensors by
 `loomctl consolidate --from-deepspeed` and by the zero_to_fp32-equivalent Python reference
@@ -26,7 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "consolidate_peer.py")
-PYTHON = "/usr/bin/python3"
+PYTHON = "/opt/loom/venv/bin/python3"
 
 
 def llama_shapes(size_gb):

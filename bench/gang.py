@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Launches N ranks of a command as real processes and collects their JSON events and peak RSS.
 
 Used by bench/zero_bench.py. Two kinds of gangs:
@@ -144,7 +144,7 @@ def run_python(script, script_args, world, log_prefix, timeout_s=600, env=None, 
     port = free_port()
     ranks = []
     for rank in range(world):
-        a = ["/usr/bin/python3", script, "--rank=%d" % rank, "--world_size=%d" % world,
+        a = ["/opt/loom/venv/bin/python3", script, "--rank=%d" % rank, "--world_size=%d" % world,
              "--master_port=%d" % port] + list(script_args)
         ranks.append(Rank(rank, a, "%s.rank%d.stderr" % (log_prefix, rank), env, caps[rank]))
     finished = _pump(ranks, timeout_s)

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Per-process memory caps for benchmarks: one cgroup v1 memory group per rank.
 
 Each rank runs in its own group under /sys/fs/cgroup/memory (ENVIRONMENT.md, "Memory caps for

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Shared pieces of the offload benchmarks (bench/zenflow_bench.py, bench/superoffload_bench.py):
 the model/shape flags, the job spec both systems of a pair run, one loom-trainer gang run with
 its failure check, and the per-step medians read from its step events.

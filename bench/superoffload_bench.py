@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """SuperOffload vs Loom's synchronous ZeRO-Offload (issue 15): the same model, data, ranks,
 threads and steps, in one run, alternating the two systems --repeats times (median of the per-run
 medians), once with gradient clipping on (--clip, active when the global norm exceeds it) and

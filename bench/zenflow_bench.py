@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """ZenFlow vs Loom's synchronous ZeRO-Offload (issue 14): the same model, data, ranks, threads and
 steps, in one run, alternating the two systems --repeats times (median of the per-run medians).
 

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Profiles one Loom ZeRO run of bench/zero_bench.py's shape with `perf record -g` on rank 0.
 
-  /usr/bin/python3 bench/zero_bench_profile.py --stage 1 --steps 6 \
+  /opt/loom/venv/bin/python3 bench/zero_bench_profile.py --stage 1 --steps 6 \
       [--trainer bazel-bin/worker/trainer/loom-trainer] [--layers 8] [--workdir /tmp/loom_zero_prof]
 
 Same model, spec and environment as zero_bench.py's loom_zero<stage> row (2 ranks, 1 thread per

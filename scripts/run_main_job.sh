@@ -37,7 +37,7 @@ safetensors=$(sed -n 's/^safetensors: //p' "$LOOM_HOME/$job_id.consolidate.log")
 model_dir=$(dirname "$safetensors")
 
 echo "== independent check: PyTorch rebuilds the model from model.safetensors + config.json"
-/usr/bin/python3 tests/python/check_export.py --model_dir "$model_dir" \
+/opt/loom/venv/bin/python3 tests/python/check_export.py --model_dir "$model_dir" \
   --logits "$LOOM_HOME/checkpoints/$job_id/final_logits.json"
 
 $LOOMCTL get "$job_id"

@@ -14,7 +14,7 @@ trap 'rm -rf "$bep_dir"' EXIT
 bazel test //... --build_event_json_file="$bep_dir/bep.json" "$@"
 rc=$?
 
-/usr/bin/python3 scripts/count_tests.py "$bep_dir/bep.json" --bazel_rc "$rc"
+/opt/loom/venv/bin/python3 scripts/count_tests.py "$bep_dir/bep.json" --bazel_rc "$rc"
 count_rc=$?
 bazel shutdown 2>/dev/null || true
 if [ "$rc" -eq 0 ] && [ "$count_rc" -ne 0 ]; then rc=1; fi

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The checked-in dashboards are exactly what generate_dashboards.py produces.
 set -euo pipefail
-/usr/bin/python3 deploy/grafana/generate_dashboards.py "$TEST_TMPDIR"
+/opt/loom/venv/bin/python3 deploy/grafana/generate_dashboards.py "$TEST_TMPDIR"
 for f in deploy/grafana/*.json; do
   if ! diff -u "$f" "$TEST_TMPDIR/$(basename "$f")"; then
     echo "FAIL: $f differs from generate_dashboards.py's output; rerun it" >&2

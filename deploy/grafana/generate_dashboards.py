@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Generates the Grafana dashboards in deploy/grafana/*.json (the checked-in JSON is its output).
 
 Usage: generate_dashboards.py [OUT_DIR]   (default: the directory of this script)

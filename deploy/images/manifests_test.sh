@@ -8,7 +8,7 @@ export HOME="${TEST_TMPDIR:?}"  # kubectl wants a home for its cache; nothing is
 LIST=$(bash scripts/build_images.sh --list)
 
 check() {  # check K8S_DIR: 0 if the images match, 1 (printing why) otherwise
-  /usr/bin/python3 - "$1" "$LIST" <<'PY'
+  /opt/loom/venv/bin/python3 - "$1" "$LIST" <<'PY'
 import os, subprocess, sys, yaml
 k8s, built = sys.argv[1], set(sys.argv[2].split())
 used, problems = set(), []

@@ -19,7 +19,7 @@ cat > "$work/home/cluster/worker-0.json" <<'J'
 {"name":"loom-worker","grpc_address":"127.0.0.1:4003","metrics_url":"http://127.0.0.1:4004/metrics"}
 J
 LOOM_HOME="$work/home" "$DIR/local_targets.sh" "$work/targets/local.json"
-/usr/bin/python3 - "$work/targets/local.json" <<'PY'
+/opt/loom/venv/bin/python3 - "$work/targets/local.json" <<'PY'
 import json, sys
 targets = json.load(open(sys.argv[1]))
 got = sorted((t["targets"][0], t["labels"]["loom_daemon"], t["labels"]["daemon"]) for t in targets)
@@ -30,7 +30,7 @@ out=$(/usr/bin/promtool check config "$work/prometheus.yml" 2>&1)
 echo "$out"
 if echo "$out" | grep -q "does not exist"; then echo "FAIL: target files not found" >&2; exit 1; fi
 
-/usr/bin/python3 - "$DIR/prometheus-kubernetes.yml" <<'PY'
+/opt/loom/venv/bin/python3 - "$DIR/prometheus-kubernetes.yml" <<'PY'
 import sys, yaml
 cfg = yaml.safe_load(open(sys.argv[1]))
 assert cfg["rule_files"] == ["alerts.yml"], cfg["rule_files"]

@@ -20,7 +20,7 @@
 //             durable output, like Loom's;
 //   loom      loom-consolidate: CRC-32 of every shard byte, model.safetensors + config.json
 //             fsynced and published by rename (peak RSS from wait4's rusage);
-//   python    /usr/bin/python3 bench/consolidate_peer.py consolidate: DeepSpeed's zero_to_fp32
+//   python    /opt/loom/venv/bin/python3 bench/consolidate_peer.py consolidate: DeepSpeed's zero_to_fp32
 //             reconstruction (torch.load of each rank's zero_pp_rank_<r>_mp_rank_00_*_states.pt,
 //             torch.cat), one safetensors file, fsynced; process start and `import torch`
 //             included, as a user running zero_to_fp32.py pays them.
@@ -65,7 +65,7 @@ ABSL_FLAG(bool, keep, false, "Keep the work directory");
 ABSL_FLAG(bool, reuse, false,
           "Reuse the checkpoints a --keep run of the same layout and layers left in --work_dir");
 ABSL_FLAG(std::string, consolidate_binary, "", "loom-consolidate (default: next to this binary)");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch and numpy");
+ABSL_FLAG(std::string, python, "/opt/loom/venv/bin/python3", "Python with torch and numpy");
 ABSL_FLAG(std::string, peer_script, "",
           "bench/consolidate_peer.py (default: under $BUILD_WORKSPACE_DIRECTORY, as bazel run sets)");
 

@@ -1,5 +1,5 @@
 // deepspeed_pickle.h on pickles produced by CPython 3.11's pickle.dumps(..., protocol=2) (the bytes
-// below, printed by /usr/bin/python3), and on malformed or hostile input.
+// below, printed by /opt/loom/venv/bin/python3), and on malformed or hostile input.
 #include "storage/checkpoint/deepspeed_pickle.h"
 
 #include <string>

@@ -121,9 +121,9 @@ TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
   EXPECT_EQ((*file)->Find("lm_head.weight"), nullptr);
   EXPECT_EQ((*file)->tensors().size(), 1u + 2u * 9u + 1u);
 
-  // Independent check with Debian's PyTorch: rebuild the model from the export and compare logits.
+  // Independent check with PyTorch 2.11 (the project venv): rebuild the model from the export and compare logits.
   std::string model_dir = cons.safetensors_path().substr(0, cons.safetensors_path().rfind('/'));
-  std::string cmd = absl::StrCat("/usr/bin/python3 ", RunfilePath("tests/python/check_export.py"),
+  std::string cmd = absl::StrCat("/opt/loom/venv/bin/python3 ", RunfilePath("tests/python/check_export.py"),
                                  " --model_dir ", model_dir, " --logits ", job.checkpoint_dir(),
                                  "/final_logits.json --atol 1e-4 > ", tmp_, "/check_export.log 2>&1");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::Tail(absl::StrCat(tmp_, "/check_export.log"));

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Checks that every metric name in Grafana dashboards and Prometheus rule files is exported.
 
 Usage: check_promql_names.py --metrics NAMES_FILE [--prometheus URL] FILE...

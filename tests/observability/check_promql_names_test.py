@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Unit tests of check_promql_names.py's PromQL tokenizer and file checks (no cluster needed)."""
 import json
 import os

@@ -1,3 +1,3 @@
 #!/bin/bash
 set -euo pipefail
-exec /usr/bin/python3 tests/observability/check_promql_names_test.py
+exec /opt/loom/venv/bin/python3 tests/observability/check_promql_names_test.py

@@ -334,7 +334,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   ASSERT_TRUE(WriteFileAtomically(names_path, absl::StrJoin(name_list, "\n") + "\n").ok());
   std::string dashboards = RunfilePath("deploy/grafana");
   std::string cmd = absl::StrCat(
-      "/usr/bin/python3 ", RunfilePath("tests/observability/check_promql_names.py"),
+      "/opt/loom/venv/bin/python3 ", RunfilePath("tests/observability/check_promql_names.py"),
       " --metrics ", names_path, " --prometheus http://127.0.0.1:", prom_port_, " ", dashboards, "/cluster-overview.json ", dashboards,
       "/job-detail.json ", dashboards, "/queues-fairness.json ", dashboards, "/checkpoints.json ",
       RunfilePath("deploy/prometheus/alerts.yml"), " > ", tmp_, "/check_names.log 2>&1");

@@ -46,7 +46,7 @@ kill -TERM "${pids[0]}"; wait "${pids[0]}" || true
 cp "$T/backup.db" "$T/restored.db"
 start_scheduler "$T/restored.db" "$T/s2.json" "$T/s2.log"
 "$CTL" --scheduler="$addr" --json list > "$T/list.json"
-listed=$(/usr/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1])).get("jobs", [])))' "$T/list.json")
+listed=$(/opt/loom/venv/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1])).get("jobs", [])))' "$T/list.json")
 [ "$listed" = "$backed_up" ] || { echo "restored scheduler lists $listed jobs, backup had $backed_up"; cat "$T/list.json"; exit 1; }
 for i in 1 2 3; do
   id=$(grep -o 'job-[0-9a-f]\{8\}' "$T/submit$i.out" | head -1)

@@ -1,13 +1,13 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """A short run of examples/bible-alst (Ulysses sequence parallelism, issue 13) through loom-trainer.
 
-Usage: /usr/bin/python3 bible_alst_job_test.py --trainer PATH --consolidate PATH
+Usage: /opt/loom/venv/bin/python3 bible_alst_job_test.py --trainer PATH --consolidate PATH
            --check_export PATH --example_dir DIR
 
 1. The example as written (2 ranks, sequence_parallel_size 2, 2,048-token samples, ZeRO-3) on the
    King James Bible printed by the example's make_corpus.sh, shortened to 3 steps: it trains
    (finite losses, one sequence-parallel group), loom-consolidate exports it, and
-   check_export.py (Debian's python3-torch, independent of Loom) accepts the export against the
+   check_export.py (the project venv's torch 2.11, independent of Loom) accepts the export against the
    trainer's final logits.
 2. The ALST correctness recipe (TECHNIQUES.md §3.7 #6): the same model and samples as
    (DP=2, SP=1, GAS=1) and as (DP=1, SP=2, GAS=2), 256-token samples, 4 steps: the step losses
@@ -67,7 +67,7 @@ def main():
     r = subprocess.run([args.consolidate, f"--checkpoint_dir={ckpt}", f"--output_dir={out}"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run(["/usr/bin/python3", args.check_export, "--model_dir", out, "--logits",
+    r = subprocess.run(["/opt/loom/venv/bin/python3", args.check_export, "--model_dir", out, "--logits",
                         os.path.join(ckpt, "final_logits.json")],
                        capture_output=True, text=True, timeout=600)
     print(r.stdout.strip())

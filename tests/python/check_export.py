@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Independent check of an exported Loom model (Llama or Qwen2) against the trainer's own logits.
 
 Usage:
-  /usr/bin/python3 check_export.py --model_dir DIR --logits final_logits.json [--atol 1e-4]
+  /opt/loom/venv/bin/python3 check_export.py --model_dir DIR --logits final_logits.json [--atol 1e-4]
 
 DIR holds config.json and model.safetensors, or the shards listed by
 model.safetensors.index.json (F32/F16/BF16/F64 tensors with Hugging Face Llama names).
@@ -21,7 +21,7 @@ rms_norm_eps) in float64, runs it on the tokens and compares with
 the C++ logits. Prints the max absolute difference; exits 0 when it is
 <= atol, 1 on a mismatch, 2 on malformed input.
 
-Needs only Debian's python3-torch (1.13) and the standard library: no safetensors or
+Needs only the project venv's torch (2.11) and the standard library: no safetensors or
 transformers package.
 """
 

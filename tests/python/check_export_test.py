@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Test of check_export.py on exports made by Loom's real exporter from real trainer output.
 
-Usage: /usr/bin/python3 check_export_test.py --trainer PATH --consolidate PATH --check_export PATH
+Usage: /opt/loom/venv/bin/python3 check_export_test.py --trainer PATH --consolidate PATH --check_export PATH
 
 Trains a tiny grouped-query Llama with loom-trainer (2 ZeRO-3 ranks with an untied head; 1 rank
 with tied embeddings), exports each checkpoint with loom-consolidate (storage/checkpoint's

@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """DeepSpeed ZeRO checkpoints as `engine.save_checkpoint(save_dir, tag)` lays them out, written from
 a full fp32 state dict, and read back the way DeepSpeed's `zero_to_fp32.py` reads them.
 
 No DeepSpeed import: the layout is written from DeepSpeed's definitions (TECHNIQUES.md §1.3, §5.1,
 §5.2; deepspeed/runtime/engine.py `_save_checkpoint`/`_save_zero_checkpoint`,
 runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, utils/zero_to_fp32.py), so that tests and
-benchmarks can make DeepSpeed-layout checkpoints of any size with Debian's PyTorch
-(/usr/bin/python3, torch 1.13).
+benchmarks can make DeepSpeed-layout checkpoints of any size with PyTorch 2.11 (the project venv)
+(/opt/loom/venv/bin/python3, torch 2.11).
 
 Layout written by `write(save_dir, tensors, world_size, stage)` (N = world_size):
 

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """`loomctl consolidate --from-deepspeed DIR` against DeepSpeed-layout ZeRO checkpoints written by
-deepspeed_ckpt.py (Debian's PyTorch, torch.save of DeepSpeed's dictionaries and partitions), the
+deepspeed_ckpt.py (PyTorch 2.11 (the project venv), torch.save of DeepSpeed's dictionaries and partitions), the
 export compared tensor for tensor with deepspeed_ckpt.read_fp32_state_dict, a zero_to_fp32
 equivalent that shares no code with Loom's reader; the bad-input cases check the exit status
-and that the message names the file. Run with /usr/bin/python3.
+and that the message names the file. Run with /opt/loom/venv/bin/python3.
 
 Environment: LOOMCTL (path of loomctl; default the Bazel runfile), DS_CONSOLIDATE_LARGE_MB (size
 of the stage-3 checkpoint of the peak-RSS case; default 256), DS_CONSOLIDATE_ONLY_LARGE=1 (run

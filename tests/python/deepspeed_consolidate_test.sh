@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs deepspeed_consolidate_test.py with Debian's python3-torch against the built loomctl.
+# Runs deepspeed_consolidate_test.py with the project venv's torch 2.11 against the built loomctl.
 # --large_mb=N: only the peak-RSS case, on a stage-3 checkpoint of about N MB (the >= 2 GB
 # acceptance run is //tests/python:deepspeed_consolidate_2gb_test).
 set -euo pipefail
@@ -10,4 +10,4 @@ for a in "$@"; do
     *) echo "deepspeed_consolidate_test.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
-exec /usr/bin/python3 tests/python/deepspeed_consolidate_test.py
+exec /opt/loom/venv/bin/python3 tests/python/deepspeed_consolidate_test.py

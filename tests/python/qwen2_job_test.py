@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """A Qwen2 job end to end: train on 2 ZeRO-3 ranks, export, independent export check.
 
-Usage: /usr/bin/python3 qwen2_job_test.py --trainer PATH --consolidate PATH --check_export PATH
+Usage: /opt/loom/venv/bin/python3 qwen2_job_test.py --trainer PATH --consolidate PATH --check_export PATH
 
 Trains a tiny grouped-query Qwen2 (model_type "qwen2": Llama plus q/k/v projection biases,
 tied embeddings as most Qwen2 checkpoints have) with loom-trainer on 2 ZeRO-3 ranks, exports the

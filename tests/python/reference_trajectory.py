@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Replays a Loom training run in plain PyTorch and compares the trajectory with Loom's.
 
 Usage:
-  /usr/bin/python3 reference_trajectory.py --spec job.json --dir TRAJECTORY_DIR
+  /opt/loom/venv/bin/python3 reference_trajectory.py --spec job.json --dir TRAJECTORY_DIR
       [--loss_rtol R] [--grad_norm_rtol R] [--weight_atol A] [--update_rtol U]
 
 TRAJECTORY_DIR is what `loom-trainer --trajectory_dir=DIR` writes on every rank (format in
@@ -45,7 +45,7 @@ figures (also the reference's per-step gradient norms, so a caller can check tha
 active). Exit status: 0 all within tolerance, 1 mismatch, 2 malformed input (message on stderr
 and in the line's "error").
 
-Needs only Debian's python3-torch (1.13) and the standard library.
+Needs only the project venv's torch (2.11) and the standard library.
 """
 
 import argparse

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """A short run of examples/fortunes-sentencepiece through loom-trainer (issue 17).
 
-Usage: /usr/bin/python3 sentencepiece_job_test.py --trainer PATH --consolidate PATH
+Usage: /opt/loom/venv/bin/python3 sentencepiece_job_test.py --trainer PATH --consolidate PATH
            --check_export PATH --example_dir DIR
 
 Builds the trainer's JSON spec from the example's job.yaml, config.json and ds_config.json (as
@@ -110,7 +110,7 @@ def main():
     assert config["eos_token_id"] == ids["</s>"], config
     assert config["pad_token_id"] == ids["<pad>"], config
     assert config["vocab_size"] >= len(ids), config
-    r = subprocess.run(["/usr/bin/python3", args.check_export, "--model_dir", out, "--logits",
+    r = subprocess.run(["/opt/loom/venv/bin/python3", args.check_export, "--model_dir", out, "--logits",
                         os.path.join(ckpt, "final_logits.json")],
                        capture_output=True, text=True, timeout=300)
     print(r.stdout.strip())

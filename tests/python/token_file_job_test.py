@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """Pre-tokenized flat token files through loom-trainer (issue 17).
 
-Usage: /usr/bin/python3 token_file_job_test.py --trainer PATH
+Usage: /opt/loom/venv/bin/python3 token_file_job_test.py --trainer PATH
 
 Writes a nanoGPT-style uint16 .bin file with numpy (documents of random ids < 500 separated by the
 EOS id 2) and asserts:

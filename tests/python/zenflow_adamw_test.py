@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/opt/loom/venv/bin/python3
 """ZenFlow's selective AdamW with every column selected equals Debian's torch.optim.AdamW
-(python3-torch 1.13): 10 steps of randn gradients on a [2, 4] and a [6, 5] weight and a [10]
+(torch 2.11, the project venv): 10 steps of randn gradients on a [2, 4] and a [6, 5] weight and a [10]
 bias, lr 1e-3, weight decay 0.01 (torch's defaults otherwise), |diff| <= 1e-6 (DeepSpeed's
 ZF-U4 equivalence test, with its atol 1e-4 tightened). Usage: zenflow_adamw_test.py TOOL"""
 import os

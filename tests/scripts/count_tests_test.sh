@@ -1,3 +1,3 @@
 #!/bin/bash
 set -euo pipefail
-exec /usr/bin/python3 tests/scripts/count_tests_test.py scripts/count_tests.py
+exec /opt/loom/venv/bin/python3 tests/scripts/count_tests_test.py scripts/count_tests.py

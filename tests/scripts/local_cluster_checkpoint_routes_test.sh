@@ -12,7 +12,7 @@ mkdir -p "$LOOM_HOME/checkpoints/route-job"
 api=$(sed -n 's/.*"http_url":"\([^"]*\)".*/\1/p' "$LOOM_HOME/cluster/gateway.json")
 [ -n "$api" ] || { echo "FAIL: no http_url in $LOOM_HOME/cluster/gateway.json"; exit 1; }
 get() {  # get PATH -> "<status> <body>"
-  /usr/bin/python3 - "$api$1" <<'PY'
+  /opt/loom/venv/bin/python3 - "$api$1" <<'PY'
 import sys, urllib.request, urllib.error
 try:
     with urllib.request.urlopen(sys.argv[1], timeout=30) as r:

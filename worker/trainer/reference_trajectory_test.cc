@@ -1,6 +1,6 @@
 // Training checked against PyTorch, not only against Loom: real 2-rank loom-trainer gangs (Gloo
-// on loopback) run with --trajectory_dir, and tests/python/reference_trajectory.py (Debian's
-// /usr/bin/python3 + torch 1.13, no code shared with the engine) replays the same batches from
+// on loopback) run with --trajectory_dir, and tests/python/reference_trajectory.py (the venv's
+// /opt/loom/venv/bin/python3 + torch 2.11, no code shared with the engine) replays the same batches from
 // the initial HF export with torch.optim.AdamW, torch.nn.utils.clip_grad_norm_ and DeepSpeed's
 // WarmupDecayLR, then compares per-step loss, lr, pre-clip gradient norm and the final HF export.
 // Cases: ZeRO stage 0 and 3, 2 ranks, GAS 2, fp32 and bf16, gradient clipping at a threshold
@@ -67,7 +67,7 @@ std::string TrajDir(const std::string& name) { return TmpDir() + "/traj_" + name
 // Runs the reference script; returns its exit code and its one JSON line (null if none).
 std::pair<int, json> RunReference(const std::string& name, const std::string& spec,
                                   const std::string& dir) {
-  Child c = Spawn({"/usr/bin/python3", "tests/python/reference_trajectory.py",
+  Child c = Spawn({"/opt/loom/venv/bin/python3", "tests/python/reference_trajectory.py",
                    "--spec=" + spec, "--dir=" + dir},
                   absl::StrCat(TmpDir(), "/", name, ".reference.stderr"));
   c.plain_json = true;  // the script prints {"event":"reference",...}, not a loom.TrainerEvent
