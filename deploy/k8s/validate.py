@@ -1,16 +1,25 @@
-#!/usr/bin/python3
-"""Renders every Loom kustomize overlay offline and validates the objects structurally.
+#!/opt/loom/venv/bin/python3
+"""Renders every Loom kustomize overlay offline, validates each object against the Kubernetes API
+schema, then checks what Loom's manifests and overlays claim.
 
 Usage: validate.py [--kubectl PATH] K8S_DIR
   K8S_DIR  deploy/k8s (holds base/ and overlays/<name>/)
 
-For each overlay: `kubectl kustomize K8S_DIR/overlays/<name>` (no cluster needed), then checks
-  * every object: known apiVersion/kind, DNS-1123 metadata.name, namespace on namespaced kinds,
+For each overlay: `kubectl kustomize K8S_DIR/overlays/<name>` (no cluster needed), then
+  1. every object against the Kubernetes KUBERNETES_VERSION API's own OpenAPI schema, strictly
+     (kubernetes-validate, which bundles the schemas: nothing is fetched). This is what types,
+     required fields, apiVersion/kind and field names are checked by: an unknown or misspelled
+     field, a string where an integer belongs, a missing `containers` fail here, naming the object
+     and the field. Only an overlay whose objects all pass goes on to step 2, which assumes
+     well-formed objects.
+  2. what the schema cannot know (it types a quantity as "string or number", a name as a string,
+     a port as an integer, and sees one object at a time):
+  * every object: DNS-1123 metadata.name, namespace on namespaced kinds,
     one namespace for the whole overlay, the Namespace object itself present;
   * workloads (StatefulSet, Deployment, DaemonSet): selector matches the pod template labels,
     part-of=loom label, container image pinned (registry/name:tag, not :latest), command,
-    named container ports, readiness and liveness probes on a declared port, CPU and memory
-    requests with valid quantities, every volumeMount backed by a volume, every PVC claim
+    named container ports in 1-65535, readiness and liveness probes on a declared port, CPU and
+    memory requests with valid quantities, every volumeMount backed by a volume, every PVC claim
     rendered (or a volumeClaimTemplate), prometheus.io scrape annotations on the metrics port;
   * Services: selector matches a workload and every targetPort names a port of it;
   * what each overlay claims (cpu-dev: loom-dev namespace, no GPUs, 2 CPU slots;
@@ -24,20 +33,22 @@ import re
 import subprocess
 import sys
 
+import kubernetes_validate.utils as kubernetes_validate
 import yaml
 
-KNOWN = {
-    ("v1", "Namespace"): False,
-    ("v1", "Service"): True,
-    ("v1", "PersistentVolumeClaim"): True,
-    ("v1", "ConfigMap"): True,
-    ("v1", "Secret"): True,
-    ("apps/v1", "StatefulSet"): True,
-    ("apps/v1", "Deployment"): True,
-    ("apps/v1", "DaemonSet"): True,
-}
+# The Kubernetes API the manifests are checked against. The docs name no minimum cluster
+# version, so this is the version of the kubectl that renders the overlays here and that
+# docs/operations.md applies them with: scripts/install_deps.sh's `kubectl` package, client
+# v1.32.4 (`kubectl version --client`); kubectl supports API servers one minor version either
+# side of it. kubernetes-validate 1.37.0 bundles the schemas of 1.25 to 1.37 (`-local-strict`
+# included); the overlays pass every one of them today, so this pins what is checked, not the
+# oldest cluster that works.
+KUBERNETES_VERSION = "1.32.0"
+# Kinds without a namespace; every other kind the overlays render must carry one.
+CLUSTER_SCOPED = {"Namespace"}
 WORKLOADS = ("StatefulSet", "Deployment", "DaemonSet")
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The schema types a quantity as "string or number"; its syntax is checked here.
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
 
@@ -62,7 +73,46 @@ def render(kubectl, path):
 
 
 def quantity_ok(v):
-  return isinstance(v, int) or (isinstance(v, str) and QUANTITY.match(v) is not None)
+  # A YAML number is a quantity too (`cpu: 0.5`), as the API server reads it.
+  return (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0) or \
+      (isinstance(v, str) and QUANTITY.match(v) is not None)
+
+
+def field_path(obj, path):
+  """The schema error's path as a field path, list items by their name where they have one:
+  spec.template.spec.containers[gateway].ports[0].containerPort."""
+  out = ""
+  for key in path:
+    if isinstance(key, int):
+      item = obj[key] if isinstance(obj, list) and key < len(obj) else None
+      name = item.get("name") if isinstance(item, dict) else None
+      out += "[%s]" % (name if isinstance(name, str) else key)
+      obj = item
+    else:
+      out += ("." if out else "") + str(key)
+      obj = obj.get(key) if isinstance(obj, dict) else None
+  return out or "(top level)"
+
+
+def check_schema(c, objs):
+  """Each object against the Kubernetes KUBERNETES_VERSION schema, strict: unknown fields fail.
+  kubernetes-validate reports the first error of each object. Returns whether all passed."""
+  ok = True
+  for o in objs:
+    where = "%s/%s" % (o.get("kind"), o.get("metadata", {}).get("name"))
+    try:
+      got = kubernetes_validate.validate(o, KUBERNETES_VERSION, strict=True)
+      # It falls back to the newest bundled version not newer than the one asked for.
+      ok &= c.expect(got == kubernetes_validate.major_minor(KUBERNETES_VERSION),
+                     "%s: validated against Kubernetes %s, not %s" %
+                     (where, got, KUBERNETES_VERSION))
+    except kubernetes_validate.ValidationError as e:
+      ok = c.expect(False, "%s: %s: %s (Kubernetes %s schema)" %
+                    (where, field_path(o, e.path), e.message, e.version))
+    except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.VersionNotSupportedError,
+            kubernetes_validate.InvalidSchemaError) as e:
+      ok = c.expect(False, "%s: %s" % (where, e.message))
+  return ok
 
 
 def probe_port(probe):
@@ -76,15 +126,13 @@ def check_objects(c, objs):
   namespaces = set()
   by_kind = {}
   for o in objs:
-    api, kind = o.get("apiVersion"), o.get("kind")
+    kind = o.get("kind")
     md = o.get("metadata", {})
     name = md.get("name", "")
     where = "%s/%s" % (kind, name)
     by_kind.setdefault(kind, []).append(o)
-    if not c.expect((api, kind) in KNOWN, "%s: unknown apiVersion/kind %s %s" % (where, api, kind)):
-      continue
     c.expect(DNS1123.match(name) and len(name) <= 63, "%s: bad metadata.name" % where)
-    if KNOWN[(api, kind)]:
+    if kind not in CLUSTER_SCOPED:
       if c.expect(md.get("namespace"), "%s: no namespace" % where):
         namespaces.add(md["namespace"])
     c.expect(md.get("labels", {}).get("app.kubernetes.io/part-of") == "loom",
@@ -133,8 +181,8 @@ def check_workload(c, w, pvcs):
     c.expect(ct.get("command"), "%s: no command" % cw)
     ports = {}
     for p in ct.get("ports", []):
-      c.expect(p.get("name") and isinstance(p.get("containerPort"), int) and
-               0 < p["containerPort"] < 65536, "%s: bad port %s" % (cw, p))
+      # The schema has made containerPort an integer; its range and the name are checked here.
+      c.expect(p.get("name") and 0 < p["containerPort"] < 65536, "%s: bad port %s" % (cw, p))
       ports[p.get("name")] = p.get("containerPort")
     if "metrics" in ports:
       metrics_ports.append(ports["metrics"])
@@ -298,10 +346,14 @@ def main(argv):
       problems.append("%s: %s" % (name, e))
       print(problems[-1])
       continue
-    ns, by_kind = check_objects(c, objs)
-    check_overlay_claims(c, name, ns, by_kind)
-    check_peer_addresses(c, by_kind)
-    print("%s: %d objects, %d problems" % (name, len(objs), len(c.problems)))
+    if check_schema(c, objs):
+      ns, by_kind = check_objects(c, objs)
+      check_overlay_claims(c, name, ns, by_kind)
+      check_peer_addresses(c, by_kind)
+    else:
+      c.problems.append("%s: Loom's own checks skipped until every object passes the schema" % name)
+    print("%s: %d objects (Kubernetes %s schema, strict), %d problems" %
+          (name, len(objs), kubernetes_validate.major_minor(KUBERNETES_VERSION), len(c.problems)))
     problems += c.problems
   for p in problems:
     print(p)
