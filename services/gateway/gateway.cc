@@ -208,14 +208,25 @@ void JobGateway::Register(httplib::Server& server) {
     return internal::MakeContext(req, options_.rpc_timeout);
   };
   // Before any body is read: a declared Content-Length over the limit is 413 (the body is not
-  // read; httplib then does not reuse the connection for more than its keep-alive count), and
-  // with `auth` a /v1/ request (but the OpenAPI document) without a known token is 401, and one
-  // to an admin route (nodes, checkpoints) with a user token 403, as the gRPC services do.
+  // read, and the connection is closed after the answer), and with `auth` a /v1/ request (but
+  // the OpenAPI document) without a known token is 401, and one to an admin route (nodes,
+  // checkpoints) with a user token 403, as the gRPC services do.
   const size_t max_body = options_.max_body_bytes;
   server.set_pre_routing_handler([this, max_body](const httplib::Request& req,
                                                   httplib::Response& res) {
     request_started = true;
     request_start = absl::Now();
+    // Whatever is answered here is answered before the body is read: with a body, the
+    // connection is closed after the answer (internal::DeclaresBody says why).
+    const bool unread_body = internal::DeclaresBody(req);
+    auto refuse = [&](grpc::StatusCode code, const std::string& message) {
+      const int status = HttpStatusFromGrpc(code);
+      if (unread_body) {
+        internal::WriteHttpErrorAndClose(res, status, code, message);
+      } else {
+        WriteHttpError(res, status, code, message);
+      }
+    };
     // Framing first: nothing else about a request can be trusted if its length is ambiguous.
     if (const std::string ambiguous = AmbiguousLength(req); !ambiguous.empty()) {
       internal::WriteHttpErrorAndClose(res, 400, grpc::StatusCode::INVALID_ARGUMENT, ambiguous);
@@ -223,12 +234,14 @@ void JobGateway::Register(httplib::Server& server) {
     }
     const int64_t declared = DeclaredLength(req);
     if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
-      WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body));
-      res.set_header("Connection", "close");
+      // Closed after the answer: a client that sends the body anyway must not have it parsed as
+      // its next request (a `Connection: close` header alone does not close it in httplib 0.11).
+      internal::WriteHttpErrorAndClose(res, 413, grpc::StatusCode::INVALID_ARGUMENT,
+                                       TooLarge(declared, max_body));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (const std::string bad = NonUtf8Parameter(req); !bad.empty()) {
-      WriteError(res, grpc::StatusCode::INVALID_ARGUMENT, bad);
+      refuse(grpc::StatusCode::INVALID_ARGUMENT, bad);
       return httplib::Server::HandlerResponse::Handled;
     }
     const internal::RouteInfo* route = internal::FindRoute(req.path);
@@ -238,14 +251,14 @@ void JobGateway::Register(httplib::Server& server) {
     absl::StatusOr<Caller> caller =
         options_.auth->Authenticate(req.get_header_value("Authorization"));
     if (!caller.ok()) {
-      WriteError(res, grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+      refuse(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
       res.set_header("WWW-Authenticate", "Bearer");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (route != nullptr && route->access == Access::kAdmin && !caller->admin()) {
-      WriteError(res, grpc::StatusCode::PERMISSION_DENIED,
-                 absl::StrCat(route->route, " needs an admin token (tenant '", caller->tenant,
-                              "' has the user role)"));
+      refuse(grpc::StatusCode::PERMISSION_DENIED,
+             absl::StrCat(route->route, " needs an admin token (tenant '", caller->tenant,
+                          "' has the user role)"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

@@ -64,7 +64,10 @@
 // for an unknown path. The other POSTs need no body and no Content-Length (curl -XPOST).
 // 400 INVALID_ARGUMENT, and the connection closed, for a request whose length is ambiguous
 // (RFC 9112 section 6.3): Content-Length headers that differ, or one that is not a decimal
-// number. 400 INVALID_ARGUMENT naming the parameter for a query parameter (name or value) that
+// number. A request with a body that is refused before the body is read (401, 403, 413, a query
+// parameter that is not UTF-8) has its connection closed after the answer, so that the body is
+// never parsed as the next request. 400 INVALID_ARGUMENT naming the parameter for a query
+// parameter (name or value) that
 // is not UTF-8 once percent-decoded, and for a JSON body that is not UTF-8. Request bytes quoted
 // in an error message (a path, a Range header) show each byte that is not UTF-8 as \xff. An
 // exception in a handler is 500 INTERNAL; none reaches httplib's threads (it would end the

@@ -57,9 +57,10 @@ void JobGateway::RegisterAdminRoutes(httplib::Server& server) {
   });
   server.Post(internal::kCordonRoute, [=](const httplib::Request& req, httplib::Response& res,
                                           const httplib::ContentReader& reader) {
-    if (!configured(res)) return;
     loom::v1::CordonNodeRequest request;
+    // The body first, so that no answer leaves it unread (internal::DeclaresBody).
     if (!ParseNodeBody(req, res, reader, max_body, &request)) return;
+    if (!configured(res)) return;
     loom::v1::NodeInfo response;
     internal::Reply(
         res, stub->CordonNode(internal::MakeContext(req, timeout).get(), request, &response),
@@ -67,9 +68,10 @@ void JobGateway::RegisterAdminRoutes(httplib::Server& server) {
   });
   server.Post(internal::kUncordonRoute, [=](const httplib::Request& req, httplib::Response& res,
                                             const httplib::ContentReader& reader) {
-    if (!configured(res)) return;
     loom::v1::UncordonNodeRequest request;
+    // The body first, so that no answer leaves it unread (internal::DeclaresBody).
     if (!ParseNodeBody(req, res, reader, max_body, &request)) return;
+    if (!configured(res)) return;
     loom::v1::NodeInfo response;
     internal::Reply(
         res, stub->UncordonNode(internal::MakeContext(req, timeout).get(), request, &response),
@@ -77,9 +79,10 @@ void JobGateway::RegisterAdminRoutes(httplib::Server& server) {
   });
   server.Post(internal::kDrainRoute, [=](const httplib::Request& req, httplib::Response& res,
                                          const httplib::ContentReader& reader) {
-    if (!configured(res)) return;
     loom::v1::DrainNodeRequest request;
+    // The body first, so that no answer leaves it unread (internal::DeclaresBody).
     if (!ParseNodeBody(req, res, reader, max_body, &request)) return;
+    if (!configured(res)) return;
     loom::v1::DrainNodeResponse response;
     internal::Reply(
         res, stub->DrainNode(internal::MakeContext(req, timeout).get(), request, &response),

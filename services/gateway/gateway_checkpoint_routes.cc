@@ -112,11 +112,14 @@ void JobGateway::RegisterCheckpointRoutes(httplib::Server& server) {
   });
   server.Post(internal::kConsolidateRoute, [=](const httplib::Request& req, httplib::Response& res,
                                                const httplib::ContentReader& reader) {
+    // The body first, so that no answer leaves it unread on the connection (see
+    // internal::DeclaresBody; httplib 0.11 discards what a content-reader handler left, but
+    // nothing here relies on that).
+    std::string body;
+    if (!internal::ReadBody(req, res, reader, max_body, /*required=*/false, &body)) return;
     if (!configured(res)) return;
     int64_t step = 0;
     if (!ParseStep(req.matches[2], &step, res)) return;
-    std::string body;
-    if (!internal::ReadBody(req, res, reader, max_body, /*required=*/false, &body)) return;
     loom::v1::ConsolidateCheckpointRequest request;
     if (!internal::ParseBody(body, &request, res)) return;
     if (!SamePathFields(req.matches[1], request.job_id(), step, request.step(), res)) return;
@@ -130,11 +133,11 @@ void JobGateway::RegisterCheckpointRoutes(httplib::Server& server) {
   });
   server.Post(internal::kVerifyRoute, [=](const httplib::Request& req, httplib::Response& res,
                                           const httplib::ContentReader& reader) {
+    std::string ignored;  // read first, as above
+    if (!internal::ReadBody(req, res, reader, max_body, /*required=*/false, &ignored)) return;
     if (!configured(res)) return;
     int64_t step = 0;
     if (!ParseStep(req.matches[2], &step, res)) return;
-    std::string ignored;
-    if (!internal::ReadBody(req, res, reader, max_body, /*required=*/false, &ignored)) return;
     loom::v1::VerifyCheckpointRequest request;
     request.set_job_id(req.matches[1]);
     request.set_step(step);
@@ -145,9 +148,9 @@ void JobGateway::RegisterCheckpointRoutes(httplib::Server& server) {
   });
   server.Post(internal::kRetentionRoute, [=](const httplib::Request& req, httplib::Response& res,
                                              const httplib::ContentReader& reader) {
-    if (!configured(res)) return;
-    std::string body;
+    std::string body;  // read first, as above
     if (!internal::ReadBody(req, res, reader, max_body, /*required=*/true, &body)) return;
+    if (!configured(res)) return;
     loom::v1::ApplyRetentionRequest request;
     if (!internal::ParseBody(body, &request, res)) return;
     if (!SamePathFields(req.matches[1], request.job_id(), 0, 0, res)) return;

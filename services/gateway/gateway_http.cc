@@ -97,6 +97,13 @@ void WriteHttpErrorAndClose(httplib::Response& res, int http_status, grpc::Statu
       });
 }
 
+bool DeclaresBody(const httplib::Request& req) {
+  if (IsChunked(req)) return true;
+  int64_t length = 0;
+  return req.has_header("Content-Length") &&
+         absl::SimpleAtoi(req.get_header_value("Content-Length"), &length) && length > 0;
+}
+
 bool HasBody(const httplib::Response& res) {
   return !res.body.empty() || static_cast<bool>(res.content_provider_);
 }
@@ -183,12 +190,13 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
     return true;
   });
   if (too_large) {
-    WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(-1, max));
+    WriteHttpErrorAndClose(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(-1, max));
     return false;
   }
   if (!read) {
-    WriteHttpError(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
-                   "the request body could not be read (truncated, or a bad chunked encoding)");
+    WriteHttpErrorAndClose(
+        res, 400, grpc::StatusCode::INVALID_ARGUMENT,
+        "the request body could not be read (truncated, or a bad chunked encoding)");
     return false;
   }
   return true;

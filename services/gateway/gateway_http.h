@@ -50,6 +50,13 @@ void WriteHttpError(httplib::Response& res, int http_status, grpc::StatusCode co
 // it whole and then reports failure.
 void WriteHttpErrorAndClose(httplib::Response& res, int http_status, grpc::StatusCode code,
                             const std::string& message);
+// Whether the request carries a body (Content-Length > 0, or chunked). A request the pre-routing
+// handler answers has not had its body read, and httplib 0.11 then parses that body as the
+// connection's next request: such answers go out with WriteHttpErrorAndClose (schemathesis found
+// a plain GET /v1/nodes answered "400 malformed HTTP request" after a POST with a body refused
+// with 403 on the same connection). Handlers with a content reader read the body (ReadBody)
+// before anything else, so that they never depend on what httplib does with an unread one.
+bool DeclaresBody(const httplib::Request& req);
 // True once WriteHttpError / WriteHttpErrorAndClose or a handler wrote a response body, so that
 // the error handler leaves it alone.
 bool HasBody(const httplib::Response& res);
@@ -73,7 +80,9 @@ bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::R
 
 // Reads a request body through `reader` into *body, at most `max` bytes. A request with neither
 // Content-Length nor chunked encoding has no body (curl -XPOST without -d sends none): fine
-// unless `required` (411). On failure answers (411, 413 or 400) and returns false.
+// unless `required` (411). On failure answers (411, 413 or 400) and returns false; a 413 or 400
+// after part of the body was read also closes the connection (the rest is unread). Handlers
+// call it before anything that may answer early.
 bool ReadBody(const httplib::Request& req, httplib::Response& res,
               const httplib::ContentReader& reader, size_t max, bool required, std::string* body);
 std::string TooLarge(int64_t declared, size_t max);
