@@ -103,6 +103,25 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   o.data.eos_token_id = o.model.eos_token_id;
   o.data.model_max_length = o.model.max_position_embeddings;
 
+  switch (spec.resources().accelerator()) {
+    case loom::v1::ACCELERATOR_KIND_UNSPECIFIED:
+    case loom::v1::ACCELERATOR_KIND_CPU:
+      o.accelerator = "cpu";
+      break;
+    case loom::v1::ACCELERATOR_KIND_H100:
+      o.accelerator = "h100";
+      break;
+    case loom::v1::ACCELERATOR_KIND_H200:
+      o.accelerator = "h200";
+      break;
+    case loom::v1::ACCELERATOR_KIND_GH200:
+      o.accelerator = "gh200";
+      break;
+    default:
+      return Invalid("resources.accelerator",
+                     absl::StrCat("unknown kind ", spec.resources().accelerator()));
+  }
+
   const loom::v1::TrainingSpec& training = spec.training();
   o.steps = training.steps();
   if (o.steps < 1) return Invalid("training.steps", absl::StrCat(o.steps, " must be >= 1"));

@@ -54,6 +54,9 @@ struct EngineOptions {
   int64_t attn_block_size = 128;
   bool activation_checkpointing = false;
   bool activation_checkpoint_cpu_offload = false;
+  // resources.accelerator, lower case: "cpu" (also for an unset kind), "h100", "h200" or
+  // "gh200"; the trainer resolves the rank's device from it (worker/engine/device.h).
+  std::string accelerator = "cpu";
   // Run-time (from flags, not the spec).
   int rank = 0;
   int world_size = 1;

@@ -1,8 +1,8 @@
 // The Trainer's set-up (trainer_impl.h): corpus, process groups, the ZeRO provider and the model
 // over it, offload (ZeRO-Offload / ZeRO-Infinity), the optimizer pipeline (in-memory Adam,
 // offload, ZenFlow or SuperOffload), checkpoint I/O and resume.
-#include <dlfcn.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,21 +22,6 @@
 #include "worker/engine/zenflow_setup.h"
 
 namespace loom::engine::internal {
-
-namespace {
-
-// Debian's LibTorch calls whatever BLAS the libblas.so.3 alternative provides (BLAS_INFO=generic),
-// so at::set_num_threads does not reach it. With OpenBLAS (libopenblas0-pthread, installed by
-// scripts/install_deps.sh; ~15x faster than the reference BLAS here) its own thread pool must be
-// capped too, or N ranks on N cores oversubscribe the machine. Looked up at run time because the
-// symbol exists only when the alternative is OpenBLAS.
-void LimitBlasThreads(int threads) {
-  using SetThreads = void (*)(int);
-  auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set != nullptr) set(threads);
-}
-
-}  // namespace
 
 Trainer::ScratchDirs::~ScratchDirs() {
   // rmdir removes only empty directories: a file someone else put there keeps its directory.
@@ -176,8 +161,9 @@ absl::Status Trainer::SetUpPipeline() {
 }
 
 absl::Status Trainer::SetUp(int64_t* start_step) {
+  // Caps ATen's intra-op pool and, through it, MKL's (the wheel's BLAS), so N ranks on N cores
+  // do not oversubscribe the machine.
   at::set_num_threads(o_.threads_per_rank);
-  LimitBlasThreads(o_.threads_per_rank);
   data::CorpusOptions corpus_options = o_.data;
   // A SentencePiece tokenizer is recorded with the job.
   corpus_options.record_dir = o_.checkpoint_dir;

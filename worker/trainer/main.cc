@@ -50,9 +50,9 @@
 #include "common/logging.h"
 #include "common/net_address.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/device.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
-#include "worker/trainer/blas_kernels.h"
 #include "worker/trainer/exit_codes.h"
 #include "worker/trainer/trainer_events.h"
 
@@ -98,6 +98,9 @@ ABSL_FLAG(std::string, test_layer_order, "",
           "Test only: STEP:L0,L1,... runs the decoder layers in this order at that step.");
 ABSL_FLAG(bool, test_zenflow_fused_accumulation, false,
           "Test only: ZenFlow with overlap_step accumulates on the training thread.");
+ABSL_FLAG(bool, print_libtorch, false,
+          "Print one line on what the linked LibTorch was built with and sees (its version, CUDA "
+          "runtime, cuDNN, NCCL, CUDA devices) and exit 0.");
 ABSL_FLAG(int, test_rank_sequence_length, 0,
           "Test only: this rank's training samples use this many tokens (uneven data).");
 
@@ -207,6 +210,28 @@ int Main() {
     return Fail(absl::InvalidArgumentError("--test_rank_sequence_length out of range"), kConfigError);
   }
 
+  // The rank's device, from resources.accelerator (worker/engine/device.h). A GPU kind on a node
+  // without a CUDA device is the job's configuration error (exit 78), found before the rendezvous.
+  const loom::engine::LibTorchInfo libtorch = loom::engine::DescribeLibTorch();
+  LOG(INFO) << loom::engine::LibTorchInfoLine(libtorch);
+  int local_rank = rank;
+  if (const char* v = std::getenv("LOCAL_RANK"); v != nullptr && !absl::SimpleAtoi(v, &local_rank)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK=", v, ": not an integer")),
+                kConfigError);
+  }
+  absl::StatusOr<loom::engine::RankDevice> device = loom::engine::ResolveRankDevice(
+      options->accelerator, local_rank, libtorch.cuda_devices);
+  if (!device.ok()) return Fail(device.status(), kConfigError);
+  if (device->cuda) {
+    // The engine's CUDA path (NCCL collectives, device-resident shards) is the GPU-ranks issue;
+    // until it lands a GPU rank is refused at start rather than silently trained on the host.
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "resources.accelerator: ", options->accelerator, " (", device->ToString(),
+                    "): this loom-trainer trains on CPU ranks only; set resources.accelerator: "
+                    "cpu")),
+                kConfigError);
+  }
+
   std::unique_ptr<loom::engine::Collectives> coll;
   if (world == 1) {
     coll = loom::engine::CreateLocalCollectives();
@@ -249,13 +274,13 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  loom::trainer::ReexecForBlasKernels(argv);  // at most once, before anything else runs
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_print_libtorch)) {
+    std::cout << loom::engine::LibTorchInfoLine(loom::engine::DescribeLibTorch()) << std::endl;
+    return 0;
+  }
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
-  if (const std::string report = loom::trainer::BlasReport(); !report.empty()) {
-    LOG(INFO) << report;
-  }
   // See the malloc_* flags above. Set before any large allocation of the engine.
   const bool env_allocator = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
                              std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||

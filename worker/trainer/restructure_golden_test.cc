@@ -13,13 +13,15 @@
 // the in-memory optimizer of fp32 CPU partitions moved to CpuAdam's fused kernel (optimizer.h),
 // which changes the last bits of every step's update (losses from step 4 on differ by ~1e-7).
 //
-// The GEMMs are OpenBLAS's (Debian's libtorch links it), whose kernel is chosen by CPU model at
-// load time, and different kernels round differently. The files were written with its SkylakeX
-// kernels, so the test pins them (OPENBLAS_CORETYPE, inherited by the trainers) wherever the CPU
-// can run them (AVX-512 F/CD/BW/DQ/VL): OpenBLAS 0.3.21 does not know newer Xeons (e.g. CPU model
-// 207, Emerald Rapids) and falls back to its SSE3 "Prescott" kernels, which failed this test
-// there in every stage (it passed with SKYLAKEX forced, failed with HASWELL). On a CPU without
-// AVX-512 the detected kernel runs and the comparison can fail for that reason alone.
+// They were regenerated a third time, on purpose, when Loom moved from Debian's LibTorch 1.13
+// (OpenBLAS GEMMs) to PyPI's LibTorch 2.11 (MKL GEMMs, issue 51): every tensor's last bits and the
+// losses from step 1 on (by ~1e-7) changed with the BLAS.
+//
+// MKL and ATen's vectorised kernels both pick their code path by CPU at load time, and different
+// paths round differently. The files were written with the AVX2 paths of both, so the test pins
+// them for the trainers it starts (MKL_CBWR=AVX2: MKL's conditional numerical reproducibility;
+// ATEN_CPU_CAPABILITY=avx2), which every x86-64 CPU this project runs on can execute, Intel or
+// AMD; a value already in the environment is left as it is.
 //
 // Generate mode (scripts/make_golden_ckpt.sh): with
 // LOOM_GOLDEN_OUT=<absolute dir> the test writes golden.json and stage3_step3/ there instead of
@@ -38,7 +40,6 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint/shard_format.h"
-#include "worker/trainer/blas_kernels.h"
 #include "worker/trainer/gang_test_util.h"
 
 namespace {
@@ -151,15 +152,14 @@ void ExpectSameHashes(const json& want, const json& got, const std::string& what
 }
 
 // The kernels the golden files were written with (see the top of the file), for the trainers
-// this test starts; an explicit OPENBLAS_CORETYPE is left as it is.
-void PinGoldenBlasKernels() {
-  if (loom::trainer::DetectCpuFeatures().avx512_skx) {
-    setenv("OPENBLAS_CORETYPE", "SKYLAKEX", /*overwrite=*/0);
-  }
+// this test starts.
+void PinGoldenKernels() {
+  setenv("MKL_CBWR", "AVX2", /*overwrite=*/0);
+  setenv("ATEN_CPU_CAPABILITY", "avx2", /*overwrite=*/0);
 }
 
 TEST(RestructureGoldenTest, CheckpointsBitIdenticalToPreRestructuringBinaryAndGoldenResumes) {
-  PinGoldenBlasKernels();
+  PinGoldenKernels();
   const char* out = std::getenv("LOOM_GOLDEN_OUT");
   const bool generate = out != nullptr && *out != '\0';
   json golden;

@@ -89,6 +89,23 @@ TEST(TrainerErrorsTest, SpecFieldsOutsideTheSchemaAndUnsupportedModelTypesAreCon
   }
 }
 
+// A GPU accelerator kind on a machine without a CUDA device (this one, and CI's) is the job's
+// configuration error naming the field: exit 78 before the rendezvous, not an abort in CUDA.
+TEST(TrainerErrorsTest, AGpuAcceleratorWithoutACudaDeviceIsAConfigErrorNamingTheField) {
+  json spec = json::parse(*ReadText(WriteSpec("h100_here", 2, 3)));
+  spec["resources"]["accelerator"] = "ACCELERATOR_KIND_H100";
+  const std::string path = absl::StrCat(TmpDir(), "/h100_here.edited.spec.json");
+  std::ofstream(path) << spec.dump();
+  GangResult r = RunGang("h100_here", path, 1, {});
+  EXPECT_EQ(r.exit_codes[0], loom::kTrainerExitConfigError);
+  std::vector<json> errors = r.Of(0, "error");
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0]["message"].get<std::string>().find("resources.accelerator: h100"),
+            std::string::npos)
+      << errors[0]["message"];
+  EXPECT_TRUE(r.Of(0, "started").empty());
+}
+
 // dataset.pack_documents: the trainer refuses a micro-batch of 2 (one packed sample per
 // micro-batch) naming the key; and a corpus of one-token documents, where every target crosses a
 // document boundary, trains with zero (not NaN) losses instead of corrupting the weights.
