@@ -290,7 +290,9 @@ def read_fp32_state_dict(save_dir, tag=None):
     optim_files = [os.path.join(ckpt, f) for f in files if f.endswith("_optim_states.pt")]
     if not model_files:
         raise ValueError("%s: no *_model_states.pt" % ckpt)
-    model0 = torch.load(model_files[0], map_location="cpu")
+    # weights_only=False (torch >= 2.6 defaults to True): DeepSpeed pickles non-tensor objects in
+    # its checkpoints and its own zero_to_fp32 loads them the same way; these files are our own.
+    model0 = torch.load(model_files[0], map_location="cpu", weights_only=False)
     groups = model0["param_shapes"]
     if isinstance(groups, dict):
         groups = [groups]
@@ -300,7 +302,7 @@ def read_fp32_state_dict(save_dir, tag=None):
     shared = model0.get("shared_params") or {}
     if not optim_files:  # stage 0: the module holds the weights
         return collections.OrderedDict((n, model0["module"][n].float()) for n in param_shapes)
-    optims = [torch.load(f, map_location="cpu")["optimizer_state_dict"] for f in optim_files]
+    optims = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"] for f in optim_files]
     stage = int(optims[0]["zero_stage"])
     world_size = optims[0]["partition_count"]
     if isinstance(world_size, list):
@@ -327,7 +329,7 @@ def read_fp32_state_dict(save_dir, tag=None):
             state[alias] = state[source]
         return state
     if frozen_shapes:
-        models = [torch.load(f, map_location="cpu") for f in model_files]
+        models = [torch.load(f, map_location="cpu", weights_only=False) for f in model_files]
         for name, shape in frozen_shapes.items():
             frags = tuple(m["frozen_param_fragments"][name] for m in models)
             state[name] = torch.cat(frags, 0).narrow(0, 0, shape.numel()).view(shape)

@@ -45,13 +45,13 @@ class DeepSpeedLayoutTest(unittest.TestCase):
                                for r in range(n) for k in ("model", "optim")])
             self.assertEqual(sorted(os.listdir(tag_dir)), expected)
             for r in range(n):
-                ms = torch.load(os.path.join(tag_dir, "zero_pp_rank_%d_mp_rank_00_model_states.pt" % r))
+                ms = torch.load(os.path.join(tag_dir, "zero_pp_rank_%d_mp_rank_00_model_states.pt" % r), weights_only=False)
                 self.assertEqual(list(ms["param_shapes"][0].items()),
                                  [(k, v.shape) for k, v in t.items()])
                 self.assertTrue(all(v.numel() == 0 for v in ms["module"].values()))
                 self.assertEqual(ms["dp_world_size"], n)
                 osd = torch.load(os.path.join(
-                    tag_dir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))["optimizer_state_dict"]
+                    tag_dir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r), weights_only=False)["optimizer_state_dict"]
                 self.assertEqual((osd["zero_stage"], osd["partition_count"]), (3, n))
                 flat = torch.cat(osd["fp32_flat_groups"])
                 # Rank r's partition of each param: elements [r p, min((r+1) p, numel)), zero-padded
@@ -67,7 +67,7 @@ class DeepSpeedLayoutTest(unittest.TestCase):
     def test_stage3_sub_groups_cut_at_parameter_boundaries(self):
         t = model()
         tag_dir = deepspeed_ckpt.write(self.dir, t, 3, 3, sub_group_size=8)
-        osd = torch.load(os.path.join(tag_dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+        osd = torch.load(os.path.join(tag_dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt"), weights_only=False)
         # partitions 7, 2, 1, 6: a sub-group closes once it holds >= 8 elements.
         self.assertEqual([g.numel() for g in osd["optimizer_state_dict"]["fp32_flat_groups"]], [9, 7])
 
@@ -81,14 +81,14 @@ class DeepSpeedLayoutTest(unittest.TestCase):
                 expected = ["mp_rank_00_model_states.pt"] + [
                     "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r for r in range(n)]
                 self.assertEqual(sorted(os.listdir(tag_dir)), sorted(expected))
-                ms = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
+                ms = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"), weights_only=False)
                 self.assertEqual(ms["module"]["lm_head.weight"].dtype, torch.bfloat16)
                 padded = math.ceil(total / (2 * n)) * 2 * n
                 flat = torch.cat([v.reshape(-1) for v in t.values()] +
                                  [torch.zeros(padded - total)])
                 for r in range(n):
                     osd = torch.load(os.path.join(
-                        tag_dir, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+                        tag_dir, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r), weights_only=False)
                     part = osd["optimizer_state_dict"]["single_partition_of_fp32_groups"]
                     self.assertEqual(len(part), 1)
                     size = padded // n

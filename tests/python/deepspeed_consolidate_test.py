@@ -167,13 +167,13 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         for stage in (2, 3):
             with self.subTest(stage=stage, case="missing"):
                 save, tag, model = self.frozen_fixture(stage)
-                states = torch.load(model)
+                states = torch.load(model, weights_only=False)
                 del states["frozen_param_fragments"][name]
                 torch.save(states, model)
                 self.expect_error(save, 3, model, "frozen_param_fragments has no '%s'" % name)
             with self.subTest(stage=stage, case="wrong size"):
                 save, tag, model = self.frozen_fixture(stage)
-                states = torch.load(model)
+                states = torch.load(model, weights_only=False)
                 frag = states["frozen_param_fragments"][name]
                 states["frozen_param_fragments"][name] = frag.reshape(-1)[:-1].clone()
                 torch.save(states, model)
@@ -182,7 +182,7 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
                                   % (want - 1, want))
             with self.subTest(stage=stage, case="no fragments dict"):
                 save, tag, model = self.frozen_fixture(stage)
-                states = torch.load(model)
+                states = torch.load(model, weights_only=False)
                 states["frozen_param_fragments"] = None
                 torch.save(states, model)
                 self.expect_error(save, 3, model, "no 'frozen_param_fragments'")
@@ -237,7 +237,7 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
             save, tag = self.fixture(stage)
             model = os.path.join(tag, "mp_rank_00_model_states.pt" if stage < 3 else
                                  "zero_pp_rank_0_mp_rank_00_model_states.pt")
-            states = torch.load(model)
+            states = torch.load(model, weights_only=False)
             states["param_shapes"][0]["model.layers.0.mlp.up_proj.weight"] = torch.Size([40, 3])
             torch.save(states, model)
             self.expect_error(save, 3, model, "numel mismatch")  # INVALID_ARGUMENT
@@ -249,7 +249,7 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         self.expect_error(save, 9, extra, "world size mismatch")
         os.remove(extra)
         model = os.path.join(tag, "mp_rank_00_model_states.pt")
-        states = torch.load(model)
+        states = torch.load(model, weights_only=False)
         states["dp_world_size"] = 4
         torch.save(states, model)
         self.expect_error(save, 9, model, "dp_world_size 4")
@@ -263,7 +263,7 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
 
         save, tag = self.fixture()
         model = os.path.join(tag, "zero_pp_rank_0_mp_rank_00_model_states.pt")
-        states = torch.load(model)
+        states = torch.load(model, weights_only=False)
         states["lr_scheduler"] = Exploit()
         torch.save(states, model)
         self.assertFalse(os.path.exists(marker))
@@ -275,7 +275,7 @@ class DeepSpeedConsolidateTest(unittest.TestCase):
         self.expect_error(os.path.join(self.dir, "nope"), 5, os.path.join(self.dir, "nope"))
         save, tag = self.fixture()
         path = os.path.join(tag, "zero_pp_rank_1_mp_rank_00_optim_states.pt")
-        states = torch.load(path)
+        states = torch.load(path, weights_only=False)
         del states["optimizer_state_dict"]["fp32_flat_groups"]
         torch.save(states, path)
         self.expect_error(save, 3, path, "fp32_flat_groups")
