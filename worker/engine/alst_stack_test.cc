@@ -20,7 +20,7 @@
 // the forward and released by the backward.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 #include <memory>

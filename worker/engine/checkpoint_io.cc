@@ -1,6 +1,7 @@
 #include "worker/engine/checkpoint_io.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <unistd.h>
 

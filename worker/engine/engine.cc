@@ -3,7 +3,7 @@
 // trainer_step.cc and trainer_event_builders.cc.
 #include "worker/engine/engine.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <chrono>

@@ -1,7 +1,10 @@
 #include "worker/engine/sequence_parallel.h"
 
 #include <torch/csrc/autograd/engine.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
 #include <utility>

@@ -9,7 +9,9 @@
 // cross_entropy over the valid tokens (fp32, |a-b| <= 1e-6 |b|), with and without padded labels.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/functional/loss.h>
 
 #include <memory>
 #include <vector>

@@ -1,7 +1,8 @@
 // The Trainer's optimizer step (GAS micro-steps through the model, the sub-group readiness
 // events, validation: overflow, global norm, clip; then the pipeline's commit or roll back) and
 // held-out evaluation. Class and members: trainer_impl.h.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>

@@ -5,7 +5,8 @@
 // collectives) and on two ranks over real Gloo (the thread harness).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
 
 #include <memory>
 #include <vector>

@@ -1,7 +1,10 @@
 #include "worker/engine/model/activation_checkpoint.h"
 
 #include <ATen/Context.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <string>
 #include <utility>

@@ -10,7 +10,8 @@
 // backward and released by it, and a GradDeferral around the backward composes.
 #include "worker/engine/model/activation_checkpoint.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <iostream>
 #include <map>

@@ -7,7 +7,8 @@
 // forward + backward over --iters iterations for the materialised core, the blockwise core as
 // jobs run it (one tile as the dense computation) and the tiled function alone; the last line
 // is the ratio blockwise core / materialised (< 1: blockwise is faster).
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,7 @@
 #include "worker/engine/model/autograd_ops.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace loom::engine {
 namespace {

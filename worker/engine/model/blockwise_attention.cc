@@ -1,6 +1,7 @@
 #include "worker/engine/model/blockwise_attention.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>

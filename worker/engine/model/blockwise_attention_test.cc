@@ -6,7 +6,7 @@
 // the fp32 reference of the same (bf16-rounded) inputs.
 #include "worker/engine/model/blockwise_attention.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,8 @@
 #include "worker/engine/model/llama_model.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/functional/loss.h>
 
 #include <cmath>
 #include <limits>

@@ -2,7 +2,9 @@
 // stages 0-3 on a 2-rank Gloo thread gang: the loss and every gradient (biases included) equal a
 // plain LibTorch autograd Qwen2ForCausalLM forward written here, over the same initial weights,
 // looked up by Hugging Face name. Also: a Qwen2 model over a Llama parameter table is refused.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/nn/functional/embedding.h>
+#include <torch/nn/functional/loss.h>
 
 #include <cmath>
 #include <map>

@@ -4,7 +4,8 @@
 // Usage: tiled_memory_bench <seq> <mlp:0|1> <loss:0|1> [vocab=32000] [hidden=256] [layers=2]
 // Prints one line: seq vocab mlp loss loss_value peak_rss_mib provider_peak_mib seconds.
 #include <sys/resource.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <chrono>
 #include <cstdio>

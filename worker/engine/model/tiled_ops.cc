@@ -1,6 +1,8 @@
 #include "worker/engine/model/tiled_ops.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <vector>

@@ -16,7 +16,9 @@
 //     collective sequence and get the untiled model's gradients.
 #include "worker/engine/model/tiled_ops.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/functional/loss.h>
 
 #include <limits>
 #include <memory>

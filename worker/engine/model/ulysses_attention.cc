@@ -1,6 +1,8 @@
 #include "worker/engine/model/ulysses_attention.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <utility>
 

@@ -2,7 +2,7 @@
 //   bazel run -c opt //worker/engine/offload:cpu_adam_bench -- [n] [threads] [reps]
 // Prints GB/s counting 28 bytes per element (read p, g, m, v; write p, m, v).
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <chrono>
 #include <cmath>

@@ -3,7 +3,8 @@
 // runs without offload (a few ulp per step; the bound is asserted).
 #include "worker/engine/offload/cpu_adam.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstring>

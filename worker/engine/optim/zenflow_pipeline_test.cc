@@ -8,7 +8,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 
 #include <cmath>
 #include <cstring>

@@ -13,7 +13,8 @@
 //   * 8 SGD steps (an update written in the test: master -= 0.25 * grad): the losses with bf16
 //     communication stay within 3% (relative) of the fp32-communication run's losses (at lr
 //     0.5 they drifted 2.1% apart by step 5: the difference grows with the step size).
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <string>
 #include <vector>

@@ -8,7 +8,8 @@
 //   * Partition gradient ready events: once per parameter, only in the last micro-step, after
 //     its gradient partition is final.
 //   * Parameters bound by name; explicit positions 0..S-1 equal the default.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <future>
 #include <map>

@@ -1,7 +1,8 @@
 #include "worker/engine/zero/replicated_provider.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
 #include "data/corpus.h"

@@ -1,6 +1,6 @@
 // ZeroProvider, stage-3 fetching: all-gathers, persistence, the prefetch trace, reuse-distance
 // release and read-ahead hints to a PartitionSource (zero_provider.h).
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 

@@ -1,7 +1,8 @@
 // ZeroProvider, the gradient sink: local accumulation (stages 0/1), direct reduction buffers
 // (stages 2/3), gradient deferral, bucketed reductions with overlap, and the partition
 // gradient ready events (zero_provider.h).
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <stdexcept>
 

@@ -5,7 +5,10 @@
 // (Ported from worker/engine/zero_llama_test.cc when zero_llama was split, issue 12.)
 #include "worker/engine/zero/zero_provider.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/functional/embedding.h>
+#include <torch/nn/functional/loss.h>
 
 #include <cmath>
 #include <map>

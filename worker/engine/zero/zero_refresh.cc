@@ -12,7 +12,7 @@
 // pooled buffers and is waited here, at most allgather_bucket_size gathered elements in flight.
 // Errors: CollectiveError, thrown here for a synchronous gather, or by the Acquire / wait that
 // finds a direct gather failed.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <utility>
 #include <vector>
