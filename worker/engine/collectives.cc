@@ -91,7 +91,7 @@ absl::Status CheckSubgroup(const std::vector<int>& ranks, absl::string_view name
   return absl::OkStatus();
 }
 
-// What Gloo moves for a tensor: bf16 as its 16-bit pattern (Gloo in LibTorch 1.13 has no bf16).
+// What Gloo moves for a tensor: bf16 as its 16-bit pattern (only bytes move point to point).
 at::Tensor Wire(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
 }
@@ -303,9 +303,9 @@ class GlooCollectives : public Collectives {
 
   // All-gather and reduce-scatter are point-to-point: every rank sends its chunks straight from
   // the caller's tensors and receives straight into them (Gloo's unbound-buffer send/recv, no
-  // copy). ProcessGroupGloo::allgather would gather into a fresh [N*p] tensor and copy it out,
-  // and LibTorch 1.13's Gloo has no reduce_scatter; the copies and the full-size temporaries
-  // were a large part of ZeRO-3's step time and peak memory on CPU.
+  // copy). ProcessGroupGloo's _allgather_base and _reduce_scatter_base (LibTorch 2.x) go through
+  // full-size temporaries and were 2-5x slower at bucket sizes (collectives_bench.cc); the
+  // copies and temporaries were a large part of ZeRO-3's step time and peak memory on CPU.
   std::unique_ptr<PendingCollective> StartAllGather(const at::Tensor& part,
                                                     at::Tensor& full) override {
     if (absl::Status s = CheckShapes(part, full, world_); !s.ok()) return Done(s);

@@ -11,8 +11,7 @@
 // returns (the handle keeps references).
 //
 // Tensors are contiguous 1-d CPU tensors of one dtype per call: fp32, fp16 or bf16 (AllReduce
-// also accepts float64/int64). bf16 on the wire: Gloo (LibTorch 1.13) has no bf16 type, so the
-// Gloo implementation moves bf16 tensors of gathers, all-to-all and broadcast as their 16-bit
+// also accepts float64/int64). bf16 on the wire: the Gloo implementation moves bf16 tensors of gathers, all-to-all and broadcast as their 16-bit
 // patterns (viewed as fp16: same element size, only bytes move); callers may pass bf16 directly
 // (passing bf16 already viewed as fp16, as zero_llama.cc's Wire() does, still works).
 // Reductions of 16-bit floats (bf16 and fp16 reduce-scatter) move the 16-bit values and sum
@@ -166,9 +165,10 @@ struct GlooOptions {
 
 // Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo (subgroups: a
 // c10d::PrefixStore over that store and a new ProcessGroupGloo of the members). All-gather and
-// reduce-scatter are point-to-point sends and receives between the caller's tensors (Gloo in
-// LibTorch 1.13 has neither reduce_scatter nor _allgather_base, and its allgather copies through
-// a full-size temporary); the reduce-scatter sums in rank order after the receives.
+// reduce-scatter are point-to-point sends and receives between the caller's tensors; the
+// reduce-scatter sums in rank order after the receives. Gloo's native _reduce_scatter_base and
+// _allgather_base (LibTorch 2.x) copy through a full-size temporary and were 2-5x slower at the
+// engine's bucket sizes (collectives_bench, docs/engine.md).
 // All-to-all is Gloo's alltoall_base with equal splits.
 // Returns only once every rank has connected (a barrier ends the rendezvous, so a rank that fails
 // and exits right after it cannot strand a slower peer inside Gloo's connect; same for subgroups).
