@@ -8,7 +8,8 @@
 #   ghcr.io/loom-project/loom-checkpoint:TAG  loom-checkpoint     (control-plane root fs)
 #   ghcr.io/loom-project/loom-gateway:TAG     loom-gateway        (control-plane root fs)
 #   ghcr.io/loom-project/loom-worker:TAG      loom-worker + loom-trainer (worker root fs:
-#                                             LibTorch, Gloo, OpenBLAS..., and fortunes)
+#                                             Debian's libraries, the PyTorch wheel's LibTorch
+#                                             with its CUDA, cuDNN and NCCL, and fortunes)
 #
 # deploy/k8s names exactly these images and tags (deploy/images/manifests_test.sh checks it).
 #
@@ -27,7 +28,9 @@
 # same command (then `buildah manifest create` + `manifest add` join the two into one tag).
 # Disk (measured 2026-12-01, amd64): root fs tarballs 157 MB (control plane) and 1.03 GB (worker),
 # each root fs directory removed once its tarball exists; images 160/158/158 MB and 1.03 GB, vfs
-# storage 1.5 GB in all. Build time then: 39 min at load average ~20 (two debootstraps). Needs
+# storage 1.5 GB in all. Build time then: 39 min at load average ~20 (two debootstraps). Since
+# LibTorch comes from the PyTorch wheel (2026-12-07) the worker root fs also holds the wheel's
+# library folders, 3.6 GB (measured with venv_lib_dirs_of; no image was built since). Needs
 # root (debootstrap, chroot). Exit status: 0 OK, 2 usage or missing tools, 1 a failed step.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,12 +80,13 @@ for tool in debootstrap buildah bazel chroot ldd dpkg tar; do
   fi
 done
 if [ "$(id -u)" != 0 ]; then echo "build_images: needs root (debootstrap, chroot): run it as root or with sudo" >&2; exit 2; fi
-# Disk: ~1.5 GB of image storage + 1.2 GB of root fs tarballs + one root fs directory at a time.
-NEED_KB=$((4 * 1024 * 1024))
+# Disk: the worker root fs carries the wheel's libraries (3.6 GB: LibTorch, CUDA, cuDNN, NCCL),
+# once as a directory, once in its tarball and once in the image: about 12 GiB in all.
+NEED_KB=$((12 * 1024 * 1024))
 parent=$WORK; while [ ! -d "$parent" ]; do parent=$(dirname "$parent"); done
 free_kb=$(df -Pk "$parent" | awk 'NR == 2 {print $4}')
 if [ "${free_kb:-0}" -lt "$NEED_KB" ]; then
-  echo "build_images: $parent has $((free_kb / 1024)) MiB free; the build needs about 4 GiB under --work_dir $WORK" >&2
+  echo "build_images: $parent has $((free_kb / 1024)) MiB free; the build needs about 12 GiB under --work_dir $WORK" >&2
   exit 2
 fi
 ARCH=$(dpkg --print-architecture)
@@ -114,7 +118,17 @@ bazel build "${BAZEL_ARGS[@]+"${BAZEL_ARGS[@]}"}" "${labels[@]}"
 BIN_DIR=$(bazel info "${BAZEL_ARGS[@]+"${BAZEL_ARGS[@]}"}" bazel-bin)
 
 # 2. The Debian packages that hold the shared libraries `ldd` finds for the given binaries
-# (Debian 12 is merged-/usr, so /lib/... is looked up as /usr/lib/... too).
+# (Debian 12 is merged-/usr, so /lib/... is looked up as /usr/lib/... too). Libraries of the
+# project venv's PyTorch wheel (/opt/loom/...: LibTorch, the CUDA runtime, cuBLAS, cuDNN, NCCL)
+# belong to no Debian package: venv_lib_dirs_of lists their folders, which make_rootfs copies.
+VENV_PREFIX=/opt/loom/
+venv_lib_dirs_of() {
+  local bin lib p
+  for bin in "$@"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u | while read -r lib; do
+    p=$(readlink -f "$lib")
+    case "$p" in "$VENV_PREFIX"*) dirname "$p" ;; esac
+  done | sort -u
+}
 packages_for() {
   local bin lib p
   local -a libs=() candidates=()
@@ -125,7 +139,8 @@ packages_for() {
       return 1
     fi
   done
-  mapfile -t libs < <(for bin in "$@"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u)
+  mapfile -t libs < <(for bin in "$@"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
+    while read -r lib; do case "$(readlink -f "$lib")" in "$VENV_PREFIX"*) ;; *) echo "$lib" ;; esac; done)
   for lib in "${libs[@]}"; do
     p=$(readlink -f "$lib")
     candidates+=("$lib" "/usr$lib" "$p" "/usr$p")
@@ -162,6 +177,15 @@ make_rootfs() {  # make_rootfs KIND BINARIES...
   echo "loom:!:19000::::::" >> "$dir/etc/shadow"
   mkdir -p "$dir/var/lib/loom" "$dir/checkpoints"
   chown 10001:10001 "$dir/var/lib/loom" "$dir/checkpoints"
+  # The wheel's library folders at the paths the binaries' rpath and the libraries' own
+  # $ORIGIN-relative rpaths name (whole folders: cuDNN and NCCL load siblings at run time), and
+  # the /opt/loom/site-packages link the trainer's rpath goes through.
+  local vdir
+  while read -r vdir; do
+    [ -n "$vdir" ] || continue
+    mkdir -p "$dir$vdir" && cp -a "$vdir/." "$dir$vdir/"
+  done < <(venv_lib_dirs_of "$@")
+  if [ -d "$dir/opt/loom" ]; then ln -sfn "$(readlink /opt/loom/site-packages)" "$dir/opt/loom/site-packages"; fi
   # No package caches or lists in the image.
   rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* "$dir"/var/log/*.log
   tar --numeric-owner -C "$dir" -cf "$WORK/rootfs-$kind.tar" .
