@@ -1,7 +1,7 @@
 // ALST tiled compute (issue 13; TECHNIQUES-TESTS.md §1.2 AL-13..AL-15, §2.3.4):
 //   * TiledMlp equals the SwiGLU MLP written here with plain LibTorch autograd (AL-13 shapes:
 //     hidden 128, seq 125 in 4 tiles 32/32/32/29, batch 1 and 2): forward within
-//     |a-b| <= 1e-6 + 1e-6 |b| (not bit-equal: OpenBLAS's GEMM rounds per row count), gradients
+//     |a-b| <= 1e-6 + 1e-6 |b| (not bit-equal: the BLAS's GEMM rounds per row count), gradients
 //     of x and of every weight within |a-b| <= 1e-5 + 1e-5 |b| (fp32 summation order).
 //   * TiledLogitsLoss equals cross_entropy(x W^T) (mean over labels != -100) written here
 //     (AL-14 shapes: hidden 64, vocab 100, seq 425; batch 1 and 2; ignored labels; AL-15 label
@@ -80,7 +80,7 @@ TEST(TiledMlpTest, EqualsPlainAutogradWithAnUnevenLastTileAndBatchTwo) {
     (y * c).sum().backward();
     MlpRef ref = PlainMlp(x, rep->param(0), rep->param(1), rep->param(2), c);
     const std::string what = absl::StrCat("batch ", batch);
-    // Not bit-equal here: OpenBLAS's GEMM rounds differently for a 32-row tile than for the
+    // Not bit-equal here: the BLAS's GEMM rounds differently for a 32-row tile than for the
     // whole sequence (measured max |diff| 1.0e-7 at batch 1, 1.3e-7 at batch 2).
     ExpectClose(y.detach(), ref.y, 1e-6, 1e-6, what + " forward");
     ExpectClose(x.grad(), ref.dx, 1e-5, 1e-5, what + " dx");
