@@ -90,6 +90,41 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   ASSIGN_OR_RETURN(std::optional<double> theta, json_fields::OptDouble(j, "rope_theta", kPath));
   if (theta.has_value()) c.rope_theta = *theta;
   if (!(c.rope_theta > 0)) return Field("rope_theta", "must be positive");
+  // transformers 5 writes the RoPE base and type in rope_parameters (and may drop the top-level
+  // rope_theta): {"rope_theta": 100000.0, "rope_type": "default"}. Read it, or a model whose base
+  // is not 10000 would train and export with the wrong one.
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Field("rope_parameters", "must be an object");
+    static constexpr char kRopePath[] = "model.config.rope_parameters";
+    for (const auto& [key, value] : it->items()) {
+      if (key == "rope_type" || key == "rope_theta") continue;
+      if (value.is_object()) {  // per layer type (Gemma 3): {"full_attention": {...}, ...}
+        return Field("rope_parameters", absl::StrCat("per-layer-type RoPE (\"", key,
+                                                     "\") is not supported yet"));
+      }
+      return Field(absl::StrCat("rope_parameters.", key),
+                   "RoPE scaling parameters are not supported yet (only rope_type \"default\")");
+    }
+    if (auto type = it->find("rope_type"); type != it->end() && !type->is_null()) {
+      if (!type->is_string() || type->get<std::string>() != "default") {
+        return Field("rope_parameters.rope_type",
+                     absl::StrCat(type->dump(-1, ' ', false, json::error_handler_t::replace),
+                                  " is not supported yet (only \"default\": RoPE scaling is not "
+                                  "implemented)"));
+      }
+    }
+    ASSIGN_OR_RETURN(std::optional<double> base, json_fields::OptDouble(*it, "rope_theta",
+                                                                        kRopePath));
+    if (base.has_value()) {
+      if (!(*base > 0)) return Field("rope_parameters.rope_theta", "must be positive");
+      if (theta.has_value() && *theta != *base) {
+        return Field("rope_parameters.rope_theta",
+                     absl::StrCat(*base, " differs from rope_theta ", *theta,
+                                  ": give the RoPE base once"));
+      }
+      c.rope_theta = *base;
+    }
+  }
   ASSIGN_OR_RETURN(std::optional<bool> tie,
                    json_fields::OptBool(j, "tie_word_embeddings", kPath));
   c.tie_word_embeddings = tie.value_or(false);

@@ -81,6 +81,34 @@ TEST(ParseLlamaConfigTest, ErrorsNameTheField) {
 
 // Only the model families the engine implements are trained; the error names the field and lists
 // what is supported (a Qwen2 or GPT-2 config must not silently train as a Llama).
+// transformers 5 layout (SmolLM2, Qwen2.5 saved by transformers 5): the RoPE base lives in
+// rope_parameters; it was ignored and the model trained with the default base 10000.
+TEST(ParseLlamaConfigTest, RopeParametersOfTransformers5AreRead) {
+  const std::string base = R"({"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 16, )";
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(
+      base + R"("rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 100000.0);
+  // Both layouts at once (transformers 4.5x writes both): equal values are one base.
+  c = ParseLlamaConfig(base + R"("rope_theta": 1000000.0,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1000000.0);
+  ExpectError(base + R"("rope_theta": 10000.0, "rope_parameters": {"rope_theta": 500000.0}})",
+              "model.config.rope_parameters.rope_theta: 500000 differs from rope_theta 10000");
+  ExpectError(base + R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3",
+      "factor": 8.0}})",
+              "model.config.rope_parameters.factor: RoPE scaling parameters are not supported");
+  ExpectError(base + R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3"}})",
+              "model.config.rope_parameters.rope_type: \"llama3\" is not supported yet");
+  ExpectError(base + R"("rope_parameters": {"full_attention": {"rope_theta": 1e6}}})",
+              "model.config.rope_parameters: per-layer-type RoPE (\"full_attention\")");
+  ExpectError(base + R"("rope_parameters": {"rope_theta": -1}})",
+              "model.config.rope_parameters.rope_theta: must be positive");
+  ExpectError(base + R"("rope_parameters": 5})", "model.config.rope_parameters: must be an object");
+}
+
 TEST(ParseLlamaConfigTest, UnsupportedModelTypeIsRefusedNamingTheField) {
   const std::string base = R"("vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
       "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16)";
