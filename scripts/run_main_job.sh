@@ -2,7 +2,7 @@
 # The main job: installs what is missing, builds Loom, starts a local cluster (scheduler, two
 # workers, checkpoint service) on loopback, trains the example Llama-style model on the fortunes
 # corpus with ZeRO-3 on 2 ranks, consolidates the last checkpoint into model.safetensors, checks
-# the export independently with PyTorch, prints the held-out loss before and after training and
+# the export independently with PyTorch and loads it with transformers, prints the held-out loss before and after training and
 # the path of the safetensors file, and shuts everything down.
 set -euo pipefail
 
@@ -38,6 +38,10 @@ model_dir=$(dirname "$safetensors")
 
 echo "== independent check: PyTorch rebuilds the model from model.safetensors + config.json"
 /opt/loom/venv/bin/python3 tests/python/check_export.py --model_dir "$model_dir" \
+  --logits "$LOOM_HOME/checkpoints/$job_id/final_logits.json"
+
+echo "== transformers loads the export (AutoModelForCausalLM.from_pretrained, offline)"
+/opt/loom/venv/bin/python3 tests/python/hf_load_export.py --model_dir "$model_dir" \
   --logits "$LOOM_HOME/checkpoints/$job_id/final_logits.json"
 
 $LOOMCTL get "$job_id"

@@ -2,6 +2,7 @@
 """Test of check_export.py on exports made by Loom's real exporter from real trainer output.
 
 Usage: /opt/loom/venv/bin/python3 check_export_test.py --trainer PATH --consolidate PATH --check_export PATH
+           --hf_load_export PATH
 
 Trains a tiny grouped-query Llama with loom-trainer (2 ZeRO-3 ranks with an untied head; 1 rank
 with tied embeddings), exports each checkpoint with loom-consolidate (storage/checkpoint's
@@ -9,7 +10,9 @@ consolidation, the code behind loom-checkpoint's Consolidate RPC) as F32 and as 
 asserts that:
   * every exported tensor equals an independent numpy reconstruction of the rank shards
     (bit for bit in F32; in BF16, PyTorch's round-to-nearest-even of that reconstruction);
-  * check_export.py accepts each export against the trainer's final logits;
+  * check_export.py accepts each export against the trainer's final logits, and so does
+    hf_load_export.py: transformers' AutoModelForCausalLM.from_pretrained loads it with no
+    missing, unexpected or mismatched tensor, and its logits match (F32 and BF16, tied and untied);
   * it rejects (exit 1, logits mismatch) exports a buggy exporter could write: interleaved
     instead of half-split rotary layout in q_proj/k_proj, query heads mapped to key/value heads
     as h % Hkv instead of h // (Hq / Hkv), a wrong rms_norm_eps in config.json (F32 only: in
@@ -165,6 +168,8 @@ def main():
     ap.add_argument("--trainer", required=True)
     ap.add_argument("--consolidate", required=True)
     ap.add_argument("--check_export", required=True)
+    ap.add_argument("--hf_load_export", required=True,
+                    help="hf_load_export.py: transformers' own loader and model as the judge")
     args = ap.parse_args()
     tmp = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
     checker = Checker(args.check_export)
@@ -211,6 +216,17 @@ def main():
             atol = ATOL[dtype]
             code, output = checker.run(out_dir, logits, atol)
             expect("the real export", code, 0, output)
+            def hf_judge(model_dir):
+                r = subprocess.run([sys.executable, args.hf_load_export, "--model_dir", model_dir,
+                                    "--logits", logits, "--atol", str(atol)],
+                                   capture_output=True, text=True, timeout=300,
+                                   env=dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1"))
+                lines = [l for l in (r.stdout + r.stderr).splitlines()
+                         if l.startswith("hf_load_export:")]
+                return r.returncode, (lines[-1] if lines else r.stderr.strip()[-400:])
+
+            code, output = hf_judge(out_dir)
+            expect("transformers loads the real export", code, 0, output)
 
             bad_dir = os.path.join(tmp, f"bad_{name}_{dtype}")
             bad = dict(exported)
@@ -249,11 +265,15 @@ def main():
             write_export(bad_dir, bad, cfg)
             code, output = checker.run(bad_dir, logits, atol)
             expect("model.norm.weight x 1.05", code, 1, output)
+            code, output = hf_judge(bad_dir)
+            expect("transformers: model.norm.weight x 1.05", code, 1, output)
 
             bad = {k: v for k, v in exported.items() if k != "model.layers.1.mlp.up_proj.weight"}
             write_export(bad_dir, bad, cfg)
             code, output = checker.run(bad_dir, logits, atol)
             expect("missing tensor", code, 2, output)
+            code, output = hf_judge(bad_dir)
+            expect("transformers: missing tensor", code, 2, output)
 
             # The head's tying comes from config.json: flipping the flag makes the same tensors
             # malformed; an untied config.json without the key (LlamaConfig's default false)

@@ -3,4 +3,4 @@
 set -euo pipefail
 exec /opt/loom/venv/bin/python3 tests/python/check_export_test.py \
   --trainer worker/trainer/loom-trainer --consolidate storage/checkpoint/loom-consolidate \
-  --check_export tests/python/check_export.py
+  --check_export tests/python/check_export.py --hf_load_export tests/python/hf_load_export.py
