@@ -134,9 +134,25 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   if (!(c.initializer_range >= 0)) return Field("initializer_range", "must be >= 0");
   ASSIGN_OR_RETURN(std::optional<int64_t> bos, json_fields::OptInt(j, "bos_token_id", kPath));
   if (bos.has_value()) c.bos_token_id = *bos;
-  ASSIGN_OR_RETURN(std::optional<int64_t> eos, json_fields::OptInt(j, "eos_token_id", kPath));
-  if (eos.has_value()) c.eos_token_id = *eos;
-  c.eos_token_id_set = eos.has_value();
+  if (auto it = j.find("eos_token_id"); it != j.end() && it->is_array()) {
+    // Llama 3.x lists every id that ends a turn or a text; the first is the end of a text.
+    if (it->empty()) return Field("eos_token_id", "an empty list (give at least one token id)");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& v = (*it)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+        return Field(absl::StrCat("eos_token_id[", i, "]"),
+                     absl::StrCat(v.dump(-1, ' ', false, json::error_handler_t::replace),
+                                  " is not a token id (a non-negative integer)"));
+      }
+      c.eos_token_ids.push_back(v.get<int64_t>());
+    }
+    c.eos_token_id = c.eos_token_ids.front();
+    c.eos_token_id_set = true;
+  } else {
+    ASSIGN_OR_RETURN(std::optional<int64_t> eos, json_fields::OptInt(j, "eos_token_id", kPath));
+    if (eos.has_value()) c.eos_token_id = *eos;
+    c.eos_token_id_set = eos.has_value();
+  }
 
   // Features this engine does not implement change the model's function: refuse them.
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
@@ -237,7 +253,11 @@ std::string LlamaConfigToHfJson(const LlamaConfig& c) {
   j["rope_scaling"] = nullptr;
   j["use_cache"] = true;
   j["bos_token_id"] = c.bos_token_id;
-  j["eos_token_id"] = c.eos_token_id;
+  if (c.eos_token_ids.size() > 1) {
+    j["eos_token_id"] = c.eos_token_ids;
+  } else {
+    j["eos_token_id"] = c.eos_token_id;
+  }
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;

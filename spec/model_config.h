@@ -42,8 +42,11 @@ struct LlamaConfig {
   int64_t bos_token_id = 1;             // written to config.json only
   // Marks document ends in token files for dataset.pack_documents; else written to config.json
   // only. eos_token_id_set: the config gave it (pack_documents on token files requires that).
+  // A list (Llama 3.x: [128001, 128008, 128009]) is kept whole in eos_token_ids and written back
+  // as a list; its first id is eos_token_id, the one that marks document ends.
   int64_t eos_token_id = 2;
   bool eos_token_id_set = false;
+  std::vector<int64_t> eos_token_ids;  // as given when a list, else empty
 
   // d = H / Hq.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

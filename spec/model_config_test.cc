@@ -109,6 +109,23 @@ TEST(ParseLlamaConfigTest, RopeParametersOfTransformers5AreRead) {
   ExpectError(base + R"("rope_parameters": 5})", "model.config.rope_parameters: must be an object");
 }
 
+// Llama 3.x's config.json lists its end ids; the list was refused ("not an integer").
+TEST(ParseLlamaConfigTest, ListValuedEosTokenIdOfLlama3IsKeptAndWrittenBack) {
+  const std::string base = R"({"vocab_size": 128256, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 16, )";
+  absl::StatusOr<LlamaConfig> c =
+      ParseLlamaConfig(base + R"("bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->eos_token_id, 128001);
+  EXPECT_TRUE(c->eos_token_id_set);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  const nlohmann::json out = nlohmann::json::parse(LlamaConfigToHfJson(*c));
+  EXPECT_EQ(out["eos_token_id"], nlohmann::json({128001, 128008, 128009}));
+  ExpectError(base + R"("eos_token_id": []})", "model.config.eos_token_id: an empty list");
+  ExpectError(base + R"("eos_token_id": [1, "x"]})",
+              "model.config.eos_token_id[1]: \"x\" is not a token id");
+}
+
 TEST(ParseLlamaConfigTest, UnsupportedModelTypeIsRefusedNamingTheField) {
   const std::string base = R"("vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
       "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16)";
