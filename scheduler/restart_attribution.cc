@@ -1,7 +1,9 @@
 // Scheduler: failure attribution across ranks of one attempt (restart_policy.h). Kept apart from
 // scheduler.cc; runs under the scheduler's lock like the heartbeat that calls it.
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -10,16 +12,9 @@
 #include "scheduler/job_state.h"
 #include "scheduler/restart_policy.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_internal.h"
 
 namespace loom {
-namespace {
-
-bool InfraBudget(loom::v1::FailureClass c) {
-  return c == v1::FAILURE_CLASS_INFRA || c == v1::FAILURE_CLASS_SETUP;
-}
-
-}  // namespace
-
 void Scheduler::RecordBlame(const std::string& job_id, int32_t attempt,
                             const loom::v1::RankStatus& st, const std::string& node_id,
                             const std::string& cause_text, loom::v1::FailureClass failure_class) {
@@ -54,6 +49,19 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
   }
   if (!IsLikelierCause(st, b->second.status)) return absl::OkStatus();
   Blame& blame = b->second;
+  JobRecord updated = job_it->second;
+  const loom::v1::FailureClass cls = ClassifyRankExit(st, /*had_run=*/true).failure_class;
+  // The budget the restart is charged to, before and after re-attribution.
+  auto max_restarts_of = [&](bool infra) {
+    return infra ? (!updated.spec.has_max_infra_restarts() || updated.spec.max_infra_restarts() < 0
+                        ? options_.default_max_infra_restarts
+                        : updated.spec.max_infra_restarts())
+                 : updated.spec.max_restarts();
+  };
+  const bool was_infra = IsInfraClass(blame.failure_class);
+  const std::string old_note = RestartNote(
+      was_infra, was_infra ? updated.state.infra_restarts() : updated.state.user_restarts(),
+      max_restarts_of(was_infra));
   const std::string cause = RankExitMessage(st.rank(), node_id, st);
   const std::string combined = absl::StrCat(
       cause, " (likely the cause: ",
@@ -63,20 +71,10 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
           : "it exited first",
       "); rank ", blame.status.rank(), " on node ", blame.node_id,
       " reported first: ", blame.cause_text.substr(0, 1024));
-  JobRecord updated = job_it->second;
-  updated.message = absl::StrReplaceAll(updated.message, {{blame.cause_text, combined}});
-  auto* history = updated.state.mutable_history();
-  if (!history->empty() && history->rbegin()->attempt() == updated.attempt &&
-      history->rbegin()->phase() == updated.phase) {
-    history->rbegin()->set_message(
-        absl::StrReplaceAll(history->rbegin()->message(), {{blame.cause_text, combined}}));
-    // A waiting job's in-memory message may be a pending reason by now: restore the failure.
-    if (updated.phase == v1::JOB_PHASE_RECOVERING) updated.message = history->rbegin()->message();
-  }
-  const loom::v1::FailureClass cls = ClassifyRankExit(st, /*had_run=*/true).failure_class;
-  if (updated.phase == v1::JOB_PHASE_RECOVERING && InfraBudget(cls) != InfraBudget(blame.failure_class)) {
+  const bool infra = IsInfraClass(cls);
+  if (updated.phase == v1::JOB_PHASE_RECOVERING && infra != was_infra) {
     // Charge the restart to the budget of the real cause.
-    if (InfraBudget(cls)) {
+    if (infra) {
       updated.state.set_user_restarts(std::max(0, updated.state.user_restarts() - 1));
       updated.state.set_infra_restarts(updated.state.infra_restarts() + 1);
     } else {
@@ -85,14 +83,25 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
     }
   }
   updated.failure_class = cls;
-  const bool infra = InfraBudget(cls);
-  const int32_t max_restarts =
-      infra ? (!updated.spec.has_max_infra_restarts() || updated.spec.max_infra_restarts() < 0
-                   ? options_.default_max_infra_restarts
-                   : updated.spec.max_infra_restarts())
-            : updated.spec.max_restarts();
+  const int32_t max_restarts = max_restarts_of(infra);
   const int32_t used = infra ? updated.state.infra_restarts() : updated.state.user_restarts();
   const bool over_budget = updated.phase == v1::JOB_PHASE_RECOVERING && used > max_restarts;
+  // The message and the history entry that FailAttempt wrote (which WatchJob's events and
+  // GetJob show) name the cause and the budget charged: both follow the re-attribution, so that
+  // they say what the record's counters say.
+  std::vector<std::pair<std::string, std::string>> rewrites = {{blame.cause_text, combined}};
+  if (updated.phase == v1::JOB_PHASE_RECOVERING && !over_budget) {
+    rewrites.emplace_back(absl::StrCat("(", old_note, ")"),
+                          absl::StrCat("(", RestartNote(infra, used, max_restarts), ")"));
+  }
+  updated.message = absl::StrReplaceAll(updated.message, rewrites);
+  auto* history = updated.state.mutable_history();
+  if (!history->empty() && history->rbegin()->attempt() == updated.attempt &&
+      history->rbegin()->phase() == updated.phase) {
+    history->rbegin()->set_message(absl::StrReplaceAll(history->rbegin()->message(), rewrites));
+    // A waiting job's in-memory message may be a pending reason by now: restore the failure.
+    if (updated.phase == v1::JOB_PHASE_RECOVERING) updated.message = history->rbegin()->message();
+  }
   bool known = false;
   for (const std::string& n : updated.state.suspect_nodes()) known |= n == node_id;
   if (!known && !node_id.empty()) updated.state.add_suspect_nodes(node_id);

@@ -223,6 +223,47 @@ TEST_F(RestartTest, RankKilledBySignalIsBlamedOverAPeerThatSawTheConnectionClose
   EXPECT_EQ(Get(job.id()).message(), settled);
 }
 
+// Issue 42 defect 7: a peer's "Connection closed by peer" arrives first and is charged to the
+// infra budget provisionally ("infra restart 1 of 3"); the SIGKILLed rank's report then moves the
+// restart to the user budget. The message, the events WatchJob streams and the history it
+// replays must name the budget the record charged (user_restarts: 1), not the provisional one.
+TEST_F(RestartTest, ReattributedRestartNamesTheBudgetTheRecordCharged) {
+  Job job = RunTwoRankJob(/*max_restarts=*/2, /*max_infra_restarts=*/3);
+  auto sub = scheduler_->WatchJob(job.id(), [] {});
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  Beat("node-b", {Failed(job, 1, 1, "Connection closed by peer [addr-node-a]:29500", 0, 2000)});
+  Job first = Get(job.id());
+  ASSERT_EQ(first.infra_restarts(), 1);
+  ASSERT_TRUE(absl::StrContains(first.message(), "(infra restart 1 of 3)")) << first.message();
+  Beat("node-a", {Failed(job, 0, 137, "", /*signal=*/9, 1000)});
+  job = Get(job.id());
+  ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_RECOVERING);
+  EXPECT_EQ(job.user_restarts(), 1);
+  EXPECT_EQ(job.infra_restarts(), 0);
+  EXPECT_TRUE(absl::StrContains(job.message(), "(user restart 1 of 2)")) << job.message();
+  EXPECT_FALSE(absl::StrContains(job.message(), "infra restart")) << job.message();
+  // The newest streamed event carries the record as re-attributed.
+  loom::v1::JobEvent e, last;
+  while ((*sub)->Pop(&e)) last = e;
+  scheduler_->Unwatch(*sub);
+  EXPECT_EQ(last.job().user_restarts(), 1);
+  EXPECT_TRUE(absl::StrContains(last.job().message(), "(user restart 1 of 2)"))
+      << last.job().message();
+  // The stored history entry of the RECOVERING change, as WatchJob replays it once the job ended.
+  ASSERT_TRUE(scheduler_->KillJob(job.id()).ok());
+  auto replay = scheduler_->WatchJob(job.id(), [] {});
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  bool saw_recovering = false;
+  while ((*replay)->Pop(&e)) {
+    if (e.type() != "History" || e.job().phase() != loom::v1::JOB_PHASE_RECOVERING) continue;
+    saw_recovering = true;
+    EXPECT_TRUE(absl::StrContains(e.job().message(), "(user restart 1 of 2)")) << e.job().message();
+    EXPECT_FALSE(absl::StrContains(e.job().message(), "infra restart")) << e.job().message();
+  }
+  scheduler_->Unwatch(*replay);
+  EXPECT_TRUE(saw_recovering);
+}
+
 // Rank 1 fails on a CRC mismatch (data error); rank 0's "Connection reset by peer" arrives
 // first. With no user restart allowed, the job still recovers: the peer symptom is charged to the
 // infra budget provisionally, and rank 1's report confirms it there.

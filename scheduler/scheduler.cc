@@ -325,8 +325,8 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   }
   AddSuspect(&updated, suspect_node);
   updated.message = absl::StrCat("attempt ", job.attempt, " failed: ", message,
-                                 "; restarting from the newest committed checkpoint (", budget,
-                                 " restart ", restarts_used + 1, " of ", max_restarts, ")");
+                                 "; restarting from the newest committed checkpoint (",
+                                 RestartNote(infra, restarts_used + 1, max_restarts), ")");
   const absl::Duration backoff =
       ExponentialBackoff(updated.state.user_restarts() + updated.state.infra_restarts(),
                          options_.restart_backoff_base, options_.restart_backoff_cap);

@@ -41,6 +41,10 @@ bool IsInfraClass(loom::v1::FailureClass c) {
   return c == v1::FAILURE_CLASS_INFRA || c == v1::FAILURE_CLASS_SETUP;
 }
 
+std::string RestartNote(bool infra, int32_t restart, int32_t max_restarts) {
+  return absl::StrCat(infra ? "infra" : "user", " restart ", restart, " of ", max_restarts);
+}
+
 void AddSuspect(JobRecord* job, const std::string& node_id) {
   if (node_id.empty()) return;
   for (const std::string& n : job->state.suspect_nodes()) {

@@ -5,6 +5,7 @@
 #ifndef LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_
 #define LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -28,6 +29,11 @@ AcceleratorKind KindOf(const loom::v1::JobSpec& spec);
 std::string KindName(AcceleratorKind kind);
 // INFRA or SETUP: charged to the infra restart budget.
 bool IsInfraClass(loom::v1::FailureClass c);
+// "infra restart 2 of 3" / "user restart 1 of 2": the budget a restart is charged to, as a
+// RECOVERING job's message states it. One spelling for FailAttempt, which charges the restart,
+// and ReconsiderBlame, which moves it to the other budget and must rewrite the note (issue 42
+// defect 7: the message said "infra restart 1 of 3" after the record moved it to user_restarts).
+std::string RestartNote(bool infra, int32_t restart, int32_t max_restarts);
 // Adds `node_id` (if non-empty and new) to the job's suspect nodes.
 void AddSuspect(JobRecord* job, const std::string& node_id);
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* ts);
