@@ -119,6 +119,39 @@ absl::Status CheckStrings(const Message& msg, const std::string& path) {
   return absl::OkStatus();
 }
 
+// The first value of a JSON config (model.config, deepspeed_config; `path` names `v`) whose
+// objects and arrays nest deeper than kMaxConfigDepth; `depth` is v's own level (a struct or
+// list at level d holds values at level d + 1).
+absl::Status CheckConfigDepth(const google::protobuf::Value& v, const std::string& path,
+                              int depth) {
+  const bool nested = v.kind_case() == google::protobuf::Value::kStructValue ||
+                      v.kind_case() == google::protobuf::Value::kListValue;
+  if (!nested) return absl::OkStatus();
+  if (depth > kMaxConfigDepth) {
+    return InvalidField(path, absl::StrCat("nested deeper than ", kMaxConfigDepth,
+                                           " levels of objects and arrays (the limit of "
+                                           "model.config and deepspeed_config)"));
+  }
+  if (v.kind_case() == google::protobuf::Value::kStructValue) {
+    for (const auto& [key, child] : v.struct_value().fields()) {
+      RETURN_IF_ERROR(CheckConfigDepth(child, JoinFieldPath(path, key), depth + 1));
+    }
+  } else {
+    for (int i = 0; i < v.list_value().values_size(); ++i) {
+      RETURN_IF_ERROR(
+          CheckConfigDepth(v.list_value().values(i), absl::StrCat(path, "[", i, "]"), depth + 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckConfigDepth(const google::protobuf::Struct& config, const std::string& path) {
+  for (const auto& [key, child] : config.fields()) {
+    RETURN_IF_ERROR(CheckConfigDepth(child, JoinFieldPath(path, key), /*depth=*/2));
+  }
+  return absl::OkStatus();
+}
+
 // The top-level field of `spec` with the most serialized bytes, for the whole-spec error.
 std::pair<std::string, size_t> LargestField(const loom::v1::JobSpec& spec) {
   const Reflection* refl = spec.GetReflection();
@@ -201,9 +234,46 @@ absl::Status CheckModelConfigTypes(const google::protobuf::Struct& config) {
 
 }  // namespace
 
+absl::Status CheckKnownEnumValues(const Message& msg, const std::string& path) {
+  const Reflection* refl = msg.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  refl->ListFields(msg, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const std::string child = JoinFieldPath(path, f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
+      const int n = f->is_repeated() ? refl->FieldSize(msg, f) : 1;
+      for (int i = 0; i < n; ++i) {
+        const int value = f->is_repeated() ? refl->GetRepeatedEnumValue(msg, f, i)
+                                           : refl->GetEnumValue(msg, f);
+        if (f->enum_type()->FindValueByNumber(value) == nullptr) {
+          return InvalidField(f->is_repeated() ? absl::StrCat(child, "[", i, "]") : child,
+                              absl::StrCat(value, " is not a known ",
+                                           f->enum_type()->full_name()));
+        }
+      }
+      continue;
+    }
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (f->message_type() == google::protobuf::Struct::descriptor()) continue;
+    if (f->is_repeated()) {
+      for (int i = 0; i < refl->FieldSize(msg, f); ++i) {
+        const Message& m = refl->GetRepeatedMessage(msg, f, i);
+        RETURN_IF_ERROR(CheckKnownEnumValues(
+            m, f->is_map() ? child : absl::StrCat(child, "[", i, "]")));
+      }
+    } else {
+      RETURN_IF_ERROR(CheckKnownEnumValues(refl->GetMessage(msg, f), child));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpecLimits(const loom::v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckName(spec.name()));
   RETURN_IF_ERROR(CheckStrings(spec, ""));
+  RETURN_IF_ERROR(CheckKnownEnumValues(spec, ""));
+  RETURN_IF_ERROR(CheckConfigDepth(spec.model().config(), "model.config"));
+  RETURN_IF_ERROR(CheckConfigDepth(spec.deepspeed_config(), "deepspeed_config"));
   const size_t bytes = spec.ByteSizeLong();
   if (bytes > kMaxJobSpecBytes) {
     const auto [field, field_bytes] = LargestField(spec);

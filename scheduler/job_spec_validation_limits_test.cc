@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "scheduler/job_spec_validation.h"
+#include "scheduler/job_spec_validation_limits.h"
 #include "scheduler/test_job_spec.h"
 
 namespace loom {
@@ -155,6 +156,54 @@ TEST(JobSpecLimitsTest, QuotedNumbersInDeepSpeedConfigAreRefused) {
       ->at("lr")
       .set_string_value("1e-3");
   ExpectInvalid(spec, "deepspeed_config.optimizer.params.lr", "got the string \"1e-3\"");
+}
+
+// Issue 42 defect 2: a model.config nested 30 levels deep was admitted, and every later
+// ListJobs as JSON failed ("Message too deep"). Both configs are bounded at kMaxConfigDepth,
+// counting arrays too; an enum number the proto does not define is refused naming the field.
+google::protobuf::Value Nested(int levels) {
+  google::protobuf::Value v;
+  v.set_number_value(1);
+  for (int i = 0; i < levels; ++i) {
+    google::protobuf::Value outer;
+    if (i % 2 == 0) {
+      (*outer.mutable_struct_value()->mutable_fields())["x"] = std::move(v);
+    } else {
+      *outer.mutable_list_value()->add_values() = std::move(v);
+    }
+    v = std::move(outer);
+  }
+  return v;
+}
+
+// INVALID_ARGUMENT whose message starts with `path_prefix` (the path of the first value too
+// deep, under the field) and names the limit.
+void ExpectTooDeep(const JobSpec& spec, const std::string& path_prefix) {
+  absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(std::string(s.message()).rfind(path_prefix, 0), 0u) << s;
+  EXPECT_NE(s.message().find("nested deeper than 16 levels"), std::string::npos) << s;
+}
+
+TEST(JobSpecLimitsTest, ConfigNestingIsBounded) {
+  JobSpec spec = ValidTestJobSpec();
+  // model.config itself is level 1: "deep" holds kMaxConfigDepth - 1 more levels.
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["deep"] =
+      Nested(kMaxConfigDepth - 1);
+  ExpectValid(spec);
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["deep"] = Nested(kMaxConfigDepth);
+  ExpectTooDeep(spec, "model.config.deep[0].x[0].x");
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["deep"] = Nested(30);
+  ExpectTooDeep(spec, "model.config.deep[0].x[0].x");
+  spec = ValidTestJobSpec();
+  (*spec.mutable_deepspeed_config()->mutable_fields())["zero_optimization"] = Nested(40);
+  ExpectTooDeep(spec, "deepspeed_config.zero_optimization[0].x[0].x");  // arrays by index
+}
+
+TEST(JobSpecLimitsTest, UnknownEnumNumbersAreRefusedNamingTheField) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_accelerator(static_cast<loom::v1::AcceleratorKind>(77));
+  ExpectInvalid(spec, "resources.accelerator", "77 is not a known loom.v1.AcceleratorKind");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // are listed completely, in submission order, in pages that gRPC's default 4 MB client limit
 // accepts. Regression (issue 18): two jobs with 3 MB names made ListJobs fail for every user with
 // "Received message larger than max", permanently.
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
@@ -137,6 +138,50 @@ TEST_F(ListJobsTest, BadPageArgumentsAreInvalidArgumentNamingTheField) {
   s = jobs_->ListJobs(Ctx().get(), req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message().rfind("page_token: ", 0), 0u) << s.error_message();
+}
+
+// Issue 42 defect 2: a model.config nested 30 levels was admitted, and then listing as JSON
+// (what GET /v1/jobs does) failed with "Message too deep" for every tenant. Now it is refused at
+// submission naming the field, a config at the limit lists as JSON, and an unknown phase number
+// is refused naming the field instead of listing nothing.
+TEST_F(ListJobsTest, DeepConfigsAreRefusedAndListingStaysEncodable) {
+  auto nested = [](int levels) {
+    google::protobuf::Value v;
+    v.set_string_value("leaf");
+    for (int i = 0; i < levels; ++i) {
+      google::protobuf::Value outer;
+      (*outer.mutable_struct_value()->mutable_fields())["k"] = std::move(v);
+      v = std::move(outer);
+    }
+    return v;
+  };
+  loom::v1::SubmitJobRequest req;
+  *req.mutable_spec() = ValidTestJobSpec();
+  (*req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields())["deep"] = nested(30);
+  loom::v1::SubmitJobResponse resp;
+  grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message().rfind("model.config.deep.k.k", 0), 0u) << s.error_message();
+  EXPECT_NE(s.error_message().find("16 levels"), std::string::npos) << s.error_message();
+
+  // The deepest config admitted still lists, and encodes as JSON as the gateway does.
+  (*req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields())["deep"] =
+      nested(kMaxConfigDepth - 1);
+  s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  loom::v1::ListJobsResponse list;
+  s = jobs_->ListJobs(Ctx().get(), loom::v1::ListJobsRequest(), &list);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(list.jobs_size(), 1);
+  std::string json;
+  const auto encoded = google::protobuf::util::MessageToJsonString(list, &json);
+  EXPECT_TRUE(encoded.ok()) << encoded.message();
+
+  loom::v1::ListJobsRequest bad;
+  bad.set_phase(static_cast<loom::v1::JobPhase>(77));
+  s = jobs_->ListJobs(Ctx().get(), bad, &list);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "phase: 77 is not a known loom.v1.JobPhase");
 }
 
 }  // namespace
