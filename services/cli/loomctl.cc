@@ -37,7 +37,11 @@
 // the ready files of a local cluster in --cluster_dir (default $LOOM_HOME/cluster, else
 // .loom/cluster).
 // Every unary RPC carries a deadline of --timeout (default 30 s); streams (watch, logs) have none
-// unless --stream_timeout is set.
+// unless --stream_timeout is set. Channels reconnect with a backoff of at most
+// --reconnect_backoff_max (1 s, as loom-worker and loom-gateway): gRPC's default grows to 120 s,
+// so a scheduler back after a short restart stayed unreachable for loomctl. `submit` retries
+// UNAVAILABLE and DEADLINE_EXCEEDED with the same request id (the scheduler creates the job at
+// most once) until --retry_deadline (default 60 s) has passed.
 // Exit status: 0 on success, the gRPC status code on an RPC error (3 = INVALID_ARGUMENT,
 // 5 = NOT_FOUND, 9 = FAILED_PRECONDITION, 14 = UNAVAILABLE), 1 for a job that ended unsuccessfully
 // under `wait` or `watch`, 2 for a usage error.
@@ -63,6 +67,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
@@ -100,6 +105,11 @@ ABSL_FLAG(std::vector<std::string>, protect, {},
           "checkpoint delete/retain: steps that must not be deleted");
 ABSL_FLAG(std::string, reason, "", "cordon/drain: why (shown by `loomctl nodes`)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each unary RPC");
+ABSL_FLAG(absl::Duration, retry_deadline, absl::Seconds(60),
+          "submit: keep retrying while the scheduler is unreachable (UNAVAILABLE: restarting) "
+          "for up to this long; the request id makes retries safe (0 = one try)");
+ABSL_FLAG(absl::Duration, reconnect_backoff_max, loom::kDefaultReconnectBackoffMax,
+          "upper bound of the channels' reconnect backoff (as loom-worker and loom-gateway)");
 ABSL_FLAG(absl::Duration, stream_timeout, absl::ZeroDuration(),
           "watch/logs: deadline of the stream (0 = none)");
 ABSL_FLAG(bool, follow, false, "logs: keep streaming new lines until the job ends");
@@ -179,6 +189,18 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials() {
     std::exit(2);
   }
   return *creds;
+}
+
+// A channel to `address` whose reconnect backoff is capped at --reconnect_backoff_max (exits
+// with status 2 for a value out of range).
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  const absl::Duration max_backoff = absl::GetFlag(FLAGS_reconnect_backoff_max);
+  if (absl::Status s = loom::ValidateReconnectBackoff("--reconnect_backoff_max", max_backoff);
+      !s.ok()) {
+    std::fprintf(stderr, "loomctl: %s\n", s.ToString().c_str());
+    std::exit(2);
+  }
+  return loom::CreateReconnectingChannel(address, Credentials(), max_backoff);
 }
 
 bool Terminal(loom::v1::JobPhase p) {
@@ -379,7 +401,7 @@ int main(int argc, char** argv) {
   if (loom::IsAdminCommand(cmd)) {
     auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
     if (!addr.ok()) return Fail(addr.status());
-    return loom::RunAdminCommand(cmd, arg, grpc::CreateChannel(*addr, Credentials()),
+    return loom::RunAdminCommand(cmd, arg, Channel(*addr),
                                  [] { return Context(); }, absl::GetFlag(FLAGS_reason),
                                  absl::GetFlag(FLAGS_json));
   }
@@ -401,7 +423,7 @@ int main(int argc, char** argv) {
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(*addr, Credentials()));
+        Channel(*addr));
     if (sub == "delete") {
       loom::v1::DeleteCheckpointRequest req;
       req.set_job_id(target);
@@ -436,7 +458,7 @@ int main(int argc, char** argv) {
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
-        grpc::CreateChannel(*addr, Credentials()));
+        Channel(*addr));
     if (cmd == "checkpoints") {
       loom::v1::ListCheckpointsRequest req;
       req.set_job_id(arg);
@@ -495,7 +517,7 @@ int main(int argc, char** argv) {
   auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
   if (!addr.ok()) return Fail(addr.status());
   auto stub =
-      loom::v1::JobService::NewStub(grpc::CreateChannel(*addr, Credentials()));
+      loom::v1::JobService::NewStub(Channel(*addr));
 
   if (cmd == "submit") {
     if (!need_arg("JOB.yaml")) return 2;
@@ -517,13 +539,19 @@ int main(int argc, char** argv) {
     // at most once.
     loom::v1::SubmitJobResponse resp;
     grpc::Status s;
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      if (attempt > 0) absl::SleepFor(absl::Milliseconds(200) * (1 << attempt));
+    const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_retry_deadline);
+    absl::Duration pause = absl::Milliseconds(100);
+    for (;;) {
       s = stub->SubmitJob(Context().get(), req, &resp);
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
           s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         break;
       }
+      if (absl::Now() + pause >= give_up) break;
+      // Pauses of 0.1 s doubling to 1 s: with the channel's reconnect backoff also capped at
+      // 1 s, a scheduler that is back is reached within about 2 s.
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Seconds(1));
     }
     if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
     if (resp.deduplicated()) {

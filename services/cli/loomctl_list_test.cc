@@ -4,8 +4,11 @@
 // one whose name and message carry terminal escapes, which loomctl printed raw. Those jobs cannot
 // be deleted, so listing must cope with them: pages stay under the gRPC limit and everything
 // printed is escaped.
+#include <google/protobuf/util/json_util.h>
+
 #include <cstdlib>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -110,6 +113,51 @@ TEST(LoomctlListTest, JobsOlderSchedulersAdmittedAreListedAndPrintedEscaped) {
   EXPECT_FALSE(absl::StrContains(json.output, "\x1b"));
   EXPECT_TRUE(absl::StrContains(json.output, "\\u001b]0;pwned")) << json.output.substr(0, 2000);
   (*server)->Shutdown(absl::Seconds(1));
+}
+
+// Issue 42 defect 6: `loomctl submit` gave up with UNAVAILABLE while the scheduler restarted
+// (five tries over about 6 s, on a channel whose reconnect backoff grows to gRPC's 120 s). The
+// scheduler here is down for 8 s, longer than those tries took; loomctl must keep retrying
+// (same request id) within --retry_deadline and submit exactly one job once it is back.
+TEST(LoomctlSubmitTest, SubmitRidesOutASchedulerRestart) {
+  const std::string tmp = std::getenv("TEST_TMPDIR");
+  SchedulerServerOptions options;
+  options.db_path = tmp + "/loomctl_restart.db";
+  options.scheduler.checkpoint_root = tmp + "/checkpoints";
+  options.scheduler.validation.fortunes_dir = tmp + "/fortunes";
+  ASSERT_TRUE(MakeDirs(options.scheduler.validation.fortunes_dir).ok());
+  absl::StatusOr<std::unique_ptr<SchedulerServer>> first = SchedulerServer::Start(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  const std::string address = (*first)->grpc_address();
+  // The spec as JSON (a YAML document too).
+  std::string spec_json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(ValidTestJobSpec(), &spec_json, print)
+                  .ok());
+  // int64 fields print as strings in the JSON mapping; the YAML reader wants numbers.
+  spec_json = std::regex_replace(spec_json, std::regex(R"re(:\s*"(-?[0-9]+)")re"), ":$1");
+  const std::string spec_path = tmp + "/restart_job.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec_path, spec_json).ok());
+  // Once loomctl has connected to it, the scheduler goes away.
+  (*first)->Shutdown(absl::Seconds(1));
+  first->reset();
+  const std::string log = tmp + "/loomctl_restart.log";
+  auto loomctl = testing::Subprocess::Start(
+      {testing::RunfilePath("services/cli/loomctl"), "submit", spec_path,
+       "--scheduler=" + address},  // the default --retry_deadline (60 s)
+      log);
+  ASSERT_TRUE(loomctl.ok()) << loomctl.status();
+  // The restart's downtime (not a readiness wait): loomctl is retrying meanwhile.
+  absl::SleepFor(absl::Seconds(8));
+  options.port = port;
+  absl::StatusOr<std::unique_ptr<SchedulerServer>> second = SchedulerServer::Start(options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const int status = loomctl->Wait(absl::Seconds(60));
+  const std::string output = *ReadFile(log);
+  EXPECT_EQ(testing::ExitCode(status), 0) << output;
+  EXPECT_TRUE(absl::StrContains(output, "job-")) << output;
 }
 
 }  // namespace
