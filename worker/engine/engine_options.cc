@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/accelerator_kind.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/common.pb.h"
@@ -103,24 +104,11 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   o.data.eos_token_id = o.model.eos_token_id;
   o.data.model_max_length = o.model.max_position_embeddings;
 
-  switch (spec.resources().accelerator()) {
-    case loom::v1::ACCELERATOR_KIND_UNSPECIFIED:
-    case loom::v1::ACCELERATOR_KIND_CPU:
-      o.accelerator = "cpu";
-      break;
-    case loom::v1::ACCELERATOR_KIND_H100:
-      o.accelerator = "h100";
-      break;
-    case loom::v1::ACCELERATOR_KIND_H200:
-      o.accelerator = "h200";
-      break;
-    case loom::v1::ACCELERATOR_KIND_GH200:
-      o.accelerator = "gh200";
-      break;
-    default:
-      return Invalid("resources.accelerator",
-                     absl::StrCat("unknown kind ", spec.resources().accelerator()));
-  }
+  // "cpu", "h100", ... as users write them; an unknown number stays a number and is refused by
+  // ResolveRankDevice (worker/engine/device.h), naming resources.accelerator.
+  o.accelerator = spec.resources().accelerator() == loom::v1::ACCELERATOR_KIND_UNSPECIFIED
+                      ? "cpu"
+                      : AcceleratorKindName(spec.resources().accelerator());
 
   const loom::v1::TrainingSpec& training = spec.training();
   o.steps = training.steps();
