@@ -12,10 +12,17 @@
 // job directory of another tenant or of no job, are refused with the same message, so job ids of
 // other tenants cannot be probed.
 //
-// The fields confined: model.init_from and dataset.path (empty = not given: the built-in corpus
-// is Loom's, not the tenant's). Used by the scheduler at submission (owners from its job table)
-// and again by the worker before it starts a trainer (owners from the owner record each job
-// directory carries, worker/path_check.h).
+// Paths a rank writes (scratch) are confined differently: the DeepSpeed config's
+// zero_optimization.offload_optimizer.nvme_path and offload_param.nvme_path (when that block's
+// device is "nvme": DeepSpeed's sample configs carry an nvme_path beside device "cpu", which
+// nothing reads) may name the tenant's own jobs' checkpoint directories or the scratch roots the
+// operator configured (node-local NVMe mounts), never a data root: data roots are inputs other
+// tenants may read, and a rank writing there could replace them.
+//
+// The fields confined: model.init_from, dataset.path, dataset.tokenizer_model (empty = not
+// given: the built-in corpus is Loom's, not the tenant's) and the nvme_paths above. Used by the
+// scheduler at submission (owners from its job table) and again by the worker before it starts a
+// trainer (owners from the owner record each job directory carries, worker/path_check.h).
 //
 // Errors: INVALID_ARGUMENT "<field>: ... must be an absolute path"; PERMISSION_DENIED
 // "<field>: '<path>' is not in ..." naming the field. Thread-safe (pure functions; they read the
@@ -42,9 +49,18 @@ struct PathPolicy {
   std::vector<std::string> default_data_roots;
   // Per tenant: its data roots, replacing default_data_roots.
   std::map<std::string, std::vector<std::string>> tenant_data_roots;
+  // Scratch roots (absolute directories, e.g. node-local NVMe mounts) where the ranks of a
+  // tenant not in tenant_scratch_roots may write offload swap files. Empty: none.
+  std::vector<std::string> default_scratch_roots;
+  // Per tenant: its scratch roots, replacing default_scratch_roots.
+  std::map<std::string, std::vector<std::string>> tenant_scratch_roots;
 
   const std::vector<std::string>& DataRoots(const std::string& tenant) const;
+  const std::vector<std::string>& ScratchRoots(const std::string& tenant) const;
 };
+
+// What a confined path is for: read (data roots) or written by the ranks (scratch roots).
+enum class PathUse { kRead, kScratch };
 
 // The tenant owning the job with this id; NOT_FOUND (or any error) = no job this caller may use.
 using JobOwnerLookup = std::function<absl::StatusOr<std::string>(const std::string& job_id)>;
@@ -54,14 +70,16 @@ using JobOwnerLookup = std::function<absl::StatusOr<std::string>(const std::stri
 // absolute.
 absl::StatusOr<std::string> ResolvePath(const std::string& field, const std::string& path);
 
-// The resolved `path` if `tenant` may name it under `policy` (see the file comment), else
-// PERMISSION_DENIED naming `field`.
+// The resolved `path` if `tenant` may name it for `use` under `policy` (see the file comment),
+// else PERMISSION_DENIED naming `field`.
 absl::StatusOr<std::string> ConfinePath(const std::string& field, const std::string& path,
                                         const std::string& tenant, const PathPolicy& policy,
-                                        const JobOwnerLookup& owner_of);
+                                        const JobOwnerLookup& owner_of,
+                                        PathUse use = PathUse::kRead);
 
-// Confines model.init_from and dataset.path of `spec` (the first refusal is returned). With
-// `resolved` non-null, *resolved is `spec` with those paths replaced by their resolved forms.
+// Confines every path field of `spec` listed in the file comment (the first refusal is
+// returned). With `resolved` non-null, *resolved is `spec` with those paths replaced by their
+// resolved forms (in deepspeed_config too).
 absl::Status ConfineJobSpecPaths(const loom::v1::JobSpec& spec, const std::string& tenant,
                                  const PathPolicy& policy, const JobOwnerLookup& owner_of,
                                  loom::v1::JobSpec* resolved = nullptr);

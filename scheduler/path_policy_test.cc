@@ -144,6 +144,72 @@ TEST_F(PathPolicyTest, SpecFieldsAreResolvedInPlace) {
   EXPECT_EQ(resolved.dataset().tokenizer_model(), data_a_ + "/tokenizer.model");
 }
 
+// Issue 42 defect 3: `nvme_path: /local_nvme` made a worker create /local_nvme at its root. The
+// swap directories a rank writes are confined to the tenant's scratch roots and its own jobs'
+// directories; data roots (inputs other tenants read) are not writable.
+TEST_F(PathPolicyTest, NvmePathsAreConfinedToScratchRootsAndOwnJobs) {
+  const std::string scratch_a = tmp_ + "/nvme-a";
+  ASSERT_TRUE(MakeDirs(scratch_a).ok());
+  policy_.tenant_scratch_roots["team-a"] = {scratch_a};
+  auto owner = [this](const std::string& id) -> absl::StatusOr<std::string> {
+    auto it = owners_.find(id);
+    if (it == owners_.end()) return absl::NotFoundError(id);
+    return it->second;
+  };
+  // {zero_optimization: {<block>: {device: <device>, nvme_path: <path>}}}
+  auto spec_with = [](const std::string& block, const std::string& device,
+                      const std::string& path) {
+    loom::v1::JobSpec spec = ValidTestJobSpec();
+    google::protobuf::Struct offload;
+    (*offload.mutable_fields())["device"].set_string_value(device);
+    (*offload.mutable_fields())["nvme_path"].set_string_value(path);
+    google::protobuf::Value& zero = (*spec.mutable_deepspeed_config()->mutable_fields())["zero_optimization"];
+    (*zero.mutable_struct_value()->mutable_fields())["stage"].set_number_value(3);
+    *(*zero.mutable_struct_value()->mutable_fields())[block].mutable_struct_value() = offload;
+    return spec;
+  };
+  auto nvme_path_of = [](const loom::v1::JobSpec& spec, const std::string& block) {
+    return spec.deepspeed_config().fields().at("zero_optimization").struct_value().fields()
+        .at(block).struct_value().fields().at("nvme_path").string_value();
+  };
+  for (const std::string block : {"offload_optimizer", "offload_param"}) {
+    const std::string field = "deepspeed_config.zero_optimization." + block + ".nvme_path";
+    // The issue's case: a directory at the worker's root.
+    absl::Status denied =
+        ConfineJobSpecPaths(spec_with(block, "nvme", "/local_nvme"), "team-a", policy_, owner);
+    EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied) << denied;
+    EXPECT_TRUE(absl::StartsWith(denied.message(), field + ": '/local_nvme' is outside the "
+                                 "scratch roots of tenant team-a (" + scratch_a + ")"))
+        << denied;
+    // Its own data root is read-only to it; another tenant's job directory is refused.
+    denied = ConfineJobSpecPaths(spec_with(block, "nvme", data_a_), "team-a", policy_, owner);
+    EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied) << denied;
+    denied = ConfineJobSpecPaths(spec_with(block, "nvme", ckpt_ + "/job-b/swap"), "team-a",
+                                 policy_, owner);
+    EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied) << denied;
+    EXPECT_TRUE(absl::StrContains(denied.message(), "not in a checkpoint directory")) << denied;
+    // A tenant without scratch roots is told that none is configured and where an operator
+    // configures them.
+    denied = ConfineJobSpecPaths(spec_with(block, "nvme", scratch_a), "team-b", policy_, owner);
+    EXPECT_TRUE(absl::StrContains(denied.message(), "(none configured)")) << denied;
+    EXPECT_TRUE(absl::StrContains(denied.message(), "--scratch_roots")) << denied;
+    // Allowed, and resolved in the spec the trainer gets: its scratch root (through "..") and
+    // its own job directory.
+    loom::v1::JobSpec resolved;
+    ASSERT_TRUE(ConfineJobSpecPaths(spec_with(block, "nvme", data_a_ + "/../nvme-a/./x"),
+                                    "team-a", policy_, owner, &resolved).ok());
+    EXPECT_EQ(nvme_path_of(resolved, block), scratch_a + "/x");
+    ASSERT_TRUE(ConfineJobSpecPaths(spec_with(block, "nvme", ckpt_ + "/job-a/swap/"), "team-a",
+                                    policy_, owner, &resolved).ok());
+    EXPECT_EQ(nvme_path_of(resolved, block), ckpt_ + "/job-a/swap");
+    // DeepSpeed's sample configs carry nvme_path beside device "cpu": nothing writes there, so
+    // it is left as written.
+    ASSERT_TRUE(ConfineJobSpecPaths(spec_with(block, "cpu", "/local_nvme"), "team-a", policy_,
+                                    owner, &resolved).ok());
+    EXPECT_EQ(nvme_path_of(resolved, block), "/local_nvme");
+  }
+}
+
 TEST(QueuesConfigDataRootsTest, ParsesDefaultAndPerTenantRoots) {
   absl::StatusOr<QueuesConfig> c = ParseQueuesConfig(R"(
 data_roots: [/usr/share/games/fortunes]
@@ -160,6 +226,13 @@ queues:
   EXPECT_TRUE(c->tenant_data_roots.at("team-b").empty());
   EXPECT_EQ(c->Weight("team-a"), 2);
   EXPECT_FALSE(ParseQueuesConfig("queues: [{name: q}]")->data_roots.has_value());
+  EXPECT_TRUE(c->scratch_roots.empty());
+  c = ParseQueuesConfig(
+      "scratch_roots: [/local_nvme]\ntenants: {team-a: {scratch_roots: [/nvme/a]}}\n"
+      "queues: [{name: q}]");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scratch_roots, std::vector<std::string>{"/local_nvme"});
+  EXPECT_EQ(c->tenant_scratch_roots.at("team-a"), std::vector<std::string>{"/nvme/a"});
 
   struct Bad {
     const char* yaml;
@@ -170,7 +243,9 @@ queues:
                        Bad{"data_roots: /data\nqueues: [{name: q}]",
                            "data_roots: must be a list of absolute paths"},
                        Bad{"tenants: {t: {data_roots: [[/x]]}}\nqueues: [{name: q}]",
-                           "tenants.t.data_roots[0]: must be a path"}}) {
+                           "tenants.t.data_roots[0]: must be a path"},
+                       Bad{"tenants: {t: {scratch_roots: [nvme]}}\nqueues: [{name: q}]",
+                           "tenants.t.scratch_roots[0]: 'nvme' must be an absolute path"}}) {
     absl::StatusOr<QueuesConfig> got = ParseQueuesConfig(b.yaml);
     ASSERT_FALSE(got.ok()) << b.yaml;
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
@@ -229,6 +304,22 @@ TEST_F(PathPolicyTest, SchedulerRefusesForeignPathsAtSubmission) {
   corpus.mutable_dataset()->set_path(data_a_ + "/corpus.txt");
   EXPECT_NE((*scheduler)->SubmitJob(corpus, "", nullptr, "team-a").status().code(),
             absl::StatusCode::kPermissionDenied);
+
+  // NVMe offload at the root of the worker's file system (issue 42 defect 3): refused without a
+  // scratch root, accepted under one.
+  loom::v1::JobSpec nvme = ValidTestJobSpec();
+  google::protobuf::Struct& zero = *(*nvme.mutable_deepspeed_config()->mutable_fields())
+                                        ["zero_optimization"].mutable_struct_value();
+  google::protobuf::Struct& off =
+      *(*zero.mutable_fields())["offload_optimizer"].mutable_struct_value();
+  (*off.mutable_fields())["device"].set_string_value("nvme");
+  (*off.mutable_fields())["nvme_path"].set_string_value("/local_nvme");
+  refused = (*scheduler)->SubmitJob(nvme, "", nullptr, "team-a");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(),
+                               "deepspeed_config.zero_optimization.offload_optimizer.nvme_path: "
+                               "'/local_nvme' is outside the scratch roots of tenant team-a"))
+      << refused.status();
 }
 
 }  // namespace

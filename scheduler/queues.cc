@@ -69,7 +69,7 @@ absl::Status ParseKindMap(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
-// A list of absolute paths ("data_roots", "tenants.x.data_roots").
+// A list of absolute paths ("data_roots", "tenants.x.scratch_roots", ...).
 absl::Status ParseDataRoots(const YAML::Node& node, const std::string& path,
                             std::vector<std::string>* out) {
   if (!node.IsSequence()) {
@@ -128,12 +128,15 @@ absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrCat("not valid YAML: ", e.what()));
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("top level: must be a map");
-  RETURN_IF_ERROR(CheckKeys(root, "", {"tenants", "queues", "data_roots"}));
+  RETURN_IF_ERROR(CheckKeys(root, "", {"tenants", "queues", "data_roots", "scratch_roots"}));
   QueuesConfig config;
   try {
     if (root["data_roots"]) {
       config.data_roots.emplace();
       RETURN_IF_ERROR(ParseDataRoots(root["data_roots"], "data_roots", &*config.data_roots));
+    }
+    if (root["scratch_roots"]) {
+      RETURN_IF_ERROR(ParseDataRoots(root["scratch_roots"], "scratch_roots", &config.scratch_roots));
     }
     if (root["tenants"]) {
       if (!root["tenants"].IsMap()) return absl::InvalidArgumentError("tenants: must be a map");
@@ -141,10 +144,14 @@ absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
         ASSIGN_OR_RETURN(const std::string tenant, KeyString(kv.first, "tenants"));
         const std::string path = absl::StrCat("tenants.", tenant);
         if (!kv.second.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
-        RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight", "data_roots"}));
+        RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight", "data_roots", "scratch_roots"}));
         if (kv.second["data_roots"]) {
           RETURN_IF_ERROR(ParseDataRoots(kv.second["data_roots"], path + ".data_roots",
                                          &config.tenant_data_roots[tenant]));
+        }
+        if (kv.second["scratch_roots"]) {
+          RETURN_IF_ERROR(ParseDataRoots(kv.second["scratch_roots"], path + ".scratch_roots",
+                                         &config.tenant_scratch_roots[tenant]));
         }
         double weight = 1;
         if (kv.second["weight"]) weight = kv.second["weight"].as<double>();

@@ -21,8 +21,11 @@
 //   data_roots:                 # optional: what every tenant's dataset.path / init_from may
 //     - /usr/share/games/fortunes #   name outside its jobs' checkpoints (default: the
 //                                 #   scheduler's --fortunes_dir); [] = nothing
+//   scratch_roots: [/local_nvme]  # optional: where every tenant's ranks may write NVMe offload
+//                                 #   swap files (nvme_path); default none
 //   tenants:                    # optional; weight defaults to 1
-//     team-a: {weight: 2, data_roots: [/data/team-a]}   # data_roots replace the top-level ones
+//     team-a: {weight: 2, data_roots: [/data/team-a]}   # data_roots (and scratch_roots) replace
+//                                                       # the top-level ones
 //   queues:
 //     - name: a-gpu
 //       tenant: team-a          # optional: "" = any tenant may submit
@@ -66,6 +69,9 @@ struct QueuesConfig {
   // Data roots of tenants without their own (absent: the scheduler's default, its fortunes dir).
   std::optional<std::vector<std::string>> data_roots;
   std::map<std::string, std::vector<std::string>> tenant_data_roots;
+  // Scratch roots (nvme_path, scheduler/path_policy.h) of tenants without their own; default none.
+  std::vector<std::string> scratch_roots;
+  std::map<std::string, std::vector<std::string>> tenant_scratch_roots;
 
   // One "default" queue, open to every tenant, no quota.
   static QueuesConfig Default();

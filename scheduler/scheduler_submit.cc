@@ -151,6 +151,8 @@ absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
   policy.default_data_roots =
       options_.queues.data_roots.value_or(std::vector<std::string>{options_.validation.fortunes_dir});
   policy.tenant_data_roots = options_.queues.tenant_data_roots;
+  policy.default_scratch_roots = options_.queues.scratch_roots;
+  policy.tenant_scratch_roots = options_.queues.tenant_scratch_roots;
   return ConfineJobSpecPaths(spec, tenant, policy,
                              [this](const std::string& job_id) -> absl::StatusOr<std::string> {
                                absl::MutexLock lock(&mu_);

@@ -20,7 +20,9 @@
 # LOOM_WORKER_TOKEN_FILE (the workers' token) turn it on for the scheduler, gateway and workers.
 # Data a job may name (docs/operations.md "Paths a job may name"): LOOM_QUEUES_CONFIG (the
 # scheduler's --queues_config, with data_roots) and LOOM_DATA_ROOTS (the workers' --data_roots);
-# both default to the fortunes corpus, /usr/share/games/fortunes.
+# both default to the fortunes corpus, /usr/share/games/fortunes. LOOM_SCRATCH_ROOTS: the
+# workers' --scratch_roots (where DeepSpeed's nvme_path may point; scratch_roots in the queues
+# config too), default none.
 #   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
 set -euo pipefail
 
@@ -142,6 +144,7 @@ start_worker() {  # start_worker INDEX SLOTS
     --trainer="$BIN/worker/trainer/loom-trainer" --work_dir="$LOOM_HOME/work/worker-$1" \
     --checkpoint_root="$LOOM_HOME/checkpoints" \
     --data_roots="${LOOM_DATA_ROOTS:-/usr/share/games/fortunes}" \
+    --scratch_roots="${LOOM_SCRATCH_ROOTS:-}" \
     "${token[@]+"${token[@]}"}"
 }
 

@@ -16,9 +16,23 @@ absl::StatusOr<std::string> ReadOwner(const std::string& dir) {
   return std::string(absl::StripAsciiWhitespace(text));
 }
 
+// The entries of `roots` ("/p" or "tenant=/p") that apply to `tenant`, as paths.
+std::vector<std::string> RootsOf(const std::vector<std::string>& roots, const std::string& tenant) {
+  std::vector<std::string> paths;
+  for (const std::string& entry : roots) {
+    if (entry[0] == '/') {
+      paths.push_back(entry);
+    } else if (entry.substr(0, entry.find('=')) == tenant) {
+      paths.push_back(entry.substr(entry.find('=') + 1));
+    }
+  }
+  return paths;
+}
+
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ParseDataRoots(const std::string& flag) {
+absl::StatusOr<std::vector<std::string>> ParseDataRoots(const std::string& flag,
+                                                        const std::string& name) {
   std::vector<std::string> roots;
   for (absl::string_view entry : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
     const std::string e(absl::StripAsciiWhitespace(entry));
@@ -27,7 +41,7 @@ absl::StatusOr<std::vector<std::string>> ParseDataRoots(const std::string& flag)
     const std::string path = tenant_entry ? e.substr(eq + 1) : e;
     if (path.empty() || path[0] != '/') {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data_roots: '", e, "' is neither an absolute path nor tenant=<absolute path>"));
+          name, ": '", e, "' is neither an absolute path nor tenant=<absolute path>"));
     }
     roots.push_back(e);
   }
@@ -38,13 +52,8 @@ absl::StatusOr<loom::v1::RankAssignment> CheckAssignmentPaths(const loom::v1::Ra
                                                               const WorkerPathOptions& options) {
   const std::string tenant = a.tenant().empty() ? "default" : a.tenant();
   PathPolicy policy;
-  for (const std::string& entry : options.data_roots) {
-    if (entry[0] == '/') {
-      policy.default_data_roots.push_back(entry);
-    } else if (entry.substr(0, entry.find('=')) == tenant) {
-      policy.default_data_roots.push_back(entry.substr(entry.find('=') + 1));
-    }
-  }
+  policy.default_data_roots = RootsOf(options.data_roots, tenant);
+  policy.default_scratch_roots = RootsOf(options.scratch_roots, tenant);
   policy.checkpoint_root = options.checkpoint_root;
   if (!options.checkpoint_root.empty()) {
     // The job's own directory: exactly <root>/<job id>, recorded as this tenant's.

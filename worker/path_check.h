@@ -7,9 +7,11 @@
 //   * checkpoint_dir must resolve to <checkpoint_root>/<job id>. Each job directory carries an
 //     owner record, <checkpoint_dir>/.loom-tenant (the tenant's name), written by the first worker
 //     that starts one of the job's ranks; a directory whose record names another tenant is refused.
-//   * model.init_from and dataset.path: in a job directory whose owner record names the
-//     assignment's tenant (a directory without a record counts as no tenant's), or under a data
-//     root of that tenant.
+//   * model.init_from, dataset.path and dataset.tokenizer_model: in a job directory whose owner
+//     record names the assignment's tenant (a directory without a record counts as no tenant's),
+//     or under a data root of that tenant.
+//   * the DeepSpeed config's nvme_paths (device "nvme"): in such a job directory or under a
+//     scratch root of that tenant (never a data root).
 //
 // Thread-safe (reads and writes only the file system).
 #ifndef LOOM_WORKER_PATH_CHECK_H_
@@ -31,14 +33,18 @@ struct WorkerPathOptions {
   std::string checkpoint_root;
   // Data roots: "/path" (every tenant) or "tenant=/path" (that tenant only); absolute paths.
   std::vector<std::string> data_roots;
+  // Scratch roots (--scratch_roots, node-local NVMe mounts), in the same form. Empty: a job may
+  // write offload swap files only in its own checkpoint directory.
+  std::vector<std::string> scratch_roots;
 };
 
-// Parses --data_roots ("/a,team-x=/b"; empty entries skipped). INVALID_ARGUMENT naming the entry
-// for one that is not "/abs" or "tenant=/abs".
-absl::StatusOr<std::vector<std::string>> ParseDataRoots(const std::string& flag);
+// Parses --data_roots or --scratch_roots (`name`) ("/a,team-x=/b"; empty entries skipped).
+// INVALID_ARGUMENT "<name>: ..." naming the entry for one that is not "/abs" or "tenant=/abs".
+absl::StatusOr<std::vector<std::string>> ParseDataRoots(const std::string& flag,
+                                                        const std::string& name = "data_roots");
 
 // Checks `a` as described above (its tenant "" counts as "default") and returns it with
-// spec.model.init_from and spec.dataset.path resolved. Writes the owner record of the job's
+// every checked path of its spec resolved. Writes the owner record of the job's
 // checkpoint directory if it has none (creating the directory). PERMISSION_DENIED naming the
 // field ("model.init_from: ...", "dataset.path: ...", "checkpoint_dir: ..."); INVALID_ARGUMENT
 // for a relative path; INTERNAL if the owner record cannot be written.

@@ -95,6 +95,46 @@ TEST_F(PathCheckTest, ForeignInitFromAndPathsOutsideTheRootsAreRefused) {
                "checkpoint_dir: " + root_ + "/job-b belongs to another tenant");
 }
 
+// Issue 42 defect 3 in the worker: an NVMe offload directory outside --scratch_roots is refused
+// before the trainer could create it; one inside is given to the trainer resolved.
+TEST_F(PathCheckTest, NvmeSwapDirectoriesOnlyUnderScratchRootsOrTheOwnJob) {
+  const std::string nvme = tmp_ + "/nvme";
+  ASSERT_TRUE(MakeDirs(nvme).ok());
+  options_.scratch_roots = {"team-a=" + nvme};
+  auto with_nvme = [&](const std::string& tenant, const std::string& path) {
+    loom::v1::RankAssignment a = Assignment("job-" + tenant, tenant);
+    google::protobuf::Value& zero =
+        (*a.mutable_spec()->mutable_deepspeed_config()->mutable_fields())["zero_optimization"];
+    google::protobuf::Struct& off =
+        *(*zero.mutable_struct_value()->mutable_fields())["offload_optimizer"].mutable_struct_value();
+    (*off.mutable_fields())["device"].set_string_value("nvme");
+    (*off.mutable_fields())["nvme_path"].set_string_value(path);
+    return a;
+  };
+  auto nvme_path_of = [](const loom::v1::RankAssignment& a) {
+    return a.spec().deepspeed_config().fields().at("zero_optimization").struct_value().fields()
+        .at("offload_optimizer").struct_value().fields().at("nvme_path").string_value();
+  };
+  const std::string field = "deepspeed_config.zero_optimization.offload_optimizer.nvme_path: ";
+  ExpectDenied(CheckAssignmentPaths(with_nvme("team-a", "/local_nvme"), options_),
+               field + "'/local_nvme' is outside the scratch roots of tenant team-a");
+  struct stat st;
+  EXPECT_NE(::stat("/local_nvme", &st), 0);
+  // Team B has no scratch root here, and a data root is not writable.
+  ExpectDenied(CheckAssignmentPaths(with_nvme("team-b", nvme), options_), field);
+  ExpectDenied(CheckAssignmentPaths(with_nvme("team-a", tmp_ + "/data-a"), options_), field);
+  absl::StatusOr<loom::v1::RankAssignment> ok =
+      CheckAssignmentPaths(with_nvme("team-a", nvme + "/./swap/"), options_);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(nvme_path_of(*ok), nvme + "/swap");
+  ok = CheckAssignmentPaths(with_nvme("team-b", root_ + "/job-team-b/swap"), options_);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(nvme_path_of(*ok), root_ + "/job-team-b/swap");
+
+  EXPECT_EQ(ParseDataRoots("/a,x", "scratch_roots").status().message(),
+            "scratch_roots: 'x' is neither an absolute path nor tenant=<absolute path>");
+}
+
 TEST_F(PathCheckTest, OwnExportsAndDataAreResolvedAndTheOwnerIsRecorded) {
   loom::v1::RankAssignment a = Assignment("job-a", "team-a");
   a.mutable_spec()->mutable_dataset()->set_path(tmp_ + "/data-a/../data-a/corpus.txt");

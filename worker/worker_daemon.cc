@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -26,10 +27,13 @@ absl::Status WorkerOptions::Validate() const {
   if (trainer_path.empty()) return absl::InvalidArgumentError("trainer_path: required");
   if (work_dir.empty()) return absl::InvalidArgumentError("work_dir: required");
   if (confine_paths) {
-    for (const std::string& root : paths.data_roots) {
-      if (root.empty() || (root[0] != '/' && root.find("=/") == std::string::npos)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data_roots: '", root, "' is neither /path nor tenant=/path"));
+    for (const auto& [name, roots] : {std::pair{"data_roots", &paths.data_roots},
+                                      std::pair{"scratch_roots", &paths.scratch_roots}}) {
+      for (const std::string& root : *roots) {
+        if (root.empty() || (root[0] != '/' && root.find("=/") == std::string::npos)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, ": '", root, "' is neither /path nor tenant=/path"));
+        }
       }
     }
   }

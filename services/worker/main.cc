@@ -58,8 +58,8 @@ ABSL_FLAG(std::string, trainer, "", "path of the loom-trainer executable (requir
 ABSL_FLAG(std::string, work_dir, "", "directory for rank specs and logs (required)");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Milliseconds(500), "heartbeat period");
 ABSL_FLAG(bool, confine_paths, true,
-          "Check each assignment's checkpoint_dir, model.init_from and dataset.path against "
-          "--checkpoint_root and --data_roots before starting its trainer (worker/path_check.h)");
+          "Check each assignment's checkpoint_dir and the paths its spec names against "
+          "--checkpoint_root, --data_roots and --scratch_roots before starting its trainer (worker/path_check.h)");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "The checkpoint root as mounted here (the scheduler's --checkpoint_root); a job may "
           "name paths under <root>/<job> only for jobs of its own tenant. Empty: init_from can "
@@ -67,6 +67,10 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 ABSL_FLAG(std::string, data_roots, "/usr/share/games/fortunes",
           "Comma-separated data roots a spec's paths may name: /path (every tenant) or "
           "tenant=/path");
+ABSL_FLAG(std::string, scratch_roots, "",
+          "Comma-separated scratch roots (node-local NVMe mounts) where a job's ranks may write "
+          "offload swap files (DeepSpeed nvme_path): /path (every tenant) or tenant=/path. "
+          "Empty: only the job's own checkpoint directory");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "address the /metrics endpoint binds (0.0.0.0: every interface; then "
           "--advertise_address is required)");
@@ -222,6 +226,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.paths.data_roots = *std::move(data_roots);
+  absl::StatusOr<std::vector<std::string>> scratch_roots =
+      loom::worker::ParseDataRoots(absl::GetFlag(FLAGS_scratch_roots), "scratch_roots");
+  if (!scratch_roots.ok()) {
+    LOG(ERROR) << "--scratch_roots: " << scratch_roots.status();
+    return 2;
+  }
+  options.paths.scratch_roots = *std::move(scratch_roots);
   if (options.confine_paths && options.paths.checkpoint_root.empty()) {
     LOG(WARNING) << "no --checkpoint_root: model.init_from may only name --data_roots, and job "
                  << "directories get no owner record";
