@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "spec/json_fields.h"
+#include "spec/model_config_keys.h"
 
 namespace loom::spec {
 
@@ -134,6 +135,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   if (!(c.initializer_range >= 0)) return Field("initializer_range", "must be >= 0");
   ASSIGN_OR_RETURN(std::optional<int64_t> bos, json_fields::OptInt(j, "bos_token_id", kPath));
   if (bos.has_value()) c.bos_token_id = *bos;
+  c.bos_token_id_set = bos.has_value();
   if (auto it = j.find("eos_token_id"); it != j.end() && it->is_array()) {
     // Llama 3.x lists every id that ends a turn or a text; the first is the end of a text.
     if (it->empty()) return Field("eos_token_id", "an empty list (give at least one token id)");
@@ -229,6 +231,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
         ", intermediate_size ", c.intermediate_size, ", num_hidden_layers ",
         c.num_hidden_layers, ")"));
   }
+  c.warnings = UnknownModelConfigKeyWarnings(j);
   return c;
 }
 
@@ -252,10 +255,10 @@ std::string LlamaConfigToHfJson(const LlamaConfig& c) {
   j["attention_dropout"] = 0.0;
   j["rope_scaling"] = nullptr;
   j["use_cache"] = true;
-  j["bos_token_id"] = c.bos_token_id;
+  if (c.bos_token_id_set) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() > 1) {
     j["eos_token_id"] = c.eos_token_ids;
-  } else {
+  } else if (c.eos_token_id_set) {
     j["eos_token_id"] = c.eos_token_id;
   }
   j["vocab_size"] = c.vocab_size;

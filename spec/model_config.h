@@ -39,7 +39,10 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;     // lm_head shares model.embed_tokens.weight
   double initializer_range = 0.02;      // std of the normal init of linear/embedding weights
-  int64_t bos_token_id = 1;             // written to config.json only
+  // Written to config.json only, and only when the config gave it (bos_token_id_set): an export
+  // must not invent ids (transformers' defaults differ: Llama 1 and 2, Qwen2 none).
+  int64_t bos_token_id = 1;
+  bool bos_token_id_set = false;
   // Marks document ends in token files for dataset.pack_documents; else written to config.json
   // only. eos_token_id_set: the config gave it (pack_documents on token files requires that).
   // A list (Llama 3.x: [128001, 128008, 128009]) is kept whole in eos_token_ids and written back
@@ -47,6 +50,9 @@ struct LlamaConfig {
   int64_t eos_token_id = 2;
   bool eos_token_id_set = false;
   std::vector<int64_t> eos_token_ids;  // as given when a list, else empty
+  // One per key Loom does not know (UnknownModelConfigKeyWarnings, spec/model_config_keys.h);
+  // the trainer emits them as warning events.
+  std::vector<std::string> warnings;
 
   // d = H / Hq.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
@@ -60,7 +66,9 @@ struct LlamaConfig {
 // INVALID_ARGUMENT "model.config.model_type: \"gpt2\" is not supported (supported: llama,
 // qwen2)". Qwen2: use_sliding_window true is refused (INVALID_ARGUMENT naming
 // model.config.use_sliding_window: the engine has no sliding-window attention).
-// Other Hugging Face keys (architectures, torch_dtype, ...) are accepted and ignored. Integer fields accept
+// Other Hugging Face keys (architectures, torch_dtype, ...) are accepted and ignored; a key
+// transformers does not write either (a typo) is accepted with a warning in `warnings` naming
+// the nearest key Loom reads. Integer fields accept
 // JSON integers, integral floats (protobuf Struct numbers) and decimal strings.
 // Errors: INVALID_ARGUMENT naming the field as "model.config.<field>: ...", e.g.
 // "model.config.num_attention_heads: 6 is not divisible by num_key_value_heads 4".

@@ -1,4 +1,5 @@
 #include "spec/model_config.h"
+#include "spec/model_config_keys.h"
 
 #include <nlohmann/json.hpp>
 
@@ -226,6 +227,60 @@ TEST(LlamaConfigToHfJsonTest, RoundTripsAndWritesHfKeys) {
   EXPECT_EQ(back->num_key_value_heads, c.num_key_value_heads);
   EXPECT_DOUBLE_EQ(back->rope_theta, c.rope_theta);
   EXPECT_EQ(back->tie_word_embeddings, c.tie_word_embeddings);
+}
+
+// Issue 42 defect 8: typos inside model.config were accepted silently and the defaults used.
+TEST(ParseLlamaConfigTest, UnknownKeysWarnNamingTheNearestKnownOne) {
+  std::string text = kTiny;
+  text.pop_back();  // the closing brace
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(
+      text + R"(, "rms_norm_epsilon": 1e-5, "num_key_value_head": 1, "zzz_custom": 3,
+                "qkv_bias": true})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->warnings,
+            (std::vector<std::string>{
+                "model.config.num_key_value_head: unknown key, ignored (did you mean "
+                "num_key_value_heads?)",
+                "model.config.qkv_bias: unknown key, ignored",
+                "model.config.rms_norm_epsilon: unknown key, ignored (did you mean rms_norm_eps?)",
+                "model.config.zzz_custom: unknown key, ignored"}));
+  // kTiny (architectures, torch_dtype, ...) and every key transformers 5.25 writes for
+  // LlamaConfig and Qwen2Config (to_json_string(use_diff=False)) give none.
+  EXPECT_TRUE(ParseLlamaConfig(kTiny)->warnings.empty());
+  for (const char* key :
+       {"_name_or_path", "architectures", "attention_bias", "attention_dropout", "bos_token_id",
+        "chunk_size_feed_forward", "dtype", "eos_token_id", "head_dim", "hidden_act",
+        "hidden_size", "id2label", "initializer_range", "intermediate_size",
+        "is_encoder_decoder", "label2id", "layer_types", "max_position_embeddings",
+        "max_window_layers", "mlp_bias", "model_type", "num_attention_heads", "num_hidden_layers",
+        "num_key_value_heads", "output_attentions", "output_hidden_states", "pad_token_id",
+        "pretraining_tp", "problem_type", "return_dict", "rms_norm_eps", "rope_parameters",
+        "sliding_window", "tie_word_embeddings", "transformers_version", "use_cache",
+        "use_sliding_window", "vocab_size", "torch_dtype", "rope_theta", "rope_scaling"}) {
+    EXPECT_TRUE(UnknownModelConfigKeyWarnings(nlohmann::json{{key, nullptr}}).empty()) << key;
+  }
+  // A control character in a key is shown escaped.
+  EXPECT_EQ(UnknownModelConfigKeyWarnings(nlohmann::json{{"a\nb", 1}}),
+            std::vector<std::string>{"model.config.a\\nb: unknown key, ignored"});
+  EXPECT_EQ(EditDistance("rms_norm_epsilon", "rms_norm_eps"), 4);
+  EXPECT_EQ(EditDistance("", "abc"), 3);
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3);
+}
+
+// Issue 42 defect 8: a Qwen2 export of a config without token ids gained bos_token_id 1 and
+// eos_token_id 2 (Llama's defaults; transformers' Qwen2Config has none).
+TEST(LlamaConfigToHfJsonTest, TokenIdsAreWrittenOnlyWhenTheConfigGaveThem) {
+  LlamaConfig c = *ParseLlamaConfig(kTiny);
+  c.model_type = ModelType::kQwen2;
+  nlohmann::json j = nlohmann::json::parse(LlamaConfigToHfJson(c));
+  EXPECT_FALSE(j.contains("bos_token_id")) << j.dump();
+  EXPECT_FALSE(j.contains("eos_token_id")) << j.dump();
+  std::string text = kTiny;
+  text.pop_back();
+  c = *ParseLlamaConfig(text + R"(, "bos_token_id": 7, "eos_token_id": 0})");
+  j = nlohmann::json::parse(LlamaConfigToHfJson(c));
+  EXPECT_EQ(j["bos_token_id"], 7);
+  EXPECT_EQ(j["eos_token_id"], 0);
 }
 
 TEST(LlamaParamSpecsTest, NamesShapesAndCounts) {

@@ -1,0 +1,32 @@
+// The keys of a Hugging Face config.json that Loom knows (model.config), and a warning for each
+// key it does not: a typo such as "rms_norm_epsilon" or "num_key_value_head" would otherwise be
+// ignored silently and the default used, as transformers itself does (PretrainedConfig keeps
+// unknown keys as attributes).
+//
+// Known: the keys Loom reads or refuses (spec/model_config.h), and the generic and
+// family-specific keys transformers writes for LlamaForCausalLM and Qwen2ForCausalLM that do not
+// change the decoder Loom trains (architectures, torch_dtype, pad_token_id, id2label, ...).
+// Pure and thread-safe.
+#ifndef LOOM_SPEC_MODEL_CONFIG_KEYS_H_
+#define LOOM_SPEC_MODEL_CONFIG_KEYS_H_
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace loom::spec {
+
+// One warning per top-level key of `config` (an object; anything else gives none) that Loom does
+// not know, in key order: "model.config.rms_norm_epsilon: unknown key, ignored (did you mean
+// rms_norm_eps?)" when a known key is within edit distance max(2, length / 4), else
+// "model.config.<key>: unknown key, ignored". Keys are shown escaped (JSON string syntax).
+std::vector<std::string> UnknownModelConfigKeyWarnings(const nlohmann::json& config);
+
+// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions; bytes).
+// Hand-written: neither absl nor the standard library offers one, and 20 lines beat a new
+// dependency for names of ~30 bytes.
+int EditDistance(const std::string& a, const std::string& b);
+
+}  // namespace loom::spec
+
+#endif  // LOOM_SPEC_MODEL_CONFIG_KEYS_H_
