@@ -21,8 +21,8 @@ absl::Status AuthJobService::Authorize(const grpc::CallbackServerContext& contex
 }
 
 grpc::ServerUnaryReactor* AuthJobService::SubmitJob(grpc::CallbackServerContext* context,
-                                                    const loom::v1::SubmitJobRequest* request,
-                                                    loom::v1::SubmitJobResponse* response) {
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
   absl::StatusOr<Caller> caller = CallerFromMetadata(*context, auth_);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   return inner_->SubmitJobAs(context, request, response, caller->tenant);

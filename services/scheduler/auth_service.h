@@ -37,15 +37,16 @@
 namespace loom {
 
 
-class AuthJobService final : public loom::v1::JobService::CallbackService {
+class AuthJobService final : public JobServiceBase {
  public:
   AuthJobService(JobServiceImpl* inner, Scheduler* scheduler,
                  const TokenAuthenticator* auth)
       : inner_(inner), scheduler_(scheduler), auth_(auth) {}
 
+  // Raw, as JobServiceImpl's (services/scheduler/job_service.h).
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
-                                      const loom::v1::SubmitJobRequest* request,
-                                      loom::v1::SubmitJobResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const loom::v1::GetJobRequest* request,
                                    loom::v1::Job* response) override;

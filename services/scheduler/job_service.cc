@@ -5,8 +5,13 @@
 #include <set>
 #include <string>
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "services/scheduler/reactor_util.h"
 #include "scheduler/job_state.h"
 
@@ -247,26 +252,49 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
 
 }  // namespace
 
+absl::StatusOr<loom::v1::SubmitJobRequest> ParseSubmitJobRequest(const grpc::ByteBuffer& bytes) {
+  grpc::ByteBuffer copy = bytes;  // ProtoBufferReader takes a mutable buffer; slices are shared
+  grpc::ProtoBufferReader reader(&copy);
+  google::protobuf::io::CodedInputStream input(&reader);
+  input.SetRecursionLimit(kSubmitRecursionLimit);
+  loom::v1::SubmitJobRequest request;
+  if (!request.MergeFromCodedStream(&input) || !input.ConsumedEntireMessage()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SubmitJobRequest: cannot be parsed (malformed, or nested deeper than ",
+        kSubmitRecursionLimit, " messages; model.config and deepspeed_config may nest at most ",
+        "16 levels)"));
+  }
+  return request;
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
-                                                    const loom::v1::SubmitJobRequest* request,
-                                                    loom::v1::SubmitJobResponse* response) {
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
   return SubmitJobAs(context, request, response, "default");
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContext* context,
-                                                      const loom::v1::SubmitJobRequest* request,
-                                                      loom::v1::SubmitJobResponse* response,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response,
                                                       const std::string& tenant) {
+  absl::StatusOr<loom::v1::SubmitJobRequest> parsed = ParseSubmitJobRequest(*request);
+  if (!parsed.ok()) return FinishUnary(context, parsed.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Kept until the answer: the scheduler may read the spec until it calls back.
+  auto submit = std::make_shared<loom::v1::SubmitJobRequest>(*std::move(parsed));
   // Answered from the job repository's commit thread once the job's batch is durable: this
   // callback thread (gRPC has only a few) does not wait for the fsync, so every in-flight
   // submission can join the next group commit (docs/benchmarks.md "Submissions against Slurm").
   scheduler_->SubmitJobAsync(
-      request->spec(), request->request_id(), tenant,
-      [reactor, response](absl::StatusOr<loom::v1::Job> job, bool deduplicated) {
+      submit->spec(), submit->request_id(), tenant,
+      [reactor, response, submit](absl::StatusOr<loom::v1::Job> job, bool deduplicated) {
         if (job.ok()) {
-          *response->mutable_job() = std::move(*job);
-          response->set_deduplicated(deduplicated);
+          loom::v1::SubmitJobResponse answer;
+          *answer.mutable_job() = std::move(*job);
+          answer.set_deduplicated(deduplicated);
+          const std::string bytes = answer.SerializeAsString();
+          grpc::Slice slice(bytes);
+          *response = grpc::ByteBuffer(&slice, 1);
         }
         reactor->Finish(ToGrpcStatus(job.status()));
       });

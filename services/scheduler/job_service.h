@@ -15,28 +15,49 @@
 //   * StreamLogs: the retained lines (tail_lines of them if > 0) filtered by ranks, then with
 //     follow=true new lines until the job has ended (the stream then finishes OK); without
 //     follow it finishes after the retained lines. NOT_FOUND for an unknown job.
+//
+// SubmitJob is a raw method: the service parses the request itself, with a recursion limit of
+// kSubmitRecursionLimit messages instead of protobuf's 100, so that a spec whose model.config or
+// deepspeed_config nests deeper than about 33 JSON levels (three messages per Struct level)
+// reaches validation and is refused naming the field (INVALID_ARGUMENT, "model.config: nested
+// deeper than 16 levels"); gRPC 1.51's callback server answers a request it cannot parse with
+// UNIMPLEMENTED and no message. A request deeper still is INVALID_ARGUMENT saying so.
 #ifndef LOOM_SERVICES_SCHEDULER_JOB_SERVICE_H_
 #define LOOM_SERVICES_SCHEDULER_JOB_SERVICE_H_
 
+#include <string>
+
+#include "absl/status/statusor.h"
 #include "proto/job_service.grpc.pb.h"
 #include "scheduler/scheduler.h"
 
 namespace loom {
 
+// Nested messages a SubmitJobRequest may have (JobSpec, its Structs: three per JSON level).
+inline constexpr int kSubmitRecursionLimit = 400;
+
+// A SubmitJobRequest from its wire bytes, read with kSubmitRecursionLimit. INVALID_ARGUMENT
+// "SubmitJobRequest: ..." if the bytes are not one (or nest deeper than the limit).
+absl::StatusOr<loom::v1::SubmitJobRequest> ParseSubmitJobRequest(const grpc::ByteBuffer& bytes);
+
+// The JobService base with SubmitJob taken raw (see the file comment).
+using JobServiceBase =
+    loom::v1::JobService::WithRawCallbackMethod_SubmitJob<loom::v1::JobService::CallbackService>;
+
 // Thread-safe (the scheduler is). `scheduler` must outlive the service.
-class JobServiceImpl final : public loom::v1::JobService::CallbackService {
+class JobServiceImpl final : public JobServiceBase {
  public:
   explicit JobServiceImpl(Scheduler* scheduler) : scheduler_(scheduler) {}
 
   // Submits as tenant "default" (no authentication); see SubmitJobAs.
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
-                                      const loom::v1::SubmitJobRequest* request,
-                                      loom::v1::SubmitJobResponse* response) override;
-  // SubmitJob on behalf of `tenant` (the authenticated caller's, from AuthJobService).
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  // SubmitJob on behalf of `tenant` (the authenticated caller's, from AuthJobService):
+  // `request` and `response` are a SubmitJobRequest and a SubmitJobResponse on the wire.
   grpc::ServerUnaryReactor* SubmitJobAs(grpc::CallbackServerContext* context,
-                                        const loom::v1::SubmitJobRequest* request,
-                                        loom::v1::SubmitJobResponse* response,
-                                        const std::string& tenant);
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response, const std::string& tenant);
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const loom::v1::GetJobRequest* request,
                                    loom::v1::Job* response) override;

@@ -184,5 +184,46 @@ TEST_F(ListJobsTest, DeepConfigsAreRefusedAndListingStaysEncodable) {
   EXPECT_EQ(s.error_message(), "phase: 77 is not a known loom.v1.JobPhase");
 }
 
+// Issue 42 defect 2: a model.config nested 35+ levels deep was answered UNIMPLEMENTED with an
+// empty message (gRPC 1.51's callback server when protobuf's 100-message parse limit stops the
+// request). It now reaches validation, which names the field; deeper still is refused saying why.
+TEST_F(ListJobsTest, DeeplyNestedSpecsAreRefusedNamingTheProblem) {
+  auto nested = [](int levels) {
+    google::protobuf::Value v;
+    v.set_number_value(1);
+    for (int i = 0; i < levels; ++i) {
+      google::protobuf::Value outer;
+      (*outer.mutable_struct_value()->mutable_fields())["x"] = std::move(v);
+      v = std::move(outer);
+    }
+    return v;
+  };
+  for (int levels : {40, 100}) {
+    loom::v1::SubmitJobRequest req;
+    *req.mutable_spec() = ValidTestJobSpec();
+    (*req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields())["deep"] =
+        nested(levels);
+    loom::v1::SubmitJobResponse resp;
+    grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << levels << ": " << s.error_message();
+    EXPECT_EQ(s.error_message().rfind("model.config.deep.x.x", 0), 0u) << s.error_message();
+    EXPECT_NE(s.error_message().find("nested deeper than 16 levels"), std::string::npos)
+        << s.error_message();
+  }
+  loom::v1::SubmitJobRequest req;
+  *req.mutable_spec() = ValidTestJobSpec();
+  (*req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields())["deep"] = nested(200);
+  loom::v1::SubmitJobResponse resp;
+  grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message().rfind("SubmitJobRequest: cannot be parsed", 0), 0u)
+      << s.error_message();
+  // The server is unharmed: a valid spec is still admitted.
+  *req.mutable_spec() = ValidTestJobSpec();
+  s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.job().id().empty());
+}
+
 }  // namespace
 }  // namespace loom
