@@ -14,7 +14,7 @@ CheckpointWorker::CheckpointWorker(CheckpointCatalog* catalog, CheckpointWorkerO
     : catalog_(catalog),
       options_(options),
       clock_(clock),
-      retention_(catalog, options.retry_initial, options.retry_max) {
+      retention_(catalog, options.retry_initial, options.retry_max, options.retention_reporter) {
   lookup_thread_ = std::thread([this] { LookupLoop(); });
 }
 

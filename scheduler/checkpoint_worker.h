@@ -47,6 +47,9 @@ struct CheckpointWorkerOptions {
   // How long a definite resume answer is reused (the scheduler's answer only changes through
   // retention, which keeps the newest checkpoint, while no rank of the job runs).
   absl::Duration resume_ttl = absl::Seconds(30);
+  // Told when retention of a job fails in a way its owner must see, and when that clears
+  // (RetentionWorker::Reporter). May be empty.
+  RetentionWorker::Reporter retention_reporter;
 };
 
 class CheckpointWorker {

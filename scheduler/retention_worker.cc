@@ -9,8 +9,11 @@
 namespace loom {
 
 RetentionWorker::RetentionWorker(CheckpointCatalog* catalog, absl::Duration retry_initial,
-                                 absl::Duration retry_max)
-    : catalog_(catalog), retry_initial_(retry_initial), retry_max_(retry_max) {
+                                 absl::Duration retry_max, Reporter reporter)
+    : catalog_(catalog),
+      retry_initial_(retry_initial),
+      retry_max_(retry_max),
+      reporter_(std::move(reporter)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -50,6 +53,21 @@ int RetentionWorker::Backlog() const {
 RetentionWorker::Stats RetentionWorker::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
+}
+
+void RetentionWorker::Report(const std::string& job_id, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      if (reported_.erase(job_id) == 0) return;
+    } else {
+      auto [it, inserted] = reported_.emplace(job_id, std::string(status.message()));
+      if (!inserted && it->second == status.message()) return;
+      it->second = std::string(status.message());
+      ++stats_.reported;
+    }
+  }
+  if (reporter_) reporter_(job_id, status);
 }
 
 void RetentionWorker::Loop() {
@@ -93,19 +111,22 @@ void RetentionWorker::Loop() {
                   << absl::StrJoin(*deleted, ", ")
                   << (r.failures > 0 ? " (after a retry)" : "");
       }
-      absl::MutexLock lock(&mu_);
-      ++stats_.applied;
-      stats_.deleted_steps += static_cast<int64_t>(deleted->size());
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.applied;
+        stats_.deleted_steps += static_cast<int64_t>(deleted->size());
+      }
+      Report(job_id, absl::OkStatus());
       continue;
     }
     const absl::StatusCode code = deleted.status().code();
     const bool transient = code == absl::StatusCode::kUnavailable ||
                            code == absl::StatusCode::kDeadlineExceeded ||
                            code == absl::StatusCode::kResourceExhausted ||
-                           code == absl::StatusCode::kAborted ||
-                           code == absl::StatusCode::kInternal ||
-                           code == absl::StatusCode::kUnknown;
-    if (!transient) {
+                           code == absl::StatusCode::kAborted;
+    const bool permanent =
+        code == absl::StatusCode::kNotFound || code == absl::StatusCode::kInvalidArgument;
+    if (permanent) {
       LOG(WARNING) << "job " << job_id << ": checkpoint retention failed: " << deleted.status();
       absl::MutexLock lock(&mu_);
       ++stats_.dropped;
@@ -116,6 +137,8 @@ void RetentionWorker::Loop() {
     LOG_EVERY_N(WARNING, 10) << "job " << job_id << ": checkpoint retention failed ("
                              << deleted.status() << "); retry " << failures << " in "
                              << absl::FormatDuration(Backoff(failures));
+    // A deletion that failed (not the service being unreachable) is the job owner's business.
+    if (!transient) Report(job_id, deleted.status());
     absl::MutexLock lock(&mu_);
     ++stats_.retries;
     auto [it, inserted] = queue_.emplace(job_id, std::move(r));  // unless a newer one came

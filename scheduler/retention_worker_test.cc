@@ -164,5 +164,49 @@ TEST(RetentionWorkerTest, ANewerRequestReplacesARetryingOneAndKeepsItsBackoff) {
   EXPECT_EQ(catalog.applied(), std::vector<std::string>{"job-a:/ckpt/job:2"});
 }
 
+// Issue 42 defect 4: a deletion that fails (a step whose files cannot be removed) was logged in
+// the scheduler's log and dropped. Now the job's owner is told (once per distinct error, and
+// once more when it clears) and the pass is retried until the step is gone.
+TEST(RetentionWorkerTest, AFailedDeletionIsReportedOnceRetriedAndClearedWhenItSucceeds) {
+  ControlledCatalog catalog;
+  const absl::Status stuck = absl::PermissionDeniedError(
+      "retention of job 'job-a': cannot delete 1 checkpoint (step 20: cannot remove "
+      "/ckpt/job-a/.deleting.step_00000020.7/rank_0.shard: Operation not permitted)");
+  catalog.Fail(3, stuck);
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, absl::Status>> reports;
+  RetentionWorker worker(&catalog, absl::Milliseconds(10), absl::Milliseconds(40),
+                         [&](const std::string& job_id, const absl::Status& status) {
+                           absl::MutexLock lock(&mu);
+                           reports.emplace_back(job_id, status);
+                         });
+  worker.Request("job-a", KeepLast(1));
+  worker.WaitIdle();
+  EXPECT_EQ(catalog.calls(), 4);  // three failures, each retried, then the step went
+  EXPECT_EQ(catalog.applied(), std::vector<std::string>{"job-a:/ckpt/job:1"});
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].first, "job-a");
+  EXPECT_EQ(reports[0].second, stuck);  // the same error three times: reported once
+  EXPECT_EQ(reports[1].first, "job-a");
+  EXPECT_TRUE(reports[1].second.ok());
+  const RetentionWorker::Stats stats = worker.stats();
+  EXPECT_EQ(stats.retries, 3);
+  EXPECT_EQ(stats.reported, 1);
+  EXPECT_EQ(stats.dropped, 0);
+}
+
+TEST(RetentionWorkerTest, AnUnreachableServiceIsNotReportedToTheJob) {
+  ControlledCatalog catalog;
+  catalog.Fail(2, absl::UnavailableError("loom-checkpoint: connection refused"));
+  int reports = 0;
+  RetentionWorker worker(&catalog, absl::Milliseconds(10), absl::Milliseconds(40),
+                         [&](const std::string&, const absl::Status&) { ++reports; });
+  worker.Request("job-a", KeepLast(1));
+  worker.WaitIdle();
+  EXPECT_EQ(catalog.calls(), 3);
+  EXPECT_EQ(reports, 0);
+}
+
 }  // namespace
 }  // namespace loom

@@ -559,6 +559,30 @@ void Scheduler::ApplyRetention(const JobRecord& job) {
 
 void Scheduler::WaitForCheckpointRetention() { checkpoint_worker_->WaitForRetention(); }
 
+CheckpointWorkerOptions Scheduler::WithRetentionReporter(CheckpointWorkerOptions options) {
+  options.retention_reporter = [this](const std::string& job_id, const absl::Status& status) {
+    OnRetentionReport(job_id, status);
+  };
+  return options;
+}
+
+void Scheduler::OnRetentionReport(const std::string& job_id, const absl::Status& status) {
+  // Called on the retention thread (no lock of the worker held). In memory, and stored with the
+  // record's next write: a scheduler restart retries retention at the job's next checkpoint.
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  JobRecord& job = it->second;
+  const std::string error =
+      status.ok() ? "" : absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                      status.message());
+  if (job.state.checkpoint_retention_error() == error) return;
+  LOG(WARNING) << "job " << job_id << ": checkpoint retention "
+               << (status.ok() ? "succeeded again" : absl::StrCat("failed: ", error));
+  job.state.set_checkpoint_retention_error(error);
+  PublishJobChange(job, /*phase_changed=*/false);
+}
+
 void Scheduler::SetPendingReason(JobRecord& job, std::string reason, std::string message) {
   // In memory only: a waiting job's reason and message are recomputed by every cycle (also the
   // first one after a restart), so storing each change would only cost a write per job and

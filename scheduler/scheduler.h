@@ -386,8 +386,8 @@ class Scheduler {
         clock_(clock),
         metrics_(metrics),
         checkpoints_(checkpoints != nullptr ? checkpoints : &local_checkpoints_),
-        checkpoint_worker_(
-            std::make_unique<CheckpointWorker>(checkpoints_, options_.checkpoint_worker, clock)),
+        checkpoint_worker_(std::make_unique<CheckpointWorker>(
+            checkpoints_, WithRetentionReporter(options_.checkpoint_worker), clock)),
         repository_(std::make_unique<JobRepository>(
             store, [this](const std::vector<JobRecord>& batch, const absl::Status& stored) {
               AdoptSubmissions(batch, stored);
@@ -481,6 +481,11 @@ class Scheduler {
   // step its current attempt resumed from. Failures are logged, not returned: retention must not
   // fail the job.
   void ApplyRetention(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `options` with a retention reporter that records a retention failure on the job
+  // (Job.checkpoint_retention_error, published to its watchers) and clears it on success.
+  CheckpointWorkerOptions WithRetentionReporter(CheckpointWorkerOptions options);
+  void OnRetentionReport(const std::string& job_id, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Records that `job_id`'s reported step moved from `from_step` to `to_step` now.
   void RecordStepAdvance(const std::string& job_id, int64_t from_step, int64_t to_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

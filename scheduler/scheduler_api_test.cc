@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
@@ -61,6 +62,41 @@ class SlowCatalog : public CheckpointCatalog {
 
  private:
   const absl::Duration delay_;
+};
+
+// A catalog whose retention fails (a step whose files cannot be deleted) until Succeed().
+class StuckDeletionCatalog : public CheckpointCatalog {
+ public:
+  absl::StatusOr<CommittedCheckpoint> NewestCommitted(const std::string&,
+                                                      const std::string&) override {
+    return absl::NotFoundError("no checkpoint");
+  }
+  absl::StatusOr<std::vector<int64_t>> ApplyRetention(const std::string&, const std::string&,
+                                                      const loom::v1::CheckpointPolicy&,
+                                                      const std::vector<int64_t>&) override {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    if (stuck_) {
+      return absl::PermissionDeniedError(
+          "retention of job: cannot delete 1 checkpoint (step 2: cannot remove "
+          "/ckpt/.deleting.step_00000002.7/rank_0.shard: Operation not permitted)");
+    }
+    return std::vector<int64_t>{2};
+  }
+  void Succeed() {
+    absl::MutexLock lock(&mu_);
+    stuck_ = false;
+  }
+  bool AwaitCalls(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool stuck_ ABSL_GUARDED_BY(mu_) = true;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class SchedulerApiTest : public ::testing::Test {
@@ -433,6 +469,38 @@ TEST_F(SchedulerApiTest, SlowRetentionRunsInTheBackground) {
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(500));
   scheduler_->WaitForCheckpointRetention();
   EXPECT_EQ(catalog.retentions.load(), 1);
+}
+
+// Issue 42 defect 4: a retention pass that cannot delete a step was only logged by the
+// scheduler. Now the job shows the error (GetJob and its watchers) while retention is retried,
+// and the error clears once a pass succeeds.
+TEST_F(SchedulerApiTest, ARetentionFailureIsShownOnTheJobUntilARetrySucceeds) {
+  options_.checkpoint_worker.retry_initial = absl::Milliseconds(5);
+  options_.checkpoint_worker.retry_max = absl::Milliseconds(20);
+  StuckDeletionCatalog catalog;
+  Start(&catalog);
+  Register("node-a");
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(1);
+  spec.mutable_checkpoint()->set_keep_last(1);
+  absl::StatusOr<Job> job = scheduler_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());
+  Job placed = Get(job->id());
+  EXPECT_EQ(placed.checkpoint_retention_error(), "");
+  RankStatus st = Rank(placed, 0, loom::v1::RANK_STATE_RUNNING, 29500);
+  st.mutable_progress()->set_step(5);
+  st.mutable_progress()->set_last_checkpoint_step(5);
+  Beat("node-a", {st});
+  // The first call failed and was reported before the retry (the second call) was made.
+  ASSERT_TRUE(catalog.AwaitCalls(2));
+  const std::string error = Get(job->id()).checkpoint_retention_error();
+  EXPECT_NE(error.find("PERMISSION_DENIED: "), std::string::npos) << error;
+  EXPECT_NE(error.find("step 2: cannot remove"), std::string::npos) << error;
+  EXPECT_NE(error.find("Operation not permitted"), std::string::npos) << error;
+
+  catalog.Succeed();
+  scheduler_->WaitForCheckpointRetention();
+  EXPECT_EQ(Get(job->id()).checkpoint_retention_error(), "");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -133,7 +135,77 @@ void ToProto(const storage::CheckpointInfo& info, v1::CheckpointInfo* out) {
   }
 }
 
+// A step whose deletion is pending, as a listing entry (see CheckpointInfo.deletion_state).
+void PendingToProto(const storage::PendingDeletion& p, const std::string& last_error,
+                    v1::CheckpointInfo* out) {
+  out->set_step(p.step);
+  out->set_path(p.path);
+  out->set_total_bytes(p.bytes);
+  const std::string error = p.status.ok() ? last_error : std::string(p.status.message());
+  out->set_deletion_state(error.empty() ? "deleting" : "delete_failed");
+  out->set_deletion_error(error);
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointServiceImpl::Listing(
+    const std::string& dir) {
+  auto list = storage::ListCheckpoints(dir);
+  if (!list.ok()) return list.status();
+  // Pending deletions are retried here too when no deletion or consolidation runs (so leftovers
+  // go without a restart), else listed as they are, with the error their last removal met.
+  absl::StatusOr<std::vector<storage::PendingDeletion>> pending;
+  if (consolidate_mu_.TryLock()) {
+    pending = storage::RetryPendingDeletions(dir);
+    consolidate_mu_.Unlock();
+    if (pending.ok()) NoteDeletionFailures(dir, *pending);
+  } else {
+    pending = storage::ListPendingDeletions(dir);
+  }
+  if (!pending.ok()) return pending.status();
+  std::vector<v1::CheckpointInfo> out;
+  out.reserve(list->size() + pending->size());
+  for (const storage::CheckpointInfo& info : *list) ToProto(info, &out.emplace_back());
+  {
+    absl::MutexLock lock(&deletion_errors_mu_);
+    for (const storage::PendingDeletion& p : *pending) {
+      auto e = deletion_errors_.find(p.path);
+      PendingToProto(p, e == deletion_errors_.end() ? "" : e->second, &out.emplace_back());
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const v1::CheckpointInfo& a,
+                                              const v1::CheckpointInfo& b) {
+    return a.step() < b.step();
+  });
+  return out;
+}
+
+void CheckpointServiceImpl::NoteDeletionFailures(
+    const std::string& dir, const std::vector<storage::PendingDeletion>& failed) {
+  absl::MutexLock lock(&deletion_errors_mu_);
+  // Forget the errors of this directory's deletions that are gone, then remember the new ones.
+  const std::string prefix = dir + "/";
+  for (auto it = deletion_errors_.lower_bound(prefix);
+       it != deletion_errors_.end() && absl::StartsWith(it->first, prefix);) {
+    it = deletion_errors_.erase(it);
+  }
+  for (const storage::PendingDeletion& p : failed) {
+    if (p.status.ok()) continue;
+    deletion_errors_[p.path] = std::string(p.status.message());
+    LOG_EVERY_N(WARNING, 100) << "cannot delete checkpoint step " << p.step << " (" << p.bytes
+                              << " bytes left in " << p.path << "): " << p.status;
+  }
+}
+
+void CheckpointServiceImpl::RememberDeletionError(const std::string& dir, int64_t step,
+                                                  const absl::Status& error) {
+  auto pending = storage::ListPendingDeletions(dir);
+  if (!pending.ok()) return;
+  absl::MutexLock lock(&deletion_errors_mu_);
+  for (const storage::PendingDeletion& p : *pending) {
+    if (p.step == step) deletion_errors_[p.path] = std::string(error.message());
+  }
+}
 
 absl::StatusOr<std::string> CheckpointServiceImpl::ExistingJobDir(const std::string& job_id) const {
   absl::StatusOr<std::string> dir = JobCheckpointDir(options_.checkpoint_root, job_id);
@@ -175,9 +247,15 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* context
   if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
-  auto list = storage::ListCheckpoints(*dir);
+  auto list = Listing(*dir);
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (const storage::CheckpointInfo& info : *list) ToProto(info, resp->add_checkpoints());
+  for (v1::CheckpointInfo& info : *list) {
+    resp->set_total_bytes(resp->total_bytes() + info.total_bytes());
+    if (!info.deletion_state().empty()) {
+      resp->set_deleting_bytes(resp->deleting_bytes() + info.total_bytes());
+    }
+    *resp->add_checkpoints() = std::move(info);
+  }
   return grpc::Status::OK;
 }
 
@@ -187,11 +265,11 @@ grpc::Status CheckpointServiceImpl::GetCheckpoint(grpc::ServerContext* context,
   if (grpc::Status a = Authorize(*context); !a.ok()) return a;
   absl::StatusOr<std::string> dir = ExistingJobDir(req->job_id());
   if (!dir.ok()) return ToGrpcStatus(dir.status());
-  auto list = storage::ListCheckpoints(*dir);
+  auto list = Listing(*dir);
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (const storage::CheckpointInfo& info : *list) {
-    if (info.step != req->step()) continue;
-    ToProto(info, resp);
+  for (v1::CheckpointInfo& info : *list) {
+    if (info.step() != req->step()) continue;
+    *resp = std::move(info);  // the checkpoint if it exists, else its pending deletion
     return grpc::Status::OK;
   }
   return ToGrpcStatus(absl::NotFoundError(
@@ -312,7 +390,19 @@ grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* contex
                                        req->protected_steps().end());
   absl::MutexLock lock(&consolidate_mu_);
   auto result = storage::DeleteCheckpoint(*dir, req->step(), protected_steps);
-  if (!result.ok()) return ToGrpcStatus(result.status());
+  // Nothing of this directory pending any more: forget the errors recorded for it.
+  if (auto pending = storage::ListPendingDeletions(*dir); pending.ok() && pending->empty()) {
+    NoteDeletionFailures(*dir, {});
+  }
+  if (!result.ok()) {
+    LOG(WARNING) << "DeleteCheckpoint job=" << req->job_id() << " step=" << req->step() << ": "
+                 << result.status();
+    if (!absl::IsFailedPrecondition(result.status()) &&
+        !absl::IsInvalidArgument(result.status())) {
+      RememberDeletionError(*dir, req->step(), result.status());
+    }
+    return ToGrpcStatus(result.status());
+  }
   if (result->deleted) {
     LOG(INFO) << "deleted checkpoint job=" << req->job_id() << " step=" << req->step();
   }
@@ -335,11 +425,22 @@ grpc::Status CheckpointServiceImpl::ApplyRetention(grpc::ServerContext* context,
   if (!req->best_metric().empty()) policy.best_metric = req->best_metric();
   auto result = storage::ApplyRetention(*dir, policy, protected_steps);
   if (!result.ok()) return ToGrpcStatus(result.status());
+  NoteDeletionFailures(*dir, result->failed);
   for (int64_t s : result->deleted_steps) resp->add_deleted_steps(s);
   for (int64_t s : result->kept_steps) resp->add_kept_steps(s);
   if (!result->deleted_steps.empty()) {
     LOG(INFO) << "retention job=" << req->job_id() << " keep_last=" << req->keep_last()
               << " deleted " << result->deleted_steps.size() << " checkpoints";
+  }
+  // A step that could not be deleted fails the call (the caller, e.g. the scheduler's retention,
+  // must see it and retry), after the others were deleted; the message names the deleted ones.
+  absl::Status failed = storage::DeletionFailures(
+      absl::StrCat("retention of job '", req->job_id(), "'"), result->failed);
+  if (!failed.ok()) {
+    return ToGrpcStatus(absl::Status(
+        failed.code(),
+        absl::StrCat(failed.message(), result->deleted_steps.empty() ? "" : "; deleted steps ",
+                     absl::StrJoin(result->deleted_steps, ", "))));
   }
   return grpc::Status::OK;
 }

@@ -6,8 +6,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -56,7 +58,14 @@ struct CheckpointServiceOptions {
 //   max_shard_size / dtype as ConsolidateOptions (ParseShardSize, NormalizeOutputDtype);
 //   INVALID_ARGUMENT naming the field on a bad value.
 // DeleteCheckpoint / ApplyRetention: storage::DeleteCheckpoint / ApplyRetention on the job's
-// directory; NOT_FOUND if the job has no checkpoint directory.
+// directory; NOT_FOUND if the job has no checkpoint directory. A step whose files cannot be
+// removed fails the call (the removal's code, naming the file and OS error; ApplyRetention after
+// deleting the others) and stays listed until its files are gone.
+// ListCheckpoints / GetCheckpoint also list steps whose deletion is pending (moved aside,
+// files still on disk: CheckpointInfo.deletion_state, with their bytes). When no deletion or
+// consolidation holds the lock, a listing first retries their removal (storage::
+// RetryPendingDeletions), so leftovers go without a restart; the last error seen for each is
+// kept in memory for listings made while the lock is busy.
 // Consolidations and deletions run one at a time (the core's temporary file names carry the
 // process id, and a deletion must not race a consolidation of the same step).
 // Thread-safe.
@@ -87,12 +96,23 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
   absl::StatusOr<std::string> ExistingJobDir(const std::string& job_id) const;
   absl::StatusOr<storage::ConsolidateResult> DoConsolidate(
       const v1::ConsolidateCheckpointRequest& req);
+  // The job directory's checkpoints and pending deletions, by step (see the class comment).
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> Listing(const std::string& dir);
+  // Replaces what deletion_errors_ holds for `dir` by `failed` (the pending deletions left after
+  // a retry of all of them, with their errors).
+  void NoteDeletionFailures(const std::string& dir,
+                            const std::vector<storage::PendingDeletion>& failed);
+  // Records `error` for the pending deletions of `step` in `dir`.
+  void RememberDeletionError(const std::string& dir, int64_t step, const absl::Status& error);
 
   const CheckpointServiceOptions options_;
   prometheus::Family<prometheus::Counter>& consolidations_;
   prometheus::Histogram& consolidation_seconds_;
   prometheus::Counter& consolidated_bytes_;
-  absl::Mutex consolidate_mu_;  // held for the duration of one consolidation
+  absl::Mutex consolidate_mu_;  // held for the duration of one consolidation or deletion
+  absl::Mutex deletion_errors_mu_;  // after consolidate_mu_ when both are held
+  // The last removal error of each pending deletion's path ("" = none recorded).
+  std::map<std::string, std::string> deletion_errors_ ABSL_GUARDED_BY(deletion_errors_mu_);
 };
 
 // Builds and starts a gRPC server for `service` on host:port (port 0 = any free port) with the

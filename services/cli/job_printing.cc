@@ -44,6 +44,10 @@ std::string FormatJob(const Job& job) {
     absl::StrAppend(&out, "checkpoints: none yet (will be written under ",
                     TerminalSafe(job.checkpoint_dir()), ")\n");
   }
+  if (!job.checkpoint_retention_error().empty()) {
+    absl::StrAppend(&out, "checkpoint retention failed (retried): ",
+                    TerminalSafe(job.checkpoint_retention_error()), "\n");
+  }
   return out;
 }
 

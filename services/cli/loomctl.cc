@@ -16,7 +16,9 @@
 //                                         in the scheduler's memory only (bounded, not persisted)
 //   loomctl explain JOB_ID                why a job is not running: reason, queue position
 //   loomctl checkpoints JOB_ID            list a job's checkpoints (COMMITTED "CORRUPT" for a
-//                                         step that failed verification, with the reason)
+//                                         step that failed verification, with the reason;
+//                                         "DELETE_FAILED"/"DELETING" for a step whose files are
+//                                         still on disk, with the error) and their disk usage
 //   loomctl consolidate JOB_ID [--step=N] [--output_dir=D] [--max_shard_size=5GB] [--dtype=bf16]
 //                                         write model.safetensors (or shards + index) + config.json
 //   loomctl consolidate --from-deepspeed DIR --output_dir=D [--max_shard_size=5GB]
@@ -27,7 +29,9 @@
 //                                         exit 0 valid, 3 invalid (first problem on stderr),
 //                                         5 nothing there
 //   loomctl checkpoint delete JOB_ID --step=N [--protect=S,..]
-//                                         delete one checkpoint (idempotent)
+//                                         delete one checkpoint (idempotent; a step whose files
+//                                         cannot be removed: the error and a non-zero exit, and
+//                                         a rerun retries the removal)
 //   loomctl checkpoint retain JOB_ID --keep_last=K [--protect=S,..]
 //                                         keep the newest K committed checkpoints
 //
@@ -59,6 +63,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -282,6 +287,7 @@ int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
   auto reader = stub.WatchJob(ctx.get(), req);
   loom::v1::JobEvent event;
   loom::v1::JobPhase last = loom::v1::JOB_PHASE_UNSPECIFIED;
+  std::string retention_error;  // the last one printed
   while (reader->Read(&event)) {
     const Job& job = event.job();
     const auto& p = job.progress();
@@ -298,6 +304,13 @@ int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
     }
     if (!job.message().empty()) {
       absl::StrAppend(&line, "  ", TerminalSafe(job.reason()), ": ", TerminalSafe(job.message()));
+    }
+    if (job.checkpoint_retention_error() != retention_error) {
+      retention_error = job.checkpoint_retention_error();
+      absl::StrAppend(&line, retention_error.empty()
+                                 ? "  checkpoint retention recovered"
+                                 : absl::StrCat("  checkpoint retention failed (retried): ",
+                                                TerminalSafe(retention_error)));
     }
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -470,20 +483,32 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-      std::printf("%-10s %-10s %-8s %-14s %-10s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES",
+      std::printf("%-10s %-13s %-8s %-14s %-10s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES",
                   "EVAL_LOSS", "PATH");
       for (const auto& c : resp.checkpoints()) {
         auto eval = c.metrics().find("eval_loss");
-        std::printf("%-10lld %-10s %d/%-6d %-14lld %-10s %s\n", static_cast<long long>(c.step()),
-                    c.corrupt() ? "CORRUPT" : (c.committed() ? "yes" : "no"), c.ranks_reported(),
-                    c.world_size(),
+        // A step being deleted whose files are still there: "DELETE_FAILED" / "DELETING".
+        const std::string state = !c.deletion_state().empty()
+                                      ? absl::AsciiStrToUpper(TerminalSafe(c.deletion_state()))
+                                      : (c.corrupt() ? "CORRUPT" : (c.committed() ? "yes" : "no"));
+        std::printf("%-10lld %-13s %d/%-6d %-14lld %-10s %s\n", static_cast<long long>(c.step()),
+                    state.c_str(), c.ranks_reported(), c.world_size(),
                     static_cast<long long>(c.total_bytes()),
                     eval == c.metrics().end() ? "-" : absl::StrFormat("%.4f", eval->second).c_str(),
                     TerminalSafe(c.path()).c_str());
         if (c.corrupt()) {
           std::printf("           corrupt: %s\n", TerminalSafe(c.corrupt_reason()).c_str());
         }
+        if (!c.deletion_error().empty()) {
+          std::printf("           delete failed: %s\n", TerminalSafe(c.deletion_error()).c_str());
+        }
       }
+      std::printf("disk usage: %lld bytes", static_cast<long long>(resp.total_bytes()));
+      if (resp.deleting_bytes() > 0) {
+        std::printf(" (%lld of them in steps being deleted)",
+                    static_cast<long long>(resp.deleting_bytes()));
+      }
+      std::printf("\n");
       return 0;
     }
     loom::v1::ConsolidateCheckpointRequest req;

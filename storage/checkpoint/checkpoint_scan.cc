@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <optional>
 #include <utility>
@@ -67,8 +68,24 @@ bool ProcessIsDead(int pid) {
   return pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+// The remove(3) RemoveTree uses (test seam: TEST_SetRemoveFunction), and the entry whose
+// removal failed last on this thread (nftw's callback has no user argument).
+std::atomic<int (*)(const char*)> remove_function{&::remove};
+thread_local std::string failed_entry;
+
+thread_local int64_t tree_bytes = 0;  // TreeBytes' running sum
+
+int AddFileBytes(const char* /*path*/, const struct stat* st, int type, struct FTW* /*ftw*/) {
+  if (type == FTW_F) tree_bytes += st->st_size;
+  return 0;
+}
+
 int RemoveEntry(const char* path, const struct stat* /*st*/, int /*type*/, struct FTW* /*ftw*/) {
-  return ::remove(path) == 0 || errno == ENOENT ? 0 : -1;
+  if (remove_function.load()(path) == 0 || errno == ENOENT) return 0;
+  const int err = errno;
+  failed_entry = path;
+  errno = err;
+  return -1;
 }
 
 }  // namespace
@@ -231,10 +248,23 @@ absl::Status RemoveTree(const std::string& path) {
     if (errno == ENOENT) return absl::OkStatus();
     return ErrnoError("cannot stat", path);
   }
+  failed_entry.clear();
   if (::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
-    return ErrnoError("cannot remove", path);
+    const int err = errno;
+    // Another process removing the same tree (a moved-aside step is swept by whoever comes
+    // first) makes parts of it vanish under the walk: done if the whole tree is gone.
+    if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return absl::OkStatus();
+    errno = err;
+    if (failed_entry.empty() || failed_entry == path) return ErrnoError("cannot remove", path);
+    return ErrnoError("cannot remove", absl::StrCat(failed_entry, " (of ", path, ")"));
   }
   return absl::OkStatus();
+}
+
+int64_t TreeBytes(const std::string& path) {
+  tree_bytes = 0;
+  (void)::nftw(path.c_str(), AddFileBytes, 16, FTW_PHYS);
+  return tree_bytes;
 }
 
 // Removes, in `dir`, "<file>.tmp.<pid>" files and ".consolidate.tmp.<pid>" staging directories
@@ -251,20 +281,11 @@ void RemoveDeadTemporaries(const std::string& dir) {
   }
 }
 
-// Removes ".deleting.step_*.<pid>" directories of dead processes (deletions cut short by a crash).
-void RemoveInterruptedDeletions(const std::string& checkpoint_dir) {
-  auto names = ListDir(checkpoint_dir);
-  if (!names.ok()) return;
-  for (const std::string& n : *names) {
-    if (!absl::StartsWith(n, kDeletingPrefix)) continue;
-    int pid = 0;
-    size_t dot = n.rfind('.');
-    if (!absl::SimpleAtoi(n.substr(dot + 1), &pid)) continue;
-    if (ProcessIsDead(pid)) (void)RemoveTree(absl::StrCat(checkpoint_dir, "/", n));
-  }
-}
-
 }  // namespace consolidate_internal
+
+void TEST_SetRemoveFunction(int (*remove)(const char* path)) {
+  consolidate_internal::remove_function.store(remove != nullptr ? remove : &::remove);
+}
 
 using consolidate_internal::ScanAll;
 using consolidate_internal::SelectStep;

@@ -188,12 +188,46 @@ struct DeleteResult {
   bool deleted = false;  // false if the step did not exist (deletion is idempotent)
 };
 
+// A step whose directory was moved aside for deletion (<checkpoint_dir>/.deleting.step_<S>.<id>)
+// and is still on disk: a deletion in progress, one cut short by a crash, or one whose files
+// could not be removed. Its bytes still use disk; listings must show it until they are gone.
+struct PendingDeletion {
+  int64_t step = 0;
+  std::string path;    // the moved-aside directory (or the step directory, if it could not move)
+  int64_t bytes = 0;   // bytes of the regular files still in it
+  // Why the last removal of it failed, naming the file and the OS error (PERMISSION_DENIED for
+  // EACCES/EPERM); OK when none was tried (ListPendingDeletions).
+  absl::Status status;
+};
+
+// The pending deletions of `checkpoint_dir`, by step ascending; removes nothing. NOT_FOUND (or
+// another error of opendir) if the directory cannot be listed.
+absl::StatusOr<std::vector<PendingDeletion>> ListPendingDeletions(const std::string& checkpoint_dir);
+
+// Tries once more to remove every pending deletion of `checkpoint_dir`, whichever process moved
+// it aside (a moved-aside step is never needed again, and two processes removing the same tree
+// is harmless). Returns those still there, each with its removal error. Errors as
+// ListPendingDeletions.
+absl::StatusOr<std::vector<PendingDeletion>> RetryPendingDeletions(
+    const std::string& checkpoint_dir);
+
+// OK if `failed` is empty; else the first failure's code, with a message that names every failed
+// step with its path and error (at most 8, then a count) and says that their bytes stay on disk
+// until a later deletion or retention removes them. `what` leads the message (e.g. the
+// directory).
+absl::Status DeletionFailures(absl::string_view what, const std::vector<PendingDeletion>& failed);
+
 // Deletes checkpoint `step` of `checkpoint_dir` (the whole step directory, with any consolidated
-// output inside it): renames it to .deleting.step_<S>.<pid> (atomic: it leaves listings at once),
-// fsyncs the directory, then removes the tree. Idempotent: OK with deleted = false when the step
-// is absent. FAILED_PRECONDITION, deleting nothing, if `step` is the newest committed checkpoint
-// or is in `protected_steps` (e.g. one an attempt is resuming from). Also removes leftovers of
-// deletions interrupted by a crash.
+// output inside it): renames it to .deleting.step_<S>.<pid> (atomic: it leaves the committed
+// listing at once), fsyncs the directory, then removes the tree. FAILED_PRECONDITION, deleting
+// nothing, if `step` is the newest committed checkpoint or is in `protected_steps` (e.g. one an
+// attempt is resuming from).
+// Idempotent: OK with deleted = false when the step is absent and nothing of it is pending; a
+// pending deletion of `step` (an earlier call that failed, or a crash) is retried: OK with
+// deleted = true once its files are gone. A removal that fails returns its error naming the
+// file and the OS error (PERMISSION_DENIED for EACCES/EPERM); the step then stays a pending
+// deletion (ListPendingDeletions) until a later call removes it. Also retries the pending
+// deletions of other steps (their failures do not fail this call).
 absl::StatusOr<DeleteResult> DeleteCheckpoint(const std::string& checkpoint_dir, int64_t step,
                                               const std::vector<int64_t>& protected_steps = {});
 
@@ -207,21 +241,31 @@ struct RetentionPolicy {
 };
 
 struct RetentionResult {
-  std::vector<int64_t> deleted_steps;  // ascending
+  std::vector<int64_t> deleted_steps;  // ascending: removed by this call (pending ones included)
   std::vector<int64_t> kept_steps;     // ascending, committed and partial
+  // Doomed steps (by this call or an earlier one) whose files could not be removed, by step;
+  // they stay on disk as pending deletions. DeletionFailures() turns them into a status.
+  std::vector<PendingDeletion> failed;
 };
 
 // Applies `policy` to `checkpoint_dir`: deletes committed checkpoints older than the newest
 // `keep_last` committed ones, and partial checkpoints older than the newest committed one (a partial
 // one newer than it may still be being written and is kept). Never deletes the newest committed
 // checkpoint or a step in `protected_steps`. With no committed checkpoint, deletes nothing.
+// Retries pending deletions first. A step that cannot be moved aside or removed does not stop
+// the others: it is reported in `failed` (OK status), and a later call retries it.
 // Cost: one scan of the step directories and two directory syncs per call however many steps
 // it deletes (the doomed steps are all moved aside, synced once, removed, synced again).
-// INVALID_ARGUMENT if keep_last < 1 or keep_best < 0; errors of ListCheckpoints, and of the
-// rename, sync or removal naming the path (steps already removed when it fails stay removed).
+// INVALID_ARGUMENT if keep_last < 1 or keep_best < 0; errors of ListCheckpoints and of the
+// directory syncs.
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& checkpoint_dir,
                                                const RetentionPolicy& policy,
                                                const std::vector<int64_t>& protected_steps = {});
+
+// Test only: the remove(3) that deletions use (nullptr = ::remove). Lets a test make files
+// undeletable where it runs as root on a file system without immutable files. Not thread-safe
+// with respect to deletions in progress; set it before and reset it after.
+void TEST_SetRemoveFunction(int (*remove)(const char* path));
 
 }  // namespace loom::storage
 

@@ -73,13 +73,15 @@ absl::StatusOr<std::vector<StepScan>> ScanAll(const std::string& checkpoint_dir)
 // `step`, or the newest committed one when step == 0 (Consolidate's errors for the selection).
 absl::StatusOr<StepScan> SelectStep(const std::string& checkpoint_dir, int64_t step);
 
-// rm -r `path`; OK if it does not exist.
+// rm -r `path`; OK if it does not exist (or vanishes meanwhile: another process removing it).
+// An error names the entry that could not be removed and the OS error (PERMISSION_DENIED for
+// EACCES/EPERM, e.g. an immutable file).
 absl::Status RemoveTree(const std::string& path);
+// Bytes of the regular files under `path` (symbolic links not followed); 0 if it is absent.
+int64_t TreeBytes(const std::string& path);
 // Removes, in `dir`, "<file>.tmp.<pid>" files and ".consolidate.tmp.<pid>" staging directories
 // left by processes that no longer exist.
 void RemoveDeadTemporaries(const std::string& dir);
-// Removes ".deleting.step_*.<pid>" directories of dead processes (deletions cut short by a crash).
-void RemoveInterruptedDeletions(const std::string& checkpoint_dir);
 
 // io_buffer_bytes rounded up to a multiple of 4 bytes, at least 4.
 size_t BufferSize(int64_t io_buffer_bytes);
