@@ -28,6 +28,7 @@
 #include "common/grpc_credentials.h"
 #include "common/utf8.h"
 #include "services/gateway/gateway_http.h"
+#include "services/gateway/gateway_server.h"
 
 namespace loom::gateway {
 namespace {
@@ -86,6 +87,19 @@ std::string NonUtf8Parameter(const httplib::Request& req) {
       return absl::StrCat("query parameter '", key, "': its value '",
                           internal::Printable(value, 64), "' is not valid UTF-8 (byte ", bad,
                           ")");
+    }
+  }
+  return "";
+}
+
+// Header fields a request may carry at most once: a message naming the first that repeats, ""
+// if none does. Authorization: the gateway checked the first value and forwarded it, while a
+// proxy or log in front may have taken another as the caller (the credentials are ambiguous).
+// Host: RFC 9112 section 3.2 demands a 400 for more than one.
+std::string RepeatedSingletonHeader(const httplib::Request& req) {
+  for (const char* name : {"Authorization", "Host"}) {
+    if (const size_t count = req.get_header_value_count(name); count > 1) {
+      return absl::StrCat("the request has ", count, " ", name, " headers; send one");
     }
   }
   return "";
@@ -230,6 +244,11 @@ void JobGateway::Register(httplib::Server& server) {
     // Framing first: nothing else about a request can be trusted if its length is ambiguous.
     if (const std::string ambiguous = AmbiguousLength(req); !ambiguous.empty()) {
       internal::WriteHttpErrorAndClose(res, 400, grpc::StatusCode::INVALID_ARGUMENT, ambiguous);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // Then credentials that say two things (before the token check reads the first).
+    if (const std::string repeated = RepeatedSingletonHeader(req); !repeated.empty()) {
+      refuse(grpc::StatusCode::INVALID_ARGUMENT, repeated);
       return httplib::Server::HandlerResponse::Handled;
     }
     const int64_t declared = DeclaredLength(req);
@@ -410,6 +429,14 @@ void JobGateway::Register(httplib::Server& server) {
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (internal::HasBody(res)) return;  // a handler already wrote its error
     try {
+      // A header section over GatewayServer's limits reached httplib as a truncated request
+      // (its 400): the limit is the answer, and the connection closes after it.
+      if (const internal::HeaderLimitError* limit = internal::CurrentHeaderLimitError();
+          limit != nullptr) {
+        internal::WriteHttpErrorAndClose(res, limit->http_status,
+                                         grpc::StatusCode::INVALID_ARGUMENT, limit->message);
+        return;
+      }
       WriteLibraryError(req, res);
     } catch (...) {
       WriteFallbackError(res);

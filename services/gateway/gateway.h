@@ -61,7 +61,11 @@
 // without Content-Length (or chunked encoding); 413 INVALID_ARGUMENT for a body over
 // `max_body_bytes` (refused from the declared Content-Length before the body is read, or while
 // reading a chunked one); 400 INVALID_ARGUMENT for a request httplib cannot parse; 404 NOT_FOUND
-// for an unknown path. The other POSTs need no body and no Content-Length (curl -XPOST).
+// for an unknown path. On a GatewayServer (gateway_server.h), a header section over its limits
+// (field count, total bytes, one line over 8192 bytes) is 431 INVALID_ARGUMENT naming the limit
+// (414 for a request line over 8192 bytes), answered before the token check, and the connection
+// is closed. Two Authorization (or Host) headers are 400 INVALID_ARGUMENT naming the header,
+// before the token check. The other POSTs need no body and no Content-Length (curl -XPOST).
 // 400 INVALID_ARGUMENT, and the connection closed, for a request whose length is ambiguous
 // (RFC 9112 section 6.3): Content-Length headers that differ, or one that is not a decimal
 // number. A request with a body that is refused before the body is read (401, 403, 413, a query

@@ -23,6 +23,7 @@
 #include "proto/job_service.grpc.pb.h"
 #include "services/checkpoint/checkpoint_service.h"
 #include "services/gateway/gateway.h"
+#include "services/gateway/gateway_server.h"
 #include "services/scheduler/scheduler_server.h"
 
 extern const char kLoomOpenApiJson[];  // services/gateway/openapi.json, embedded by a genrule
@@ -79,7 +80,7 @@ class GatewayClusterTest : public ::testing::Test {
   std::unique_ptr<loom::v1::CheckpointService::Stub> checkpoints_;
   prometheus::Registry registry_;
   std::unique_ptr<JobGateway> gateway_;
-  httplib::Server http_;
+  GatewayServer http_;  // the default HeaderLimits, as loom-gateway's flags
   int http_port_ = 0;
   std::thread listener_;
   std::unique_ptr<httplib::Client> client_;

@@ -3,7 +3,8 @@
 //   loom-gateway --scheduler=HOST:PORT [--checkpoint=HOST:PORT] [--host=127.0.0.1] [--port=8080] [--metrics_port=0]
 //                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
 //                [--reconnect_backoff_max=1s] [--http_threads=N] [--sse_keepalive=15s]
-//                [--follow_probe=1s]
+//                [--follow_probe=1s] [--max_body_bytes=4194304] [--max_header_count=100]
+//                [--max_header_bytes=65536]
 //
 // Prints "LOOM_READY loom-gateway grpc=- metrics=URL http=URL" once serving HTTP on --host:--port
 // (common/daemon.h) and stops on SIGTERM or SIGINT. The metrics port also serves /healthz and
@@ -28,6 +29,7 @@
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "services/gateway/gateway.h"
+#include "services/gateway/gateway_server.h"
 
 extern const char kLoomOpenApiJson[];  // services/gateway/openapi.json, embedded by a genrule
 
@@ -56,6 +58,13 @@ ABSL_FLAG(std::string, ready_file, "", "Write {name, metrics_url} here once serv
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20,
           "Largest request body accepted, in bytes (413 above; default 4 MiB, gRPC's default "
           "message limit at the scheduler).");
+ABSL_FLAG(int64_t, max_header_count, 100,
+          "Most header fields a request may carry (431 above, answered before the token check "
+          "and before the headers are stored; the connection is closed).");
+ABSL_FLAG(int64_t, max_header_bytes, 64 << 10,
+          "Most bytes of a request's request line and headers together, CRLFs included (431 "
+          "above, as --max_header_count; default 64 KiB). Any one line is limited to 8192 bytes "
+          "(431; 414 for the request line), the limit compiled into cpp-httplib.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (same format as loom-scheduler's): reject requests without a known "
           "token with 401 before calling the scheduler. The Authorization header is forwarded "
@@ -131,6 +140,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes));
+  if (absl::GetFlag(FLAGS_max_header_count) < 1 || absl::GetFlag(FLAGS_max_header_bytes) < 1) {
+    LOG(ERROR) << "--max_header_count and --max_header_bytes must be >= 1, got "
+               << absl::GetFlag(FLAGS_max_header_count) << " and "
+               << absl::GetFlag(FLAGS_max_header_bytes);
+    return 2;
+  }
+  loom::gateway::HeaderLimits header_limits;
+  header_limits.max_count = static_cast<size_t>(absl::GetFlag(FLAGS_max_header_count));
+  header_limits.max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_header_bytes));
   options.openapi_json = kLoomOpenApiJson;
   options.registry = registry.get();
   options.auth = auth.get();
@@ -140,7 +158,7 @@ int main(int argc, char** argv) {
   options.follow_probe = absl::GetFlag(FLAGS_follow_probe);
   loom::gateway::JobGateway gateway(stub.get(), options);
 
-  httplib::Server server;
+  loom::gateway::GatewayServer server(header_limits);
   loom::gateway::SetHttpThreads(server, http_threads);
   gateway.Register(server);
   const std::string host = absl::GetFlag(FLAGS_host);
