@@ -20,6 +20,7 @@
 #include "scheduler/job_spec_validation_limits.h"
 #include "spec/ds_config.h"
 #include "spec/engine_options_tiled.h"
+#include "spec/hf_trainer_config.h"
 #include "spec/model_config.h"
 #include "spec/sequence_parallel_config.h"
 #include "spec/struct_json.h"
@@ -237,13 +238,17 @@ absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
   if (!spec.has_deepspeed_config()) {
     return InvalidField("deepspeed_config",
                    "required (a DeepSpeed ds_config.json object with at least "
-                   "train_micro_batch_size_per_gpu and optimizer)");
+                   "train_micro_batch_size_per_gpu, or \"auto\" and training.*)");
   }
-  ASSIGN_OR_RETURN(nlohmann::json ds_json,
-                   spec::StructToJson(spec.deepspeed_config(), "deepspeed_config"));
+  // Hugging Face Trainer configs ("auto", no optimizer or scheduler) resolve from training.*
+  // (spec/hf_trainer_config.h), as the trainer will.
   absl::StatusOr<spec::DeepSpeedConfig> ds =
-      spec::ParseDeepSpeedConfigValue(ds_json, r.num_ranks());
-  if (!ds.ok()) return WithPrefix(ds.status(), "deepspeed_config");
+      spec::ParseJobDeepSpeedConfig(spec, model->hidden_size, r.num_ranks());
+  if (!ds.ok()) {
+    // The Trainer arguments' own errors name their training.* field.
+    if (absl::StartsWith(ds.status().message(), "training.")) return ds.status();
+    return WithPrefix(ds.status(), "deepspeed_config");
+  }
   RETURN_IF_ERROR(spec::ValidateSequenceParallel(  // Ulysses (issue 13): heads, S % P
       model->num_attention_heads, model->num_key_value_heads, spec.training().sequence_length(),
       ds->sequence_parallel_size));

@@ -62,17 +62,23 @@ fi
 # requirements file's hash makes the second run a no-op. About 3 GB to download, 4.7 GB on disk.
 VENV=/opt/loom/venv
 REQS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/python-requirements.txt"
+# DeepSpeed is a source distribution whose setup.py imports torch: installed in a second pass,
+# once torch is in the venv, without pip's build isolation (which would fetch a second torch)
+# and without compiling its C++/CUDA ops (DS_BUILD_OPS=0: Loom's tests use its Python parts).
+DS_REQS="$(dirname "$REQS")/python-requirements-deepspeed.txt"
 stamp="$VENV/.loom-requirements.sha256"
-want=$(sha256sum "$REQS" | cut -d' ' -f1)
+want=$(cat "$REQS" "$DS_REQS" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   $SUDO mkdir -p /opt/loom
   if [ ! -x "$VENV/bin/python3" ]; then
     $SUDO /usr/bin/python3 -m venv "$VENV"
   fi
   echo "install_deps: installing the pinned Python packages into $VENV (first time: ~3 GB, a few minutes)"
-  if ! $SUDO "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQS"; then
-    echo "install_deps: pip could not install $REQS into $VENV: is PyPI reachable from here?" \
-      "(pip's own error is above)" >&2
+  if ! $SUDO "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQS" ||
+     ! $SUDO env DS_BUILD_OPS=0 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+       --no-build-isolation -r "$DS_REQS"; then
+    echo "install_deps: pip could not install $REQS and $DS_REQS into $VENV: is PyPI reachable" \
+      "from here? (pip's own error is above)" >&2
     exit 1
   fi
   echo "$want" | $SUDO tee "$stamp" >/dev/null

@@ -550,46 +550,4 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
   return c;
 }
 
-double LearningRateAtStep(const DeepSpeedConfig& config, int64_t step) {
-  const SchedulerConfig& s = config.scheduler;
-  const int64_t it = step - 1;  // the scheduler's last_batch_iteration during this step
-  const double W = static_cast<double>(std::max<int64_t>(2, s.warmup_num_steps));
-  auto warmup_gamma = [&](int64_t i) {
-    return s.warmup_log ? std::log(static_cast<double>(i + 1)) / std::log(W)
-                        : static_cast<double>(i) / W;
-  };
-  switch (s.type) {
-    case SchedulerConfig::Type::kNone:
-      return config.optimizer.lr;
-    case SchedulerConfig::Type::kWarmupLR:
-    case SchedulerConfig::Type::kWarmupDecayLR: {
-      if (it < 0) return s.warmup_min_lr;
-      double gamma;
-      if (it < W) {
-        gamma = warmup_gamma(it);
-      } else if (s.type == SchedulerConfig::Type::kWarmupLR) {
-        gamma = 1.0;
-      } else {
-        gamma = std::max(0.0, static_cast<double>(s.total_num_steps - it) /
-                                  std::max(1.0, static_cast<double>(s.total_num_steps) - W));
-      }
-      return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
-    }
-    case SchedulerConfig::Type::kWarmupCosineLR: {
-      if (it < 0) return 0.0;
-      double ratio;
-      if (it < W) {
-        ratio = s.warmup_min_ratio + warmup_gamma(it) * (1.0 - s.warmup_min_ratio);
-      } else {
-        const double real_last = static_cast<double>(it) - W + 1;
-        const double real_total = static_cast<double>(s.total_num_steps) - W;
-        ratio = (1 + std::cos(M_PI * real_last / real_total)) / 2;
-        ratio = std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * ratio);
-      }
-      return config.optimizer.lr * ratio;
-    }
-  }
-  return config.optimizer.lr;
-}
-
 }  // namespace loom::spec

@@ -47,7 +47,12 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  enum class Type { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+  // kHf*: Hugging Face Trainer's lr_scheduler_type (spec/hf_trainer_config.h), never read from a
+  // DeepSpeed config: "linear", "cosine", "constant", "constant_with_warmup".
+  enum class Type {
+    kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR,
+    kHfLinear, kHfCosine, kHfConstant, kHfConstantWithWarmup
+  };
   Type type = Type::kNone;
   double warmup_min_lr = 0.0;
   double warmup_max_lr = 0.001;  // WarmupLR: defaults to optimizer lr; WarmupDecayLR: 0.001
@@ -186,6 +191,9 @@ struct DeepSpeedConfig {
   // fp32 otherwise).
   std::string communication_data_type;
   ActivationCheckpointingConfig activation_checkpointing;
+  // Values Loom filled in for a config written for Hugging Face's Trainer ("auto", a missing
+  // optimizer or scheduler; spec/hf_trainer_config.h), one message each. Emitted like warnings.
+  std::vector<std::string> resolved;
   // Keys accepted but not implemented (ignoring them cannot change results), one message each:
   // "deepspeed_config.<path>: ignored (<why>)". loom-trainer prints them as "warning" events.
   std::vector<std::string> warnings;
@@ -214,6 +222,10 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
 //   WarmupDecayLR:  as WarmupLR in warm-up, then max(0, (T - it) / max(1, T - W)).
 //   WarmupCosineLR: lr * ratio; ratio 0 before the start, warm-up ratio from warmup_min_ratio,
 //                   then cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi*(it-W+1)/(T-W)))/2.
+//   Hugging Face's (LambdaLR stepped after each optimizer step, so step s uses lambda(s); W =
+//                   warmup_num_steps, T = total_num_steps): optimizer.lr * lambda, lambda =
+//                   s / max(1, W) while s < W, then linear max(0, (T - s) / max(1, T - W)),
+//                   cosine max(0, (1 + cos(pi * (s - W) / max(1, T - W))) / 2), constant 1.
 //   none:           optimizer.lr.
 double LearningRateAtStep(const DeepSpeedConfig& config, int64_t step);
 

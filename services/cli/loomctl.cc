@@ -1,6 +1,8 @@
 // loomctl: Loom's command-line client.
 //
 //   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id
+//   loomctl resolve JOB.yaml [--json]     offline: the DeepSpeed config Loom will use ("auto"
+//                                         and Hugging Face Trainer defaults filled in, each said)
 //   loomctl get JOB_ID [--json]           show one job
 //   loomctl list [--phase=RUNNING] [--limit=N]
 //                                         list jobs (every page of ListJobs, or the first N)
@@ -82,6 +84,7 @@
 #include "services/cli/deepspeed_command.h"
 #include "services/cli/job_printing.h"
 #include "services/cli/job_spec_yaml.h"
+#include "services/cli/resolve_command.h"
 #include "services/cli/terminal_text.h"
 #include "storage/checkpoint/verify.h"
 
@@ -378,7 +381,7 @@ absl::StatusOr<std::vector<int64_t>> ProtectedSteps() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loomctl <submit FILE.yaml|get ID|list|cancel ID|kill ID|wait ID|watch ID|logs ID|"
+      "loomctl <submit FILE.yaml|resolve FILE.yaml|get ID|list|cancel ID|kill ID|wait ID|watch ID|logs ID|"
       "explain ID|checkpoints ID|"
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
@@ -411,6 +414,10 @@ int main(int argc, char** argv) {
     return true;
   };
 
+  if (cmd == "resolve") {  // offline
+    if (!need_arg("JOB.yaml")) return 2;
+    return loom::cli::RunResolve(arg, absl::GetFlag(FLAGS_json));
+  }
   if (loom::IsAdminCommand(cmd)) {
     auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
     if (!addr.ok()) return Fail(addr.status());

@@ -9,6 +9,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "proto/common.pb.h"
 #include "spec/engine_options_tiled.h"
+#include "spec/hf_trainer_config.h"
 #include "spec/sequence_parallel_config.h"
 #include "spec/struct_json.h"
 #include "worker/engine/engine_options_model.h"
@@ -41,9 +42,9 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
   if (!spec.has_deepspeed_config()) {
     return Invalid("deepspeed_config", "required object is missing");
   }
-  ASSIGN_OR_RETURN(nlohmann::json ds_json,
-                   spec::StructToJson(spec.deepspeed_config(), "deepspeed_config"));
-  ASSIGN_OR_RETURN(o.ds, spec::ParseDeepSpeedConfigValue(ds_json, world_size));
+  // As submission validation does (spec/hf_trainer_config.h: "auto", the Trainer's optimizer
+  // and schedule from training.*).
+  ASSIGN_OR_RETURN(o.ds, spec::ParseJobDeepSpeedConfig(spec, o.model.hidden_size, world_size));
 
   const loom::v1::DatasetSpec& dataset = spec.dataset();
   if (!dataset.path().empty()) {

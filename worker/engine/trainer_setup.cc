@@ -181,7 +181,9 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights
     ASSIGN_OR_RETURN(init, HfWeights::Open(o_.init_from));
   }
+  for (const std::string& w : o_.ds.resolved) Emit(WarningEvent(w));
   for (const std::string& w : o_.ds.warnings) Emit(WarningEvent(w));
+  for (const std::string& w : o_.model.warnings) Emit(WarningEvent(w));
   scaler_ = LossScaler(o_.ds.fp16);
   if (o_.ds.sequence_parallel_size > 1) {  // Ulysses (issue 13, sequence_parallel.h)
     if (!o_.trajectory_dir.empty() || o_.test_rank_sequence_length > 0) {
