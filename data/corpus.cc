@@ -11,6 +11,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
+#include "data/dataset_error.h"
 #include "data/jsonl_reader.h"
 #include "data/token_file.h"
 
@@ -100,7 +101,7 @@ absl::StatusOr<Corpus> LoadTokenFiles(const CorpusOptions& o) {
   c.heldout = all.Sub(cut, all.size());
   c.end_of_document_id = eos;
   if (c.train.empty() || c.heldout.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return DatasetError(absl::StrCat(
         "dataset.path: ", o.path, " has ", all.size(), " tokens; the hold-out split "
         "(holdout_fraction ", o.holdout_fraction, ") left the ",
         c.train.empty() ? "train" : "held-out", " side empty"));
@@ -201,7 +202,7 @@ absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options) {
     (held ? heldout_docs : train_docs).push_back(&docs[i]);
   }
   if (train_docs.empty() || heldout_docs.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return DatasetError(absl::StrCat(
         "dataset.path: ", options.path, " has ", docs.size(),
         " documents; the train/held-out split left one side empty"));
   }
@@ -229,6 +230,21 @@ absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options) {
   ASSIGN_OR_RETURN(c.train, encode(train_docs, &c.train_document_starts));
   ASSIGN_OR_RETURN(c.heldout, encode(heldout_docs, &c.heldout_document_starts));
   return c;
+}
+
+absl::StatusOr<std::vector<std::string>> CorpusFiles(const CorpusOptions& options) {
+  if (options.format == "tokens") return ListTokenFiles(options.path);
+  if (options.format == "jsonl") return ListJsonlFiles(options.path);
+  if (!options.format.empty() && options.format != "text") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.format: \"", options.format, "\" is not text, jsonl or tokens"));
+  }
+  struct stat st;
+  if (stat(options.path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("dataset.path: ", options.path, " does not exist"));
+  }
+  if (!S_ISDIR(st.st_mode)) return std::vector<std::string>{options.path};
+  return ListCorpusFiles(options.path);
 }
 
 DocumentBoundaries TrainBoundaries(const Corpus& c) {

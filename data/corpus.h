@@ -95,9 +95,16 @@ std::vector<std::string> SplitFortuneRecords(absl::string_view text);
 // one): NOT_FOUND (path), INVALID_ARGUMENT "dataset.holdout_fraction: ...", invalid UTF-8
 // (SentencePiece, JSONL) or JSON, a missing text field, a token id >= vocab_size, a token file
 // size that is not a multiple of the token width, "model.config.vocab_size/bos_token_id/
-// eos_token_id" disagreeing with the tokenizer; FAILED_PRECONDITION when a side of the split
-// ends up empty.
+// eos_token_id" disagreeing with the tokenizer; a dataset error (data/dataset_error.h) when a
+// side of the split ends up empty.
 absl::StatusOr<Corpus> LoadCorpus(const CorpusOptions& options);
+
+// The files LoadCorpus reads for `options.path` and `options.format`, in the order it reads them
+// (the single file, or the directory's files in name order: text skips *.dat and *.u8, jsonl
+// takes *.jsonl, tokens *.bin; symbolic links and other non-regular entries are skipped).
+// Errors as LoadCorpus's: NOT_FOUND naming dataset.path, FAILED_PRECONDITION for a directory
+// without files of the format, INVALID_ARGUMENT for an unknown format.
+absl::StatusOr<std::vector<std::string>> CorpusFiles(const CorpusOptions& options);
 
 // splitmix64 finaliser: a well-mixed 64-bit hash.
 uint64_t Mix64(uint64_t x);

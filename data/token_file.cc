@@ -72,27 +72,27 @@ absl::StatusOr<int> TokenWidthFromDtype(absl::string_view dtype) {
       absl::StrCat("dataset.token_dtype: \"", dtype, "\" is not uint16 or uint32"));
 }
 
-absl::StatusOr<TokenStream> MapTokenFiles(const std::string& path, int width) {
+absl::StatusOr<std::vector<std::string>> ListTokenFiles(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("dataset.path: ", path, " does not exist"));
   }
-  std::vector<std::string> files;
-  if (S_ISDIR(st.st_mode)) {
-    absl::StatusOr<std::vector<std::string>> listed = ListRegularFiles(
-        path, [](absl::string_view name) { return absl::EndsWith(name, ".bin"); });
-    if (!listed.ok()) {
-      return absl::Status(listed.status().code(),
-                          absl::StrCat("dataset.path: ", listed.status().message()));
-    }
-    files = std::move(*listed);
-    if (files.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("dataset.path: ", path, " holds no .bin token files"));
-    }
-  } else {
-    files.push_back(path);
+  if (!S_ISDIR(st.st_mode)) return std::vector<std::string>{path};
+  absl::StatusOr<std::vector<std::string>> listed = ListRegularFiles(
+      path, [](absl::string_view name) { return absl::EndsWith(name, ".bin"); });
+  if (!listed.ok()) {
+    return absl::Status(listed.status().code(),
+                        absl::StrCat("dataset.path: ", listed.status().message()));
   }
+  if (listed->empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset.path: ", path, " holds no .bin token files"));
+  }
+  return listed;
+}
+
+absl::StatusOr<TokenStream> MapTokenFiles(const std::string& path, int width) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> files, ListTokenFiles(path));
   std::vector<TokenStream::Segment> segments;
   for (const std::string& f : files) {
     ASSIGN_OR_RETURN(TokenStream::Segment s, MapOne(f, width));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -17,6 +18,11 @@ namespace loom::data {
 
 // "uint16" -> 2, "uint32" -> 4; INVALID_ARGUMENT "dataset.token_dtype: ..." otherwise.
 absl::StatusOr<int> TokenWidthFromDtype(absl::string_view dtype);
+
+// The files `path` names as a token data set: itself, or a directory's regular, non-symlink
+// files ending in ".bin", in name order. NOT_FOUND if path does not exist, FAILED_PRECONDITION
+// for a directory without .bin files; errors name dataset.path.
+absl::StatusOr<std::vector<std::string>> ListTokenFiles(const std::string& path);
 
 // Maps `path`: one file, or a directory whose regular, non-symlink files ending in ".bin" are
 // concatenated in name order. Errors (each naming the file): NOT_FOUND if path does not exist,

@@ -19,6 +19,13 @@ RankExitClass ClassifyRankExit(const loom::v1::RankStatus& st, bool had_run) {
     out.final = true;
     return out;
   }
+  if (st.term_signal() == 0 && st.exit_code() == kTrainerExitDatasetError) {
+    // The job's data set changed since it first started, or cannot hold the job's windows:
+    // every attempt would fail the same way (or, worse, train on other data).
+    out.reason = "DatasetError";
+    out.final = true;
+    return out;
+  }
   if (st.term_signal() == 0 && st.exit_code() == kTrainerExitDataError) {
     out.reason = "DataError";
     out.failure_class = v1::FAILURE_CLASS_INFRA;
@@ -48,6 +55,8 @@ std::string RankExitMessage(int32_t rank, const std::string& node_id,
     absl::StrAppend(&msg, " (configuration error)");
   } else if (st.exit_code() == kTrainerExitDataError && st.term_signal() == 0) {
     absl::StrAppend(&msg, " (data error)");
+  } else if (st.exit_code() == kTrainerExitDatasetError && st.term_signal() == 0) {
+    absl::StrAppend(&msg, " (dataset error)");
   }
   if (!st.error().empty()) absl::StrAppend(&msg, ": ", st.error());
   return msg;

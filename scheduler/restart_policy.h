@@ -6,7 +6,10 @@
 //     "ConfigError" and no restart, since every attempt would fail the same way. 65 (data error: a
 //     checkpoint failed its CRC-32 check) is reason "DataError", class INFRA: it is charged to
 //     the infra budget, never the user's, and the next attempt's resume point is verified and the
-//     corrupt step skipped (storage/checkpoint/resume_point.h). Otherwise as before: OOM for an
+//     corrupt step skipped (storage/checkpoint/resume_point.h). 66 (dataset error: the job's
+//     data set changed since its first start, or is too small for it; data/dataset_error.h) is
+//     final like 78, reason "DatasetError", class USER: restarting would fail the same way, or
+//     resume the job's trajectory on other data. Otherwise as before: OOM for an
 //     out-of-memory error or exit 137, SETUP for a rank that never ran and could not start
 //     (126/127) or rendezvous, USER otherwise.
 //   * Failure attribution (CauseScore, IsLikelierCause). When one rank dies, its peers fail too
@@ -37,7 +40,8 @@ inline constexpr size_t kMaxHistoryMessageBytes = 2048;
 
 struct RankExitClass {
   loom::v1::FailureClass failure_class = loom::v1::FAILURE_CLASS_USER;
-  std::string reason = "RankFailed";  // "RankFailed", "ConfigError" or "DataError"
+  // "RankFailed", "ConfigError", "DatasetError" or "DataError"
+  std::string reason = "RankFailed";
   bool final = false;                 // no restart, whatever the budget says
 };
 

@@ -26,6 +26,17 @@ TEST(RestartPolicyTest, ClassifiesTrainerExitCodes) {
   EXPECT_FALSE(data.final);
   EXPECT_EQ(data.reason, "DataError");
   EXPECT_EQ(data.failure_class, loom::v1::FAILURE_CLASS_INFRA);
+  // Issue 42 defect 5: a dataset that changed under the job (or cannot hold its windows) is
+  // final, never retried on either budget.
+  RankExitClass dataset = ClassifyRankExit(
+      Exit(kTrainerExitDatasetError, "dataset.path: /data/x.txt changed since the job first "
+                                     "started: size 542789 -> 414383 bytes"),
+      true);
+  EXPECT_EQ(kTrainerExitDatasetError, 66);
+  EXPECT_TRUE(dataset.final);
+  EXPECT_EQ(dataset.reason, "DatasetError");
+  EXPECT_EQ(dataset.failure_class, loom::v1::FAILURE_CLASS_USER);
+  EXPECT_FALSE(ClassifyRankExit(Exit(kTrainerExitDatasetError, "", 1), true).final);
   EXPECT_EQ(ClassifyRankExit(Exit(1, "boom"), true).failure_class, loom::v1::FAILURE_CLASS_USER);
   EXPECT_EQ(ClassifyRankExit(Exit(137, "", 9), true).failure_class, loom::v1::FAILURE_CLASS_OOM);
   EXPECT_EQ(ClassifyRankExit(Exit(127, "not found"), false).failure_class,
@@ -39,6 +50,8 @@ TEST(RestartPolicyTest, ExitMessagesNameTheSignalAndTheMeaning) {
             "rank 0 on node a exited with code 137 (killed by signal 9, SIGKILL)");
   EXPECT_EQ(RankExitMessage(1, "b", Exit(kTrainerExitConfigError, "bad")),
             "rank 1 on node b exited with code 78 (configuration error): bad");
+  EXPECT_EQ(RankExitMessage(0, "a", Exit(kTrainerExitDatasetError, "dataset.path: /d changed")),
+            "rank 0 on node a exited with code 66 (dataset error): dataset.path: /d changed");
 }
 
 TEST(RestartPolicyTest, PrefersSignalledThenOwnErrorThenPeerSymptomThenFirstToExit) {

@@ -150,6 +150,25 @@ TEST_F(RestartTest, ConfigurationErrorExitFailsTheJobWithoutARestart) {
   EXPECT_TRUE(absl::StrContains(job.message(), "model.init_from")) << job.message();
 }
 
+// Issue 42 defect 5: a dataset that changed under the job fails it at once, with restarts left
+// on both budgets (it was exit 1: retried until the user's restarts were spent).
+TEST_F(RestartTest, DatasetErrorExitFailsTheJobWithoutARestart) {
+  Job job = RunTwoRankJob(/*max_restarts=*/3, /*max_infra_restarts=*/3);
+  job = FailRank(job, 0, kTrainerExitDatasetError,
+                 "dataset.path: /data/x.txt changed since the job first started: size 542789 -> "
+                 "414383 bytes");
+  EXPECT_EQ(job.phase(), loom::v1::JOB_PHASE_FAILED) << job.message();
+  EXPECT_EQ(job.reason(), "DatasetError");
+  EXPECT_EQ(job.failure_class(), loom::v1::FAILURE_CLASS_USER);
+  EXPECT_EQ(job.user_restarts(), 0);
+  EXPECT_EQ(job.infra_restarts(), 0);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_TRUE(absl::StrContains(job.message(), "(dataset error)")) << job.message();
+  EXPECT_TRUE(absl::StrContains(job.message(), "a dataset error fails the same way every time: "
+                                               "not restarted")) << job.message();
+  EXPECT_TRUE(absl::StrContains(job.message(), "/data/x.txt changed")) << job.message();
+}
+
 TEST_F(RestartTest, DataErrorIsChargedToTheInfraBudgetNotTheUsers) {
   Job job = RunTwoRankJob(/*max_restarts=*/0, /*max_infra_restarts=*/1);
   job = FailRank(job, 1, kTrainerExitDataError, "rank_1.shard (rank 1): CRC-32 mismatch");

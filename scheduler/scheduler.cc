@@ -302,9 +302,9 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   const char* budget = infra ? "infra" : "user";
   if (no_restart) {
     return EndJob(job_id, v1::JOB_PHASE_FAILED, failure_class, reason,
-                  absl::StrCat(message, " (attempt ", job.attempt,
-                               "; a configuration error fails the same way every time: not "
-                               "restarted)"));
+                  absl::StrCat(message, " (attempt ", job.attempt, "; a ",
+                               reason == "DatasetError" ? "dataset" : "configuration",
+                               " error fails the same way every time: not restarted)"));
   }
   if (restarts_used >= max_restarts) {
     std::string final_message = message;

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "data/dataset_error.h"
+#include "data/dataset_identity.h"
 #include "worker/engine/hf_weights.h"
 #include "worker/engine/model/tiled_ops.h"
 #include "worker/engine/model_execution.h"
@@ -169,13 +171,37 @@ absl::Status Trainer::SetUp(int64_t* start_step) {
   corpus_options.record_dir = o_.checkpoint_dir;
   corpus_options.rank = coll_.rank();
   corpus_options.world_size = coll_.world_size();
+  // The data must be the data the job first started on (data/dataset_identity.h): recorded in
+  // the checkpoint directory at the first start (rank 0 writes it), compared by every rank at
+  // every later start, before the corpus is loaded. A change is a dataset error (exit 66, not
+  // restarted) naming the file; every rank sees the same files, so every rank exits with it.
+  if (!o_.checkpoint_dir.empty()) {
+    ASSIGN_OR_RETURN(data::DatasetIdentityCheck check,
+                     data::CheckOrRecordDatasetIdentity(corpus_options, o_.checkpoint_dir,
+                                                        /*write=*/coll_.rank() == 0,
+                                                        /*resuming=*/!o_.resume_from.empty()));
+    if (check.verified || check.recorded) {
+      LOG(INFO) << "dataset identity " << (check.verified ? "verified" : "recorded") << ": "
+                << check.identity.files.size() << " file(s), " << check.identity.total_bytes()
+                << " bytes hashed (SHA-256) in " << absl::FormatDuration(check.elapsed);
+    }
+    for (const std::string& w : check.warnings) {
+      LOG(WARNING) << w;
+      Emit(WarningEvent(w));
+    }
+  }
   ASSIGN_OR_RETURN(corpus_, data::LoadCorpus(corpus_options));
   const int64_t w = o_.sequence_length + 1;
   if (static_cast<int64_t>(corpus_.train.size()) < w ||
       static_cast<int64_t>(corpus_.heldout.size()) < w) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "training.sequence_length: ", o_.sequence_length, " + 1 tokens do not fit the corpus (",
-        corpus_.train.size(), " train, ", corpus_.heldout.size(), " held-out tokens)"));
+    // A property of the data (for this job's sequence length): the same at every attempt, so a
+    // dataset error, not retried. A file truncated under a job that recorded its identity is
+    // refused above, naming what changed; this catches jobs from before that, and data too small
+    // from the start.
+    return data::DatasetError(absl::StrCat(
+        "dataset.path: ", o_.data.path, ": training.sequence_length ", o_.sequence_length,
+        " + 1 tokens do not fit the corpus (", corpus_.train.size(), " train, ",
+        corpus_.heldout.size(), " held-out tokens)"));
   }
   std::unique_ptr<HfWeights> init;
   if (!o_.init_from.empty() && o_.resume_from.empty()) {  // a resume loads its own weights

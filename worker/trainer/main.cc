@@ -25,7 +25,9 @@
 // Logs go to stderr. Exit codes (worker/trainer/exit_codes.h): 0 done, or stopped gracefully
 // (SIGUSR1: checkpoint at the next step boundary every rank agrees on, then stop; the last event
 // says which); 1 runtime error (collective failure, I/O, LibTorch); 65 data error (a checkpoint
-// to resume from fails its size or CRC-32 check: DATA_LOSS); 78 invalid flags/spec/config
+// to resume from fails its size or CRC-32 check: DATA_LOSS); 66 dataset error (the data set
+// changed since the job first started, or is too small for it: data/dataset_error.h; not
+// retried); 78 invalid flags/spec/config
 // (INVALID_ARGUMENT: the scheduler does not retry it); 143 stopped by SIGTERM/SIGINT at a step
 // boundary (a second signal exits 143 immediately). At the end rank 0 writes
 // <checkpoint_dir>/final_logits.json.
@@ -49,6 +51,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/net_address.h"
+#include "data/dataset_error.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/device.h"
 #include "worker/engine/engine.h"
@@ -127,6 +130,7 @@ constexpr int kConfigError = loom::kTrainerExitConfigError;
 
 // The exit code of a failed run (exit_codes.h).
 int ExitCodeFor(const absl::Status& status) {
+  if (loom::data::IsDatasetError(status)) return loom::kTrainerExitDatasetError;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
       return kConfigError;
