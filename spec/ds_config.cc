@@ -303,7 +303,11 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
   if (zc.allgather_bucket_size <= 0) {
     return Invalid(Join(path, "allgather_bucket_size"), "must be > 0");
   }
-  if (zc.sub_group_size <= 0) return Invalid(Join(path, "sub_group_size"), "must be > 0");
+  // DeepSpeed accepts 0 (pydantic ge=0): its stage 3 closes a sub-group once it holds
+  // sub_group_size elements, so 0 puts every parameter in its own sub-group, as 1 does here
+  // (axolotl's zero3 configs say 0).
+  if (zc.sub_group_size < 0) return Invalid(Join(path, "sub_group_size"), "must be >= 0");
+  if (zc.sub_group_size == 0) zc.sub_group_size = 1;
   for (const auto& [key, v] :
        {std::pair<const char*, int64_t>{"stage3_prefetch_bucket_size",
                                         zc.stage3_prefetch_bucket_size},
@@ -458,22 +462,15 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
   return ParseDeepSpeedConfigValue(root, world_size);
 }
 
-absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& root,
+absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& written,
                                                           int world_size) {
   if (world_size < 1) return Invalid("world_size", absl::StrCat(world_size, " must be >= 1"));
-  if (!root.is_object()) return Invalid(kRoot, "not a JSON object");
-  RETURN_IF_ERROR(CheckKeys(
-      root, kRoot,
-      {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-       "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
-       "zero_optimization", "bf16", "bfloat16", "fp16", "amp", "zero_allow_untested_optimizer",
-       "zero_force_ds_cpu_optimizer", "communication_data_type",
-       "seq_parallel_communication_data_type", "sequence_parallel_size", "aio",
-       "activation_checkpointing", "compile", "prescale_gradients", "gradient_predivide_factor",
-       "dump_state", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
-       "memory_breakdown", "checkpoint", "data_types", "elasticity", "curriculum_learning",
-       "data_efficiency", "disable_allgather", "sparse_gradients", "timers"}));
+  if (!written.is_object()) return Invalid(kRoot, "not a JSON object");
+  // One spelling of each ZeRO key (ds_config_keys.cc); the copy is small next to the parse.
+  json root = written;
+  RETURN_IF_ERROR(ds_config_internal::NormalizeZeroAliases(&root));
   DeepSpeedConfig c;
+  RETURN_IF_ERROR(ds_config_internal::CheckRootKeys(root, &c.warnings));
   // Ulysses (ds_config_sequence_parallel.cc): the batch counts data-parallel ranks, world / P.
   RETURN_IF_ERROR(ds_config_internal::ParseSequenceParallel(root, world_size, &c));
   const int dp = world_size / static_cast<int>(c.sequence_parallel_size);

@@ -214,6 +214,14 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_tex
 absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& root,
                                                           int world_size);
 
+// Rewrites DeepSpeed's alias spellings of zero_optimization keys (prefetch_bucket_size,
+// param_persistence_threshold, max_live_parameters, gather_16bit_weights_on_model_save, ...,
+// and the deprecated stage3_gather_fp16_weights_on_model_save) to their stage3_ names, as
+// DeepSpeed's pydantic model accepts both. The parser does this itself; Hugging Face's "auto"
+// resolution (hf_trainer_config.h) calls it first. INVALID_ARGUMENT naming the alias when both
+// spellings carry different values.
+absl::Status NormalizeDeepSpeedAliases(nlohmann::json* ds);
+
 // Learning rate used by optimizer step `step` (0-based: the first step is 0). DeepSpeed builds
 // the scheduler with last_batch_iteration = -1 (which sets the lr once) and calls
 // scheduler.step() after every optimizer step, so step s runs with last_batch_iteration = s - 1:

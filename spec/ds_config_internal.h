@@ -33,14 +33,19 @@ inline absl::Status Unsupported(const std::string& path, const std::string& what
   return Invalid(path, absl::StrCat(what, " is not supported yet"));
 }
 
-// Rejects keys of `obj` outside `known`, a literal list {"a", "b", ...} scanned in place (a set
+// Rejects keys of `obj` outside `known` ("unknown key", with "(did you mean <key>?)" when one
+// is near: json_fields::NearestKey), a literal list {"a", "b", ...} scanned in place (a set
 // of strings built per call was most of a DeepSpeed config's parse, which runs for every
 // submission: docs/benchmarks.md "Control plane at cluster scale").
 inline absl::Status CheckKeys(const json& obj, const std::string& path,
                               std::initializer_list<absl::string_view> known) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     if (std::find(known.begin(), known.end(), absl::string_view(it.key())) == known.end()) {
-      return Invalid(Join(path, it.key()), "unknown key");
+      // DeepSpeed's own sections refuse unknown keys too (pydantic, extra="forbid").
+      const std::string nearest = json_fields::NearestKey(it.key(), known);
+      return Invalid(Join(path, it.key()),
+                     nearest.empty() ? "unknown key"
+                                     : absl::StrCat("unknown key (did you mean ", nearest, "?)"));
     }
   }
   return absl::OkStatus();
@@ -116,6 +121,13 @@ absl::Status ParseCommunicationDataType(const json& root, DeepSpeedConfig* c);
 // The top-level "activation_checkpointing" section into c->activation_checkpointing
 // (ds_config_activation.cc); warnings for the keys that do not act.
 absl::Status ParseActivationCheckpointing(const json& root, DeepSpeedConfig* c);
+
+// ds_config_keys.cc: the top-level keys as DeepSpeed judges them (unknown ones warned about,
+// misspellings and unimplemented features refused, all in one error); warnings appended.
+absl::Status CheckRootKeys(const json& root, std::vector<std::string>* warnings);
+// zero_optimization's alias spellings rewritten to the stage3_ names; INVALID_ARGUMENT when both
+// spellings are given with different values.
+absl::Status NormalizeZeroAliases(json* root);
 
 }  // namespace loom::spec::ds_config_internal
 

@@ -132,8 +132,14 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
   const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "foo": 1}})", 2,
               "deepspeed_config.zero_optimization.foo: unknown key");
-  ExpectError("{" + ok + R"(, "bogus": 1, "zero_optimization": {"stage": 3}})", 2,
-              "deepspeed_config.bogus: unknown key");
+  // A top-level key near one Loom reads is a misspelling (DeepSpeed would ignore it and train
+  // without clipping); every such problem of the top level comes in one answer.
+  ExpectError("{" + ok + R"(, "gradient_clippping": 1, "zero_optimizaton": {"stage": 3}})", 2,
+              "deepspeed_config.gradient_clippping: unknown key (did you mean gradient_clipping?); "
+              "deepspeed_config.zero_optimizaton: unknown key (did you mean zero_optimization?)");
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "reduce_bucket_sise": 1}})", 2,
+              "deepspeed_config.zero_optimization.reduce_bucket_sise: unknown key (did you mean "
+              "reduce_bucket_size?)");
   ExpectError("{" + ok + R"(, "fp16": {"enabled": true}, "bf16": {"enabled": true}})", 2,
               "deepspeed_config.bf16.enabled: fp16 and bf16 cannot both be enabled");
   ExpectError("{" + ok + R"(, "fp16": {"enabled": true, "auto_cast": true}})", 2,
@@ -581,6 +587,45 @@ TEST(ParseDeepSpeedConfigTest, CommunicationDataType) {
   EXPECT_THAT(parse(R"(, "communication_data_type": 16)").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "deepspeed_config.communication_data_type"));
+}
+
+// Issue 47: DeepSpeed's own leniency. Keys DeepSpeed does not read are warned about, not refused;
+// DeepSpeed features Loom lacks are named as such (refused when they would act, warned about when
+// switched off); ZeRO's alias spellings are DeepSpeed's.
+TEST(ParseDeepSpeedConfigTest, KeysAreJudgedAsDeepSpeedJudgesThem) {
+  const std::string ok = R"("train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"})";
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(
+      "{" + ok + R"(, "_comment": "x", "comms_config": {"verbose": false},
+      "tensor_parallel": {"autotp_size": 1}, "autotuning": {"enabled": false}})", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->warnings,
+            (std::vector<std::string>{
+                "deepspeed_config._comment: ignored (not a DeepSpeed key: DeepSpeed's config "
+                "reader does not read it either)",
+                "deepspeed_config.autotuning: ignored (a DeepSpeed setting that cannot change "
+                "what Loom computes)",
+                "deepspeed_config.comms_config: ignored (not a DeepSpeed key: DeepSpeed's config "
+                "reader does not read it either)",
+                "deepspeed_config.tensor_parallel: ignored (tensor parallelism (AutoTP) is "
+                "switched off here, and not implemented in Loom)"}));
+  ExpectError("{" + ok + R"(, "tensor_parallel": {"autotp_size": 2},
+      "hybrid_engine": {"enabled": true}})", 2,
+              "deepspeed_config.hybrid_engine: the RLHF hybrid engine is not implemented in Loom; "
+              "deepspeed_config.tensor_parallel: tensor parallelism (AutoTP) is not implemented "
+              "in Loom");
+  // axolotl's spellings: DeepSpeed's pydantic aliases.
+  c = ParseDeepSpeedConfig("{" + ok + R"(, "zero_optimization": {"stage": 3,
+      "prefetch_bucket_size": 1000, "param_persistence_threshold": 7, "max_live_parameters": 5,
+      "gather_16bit_weights_on_model_save": true}})", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero.stage3_prefetch_bucket_size, 1000);
+  EXPECT_EQ(c->zero.stage3_param_persistence_threshold, 7);
+  EXPECT_EQ(c->zero.stage3_max_live_parameters, 5);
+  EXPECT_TRUE(c->zero.stage3_gather_16bit_weights_on_model_save);
+  ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1,
+      "stage3_prefetch_bucket_size": 2}})", 2,
+              "deepspeed_config.zero_optimization.prefetch_bucket_size: and "
+              "stage3_prefetch_bucket_size are the same setting with different values");
 }
 
 }  // namespace

@@ -228,6 +228,36 @@ absl::Status ResolveHfTrainerValues(const loom::v1::TrainingSpec& training, int6
                               {std::max<int64_t>(1, a.warmup_steps), warmup_given,
                                "max(1, training.warmup_steps)", true}));
 
+  // No batch size at all: DeepSpeed alone refuses it, but under the Trainer accelerate sets
+  // train_micro_batch_size_per_gpu to per_device_train_batch_size; so does Loom.
+  if (!ds->contains("train_micro_batch_size_per_gpu") && !ds->contains("train_batch_size")) {
+    (*ds)["train_micro_batch_size_per_gpu"] = a.micro.value;
+    notes->push_back(absl::StrCat(kRoot, ".train_micro_batch_size_per_gpu: none given -> ",
+                                  Show(a.micro.value), " (", a.micro.Source(), ")"));
+  }
+  // DeepSpeed's pydantic sections drop "auto" (config_utils.py), so an "auto" the Trainer did
+  // not fill under zero_optimization is DeepSpeed's default: axolotl's prefetch_bucket_size
+  // "auto" (an alias spelling the Trainer does not fill) trains with 5e7.
+  if (auto zero = ds->find("zero_optimization"); zero != ds->end() && zero->is_object()) {
+    std::vector<std::string> zero_autos;
+    FindAutos(*zero, absl::StrCat(kRoot, ".zero_optimization"), &zero_autos);
+    for (const std::string& path : zero_autos) {
+      // Top-level keys of the section and of its offload blocks.
+      const std::string rest = path.substr(std::string(kRoot).size() + 19);  // ".zero_optimization."
+      json* parent = &*zero;
+      std::string leaf = rest;
+      if (const size_t dot = rest.find('.'); dot != std::string::npos) {
+        auto block = zero->find(rest.substr(0, dot));
+        if (block == zero->end() || !block->is_object()) continue;
+        parent = &*block;
+        leaf = rest.substr(dot + 1);
+      }
+      if (leaf.find('.') != std::string::npos || leaf.find('[') != std::string::npos) continue;
+      parent->erase(leaf);
+      notes->push_back(absl::StrCat(path, ": \"auto\" -> DeepSpeed's default (its config models "
+                                    "drop \"auto\"; the Trainer fills only the keys above)"));
+    }
+  }
   std::vector<std::string> left;
   FindAutos(*ds, kRoot, &left);
   if (!left.empty()) {
@@ -279,7 +309,22 @@ absl::StatusOr<DeepSpeedConfig> ParseJobDeepSpeedConfig(const loom::v1::JobSpec&
   bool trainer_mode = false;
   RETURN_IF_ERROR(
       ResolveHfTrainerValues(spec.training(), hidden_size, dp, &ds, &notes, &trainer_mode));
+  // DeepSpeed 0.19 clips at 1.0 when gradient_clipping is absent (GRADIENT_CLIPPING_DEFAULT;
+  // older releases did not clip). A Trainer config gets DeepSpeed's current default, which is
+  // also the Trainer's max_grad_norm; a plain DeepSpeed config keeps Loom's earlier reading (no
+  // clipping), said in a warning, so that existing jobs keep their trajectories.
+  const bool clipping_given = ds.contains("gradient_clipping");
+  if (!clipping_given && trainer_mode) {
+    ds["gradient_clipping"] = 1.0;
+    notes.push_back(absl::StrCat(kRoot, ".gradient_clipping: none given -> 1.0 (DeepSpeed 0.19's "
+                                 "default, and the Trainer's max_grad_norm)"));
+  }
   ASSIGN_OR_RETURN(DeepSpeedConfig c, ParseDeepSpeedConfigValue(ds, world_size));
+  if (!clipping_given && !trainer_mode) {
+    c.warnings.push_back(absl::StrCat(kRoot, ".gradient_clipping: not given: no clipping "
+                                      "(DeepSpeed 0.19 clips at 1.0 by default; give the key to "
+                                      "choose)"));
+  }
   const loom::v1::TrainingSpec& t = spec.training();
   const bool has_scheduler = ds.contains("scheduler") && !ds["scheduler"].is_null();
   if (!has_scheduler && trainer_mode) {

@@ -143,15 +143,23 @@ TEST(HfTrainerConfigTest, ContradictionsAndUnresolvableAutosAreRefusedNamingBoth
   // The same value twice is fine, 4 and 4.0 alike.
   EXPECT_TRUE(ParseJobDeepSpeedConfig(Job(ds, {{"learning_rate", 1e-4},
                                                {"per_device_train_batch_size", 4}}), 64, 1).ok());
-  // "auto" where the Trainer does not resolve it.
-  ds["zero_optimization"] = {{"stage", 3}, {"stage3_max_live_parameters", "auto"}};
+  // "auto" the Trainer leaves under zero_optimization is DeepSpeed's default (its pydantic
+  // models drop it), the alias spellings included; elsewhere it is refused naming it.
+  ds["zero_optimization"] = {{"stage", 3}, {"stage3_max_live_parameters", "auto"},
+                             {"prefetch_bucket_size", "auto"}};
+  c = ParseJobDeepSpeedConfig(Job(ds), 64, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(c->zero.stage3_prefetch_bucket_size, 50000000);
+  ds["steps_per_print"] = "auto";
   c = ParseJobDeepSpeedConfig(Job(ds), 64, 1);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message().rfind(
-                "deepspeed_config.zero_optimization.stage3_max_live_parameters: \"auto\" is "
-                "resolved only where Hugging Face's Trainer resolves it", 0),
+                "deepspeed_config.steps_per_print: \"auto\" is resolved only where Hugging "
+                "Face's Trainer resolves it", 0),
             0u)
       << c.status();
+  ds.erase("steps_per_print");
   c = ParseJobDeepSpeedConfig(
       Job({{"train_micro_batch_size_per_gpu", 4}}, {{"lr_scheduler_type", "polynomial"}}), 64, 1);
   ASSERT_FALSE(c.ok());

@@ -5,6 +5,7 @@
 #ifndef LOOM_SPEC_JSON_FIELDS_H_
 #define LOOM_SPEC_JSON_FIELDS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -30,6 +31,28 @@ absl::StatusOr<std::optional<std::string>> OptString(const nlohmann::json& obj,
 
 // "<path>.<key>" (or just key when path is empty).
 std::string Join(const std::string& path, const std::string& key);
+
+// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions; bytes).
+// Hand-written: neither absl nor the standard library offers one, and 20 lines beat a new
+// dependency for key names of ~30 bytes.
+int EditDistance(const std::string& a, const std::string& b);
+
+// The candidate nearest to `key` within edit distance max(2, key.size() / 4) (the first of
+// equals), or "" if none is that near: the "did you mean" of a misspelt key.
+template <typename Range>
+std::string NearestKey(const std::string& key, const Range& candidates) {
+  std::string nearest;
+  int best = std::max<int>(2, static_cast<int>(key.size()) / 4) + 1;
+  for (const auto& candidate : candidates) {
+    const std::string c(candidate);
+    const int d = EditDistance(key, c);
+    if (d < best && d > 0) {
+      best = d;
+      nearest = c;
+    }
+  }
+  return nearest;
+}
 
 }  // namespace loom::spec::json_fields
 

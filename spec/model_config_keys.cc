@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "spec/json_fields.h"
 
 namespace loom::spec {
 namespace {
@@ -39,21 +40,6 @@ constexpr const char* kOtherHfKeys[] = {
 
 }  // namespace
 
-int EditDistance(const std::string& a, const std::string& b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diagonal = row[0];
-    row[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const int above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 std::vector<std::string> UnknownModelConfigKeyWarnings(const nlohmann::json& config) {
   std::vector<std::string> warnings;
   if (!config.is_object()) return warnings;
@@ -65,15 +51,7 @@ std::vector<std::string> UnknownModelConfigKeyWarnings(const nlohmann::json& con
   };
   for (const auto& [key, value] : config.items()) {
     if (known(key)) continue;
-    std::string nearest;
-    int best = std::max<int>(2, static_cast<int>(key.size()) / 4) + 1;
-    for (const char* k : kLoomKeys) {
-      const int d = EditDistance(key, k);
-      if (d < best) {
-        best = d;
-        nearest = k;
-      }
-    }
+    const std::string nearest = json_fields::NearestKey(key, kLoomKeys);
     const std::string shown = nlohmann::json(key).dump(-1, ' ', false,
                                                        nlohmann::json::error_handler_t::replace);
     warnings.push_back(absl::StrCat(

@@ -22,11 +22,6 @@ namespace loom::spec {
 // "model.config.<key>: unknown key, ignored". Keys are shown escaped (JSON string syntax).
 std::vector<std::string> UnknownModelConfigKeyWarnings(const nlohmann::json& config);
 
-// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions; bytes).
-// Hand-written: neither absl nor the standard library offers one, and 20 lines beat a new
-// dependency for names of ~30 bytes.
-int EditDistance(const std::string& a, const std::string& b);
-
 }  // namespace loom::spec
 
 #endif  // LOOM_SPEC_MODEL_CONFIG_KEYS_H_

@@ -1,4 +1,5 @@
 #include "spec/model_config.h"
+#include "spec/json_fields.h"
 #include "spec/model_config_keys.h"
 
 #include <nlohmann/json.hpp>
@@ -262,9 +263,9 @@ TEST(ParseLlamaConfigTest, UnknownKeysWarnNamingTheNearestKnownOne) {
   // A control character in a key is shown escaped.
   EXPECT_EQ(UnknownModelConfigKeyWarnings(nlohmann::json{{"a\nb", 1}}),
             std::vector<std::string>{"model.config.a\\nb: unknown key, ignored"});
-  EXPECT_EQ(EditDistance("rms_norm_epsilon", "rms_norm_eps"), 4);
-  EXPECT_EQ(EditDistance("", "abc"), 3);
-  EXPECT_EQ(EditDistance("kitten", "sitting"), 3);
+  EXPECT_EQ(json_fields::EditDistance("rms_norm_epsilon", "rms_norm_eps"), 4);
+  EXPECT_EQ(json_fields::EditDistance("", "abc"), 3);
+  EXPECT_EQ(json_fields::EditDistance("kitten", "sitting"), 3);
 }
 
 // Issue 42 defect 8: a Qwen2 export of a config without token ids gained bos_token_id 1 and
