@@ -13,6 +13,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <thread>
 #include <utility>
@@ -105,6 +106,68 @@ std::string RepeatedSingletonHeader(const httplib::Request& req) {
   return "";
 }
 
+// An answer refusing a request from its headers alone, before its body is read.
+struct Refusal {
+  int http_status = 0;
+  grpc::StatusCode code = grpc::StatusCode::INVALID_ARGUMENT;
+  std::string message;
+};
+
+// The request's Transfer-Encoding, when httplib would frame its body differently from an HTTP/1.1
+// proxy in front: a refusal, as nginx answers it (ngx_http_process_request_header); nothing when
+// the request has none or exactly one "chunked". httplib reads a body as chunked only when the
+// first Transfer-Encoding header is exactly "chunked", and otherwise by Content-Length, or, without
+// one, until the client closes (a POST to a route without a body reader: read whole into memory).
+std::optional<Refusal> TransferEncodingProblem(const httplib::Request& req) {
+  const size_t count = req.get_header_value_count("Transfer-Encoding");
+  if (count == 0) return std::nullopt;
+  const std::string value = req.get_header_value("Transfer-Encoding");
+  if (req.version == "HTTP/1.0") {
+    return Refusal{400, grpc::StatusCode::INVALID_ARGUMENT,
+                   "an HTTP/1.0 request cannot carry a Transfer-Encoding header"};
+  }
+  if (count > 1) {
+    return Refusal{400, grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat("the request has ", count, " Transfer-Encoding headers; send one")};
+  }
+  if (!absl::EqualsIgnoreCase(value, "chunked")) {
+    // RFC 9112 section 6.1: a transfer coding the server does not understand is 501.
+    return Refusal{501, grpc::StatusCode::UNIMPLEMENTED,
+                   absl::StrCat("Transfer-Encoding '", internal::Printable(value, 64),
+                                "' is not supported (only 'chunked')")};
+  }
+  if (req.has_header("Content-Length")) {
+    // RFC 9112 section 6.3: the two disagree on the framing (request smuggling); close after.
+    return Refusal{400, grpc::StatusCode::INVALID_ARGUMENT,
+                   "the request has both Transfer-Encoding and Content-Length headers"};
+  }
+  return std::nullopt;
+}
+
+// Whether `route` serves `method` (HEAD as GET, as httplib dispatches it).
+bool Serves(const internal::RouteInfo& route, const std::string& method) {
+  const std::string wanted = method == "HEAD" ? "GET" : method;
+  for (absl::string_view m : absl::StrSplit(route.methods, ", ")) {
+    if (m == wanted) return true;
+  }
+  return false;
+}
+
+// Whether the handler for `method` on `route` reads a request body: the POST routes do, each
+// through internal::ReadBody (at most max_body_bytes, counted while reading, chunked or not).
+// httplib reads the body of any other POST, PUT, PATCH or DELETE itself, before its handler or its
+// 404, whole into memory when it is chunked or has no length (payload_max_length counts only a
+// Content-Length); and it leaves the body of a GET unread, to be parsed as the next request.
+bool ReadsBody(const internal::RouteInfo* route, const std::string& method) {
+  return route != nullptr && method == "POST" && Serves(*route, method);
+}
+
+// Whether httplib would read a body for `method` (its detail::expect_content).
+bool LibraryReadsBody(const std::string& method) {
+  return method == "POST" || method == "PUT" || method == "PATCH" || method == "PRI" ||
+         method == "DELETE";
+}
+
 // DeclaredLength: the declared Content-Length, or -1 when there is none or it is not a number.
 int64_t DeclaredLength(const httplib::Request& req) {
   int64_t length = -1;
@@ -113,6 +176,53 @@ int64_t DeclaredLength(const httplib::Request& req) {
     return -1;
   }
   return length;
+}
+
+// The request's body judged from its headers alone, before any of it is read and before the
+// token check: 413 for a declared Content-Length over `max_body`, and for any body (a
+// Content-Length over 0, or chunked) sent to a route and method that take none, whose limit is
+// thus 0 bytes. nginx answers the same 413 for a body over a location's client_max_body_size
+// (from a declared length before reading, while reading a chunked one); RFC 9110 section 9.3.1
+// allows refusing content on a GET and closing the connection, as a request smuggling risk.
+// Routes and methods that are not served at all get their 404 or 405 instead (WriteNoRoute).
+std::optional<Refusal> BodySizeProblem(const httplib::Request& req, size_t max_body) {
+  const int64_t declared = DeclaredLength(req);
+  if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
+    return Refusal{413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(declared, max_body)};
+  }
+  if (!internal::DeclaresBody(req)) return std::nullopt;
+  const internal::RouteInfo* route = internal::FindRoute(req.path);
+  if (route == nullptr || !Serves(*route, req.method) || ReadsBody(route, req.method)) {
+    return std::nullopt;
+  }
+  return Refusal{413, grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat(req.method, " ", route->route, " takes no request body (this one ",
+                              declared > 0 ? absl::StrCat("declares ", declared, " bytes")
+                                           : std::string("is chunked"),
+                              ")")};
+}
+
+// The 404 (no route serves the path) or 405 with `Allow` (the path is served under other
+// methods) for `req`; with `close`, the connection is closed after the answer.
+void WriteNoRoute(const httplib::Request& req, httplib::Response& res, bool close) {
+  const std::string allow = AllowedMethods(req.path);
+  auto write = [&](int status, grpc::StatusCode code, const std::string& message) {
+    if (close) {
+      internal::WriteHttpErrorAndClose(res, status, code, message);
+    } else {
+      WriteHttpError(res, status, code, message);
+    }
+  };
+  if (allow.empty()) {
+    write(404, grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("no route for ", internal::Printable(req.method), " ",
+                       internal::Printable(req.path)));
+    return;
+  }
+  res.set_header("Allow", allow);
+  write(405, grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("method ", internal::Printable(req.method), " is not allowed on ",
+                     internal::Printable(req.path), " (allowed: ", allow, ")"));
 }
 
 // The answer when building an error answer failed (out of memory, ...): fixed text.
@@ -134,21 +244,9 @@ thread_local absl::Time request_start;
 // (or 405 for a path served under other methods), a gRPC code and a message saying what was wrong.
 void WriteLibraryError(const httplib::Request& req, httplib::Response& res) {
   switch (res.status) {
-    case 404: {
-      const std::string allow = AllowedMethods(req.path);
-      if (allow.empty()) {
-        WriteError(res, grpc::StatusCode::NOT_FOUND,
-                   absl::StrCat("no route for ", internal::Printable(req.method), " ",
-                                internal::Printable(req.path)));
-        return;
-      }
-      res.set_header("Allow", allow);
-      WriteHttpError(res, 405, grpc::StatusCode::UNIMPLEMENTED,
-                     absl::StrCat("method ", internal::Printable(req.method),
-                                  " is not allowed on ", internal::Printable(req.path),
-                                  " (allowed: ", allow, ")"));
+    case 404:
+      WriteNoRoute(req, res, /*close=*/false);
       return;
-    }
     case 400:
       WriteHttpError(res, 400, grpc::StatusCode::INVALID_ARGUMENT,
                      "malformed HTTP request: its request line, headers or body could not be "
@@ -221,10 +319,15 @@ void JobGateway::Register(httplib::Server& server) {
   auto context = [this](const httplib::Request& req) {
     return internal::MakeContext(req, options_.rpc_timeout);
   };
-  // Before any body is read: a declared Content-Length over the limit is 413 (the body is not
-  // read, and the connection is closed after the answer), and with `auth` a /v1/ request (but
-  // the OpenAPI document) without a known token is 401, and one to an admin route (nodes,
-  // checkpoints) with a user token 403, as the gRPC services do.
+  // Before any body is read: a body httplib would frame otherwise than a proxy (400, 501), a
+  // declared Content-Length over the limit and any body on a route that takes none (413) are
+  // refused (the body is not read, and the connection is closed after the answer), and with
+  // `auth` a /v1/ request (but the OpenAPI document) without a known token is 401, and one to an
+  // admin route (nodes, checkpoints) with a user token 403, as the gRPC services do. A request
+  // that no route serves is answered 404 or 405 here too when httplib would read its body
+  // first. So the only bodies ever read are those of the POST routes, by internal::ReadBody,
+  // after the token check and at most max_body_bytes whether chunked or not: no client, with a
+  // token or without, makes the gateway hold more than that per request.
   const size_t max_body = options_.max_body_bytes;
   server.set_pre_routing_handler([this, max_body](const httplib::Request& req,
                                                   httplib::Response& res) {
@@ -246,17 +349,19 @@ void JobGateway::Register(httplib::Server& server) {
       internal::WriteHttpErrorAndClose(res, 400, grpc::StatusCode::INVALID_ARGUMENT, ambiguous);
       return httplib::Server::HandlerResponse::Handled;
     }
+    if (std::optional<Refusal> te = TransferEncodingProblem(req); te.has_value()) {
+      internal::WriteHttpErrorAndClose(res, te->http_status, te->code, te->message);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // Then credentials that say two things (before the token check reads the first).
     if (const std::string repeated = RepeatedSingletonHeader(req); !repeated.empty()) {
       refuse(grpc::StatusCode::INVALID_ARGUMENT, repeated);
       return httplib::Server::HandlerResponse::Handled;
     }
-    const int64_t declared = DeclaredLength(req);
-    if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
-      // Closed after the answer: a client that sends the body anyway must not have it parsed as
-      // its next request (a `Connection: close` header alone does not close it in httplib 0.11).
-      internal::WriteHttpErrorAndClose(res, 413, grpc::StatusCode::INVALID_ARGUMENT,
-                                       TooLarge(declared, max_body));
+    // Closed after the answer: a client that sends the body anyway must not have it parsed as
+    // its next request (a `Connection: close` header alone does not close it in httplib 0.11).
+    if (std::optional<Refusal> size = BodySizeProblem(req, max_body); size.has_value()) {
+      internal::WriteHttpErrorAndClose(res, size->http_status, size->code, size->message);
       return httplib::Server::HandlerResponse::Handled;
     }
     if (const std::string bad = NonUtf8Parameter(req); !bad.empty()) {
@@ -266,25 +371,35 @@ void JobGateway::Register(httplib::Server& server) {
     const internal::RouteInfo* route = internal::FindRoute(req.path);
     const bool open = route != nullptr ? route->access == Access::kOpen
                                        : !absl::StartsWith(req.path, "/v1/");
-    if (options_.auth == nullptr || open) return httplib::Server::HandlerResponse::Unhandled;
-    absl::StatusOr<Caller> caller =
-        options_.auth->Authenticate(req.get_header_value("Authorization"));
-    if (!caller.ok()) {
-      refuse(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
-      res.set_header("WWW-Authenticate", "Bearer");
-      return httplib::Server::HandlerResponse::Handled;
+    if (options_.auth != nullptr && !open) {
+      absl::StatusOr<Caller> caller =
+          options_.auth->Authenticate(req.get_header_value("Authorization"));
+      if (!caller.ok()) {
+        refuse(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+        res.set_header("WWW-Authenticate", "Bearer");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (route != nullptr && route->access == Access::kAdmin && !caller->admin()) {
+        refuse(grpc::StatusCode::PERMISSION_DENIED,
+               absl::StrCat(route->route, " needs an admin token (tenant '", caller->tenant,
+                            "' has the user role)"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
     }
-    if (route != nullptr && route->access == Access::kAdmin && !caller->admin()) {
-      refuse(grpc::StatusCode::PERMISSION_DENIED,
-             absl::StrCat(route->route, " needs an admin token (tenant '", caller->tenant,
-                          "' has the user role)"));
+    // No route serves it: httplib would read a POST, PUT, PATCH or DELETE body whole (chunked,
+    // or without a length until the client closes) before answering 404, and leave another
+    // method's body to be parsed as the next request.
+    if ((route == nullptr || !Serves(*route, req.method)) &&
+        (unread_body || LibraryReadsBody(req.method))) {
+      WriteNoRoute(req, res, /*close=*/unread_body);
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  // A client that asks before sending a large body (curl does above 1 MiB) is refused before it
-  // sends it; so is one whose length is ambiguous (this handler runs before pre-routing).
-  // httplib calls it outside its exception handling: nothing may escape.
+  // A client that asks before sending its body (curl does above 1 MiB) is refused before it
+  // sends it when the pre-routing handler would refuse the body (framing, size, a route that
+  // takes none); this handler runs before pre-routing. httplib calls it outside its exception
+  // handling: nothing may escape.
   server.set_expect_100_continue_handler([max_body](const httplib::Request& req,
                                                     httplib::Response& res) {
     try {
@@ -293,11 +408,12 @@ void JobGateway::Register(httplib::Server& server) {
                                          ambiguous);
         return 400;
       }
-      const int64_t declared = DeclaredLength(req);
-      if (declared >= 0 && static_cast<uint64_t>(declared) > max_body) {
-        WriteHttpError(res, 413, grpc::StatusCode::INVALID_ARGUMENT,
-                       TooLarge(declared, max_body));
-        return 413;
+      std::optional<Refusal> refusal = TransferEncodingProblem(req);
+      if (!refusal.has_value()) refusal = BodySizeProblem(req, max_body);
+      if (refusal.has_value()) {
+        internal::WriteHttpErrorAndClose(res, refusal->http_status, refusal->code,
+                                         refusal->message);
+        return refusal->http_status;
       }
       return 100;
     } catch (...) {

@@ -60,11 +60,15 @@
 // header for a method a served path does not take; 411 INVALID_ARGUMENT for POST /v1/jobs
 // without Content-Length (or chunked encoding); 413 INVALID_ARGUMENT for a body over
 // `max_body_bytes` (refused from the declared Content-Length before the body is read, or while
-// reading a chunked one); 400 INVALID_ARGUMENT for a request httplib cannot parse; 404 NOT_FOUND
-// for an unknown path. On a GatewayServer (gateway_server.h), a header section over its limits
-// (field count, total bytes, one line over 8192 bytes) is 431 INVALID_ARGUMENT naming the limit
-// (414 for a request line over 8192 bytes), answered before the token check, and the connection
-// is closed. Two Authorization (or Host) headers are 400 INVALID_ARGUMENT naming the header,
+// reading a chunked one), and for any body on a route that takes none (every route but the
+// POSTs; before the token check); 501 UNIMPLEMENTED for a Transfer-Encoding other than one
+// "chunked", 400 for one with Content-Length, two of them or one in HTTP/1.0; 400
+// INVALID_ARGUMENT for a request httplib cannot parse; 404 NOT_FOUND for an unknown path (404 and
+// 405 answered before httplib would read the request's body). Only the POST routes ever read a
+// body, at most `max_body_bytes` of it. On a GatewayServer (gateway_server.h), a header
+// section over its limits (field count, total bytes, one line over 8192 bytes) is 431
+// INVALID_ARGUMENT naming the limit (414 for a request line over 8192 bytes), answered before
+// the token check, and the connection is closed. Two Authorization (or Host) headers are 400 INVALID_ARGUMENT naming the header,
 // before the token check. The other POSTs need no body and no Content-Length (curl -XPOST).
 // 400 INVALID_ARGUMENT, and the connection closed, for a request whose length is ambiguous
 // (RFC 9112 section 6.3): Content-Length headers that differ, or one that is not a decimal

@@ -186,6 +186,10 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
       too_large = true;
       return false;
     }
+    // Capacity at most `max` too (a doubling std::string would hold up to 2 x max).
+    if (body->size() + n > body->capacity()) {
+      body->reserve(std::min(max, std::max(2 * body->capacity(), body->size() + n)));
+    }
     body->append(data, n);
     return true;
   });

@@ -69,6 +69,9 @@ class RawConnection {
     return sent == bytes.size();
   }
 
+  // Ends the sending side (shutdown SHUT_WR): the gateway reads end of input after what was sent.
+  bool FinishSending() { return fd_ >= 0 && ::shutdown(fd_, SHUT_WR) == 0; }
+
   // Reads until `text` arrived after what earlier calls consumed; false on end of stream or
   // the receive timeout.
   bool ReadUntil(const std::string& text) {

@@ -285,7 +285,10 @@ bool GatewayServer::process_and_close_socket(socket_t sock) {
     broken = strm.error() != nullptr;
     if (!ret || closed || broken) break;
   }
-  if (broken) Linger(sock);
+  // A request that failed (!ret) includes one answered without reading its body, which the
+  // gateway then closes on purpose (internal::WriteHttpErrorAndClose): linger for it too, so
+  // that the answer is not lost to a reset while the client is still sending.
+  if (broken || !ret) Linger(sock);
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   return ret;
