@@ -251,6 +251,12 @@ class Scheduler {
   void SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string& request_id,
                       const std::string& tenant, SubmitDone done);
 
+  // A dry run of SubmitJob for `tenant`: the same checks and errors (paths, validation, node
+  // shapes, queue), no job created. The answer has validated_only, the notes (values filled in,
+  // then the trainer's warnings) and the resolved deepspeed_config. Thread-safe.
+  absl::StatusOr<loom::v1::SubmitJobResponse> DryRunSubmission(const loom::v1::JobSpec& spec,
+                                                               const std::string& tenant);
+
   // NOT_FOUND (JobNotFound) if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes
   // (an error message echoing it would not fit in gRPC's metadata).
   absl::StatusOr<loom::v1::Job> GetJob(const std::string& job_id);

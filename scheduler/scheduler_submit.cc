@@ -20,7 +20,9 @@
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include <nlohmann/json.hpp>
 #include "scheduler/job_state.h"
 #include "scheduler/path_policy.h"
 #include "scheduler/placement.h"
@@ -28,6 +30,9 @@
 #include "scheduler/record_helpers.h"
 #include "scheduler/restart_policy.h"
 #include "scheduler/scheduler_internal.h"
+#include "spec/hf_trainer_config.h"
+#include "spec/model_config.h"
+#include "spec/struct_json.h"
 
 namespace loom {
 
@@ -142,6 +147,37 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
     }
   }
   if (answer.has_value()) done(std::move(*answer), deduplicated);
+}
+
+absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
+    const loom::v1::JobSpec& spec, const std::string& tenant_in) {
+  const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
+  // SubmitJobAsync's checks, in its order.
+  if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
+  RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
+  RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
+  RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
+  // What the trainer will read (validation has accepted both configs).
+  ASSIGN_OR_RETURN(nlohmann::json model_json,
+                   spec::StructToJson(spec.model().config(), "model.config"));
+  ASSIGN_OR_RETURN(spec::LlamaConfig model, spec::ParseLlamaConfigValue(model_json));
+  nlohmann::json resolved;
+  ASSIGN_OR_RETURN(spec::DeepSpeedConfig ds,
+                   spec::ParseJobDeepSpeedConfig(spec, model.hidden_size,
+                                                 spec.resources().num_ranks(), &resolved));
+  loom::v1::SubmitJobResponse answer;
+  answer.set_validated_only(true);
+  for (const auto* list : {&ds.resolved, &ds.warnings, &model.warnings}) {
+    for (const std::string& note : *list) answer.add_notes(note);
+  }
+  // nlohmann's text is valid JSON (invalid UTF-8 replaced), which protobuf's parser reads back.
+  if (auto s = google::protobuf::util::JsonStringToMessage(
+          resolved.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+          answer.mutable_resolved_deepspeed_config());
+      !s.ok()) {
+    return absl::InternalError(absl::StrCat("resolved deepspeed_config: ", s.ToString()));
+  }
+  return answer;
 }
 
 absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,

@@ -1,6 +1,8 @@
 // loomctl: Loom's command-line client.
 //
 //   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id
+//   loomctl submit JOB.yaml --dry_run     the scheduler's admission checks only: prints the values
+//                                         Loom fills in, the warnings, the resolved DeepSpeed config
 //   loomctl resolve JOB.yaml [--json]     offline: the DeepSpeed config Loom will use ("auto"
 //                                         and Hugging Face Trainer defaults filled in, each said)
 //   loomctl get JOB_ID [--json]           show one job
@@ -77,6 +79,7 @@
 #include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
@@ -93,6 +96,9 @@ ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
 ABSL_FLAG(std::string, cluster_dir, "",
           "local cluster directory with ready files (default: $LOOM_HOME/cluster, else .loom/cluster)");
 ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
+ABSL_FLAG(bool, dry_run, false,
+          "submit: run every admission check and print what Loom would use (values filled in, "
+          "warnings, the resolved DeepSpeed config) without creating the job");
 ABSL_FLAG(std::string, request_id, "",
           "submit: idempotency key (default: a random one per invocation, reused by its retries)");
 ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
@@ -143,6 +149,28 @@ int Fail(const absl::Status& s) {
   std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
                TerminalSafe(s.message()).c_str());
   return static_cast<int>(s.code());
+}
+
+// `submit --dry_run`'s answer: the notes, then the resolved DeepSpeed config (JSON, or all of
+// the answer as JSON with --json).
+int PrintDryRun(const loom::v1::SubmitJobResponse& resp) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  std::string text;
+  if (absl::GetFlag(FLAGS_json)) {
+    (void)google::protobuf::util::MessageToJsonString(resp, &text, options);
+  } else {
+    for (const std::string& note : resp.notes()) std::printf("%s\n", TerminalSafe(note).c_str());
+    (void)google::protobuf::util::MessageToJsonString(resp.resolved_deepspeed_config(), &text,
+                                                      options);
+    std::printf("resolved deepspeed_config:\n");
+  }
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!line.empty()) std::printf("%s\n", TerminalSafe(line).c_str());
+  }
+  std::fprintf(stderr, "loomctl: dry run: the job is admissible; nothing was submitted\n");
+  return 0;
 }
 
 absl::StatusOr<std::string> Address(const std::string& flag_value, const char* env,
@@ -567,6 +595,13 @@ int main(int argc, char** argv) {
                                    absl::Uniform<uint64_t>(gen));
     }
     req.set_request_id(request_id);
+    if (absl::GetFlag(FLAGS_dry_run)) {
+      req.set_validate_only(true);
+      loom::v1::SubmitJobResponse resp;
+      grpc::Status s = stub->SubmitJob(Context().get(), req, &resp);
+      if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+      return PrintDryRun(resp);
+    }
     // Retries of an unanswered call carry the same request id, so the scheduler creates the job
     // at most once.
     loom::v1::SubmitJobResponse resp;

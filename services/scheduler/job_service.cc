@@ -279,6 +279,16 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContex
                                                       const std::string& tenant) {
   absl::StatusOr<loom::v1::SubmitJobRequest> parsed = ParseSubmitJobRequest(*request);
   if (!parsed.ok()) return FinishUnary(context, parsed.status());
+  if (parsed->validate_only()) {  // a dry run: nothing is stored, answered at once
+    absl::StatusOr<loom::v1::SubmitJobResponse> answer =
+        scheduler_->DryRunSubmission(parsed->spec(), tenant);
+    if (answer.ok()) {
+      const std::string bytes = answer->SerializeAsString();
+      grpc::Slice slice(bytes);
+      *response = grpc::ByteBuffer(&slice, 1);
+    }
+    return FinishUnary(context, answer.status());
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Kept until the answer: the scheduler may read the spec until it calls back.
   auto submit = std::make_shared<loom::v1::SubmitJobRequest>(*std::move(parsed));

@@ -225,5 +225,48 @@ TEST_F(ListJobsTest, DeeplyNestedSpecsAreRefusedNamingTheProblem) {
   EXPECT_FALSE(resp.job().id().empty());
 }
 
+// Issue 47: a dry run (validate_only) runs the admission checks and says what Loom would use,
+// without creating a job.
+TEST_F(ListJobsTest, DryRunSaysWhatLoomWouldUseAndCreatesNothing) {
+  loom::v1::SubmitJobRequest req;
+  *req.mutable_spec() = ValidTestJobSpec();
+  auto& ds = *req.mutable_spec()->mutable_deepspeed_config()->mutable_fields();
+  ds["train_micro_batch_size_per_gpu"].set_string_value("auto");
+  ds.erase("optimizer");
+  req.mutable_spec()->mutable_training()->set_learning_rate(3e-4);
+  req.set_validate_only(true);
+  req.set_request_id("dry-1");
+  loom::v1::SubmitJobResponse resp;
+  grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.validated_only());
+  EXPECT_TRUE(resp.job().id().empty());
+  ASSERT_GE(resp.notes_size(), 2);
+  EXPECT_EQ(resp.notes(0),
+            "deepspeed_config.train_micro_batch_size_per_gpu: \"auto\" -> 8 "
+            "(training.per_device_train_batch_size unset: the Trainer's default)");
+  const auto& resolved = resp.resolved_deepspeed_config().fields();
+  EXPECT_EQ(resolved.at("train_micro_batch_size_per_gpu").number_value(), 8);
+  EXPECT_DOUBLE_EQ(resolved.at("optimizer").struct_value().fields().at("params").struct_value()
+                       .fields().at("lr").number_value(),
+                   3e-4);
+  // Nothing was created, and the request id was not taken: a real submission with it works.
+  loom::v1::ListJobsRequest list;
+  loom::v1::ListJobsResponse listed;
+  ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), list, &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 0);
+  req.set_validate_only(false);
+  s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.validated_only());
+  EXPECT_FALSE(resp.job().id().empty());
+  // A refused spec is refused the same way.
+  req.set_validate_only(true);
+  req.mutable_spec()->mutable_training()->set_steps(0);
+  s = jobs_->SubmitJob(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("training.steps", 0), 0u) << s.error_message();
+}
+
 }  // namespace
 }  // namespace loom
