@@ -84,12 +84,12 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/admin_commands.h"
+#include "services/cli/checkpoint_commands.h"
 #include "services/cli/deepspeed_command.h"
 #include "services/cli/job_printing.h"
 #include "services/cli/job_spec_yaml.h"
 #include "services/cli/resolve_command.h"
 #include "services/cli/terminal_text.h"
-#include "storage/checkpoint/verify.h"
 
 ABSL_FLAG(std::string, scheduler, "", "loom-scheduler address (host:port)");
 ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
@@ -378,31 +378,18 @@ int Logs(loom::v1::JobService::Stub& stub, const std::string& id) {
 }
 
 // `loomctl checkpoint verify PATH`: offline, through the library.
-int Verify(const std::string& path) {
-  auto report = loom::storage::VerifyPath(path);
-  if (!report.ok()) {
-    std::fprintf(stderr, "loomctl: INVALID %s: %s\n",
-                 absl::StatusCodeToString(report.status().code()).c_str(),
-                 std::string(report.status().message()).c_str());
-    return absl::IsNotFound(report.status()) ? 5 : 3;
-  }
-  std::printf("OK %s: %s, %lld files, %lld tensors, %lld bytes\n", path.c_str(),
-              report->kind.c_str(), static_cast<long long>(report->files.size()),
-              static_cast<long long>(report->num_tensors),
-              static_cast<long long>(report->tensor_bytes));
-  return 0;
-}
-
-absl::StatusOr<std::vector<int64_t>> ProtectedSteps() {
-  std::vector<int64_t> out;
-  for (const std::string& s : absl::GetFlag(FLAGS_protect)) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(s, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat("--protect: '", s, "' is not a step"));
-    }
-    out.push_back(v);
-  }
-  return out;
+// The checkpoint commands' context: --timeout (or `deadline`) and the bearer token.
+loom::cli::CheckpointCommandContext CheckpointContext() {
+  loom::cli::CheckpointCommandContext ctx;
+  ctx.context = [](absl::Duration deadline) {
+    if (deadline == absl::ZeroDuration()) return Context();
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+    loom::AddBearerToken(*c, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
+    return c;
+  };
+  ctx.fail = Fail;
+  return ctx;
 }
 
 }  // namespace
@@ -465,35 +452,18 @@ int main(int argc, char** argv) {
                    sub == "verify" ? "PATH" : "JOB_ID");
       return 2;
     }
-    if (sub == "verify") return Verify(target);
-    auto protect = ProtectedSteps();
+    if (sub == "verify") return loom::cli::VerifyCheckpoint(target);
+    auto protect = loom::cli::ParseProtectedSteps(absl::GetFlag(FLAGS_protect));
     if (!protect.ok()) return Fail(protect.status());
     auto addr = Address(absl::GetFlag(FLAGS_checkpoint), "LOOM_CHECKPOINT", "checkpoint.json");
     if (!addr.ok()) return Fail(addr.status());
-    auto stub = loom::v1::CheckpointService::NewStub(
-        Channel(*addr));
+    auto stub = loom::v1::CheckpointService::NewStub(Channel(*addr));
     if (sub == "delete") {
-      loom::v1::DeleteCheckpointRequest req;
-      req.set_job_id(target);
-      req.set_step(absl::GetFlag(FLAGS_step));
-      for (int64_t p : *protect) req.add_protected_steps(p);
-      loom::v1::DeleteCheckpointResponse resp;
-      grpc::Status s = stub->DeleteCheckpoint(Context().get(), req, &resp);
-      if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-      std::printf("step %lld %s\n", static_cast<long long>(req.step()),
-                  resp.deleted() ? "deleted" : "was already gone");
-      return 0;
+      return loom::cli::DeleteCheckpoint(*stub, target, absl::GetFlag(FLAGS_step), *protect,
+                                         CheckpointContext());
     }
-    loom::v1::ApplyRetentionRequest req;
-    req.set_job_id(target);
-    req.set_keep_last(absl::GetFlag(FLAGS_keep_last));
-    for (int64_t p : *protect) req.add_protected_steps(p);
-    loom::v1::ApplyRetentionResponse resp;
-    grpc::Status s = stub->ApplyRetention(Context().get(), req, &resp);
-    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-    std::printf("deleted: %s\nkept:    %s\n", absl::StrJoin(resp.deleted_steps(), " ").c_str(),
-                absl::StrJoin(resp.kept_steps(), " ").c_str());
-    return 0;
+    return loom::cli::RetainCheckpoints(*stub, target, absl::GetFlag(FLAGS_keep_last), *protect,
+                                        CheckpointContext());
   }
 
   if (cmd == "consolidate" && !absl::GetFlag(FLAGS_from_deepspeed).empty()) {
@@ -507,71 +477,11 @@ int main(int argc, char** argv) {
     if (!addr.ok()) return Fail(addr.status());
     auto stub = loom::v1::CheckpointService::NewStub(
         Channel(*addr));
-    if (cmd == "checkpoints") {
-      loom::v1::ListCheckpointsRequest req;
-      req.set_job_id(arg);
-      loom::v1::ListCheckpointsResponse resp;
-      grpc::Status s = stub->ListCheckpoints(Context().get(), req, &resp);
-      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-        std::printf("job %s has no checkpoints (yet): %s\n", TerminalSafe(arg).c_str(),
-                    TerminalSafe(s.error_message()).c_str());
-        return 0;
-      }
-      if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-      std::printf("%-10s %-13s %-8s %-14s %-10s %s\n", "STEP", "COMMITTED", "RANKS", "BYTES",
-                  "EVAL_LOSS", "PATH");
-      for (const auto& c : resp.checkpoints()) {
-        auto eval = c.metrics().find("eval_loss");
-        // A step being deleted whose files are still there: "DELETE_FAILED" / "DELETING".
-        const std::string state = !c.deletion_state().empty()
-                                      ? absl::AsciiStrToUpper(TerminalSafe(c.deletion_state()))
-                                      : (c.corrupt() ? "CORRUPT" : (c.committed() ? "yes" : "no"));
-        std::printf("%-10lld %-13s %d/%-6d %-14lld %-10s %s\n", static_cast<long long>(c.step()),
-                    state.c_str(), c.ranks_reported(), c.world_size(),
-                    static_cast<long long>(c.total_bytes()),
-                    eval == c.metrics().end() ? "-" : absl::StrFormat("%.4f", eval->second).c_str(),
-                    TerminalSafe(c.path()).c_str());
-        if (c.corrupt()) {
-          std::printf("           corrupt: %s\n", TerminalSafe(c.corrupt_reason()).c_str());
-        }
-        if (!c.deletion_error().empty()) {
-          std::printf("           delete failed: %s\n", TerminalSafe(c.deletion_error()).c_str());
-        }
-      }
-      std::printf("disk usage: %lld bytes", static_cast<long long>(resp.total_bytes()));
-      if (resp.deleting_bytes() > 0) {
-        std::printf(" (%lld of them in steps being deleted)",
-                    static_cast<long long>(resp.deleting_bytes()));
-      }
-      std::printf("\n");
-      return 0;
-    }
-    loom::v1::ConsolidateCheckpointRequest req;
-    req.set_job_id(arg);
-    req.set_step(absl::GetFlag(FLAGS_step));
-    std::string out = absl::GetFlag(FLAGS_output_dir);
-    if (!out.empty() && out[0] != '/') {
-      // The service runs elsewhere; it takes absolute paths only.
-      char cwd[4096];
-      if (::getcwd(cwd, sizeof(cwd)) != nullptr) out = absl::StrCat(cwd, "/", out);
-    }
-    req.set_output_dir(out);
-    req.set_max_shard_size(absl::GetFlag(FLAGS_max_shard_size));
-    req.set_dtype(absl::GetFlag(FLAGS_dtype));
-    loom::v1::ConsolidateCheckpointResponse resp;
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
-    loom::AddBearerToken(*ctx, FlagOrEnv(absl::GetFlag(FLAGS_token), "LOOM_TOKEN"));
-    grpc::Status s = stub->ConsolidateCheckpoint(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-    std::printf("consolidated step %lld: %lld tensors, %lld bytes, %s\nsafetensors: %s\nconfig:      %s\n",
-                static_cast<long long>(resp.step()), static_cast<long long>(resp.num_tensors()),
-                static_cast<long long>(resp.total_bytes()), resp.dtype().c_str(),
-                resp.safetensors_path().c_str(), resp.config_path().c_str());
-    if (!resp.index_path().empty()) {
-      for (const std::string& f : resp.files()) std::printf("shard:       %s\n", f.c_str());
-    }
-    return 0;
+    if (cmd == "checkpoints") return loom::cli::ListCheckpoints(*stub, arg, CheckpointContext());
+    return loom::cli::Consolidate(*stub, arg, absl::GetFlag(FLAGS_step),
+                                  absl::GetFlag(FLAGS_output_dir),
+                                  absl::GetFlag(FLAGS_max_shard_size), absl::GetFlag(FLAGS_dtype),
+                                  CheckpointContext());
   }
 
   auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");
