@@ -114,6 +114,7 @@
 #include "scheduler/job_events.h"
 #include "scheduler/job_repository.h"
 #include "scheduler/job_spec_validation.h"
+#include "scheduler/path_policy.h"
 #include "scheduler/queues.h"
 #include "scheduler/rank_progress.h"
 #include "scheduler/rank_reconciler.h"
@@ -410,6 +411,9 @@ class Scheduler {
   void AdoptSubmissions(const std::vector<JobRecord>& batch, const absl::Status& stored)
       ABSL_LOCKS_EXCLUDED(mu_);
   // SchedulerOptions::confine_paths: the spec's paths against the tenant's (PERMISSION_DENIED).
+  // The tenancy path policy of --queues_config (data and scratch roots; the fortunes dir without
+  // data_roots) and --checkpoint_root.
+  PathPolicy SubmissionPathPolicy() const;
   absl::Status ConfineSubmittedPaths(const loom::v1::JobSpec& spec, const std::string& tenant)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Persists `job` (checking its phase change against the state machine), then adopts it. With

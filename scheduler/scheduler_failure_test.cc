@@ -5,6 +5,38 @@
 namespace loom {
 namespace {
 
+// Break-it H3: the worker re-checks a job's paths at start by the tenant's own roots, which the
+// scheduler sends with each assignment when it confines paths (and not otherwise).
+TEST_F(SchedulerTest, AssignmentsCarryTheTenantsRootsWhenPathsAreConfined) {
+  options_.confine_paths = true;
+  options_.queues.data_roots = std::vector<std::string>{"/data/shared"};
+  options_.queues.tenant_data_roots["team-a"] = {"/data/a"};
+  options_.queues.tenant_scratch_roots["team-a"] = {"/nvme/a"};
+  Start();
+  Register("node-a", 1);
+  absl::StatusOr<Job> job = scheduler_->SubmitJob(TestJobSpecWithRanks(1), "", nullptr, "team-a");
+  ASSERT_TRUE(job.ok()) << job.status();
+  Cycle();
+  HeartbeatResponse a = Beat("node-a");
+  ASSERT_EQ(a.start_size(), 1);
+  EXPECT_TRUE(a.start(0).tenant_roots_set());
+  EXPECT_EQ(std::vector<std::string>(a.start(0).tenant_data_roots().begin(),
+                                     a.start(0).tenant_data_roots().end()),
+            std::vector<std::string>{"/data/a"});
+  EXPECT_EQ(std::vector<std::string>(a.start(0).tenant_scratch_roots().begin(),
+                                     a.start(0).tenant_scratch_roots().end()),
+            std::vector<std::string>{"/nvme/a"});
+}
+
+TEST_F(SchedulerTest, AssignmentsCarryNoRootsWithoutConfinement) {
+  Register("node-a", 1);
+  Job job = Submit(1);
+  Cycle();
+  HeartbeatResponse a = Beat("node-a");
+  ASSERT_EQ(a.start_size(), 1);
+  EXPECT_FALSE(a.start(0).tenant_roots_set());
+}
+
 TEST_F(SchedulerTest, RendezvousHandshakeOrder) {
   Register("node-a", 1);
   Register("node-b", 1);

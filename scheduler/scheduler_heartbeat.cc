@@ -293,6 +293,14 @@ loom::v1::RankAssignment Scheduler::StartAssignment(const JobRecord& job, int32_
   a.set_master_port(job.rendezvous_port);
   a.set_checkpoint_dir(job.checkpoint_dir);
   a.set_tenant(job.tenant);
+  if (options_.confine_paths) {  // the worker judges the paths again by the tenant's own roots
+    const PathPolicy policy = SubmissionPathPolicy();
+    for (const std::string& root : policy.DataRoots(job.tenant)) a.add_tenant_data_roots(root);
+    for (const std::string& root : policy.ScratchRoots(job.tenant)) {
+      a.add_tenant_scratch_roots(root);
+    }
+    a.set_tenant_roots_set(true);
+  }
   // Device binding (device_binding.h): the rank's own device and its place among the attempt's
   // ranks on its node.
   auto rt = reconciler_.ranks().find({job.id, rank});

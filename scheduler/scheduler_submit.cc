@@ -180,8 +180,7 @@ absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
   return answer;
 }
 
-absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
-                                              const std::string& tenant) {
+PathPolicy Scheduler::SubmissionPathPolicy() const {
   PathPolicy policy;
   policy.checkpoint_root = options_.checkpoint_root;
   policy.default_data_roots =
@@ -189,6 +188,12 @@ absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
   policy.tenant_data_roots = options_.queues.tenant_data_roots;
   policy.default_scratch_roots = options_.queues.scratch_roots;
   policy.tenant_scratch_roots = options_.queues.tenant_scratch_roots;
+  return policy;
+}
+
+absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
+                                              const std::string& tenant) {
+  const PathPolicy policy = SubmissionPathPolicy();
   return ConfineJobSpecPaths(spec, tenant, policy,
                              [this](const std::string& job_id) -> absl::StatusOr<std::string> {
                                absl::MutexLock lock(&mu_);

@@ -83,13 +83,22 @@ absl::StatusOr<loom::v1::RankAssignment> CheckAssignmentPaths(const loom::v1::Ra
     }
   }
   const std::string ckpt_root = options.checkpoint_root;
+  const JobOwnerLookup owner_of = [&](const std::string& job_id) -> absl::StatusOr<std::string> {
+    return ReadOwner(absl::StrCat(ckpt_root, "/", job_id));
+  };
   loom::v1::RankAssignment checked = a;
-  RETURN_IF_ERROR(ConfineJobSpecPaths(
-      a.spec(), tenant, policy,
-      [&](const std::string& job_id) -> absl::StatusOr<std::string> {
-        return ReadOwner(absl::StrCat(ckpt_root, "/", job_id));
-      },
-      checked.mutable_spec()));
+  RETURN_IF_ERROR(ConfineJobSpecPaths(a.spec(), tenant, policy, owner_of, checked.mutable_spec()));
+  if (a.tenant_roots_set()) {
+    // And by the tenant's own roots as the scheduler has them: this worker's roots may be the
+    // union of every tenant's, and a path may have been swapped since submission.
+    PathPolicy tenant_policy;
+    tenant_policy.checkpoint_root = options.checkpoint_root;
+    tenant_policy.default_data_roots.assign(a.tenant_data_roots().begin(),
+                                            a.tenant_data_roots().end());
+    tenant_policy.default_scratch_roots.assign(a.tenant_scratch_roots().begin(),
+                                               a.tenant_scratch_roots().end());
+    RETURN_IF_ERROR(ConfineJobSpecPaths(a.spec(), tenant, tenant_policy, owner_of));
+  }
   return checked;
 }
 

@@ -12,6 +12,9 @@
 //     or under a data root of that tenant.
 //   * the DeepSpeed config's nvme_paths (device "nvme"): in such a job directory or under a
 //     scratch root of that tenant (never a data root).
+// When the assignment carries the scheduler's roots for its tenant (tenant_roots_set), every
+// path must also be allowed by those: a worker whose --data_roots is the union of all tenants'
+// cannot tell tenants apart, and a path swapped for a symlink after submission is judged again.
 //
 // Thread-safe (reads and writes only the file system).
 #ifndef LOOM_WORKER_PATH_CHECK_H_

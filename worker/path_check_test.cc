@@ -156,6 +156,36 @@ TEST_F(PathCheckTest, OwnExportsAndDataAreResolvedAndTheOwnerIsRecorded) {
   EXPECT_TRUE(CheckAssignmentPaths(Assignment("job-a3", "team-a"), options_).ok());
 }
 
+// Break-it H3: with the documented union form of --data_roots (every tenant's roots for every
+// tenant), team A's dataset.path swapped after submission for a symlink into team B's root was
+// accepted at start and team A trained on team B's data. The scheduler now sends the tenant's
+// own roots with the assignment, and the worker requires both.
+TEST_F(PathCheckTest, TheSchedulersRootsForTheTenantAreAppliedToo) {
+  ASSERT_TRUE(MakeDirs(tmp_ + "/data-b").ok());
+  ASSERT_TRUE(WriteFileAtomically(tmp_ + "/data-b/secret.txt", "b's\n").ok());
+  options_.data_roots = {"/usr/share/games/fortunes", tmp_ + "/data-a", tmp_ + "/data-b"};
+  // The swap: team A's corpus is now a symlink to team B's file.
+  ASSERT_EQ(::rename((tmp_ + "/data-a/corpus.txt").c_str(), (tmp_ + "/data-a/real.txt").c_str()), 0);
+  ASSERT_EQ(::symlink((tmp_ + "/data-b/secret.txt").c_str(), (tmp_ + "/data-a/corpus.txt").c_str()), 0);
+  loom::v1::RankAssignment a = Assignment("job-a", "team-a");
+  a.mutable_spec()->mutable_dataset()->set_path(tmp_ + "/data-a/corpus.txt");
+  // Without the scheduler's roots the union lets it through (the bug, kept for old schedulers).
+  EXPECT_TRUE(CheckAssignmentPaths(a, options_).ok());
+  a.add_tenant_data_roots(tmp_ + "/data-a");
+  a.set_tenant_roots_set(true);
+  ExpectDenied(CheckAssignmentPaths(a, options_),
+               "dataset.path: '" + tmp_ + "/data-a/corpus.txt' (" + tmp_ +
+                   "/data-b/secret.txt) is outside the data roots of tenant team-a");
+  // Its own file is still fine; the scheduler's roots do not widen the worker's.
+  a.mutable_spec()->mutable_dataset()->set_path(tmp_ + "/data-a/real.txt");
+  EXPECT_TRUE(CheckAssignmentPaths(a, options_).ok());
+  a.clear_tenant_data_roots();
+  a.add_tenant_data_roots("/elsewhere");
+  a.add_tenant_data_roots(tmp_ + "/data-a");
+  options_.data_roots = {"/usr/share/games/fortunes"};
+  ExpectDenied(CheckAssignmentPaths(a, options_), "dataset.path: ");
+}
+
 TEST(ParseDataRootsTest, PathsAndTenantEntries) {
   auto roots = ParseDataRoots("/usr/share/games/fortunes, team-a=/data/a,,");
   ASSERT_TRUE(roots.ok()) << roots.status();
@@ -213,6 +243,8 @@ TEST_F(PathCheckTest, TheDaemonReportsARefusedRankAsFailedWithoutStartingTheTrai
   EXPECT_EQ(st.state(), loom::v1::RANK_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(st.error(), "refused to start the trainer: dataset.path: '/etc/shadow'"))
       << st.error();
+  // A configuration error, not retried (break-it H3: it was restarted as a rank failure).
+  EXPECT_EQ(st.exit_code(), 78);
   struct stat sb;
   EXPECT_NE(::stat((tmp_ + "/work/job-x/attempt_1/spec.json").c_str(), &sb), 0)
       << "the trainer's spec was written: the rank was started";

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/trainer/exit_codes.h"
 #include "worker/rank_env.h"
 
 namespace loom::worker {
@@ -121,6 +122,9 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
                  << confined.status();
       fail(absl::StrCat("worker ", options_.node_id, " refused to start the trainer: ",
                         confined.status().message()));
+      // A path the tenant may not name fails every attempt alike: a configuration error, not
+      // retried (restart_policy.h), rather than a rank failure that spends restarts.
+      ranks_[key].start_failure.set_exit_code(kTrainerExitConfigError);
       return;
     }
     checked = *std::move(confined);
