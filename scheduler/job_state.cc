@@ -90,6 +90,12 @@ absl::string_view JobPhaseName(JobPhase phase) {
   }
 }
 
+const std::vector<std::pair<JobPhase, JobPhase>>& AllowedTransitions() {
+  static const auto* const kEdges = new std::vector<std::pair<JobPhase, JobPhase>>(
+      AllowedEdges().begin(), AllowedEdges().end());
+  return *kEdges;
+}
+
 const std::vector<JobPhase>& AllJobPhases() {
   static const auto* const kPhases = new std::vector<JobPhase>{
       v1::JOB_PHASE_PENDING,    v1::JOB_PHASE_ADMITTED,  v1::JOB_PHASE_STARTING,

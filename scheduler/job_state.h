@@ -19,6 +19,7 @@
 #ifndef LOOM_SCHEDULER_JOB_STATE_H_
 #define LOOM_SCHEDULER_JOB_STATE_H_
 
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +38,10 @@ bool IsTerminal(loom::v1::JobPhase phase);
 // Short upper-case name without the prefix: "PENDING", "RUNNING", ... ("UNKNOWN" for values
 // outside the enum). Also used as the `phase` label of metrics.
 absl::string_view JobPhaseName(loom::v1::JobPhase phase);
+
+// Every allowed edge (from, to), including UNSPECIFIED -> PENDING (submit), in table order. The
+// closed label set of loom_job_phase_transitions_total (scheduler_metrics.h).
+const std::vector<std::pair<loom::v1::JobPhase, loom::v1::JobPhase>>& AllowedTransitions();
 
 // Every phase of the enum except UNSPECIFIED, in enum order.
 const std::vector<loom::v1::JobPhase>& AllJobPhases();

@@ -39,6 +39,18 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                              .Name("loom_job_phase_transitions_total")
                              .Help("Job phase changes, by source and destination phase.")
                              .Register(registry);
+  // Every edge of the state machine exists from the start, at 0: a series born at its first
+  // event would hide that event from increase() and rate() (issue 53).
+  for (const auto& [from, to] : AllowedTransitions()) {
+    transitions_[{from, to}] = &transitions_family_->Add(
+        {{"from", std::string(JobPhaseName(from))}, {"to", std::string(JobPhaseName(to))}});
+  }
+  prometheus::BuildGauge()
+      .Name("loom_scheduler_start_time_seconds")
+      .Help("Unix time this scheduler process started (registered its metrics).")
+      .Register(registry)
+      .Add({})
+      .SetToCurrentTime();
   auto& nodes = prometheus::BuildGauge()
                     .Name("loom_nodes")
                     .Help("Registered worker nodes, by liveness.")
@@ -68,8 +80,9 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                              .Help("Time from submission to placement of a job (leaving PENDING).")
                              .Register(registry)
                              .Add({}, prometheus::Histogram::BucketBoundaries{
-                                          1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200,
-                                          21600, 86400});
+                                          0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15,
+                                          30, 60, 120, 300, 600, 1800, 3600, 7200, 21600,
+                                          86400});
   auto& slots = prometheus::BuildGauge()
                     .Name("loom_rank_slots")
                     .Help("Rank slots on live worker nodes, by state.")
@@ -170,7 +183,13 @@ void SchedulerMetrics::SetJobCounts(const std::map<loom::v1::JobPhase, int>& cou
 void SchedulerMetrics::JobSubmitted() { submitted_->Increment(); }
 
 void SchedulerMetrics::PhaseTransition(loom::v1::JobPhase from, loom::v1::JobPhase to) {
-  // Family::Add is thread-safe and returns the existing series for known labels.
+  auto it = transitions_.find({from, to});
+  if (it != transitions_.end()) {
+    it->second->Increment();
+    return;
+  }
+  // Not an edge of the table (a caller bypassing Transition()): still counted. Family::Add is
+  // thread-safe and returns the existing series for known labels.
   transitions_family_
       ->Add({{"from", std::string(JobPhaseName(from))}, {"to", std::string(JobPhaseName(to))}})
       .Increment();

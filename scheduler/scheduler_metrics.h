@@ -5,12 +5,15 @@
 // labels, never a job id):
 //   loom_jobs{phase}                          gauge: jobs per phase (every phase always present)
 //   loom_jobs_submitted_total                 counter: accepted SubmitJob calls
-//   loom_job_phase_transitions_total{from,to} counter: phase changes (from "UNSPECIFIED" on submit)
+//   loom_job_phase_transitions_total{from,to} counter: phase changes ("UNSPECIFIED" on submit);
+//                                             every allowed edge (job_state.h) exported at 0 from
+//                                             the start, so increase() counts the first event
 //   loom_nodes{state="live|lost"}             gauge: registered worker nodes
 //   loom_scheduling_cycle_seconds             histogram: duration of one scheduling cycle
 //   loom_rank_slots{state="free|used"}        gauge: rank slots on live nodes
 //   loom_job_queue_wait_seconds               histogram: submission to placement (a job leaving
-//                                             PENDING for anything but CANCELLED)
+//                                             PENDING for anything but CANCELLED); buckets from
+//                                             10 ms to 1 day
 //   loom_tenant_jobs{tenant,queue,phase}      gauge: jobs per tenant, queue and phase (tenants come
 //                                             from the tokens file, queues from the queue config:
 //                                             bounded); a combination seen once stays, at 0
@@ -26,6 +29,9 @@
 //   loom_job_restarts_total{cause}            counter: new attempts after a failure, by failure
 //                                             class: user | infra | setup | oom | preemption |
 //                                             other
+//   loom_scheduler_start_time_seconds         gauge: Unix time this scheduler process built its
+//                                             metrics (alert rules that look back over a window
+//                                             wait until the process has lived that long)
 //   loom_submission_commits_total             counter: group commits of submitted jobs (one
 //                                             SQLite transaction and fsync each)
 //   loom_submission_commit_jobs               histogram: jobs per such commit (the group commit's
@@ -89,6 +95,7 @@ class SchedulerMetrics {
   // Immutable after construction (the series themselves are thread-safe).
   prometheus::Counter* submitted_;
   prometheus::Family<prometheus::Counter>* transitions_family_;
+  std::map<std::pair<loom::v1::JobPhase, loom::v1::JobPhase>, prometheus::Counter*> transitions_;
   prometheus::Gauge* nodes_live_;
   prometheus::Gauge* nodes_lost_;
   prometheus::Histogram* cycle_seconds_;

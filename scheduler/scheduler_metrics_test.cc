@@ -3,7 +3,10 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <cmath>
 #include <string>
+
+#include "absl/time/clock.h"
 
 #include "gtest/gtest.h"
 
@@ -95,6 +98,52 @@ TEST(SchedulerMetricsTest, RestartsByCause) {
   ExpectLine(t, "loom_job_restarts_total{cause=\"infra\"} 2");
   ExpectLine(t, "loom_job_restarts_total{cause=\"preemption\"} 1");
   ExpectLine(t, "loom_job_restarts_total{cause=\"oom\"} 0");
+}
+
+// Issue 53: a counter born at its first event is never counted by increase(): every edge of the
+// state machine is exported at 0 before any job moves.
+TEST(SchedulerMetricsTest, EveryPhaseTransitionStartsAtZero) {
+  prometheus::Registry registry;
+  SchedulerMetrics m(registry);
+  std::string t = Text(registry);
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"UNSPECIFIED\",to=\"PENDING\"} 0");
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"PENDING\",to=\"STARTING\"} 0");
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"RUNNING\",to=\"SUCCEEDED\"} 0");
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"RUNNING\",to=\"RECOVERING\"} 0");
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"STOPPING\",to=\"CANCELLED\"} 0");
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"PENDING\",to=\"CANCELLED\"} 0");
+  // Only edges that exist: nothing leaves a terminal phase.
+  EXPECT_EQ(t.find("loom_job_phase_transitions_total{from=\"SUCCEEDED\""), std::string::npos);
+  m.PhaseTransition(loom::v1::JOB_PHASE_RUNNING, loom::v1::JOB_PHASE_SUCCEEDED);
+  t = Text(registry);
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"RUNNING\",to=\"SUCCEEDED\"} 1");
+  ExpectLine(t, "loom_job_phase_transitions_total{from=\"RUNNING\",to=\"FAILED\"} 0");
+}
+
+// Issue 53: LoomJobStuckPending waits until the scheduler has lived as long as its window.
+TEST(SchedulerMetricsTest, ExportsItsStartTime) {
+  prometheus::Registry registry;
+  const double before = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  SchedulerMetrics m(registry);
+  const std::string t = Text(registry);
+  const std::string name = "\nloom_scheduler_start_time_seconds ";
+  const size_t at = t.find(name);
+  ASSERT_NE(at, std::string::npos) << t;
+  const double started = std::stod(t.substr(at + name.size()));
+  EXPECT_GE(started, std::floor(before));
+  EXPECT_LE(started, before + 60);
+}
+
+// Issue 53: queue waits are often well under a second; the lowest bucket is 10 ms.
+TEST(SchedulerMetricsTest, QueueWaitBucketsResolveSubSecondWaits) {
+  prometheus::Registry registry;
+  SchedulerMetrics m(registry);
+  m.ObserveQueueWait(absl::Milliseconds(26));
+  const std::string t = Text(registry);
+  ExpectLine(t, "loom_job_queue_wait_seconds_bucket{le=\"0.01\"} 0");
+  ExpectLine(t, "loom_job_queue_wait_seconds_bucket{le=\"0.025\"} 0");
+  ExpectLine(t, "loom_job_queue_wait_seconds_bucket{le=\"0.05\"} 1");
+  ExpectLine(t, "loom_job_queue_wait_seconds_bucket{le=\"86400\"} 1");
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ TEST_F(SchedulerTest, SubmitPersistsAPendingJob) {
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs_submitted_total"), 1);
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "PENDING"), 1);
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "RUNNING"), 0);
-  EXPECT_EQ(MetricValue(*registry_, "loom_job_phase_transitions_total", "to", "PENDING"), 1);
+  EXPECT_EQ(MetricSum(*registry_, "loom_job_phase_transitions_total", "to", "PENDING"), 1);
 }
 
 // The reply takes the stored record's spec by move (JobRecordToProto(JobRecord&&)) after the
@@ -415,11 +415,11 @@ TEST_F(SchedulerTest, QueueWaitIsObservedWhenAJobIsPlaced) {
   for (const prometheus::MetricFamily& f : registry_->Collect()) {
     if (f.name != "loom_job_queue_wait_seconds") continue;
     EXPECT_DOUBLE_EQ(f.metric[0].histogram.sample_sum, 200);
-    // Buckets 1 5 15 30 60 120 300 ...: 40 s lands in le=60, 160 s in le=300.
-    EXPECT_EQ(f.metric[0].histogram.bucket[3].cumulative_count, 0u);  // le=30
-    EXPECT_EQ(f.metric[0].histogram.bucket[4].cumulative_count, 1u);  // le=60
-    EXPECT_EQ(f.metric[0].histogram.bucket[5].cumulative_count, 1u);  // le=120
-    EXPECT_EQ(f.metric[0].histogram.bucket[6].cumulative_count, 2u);  // le=300
+    // Buckets 0.01 ... 5 15 30 60 120 300 ...: 40 s lands in le=60, 160 s in le=300.
+    EXPECT_EQ(f.metric[0].histogram.bucket[10].cumulative_count, 0u);  // le=30
+    EXPECT_EQ(f.metric[0].histogram.bucket[11].cumulative_count, 1u);  // le=60
+    EXPECT_EQ(f.metric[0].histogram.bucket[12].cumulative_count, 1u);  // le=120
+    EXPECT_EQ(f.metric[0].histogram.bucket[13].cumulative_count, 2u);  // le=300
   }
   // A job cancelled while pending did not wait for placement: not observed.
   Job c = Submit(1);
@@ -447,7 +447,7 @@ TEST_F(SchedulerTest, EveryPhaseGaugeIsPresentFromTheStart) {
   Cycle();
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "STARTING"), 1);
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "PENDING"), 0);
-  EXPECT_EQ(MetricValue(*registry_, "loom_job_phase_transitions_total", "from", "PENDING"), 1);
+  EXPECT_EQ(MetricSum(*registry_, "loom_job_phase_transitions_total", "from", "PENDING"), 1);
   EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "used"), 2);
   EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "free"), 1);
 }

@@ -58,6 +58,24 @@ inline double MetricValue(prometheus::Registry& registry, const std::string& nam
   return -1;
 }
 
+// The sum over every series of `name` whose `label` is `value` (counters and gauges): for
+// families whose closed label set is exported at 0 from the start (loom_job_phase_transitions_
+// total), where MetricValue's first match may be another series.
+inline double MetricSum(prometheus::Registry& registry, const std::string& name,
+                        const std::string& label, const std::string& value) {
+  double sum = 0;
+  for (const prometheus::MetricFamily& family : registry.Collect()) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& m : family.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name != label || l.value != value) continue;
+        sum += family.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+      }
+    }
+  }
+  return sum;
+}
+
 inline RankStatus Rank(const Job& job, int rank, RankState state, int port = 0) {
   RankStatus st;
   st.set_job_id(job.id());

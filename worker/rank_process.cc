@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -278,6 +279,11 @@ void RankProcess::HandleEvent(const std::string& line) {
       stats_.last_step_unix_seconds = now_unix_s;
       stats_.last_checkpoint_unix_seconds = now_unix_s;
       stats_.superoffload = !ev.started().superoffload_casting().empty();
+      // A resumed attempt starts with the checkpoint it resumed from as its newest one (issue
+      // 53: it read 0 until the attempt wrote its own, overstating the steps at risk).
+      if (ev.started().start_step() > prog->last_checkpoint_step()) {
+        prog->set_last_checkpoint_step(ev.started().start_step());
+      }
       break;
     case loom::TrainerEvent::kStep: {
       const loom::TrainerEvent::Step& st = ev.step();
@@ -286,6 +292,7 @@ void RankProcess::HandleEvent(const std::string& line) {
       prog->set_loss(st.loss());
       prog->set_tokens_per_second(st.tokens_per_s());
       stats_.step_seconds = st.step_time_s();
+      stats_.tokens += std::round(st.tokens_per_s() * st.step_time_s());
       stats_.partition_bytes = static_cast<double>(st.partition_bytes());
       stats_.peak_gathered_bytes = static_cast<double>(st.peak_gathered_bytes());
       stats_.communication_seconds = st.comm_s();

@@ -56,6 +56,9 @@ struct RankStats {
   // into counter increments per process, so two processes of one rank number never mix).
   int64_t process_id = 0;
   double step_seconds = 0;         // wall time of the last optimizer step ("step_time_s")
+  // Global training tokens of the steps since the process started: the sum over step events of
+  // tokens_per_s * step_time_s (the step's global tokens), for loom_trainer_tokens_total.
+  double tokens = 0;
   double partition_bytes = 0;      // this rank's ZeRO-3 parameter partition ("partition_bytes")
   double peak_gathered_bytes = 0;  // peak all-gathered parameter bytes in the last step
   // Unix time of the last "step" / "checkpoint" event, or of the "started" event before the

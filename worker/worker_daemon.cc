@@ -185,12 +185,9 @@ absl::Status WorkerDaemon::Tick() {
   if (metrics_ != nullptr) {
     metrics_->RecordAcceleratorAssignments(options_.node_id, accelerators);
     metrics_->RecordRanks(statuses, options_.inventory.slots());
-    // As RecordRanks: a succeeded rank's final numbers, then running ranks' (which win).
-    for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
-      for (size_t i = 0; i < statuses.size(); ++i) {
-        if (statuses[i].state() == state) metrics_->RecordRankStats(statuses[i].rank(), stats[i]);
-      }
-    }
+    // Every reported rank has its own series (job, attempt, rank): a terminal rank's final
+    // numbers until it is forgotten.
+    for (size_t i = 0; i < statuses.size(); ++i) metrics_->RecordRankStats(statuses[i], stats[i]);
   }
   absl::StatusOr<loom::v1::HeartbeatResponse> resp = client_->Heartbeat(req);
   if (metrics_ != nullptr) metrics_->RecordHeartbeat(resp.ok());

@@ -66,6 +66,11 @@ loom::v1::RankAssignment Assignment(const std::string& job, const std::string& n
   return a;
 }
 
+// The job, attempt and rank labels' start of the per-rank series of the tests' jobs.
+const std::string kOk = "attempt=\"1\",job_id=\"job-ok\",";
+const std::string kSuper = "attempt=\"1\",job_id=\"job-super\",";
+const std::string kHang = "attempt=\"1\",job_id=\"job-hang\",";
+
 class WorkerDaemonTest : public ::testing::Test {
  protected:
   WorkerOptions Options(const std::string& trainer) {
@@ -137,9 +142,11 @@ TEST_F(WorkerDaemonTest, RunsAssignedRankAndReportsProgressAndSuccess) {
   std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_NE(text.find("loom_worker_heartbeats_total{result=\"ok\"}"), std::string::npos) << text;
   // The trainer gauges hold the succeeded rank's final step and loss, not the last running tick.
-  EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 2\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("loom_trainer_loss{rank=\"0\"} 4.25\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 2\n"), std::string::npos) << text;
+  for (const std::string& line : {"loom_trainer_step{" + kOk + "rank=\"0\"} 2\n",
+                                  "loom_trainer_loss{" + kOk + "rank=\"0\"} 4.25\n",
+                                  "loom_trainer_last_checkpoint_step{" + kOk + "rank=\"0\"} 2\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
+  }
 }
 
 TEST_F(WorkerDaemonTest, FailedRankReportsTrainerError) {
@@ -243,20 +250,21 @@ TEST_F(WorkerDaemonTest, SuperOffloadRankExportsSpeculationRollbackAndOverlapMet
   while (absl::Now() < deadline) {
     ASSERT_TRUE(d.Tick().ok());
     text = prometheus::TextSerializer().Serialize(registry_.Collect());
-    if (text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 2") != std::string::npos) break;
+    const std::string done = "loom_trainer_last_checkpoint_step{" + kSuper + "rank=\"0\"} 2";
+    if (text.find(done) != std::string::npos) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_TRUE(d.Tick().ok());  // a repeated tick must not count the same steps again
   text = prometheus::TextSerializer().Serialize(registry_.Collect());
-  for (const char* line :
-       {"loom_trainer_superoffload_speculated_sub_groups_total{rank=\"0\"} 8\n",
-        "loom_trainer_superoffload_speculation_hits_total{rank=\"0\"} 6\n",
-        "loom_trainer_superoffload_speculation_hit_rate{rank=\"0\"} 0.75\n",
-        "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"overflow\"} 1\n",
-        "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"clip\"} 1\n",
-        "loom_trainer_superoffload_replays_total{rank=\"0\",reason=\"clip\"} 1\n",
-        "loom_trainer_superoffload_optimizer_overlap_fraction{rank=\"0\"} 0.875\n",
-        "loom_trainer_superoffload_optimizer_work_seconds{rank=\"0\"} 0.25\n"}) {
+  for (const std::string& line :
+       {"loom_trainer_superoffload_speculated_sub_groups_total{" + kSuper + "rank=\"0\"} 8\n",
+        "loom_trainer_superoffload_speculation_hits_total{" + kSuper + "rank=\"0\"} 6\n",
+        "loom_trainer_superoffload_speculation_hit_ratio{" + kSuper + "rank=\"0\"} 0.75\n",
+        "loom_trainer_superoffload_rollbacks_total{" + kSuper + "rank=\"0\",reason=\"overflow\"} 1\n",
+        "loom_trainer_superoffload_rollbacks_total{" + kSuper + "rank=\"0\",reason=\"clip\"} 1\n",
+        "loom_trainer_superoffload_replays_total{" + kSuper + "rank=\"0\",reason=\"clip\"} 1\n",
+        "loom_trainer_superoffload_optimizer_overlap_ratio{" + kSuper + "rank=\"0\"} 0.875\n",
+        "loom_trainer_superoffload_optimizer_work_seconds{" + kSuper + "rank=\"0\"} 0.25\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
   }
   loom::v1::HeartbeatResponse stop;
@@ -281,28 +289,31 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
   while (absl::Now() < deadline) {
     ASSERT_TRUE(d.Tick().ok());
     text = prometheus::TextSerializer().Serialize(registry_.Collect());
-    if (text.find("loom_trainer_last_checkpoint_step{rank=\"0\"} 1") != std::string::npos) break;
+    const std::string done = "loom_trainer_last_checkpoint_step{" + kHang + "rank=\"0\"} 1";
+    if (text.find(done) != std::string::npos) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
-  for (const char* line : {"loom_trainer_step_seconds{rank=\"0\"} 0.25",
-                           "loom_trainer_memory_bytes{kind=\"partition\",rank=\"0\"} 4096",
-                           "loom_trainer_memory_bytes{kind=\"peak_gathered\",rank=\"0\"} 16384",
-                           "loom_trainer_last_checkpoint_step{rank=\"0\"} 1",
-                           "loom_trainer_communication_seconds{rank=\"0\"} 0.125",
-                           "loom_trainer_stall_seconds{rank=\"0\"} 0.1875",
-                           "loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2",
-                           "loom_trainer_memory_bytes{kind=\"param\",rank=\"0\"} 1024",
-                           "loom_trainer_memory_bytes{kind=\"optimizer_state\",rank=\"0\"} 8192",
-                           "loom_trainer_zenflow_stall_seconds{rank=\"0\"} 0.03125",
-                           "loom_trainer_zenflow_selected_mass_fraction{rank=\"0\"} 0.5",
-                           "loom_trainer_zenflow_update_interval_steps{rank=\"0\"} 4",
-                           "loom_trainer_zenflow_bytes_moved{rank=\"0\"} 65536"}) {
+  const std::string r0 = kHang + "rank=\"0\"}";
+  for (const std::string& line :
+       {"loom_trainer_step_seconds{" + r0 + " 0.25",
+        "loom_trainer_memory_bytes{" + kHang + "kind=\"partition\",rank=\"0\"} 4096",
+        "loom_trainer_memory_bytes{" + kHang + "kind=\"peak_gathered\",rank=\"0\"} 16384",
+        "loom_trainer_last_checkpoint_step{" + r0 + " 1",
+        "loom_trainer_communication_seconds{" + r0 + " 0.125",
+        "loom_trainer_stall_seconds{" + r0 + " 0.1875",
+        "loom_trainer_optimizer_rollbacks_total{" + r0 + " 2",
+        "loom_trainer_memory_bytes{" + kHang + "kind=\"param\",rank=\"0\"} 1024",
+        "loom_trainer_memory_bytes{" + kHang + "kind=\"optimizer_state\",rank=\"0\"} 8192",
+        "loom_trainer_zenflow_stall_seconds{" + r0 + " 0.03125",
+        "loom_trainer_zenflow_selected_mass_ratio{" + r0 + " 0.5",
+        "loom_trainer_zenflow_update_interval_steps{" + r0 + " 4",
+        "loom_trainer_zenflow_moved_bytes_total{" + r0 + " 65536"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " missing:\n" << text;
   }
   // The step and checkpoint timestamps are current Unix times (within a minute of the test).
-  for (const std::string name : {"loom_trainer_last_step_timestamp_seconds{rank=\"0\"} ",
-                                 "loom_trainer_last_checkpoint_timestamp_seconds{rank=\"0\"} ",
-                                 "\nloom_worker_last_heartbeat_timestamp_seconds "}) {
+  for (const std::string& name : {"loom_trainer_last_step_timestamp_seconds{" + r0 + " ",
+                                  "loom_trainer_last_checkpoint_timestamp_seconds{" + r0 + " ",
+                                  std::string("\nloom_worker_last_heartbeat_timestamp_seconds ")}) {
     size_t at = text.find(name);
     ASSERT_NE(at, std::string::npos) << name << " missing:\n" << text;
     double t = std::strtod(text.c_str() + at + name.size(), nullptr);
@@ -315,12 +326,12 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
       Options(FakeTrainer()).node_id, "\",rank=\"0\"} 1");
   EXPECT_NE(text.find(accel), std::string::npos) << accel << " missing:\n" << text;
   // Not a SuperOffload job: none of its series.
-  EXPECT_EQ(text.find("loom_trainer_superoffload_speculation_hit_rate{"), std::string::npos)
+  EXPECT_EQ(text.find("loom_trainer_superoffload_speculation_hit_ratio{"), std::string::npos)
       << text;
   // Repeated ticks do not count the same rollbacks again.
   ASSERT_TRUE(d.Tick().ok());
   text = prometheus::TextSerializer().Serialize(registry_.Collect());
-  EXPECT_NE(text.find("loom_trainer_optimizer_rollbacks_total{rank=\"0\"} 2\n"), std::string::npos)
+  EXPECT_NE(text.find("loom_trainer_optimizer_rollbacks_total{" + r0 + " 2\n"), std::string::npos)
       << text;
   loom::v1::HeartbeatResponse stop;
   *stop.add_stop() = Assignment("job-hang", "hang");
@@ -329,11 +340,50 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
     client_.replies.push_back(stop);
   }
   TickUntil(d, "job-hang", loom::v1::RANK_STATE_STOPPED);
-  // The info series goes away with the rank (the gauges of the last values stay).
+  // The info series goes away with the rank, and so do its timestamps (an ended rank does not
+  // age); the last values stay while the worker still reports the rank.
   text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_EQ(text.find("loom_worker_rank_info{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("loom_trainer_last_step_timestamp_seconds{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("loom_trainer_last_checkpoint_timestamp_seconds{"), std::string::npos);
   EXPECT_EQ(text.find("loom_rank_accelerator_info{"), std::string::npos) << text;
-  EXPECT_NE(text.find("loom_trainer_step{rank=\"0\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_trainer_step{" + r0 + " 1"), std::string::npos) << text;
+}
+
+// Issue 53: an attempt resumed from step 40 has checkpoint step 40 (it read 0 until the attempt
+// wrote its own, 72 steps "at risk" where the truth was 32), and its tokens are a counter.
+TEST_F(WorkerDaemonTest, ResumedRankReportsTheCheckpointItResumedFrom) {
+  WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  loom::v1::HeartbeatResponse start;
+  *start.add_start() = Assignment("job-resumed", "resumed");
+  client_.replies.push_back(start);
+  TickUntil(d, "job-resumed", loom::v1::RANK_STATE_RUNNING);
+  const std::string key = "{attempt=\"1\",job_id=\"job-resumed\",rank=\"0\"}";
+  std::string text;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {  // until the step event has been read
+    ASSERT_TRUE(d.Tick().ok());
+    text = prometheus::TextSerializer().Serialize(registry_.Collect());
+    if (text.find("loom_trainer_step" + key + " 42\n") != std::string::npos &&
+        text.find("loom_trainer_tokens_total" + key + " 100\n") != std::string::npos) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_NE(text.find("loom_trainer_last_checkpoint_step" + key + " 40\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("loom_trainer_tokens_total" + key + " 100\n"), std::string::npos) << text;
+  {
+    absl::MutexLock l(&client_.mu_);
+    EXPECT_EQ(client_.heartbeats.back().ranks(0).progress().last_checkpoint_step(), 40);
+  }
+  loom::v1::HeartbeatResponse stop;
+  *stop.add_stop() = Assignment("job-resumed", "resumed");
+  {
+    absl::MutexLock l(&client_.mu_);
+    client_.replies.push_back(stop);
+  }
+  TickUntil(d, "job-resumed", loom::v1::RANK_STATE_STOPPED);
 }
 
 TEST_F(WorkerDaemonTest, DuplicateAssignmentStartsOneProcess) {

@@ -27,15 +27,20 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                  .Register(registry)),
       step_(prometheus::BuildGauge()
                 .Name("loom_trainer_step")
-                .Help("Last completed optimizer step of the rank running in this slot.")
+                .Help("Last completed optimizer step of the rank.")
                 .Register(registry)),
       loss_(prometheus::BuildGauge()
                 .Name("loom_trainer_loss")
                 .Help("Training loss (nats per token) of the last step.")
                 .Register(registry)),
+      tokens_(prometheus::BuildCounter()
+                  .Name("loom_trainer_tokens_total")
+                  .Help("Global training tokens of the job's steps this rank took part in "
+                        "(rate() is the job's throughput).")
+                  .Register(registry)),
       tokens_per_second_(prometheus::BuildGauge()
                              .Name("loom_trainer_tokens_per_second")
-                             .Help("Training throughput of the job, in tokens per second.")
+                             .Help("Global training tokens per second of the job's last step.")
                              .Register(registry)),
       eval_loss_(prometheus::BuildGauge()
                      .Name("loom_trainer_eval_loss")
@@ -55,7 +60,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                  .Register(registry)),
       last_checkpoint_step_(prometheus::BuildGauge()
                  .Name("loom_trainer_last_checkpoint_step")
-                 .Help("Step of the last checkpoint the rank wrote.")
+                 .Help("Step of the newest checkpoint the rank wrote or resumed from.")
                  .Register(registry)),
       last_checkpoint_time_(prometheus::BuildGauge()
                  .Name("loom_trainer_last_checkpoint_timestamp_seconds")
@@ -96,9 +101,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Help("ZenFlow: seconds of the rank's last step its training thread waited on the "
                     "CPU optimizer.")
               .Register(registry)),
-      zenflow_selected_mass_fraction_(
+      zenflow_selected_mass_ratio_(
           prometheus::BuildGauge()
-              .Name("loom_trainer_zenflow_selected_mass_fraction")
+              .Name("loom_trainer_zenflow_selected_mass_ratio")
               .Help("ZenFlow: the selected columns' share of the 2-D gradients' L1 mass.")
               .Register(registry)),
       zenflow_update_interval_steps_(
@@ -106,11 +111,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Name("loom_trainer_zenflow_update_interval_steps")
               .Help("ZenFlow: optimizer steps in the last completed CPU update interval.")
               .Register(registry)),
-      zenflow_bytes_moved_(
-          prometheus::BuildGauge()
-              .Name("loom_trainer_zenflow_bytes_moved")
+      zenflow_moved_bytes_(
+          prometheus::BuildCounter()
+              .Name("loom_trainer_zenflow_moved_bytes_total")
               .Help("ZenFlow: bytes moved between the device-side partitions and the host "
-                    "buffers since the rank started.")
+                    "buffers.")
               .Register(registry)),
       superoffload_speculated_(
           prometheus::BuildCounter()
@@ -136,9 +141,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Name("loom_trainer_superoffload_speculation_hits_total")
               .Help("SuperOffload: speculative sub-group steps committed as they were.")
               .Register(registry)),
-      superoffload_hit_rate_(
+      superoffload_hit_ratio_(
           prometheus::BuildGauge()
-              .Name("loom_trainer_superoffload_speculation_hit_rate")
+              .Name("loom_trainer_superoffload_speculation_hit_ratio")
               .Help("SuperOffload: speculation hits / speculative sub-group steps since the rank "
                     "started (0 before any).")
               .Register(registry)),
@@ -154,9 +159,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
               .Help("SuperOffload: rolled-back sub-group steps run again, by reason (clip: with "
                     "the clip coefficient).")
               .Register(registry)),
-      superoffload_overlap_fraction_(
+      superoffload_overlap_ratio_(
           prometheus::BuildGauge()
-              .Name("loom_trainer_superoffload_optimizer_overlap_fraction")
+              .Name("loom_trainer_superoffload_optimizer_overlap_ratio")
               .Help("SuperOffload: share of the last step's optimizer work done before the end "
                     "of backward.")
               .Register(registry)),
@@ -173,6 +178,45 @@ void WorkerMetrics::RecordHeartbeat(bool ok) {
   if (ok) last_heartbeat_.Add({}).SetToCurrentTime();
 }
 
+prometheus::Labels WorkerMetrics::RankLabels(const Key& key) {
+  const auto& [job_id, attempt, rank] = key;
+  return {{"job_id", job_id}, {"attempt", std::to_string(attempt)}, {"rank", std::to_string(rank)}};
+}
+
+prometheus::Gauge& WorkerMetrics::RankGauge(RankSeries& s, GaugeFamily& family,
+                                            const prometheus::Labels& labels) {
+  prometheus::Gauge& g = family.Add(labels);
+  s.gauges.insert({&family, &g});
+  return g;
+}
+
+prometheus::Counter& WorkerMetrics::RankCounter(RankSeries& s, CounterFamily& family,
+                                                const prometheus::Labels& labels) {
+  prometheus::Counter& c = family.Add(labels);
+  s.counters.insert({&family, &c});
+  return c;
+}
+
+void WorkerMetrics::SetTimestamp(RankSeries& s, GaugeFamily& family,
+                                 const prometheus::Labels& labels, double unix_seconds) {
+  prometheus::Gauge& g = family.Add(labels);
+  s.timestamps.insert({&family, &g});
+  g.Set(unix_seconds);
+}
+
+void WorkerMetrics::RemoveTimestamps(RankSeries& s) {
+  for (const auto& [family, gauge] : s.timestamps) family->Remove(gauge);
+  s.timestamps.clear();
+}
+
+void WorkerMetrics::RemoveAll(RankSeries& s) {
+  RemoveTimestamps(s);
+  for (const auto& [family, gauge] : s.gauges) family->Remove(gauge);
+  for (const auto& [family, counter] : s.counters) family->Remove(counter);
+  s.gauges.clear();
+  s.counters.clear();
+}
+
 void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, int slots) {
   slots_.Add({}).Set(slots);
   std::map<std::string, int> by_state;
@@ -180,29 +224,45 @@ void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, 
     by_state[loom::v1::RankState_Name(static_cast<loom::v1::RankState>(s))] = 0;
   }
   for (const loom::v1::RankStatus& r : ranks) by_state[loom::v1::RankState_Name(r.state())]++;
-  // Succeeded ranks first (their final step), then running ones, which win on a shared label.
-  for (loom::v1::RankState state : {loom::v1::RANK_STATE_SUCCEEDED, loom::v1::RANK_STATE_RUNNING}) {
-    for (const loom::v1::RankStatus& r : ranks) {
-      if (r.state() != state) continue;
-      prometheus::Labels labels = {{"rank", std::to_string(r.rank())}};
-      step_.Add(labels).Set(static_cast<double>(r.progress().step()));
-      loss_.Add(labels).Set(r.progress().loss());
-      tokens_per_second_.Add(labels).Set(r.progress().tokens_per_second());
-      if (r.progress().has_eval_loss()) eval_loss_.Add(labels).Set(r.progress().eval_loss());
-      last_checkpoint_step_.Add(labels).Set(
-          static_cast<double>(r.progress().last_checkpoint_step()));
-    }
-  }
   for (const auto& [state, n] : by_state) ranks_.Add({{"state", state}}).Set(n);
 
+  absl::MutexLock l(&mu_);
+  // Series of ranks the worker no longer reports go, with all their labels.
+  std::set<Key> reported;
+  for (const loom::v1::RankStatus& r : ranks) reported.insert({r.job_id(), r.attempt(), r.rank()});
+  for (auto it = series_.begin(); it != series_.end();) {
+    if (reported.count(it->first) == 0) {
+      RemoveAll(it->second);
+      it = series_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const loom::v1::RankStatus& r : ranks) {
+    const Key key{r.job_id(), r.attempt(), r.rank()};
+    RankSeries& s = series_[key];
+    s.running = r.state() == loom::v1::RANK_STATE_RUNNING;
+    if (!s.running) RemoveTimestamps(s);  // an ended rank does not age
+    s.stepped = r.progress().step() > 0;
+    if (!s.stepped) continue;  // nothing (no zeros) before the rank's first step
+    const prometheus::Labels labels = RankLabels(key);
+    RankGauge(s, step_, labels).Set(static_cast<double>(r.progress().step()));
+    RankGauge(s, loss_, labels).Set(r.progress().loss());
+    RankGauge(s, tokens_per_second_, labels).Set(r.progress().tokens_per_second());
+    if (r.progress().has_eval_loss()) {
+      RankGauge(s, eval_loss_, labels).Set(r.progress().eval_loss());
+    }
+    RankGauge(s, last_checkpoint_step_, labels)
+        .Set(static_cast<double>(r.progress().last_checkpoint_step()));
+  }
+
   // The info series follow the set of starting and running ranks exactly.
-  std::set<std::tuple<std::string, int, int>> live;
+  std::set<Key> live;
   for (const loom::v1::RankStatus& r : ranks) {
     if (r.state() == loom::v1::RANK_STATE_STARTING || r.state() == loom::v1::RANK_STATE_RUNNING) {
       live.insert({r.job_id(), r.attempt(), r.rank()});
     }
   }
-  absl::MutexLock l(&mu_);
   for (auto it = info_.begin(); it != info_.end();) {
     if (live.count(it->first) == 0) {
       rank_info_.Remove(it->second);
@@ -211,79 +271,88 @@ void WorkerMetrics::RecordRanks(const std::vector<loom::v1::RankStatus>& ranks, 
       ++it;
     }
   }
-  for (const auto& key : live) {
+  for (const Key& key : live) {
     if (info_.count(key) > 0) continue;
-    const auto& [job_id, attempt, rank] = key;
-    prometheus::Gauge& g = rank_info_.Add(
-        {{"job_id", job_id}, {"attempt", std::to_string(attempt)}, {"rank", std::to_string(rank)}});
+    prometheus::Gauge& g = rank_info_.Add(RankLabels(key));
     g.Set(1);
     info_[key] = &g;
   }
 }
 
-void WorkerMetrics::RecordRankStats(int rank, const RankStats& stats) {
-  prometheus::Labels labels = {{"rank", std::to_string(rank)}};
-  step_seconds_.Add(labels).Set(stats.step_seconds);
-  memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", "partition"}})
-      .Set(stats.partition_bytes);
-  memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", "peak_gathered"}})
-      .Set(stats.peak_gathered_bytes);
-  if (stats.last_step_unix_seconds > 0) last_step_time_.Add(labels).Set(stats.last_step_unix_seconds);
-  if (stats.last_checkpoint_unix_seconds > 0) {
-    last_checkpoint_time_.Add(labels).Set(stats.last_checkpoint_unix_seconds);
-  }
-  communication_seconds_.Add(labels).Set(stats.communication_seconds);
-  stall_seconds_.Add(labels).Set(stats.stall_seconds);
-  if (stats.zenflow) {
-    zenflow_stall_seconds_.Add(labels).Set(stats.zenflow_stall_seconds);
-    zenflow_selected_mass_fraction_.Add(labels).Set(stats.zenflow_selected_mass_fraction);
-    zenflow_update_interval_steps_.Add(labels).Set(stats.zenflow_update_interval_steps);
-    zenflow_bytes_moved_.Add(labels).Set(stats.zenflow_bytes_moved);
-  }
-  for (const auto& [kind, bytes] : stats.memory_bytes_by_kind) {
-    memory_bytes_.Add({{"rank", std::to_string(rank)}, {"kind", kind}}).Set(bytes);
-  }
+void WorkerMetrics::RecordRankStats(const loom::v1::RankStatus& rank, const RankStats& stats) {
+  const Key key{rank.job_id(), rank.attempt(), rank.rank()};
   absl::MutexLock l(&mu_);
-  const int64_t pid = stats.process_id;
-  AddCumulative(optimizer_rollbacks_.Add(labels), rank, "optimizer_rollbacks", pid,
+  auto found = series_.find(key);
+  if (found == series_.end()) return;  // not reported by the last RecordRanks: no series
+  RankSeries& s = found->second;
+  const prometheus::Labels labels = RankLabels(key);
+  auto with = [&labels](const char* name, const std::string& value) {
+    prometheus::Labels l = labels;
+    l[name] = value;
+    return l;
+  };
+  if (s.running) {
+    // From the rank's start ("started" sets both), so that a rank hung before its first step
+    // or checkpoint ages too.
+    if (stats.last_step_unix_seconds > 0) {
+      SetTimestamp(s, last_step_time_, labels, stats.last_step_unix_seconds);
+    }
+    if (stats.last_checkpoint_unix_seconds > 0) {
+      SetTimestamp(s, last_checkpoint_time_, labels, stats.last_checkpoint_unix_seconds);
+    }
+  }
+  if (!s.stepped) return;
+  if (stats.process_id != s.process_id) {  // a new trainer process: its counts start at 0
+    s.process_id = stats.process_id;
+    s.cumulative_seen.clear();
+  }
+  AddCumulative(s, RankCounter(s, tokens_, labels), "tokens", stats.tokens);
+  RankGauge(s, step_seconds_, labels).Set(stats.step_seconds);
+  RankGauge(s, memory_bytes_, with("kind", "partition")).Set(stats.partition_bytes);
+  RankGauge(s, memory_bytes_, with("kind", "peak_gathered")).Set(stats.peak_gathered_bytes);
+  for (const auto& [kind, bytes] : stats.memory_bytes_by_kind) {
+    RankGauge(s, memory_bytes_, with("kind", kind)).Set(bytes);
+  }
+  RankGauge(s, communication_seconds_, labels).Set(stats.communication_seconds);
+  RankGauge(s, stall_seconds_, labels).Set(stats.stall_seconds);
+  AddCumulative(s, RankCounter(s, optimizer_rollbacks_, labels), "optimizer_rollbacks",
                 stats.optimizer_rollbacks);
+  if (stats.zenflow) {
+    RankGauge(s, zenflow_stall_seconds_, labels).Set(stats.zenflow_stall_seconds);
+    RankGauge(s, zenflow_selected_mass_ratio_, labels).Set(stats.zenflow_selected_mass_fraction);
+    RankGauge(s, zenflow_update_interval_steps_, labels).Set(stats.zenflow_update_interval_steps);
+    AddCumulative(s, RankCounter(s, zenflow_moved_bytes_, labels), "zenflow_moved_bytes",
+                  stats.zenflow_bytes_moved);
+  }
   if (stats.superoffload) {
-    const std::string r = std::to_string(rank);
-    AddCumulative(superoffload_speculated_.Add(labels), rank, "speculated", pid,
+    AddCumulative(s, RankCounter(s, superoffload_speculated_, labels), "speculated",
                   stats.superoffload_speculated);
-    AddCumulative(superoffload_hits_.Add(labels), rank, "hits", pid,
-                  stats.superoffload_hits);
-    AddCumulative(superoffload_paused_.Add(labels), rank, "paused", pid,
+    AddCumulative(s, RankCounter(s, superoffload_hits_, labels), "hits", stats.superoffload_hits);
+    AddCumulative(s, RankCounter(s, superoffload_paused_, labels), "paused",
                   stats.superoffload_speculation_paused);
-    AddCumulative(superoffload_no_buffer_.Add(labels), rank, "no_buffer", pid,
+    AddCumulative(s, RankCounter(s, superoffload_no_buffer_, labels), "no_buffer",
                   stats.superoffload_speculation_no_buffer);
-    AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "overflow"}}), rank,
-                  "rollbacks_overflow", pid, stats.superoffload_rollbacks_overflow);
-    AddCumulative(superoffload_rollbacks_.Add({{"rank", r}, {"reason", "clip"}}), rank,
-                  "rollbacks_clip", pid, stats.superoffload_rollbacks_clip);
-    AddCumulative(superoffload_replays_.Add({{"rank", r}, {"reason", "clip"}}), rank, "replays", pid,
+    AddCumulative(s, RankCounter(s, superoffload_rollbacks_, with("reason", "overflow")),
+                  "rollbacks_overflow", stats.superoffload_rollbacks_overflow);
+    AddCumulative(s, RankCounter(s, superoffload_rollbacks_, with("reason", "clip")),
+                  "rollbacks_clip", stats.superoffload_rollbacks_clip);
+    AddCumulative(s, RankCounter(s, superoffload_replays_, with("reason", "clip")), "replays",
                   stats.superoffload_replays);
-    superoffload_hit_rate_.Add(labels).Set(
-        stats.superoffload_speculated > 0
-            ? stats.superoffload_hits / stats.superoffload_speculated
-            : 0.0);
-    superoffload_overlap_fraction_.Add(labels).Set(stats.superoffload_overlap_fraction);
-    superoffload_optimizer_work_seconds_.Add(labels).Set(
-        stats.superoffload_optimizer_work_seconds);
+    RankGauge(s, superoffload_hit_ratio_, labels)
+        .Set(stats.superoffload_speculated > 0
+                 ? stats.superoffload_hits / stats.superoffload_speculated
+                 : 0.0);
+    RankGauge(s, superoffload_overlap_ratio_, labels).Set(stats.superoffload_overlap_fraction);
+    RankGauge(s, superoffload_optimizer_work_seconds_, labels)
+        .Set(stats.superoffload_optimizer_work_seconds);
   }
 }
 
-void WorkerMetrics::AddCumulative(prometheus::Counter& counter, int rank, const std::string& name,
-                                  int64_t pid, double cumulative) {
-  std::vector<std::pair<int64_t, double>>& seen = cumulative_seen_[{rank, name}];
-  auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& e) { return e.first == pid; });
-  if (it == seen.end()) {
-    if (seen.size() >= kProcessesPerRank) seen.erase(seen.begin());
-    seen.emplace_back(pid, 0.0);
-    it = seen.end() - 1;
-  }
-  if (cumulative > it->second) counter.Increment(cumulative - it->second);
-  it->second = std::max(it->second, cumulative);
+void WorkerMetrics::AddCumulative(RankSeries& s, prometheus::Counter& counter,
+                                  const std::string& name, double cumulative) {
+  double& seen = s.cumulative_seen[name];
+  if (cumulative > seen) counter.Increment(cumulative - seen);
+  seen = std::max(seen, cumulative);
 }
 
 void WorkerMetrics::RecordAcceleratorAssignments(const std::string& node,

@@ -91,46 +91,47 @@ d.panel("Accelerators by kind and state", [("sum by (kind, state) (loom_accelera
 d.write("cluster-overview.json", "loom-cluster-overview", "Loom / Cluster overview",
         "Jobs by phase, nodes, slots, scheduler and worker health.")
 
-# 2. Job detail (metrics carry no job id: rank series are selected through loom_worker_rank_info)
+# 2. Job detail (every per-rank series carries job_id, attempt and rank: jobs sharing a worker
+# never share a series; a rank's series exist from its first step until its worker forgets it)
 d = Dash()
-J = ' and on (instance, rank) loom_worker_rank_info{job_id=~"$job"}'
-sel = '{instance=~"$instance", rank=~"$rank"}'
+sel = '{job_id=~"$job", instance=~"$instance", rank=~"$rank"}'
+LR = "{{job_id}}/{{attempt}} rank {{rank}}"
 d.row("Ranks")
 d.panel("Ranks of the job", [('loom_worker_rank_info{job_id=~"$job"}', "{{job_id}} attempt {{attempt}} rank {{rank}} on {{instance}}")],
-        "table", w=24, h=5, desc="Running (or starting) ranks of the selected job(s): worker instance, attempt and rank. Ended ranks leave this table and the panels below.")
+        "table", w=24, h=5, desc="Running (or starting) ranks of the selected job(s): worker instance, attempt and rank. Ended ranks leave this table.")
 d.row("Progress")
-d.panel("Step", [(f"loom_trainer_step{sel}{J}", "{{instance}} rank {{rank}}")])
-d.panel("Loss", [(f"loom_trainer_loss{sel}{J}", "train {{instance}} rank {{rank}}"),
-                 (f"loom_trainer_eval_loss{sel}{J}", "held-out {{instance}} rank {{rank}}")],
+d.panel("Step", [(f"loom_trainer_step{sel}", LR)])
+d.panel("Loss", [(f"loom_trainer_loss{sel}", "train " + LR),
+                 (f"loom_trainer_eval_loss{sel}", "held-out " + LR)],
         desc="Nats per token.")
-d.panel("Throughput", [(f"loom_trainer_tokens_per_second{sel}{J}", "{{instance}} rank {{rank}}")], unit="short",
-        desc="Global training tokens per second as seen by each rank.")
-d.panel("Step time", [(f"loom_trainer_step_seconds{sel}{J}", "{{instance}} rank {{rank}}")], unit="s")
+d.panel("Throughput", [(f"max by (job_id, attempt) (rate(loom_trainer_tokens_total{sel}[{RI}]))", "{{job_id}}/{{attempt}}")], unit="short",
+        desc="Global training tokens per second of each job attempt (every rank counts the job's tokens; the fastest-reporting rank is shown).")
+d.panel("Step time", [(f"loom_trainer_step_seconds{sel}", LR)], unit="s")
 d.row("Memory")
-d.panel("Trainer memory by kind", [(f"loom_trainer_memory_bytes{sel}{J}", "{{kind}} {{instance}} rank {{rank}}")],
+d.panel("Trainer memory by kind", [(f"loom_trainer_memory_bytes{sel}", "{{kind}} " + LR)],
         unit="bytes", desc="partition: this rank's ZeRO-3 parameter shard; peak_gathered: peak all-gathered parameters during the last step.")
-d.panel("Gathered / partition ratio", [(f'(loom_trainer_memory_bytes{{kind="peak_gathered", instance=~"$instance", rank=~"$rank"}} / ignoring(kind) loom_trainer_memory_bytes{{kind="partition", instance=~"$instance", rank=~"$rank"}}){J}', "{{instance}} rank {{rank}}")],
+d.panel("Gathered / partition ratio", [('loom_trainer_memory_bytes{kind="peak_gathered", job_id=~"$job", instance=~"$instance", rank=~"$rank"} / ignoring(kind) loom_trainer_memory_bytes{kind="partition", job_id=~"$job", instance=~"$instance", rank=~"$rank"}', LR)],
         desc="How much of the full model a rank gathers at its peak relative to its shard.")
 d.row("Stalls and communication")
-d.panel("Stall: time since last step", [(f"(time() - loom_trainer_last_step_timestamp_seconds{sel}){J}", "{{instance}} rank {{rank}}")],
-        unit="s", desc="Grows while a rank waits (collectives, data, a stuck peer); the LoomNoStepProgress alert fires above 10 minutes.")
-d.panel("Step time vs. median (communication and stragglers)", [(f'(loom_trainer_step_seconds{sel} / scalar(quantile(0.5, loom_trainer_step_seconds{{instance=~"$instance", rank=~"$rank"}}{J}))){J}', "{{instance}} rank {{rank}}")],
+d.panel("Stall: time since last step", [(f"time() - loom_trainer_last_step_timestamp_seconds{sel}", LR)],
+        unit="s", desc="Running ranks only. Grows while a rank waits (collectives, data, a stuck peer); the LoomNoStepProgress alert fires above 10 minutes.")
+d.panel("Step time vs. median of the job (communication and stragglers)", [(f"loom_trainer_step_seconds{sel} / on (job_id, attempt) group_left quantile by (job_id, attempt) (0.5, loom_trainer_step_seconds{sel})", LR)],
         desc="Ranks of one job step in lock-step (ZeRO-3 collectives), so a rank far above 1 is waiting on communication or is a straggler.")
 d.panel("Communication and stall time per step", [
-    (f"loom_trainer_communication_seconds{sel}{J}", "communication {{instance}} rank {{rank}}"),
-    (f"loom_trainer_stall_seconds{sel}{J}", "stall {{instance}} rank {{rank}}"),
-    (f"loom_trainer_step_seconds{sel}{J}", "step {{instance}} rank {{rank}}")], unit="s",
+    (f"loom_trainer_communication_seconds{sel}", "communication " + LR),
+    (f"loom_trainer_stall_seconds{sel}", "stall " + LR),
+    (f"loom_trainer_step_seconds{sel}", "step " + LR)], unit="s",
         desc="Of the last step: seconds blocked in collectives (communication), and that plus seconds building input batches (stall). Step minus stall is compute.")
-d.panel("Stall share of step time", [(f"(loom_trainer_stall_seconds{sel} / clamp_min(loom_trainer_step_seconds{sel}, 1e-9)){J}", "{{instance}} rank {{rank}}")],
+d.panel("Stall share of step time", [(f"loom_trainer_stall_seconds{sel} / clamp_min(loom_trainer_step_seconds{sel}, 1e-9)", LR)],
         unit="percentunit", desc="Fraction of the last step the rank waited instead of computing. A rank with a much lower share than its peers is the straggler the others wait for.")
 d.row("Accelerators")
 d.panel("Accelerators of the job", [('loom_rank_accelerator_info{job_id=~"$job"}', "{{node}} accelerator {{accelerator_index}} rank {{rank}}")],
         "table", w=24, h=5, desc="Node and accelerator index of each running rank: join with DCGM_FI_* series on gpu (docs/metrics.md).")
 d.write("job-detail.json", "loom-job-detail", "Loom / Job detail",
-        "Per-rank training progress of running jobs: loss, throughput, step time, memory, stalls. Pick a job (from loom_worker_rank_info), optionally narrow to workers and ranks.",
-        variables=[("job", "label_values(loom_worker_rank_info, job_id)", "Job"),
-                   ("instance", "label_values(loom_trainer_step, instance)", "Worker"),
-                   ("rank", "label_values(loom_trainer_step, rank)", "Rank")])
+        "Per-rank training progress of jobs: loss, throughput, step time, memory, stalls. Pick a job, optionally narrow to workers and ranks.",
+        variables=[("job", "label_values(loom_trainer_step, job_id)", "Job"),
+                   ("instance", 'label_values(loom_trainer_step{job_id=~"$job"}, instance)', "Worker"),
+                   ("rank", 'label_values(loom_trainer_step{job_id=~"$job"}, rank)', "Rank")])
 
 # 3. Queues and fairness
 d = Dash()
@@ -168,11 +169,11 @@ d.write("queues-fairness.json", "loom-queues-fairness", "Loom / Queues and fairn
 # 4. Checkpoints
 d = Dash()
 d.row("Trainer checkpoints")
-d.panel("Checkpoint age", [('time() - loom_trainer_last_checkpoint_timestamp_seconds and on (instance) loom_worker_ranks{state="RANK_STATE_RUNNING"} > 0', "{{instance}} rank {{rank}}")],
-        unit="s", desc="Seconds since each running rank's newest checkpoint (or its start). LoomCheckpointTooOld fires above 2 h.")
-d.panel("Steps since last checkpoint", [("loom_trainer_step - loom_trainer_last_checkpoint_step", "{{instance}} rank {{rank}}")],
-        desc="Training that a failure now would repeat.")
-d.panel("Last checkpoint step", [("loom_trainer_last_checkpoint_step", "{{instance}} rank {{rank}}")])
+d.panel("Checkpoint age", [("time() - loom_trainer_last_checkpoint_timestamp_seconds", "{{job_id}}/{{attempt}} rank {{rank}} on {{instance}}")],
+        unit="s", desc="Seconds since each running rank's newest checkpoint (or its start); ended ranks have no series. LoomCheckpointTooOld fires above 2 h.")
+d.panel("Steps since last checkpoint", [("loom_trainer_step - loom_trainer_last_checkpoint_step", "{{job_id}}/{{attempt}} rank {{rank}}")],
+        desc="Training that a failure now would repeat. A resumed attempt counts from the checkpoint it resumed from.")
+d.panel("Last checkpoint step", [("loom_trainer_last_checkpoint_step", "{{job_id}}/{{attempt}} rank {{rank}}")])
 d.row("Consolidation (loom-checkpoint)")
 d.panel("Consolidations per hour", [(f"sum by (result) (increase(loom_checkpoint_consolidations_total[1h]))", "{{result}}")])
 d.panel("Consolidation duration", [

@@ -221,7 +221,13 @@ CheckpointServiceImpl::CheckpointServiceImpl(CheckpointServiceOptions options,
       consolidations_(ConsolidationsFamily(registry)),
       consolidation_seconds_(SecondsHistogram(registry)),
       consolidated_bytes_(BytesCounter(registry)) {
-  consolidations_.Add({{"result", "ok"}});  // export the series at 0 before the first call
+  // Every result a call can have exists at 0 before the first call ("ok" and each canonical
+  // error code), so increase() counts a result's first occurrence (issue 53).
+  consolidations_.Add({{"result", "ok"}});
+  for (int code = 1; code <= 16; ++code) {
+    consolidations_.Add({{"result", absl::AsciiStrToLower(absl::StatusCodeToString(
+                                        static_cast<absl::StatusCode>(code)))}});
+  }
 }
 
 grpc::Status CheckpointServiceImpl::Authorize(const grpc::ServerContext& context) const {

@@ -49,7 +49,8 @@ struct CheckpointServiceOptions {
 
 // The service. Metrics registered in the constructor on `registry`:
 //   loom_checkpoint_consolidations_total{result}   counter; result = "ok" or the lower-case
-//                                                  canonical code ("failed_precondition", ...)
+//                                                  canonical code ("failed_precondition", ...);
+//                                                  every one exported at 0 from the start
 //   loom_checkpoint_consolidation_seconds          histogram of ConsolidateCheckpoint durations
 //   loom_checkpoint_consolidated_bytes_total       counter of model.safetensors bytes written
 // ConsolidateCheckpoint requests:

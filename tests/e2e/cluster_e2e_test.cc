@@ -128,17 +128,24 @@ TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
                                  "/final_logits.json --atol 1e-4 > ", tmp_, "/check_export.log 2>&1");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::Tail(absl::StrCat(tmp_, "/check_export.log"));
 
-  // Every daemon serves Prometheus metrics, including the trainer's step, loss and tokens/s.
+  // Every daemon serves Prometheus metrics. The trainer's series (step, loss, tokens; checked
+  // while a rank runs by //tests/observability:prometheus_scrape_test) are removed once the
+  // worker forgets the ended rank (issue 53: no stale series of ended jobs).
   auto sched_metrics = testing::HttpGet(scheduler_info_.metrics_url);
   ASSERT_TRUE(sched_metrics.ok()) << sched_metrics.status();
   EXPECT_TRUE(absl::StrContains(*sched_metrics, "loom_jobs{phase=\"SUCCEEDED\"} 1"))
       << *sched_metrics;
-  auto worker_metrics = testing::HttpGet(worker_infos_[0].metrics_url);
+  absl::StatusOr<std::string> worker_metrics;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        worker_metrics = testing::HttpGet(worker_infos_[0].metrics_url);
+        return worker_metrics.ok() && !absl::StrContains(*worker_metrics, "loom_trainer_step{");
+      },
+      absl::Seconds(30), absl::Milliseconds(50)))
+      << (worker_metrics.ok() ? *worker_metrics : worker_metrics.status().ToString());
   ASSERT_TRUE(worker_metrics.ok()) << worker_metrics.status();
-  for (const char* name : {"loom_trainer_step", "loom_trainer_loss", "loom_trainer_tokens_per_second",
-                           "loom_worker_heartbeats_total"}) {
-    EXPECT_TRUE(absl::StrContains(*worker_metrics, name)) << name << " missing:\n" << *worker_metrics;
-  }
+  EXPECT_TRUE(absl::StrContains(*worker_metrics, "loom_worker_heartbeats_total"))
+      << *worker_metrics;
   auto ckpt_metrics = testing::HttpGet(checkpoint_info_.metrics_url);
   ASSERT_TRUE(ckpt_metrics.ok()) << ckpt_metrics.status();
   EXPECT_TRUE(absl::StrContains(*ckpt_metrics, "loom_checkpoint_consolidations_total"));

@@ -12,20 +12,27 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdint>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint/consolidate.h"
 #include "tests/e2e/testing/e2e_cluster.h"
+#include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
@@ -206,34 +213,66 @@ TEST_F(OffloadResumeE2ETest, ZenFlowJobKilledMidRunResumesBitForBit) {
 }
 
 TEST_F(OffloadResumeE2ETest, SuperOffloadJobKilledMidRunResumesBitForBitAndExportsMetrics) {
-  const std::string id = KillMidRunAndCompare("e2e-superoffload", kSuperOffloadZero);
-  // The worker that ran rank 0 exports SuperOffload's series (a real trainer's step events;
+  // The worker running rank 0 exports SuperOffload's series (a real trainer's step events;
   // clipping at 1.0 is active on these steps, so speculative steps are rolled back and replayed).
-  loom::v1::Job job = Get(id);
-  ASSERT_EQ(job.rank_nodes_size(), 2);
-  const std::string node = job.rank_nodes(0);
-  const std::string url = worker_infos_[node.back() - '0'].metrics_url;
+  // A rank's series exist only while its worker reports it (issue 53), so a thread scrapes every
+  // worker while the jobs run and keeps the last scrape that had rank 0's series of the killed
+  // job's second attempt (series labels: attempt, job_id, rank).
+  // Only the killed job has an attempt 2, so a scrape with such a series is that job's.
+  std::atomic<bool> done{false};
+  absl::Mutex mu;
+  std::string sampled;  // guarded by mu
+  std::thread sampler([&] {
+    const std::string want = "loom_trainer_superoffload_speculated_sub_groups_total{attempt=\"2\",";
+    while (!done.load()) {
+      for (const auto& info : worker_infos_) {
+        absl::StatusOr<std::string> text = testing::HttpGet(info.metrics_url);
+        if (!text.ok()) continue;
+        for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+          if (absl::StartsWith(line, want) && absl::StrContains(line, ",rank=\"0\"}")) {
+            absl::MutexLock l(&mu);
+            sampled = *text;
+            break;
+          }
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));  // scrape period, not synchronisation
+    }
+  });
+  const std::string id = KillMidRunAndCompare("e2e-superoffload", kSuperOffloadZero);
+  done = true;
+  sampler.join();
+  absl::MutexLock l(&mu);
+  ASSERT_FALSE(sampled.empty()) << "no scrape saw rank 0 of attempt 2 of " << id;
+  const std::string key = absl::StrCat("{attempt=\"2\",job_id=\"", id, "\",rank=\"0\"");
+  auto value = [&](const std::string& series) {
+    for (absl::string_view line : absl::StrSplit(sampled, '\n')) {
+      if (absl::StartsWith(line, series + " ")) {
+        double v = -1;
+        if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+      }
+    }
+    ADD_FAILURE() << series << " missing:\n" << sampled;
+    return -1.0;
+  };
   const double speculated =
-      e2e::MetricSample(url, "loom_trainer_superoffload_speculated_sub_groups_total{rank=\"0\"}");
-  const double hits =
-      e2e::MetricSample(url, "loom_trainer_superoffload_speculation_hits_total{rank=\"0\"}");
-  const double rate =
-      e2e::MetricSample(url, "loom_trainer_superoffload_speculation_hit_rate{rank=\"0\"}");
-  const double clip = e2e::MetricSample(
-      url, "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"clip\"}");
-  const double replays = e2e::MetricSample(
-      url, "loom_trainer_superoffload_replays_total{rank=\"0\",reason=\"clip\"}");
-  const double overflow = e2e::MetricSample(
-      url, "loom_trainer_superoffload_rollbacks_total{rank=\"0\",reason=\"overflow\"}");
-  const double overlap = e2e::MetricSample(
-      url, "loom_trainer_superoffload_optimizer_overlap_fraction{rank=\"0\"}");
+      value("loom_trainer_superoffload_speculated_sub_groups_total" + key + "}");
+  const double hits = value("loom_trainer_superoffload_speculation_hits_total" + key + "}");
+  const double ratio = value("loom_trainer_superoffload_speculation_hit_ratio" + key + "}");
+  const double clip =
+      value("loom_trainer_superoffload_rollbacks_total" + key + ",reason=\"clip\"}");
+  const double replays =
+      value("loom_trainer_superoffload_replays_total" + key + ",reason=\"clip\"}");
+  const double overflow =
+      value("loom_trainer_superoffload_rollbacks_total" + key + ",reason=\"overflow\"}");
+  const double overlap = value("loom_trainer_superoffload_optimizer_overlap_ratio" + key + "}");
   EXPECT_GT(speculated, 0);
   EXPECT_GE(hits, 0);
   EXPECT_DOUBLE_EQ(hits + clip + overflow, speculated);
   EXPECT_EQ(replays, clip);
   EXPECT_EQ(overflow, 0);  // fp32: nothing overflows
-  EXPECT_GE(rate, 0);
-  EXPECT_LE(rate, 1);
+  EXPECT_GE(ratio, 0);
+  EXPECT_LE(ratio, 1);
   EXPECT_GE(overlap, 0);
   EXPECT_LE(overlap, 1);
 }

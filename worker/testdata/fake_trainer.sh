@@ -49,6 +49,14 @@ case "$name" in
     echo '{"checkpoint":{"step":"2","dir":"/tmp/x"}}'
     trap 'exit 143' TERM
     while true; do sleep 0.05; done ;;
+  resumed)
+    # An attempt resumed from the checkpoint of step 40: two steps of 25 global tokens per
+    # second for 2 s (50 tokens each), then it runs until SIGTERM.
+    echo "{\"started\":{\"rank\":$rank,\"world_size\":1,\"start_step\":\"40\"}}"
+    echo '{"step":{"step":"41","loss":3.0,"tokens_per_s":25,"step_time_s":2}}'
+    echo '{"step":{"step":"42","loss":2.9,"tokens_per_s":25,"step_time_s":2}}'
+    trap 'exit 143' TERM
+    while true; do sleep 0.05; done ;;
   hang)
     echo '{"step":{"step":"1","loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":"4096","peak_gathered_bytes":"16384","comm_s":0.125,"data_s":0.0625,"optimizer_rollbacks":"2","param_bytes":"1024","optimizer_state_bytes":"8192","zenflow_stall_s":0.03125,"zenflow_selected_mass_fraction":0.5,"zenflow_update_interval":"4","zenflow_bytes_moved":"65536"}}'
     echo '{"checkpoint":{"step":"1","dir":"/tmp/x"}}'
