@@ -144,7 +144,17 @@ absl::StatusOr<QueuesConfig> ParseQueuesConfig(const std::string& yaml_text) {
         ASSIGN_OR_RETURN(const std::string tenant, KeyString(kv.first, "tenants"));
         const std::string path = absl::StrCat("tenants.", tenant);
         if (!kv.second.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a map"));
-        RETURN_IF_ERROR(CheckKeys(kv.second, path, {"weight", "data_roots", "scratch_roots"}));
+        RETURN_IF_ERROR(CheckKeys(kv.second, path,
+                                  {"weight", "data_roots", "scratch_roots", "max_unfinished_jobs"}));
+        if (kv.second["max_unfinished_jobs"]) {
+          const int64_t cap = kv.second["max_unfinished_jobs"].as<int64_t>();
+          if (cap < 0 || cap > kMaxSlots) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                path, ".max_unfinished_jobs: must be in [0, ", kMaxSlots, "] (0 = no limit), got ",
+                cap));
+          }
+          config.tenant_max_unfinished_jobs[tenant] = cap;
+        }
         if (kv.second["data_roots"]) {
           RETURN_IF_ERROR(ParseDataRoots(kv.second["data_roots"], path + ".data_roots",
                                          &config.tenant_data_roots[tenant]));

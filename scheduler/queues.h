@@ -26,6 +26,7 @@
 //   tenants:                    # optional; weight defaults to 1
 //     team-a: {weight: 2, data_roots: [/data/team-a]}   # data_roots (and scratch_roots) replace
 //                                                       # the top-level ones
+//     team-b: {max_unfinished_jobs: 5000}  # replaces --max_unfinished_jobs_per_tenant (0 = none)
 //   queues:
 //     - name: a-gpu
 //       tenant: team-a          # optional: "" = any tenant may submit
@@ -72,6 +73,9 @@ struct QueuesConfig {
   // Scratch roots (nvme_path, scheduler/path_policy.h) of tenants without their own; default none.
   std::vector<std::string> scratch_roots;
   std::map<std::string, std::vector<std::string>> tenant_scratch_roots;
+  // tenants.<t>.max_unfinished_jobs: replaces SchedulerOptions::max_unfinished_jobs_per_tenant
+  // for that tenant (0 = no limit).
+  std::map<std::string, int64_t> tenant_max_unfinished_jobs;
 
   // One "default" queue, open to every tenant, no quota.
   static QueuesConfig Default();

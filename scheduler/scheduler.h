@@ -208,6 +208,11 @@ struct SchedulerOptions {
   // second at 2,000 nodes) meant hundreds of full job records in each cycle's transaction
   // (docs/benchmarks.md, "Progress writes").
   absl::Duration progress_store_interval = absl::Seconds(5);
+  // Most unfinished jobs (not yet SUCCEEDED/FAILED/CANCELLED, submissions being committed
+  // included) one tenant may have; a submission over it is RESOURCE_EXHAUSTED naming the limit
+  // (as Slurm's MaxSubmitJobs per user). queues.tenant_max_unfinished_jobs overrides it per
+  // tenant. 0 = no limit; >= 0 (scheduler_tenant_limits.cc).
+  int64_t max_unfinished_jobs_per_tenant = 1000;
 
   // INVALID_ARGUMENT naming the field if the options are unusable.
   absl::Status Validate() const;
@@ -556,6 +561,9 @@ class Scheduler {
   absl::StatusOr<CommittedCheckpoint> PrefetchedResume(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewJobId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED if `tenant` already has its limit of unfinished jobs (jobs_ plus
+  // submissions in flight; SchedulerOptions::max_unfinished_jobs_per_tenant).
+  absl::Status CheckUnfinishedJobLimit(const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Immutable after construction.
   const SchedulerOptions options_;
@@ -626,6 +634,7 @@ class Scheduler {
   // Ids and request ids of submissions being committed (not yet in jobs_).
   std::set<std::string> inflight_ids_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> inflight_by_tenant_ ABSL_GUARDED_BY(mu_);  // their tenants' counts
   // During RunSchedulingCycle and Heartbeat: job writes collected for one transaction, stored by
   // StoreOffLock after mu_ is released (null otherwise: CommitJob writes at once).
   std::map<std::string, JobRecord>* deferred_writes_ ABSL_GUARDED_BY(mu_) = nullptr;

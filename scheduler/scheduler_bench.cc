@@ -60,6 +60,7 @@ double SubmissionsPerSecond(const std::string& dir) {
   options.db_path = dir + "/submit.db";
   options.scheduler.checkpoint_root = dir + "/checkpoints";
   options.scheduler.validation.fortunes_dir = dir + "/fortunes";
+  options.scheduler.max_unfinished_jobs_per_tenant = 0;  // thousands of jobs of one tenant
   CHECK(MakeDirs(options.scheduler.validation.fortunes_dir).ok());
   absl::StatusOr<std::unique_ptr<SchedulerServer>> server = SchedulerServer::Start(options);
   CHECK(server.ok()) << server.status();
@@ -213,6 +214,7 @@ double CycleP99(const std::string& dir) {
   options.checkpoint_root = dir + "/checkpoints";
   options.validation.fortunes_dir = dir + "/fortunes";
   options.heartbeat_timeout = absl::Hours(1);
+  options.max_unfinished_jobs_per_tenant = 0;  // --jobs pending jobs over four tenants
   absl::StatusOr<QueuesConfig> queues = ParseQueuesConfig(
       "tenants: {t0: {weight: 2}}\n"
       "queues:\n"

@@ -63,6 +63,11 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError("reregistration_grace: must be >= 0");
   }
   if (queues.queues.empty()) return absl::InvalidArgumentError("queues: at least one queue");
+  if (max_unfinished_jobs_per_tenant < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_unfinished_jobs_per_tenant: must be >= 0 (0 = no limit), got ",
+        max_unfinished_jobs_per_tenant));
+  }
   if (default_max_infra_restarts < 0) {
     return absl::InvalidArgumentError(absl::StrCat("default_max_infra_restarts: must be >= 0, got ",
                                                    default_max_infra_restarts));

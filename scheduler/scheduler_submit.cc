@@ -92,6 +92,8 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
     auto known = job_by_request_.find(request_id);
     if (!request_id.empty() && known != job_by_request_.end()) {
       answer = earlier_submission(jobs_.at(known->second));
+    } else if (absl::Status s = CheckUnfinishedJobLimit(tenant); !s.ok()) {
+      answer = s;  // refused before validation reads the spec (checked again below)
     }
   }
   if (answer.has_value()) return done(std::move(*answer), deduplicated);
@@ -128,6 +130,8 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
     } else if (!request_id.empty() && inflight_requests_.count(request_id)) {
       answer = absl::UnavailableError(absl::StrCat(
           "request_id ", request_id, ": a submission with this id is being committed; retry"));
+    } else if (absl::Status s = CheckUnfinishedJobLimit(tenant); !s.ok()) {
+      answer = s;
     } else {
       job.id = NewJobId();
       job.sequence = next_sequence_++;
@@ -136,6 +140,7 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
       AppendHistory(&job.state, job.create_time, job.phase, job.reason, job.message, 0);
       inflight_ids_.insert(job.id);
       if (!request_id.empty()) inflight_requests_.insert(request_id);
+      ++inflight_by_tenant_[tenant];
       // Queued under mu_, so batches keep submission (sequence) order. The job is acknowledged
       // only once its batch's transaction committed and AdoptSubmissions took it into jobs_.
       repository_->Submit(std::move(job),
@@ -208,6 +213,10 @@ void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl
   for (const JobRecord& job : batch) {
     inflight_ids_.erase(job.id);
     if (!job.request_id.empty()) inflight_requests_.erase(job.request_id);
+    if (auto t = inflight_by_tenant_.find(job.tenant);
+        t != inflight_by_tenant_.end() && --t->second <= 0) {
+      inflight_by_tenant_.erase(t);
+    }
     if (!stored.ok()) continue;
     job_order_[job.sequence] = job.id;
     if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;

@@ -9,9 +9,10 @@
 namespace loom {
 
 absl::Status AuthJobService::Authorize(const grpc::CallbackServerContext& context,
-                                       const std::string& job_id) const {
+                                       const std::string& job_id, Caller* caller_out) const {
   absl::StatusOr<Caller> caller = CallerFromMetadata(context, auth_);
   if (!caller.ok()) return caller.status();
+  if (caller_out != nullptr) *caller_out = *caller;
   if (caller->admin()) return absl::OkStatus();
   absl::StatusOr<std::string> owner = scheduler_->JobTenant(job_id);
   if (!owner.ok()) return absl::OkStatus();  // let the service answer its own error
@@ -74,16 +75,18 @@ grpc::ServerUnaryReactor* AuthJobService::ExplainPending(
 
 grpc::ServerWriteReactor<loom::v1::JobEvent>* AuthJobService::WatchJob(
     grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) {
-  absl::Status s = Authorize(*context, request->job_id());
+  Caller caller;
+  absl::Status s = Authorize(*context, request->job_id(), &caller);
   if (!s.ok()) return new FinishedWriter<loom::v1::JobEvent>(s);
-  return inner_->WatchJob(context, request);
+  return inner_->WatchJobAs(context, request, caller.tenant);  // counted under its stream cap
 }
 
 grpc::ServerWriteReactor<loom::v1::LogLine>* AuthJobService::StreamLogs(
     grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) {
-  absl::Status s = Authorize(*context, request->job_id());
+  Caller caller;
+  absl::Status s = Authorize(*context, request->job_id(), &caller);
   if (!s.ok()) return new FinishedWriter<loom::v1::LogLine>(s);
-  return inner_->StreamLogs(context, request);
+  return inner_->StreamLogsAs(context, request, caller.tenant);  // counted under its stream cap
 }
 
 absl::Status AuthWorkerService::Check(const grpc::CallbackServerContext& context) const {

@@ -12,6 +12,8 @@
 //   Get/Cancel/Kill/Explain/Watch/StreamLogs
 //                   a job of another tenant answers NOT_FOUND with the same message as a job that
 //                   does not exist (existence is not revealed); admins reach every job
+//   Watch/StreamLogs
+//                   count against the caller's tenant's stream cap (stream_limits.h)
 // Without an authenticator (no --auth_tokens_file) every caller is tenant "default" with admin
 // rights, which is Loom's behaviour before authentication existed.
 //
@@ -69,8 +71,9 @@ class AuthJobService final : public JobServiceBase {
 
  private:
   // OK if the caller may act on `job_id`; NOT_FOUND (as for a missing job) or UNAUTHENTICATED.
-  absl::Status Authorize(const grpc::CallbackServerContext& context,
-                         const std::string& job_id) const;
+  // `caller_out` (may be null) gets the authenticated caller.
+  absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& job_id,
+                         Caller* caller_out = nullptr) const;
 
   JobServiceImpl* const inner_;
   Scheduler* const scheduler_;

@@ -66,7 +66,8 @@ class StreamReactor : public grpc::ServerWriteReactor<Message> {
 // WatchJob: writes the subscription's events one at a time; finishes after a terminal one.
 class WatchJobReactor final : public StreamReactor<loom::v1::JobEvent> {
  public:
-  WatchJobReactor(Scheduler* scheduler, const std::string& job_id) : scheduler_(scheduler) {
+  WatchJobReactor(Scheduler* scheduler, const std::string& job_id, StreamSlot slot)
+      : scheduler_(scheduler), slot_(std::move(slot)) {
     absl::StatusOr<std::shared_ptr<JobSubscription>> sub =
         scheduler_->WatchJob(job_id, [this] { Pump(); });
     if (!sub.ok()) {
@@ -104,7 +105,7 @@ class WatchJobReactor final : public StreamReactor<loom::v1::JobEvent> {
       sub = sub_;
     }
     if (sub != nullptr) scheduler_->Unwatch(sub);  // no wake callback runs after this
-    delete this;
+    delete this;  // gives the stream slot back
   }
 
  private:
@@ -123,6 +124,7 @@ class WatchJobReactor final : public StreamReactor<loom::v1::JobEvent> {
   }
 
   Scheduler* const scheduler_;
+  StreamSlot slot_;  // this stream's place under the stream caps
   std::shared_ptr<JobSubscription> sub_ ABSL_GUARDED_BY(mu_);
   loom::v1::JobEvent event_;  // the write in flight
   bool wrote_terminal_ ABSL_GUARDED_BY(mu_) = false;
@@ -134,8 +136,10 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
  public:
   static constexpr size_t kBatch = 256;  // lines taken from the buffer at a time
 
-  StreamLogsReactor(Scheduler* scheduler, const loom::v1::StreamLogsRequest& request)
+  StreamLogsReactor(Scheduler* scheduler, const loom::v1::StreamLogsRequest& request,
+                    StreamSlot slot)
       : scheduler_(scheduler),
+        slot_(std::move(slot)),
         job_id_(request.job_id()),
         ranks_(request.ranks().begin(), request.ranks().end()),
         tail_lines_(request.tail_lines()),
@@ -201,7 +205,7 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
       scheduler_->logs().Unfollow(job_id_, waker_);
       waker_->Close();  // waits for a running wake; none afterwards
     }
-    delete this;
+    delete this;  // gives the stream slot back
   }
 
  private:
@@ -237,6 +241,7 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
   }
 
   Scheduler* const scheduler_;
+  StreamSlot slot_;  // this stream's place under the stream caps
   const std::string job_id_;
   const std::set<int32_t> ranks_;
   const int32_t tail_lines_;
@@ -345,14 +350,35 @@ grpc::ServerUnaryReactor* JobServiceImpl::KillJob(grpc::CallbackServerContext* c
   return Answer(context, scheduler_->KillJob(request->job_id()), response);
 }
 
+absl::StatusOr<StreamSlot> JobServiceImpl::AcquireStream(const std::string& tenant) {
+  if (streams_ == nullptr) return StreamSlot();
+  return streams_->Acquire(tenant);
+}
+
 grpc::ServerWriteReactor<loom::v1::JobEvent>* JobServiceImpl::WatchJob(
-    grpc::CallbackServerContext* /*context*/, const loom::v1::WatchJobRequest* request) {
-  return new WatchJobReactor(scheduler_, request->job_id());
+    grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) {
+  return WatchJobAs(context, request, "default");
 }
 
 grpc::ServerWriteReactor<loom::v1::LogLine>* JobServiceImpl::StreamLogs(
-    grpc::CallbackServerContext* /*context*/, const loom::v1::StreamLogsRequest* request) {
-  return new StreamLogsReactor(scheduler_, *request);
+    grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) {
+  return StreamLogsAs(context, request, "default");
+}
+
+grpc::ServerWriteReactor<loom::v1::JobEvent>* JobServiceImpl::WatchJobAs(
+    grpc::CallbackServerContext* /*context*/, const loom::v1::WatchJobRequest* request,
+    const std::string& tenant) {
+  absl::StatusOr<StreamSlot> slot = AcquireStream(tenant);
+  if (!slot.ok()) return new FinishedWriter<loom::v1::JobEvent>(slot.status());
+  return new WatchJobReactor(scheduler_, request->job_id(), *std::move(slot));
+}
+
+grpc::ServerWriteReactor<loom::v1::LogLine>* JobServiceImpl::StreamLogsAs(
+    grpc::CallbackServerContext* /*context*/, const loom::v1::StreamLogsRequest* request,
+    const std::string& tenant) {
+  absl::StatusOr<StreamSlot> slot = AcquireStream(tenant);
+  if (!slot.ok()) return new FinishedWriter<loom::v1::LogLine>(slot.status());
+  return new StreamLogsReactor(scheduler_, *request, *std::move(slot));
 }
 
 }  // namespace loom

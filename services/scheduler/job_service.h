@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "proto/job_service.grpc.pb.h"
 #include "scheduler/scheduler.h"
+#include "services/scheduler/stream_limits.h"
 
 namespace loom {
 
@@ -47,7 +48,10 @@ using JobServiceBase =
 // Thread-safe (the scheduler is). `scheduler` must outlive the service.
 class JobServiceImpl final : public JobServiceBase {
  public:
-  explicit JobServiceImpl(Scheduler* scheduler) : scheduler_(scheduler) {}
+  // `streams` (may be null: no caps) must outlive the service and its streams; every
+  // WatchJob/StreamLogs stream holds one of its slots until gRPC is done with it.
+  explicit JobServiceImpl(Scheduler* scheduler, StreamLimiter* streams = nullptr)
+      : scheduler_(scheduler), streams_(streams) {}
 
   // Submits as tenant "default" (no authentication); see SubmitJobAs.
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
@@ -73,13 +77,26 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::ServerUnaryReactor* KillJob(grpc::CallbackServerContext* context,
                                     const loom::v1::KillJobRequest* request,
                                     loom::v1::Job* response) override;
+  // As tenant "default"; see WatchJobAs / StreamLogsAs.
   grpc::ServerWriteReactor<loom::v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
   grpc::ServerWriteReactor<loom::v1::LogLine>* StreamLogs(
       grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) override;
+  // The streams on behalf of `tenant` (AuthJobService's caller): RESOURCE_EXHAUSTED at once when
+  // the tenant or the server is at its stream cap (stream_limits.h).
+  grpc::ServerWriteReactor<loom::v1::JobEvent>* WatchJobAs(
+      grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request,
+      const std::string& tenant);
+  grpc::ServerWriteReactor<loom::v1::LogLine>* StreamLogsAs(
+      grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request,
+      const std::string& tenant);
 
  private:
+  // A slot for one more stream of `tenant` (an empty one without a limiter).
+  absl::StatusOr<StreamSlot> AcquireStream(const std::string& tenant);
+
   Scheduler* const scheduler_;
+  StreamLimiter* const streams_;
 };
 
 }  // namespace loom

@@ -82,6 +82,15 @@ ABSL_FLAG(absl::Duration, progress_store_interval, absl::Seconds(5),
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (YAML/JSON list of {tenant, role: user|admin, token_sha256 | token}; "
           "docs/operations.md). Empty = no authentication: every caller is tenant 'default'.");
+ABSL_FLAG(int, max_streams_per_tenant, 256,
+          "Most open WatchJob/StreamLogs streams of one tenant; one more is refused with "
+          "RESOURCE_EXHAUSTED (docs/operations.md \"Per-tenant limits\"). 0 = no limit.");
+ABSL_FLAG(int, max_streams, 4096,
+          "Most open WatchJob/StreamLogs streams of every tenant together. 0 = no limit.");
+ABSL_FLAG(int64_t, max_unfinished_jobs_per_tenant, 1000,
+          "Most unfinished (not yet succeeded, failed or cancelled) jobs of one tenant; a "
+          "submission over it is refused with RESOURCE_EXHAUSTED (HTTP 429). --queues_config "
+          "tenants.<t>.max_unfinished_jobs overrides it per tenant. 0 = no limit.");
 ABSL_FLAG(std::string, checkpoint_token_file, "",
           "File holding the token sent to --checkpoint_service (its --service_token_file).");
 ABSL_FLAG(std::string, worker_token_file, "",
@@ -181,6 +190,10 @@ int main(int argc, char** argv) {
   options.scheduler.admission_queue_depth = absl::GetFlag(FLAGS_admission_queue_depth);
   options.scheduler.admission_full_interval = absl::GetFlag(FLAGS_admission_full_interval);
   options.scheduler.progress_store_interval = absl::GetFlag(FLAGS_progress_store_interval);
+  options.scheduler.max_unfinished_jobs_per_tenant =
+      absl::GetFlag(FLAGS_max_unfinished_jobs_per_tenant);
+  options.streams.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
+  options.streams.max_streams = absl::GetFlag(FLAGS_max_streams);
 
   absl::StatusOr<std::unique_ptr<loom::SchedulerServer>> server =
       loom::SchedulerServer::Start(options);

@@ -42,6 +42,11 @@ absl::Status SchedulerServerOptions::Validate() const {
   if (tls_cert.empty() != tls_key.empty()) {
     return absl::InvalidArgumentError("tls_cert, tls_key: set both or neither");
   }
+  if (streams.max_streams_per_tenant < 0 || streams.max_streams < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_streams_per_tenant, max_streams: must be >= 0 (0 = no limit), got ",
+        streams.max_streams_per_tenant, ", ", streams.max_streams));
+  }
   return scheduler.Validate();
 }
 
@@ -75,7 +80,9 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(options.scheduler, s->store_.get(), clock,
                                                     s->scheduler_metrics_.get(),
                                                     s->checkpoints_.get()));
-  s->job_service_ = std::make_unique<JobServiceImpl>(s->scheduler_.get());
+  s->stream_limiter_ = std::make_unique<StreamLimiter>(options.streams);
+  s->job_service_ =
+      std::make_unique<JobServiceImpl>(s->scheduler_.get(), s->stream_limiter_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->scheduler_.get());
   s->auth_job_service_ = std::make_unique<AuthJobService>(s->job_service_.get(),
                                                           s->scheduler_.get(), s->auth_.get());

@@ -68,6 +68,9 @@ struct SchedulerServerOptions {
   // loom_scheduling_cycle_seconds histogram only has buckets). Opened at Start; an unopenable
   // path is INVALID_ARGUMENT naming it. Empty = off.
   std::string cycle_trace_path;
+  // Caps on open WatchJob/StreamLogs streams, per tenant and in all (stream_limits.h;
+  // --max_streams_per_tenant, --max_streams). Each >= 0; 0 = no limit.
+  StreamLimits streams;
   SchedulerOptions scheduler;
 
   // INVALID_ARGUMENT naming the field.
@@ -98,6 +101,7 @@ class SchedulerServer {
   absl::Status Ready() const;
   prometheus::Registry& registry() { return *registry_; }
   Scheduler& scheduler() { return *scheduler_; }
+  StreamLimiter& stream_limiter() { return *stream_limiter_; }
 
  private:
   std::unique_ptr<CheckpointCatalog> checkpoints_;  // before scheduler_, which uses it
@@ -111,6 +115,7 @@ class SchedulerServer {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<SchedulerMetrics> scheduler_metrics_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<StreamLimiter> stream_limiter_;  // before job_service_, whose streams hold slots
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<TokenAuthenticator> auth_;  // null = authentication off

@@ -165,8 +165,10 @@ TEST_F(SchedulerServiceTest, InvalidSpecsAreRejectedNamingTheField) {
   ExpectInvalid(gpt2, "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)");
 
   JobSpec unknown_ds_key = ValidTestJobSpec();
-  (*unknown_ds_key.mutable_deepspeed_config()->mutable_fields())["not_a_deepspeed_key"] = Num(1);
-  ExpectInvalid(unknown_ds_key, "deepspeed_config.not_a_deepspeed_key");
+  // A top-level key DeepSpeed does not read is a warning (as in DeepSpeed); one that looks like a
+  // misspelling of a key Loom reads, and any unknown key inside a section, are refused.
+  (*unknown_ds_key.mutable_deepspeed_config()->mutable_fields())["gradient_clippping"] = Num(1);
+  ExpectInvalid(unknown_ds_key, "deepspeed_config.gradient_clippping");
 
   loom::v1::ListJobsRequest list;
   loom::v1::ListJobsResponse listed;
