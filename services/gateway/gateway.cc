@@ -545,12 +545,13 @@ void JobGateway::Register(httplib::Server& server) {
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (internal::HasBody(res)) return;  // a handler already wrote its error
     try {
-      // A header section over GatewayServer's limits reached httplib as a truncated request
-      // (its 400): the limit is the answer, and the connection closes after it.
+      // A header section over GatewayServer's limits, or past its deadline (408), reached
+      // httplib as a truncated request (its 400): the limit is the answer, and the connection
+      // closes after it.
       if (const internal::HeaderLimitError* limit = internal::CurrentHeaderLimitError();
           limit != nullptr) {
-        internal::WriteHttpErrorAndClose(res, limit->http_status,
-                                         grpc::StatusCode::INVALID_ARGUMENT, limit->message);
+        internal::WriteHttpErrorAndClose(res, limit->http_status, internal::LimitCode(*limit),
+                                         limit->message);
         return;
       }
       WriteLibraryError(req, res);

@@ -37,6 +37,11 @@ std::string CodeName(grpc::StatusCode code) {
   return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
 }
 
+grpc::StatusCode LimitCode(const HeaderLimitError& limit) {
+  return limit.http_status == 408 ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                  : grpc::StatusCode::INVALID_ARGUMENT;
+}
+
 std::string Printable(absl::string_view text, size_t max_bytes) {
   std::string out;
   size_t i = 0;
@@ -195,6 +200,11 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
   });
   if (too_large) {
     WriteHttpErrorAndClose(res, 413, grpc::StatusCode::INVALID_ARGUMENT, TooLarge(-1, max));
+    return false;
+  }
+  // The body did not arrive within GatewayServer's --body_timeout (the stream ended it): 408.
+  if (const HeaderLimitError* limit = CurrentHeaderLimitError(); !read && limit != nullptr) {
+    WriteHttpErrorAndClose(res, limit->http_status, LimitCode(*limit), limit->message);
     return false;
   }
   if (!read) {

@@ -17,6 +17,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "services/gateway/gateway_server.h"
 
 namespace loom::gateway::internal {
 
@@ -57,6 +58,9 @@ void WriteHttpErrorAndClose(httplib::Response& res, int http_status, grpc::Statu
 // with 403 on the same connection). Handlers with a content reader read the body (ReadBody)
 // before anything else, so that they never depend on what httplib does with an unread one.
 bool DeclaresBody(const httplib::Request& req);
+// The gRPC code of GatewayServer's answer to a broken limit: DEADLINE_EXCEEDED for a deadline
+// (408), INVALID_ARGUMENT for a size (431, 414).
+grpc::StatusCode LimitCode(const HeaderLimitError& limit);
 // True once WriteHttpError / WriteHttpErrorAndClose or a handler wrote a response body, so that
 // the error handler leaves it alone.
 bool HasBody(const httplib::Response& res);

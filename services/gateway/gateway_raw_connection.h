@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -67,6 +68,19 @@ class RawConnection {
       sent += static_cast<size_t>(n);
     }
     return sent == bytes.size();
+  }
+
+  // Waits at most `timeout_ms` for the gateway to send something (or close); true if it did,
+  // or if bytes not yet consumed are already here.
+  bool WaitReadable(int timeout_ms) {
+    if (pos_ < in_.size() || closed_) return true;
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, timeout_ms);
+    } while (r < 0 && errno == EINTR);
+    return r > 0;
   }
 
   // Ends the sending side (shutdown SHUT_WR): the gateway reads end of input after what was sent.

@@ -7,7 +7,9 @@
 // same liveness probe in is_writable), over a Stream that counts the header section as httplib
 // reads it, one byte at a time (stream_line_reader). On a broken limit the stream reports end
 // of input instead of the byte that broke it; httplib then fails the request as malformed (400)
-// and its error handler, seeing CurrentHeaderLimitError(), answers 431 or 414 instead.
+// and its error handler, seeing CurrentHeaderLimitError(), answers 431 or 414 instead. The
+// deadlines work the same way: every wait for bytes is cut at the request's deadline, and
+// passing it breaks the 408 "limit" (the route reading a body sees it likewise).
 // Upstream added a compile-time CPPHTTPLIB_HEADER_MAX_COUNT (100, a plain 400) in v0.22.0
 // (2025); Debian 12 ships 0.11.4. With a library that has it, only the total-bytes limit, the
 // 431 and the flags would still need this file.
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace loom::gateway {
 namespace {
@@ -52,6 +55,12 @@ int PollOne(int fd, short events, int timeout_ms) {
 
 int TimeoutMs(time_t sec, time_t usec) { return static_cast<int>(sec * 1000 + usec / 1000); }
 
+using Clock = std::chrono::steady_clock;
+
+Clock::duration ToClock(absl::Duration d) {
+  return std::chrono::duration_cast<Clock::duration>(absl::ToChronoNanoseconds(d));
+}
+
 void IpAndPort(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
   if (addr.ss_family == AF_INET) {
     port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
@@ -76,9 +85,14 @@ class LimitingSocketStream final : public httplib::Stream {
         limits_(limits),
         read_timeout_ms_(read_timeout_ms),
         write_timeout_ms_(write_timeout_ms),
-        buffer_(kBufferSize) {}
+        buffer_(kBufferSize),
+        deadline_(Clock::now() + ToClock(limits.header_timeout)) {}
 
-  bool is_readable() const override { return PollOne(sock_, POLLIN, read_timeout_ms_) > 0; }
+  // Within the read timeout, and not past the request's deadline.
+  bool is_readable() const override {
+    const int wait = WaitMs();
+    return wait > 0 && PollOne(sock_, POLLIN, wait) > 0;
+  }
   // As httplib's: writable within the write timeout, and the peer has not closed (the followed
   // log streams probe a quiet client with this).
   bool is_writable() const override {
@@ -147,7 +161,14 @@ class LimitingSocketStream final : public httplib::Stream {
       offset_ += n;
       return static_cast<ssize_t>(n);
     }
-    if (!is_readable()) return -1;
+    const int wait = WaitMs();
+    if (wait <= 0 || PollOne(sock_, POLLIN, wait) <= 0) {
+      // Past the deadline: end of input, so that httplib fails the request (the header section
+      // or the body is then incomplete) and the 408 is answered in its place.
+      if (Clock::now() < deadline_) return -1;
+      Expire();
+      return 0;
+    }
     offset_ = filled_ = 0;
     if (size >= kBufferSize) return Recv(ptr, size);
     const ssize_t n = Recv(buffer_.data(), kBufferSize);
@@ -165,6 +186,26 @@ class LimitingSocketStream final : public httplib::Stream {
       n = ::recv(sock_, ptr, size, 0);
     } while (n < 0 && errno == EINTR);
     return n;
+  }
+
+  // How long a read may wait for bytes: the read timeout, cut at the deadline (0 once past).
+  int WaitMs() const {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    return static_cast<int>(std::clamp<int64_t>(left, 0, read_timeout_ms_));
+  }
+
+  // The deadline passed while the request was still being read: 408 naming the flag (unless
+  // another limit was broken first).
+  void Expire() {
+    if (error_.http_status != 0) return;
+    Break(408, in_header_
+                   ? absl::StrCat("the request line and headers were not received within ",
+                                  absl::FormatDuration(limits_.header_timeout),
+                                  " (--header_timeout)")
+                   : absl::StrCat("the request body was not received within ",
+                                  absl::FormatDuration(limits_.body_timeout),
+                                  " (--body_timeout)"));
   }
 
   bool PeerAlive() const {
@@ -201,7 +242,10 @@ class LimitingSocketStream final : public httplib::Stream {
     }
     previous_ = c;
     if (c == '\n') {
-      if (lines_ > 0 && blank_line) in_header_ = false;
+      if (lines_ > 0 && blank_line) {
+        in_header_ = false;
+        deadline_ = Clock::now() + ToClock(limits_.body_timeout);
+      }
       ++lines_;
       line_bytes_ = 0;
     }
@@ -221,6 +265,7 @@ class LimitingSocketStream final : public httplib::Stream {
   std::vector<char> buffer_;
   size_t offset_ = 0;
   size_t filled_ = 0;
+  Clock::time_point deadline_;  // of the header section, then (once it ended) of the body
 
   bool in_header_ = true;
   size_t lines_ = 0;  // complete lines so far, the request line included
@@ -267,7 +312,9 @@ void Linger(int sock) {
 }  // namespace
 
 GatewayServer::GatewayServer(HeaderLimits limits)
-    : limits_{std::max<size_t>(1, limits.max_count), std::max<size_t>(1, limits.max_bytes)} {}
+    : limits_{std::max<size_t>(1, limits.max_count), std::max<size_t>(1, limits.max_bytes),
+              std::max(absl::Milliseconds(1), limits.header_timeout),
+              std::max(absl::Milliseconds(1), limits.body_timeout)} {}
 
 bool GatewayServer::process_and_close_socket(socket_t sock) {
   bool ret = false;

@@ -22,6 +22,19 @@
 // connection is closed after the answer: the rest of its header section is never read into
 // memory, and never parsed as a next request. Memory per connection is thus bounded by the
 // limits whatever a client sends.
+//
+// Deadlines (HeaderLimits; loom-gateway --header_timeout, --body_timeout): the read timeout
+// (5 s) bounds only the wait for the next byte, so a client sending one header byte every few
+// seconds held a pool thread for as long as it liked (8 such connections took every thread of
+// a default gateway: breakit H1). Each request now has
+//   * `header_timeout` to send its request line and header section, counted from its first
+//     byte (the idle time before that is httplib's keep-alive timeout, 5 s, on every request of
+//     a connection, the first included): past it the gateway stops reading, answers 408 Request
+//     Timeout (the gateway's JSON error body naming the flag) and closes the connection;
+//   * `body_timeout` to send its body once the header section is complete (a route that reads
+//     a body, after the token check, answers 408 likewise when it passes).
+// A slow client thus holds a thread for at most keep-alive + header + body timeouts (+ the 1 s
+// lingering close), and requests queued behind it are served after that.
 #ifndef LOOM_SERVICES_GATEWAY_GATEWAY_SERVER_H_
 #define LOOM_SERVICES_GATEWAY_GATEWAY_SERVER_H_
 
@@ -29,6 +42,8 @@
 
 #include <cstddef>
 #include <string>
+
+#include "absl/time/time.h"
 
 namespace loom::gateway {
 
@@ -46,6 +61,15 @@ struct HeaderLimits {
   // (> 0). Envoy's max_request_headers_kb defaults to 60 KiB; nginx's buffers hold 32 KiB. A
   // bearer token is under 1 KiB.
   size_t max_bytes = 64 << 10;
+  // Time from a request's first byte to the end of its header section (> 0). nginx's
+  // client_header_timeout defaults to 60 s, but Loom's clients (loomctl, scripts, the UI proxy)
+  // send a few hundred bytes in one write: 10 s leaves a slow or lossy link several
+  // retransmissions, and frees a thread held by a trickling client 6 times sooner.
+  absl::Duration header_timeout = absl::Seconds(10);
+  // Time from the end of the header section to the end of the body, on routes that read one
+  // (> 0). Bodies are at most --max_body_bytes (4 MiB; a job spec is a few KiB): 60 s is the
+  // 4 MiB at about 70 KB/s.
+  absl::Duration body_timeout = absl::Seconds(60);
 };
 
 // Thread-safe as httplib::Server is (configure before listening; stop() from any thread).
@@ -63,8 +87,8 @@ class GatewayServer : public httplib::Server {
 
 namespace internal {
 
-// A limit the request being answered broke: the HTTP status to answer (431 or 414) and a
-// message naming the limit.
+// A limit the request being answered broke: the HTTP status to answer (431, 414, or 408 for a
+// deadline) and a message naming the limit.
 struct HeaderLimitError {
   int http_status = 0;
   std::string message;

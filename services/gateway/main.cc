@@ -4,7 +4,7 @@
 //                [--rpc_timeout=30s] [--ready_file=PATH] [--auth_tokens_file=PATH] [--tls_ca=PEM]
 //                [--reconnect_backoff_max=1s] [--http_threads=N] [--sse_keepalive=15s]
 //                [--follow_probe=1s] [--max_body_bytes=4194304] [--max_header_count=100]
-//                [--max_header_bytes=65536]
+//                [--max_header_bytes=65536] [--header_timeout=10s] [--body_timeout=60s]
 //
 // Prints "LOOM_READY loom-gateway grpc=- metrics=URL http=URL" once serving HTTP on --host:--port
 // (common/daemon.h) and stops on SIGTERM or SIGINT. The metrics port also serves /healthz and
@@ -65,6 +65,13 @@ ABSL_FLAG(int64_t, max_header_bytes, 64 << 10,
           "Most bytes of a request's request line and headers together, CRLFs included (431 "
           "above, as --max_header_count; default 64 KiB). Any one line is limited to 8192 bytes "
           "(431; 414 for the request line), the limit compiled into cpp-httplib.");
+ABSL_FLAG(absl::Duration, header_timeout, absl::Seconds(10),
+          "Longest time a request may take to send its request line and headers, from its first "
+          "byte (408 after it, before the token check; the connection is closed). The read "
+          "timeout, 5 s, bounds only the wait for each next byte.");
+ABSL_FLAG(absl::Duration, body_timeout, absl::Seconds(60),
+          "Longest time a request may take to send its body once its headers are in, on the "
+          "routes that read one (408 after it; the connection is closed).");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Bearer tokens file (same format as loom-scheduler's): reject requests without a known "
           "token with 401 before calling the scheduler. The Authorization header is forwarded "
@@ -149,6 +156,14 @@ int main(int argc, char** argv) {
   loom::gateway::HeaderLimits header_limits;
   header_limits.max_count = static_cast<size_t>(absl::GetFlag(FLAGS_max_header_count));
   header_limits.max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_header_bytes));
+  header_limits.header_timeout = absl::GetFlag(FLAGS_header_timeout);
+  header_limits.body_timeout = absl::GetFlag(FLAGS_body_timeout);
+  if (header_limits.header_timeout < absl::Milliseconds(1) ||
+      header_limits.body_timeout < absl::Milliseconds(1)) {
+    LOG(ERROR) << "--header_timeout and --body_timeout must be >= 1ms, got "
+               << header_limits.header_timeout << " and " << header_limits.body_timeout;
+    return 2;
+  }
   options.openapi_json = kLoomOpenApiJson;
   options.registry = registry.get();
   options.auth = auth.get();
