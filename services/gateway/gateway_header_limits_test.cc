@@ -93,16 +93,8 @@ class GatewayHeaderLimitsTest : public ::testing::Test {
     if (listener_.joinable()) listener_.join();
   }
 
-  // Sends `request` on a fresh connection; the answer, and with `closed` whether the gateway
-  // then closed the connection (waits for it: the keep-alive timeout, 5 s, if it stays open).
   RawResponse Exchange(const std::string& request, bool* closed = nullptr) {
-    RawConnection c(port_);
-    EXPECT_TRUE(c.ok());
-    EXPECT_TRUE(c.Send(request));
-    absl::StatusOr<RawResponse> resp = c.ReadResponse();
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    if (closed != nullptr) *closed = c.ReadToEof();
-    return resp.ok() ? *resp : RawResponse();
+    return gateway::Exchange(port_, request, closed);  // gateway_raw_connection.h
   }
 
   std::unique_ptr<TokenAuthenticator> auth_;

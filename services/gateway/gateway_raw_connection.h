@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gtest/gtest.h"
 
 namespace loom::gateway {
 
@@ -160,6 +161,20 @@ class RawConnection {
   size_t pos_ = 0;
   bool closed_ = false;
 };
+
+// Sends `request` on a fresh connection to 127.0.0.1:`port`; the answer (an empty one after a
+// test failure), and with `closed` whether the gateway then closed the connection (its FIN
+// follows such an answer at once; a connection kept open is seen only at the keep-alive
+// timeout, 5 s).
+inline RawResponse Exchange(int port, const std::string& request, bool* closed = nullptr) {
+  RawConnection c(port);
+  EXPECT_TRUE(c.ok());
+  EXPECT_TRUE(c.Send(request));
+  absl::StatusOr<RawResponse> resp = c.ReadResponse();
+  EXPECT_TRUE(resp.ok()) << resp.status();
+  if (closed != nullptr) *closed = c.ReadToEof();
+  return resp.ok() ? *resp : RawResponse();
+}
 
 }  // namespace loom::gateway
 
