@@ -47,6 +47,11 @@ bool AllowedGlobal(const std::string& g) {
          g == "__builtin__.getattr" || g == "builtins.getattr" ||
          g == "deepspeed.runtime.fp16.loss_scaler.LossScaler" ||
          g == "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler" ||
+         // torch dtypes pickle as GLOBAL torch.<name>: DeepSpeed's DynamicLossScaler keeps its
+         // dtype (torch.half by default), so every real fp16 checkpoint carries one. Inert
+         // values here (never called).
+         g == "torch.float16" || g == "torch.bfloat16" || g == "torch.float32" ||
+         g == "torch.float64" || g == "torch.half" || g == "torch.float" ||
          StorageTypes().count(g) > 0;
 }
 

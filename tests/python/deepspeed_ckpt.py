@@ -80,11 +80,15 @@ def _install_deepspeed_stand_ins():
         config.ZeroStageEnum = ZeroStageEnum
     scaler = sys.modules["deepspeed.runtime.fp16.loss_scaler"]
     if not hasattr(scaler, "DynamicLossScaler"):
-        class DynamicLossScaler:
-            def __init__(self, init_scale=2.0 ** 16):
+        class DynamicLossScaler:  # DeepSpeed's constructor arguments, its pickled attributes
+            def __init__(self, init_scale, scale_window, min_scale, delayed_shift,
+                         consecutive_hysteresis):
                 self.cur_scale = init_scale
                 self.cur_iter = 0
-                self.scale_window = 1000
+                self.scale_window = scale_window
+                self.min_scale = min_scale
+                self.delayed_shift = delayed_shift
+                self.consecutive_hysteresis = consecutive_hysteresis
                 self.dynamic = True
         DynamicLossScaler.__module__ = scaler.__name__
         DynamicLossScaler.__qualname__ = "DynamicLossScaler"
@@ -255,7 +259,11 @@ def write(save_dir, tensors, world_size, stage, tag="global_step1", moments=None
             import deepspeed.runtime.fp16.loss_scaler as ds_scaler
             import deepspeed.runtime.zero.config as ds_config
             zero_stage = ds_config.ZeroStageEnum(stage)
-            loss_scaler = ds_scaler.DynamicLossScaler()
+            # DeepSpeed's fp16 defaults (runtime/fp16/loss_scaler.py); the real class when
+            # DeepSpeed is installed (the project venv has it), else the stand-in above.
+            loss_scaler = ds_scaler.DynamicLossScaler(
+                init_scale=2.0 ** 16, scale_window=1000, min_scale=1, delayed_shift=2,
+                consecutive_hysteresis=False)
         optim = {"optimizer_state_dict": {
             "zero_stage": zero_stage, "partition_count": world_size, "loss_scaler": loss_scaler,
             "dynamic_loss_scale": False, "overflow": False, "optimizer_state_dict": base,

@@ -12,8 +12,11 @@ for lib in libtorch_cuda.so libc10_cuda.so libtorch_cpu.so; do
     echo "FAIL: $trainer does not link $lib (NEEDED: $(echo $needed))"; exit 1
   fi
 done
-if ! ldd "$trainer" | grep -q 'libnccl.so'; then
-  echo "FAIL: $trainer does not load NCCL:"; ldd "$trainer"; exit 1
+# ldd's output to a file first: with pipefail, `ldd | grep -q` fails whenever grep's early exit
+# gives ldd a SIGPIPE (it did in CI although libnccl.so.2 was listed).
+ldd "$trainer" >"$TEST_TMPDIR/ldd.txt"
+if ! grep -q 'libnccl.so' "$TEST_TMPDIR/ldd.txt"; then
+  echo "FAIL: $trainer does not load NCCL:"; cat "$TEST_TMPDIR/ldd.txt"; exit 1
 fi
 
 # 2. What the trainer reports equals what PyTorch reports.
