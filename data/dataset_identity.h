@@ -17,7 +17,7 @@
 //
 // Hash cost (why the whole file): SHA-256 through OpenSSL's libcrypto (already linked for
 // bearer tokens; SHA-NI on these hosts: `openssl speed` 1.5 GB/s per core) costs a start about
-// 0.75-1.2 s per GiB of corpus per rank (dataset_identity_test, page cache warm, this 2-core
+// 0.75-1.2 s per GiB of corpus per rank (//data:dataset_identity_bench, page cache warm, this 2-core
 // host: 542,789 bytes in 0.5-3 ms, 1 GiB in 0.79 s idle and 1.3 s under a build), the ranks of
 // a node in parallel. For text and JSONL that is less than the load itself (which reads, splits
 // and tokenises every byte). For flat token files, which are otherwise only memory-mapped, it is

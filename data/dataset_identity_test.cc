@@ -260,35 +260,5 @@ TEST(DatasetIdentityTest, AnUnreadableManifestIsADatasetErrorNamingIt) {
   EXPECT_THAT(s.message(), HasSubstr("delete the file"));
 }
 
-// Cost of the whole-file hash (the figure quoted in dataset_identity.h): logged, not asserted.
-// Larger: bazel run or --gtest_also_run_disabled_tests with LOOM_HASH_BENCH_MIB.
-void TimeHash(int64_t bytes) {
-  const std::string f = TmpDir("bench") + "/corpus.bin";
-  {
-    std::ofstream out(f, std::ios::binary | std::ios::trunc);
-    std::string block(1 << 20, '\0');
-    for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 131 + 7);
-    for (int64_t left = bytes; left > 0; left -= static_cast<int64_t>(block.size())) {
-      out.write(block.data(), std::min<int64_t>(left, block.size()));
-    }
-  }
-  CorpusOptions o = Text(f);
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<DatasetIdentity> id = ComputeDatasetIdentity(o);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_THAT(id, IsOk());
-  EXPECT_EQ(id->total_bytes(), bytes);
-  std::printf("dataset identity of %lld bytes (page cache warm): %.4f s, %.0f MB/s\n",
-              static_cast<long long>(bytes), s, bytes / s / 1e6);
-  std::remove(f.c_str());
-}
-
-TEST(DatasetIdentityTest, HashCostOfAHalfMegabyteCorpus) { TimeHash(542789); }
-
-TEST(DatasetIdentityTest, DISABLED_HashCostOfALargeCorpus) {
-  const char* mib = std::getenv("LOOM_HASH_BENCH_MIB");
-  TimeHash(int64_t{mib != nullptr ? std::atoi(mib) : 1024} << 20);
-}
-
 }  // namespace
 }  // namespace loom::data
