@@ -416,6 +416,9 @@ class Scheduler {
   void AdoptSubmissions(const std::vector<JobRecord>& batch, const absl::Status& stored)
       ABSL_LOCKS_EXCLUDED(mu_);
   // SchedulerOptions::confine_paths: the spec's paths against the tenant's (PERMISSION_DENIED).
+  // The admission checks of a submission, in order: paths (before validation reads any file),
+  // the spec, the node shapes, the queue. Shared by SubmitJobAsync and DryRunSubmission.
+  absl::Status CheckAdmissible(const loom::v1::JobSpec& spec, const std::string& tenant);
   // The tenancy path policy of --queues_config (data and scratch roots; the fortunes dir without
   // data_roots) and --checkpoint_root.
   PathPolicy SubmissionPathPolicy() const;

@@ -97,18 +97,7 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
     }
   }
   if (answer.has_value()) return done(std::move(*answer), deduplicated);
-  // Paths first: validation reads the files, and must not for a path the tenant may not name.
-  if (options_.confine_paths) {
-    if (absl::Status s = ConfineSubmittedPaths(spec, tenant); !s.ok()) return fail(s);
-  }
-  if (absl::Status s = ValidateJobSpec(spec, options_.validation); !s.ok()) return fail(s);
-  if (absl::Status s = ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes());
-      !s.ok()) {
-    return fail(s);
-  }
-  if (absl::Status s = ResolveQueue(options_.queues, spec.queue(), tenant).status(); !s.ok()) {
-    return fail(s);
-  }
+  if (absl::Status s = CheckAdmissible(spec, tenant); !s.ok()) return fail(s);
   if (absl::Status s = Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING); !s.ok()) {
     return fail(s);
   }
@@ -154,14 +143,19 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   if (answer.has_value()) done(std::move(*answer), deduplicated);
 }
 
-absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
-    const loom::v1::JobSpec& spec, const std::string& tenant_in) {
-  const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
-  // SubmitJobAsync's checks, in its order.
+absl::Status Scheduler::CheckAdmissible(const loom::v1::JobSpec& spec,
+                                        const std::string& tenant) {
+  // Paths first: validation reads the files, and must not for a path the tenant may not name.
   if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
   RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
-  RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
+  return ResolveQueue(options_.queues, spec.queue(), tenant).status();
+}
+
+absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
+    const loom::v1::JobSpec& spec, const std::string& tenant_in) {
+  const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
+  RETURN_IF_ERROR(CheckAdmissible(spec, tenant));  // SubmitJobAsync's checks
   // What the trainer will read (validation has accepted both configs).
   ASSIGN_OR_RETURN(nlohmann::json model_json,
                    spec::StructToJson(spec.model().config(), "model.config"));

@@ -239,23 +239,23 @@ absl::Status ResolveHfTrainerValues(const loom::v1::TrainingSpec& training, int6
   // not fill under zero_optimization is DeepSpeed's default: axolotl's prefetch_bucket_size
   // "auto" (an alias spelling the Trainer does not fill) trains with 5e7.
   if (auto zero = ds->find("zero_optimization"); zero != ds->end() && zero->is_object()) {
-    std::vector<std::string> zero_autos;
-    FindAutos(*zero, absl::StrCat(kRoot, ".zero_optimization"), &zero_autos);
-    for (const std::string& path : zero_autos) {
-      // Top-level keys of the section and of its offload blocks.
-      const std::string rest = path.substr(std::string(kRoot).size() + 19);  // ".zero_optimization."
-      json* parent = &*zero;
-      std::string leaf = rest;
-      if (const size_t dot = rest.find('.'); dot != std::string::npos) {
-        auto block = zero->find(rest.substr(0, dot));
-        if (block == zero->end() || !block->is_object()) continue;
-        parent = &*block;
-        leaf = rest.substr(dot + 1);
+    // The section's own keys and those of its blocks (offload_param, offload_optimizer, ...).
+    std::vector<std::pair<json*, std::string>> sections = {
+        {&*zero, absl::StrCat(kRoot, ".zero_optimization")}};
+    for (auto& [key, value] : zero->items()) {
+      if (value.is_object()) sections.push_back({&value, absl::StrCat(sections[0].second, ".", key)});
+    }
+    for (auto& [section, path] : sections) {
+      std::vector<std::string> autos;
+      for (const auto& [key, value] : section->items()) {
+        if (IsAuto(value)) autos.push_back(key);
       }
-      if (leaf.find('.') != std::string::npos || leaf.find('[') != std::string::npos) continue;
-      parent->erase(leaf);
-      notes->push_back(absl::StrCat(path, ": \"auto\" -> DeepSpeed's default (its config models "
-                                    "drop \"auto\"; the Trainer fills only the keys above)"));
+      for (const std::string& key : autos) {
+        section->erase(key);
+        notes->push_back(absl::StrCat(path, ".", key, ": \"auto\" -> DeepSpeed's default (its "
+                                      "config models drop \"auto\"; the Trainer fills only the "
+                                      "keys above)"));
+      }
     }
   }
   std::vector<std::string> left;

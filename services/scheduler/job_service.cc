@@ -257,6 +257,17 @@ class StreamLogsReactor final : public StreamReactor<loom::v1::LogLine> {
 
 }  // namespace
 
+namespace {
+
+// `message`'s wire bytes as the raw SubmitJob answers them.
+grpc::ByteBuffer ToByteBuffer(const google::protobuf::Message& message) {
+  const std::string bytes = message.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+}  // namespace
+
 absl::StatusOr<loom::v1::SubmitJobRequest> ParseSubmitJobRequest(const grpc::ByteBuffer& bytes) {
   grpc::ByteBuffer copy = bytes;  // ProtoBufferReader takes a mutable buffer; slices are shared
   grpc::ProtoBufferReader reader(&copy);
@@ -288,9 +299,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContex
     absl::StatusOr<loom::v1::SubmitJobResponse> answer =
         scheduler_->DryRunSubmission(parsed->spec(), tenant);
     if (answer.ok()) {
-      const std::string bytes = answer->SerializeAsString();
-      grpc::Slice slice(bytes);
-      *response = grpc::ByteBuffer(&slice, 1);
+      *response = ToByteBuffer(*answer);
     }
     return FinishUnary(context, answer.status());
   }
@@ -307,9 +316,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContex
           loom::v1::SubmitJobResponse answer;
           *answer.mutable_job() = std::move(*job);
           answer.set_deduplicated(deduplicated);
-          const std::string bytes = answer.SerializeAsString();
-          grpc::Slice slice(bytes);
-          *response = grpc::ByteBuffer(&slice, 1);
+          *response = ToByteBuffer(answer);
         }
         reactor->Finish(ToGrpcStatus(job.status()));
       });
