@@ -96,13 +96,14 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
   if (!a.device_indices().empty()) index = a.device_indices(0);
   ranks_[key].accelerator_index = index;
   // Reported as a failed rank so that the scheduler fails the attempt.
-  auto fail = [&](const std::string& error) {
+  // exit_code -1: no trainer ran (a rank failure within the restart budget).
+  auto fail = [&](const std::string& error, int exit_code = -1) {
     loom::v1::RankStatus& st = ranks_[key].start_failure;
     st.set_job_id(a.job_id());
     st.set_attempt(a.attempt());
     st.set_rank(a.rank());
     st.set_state(loom::v1::RANK_STATE_FAILED);
-    st.set_exit_code(-1);
+    st.set_exit_code(exit_code);
     st.set_error(error);
   };
   absl::StatusOr<std::vector<std::string>> env =
@@ -120,11 +121,11 @@ void WorkerDaemon::StartRank(const loom::v1::RankAssignment& a) {
     if (!confined.ok()) {
       LOG(ERROR) << "refusing rank " << a.rank() << " of " << a.job_id() << ": "
                  << confined.status();
-      fail(absl::StrCat("worker ", options_.node_id, " refused to start the trainer: ",
-                        confined.status().message()));
       // A path the tenant may not name fails every attempt alike: a configuration error, not
       // retried (restart_policy.h), rather than a rank failure that spends restarts.
-      ranks_[key].start_failure.set_exit_code(kTrainerExitConfigError);
+      fail(absl::StrCat("worker ", options_.node_id, " refused to start the trainer: ",
+                        confined.status().message()),
+           kTrainerExitConfigError);
       return;
     }
     checked = *std::move(confined);
