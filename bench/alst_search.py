@@ -217,8 +217,8 @@ def main():
     if not os.access(a.trainer, os.X_OK):
         sys.exit("no loom-trainer at %s (run bench/alst_bench.sh)" % a.trainer)
     if not memory_cap.available():
-        sys.exit("no writable cgroup v1 memory controller at %s (run as root; ENVIRONMENT.md)"
-                 % memory_cap.ROOT)
+        sys.exit("no writable cgroup v1 memory controller at %s "
+                 "(run as root; docs/benchmarks.md 'Memory caps')" % memory_cap.ROOT)
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(a.threads)
     if a.mmap_threshold > 0:

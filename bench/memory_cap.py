@@ -1,8 +1,8 @@
 #!/opt/loom/venv/bin/python3
 """Per-process memory caps for benchmarks: one cgroup v1 memory group per rank.
 
-Each rank runs in its own group under /sys/fs/cgroup/memory (ENVIRONMENT.md, "Memory caps for
-benchmarks"): memory.limit_in_bytes is the cap, the rank joins before exec (children inherit the
+Each rank runs in its own group under /sys/fs/cgroup/memory (docs/benchmarks.md, "Memory
+caps"): memory.limit_in_bytes is the cap, the rank joins before exec (children inherit the
 group), and after it exits memory.max_usage_in_bytes is its peak charge, memory.failcnt how often
 it hit the cap and memory.oom_control's oom_kill how many processes the kernel killed for it.
 Page cache is charged too in v1, so the capacity runs put NVMe swap files behind O_DIRECT.

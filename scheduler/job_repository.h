@@ -1,9 +1,9 @@
 // File: scheduler/job_repository.h
 //
-// The scheduler's durable state (DESIGN.md "A job's path", step 2): every read and write of the
-// JobStore the Scheduler makes goes through a JobRepository, and new jobs are group-committed
-// here. Moved out of scheduler.cc / scheduler_submit.cc (issue 16, "the scheduler core in named
-// pieces"); the Scheduler stays the facade holding its own lock.
+// The scheduler's durable state (docs/design/DESIGN.md "A job's path", step 2): every read and
+// write of the JobStore the Scheduler makes goes through a JobRepository, and new jobs are
+// group-committed here. Moved out of scheduler.cc / scheduler_submit.cc (issue 16, "the scheduler
+// core in named pieces"); the Scheduler stays the facade holding its own lock.
 //
 // Group commit (as databases batch commits behind one log flush; e.g. PostgreSQL's
 // commit_delay, or the "group commit" of DeWitt et al., "Implementation Techniques for Main

@@ -1,7 +1,7 @@
 // File: scheduler/job_spec_validation.h
 //
-// Admission-time validation of a JobSpec (DESIGN.md "A job's path", step 1): unknown fields and
-// inconsistent values are rejected with the offending field's path, before anything is
+// Admission-time validation of a JobSpec (docs/design/DESIGN.md "A job's path", step 1): unknown
+// fields and inconsistent values are rejected with the offending field's path, before anything is
 // persisted. The model config and the DeepSpeed config are checked by the engine's own torch-free
 // parsers (//spec:model_config, //spec:ds_config), so the scheduler and the trainer agree on
 // what is valid.

@@ -1,9 +1,9 @@
 // File: scheduler/job_state.h
 //
-// The job lifecycle state machine (DESIGN.md "Job model"). A job's user-facing phase is the proto
-// enum loom::v1::JobPhase; every phase change in the scheduler goes through Transition(), whose
-// allowed edges live in one table (job_state.cc). Terminal phases (SUCCEEDED, FAILED, CANCELLED)
-// are final: no edge leaves them.
+// The job lifecycle state machine (docs/design/DESIGN.md "Job model"). A job's user-facing phase is
+// the proto enum loom::v1::JobPhase; every phase change in the scheduler goes through Transition(),
+// whose allowed edges live in one table (job_state.cc). Terminal phases (SUCCEEDED, FAILED,
+// CANCELLED) are final: no edge leaves them.
 //
 //   UNSPECIFIED --submit--> PENDING
 //   PENDING    -> ADMITTED | STARTING | FAILED | CANCELLED

@@ -1,8 +1,9 @@
 // File: scheduler/preemption.h
 //
 // Checkpoint-aware choice of preemption victims (docs/scheduling.md "Preemption";
-// CONTROL-PLANE.md §4 gap 3, Kueue #477). Pure: the caller supplies the candidates (running jobs
-// of the preemptor's accelerator kind with strictly lower priority) and a feasibility test.
+// docs/design/CONTROL-PLANE.md §4 gap 3, Kueue #477). Pure: the caller supplies the candidates
+// (running jobs of the preemptor's accelerator kind with strictly lower priority) and a feasibility
+// test.
 //
 //   * Work a victim loses = (progress.step - last_checkpoint_step) x world size: the rank-steps
 //     since its last committed checkpoint, which it recomputes after resuming from it.

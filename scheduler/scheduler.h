@@ -1,7 +1,7 @@
 // File: scheduler/scheduler.h
 //
-// Loom's scheduling core (DESIGN.md "A job's path", steps 2-6), plain C++ over a JobStore: no
-// gRPC, no LibTorch. The gRPC services (services/scheduler) are thin adapters over it.
+// Loom's scheduling core (docs/design/DESIGN.md "A job's path", steps 2-6), plain C++ over a
+// JobStore: no gRPC, no LibTorch. The gRPC services (services/scheduler) are thin adapters over it.
 //
 //   * SubmitJob validates a spec (job_spec_validation.h), gives it an id "job-<8 hex>", and
 //     persists it PENDING in one store transaction before answering: an acknowledged job
@@ -53,14 +53,14 @@
 //     by a signal, or one that exited first) re-attributes the failure. See restart_policy.h.
 //   * History: every phase change is kept with the job (bounded, persisted in its state);
 //     WatchJob of an ended job replays it as "History" events before the snapshot.
-//   * Cancel vs kill (DESIGN.md "Job model"; Determined's cancel/kill). CancelJob is graceful: a
-//     RUNNING job moves to STOPPING and its ranks get a graceful stop (RankAssignment.graceful_stop:
-//     the worker sends SIGUSR1, the ranks agree on a step boundary, write a committed checkpoint
-//     and exit). Once every rank ended the job is CANCELLED (reason "Cancelled") with a message
-//     naming the step of the final checkpoint. If the ranks have not ended within
-//     SchedulerOptions::cancel_grace, or one of them fails or its node is lost meanwhile, the
-//     stop escalates to a kill. A job that is not running yet (PENDING, ADMITTED, STARTING,
-//     RECOVERING) is CANCELLED at once. KillJob ends the job CANCELLED at once (reason
+//   * Cancel vs kill (docs/design/DESIGN.md "Job model"; Determined's cancel/kill). CancelJob is
+//     graceful: a RUNNING job moves to STOPPING and its ranks get a graceful stop
+//     (RankAssignment.graceful_stop: the worker sends SIGUSR1, the ranks agree on a step boundary,
+//     write a committed checkpoint and exit). Once every rank ended the job is CANCELLED (reason
+//     "Cancelled") with a message naming the step of the final checkpoint. If the ranks have not
+//     ended within SchedulerOptions::cancel_grace, or one of them fails or its node is lost
+//     meanwhile, the stop escalates to a kill. A job that is not running yet (PENDING, ADMITTED,
+//     STARTING, RECOVERING) is CANCELLED at once. KillJob ends the job CANCELLED at once (reason
 //     "Killed") and its ranks are stopped without a checkpoint (SIGTERM, SIGKILL after the
 //     worker's stop grace); it also overrides a graceful stop in progress. A scheduler restart
 //     during STOPPING re-sends the graceful stop with a fresh grace period.

@@ -1,8 +1,8 @@
 // File: scheduler/scheduler_metrics.h
 //
-// The scheduler's Prometheus metrics, built once from an injected registry (STYLE.md habit 17;
-// names follow CONTROL-PLANE.md §2.8: `loom_` prefix, `_total` counters, base units, bounded
-// labels, never a job id):
+// The scheduler's Prometheus metrics, built once from an injected registry (docs/design/STYLE.md
+// habit 17; names follow docs/design/CONTROL-PLANE.md §2.8: `loom_` prefix, `_total` counters, base
+// units, bounded labels, never a job id):
 //   loom_jobs{phase}                          gauge: jobs per phase (every phase always present)
 //   loom_jobs_submitted_total                 counter: accepted SubmitJob calls
 //   loom_job_phase_transitions_total{from,to} counter: phase changes ("UNSPECIFIED" on submit);

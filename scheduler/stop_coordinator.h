@@ -1,11 +1,11 @@
 // File: scheduler/stop_coordinator.h
 //
-// The scheduler's stop coordinator (docs/scheduling.md "The scheduler's pieces"; DESIGN.md
-// "Job model", Determined's cancel/kill): the graceful stops in progress (CancelJob of a RUNNING
-// job, which is STOPPING until every rank ended) with their deadlines, what each stopping rank
-// reported at its end, escalation to a kill, and the message a finished stop ends the job with.
-// Kills (KillJob), preemption and drain end or requeue the job at once and only ever override a
-// graceful stop here (Forget / Escalate).
+// The scheduler's stop coordinator (docs/scheduling.md "The scheduler's pieces";
+// docs/design/DESIGN.md "Job model", Determined's cancel/kill): the graceful stops in progress
+// (CancelJob of a RUNNING job, which is STOPPING until every rank ended) with their deadlines, what
+// each stopping rank reported at its end, escalation to a kill, and the message a finished stop
+// ends the job with. Kills (KillJob), preemption and drain end or requeue the job at once and only
+// ever override a graceful stop here (Forget / Escalate).
 //
 //   * Begin(job, now, grace): a graceful stop with deadline now + grace (seconds-level units:
 //     absl::Duration; SchedulerOptions::cancel_grace).

@@ -1,5 +1,5 @@
 // DeepSpeed JSON configuration (ds_config.json) as Loom's engine understands it: parsing with
-// DeepSpeed's code defaults (TECHNIQUES.md §0, §1.9; deepspeed/runtime/config.py,
+// DeepSpeed's code defaults (docs/design/TECHNIQUES.md §0, §1.9; deepspeed/runtime/config.py,
 // zero/config.py, lr_schedules.py), batch-size arithmetic, validation, and the learning-rate
 // schedules. No LibTorch. All functions are pure and thread-safe.
 //
@@ -75,9 +75,10 @@ struct OffloadConfig {
   bool pipeline_write = false;  // used by offload_optimizer only
   bool fast_init = false;
   double ratio = 1.0;  // offload_optimizer: the engine refuses < 1 (without super_offload)
-  // SuperOffload (offload_optimizer only; parsed in ds_config_super_offload.cc, TECHNIQUES.md
-  // §4.2): speculative CPU Adam per sub-group during backward. With it, `ratio` is the fraction
-  // of sub-groups whose step runs on the CPU (the last ones), the rest in-memory Adam.
+  // SuperOffload (offload_optimizer only; parsed in ds_config_super_offload.cc,
+  // docs/design/TECHNIQUES.md §4.2): speculative CPU Adam per sub-group during backward. With it,
+  // `ratio` is the fraction of sub-groups whose step runs on the CPU (the last ones), the rest
+  // in-memory Adam.
   bool super_offload = false;
   double cpuadam_cores_perc = 0.8;  // share (0, 1] of training.threads_per_rank for CPU Adam
   // Loom's key (not DeepSpeed's), SuperOffload only: "adaptive" (default) speculates a step only
@@ -86,15 +87,16 @@ struct OffloadConfig {
   bool speculate_always = false;
 };
 
-// zero_optimization.zenflow (TECHNIQUES.md §2.6; DeepSpeed runtime/zenflow/zenflow_config.py),
-// parsed and validated in ds_config_zenflow.cc. Intervals are in optimizer steps (epochs for
-// select_strategy "epoch"); 0 in an *_interval field means "auto".
+// zero_optimization.zenflow (docs/design/TECHNIQUES.md §2.6; DeepSpeed
+// runtime/zenflow/zenflow_config.py), parsed and validated in ds_config_zenflow.cc. Intervals are
+// in optimizer steps (epochs for select_strategy "epoch"); 0 in an *_interval field means "auto".
 struct ZenFlowConfig {
   bool enabled = false;             // the block is present
   double topk_ratio = 0.1;          // [0, 1]: share of each 2-D weight's columns updated at once
   std::string select_strategy = "auto";  // auto | step | epoch
   int64_t select_interval = 0;      // 0 = "auto" (one epoch)
-  int64_t update_interval = 0;      // 0 = "auto" (Zen-auto rule, TECHNIQUES-TESTS.md §2.1.5)
+  // 0 = "auto" (Zen-auto rule, docs/design/TECHNIQUES-TESTS.md §2.1.5)
+  int64_t update_interval = 0;
   bool overlap_step = false;        // asynchronous CPU step with double buffers
   bool offload = false;             // selective moments in host memory (no-op on a CPU node)
   double auto_ratio = 0.99;         // (0, 1]: Zen-auto threshold
@@ -103,7 +105,8 @@ struct ZenFlowConfig {
   int64_t steps_per_epoch = 0;      // 0 = from the data (DeepSpeed's newer key, ZF-U7)
 };
 
-// zero_optimization with DeepSpeed's code defaults (TECHNIQUES.md §1.9). Sizes are in elements.
+// zero_optimization with DeepSpeed's code defaults (docs/design/TECHNIQUES.md §1.9). Sizes are in
+// elements.
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
@@ -134,7 +137,7 @@ struct ZeroConfig {
 };
 
 // fp16 dynamic loss scaling (DeepSpeed runtime/fp16/loss_scaler.py DynamicLossScaler;
-// TECHNIQUES.md §0). loss_scale 0 = dynamic starting at 2^initial_scale_power.
+// docs/design/TECHNIQUES.md §0). loss_scale 0 = dynamic starting at 2^initial_scale_power.
 struct Fp16Config {
   bool enabled = false;
   double loss_scale = 0.0;
@@ -145,8 +148,8 @@ struct Fp16Config {
   double min_loss_scale = 1.0;
 };
 
-// NVMe async I/O (DeepSpeed "aio" section, TECHNIQUES.md §0): Loom's io_uring swapper submits
-// transfers in block_size pieces with up to queue_depth in flight. The other keys
+// NVMe async I/O (DeepSpeed "aio" section, docs/design/TECHNIQUES.md §0): Loom's io_uring swapper
+// submits transfers in block_size pieces with up to queue_depth in flight. The other keys
 // (thread_count, single_submit, overlap_events, use_gds, intra_op_parallelism) tune libaio
 // threading: they are type-checked and ignored with a warning each.
 struct AioConfig {
@@ -154,14 +157,14 @@ struct AioConfig {
   int64_t queue_depth = 8;
 };
 
-// activation_checkpointing (DeepSpeed runtime/activation_checkpointing/config.py; TECHNIQUES.md
-// §3.4). The section being present turns on per-decoder-layer checkpointing (Loom's model
-// checkpoints every layer: there is no model code that would call checkpoint()). Acting keys:
-// cpu_checkpointing (checkpointed layer inputs kept in host memory). partition_activations true
-// is refused (not supported yet: it needs a model-parallel group); contiguous_memory_optimization,
-// number_checkpoints, synchronize_checkpoint_boundary and profile are type-checked and warned
-// about (they tune the allocator, timing and logging, not results). Parsed in
-// ds_config_activation.cc.
+// activation_checkpointing (DeepSpeed runtime/activation_checkpointing/config.py;
+// docs/design/TECHNIQUES.md §3.4). The section being present turns on per-decoder-layer
+// checkpointing (Loom's model checkpoints every layer: there is no model code that would call
+// checkpoint()). Acting keys: cpu_checkpointing (checkpointed layer inputs kept in host memory).
+// partition_activations true is refused (not supported yet: it needs a model-parallel group);
+// contiguous_memory_optimization, number_checkpoints, synchronize_checkpoint_boundary and profile
+// are type-checked and warned about (they tune the allocator, timing and logging, not results).
+// Parsed in ds_config_activation.cc.
 struct ActivationCheckpointingConfig {
   bool enabled = false;  // the section is present (and not null)
   bool cpu_checkpointing = false;

@@ -1,6 +1,6 @@
 // deepspeed_config.sequence_parallel_size and seq_parallel_communication_data_type (DeepSpeed's
-// keys for Ulysses sequence parallelism, TECHNIQUES.md §3.1/§3.5; issue 13). Called from
-// ParseDeepSpeedConfig before the batch sizes, which count data-parallel ranks (world / P).
+// keys for Ulysses sequence parallelism, docs/design/TECHNIQUES.md §3.1/§3.5; issue 13). Called
+// from ParseDeepSpeedConfig before the batch sizes, which count data-parallel ranks (world / P).
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "spec/ds_config_internal.h"

@@ -1,9 +1,9 @@
 // SuperOffload keys of zero_optimization.offload_optimizer, as DeepSpeed spells them
-// (TECHNIQUES.md §4.2): super_offload (bool, default false), ratio (the fraction of sub-groups
-// whose optimizer step runs on the CPU, the last ones; DeepSpeed's zero/stage3.py puts sub-group i
-// on the CPU iff i >= floor((1 - ratio) * #sub-groups)) and cpuadam_cores_perc (the share of the
-// rank's threads reserved for the speculative CPU Adam, default 0.8); and Loom's own key
-// speculation ("adaptive", the default, or "always": super_offload_pipeline.h). device "cpu"
+// (docs/design/TECHNIQUES.md §4.2): super_offload (bool, default false), ratio (the fraction of
+// sub-groups whose optimizer step runs on the CPU, the last ones; DeepSpeed's zero/stage3.py puts
+// sub-group i on the CPU iff i >= floor((1 - ratio) * #sub-groups)) and cpuadam_cores_perc (the
+// share of the rank's threads reserved for the speculative CPU Adam, default 0.8); and Loom's own
+// key speculation ("adaptive", the default, or "always": super_offload_pipeline.h). device "cpu"
 // keeps the optimizer state in host memory, "nvme" on files (held swap buffers instead of
 // rollback copies: super_offload_pipeline.h). Errors:
 // INVALID_ARGUMENT naming the key.

@@ -53,7 +53,7 @@ TEST(ParseDeepSpeedConfigTest, ParsesAGoodConfig) {
   EXPECT_EQ(c->zero.reduce_bucket_size, 1000000);
   EXPECT_EQ(c->zero.stage3_prefetch_bucket_size, 500000);
   EXPECT_EQ(c->zero.stage3_param_persistence_threshold, 0);
-  // Untouched keys keep DeepSpeed's code defaults (TECHNIQUES.md §1.9).
+  // Untouched keys keep DeepSpeed's code defaults (docs/design/TECHNIQUES.md §1.9).
   EXPECT_EQ(c->zero.sub_group_size, 1000000000);
   EXPECT_EQ(c->zero.stage3_max_live_parameters, 1000000000);
   EXPECT_EQ(c->zero.allgather_bucket_size, 500000000);
@@ -434,8 +434,8 @@ TEST(ParseDeepSpeedConfigTest, IgnoredOffloadAndAioKeysEachWarn) {
   }
 }
 
-// SuperOffload's keys as DeepSpeed spells them (TECHNIQUES.md §4.2): accepted without warnings,
-// with DeepSpeed's defaults; bad values are INVALID_ARGUMENT naming the key.
+// SuperOffload's keys as DeepSpeed spells them (docs/design/TECHNIQUES.md §4.2): accepted without
+// warnings, with DeepSpeed's defaults; bad values are INVALID_ARGUMENT naming the key.
 TEST(ParseDeepSpeedConfigTest, SuperOffloadKeys) {
   const std::string head = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
       "zero_optimization": {"stage": 3, "offload_optimizer": )";

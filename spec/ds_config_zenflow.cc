@@ -1,4 +1,4 @@
-// zero_optimization.zenflow (TECHNIQUES.md §2.6): every key as DeepSpeed spells it
+// zero_optimization.zenflow (docs/design/TECHNIQUES.md §2.6): every key as DeepSpeed spells it
 // (runtime/zenflow/zenflow_config.py ZenFlowConfig), with DeepSpeed's defaults and constraints,
 // plus the ones Loom's implementation needs. Each violation is INVALID_ARGUMENT naming the key.
 #include <limits>

@@ -1,5 +1,5 @@
 // zero_optimization.zenflow parsing (ds_config_zenflow.cc): DeepSpeed's keys, defaults
-// (TECHNIQUES.md §2.6) and constraints, each violation INVALID_ARGUMENT naming the key.
+// (docs/design/TECHNIQUES.md §2.6) and constraints, each violation INVALID_ARGUMENT naming the key.
 #include <string>
 
 #include "absl/strings/str_cat.h"

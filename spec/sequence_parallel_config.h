@@ -1,6 +1,6 @@
-// The cross-field preconditions of Ulysses sequence parallelism (TECHNIQUES.md §3.1; DeepSpeed's
-// UlyssesSPAttentionHF checks), shared by the scheduler's spec validation and the trainer so a
-// job is refused at submission, not when its ranks start. Torch-free.
+// The cross-field preconditions of Ulysses sequence parallelism (docs/design/TECHNIQUES.md §3.1;
+// DeepSpeed's UlyssesSPAttentionHF checks), shared by the scheduler's spec validation and the
+// trainer so a job is refused at submission, not when its ranks start. Torch-free.
 //
 // With P = deepspeed_config.sequence_parallel_size (P dividing the world size is checked by
 // ParseDeepSpeedConfig):

@@ -1,8 +1,8 @@
 // File: storage/job_store.h
 //
-// The scheduler's durable state behind an interface (DESIGN.md "Layers and rooms"): jobs with
-// their spec, phase, failure, progress and current rank placement, and worker nodes with their
-// inventory and last heartbeat. Two implementations run one conformance suite
+// The scheduler's durable state behind an interface (docs/design/DESIGN.md "Layers and rooms"):
+// jobs with their spec, phase, failure, progress and current rank placement, and worker nodes with
+// their inventory and last heartbeat. Two implementations run one conformance suite
 // (job_store_conformance.h): SqliteJobStore (sqlite_job_store.h, the production store) and
 // InMemoryJobStore (in_memory_job_store.h, for tests).
 //

@@ -1,8 +1,8 @@
 // File: storage/job_store_conformance.h
 //
 // The contract of JobStore (job_store.h) as one value-parameterized gtest suite, run against
-// every implementation so the in-memory fake cannot drift from SQLite (STYLE.md habit 7). A test
-// file instantiates it with a factory:
+// every implementation so the in-memory fake cannot drift from SQLite (docs/design/STYLE.md habit
+// 7). A test file instantiates it with a factory:
 //
 //   INSTANTIATE_TEST_SUITE_P(Sqlite, JobStoreConformanceTest,
 //                            ::testing::Values(JobStoreFactory{"sqlite", &MakeSqliteStore}));

@@ -3,8 +3,8 @@
 // model.safetensors.index.json (F32 or BF16, HF tensor names, __metadata__ {"format": "pt"}) +
 // config.json. Also checkpoint verification and deletion. No LibTorch, no gRPC.
 //
-// Reconstruction follows DeepSpeed's zero_to_fp32.py for stage 3 (TECHNIQUES.md §5.2 step 4):
-// for a parameter of numel n and shape S with p = ceil(n / N),
+// Reconstruction follows DeepSpeed's zero_to_fp32.py for stage 3 (docs/design/TECHNIQUES.md §5.2
+// step 4): for a parameter of numel n and shape S with p = ceil(n / N),
 //   full = concat over ranks r = 0..N-1 of rank_r.fp32_params[offset : offset + p],
 //   truncated to the first n elements, viewed as S,
 // where `offset` is the parameter's partition_offset (the same on every rank). The bytes are

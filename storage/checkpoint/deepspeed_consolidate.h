@@ -1,10 +1,11 @@
 // Streaming consolidation of a DeepSpeed ZeRO checkpoint (as deepspeed engine.save_checkpoint
-// writes it; TECHNIQUES.md §5.1) into a Hugging Face safetensors export, with the values of
-// DeepSpeed's own deepspeed/utils/zero_to_fp32.py (TECHNIQUES.md §5.2) but bounded memory:
-// zero_to_fp32 torch.loads every rank's whole optimizer state (and fails on checkpoints larger
-// than RAM, DeepSpeed #4029); this reads only the pickled metadata (deepspeed_pickle.h) and then
-// each output tensor's fp32 bytes straight from the zip records (deepspeed_archive.h) with pread,
-// `piece_bytes` at a time, into the safetensors writer (storage/safetensors).
+// writes it; docs/design/TECHNIQUES.md §5.1) into a Hugging Face safetensors export, with the
+// values of DeepSpeed's own deepspeed/utils/zero_to_fp32.py (docs/design/TECHNIQUES.md §5.2) but
+// bounded memory: zero_to_fp32 torch.loads every rank's whole optimizer state (and fails on
+// checkpoints larger than RAM, DeepSpeed #4029); this reads only the pickled metadata
+// (deepspeed_pickle.h) and then each output tensor's fp32 bytes straight from the zip records
+// (deepspeed_archive.h) with pread, `piece_bytes` at a time, into the safetensors writer
+// (storage/safetensors).
 //
 // Input, DIR = a save_dir with a `latest` file naming the tag, or the tag directory itself:
 //   mp_rank_00_model_states.pt (stage 1-2) or zero_pp_rank_0_mp_rank_00_model_states.pt (stage

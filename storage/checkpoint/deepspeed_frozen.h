@@ -1,8 +1,9 @@
 // Frozen parameters (requires_grad=False) of a DeepSpeed ZeRO checkpoint, located in the
 // model-states files without reading their bytes (internal to deepspeed_consolidate.cc).
 //
-// DeepSpeed's engine saves them in the model states (TECHNIQUES.md §5.1; deepspeed/runtime/
-// engine.py _get_zero_frozen_param_attributes, for stage >= 2 unless exclude_frozen_parameters):
+// DeepSpeed's engine saves them in the model states (docs/design/TECHNIQUES.md §5.1;
+// deepspeed/runtime/ engine.py _get_zero_frozen_param_attributes, for stage >= 2 unless
+// exclude_frozen_parameters):
 //   frozen_param_shapes     OrderedDict name -> torch.Size (the full shape), or None.
 //   frozen_param_fragments  dict name -> tensor:
 //     stage 1-2  the whole parameter (one mp_rank_00_model_states.pt), any shape;

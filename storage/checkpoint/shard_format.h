@@ -12,7 +12,8 @@
 // "exp_avg_sq"), each `section_numel` fp32 elements long. Inside every section, parameter i
 // occupies elements [params[i].partition_offset, + params[i].partition_numel): rank r's ZeRO-3
 // partition of the flattened parameter, i.e. flat elements [r*p, min((r+1)*p, n)) with
-// p = ceil(n/N), zero-padded to p (DeepSpeed partition_parameters.py; TECHNIQUES.md §1.3).
+// p = ceil(n/N), zero-padded to p (DeepSpeed partition_parameters.py; docs/design/TECHNIQUES.md
+// §1.3).
 //
 // Both files are written to a temporary name, fsynced and renamed; the manifest is written last,
 // so its presence means the rank has reported. A checkpoint is committed when all N manifests are

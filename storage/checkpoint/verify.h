@@ -1,7 +1,8 @@
 // Offline verification of checkpoint outputs and inputs, used by `loomctl checkpoint verify` (no
 // service needed) and tests. No LibTorch, no gRPC.
 //
-// Rules checked (TECHNIQUES.md §5.3, §5.4 item 3; safetensors tensor.rs Metadata::validate):
+// Rules checked (docs/design/TECHNIQUES.md §5.3, §5.4 item 3; safetensors tensor.rs
+// Metadata::validate):
 //   safetensors file   8-byte little-endian header length N with N <= 100,000,000 and 8 + N <= file
 //                      size; the header starts with '{' and any padding after the JSON object is
 //                      spaces (0x20) only; N is a multiple of 8 (the reference writer's padding, so

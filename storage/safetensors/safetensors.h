@@ -1,5 +1,5 @@
 // safetensors: Hugging Face's tensor file format (https://github.com/huggingface/safetensors;
-// TECHNIQUES.md §5.3). Layout:
+// docs/design/TECHNIQUES.md §5.3). Layout:
 //
 //   bytes [0, 8)        N = header length, u64 little-endian
 //   bytes [8, 8+N)      UTF-8 JSON object, starting with '{', right-padded with spaces:
@@ -96,7 +96,8 @@ struct Header {
 
 struct WriterOptions {
   // Written as `__metadata__`. {"format": "pt"} by default because some transformers releases
-  // refuse files without it (TECHNIQUES.md §5.2 step 7). Empty = no `__metadata__` key at all.
+  // refuse files without it (docs/design/TECHNIQUES.md §5.2 step 7). Empty = no `__metadata__` key
+  // at all.
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
   // Start writeback every this many bytes (AtomicFileWriter::Options); 0 = only at the end.
   int64_t writeback_bytes = 0;

@@ -64,7 +64,7 @@ void ExpectError(const absl::StatusOr<std::unique_ptr<Reader>>& r, absl::StatusC
   EXPECT_THAT(r, StatusIs(code, std::string(substring)));
 }
 
-// TECHNIQUES.md §5.3 worked example, byte for byte.
+// docs/design/TECHNIQUES.md §5.3 worked example, byte for byte.
 TEST(SafetensorsWriterTest, WorkedExampleByteForByte) {
   std::string path = TmpPath("worked.safetensors");
   const std::string data = {'\x01', '\x02', '\x03', '\x04', '\x05', '\x06'};

@@ -9,7 +9,7 @@ Usage: /opt/loom/venv/bin/python3 bible_alst_job_test.py --trainer PATH --consol
    (finite losses, one sequence-parallel group), loom-consolidate exports it, and
    check_export.py (the project venv's torch 2.11, independent of Loom) accepts the export against the
    trainer's final logits.
-2. The ALST correctness recipe (TECHNIQUES.md §3.7 #6): the same model and samples as
+2. The ALST correctness recipe (docs/design/TECHNIQUES.md §3.7 #6): the same model and samples as
    (DP=2, SP=1, GAS=1) and as (DP=1, SP=2, GAS=2), 256-token samples, 4 steps: the step losses
    and gradient norms agree (|a-b| <= 1e-4 |b|; fp32 with different reduction orders).
 """

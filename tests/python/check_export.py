@@ -14,7 +14,7 @@ ZeRO-3 model. The family is config.json's model_type: "llama" (absent: llama) or
 (Hugging Face Qwen2ForCausalLM: Llama plus self_attn.{q,k,v}_proj.bias, no o_proj bias; a
 use_sliding_window true config is refused as malformed). This script parses the safetensors
 file itself (8-byte little-endian header length, JSON header, raw little-endian data;
-TECHNIQUES.md §5.3), rebuilds the Llama forward pass in plain PyTorch (Hugging Face
+docs/design/TECHNIQUES.md §5.3), rebuilds the Llama forward pass in plain PyTorch (Hugging Face
 LlamaForCausalLM semantics, written independently of the C++ engine; half-split rotary
 embedding, query head h reads key/value head h // (Hq / Hkv), RMSNorm with config.json's
 rms_norm_eps) in float64, runs it on the tokens and compares with

@@ -72,7 +72,7 @@ def run_trainer(trainer, spec_path, world, ckpt, deadline_s=180):
 
 
 def reference_tensors(step_dir):
-    """Independent shard -> tensor reconstruction (numpy; TECHNIQUES.md §5.2)."""
+    """Independent shard -> tensor reconstruction (numpy; docs/design/TECHNIQUES.md §5.2)."""
     manifests = []
     r = 0
     while os.path.exists(os.path.join(step_dir, f"rank_{r}.manifest.json")):

@@ -2,8 +2,8 @@
 """DeepSpeed ZeRO checkpoints as `engine.save_checkpoint(save_dir, tag)` lays them out, written from
 a full fp32 state dict, and read back the way DeepSpeed's `zero_to_fp32.py` reads them.
 
-No DeepSpeed import: the layout is written from DeepSpeed's definitions (TECHNIQUES.md §1.3, §5.1,
-§5.2; deepspeed/runtime/engine.py `_save_checkpoint`/`_save_zero_checkpoint`,
+No DeepSpeed import: the layout is written from DeepSpeed's definitions
+(docs/design/TECHNIQUES.md §1.3, §5.1, §5.2; deepspeed/runtime/engine.py `_save_checkpoint`/`_save_zero_checkpoint`,
 runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, utils/zero_to_fp32.py), so that tests and
 benchmarks can make DeepSpeed-layout checkpoints of any size with PyTorch 2.11 (the project venv)
 (/opt/loom/venv/bin/python3, torch 2.11).
@@ -282,8 +282,8 @@ def _natural_key(path):
 
 def read_fp32_state_dict(save_dir, tag=None):
     """The full fp32 state dict of a ZeRO checkpoint, reconstructed as DeepSpeed's zero_to_fp32.py
-    `get_fp32_state_dict_from_zero_checkpoint` does (TECHNIQUES.md §5.2): torch.load of every
-    model-states and optim-states file, stage 1/2: cat of the partitions walked with param_shapes;
+    `get_fp32_state_dict_from_zero_checkpoint` does (docs/design/TECHNIQUES.md §5.2): torch.load of
+    every model-states and optim-states file, stage 1/2: cat of the partitions walked with param_shapes;
     stage 3: per param cat over ranks of rank_r[o : o + ceil(n/N)], first n elements, view(shape).
     Frozen parameters as _zero2_merge_frozen_params (the stored fragment) and
     _zero3_merge_frozen_params (cat of every rank's fragment, first n elements, view(shape)) do,
@@ -358,8 +358,8 @@ def read_fp32_state_dict(save_dir, tag=None):
 
 
 def save_safetensors(path, state, fsync=True):
-    """Writes fp32 `state` as safetensors the way the reference writer does (TECHNIQUES.md §5.3:
-    __metadata__ {"format": "pt"} first, tensors sorted by name (one dtype), compact JSON padded
+    """Writes fp32 `state` as safetensors the way the reference writer does
+    (docs/design/TECHNIQUES.md §5.3: __metadata__ {"format": "pt"} first, tensors sorted by name (one dtype), compact JSON padded
     with spaces to a multiple of 8, u64 little-endian header length), then fsyncs it."""
     names = sorted(state)
     header = {"__metadata__": {"format": "pt"}}

@@ -1,7 +1,7 @@
 #!/opt/loom/venv/bin/python3
 """Tests of tests/python/deepspeed_ckpt.py: the files and partitions it writes follow DeepSpeed's
-layout rules as stated in TECHNIQUES.md §1.3 / §5.1 (checked here from those rules, element by
-element, not by reading back through the module), and read_fp32_state_dict (zero_to_fp32's
+layout rules as stated in docs/design/TECHNIQUES.md §1.3 / §5.1 (checked here from those rules,
+element by element, not by reading back through the module), and read_fp32_state_dict (zero_to_fp32's
 reconstruction) returns the original tensors bit for bit. Run with /opt/loom/venv/bin/python3."""
 import collections
 import math

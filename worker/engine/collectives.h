@@ -2,8 +2,8 @@
 // path (c10d::ProcessGroupGloo) and a GPU path (NCCL's native reduce_scatter/allgather) share
 // the ZeRO code.
 //
-// Every rank of a group must issue the same sequence of calls on it (TECHNIQUES.md §0). The
-// Start* calls return a handle at once (the collective runs on the backend's thread, so it
+// Every rank of a group must issue the same sequence of calls on it (docs/design/TECHNIQUES.md §0).
+// The Start* calls return a handle at once (the collective runs on the backend's thread, so it
 // overlaps with the caller's compute: DeepSpeed's overlap_comm); the plain calls are Start +
 // Wait. Collectives of one group complete in the order they were started. A timeout or a peer
 // failure returns DEADLINE_EXCEEDED or UNAVAILABLE/INTERNAL from Wait, and the group is unusable
@@ -20,8 +20,8 @@
 // AllReduce is done in fp32 (a temporary: fp32 on the wire) and rounded back once.
 //
 // Every call is recorded in a running count and hash of (operation, element count), so tests can
-// check that all ranks issued the same collective sequence (TECHNIQUES.md §1.11 #7). A subgroup
-// (NewSubgroup) is a Collectives of its own with its own rank, world size, count and hash.
+// check that all ranks issued the same collective sequence (docs/design/TECHNIQUES.md §1.11 #7). A
+// subgroup (NewSubgroup) is a Collectives of its own with its own rank, world size, count and hash.
 // Not thread-safe: one caller thread at a time per object (different groups may be driven by
 // different threads).
 #ifndef LOOM_WORKER_ENGINE_COLLECTIVES_H_
@@ -72,8 +72,8 @@ class Collectives {
   // In place; every rank receives bit-identical results.
   virtual std::unique_ptr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op) = 0;
   // All-to-all with equal splits (Gloo's alltoall_base; DeepSpeed-Ulysses' seq<->head swap,
-  // TECHNIQUES.md §3.1): input [N*c] is cut into N chunks of c; chunk j goes to rank j, and
-  // output [N*c] (preallocated, not overlapping input) receives rank j's chunk `rank()` at
+  // docs/design/TECHNIQUES.md §3.1): input [N*c] is cut into N chunks of c; chunk j goes to rank j,
+  // and output [N*c] (preallocated, not overlapping input) receives rank j's chunk `rank()` at
   // [j*c, (j+1)*c). Recorded as one collective of N*c elements, moving N*c.
   virtual std::unique_ptr<PendingCollective> StartAllToAll(const at::Tensor& input,
                                                            at::Tensor& output) = 0;
@@ -113,9 +113,9 @@ class Collectives {
   // sequence: equal on every rank of a correct program.
   int64_t collective_count() const { return collective_count_; }
   uint64_t collective_hash() const { return collective_hash_; }
-  // Communication volume so far in elements, counted as ZeRO does per rank (TECHNIQUES.md §1.2):
-  // an all-gather or reduce-scatter moves its full (N*p) size, an all-reduce twice its size
-  // (reduce-scatter + all-gather), a broadcast its size.
+  // Communication volume so far in elements, counted as ZeRO does per rank
+  // (docs/design/TECHNIQUES.md §1.2): an all-gather or reduce-scatter moves its full (N*p) size, an
+  // all-reduce twice its size (reduce-scatter + all-gather), a broadcast its size.
   int64_t elements_moved() const { return elements_moved_; }
   // Wall seconds the caller spent blocked in collective calls so far (in Wait: for a blocking
   // call, start to completion; for a started one, only the wait), for the trainer's "comm_s".

@@ -1,5 +1,5 @@
 // fp16 dynamic loss scaling, exactly DeepSpeed's DynamicLossScaler.update_scale
-// (deepspeed/runtime/fp16/loss_scaler.py; TECHNIQUES.md §0):
+// (deepspeed/runtime/fp16/loss_scaler.py; docs/design/TECHNIQUES.md §0):
 //   overflow:  if hysteresis is exhausted (delayed_shift == 1 or cur_hysteresis == 1) the scale
 //              becomes max(scale / 2, min_loss_scale); otherwise cur_hysteresis -= 1.
 //              last_overflow_iter = cur_iter.

@@ -3,7 +3,7 @@
 // provider builds is handed to the offload optimizer, which keeps its fp32 master and Adam
 // moments; with offload_param nvme the stage-3 partitions live in the optimizer's files and
 // all-gathers read them, with reads started ahead of the prefetch trace (one swap buffer always
-// left for a fetch nobody hinted). TECHNIQUES.md §1.7-§1.8.
+// left for a fetch nobody hinted). docs/design/TECHNIQUES.md §1.7-§1.8.
 //
 // Not thread-safe: the provider calls it from the training thread only.
 #ifndef LOOM_WORKER_ENGINE_OFFLOAD_PARTITION_SOURCE_H_

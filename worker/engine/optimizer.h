@@ -1,7 +1,8 @@
 // The optimizer step of one ZeRO partition (or sub-group of partitions): torch.optim.Adam /
 // AdamW (PyTorch 1.13; DeepSpeed FusedAdam with adam_w_mode) on fp32 master weights. This is
 // the one place the engine updates weights in memory, so an offload backend (CPU Adam, NVMe
-// swapping; TECHNIQUES.md §1.7-1.8) can route a sub-group elsewhere by replacing this call.
+// swapping; docs/design/TECHNIQUES.md §1.7-1.8) can route a sub-group elsewhere by replacing this
+// call.
 //
 // Kernels: a partition whose four tensors are fp32, contiguous CPU tensors is stepped by the
 // fused kernel of offload/cpu_adam.h (one pass over param/grad/m/v per slice instead of ATen's

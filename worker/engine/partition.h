@@ -1,5 +1,5 @@
-// ZeRO stage-3 partition arithmetic (DeepSpeed partition_parameters.py; TECHNIQUES.md §1.3,
-// §1.11): every parameter of n elements is partitioned individually over N ranks with
+// ZeRO stage-3 partition arithmetic (DeepSpeed partition_parameters.py; docs/design/TECHNIQUES.md
+// §1.3, §1.11): every parameter of n elements is partitioned individually over N ranks with
 // p = ceil(n / N); rank r owns flat elements [r*p, min((r+1)*p, n)), zero-padded to p elements.
 // Concatenating the N partitions and truncating to n reproduces the flat parameter.
 // Torch-free. Thread-safe (pure functions).

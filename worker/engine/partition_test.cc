@@ -9,7 +9,7 @@
 namespace loom::engine {
 namespace {
 
-// TECHNIQUES.md §1.11 worked vector: n = 10, N = 4 -> p = 3, padding 2.
+// docs/design/TECHNIQUES.md §1.11 worked vector: n = 10, N = 4 -> p = 3, padding 2.
 TEST(PartitionTest, WorkedVectorTenOverFour) {
   EXPECT_EQ(PartitionNumel(10, 4), 3);
   EXPECT_EQ(TotalPadding(10, 4), 2);

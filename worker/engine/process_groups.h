@@ -1,6 +1,6 @@
 // The engine's named process groups, built from the world group and sequence_parallel_size P
 // in DeepSpeed's layout (deepspeed/utils/groups.py, initialize_sequence_parallel;
-// TECHNIQUES.md §3): with world size W = D * P,
+// docs/design/TECHNIQUES.md §3): with world size W = D * P,
 //   sequence_parallel  consecutive ranks: rank r's group is [r - r%P, ..., r - r%P + P-1]
 //                      (DeepSpeed-Ulysses all-to-alls run here)
 //   data_parallel      the ranks with equal r % P: [r%P, r%P + P, ..., r%P + (D-1)P]
@@ -12,9 +12,9 @@
 // contributions its reduction averages, i.e. its size (world: W, today's ZeRO divide;
 // zero_partition: D*P, DeepSpeed's stage-3 pre-divide over the partition group; data_parallel:
 // D; sequence_parallel: P). The ALST loss convention overrides the sequence factor
-// (TECHNIQUES.md §3.2, DeepSpeed issue #5248; SequenceLoss below), and with it the partition
-// group's: zero_partition's factor is D x the sequence factor. The ZeRO provider divides every
-// gradient contribution by zero_partition().grad_divide_factor (trainer_zero_options.h).
+// (docs/design/TECHNIQUES.md §3.2, DeepSpeed issue #5248; SequenceLoss below), and with it the
+// partition group's: zero_partition's factor is D x the sequence factor. The ZeRO provider divides
+// every gradient contribution by zero_partition().grad_divide_factor (trainer_zero_options.h).
 //
 // Building is collective over the world group (every rank calls Create with the same P): for
 // 1 < P < W it makes W/P sequence-parallel then P data-parallel Gloo subgroups (each rank keeps

@@ -1,5 +1,5 @@
-// The long-sequence data path of Ulysses sequence parallelism (issue 13; TECHNIQUES.md §3.2,
-// DeepSpeed's UlyssesSPDataLoaderAdapter and its loss averaging). The P ranks of a
+// The long-sequence data path of Ulysses sequence parallelism (issue 13; docs/design/TECHNIQUES.md
+// §3.2, DeepSpeed's UlyssesSPDataLoaderAdapter and its loss averaging). The P ranks of a
 // sequence-parallel group train on the SAME sample, each on a contiguous 1/P of its tokens; the
 // data-parallel group (ranks with equal r % P) sees different samples.
 //
@@ -9,8 +9,8 @@
 //   rank r of P gets tokens [r·S/P, (r+1)·S/P) of ids, labels and global positions (0..S-1,
 //   or a packed sample's per-document positions [S], restarting at 0 at each document start:
 //   the Ulysses core then keeps every document's attention to itself, ulysses_attention.h).
-// Loss convention (fixes DeepSpeed #5248's ambiguity, TECHNIQUES-TESTS.md §2.3.5): rank r
-// backpropagates loss_r · n_r / N, with loss_r its shard's token-mean cross-entropy, n_r its
+// Loss convention (fixes DeepSpeed #5248's ambiguity, docs/design/TECHNIQUES-TESTS.md §2.3.5): rank
+// r backpropagates loss_r · n_r / N, with loss_r its shard's token-mean cross-entropy, n_r its
 // valid labels and N = Σ_r n_r (the sample's valid labels, known on every rank without
 // communication). Summed over the group this is the unsharded model's token-mean loss, and the
 // all-to-all backward carries every other rank's share, so the SUM over the group of the local

@@ -8,8 +8,8 @@
 // on the same set of samples per step, with or without sequence parallelism (where D = world / P
 // and the P ranks of a group read the same window): (D=1, GAS=2), (D=2, GAS=1), (D=1, SP=2,
 // GAS=2) and (D=2, SP=1, GAS=1) read samples {0, 1}. This is DeepSpeed's behaviour (a
-// DistributedSampler over one global order, whatever the layout) and TECHNIQUES.md §3.7 #6's
-// recipe needs it.
+// DistributedSampler over one global order, whatever the layout) and docs/design/TECHNIQUES.md §3.7
+// #6's recipe needs it.
 //
 // The sequence-parallel path of the Trainer already reads windows this way; the plain
 // data-parallel path keyed windows by (micro-step, index within the micro-step), so a 1-rank

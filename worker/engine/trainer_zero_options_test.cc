@@ -1,9 +1,9 @@
 // ZeroOptionsFor (trainer_zero_options.h): the ZeRO provider divides gradients by the factor the
-// ProcessGroups carry for the partition group (DeepSpeed issue #5248's caveat, TECHNIQUES.md
-// §3.2). Two ranks as threads over real Gloo: each hands the provider a known gradient, and the
-// reduced gradient is checked against the sum written out in the test: a data-parallel job
-// (P = 1) gets the mean over the 2 ranks, a sequence-parallel job (P = 2, D = 1, the trainer's
-// loss_r * n_r / N convention) the sum, for every ZeRO stage.
+// ProcessGroups carry for the partition group (DeepSpeed issue #5248's caveat,
+// docs/design/TECHNIQUES.md §3.2). Two ranks as threads over real Gloo: each hands the provider a
+// known gradient, and the reduced gradient is checked against the sum written out in the test: a
+// data-parallel job (P = 1) gets the mean over the 2 ranks, a sequence-parallel job (P = 2, D = 1,
+// the trainer's loss_r * n_r / N convention) the sum, for every ZeRO stage.
 #include "worker/engine/trainer_zero_options.h"
 
 #include <ATen/ATen.h>

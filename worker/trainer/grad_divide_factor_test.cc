@@ -1,11 +1,11 @@
 // The trainer's ZeRO gradient divide factor comes from its ProcessGroups (trainer_zero_options.h;
-// DeepSpeed issue #5248's caveat, TECHNIQUES.md §3.2), end to end with real loom-trainer ranks:
-// a data-parallel job (2 ranks, GAS 1) and a sequence-parallel one (2 ranks, sequence_parallel_size
-// 2, so D = 1, GAS 2) train on the same samples in their first step (docs/engine.md, "Ulysses":
-// (D, P=1, GAS) and (D/k, P=k, GAS*k) see the same samples), so with the right factors (2 and 1)
-// their step loss and pre-clipping gradient norm agree to fp32 reduction order. Dividing the SP
-// job's gradients by the world size (D*P = 2, the factor before the ProcessGroups carried the
-// loss convention) halves its gradient norm.
+// DeepSpeed issue #5248's caveat, docs/design/TECHNIQUES.md §3.2), end to end with real
+// loom-trainer ranks: a data-parallel job (2 ranks, GAS 1) and a sequence-parallel one (2 ranks,
+// sequence_parallel_size 2, so D = 1, GAS 2) train on the same samples in their first step
+// (docs/engine.md, "Ulysses": (D, P=1, GAS) and (D/k, P=k, GAS*k) see the same samples), so with
+// the right factors (2 and 1) their step loss and pre-clipping gradient norm agree to fp32
+// reduction order. Dividing the SP job's gradients by the world size (D*P = 2, the factor before
+// the ProcessGroups carried the loss convention) halves its gradient norm.
 #include <cmath>
 #include <string>
 #include <vector>

@@ -4,7 +4,8 @@
 //     bucket/overlap/contiguous/sub-group/prefetch knobs varied between runs) equal the 1-rank
 //     stage-0 run (one process on the concatenated global batch): losses, eval losses and the
 //     clipped global gradient norm within rtol 1e-5, final parameters |a-b| <= 2e-5 + 1e-4|b|
-//     (TECHNIQUES.md §1.11 #3, #4); every rank issued the same collective sequence (#7).
+//     (docs/design/TECHNIQUES.md §1.11 #3, #4); every rank issued the same collective sequence
+//     (#7).
 //   * MemoryMatchesZeroFormulas: per-rank bytes of params / grads / optimizer states against the
 //     ZeRO formulas adapted to Loom's fp32 and bf16 layouts (§1.1, §1.11 #5).
 //   * Row4_CheckpointsHoldFullTensorsAndConsolidateAlikeForEveryStage: no empty or zero tensors;

@@ -1,7 +1,7 @@
 // Per-decoder-layer activation checkpointing (Chen et al. 2016, "Training Deep Nets with
-// Sublinear Memory Cost"; DeepSpeed's activation_checkpointing, TECHNIQUES.md §3.4) with optional
-// offload of the checkpointed layer inputs to host memory (DeepSpeed's cpu_checkpointing,
-// ArcticTraining's activation_checkpoint_cpu_offload).
+// Sublinear Memory Cost"; DeepSpeed's activation_checkpointing, docs/design/TECHNIQUES.md §3.4)
+// with optional offload of the checkpointed layer inputs to host memory (DeepSpeed's
+// cpu_checkpointing, ArcticTraining's activation_checkpoint_cpu_offload).
 //
 // CheckpointLayer(fn, h) is a custom autograd function: its forward runs fn(h, kForward) under
 // no-grad (no activation of the layer is saved) and keeps only h, [B,S,H] in the activation

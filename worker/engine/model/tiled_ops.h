@@ -1,5 +1,5 @@
-// ALST's tiled compute (issue 13; TECHNIQUES.md §3.3; Bekman et al., "Arctic Long Sequence
-// Training", arXiv 2506.13996, §3.2-3.3; DeepSpeed deepspeed/runtime/sequence_parallel/
+// ALST's tiled compute (issue 13; docs/design/TECHNIQUES.md §3.3; Bekman et al., "Arctic Long
+// Sequence Training", arXiv 2506.13996, §3.2-3.3; DeepSpeed deepspeed/runtime/sequence_parallel/
 // ulysses_sp.py TiledMLP and TiledFusedLogitsLoss): the decoder's SwiGLU MLP and the
 // logits + cross-entropy head run over tiles of the sequence so that their large intermediates
 // ([B,S,I] for the MLP, [B*S,V] fp32 logits for the head) exist one tile at a time.
@@ -17,10 +17,11 @@
 // dlogits = (softmax - onehot) / n_valid, dx_t = dlogits W, dW += dlogits^T x_t. The loss is
 // Σ_t loss_t / n_valid with n_valid the count of non-ignored labels over all tiles; the full
 // [N, V] logits never exist. Unlike DeepSpeed's TiledFusedLogitsLoss (whose lm_head gradient is
-// handed to ZeRO during forward, so a later loss scaling never reaches it: TECHNIQUES-TESTS.md
-// §2.3.4), dW is kept locally (fp32 [V,H]) and handed to the provider in backward multiplied by
-// the upstream gradient, so (k * loss).backward() gives k times EVERY gradient (tested). Returns
-// LossOutput{fp32 mean, token_count = n_valid}; n_valid = 0 gives loss 0 and zero gradients.
+// handed to ZeRO during forward, so a later loss scaling never reaches it:
+// docs/design/TECHNIQUES-TESTS.md §2.3.4), dW is kept locally (fp32 [V,H]) and handed to the
+// provider in backward multiplied by the upstream gradient, so (k * loss).backward() gives k times
+// EVERY gradient (tested). Returns LossOutput{fp32 mean, token_count = n_valid}; n_valid = 0 gives
+// loss 0 and zero gradients.
 //
 // Tile-count rule (both ops): local tiles T_r = max(1, ceil(L / tile_size)) with L the sequence
 // length S (MLP; tile_size default = hidden_size, ArcticTraining's num_shards = ceil(seqlen /

@@ -1,4 +1,4 @@
-// ALST tiled compute (issue 13; TECHNIQUES-TESTS.md §1.2 AL-13..AL-15, §2.3.4):
+// ALST tiled compute (issue 13; docs/design/TECHNIQUES-TESTS.md §1.2 AL-13..AL-15, §2.3.4):
 //   * TiledMlp equals the SwiGLU MLP written here with plain LibTorch autograd (AL-13 shapes:
 //     hidden 128, seq 125 in 4 tiles 32/32/32/29, batch 1 and 2): forward within
 //     |a-b| <= 1e-6 + 1e-6 |b| (not bit-equal: the BLAS's GEMM rounds per row count), gradients
@@ -172,8 +172,8 @@ TEST(TiledLogitsLossTest, EqualsFullCrossEntropyWithIgnoredLabelsAndBatchTwo) {
 }
 
 TEST(TiledLogitsLossTest, Al15LabelLayouts) {
-  // TECHNIQUES-TESTS.md AL-15 (vocab 7): a fully ignored tile, uneven valid counts per tile,
-  // more tiles than labels, and a control. {labels, tile size}.
+  // docs/design/TECHNIQUES-TESTS.md AL-15 (vocab 7): a fully ignored tile, uneven valid counts per
+  // tile, more tiles than labels, and a control. {labels, tile size}.
   const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
       {{1, 2, 3, 4, -100, -100, -100, -100}, 4},
       {{1, 2, 3, 4, 5, -100, -100, 6}, 4},

@@ -1,5 +1,5 @@
-// DeepSpeed-Ulysses sequence parallelism as an AttentionCore (TECHNIQUES.md §3.1; Jacobs et al.
-// 2023, "DeepSpeed Ulysses", §3; DeepSpeed's runtime/sequence_parallel/ulysses_sp.py,
+// DeepSpeed-Ulysses sequence parallelism as an AttentionCore (docs/design/TECHNIQUES.md §3.1;
+// Jacobs et al. 2023, "DeepSpeed Ulysses", §3; DeepSpeed's runtime/sequence_parallel/ulysses_sp.py,
 // UlyssesSPAttentionHF). It wraps any inner AttentionCore (the materialised one, a blockwise
 // one): the inner core sees the full sequence for H/P heads and needs no change.
 //

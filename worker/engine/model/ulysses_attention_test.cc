@@ -1,7 +1,8 @@
 // Ulysses sequence parallelism (ulysses_attention.h) on real Gloo ranks (threads, RunGang):
 //   * the seq->heads all-to-all puts head block r on rank r (values that encode their origin,
 //     checked against a formula), the round trip is bit-exact, and d Σ(a2a(x)²)/dx = 2x exactly
-//     (TECHNIQUES-TESTS.md AL-5..AL-7), for P = 2, 4, batch 1, 2, several head counts and dims;
+//     (docs/design/TECHNIQUES-TESTS.md AL-5..AL-7), for P = 2, 4, batch 1, 2, several head counts
+//     and dims;
 //   * Ulysses attention over the materialised core equals an unsharded causal attention written
 //     here with plain LibTorch ops (forward and q/k/v gradients, fp32, |a-b| <= 1e-6 + 1e-5|b|):
 //     MHA P = 2, 4; GQA with Hkv % P == 0; Hkv < P (replicated KV heads); a packed sample of two

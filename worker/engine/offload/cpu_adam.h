@@ -4,8 +4,8 @@
 // from Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (ICLR'19); the offload
 // design (one fused, vectorised, multi-threaded pass over param/grad/exp_avg/exp_avg_sq in
 // host memory) follows ZeRO-Offload (Ren et al., USENIX ATC'21, §4.1 "CPU optimizer") and
-// DeepSpeed's csrc/adam/cpu_adam_impl.cpp (TECHNIQUES.md §1.7). The per-element math is the
-// single-tensor torch.optim.Adam/AdamW step (PyTorch 1.13) that Loom's engine runs op by op:
+// DeepSpeed's csrc/adam/cpu_adam_impl.cpp (docs/design/TECHNIQUES.md §1.7). The per-element math is
+// the single-tensor torch.optim.Adam/AdamW step (PyTorch 1.13) that Loom's engine runs op by op:
 //
 //   decoupled (AdamW):  p  = p * (1 - lr*wd)
 //   L2 (Adam):          g  = g + wd * p
@@ -21,9 +21,9 @@
 // op-by-op update the results differ by at most a few ulp per step (LibTorch's vectorised
 // add/addcmul use FMA on AVX2); see cpu_adam_test.cc for the measured bound.
 //
-// Partial and asynchronous updates (for ZenFlow, TECHNIQUES.md §2.4, and SuperOffload, §4.1):
-// StepRange updates a contiguous range of a partition, StepRows / StepColumns the selected rows
-// or columns of a row-major [rows, cols] partition, and StartStepAsync / Wait run a full Step
+// Partial and asynchronous updates (for ZenFlow, docs/design/TECHNIQUES.md §2.4, and SuperOffload,
+// §4.1): StepRange updates a contiguous range of a partition, StepRows / StepColumns the selected
+// rows or columns of a row-major [rows, cols] partition, and StartStepAsync / Wait run a full Step
 // on a worker thread. Every one applies exactly the per-element math of Step, so an update of
 // some elements is bit-identical to the same elements of a full Step on the same data
 // (cpu_adam_partial_test.cc checks each against a scalar reference loop and against Step).

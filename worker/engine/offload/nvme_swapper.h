@@ -7,7 +7,8 @@
 // sub-group's state while the current one computes, write the previous one back); DeepSpeed's
 // deepspeed/runtime/swap_tensor/{partitioned_optimizer_swapper.py,
 // pipelined_optimizer_swapper.py, partitioned_param_swapper.py (AsyncPartitionedParameterSwapper),
-// async_swapper.py} and csrc/aio (libaio; block_size 1 MiB, queue_depth 8). TECHNIQUES.md §1.8.
+// async_swapper.py} and csrc/aio (libaio; block_size 1 MiB, queue_depth 8).
+// docs/design/TECHNIQUES.md §1.8.
 //
 // Layout: each *stream* (e.g. "exp_avg") is one file <dir>/<name>.swp holding a fixed number of
 // *records* (one per sub-group); record i lives at offset i * stride, stride = the largest

@@ -8,7 +8,8 @@
 // overlap of the next sub-group's read and the previous one's write with the current one's
 // compute); DeepSpeed stage3.py (_optimizer_step per sub-group with
 // _prepare_fp32_grad_for_sub_group / swap in / step / swap out), swap_tensor/
-// pipelined_optimizer_swapper.py, partitioned_param_swapper.py. TECHNIQUES.md §1.7-§1.8.
+// pipelined_optimizer_swapper.py, partitioned_param_swapper.py. docs/design/TECHNIQUES.md
+// §1.7-§1.8.
 //
 // Layout: the rank's flat partition is the concatenation of its parameter partitions (p_i
 // elements each, in model order — the order of the checkpoint sections). Sub-groups are runs of

@@ -1,6 +1,6 @@
-// ZenFlow's column selection (arXiv 2505.12242 §3; TECHNIQUES.md §2.2-§2.3, TECHNIQUES-TESTS.md
-// §2.1.2): which input features of each 2-D weight are "important" enough to be updated at once,
-// and when the choice is refreshed.
+// ZenFlow's column selection (arXiv 2505.12242 §3; docs/design/TECHNIQUES.md §2.2-§2.3,
+// docs/design/TECHNIQUES-TESTS.md §2.1.2): which input features of each 2-D weight are "important"
+// enough to be updated at once, and when the choice is refreshed.
 //
 // A column of a 2-D weight W [out, in] (row-major, as nn.Linear stores it) is input feature j,
 // the `out` values W[:, j]. Its importance is the L1 norm of the reduced (data-parallel mean)
@@ -14,7 +14,8 @@
 //
 // The count rule (DeepSpeed's newer _num_selected_columns, ZF-U1): k = max(1, floor(ratio * in))
 // for in > 0 and ratio > 0; k = 0 for in == 0 and, in Loom, for ratio == 0 exactly (only the 1-D
-// parameters are then updated at once: ZenFlow degenerates to ZeRO-Offload, TECHNIQUES.md §2.8.3).
+// parameters are then updated at once: ZenFlow degenerates to ZeRO-Offload,
+// docs/design/TECHNIQUES.md §2.8.3).
 //
 // Thread-safety: the pure functions are thread-safe; SelectColumns runs one collective and must
 // be called by every rank in the same order (the training thread).
@@ -84,7 +85,7 @@ absl::StatusOr<ColumnSelection> SelectColumns(Collectives& collectives,
 
 // When selections are refreshed and CPU updates happen, in optimizer steps (1-based `step`, the
 // count the step has when committed). Steps 1..warm_up are full-offload steps: each is an
-// update boundary and none selects. After warm-up (TECHNIQUES-TESTS.md §2.1.2):
+// update boundary and none selects. After warm-up (docs/design/TECHNIQUES-TESTS.md §2.1.2):
 //   select boundary: step == warm_up + 1, or (select_interval > 0 and
 //                    (step - warm_up - 1) % select_interval == 0); select_interval 0 = once.
 //   update boundary: update_interval U > 0: (step - warm_up) % U == 0 (intervals counted from
@@ -106,9 +107,9 @@ struct ZenFlowSchedule {
 int64_t SelectIntervalSteps(const std::string& strategy, int64_t select_interval,
                             int64_t steps_per_epoch);
 
-// The Zen-auto rule (TECHNIQUES-TESTS.md §2.1.5, DeepSpeed _process_selected_fp32_groups_grad),
-// per 2-D parameter, fed every step after warm-up with the global L1 of the parameter's gradient
-// (total) and of its selected columns (critic):
+// The Zen-auto rule (docs/design/TECHNIQUES-TESTS.md §2.1.5, DeepSpeed
+// _process_selected_fp32_groups_grad), per 2-D parameter, fed every step after warm-up with the
+// global L1 of the parameter's gradient (total) and of its selected columns (critic):
 //   u += 1; avg_critic = ((u-1) * avg_critic + critic) / u / (topk * 10)  (topk > 0)
 //   non_critic += (total - critic) / ((1 - topk) * 10)
 //   the parameter "needs an update" when non_critic >= avg_critic.

@@ -4,7 +4,7 @@
 // multiplied in place by the validation's grad_multiplier (when it is not exactly 1) and handed
 // to OffloadOptimizer::Step with the model's master partitions (null when the parameters live on
 // NVMe). Nothing runs before validation, so a rollback has nothing to undo; SuperOffload's
-// speculative variant (TECHNIQUES.md §4.1) will start CpuAdam in OnReady instead.
+// speculative variant (docs/design/TECHNIQUES.md §4.1) will start CpuAdam in OnReady instead.
 //
 // Thread-safety and errors: OptimizerPipeline's contract (optimizer_pipeline.h); Commit returns
 // OffloadOptimizer::Step's status (NVMe I/O errors name the file).

@@ -42,8 +42,8 @@
 //
 // Sources: DeepSpeed stage3.py step() (overflow check, then _optimizer_step per sub-group);
 // SuperOffload (superoffload_stage3.py: speculative CPU step per sub-group, rollback on
-// overflow; TECHNIQUES.md §4.1); ZenFlow (zenflow_stage_1_and_2.py: per-bucket selective update,
-// asynchronous CPU step at update boundaries; §2.4).
+// overflow; docs/design/TECHNIQUES.md §4.1); ZenFlow (zenflow_stage_1_and_2.py: per-bucket
+// selective update, asynchronous CPU step at update boundaries; §2.4).
 #ifndef LOOM_WORKER_ENGINE_OPTIM_OPTIMIZER_PIPELINE_H_
 #define LOOM_WORKER_ENGINE_OPTIM_OPTIMIZER_PIPELINE_H_
 

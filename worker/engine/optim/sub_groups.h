@@ -6,8 +6,8 @@
 // sub_group_size is a sub-group of its own. This is the cut DeepSpeed's stage 3 uses for its fp32
 // sub-groups (stage3.py _create_fp16_sub_groups) and the one definition Loom uses for the offload
 // optimizer's NVMe records, the checkpoint pieces and the optimizer pipeline
-// (worker/engine/optim/optimizer_pipeline.h). TECHNIQUES.md §1.8, §4.1 (SuperOffload steps a
-// sub-group as soon as its gradients are complete).
+// (worker/engine/optim/optimizer_pipeline.h). docs/design/TECHNIQUES.md §1.8, §4.1 (SuperOffload
+// steps a sub-group as soon as its gradients are complete).
 //
 // Readiness: per optimizer step, every parameter's reduced gradient partition becomes final
 // once (MarkParamReady(i)); a sub-group is ready when all of its parameters are. Today the

@@ -1,6 +1,7 @@
 // SuperOffload's optimizer pipeline (Lian et al., "SuperOffload: Unleashing the Power of
 // Large-Scale LLM Training on Superchips", ASPLOS'26, arXiv 2509.21271, §4 "speculation-then-
-// validation" and the heterogeneous optimizer; TECHNIQUES.md §4.1, TECHNIQUES-TESTS.md §2.2).
+// validation" and the heterogeneous optimizer; docs/design/TECHNIQUES.md §4.1,
+// docs/design/TECHNIQUES-TESTS.md §2.2).
 //
 // Per optimizer step (the OptimizerPipeline protocol, optimizer_pipeline.h):
 //   OnSubGroupReady(k), k a CPU sub-group: sub-group k's CpuAdam step is queued at once to the

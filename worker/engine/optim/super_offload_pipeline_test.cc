@@ -2,7 +2,7 @@
 // rollback and clip-and-replay) against an independent reference: AdamW written here in double-
 // precision LibTorch ops from the formulas (Loshchilov & Hutter; torch.optim.AdamW), and, where
 // bits must match, the same pipeline or the synchronous ZeRO-Offload pipeline on the same data.
-// The acceptance cases of issue 15 (TECHNIQUES-TESTS.md §5 items 8-11).
+// The acceptance cases of issue 15 (docs/design/TECHNIQUES-TESTS.md §5 items 8-11).
 #include "worker/engine/optim/super_offload_pipeline.h"
 
 #include <ATen/ATen.h>
@@ -241,7 +241,7 @@ TEST(SuperOffloadPipelineTest, RollbackRestoresParamsMomentsAndStepCountBitForBi
 // Acceptance 2: fp16 with loss scale 1024 and an inf in one CPU sub-group's gradient. Every
 // sub-group (CPU and device) keeps its params and moments, the step is skipped, and the scale
 // is halved (hysteresis 1). DeepSpeed's closed-form inverse zeroes weights here
-// (TECHNIQUES-TESTS.md §2.2.4).
+// (docs/design/TECHNIQUES-TESTS.md §2.2.4).
 TEST(SuperOffloadPipelineTest, InjectedInfInOneSubGroupSkipsTheStepAndHalvesTheScale) {
   spec::Fp16Config fc;
   fc.enabled = true;

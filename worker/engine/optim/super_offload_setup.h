@@ -6,10 +6,10 @@
 // NVMe files with "nvme" (the pipeline then holds speculative steps in swap buffers instead of
 // copying: super_offload_pipeline.h).
 //
-// Casting (paper §4.3 "superchip-aware casting"; TECHNIQUES.md §4.1 item 3): where the fp32 <->
-// 16-bit casts happen is a choice between casting on the device and moving fp32 across the link
-// (NVLink-C2C, ~900 GB/s on GH200) and casting on the host and moving 16-bit (PCIe). Loom's ranks
-// train on CPUs: the gradients and the optimizer state are in the same host memory, nothing
+// Casting (paper §4.3 "superchip-aware casting"; docs/design/TECHNIQUES.md §4.1 item 3): where the
+// fp32 <-> 16-bit casts happen is a choice between casting on the device and moving fp32 across the
+// link (NVLink-C2C, ~900 GB/s on GH200) and casting on the host and moving 16-bit (PCIe). Loom's
+// ranks train on CPUs: the gradients and the optimizer state are in the same host memory, nothing
 // crosses a link, and the choice is recorded as "no transfer".
 //
 // Sub-group size (paper §4.4 "fine-grained bucketization") when zero_optimization.sub_group_size

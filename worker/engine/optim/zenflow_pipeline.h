@@ -1,5 +1,5 @@
-// ZenFlow (arXiv 2505.12242; TECHNIQUES.md §2, TECHNIQUES-TESTS.md §2.1): stall-free offloading
-// behind the OptimizerPipeline protocol (optimizer_pipeline.h).
+// ZenFlow (arXiv 2505.12242; docs/design/TECHNIQUES.md §2, docs/design/TECHNIQUES-TESTS.md §2.1):
+// stall-free offloading behind the OptimizerPipeline protocol (optimizer_pipeline.h).
 //
 // Per 2-D weight W [out, in] the top-k columns (input features, column_selection.h) are updated
 // "on the compute device" every step: here the model's in-memory fp32 master partition, with
@@ -38,7 +38,7 @@
 // StepWithMomentCounts), so its first step is neither a sign step nor driven by the CPU's
 // momentum, which averages over update_interval times as many steps and lags.
 // - DeepSpeed zeroes every selected column's moments at each select boundary and keeps the old
-//   count, which inflates the first update ~3.2x (TECHNIQUES-TESTS.md §2.1.2(b)).
+//   count, which inflates the first update ~3.2x (docs/design/TECHNIQUES-TESTS.md §2.1.2(b)).
 // - Loom before 2026-12-04 zeroed them and restarted the count: every re-selection's first step
 //   was then a sign step of size lr on the most important columns (3.0% of held-out loss in
 //   docs/benchmarks.md's small-batch regime, against 0.2% now).

@@ -1,5 +1,5 @@
 // ZenFlow's per-step work on one 2-D parameter partition, fused into one pass over its memory
-// (ZenFlow, arXiv 2505.12242 §4; TECHNIQUES.md §2.4; used by zenflow_pipeline.cc).
+// (ZenFlow, arXiv 2505.12242 §4; docs/design/TECHNIQUES.md §2.4; used by zenflow_pipeline.cc).
 //
 // Each training step ZenFlow (a) adds the step's gradient into the host accumulator of the
 // interval and (b) applies AdamW to the selected (top-k) columns of the fp32 master. Done as

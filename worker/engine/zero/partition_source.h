@@ -1,7 +1,8 @@
 // The two hooks a ZeroProvider offers to the code around it (docs/engine.md):
 //   PartitionSource    where parameter partitions live when they are not plain tensors in memory
-//                      (ZeRO-Offload / ZeRO-Infinity, worker/engine/offload; TECHNIQUES.md
-//                      §1.7-1.8): one named interface instead of four std::function hooks.
+//                      (ZeRO-Offload / ZeRO-Infinity, worker/engine/offload;
+//                      docs/design/TECHNIQUES.md §1.7-1.8): one named interface instead of four
+//                      std::function hooks.
 //   GradReadyListener  "partition gradient ready" events for an optimizer pipeline.
 #ifndef LOOM_WORKER_ENGINE_ZERO_PARTITION_SOURCE_H_
 #define LOOM_WORKER_ENGINE_ZERO_PARTITION_SOURCE_H_

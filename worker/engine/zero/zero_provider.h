@@ -1,6 +1,6 @@
 // ZeRO stages 0-3 (Rajbhandari et al., "ZeRO", SC'20; DeepSpeed stage_1_and_2.py, stage3.py,
-// partition_parameters.py; TECHNIQUES.md §1.3-§1.6) as the provider of ParamAccess. It sees only
-// a list of ParamSpec (name, shape, kind): nothing model-specific (docs/engine.md).
+// partition_parameters.py; docs/design/TECHNIQUES.md §1.3-§1.6) as the provider of ParamAccess. It
+// sees only a list of ParamSpec (name, shape, kind): nothing model-specific (docs/engine.md).
 //
 // What Acquire / the gradient sink mean per stage:
 //   stage 0  full replicas of params (param dtype), fp32 master and Adam state on every rank;
@@ -19,9 +19,9 @@
 // every parameter of n elements is partitioned individually, p = ceil(n/N), rank r owns flat
 // elements [r*p, min((r+1)p, n)) zero-padded to p. Reduce-scatters are coalesced per bucket of
 // reduce_bucket_size elements (one StartReduceScatterSumCoalesced): every gradient in it is a
-// zero-padded [N*p] fp32 buffer pre-divided by gradient_divide_factor (TECHNIQUES.md §1.6 step
-// 4). In stages 2/3 the linear and embedding backward write the weight gradient straight into
-// that buffer (GradDestination/CommitGrad), and the reduced partition goes straight into the
+// zero-padded [N*p] fp32 buffer pre-divided by gradient_divide_factor (docs/design/TECHNIQUES.md
+// §1.6 step 4). In stages 2/3 the linear and embedding backward write the weight gradient straight
+// into that buffer (GradDestination/CommitGrad), and the reduced partition goes straight into the
 // gradient partition when it is the first contribution since ClearGrads. In stage 1 the
 // step's first contribution is written straight into the pooled [N*p] local accumulator the
 // same way (later micro-steps add into it).
@@ -92,7 +92,7 @@
 
 namespace loom::engine {
 
-// Engine-side ZeRO knobs (TECHNIQUES.md §1.9; sizes in elements).
+// Engine-side ZeRO knobs (docs/design/TECHNIQUES.md §1.9; sizes in elements).
 struct ZeroOptions {
   int stage = 3;
   at::ScalarType param_dtype = at::kFloat;  // kFloat, kBFloat16 or kHalf
