@@ -163,7 +163,9 @@ TEST_F(CheckpointServiceTest, ListAndConsolidateOverGrpc) {
   EXPECT_EQ(ReadFloats(**reader, "b"), kB);
   auto config = ReadFile(resp.config_path());
   ASSERT_TRUE(config.ok());
-  EXPECT_EQ(*config, "{\n  \"model_type\": \"llama\",\n  \"tie_word_embeddings\": false\n}\n");
+  EXPECT_EQ(*config,
+            "{\n  \"model_type\": \"llama\",\n  \"tie_word_embeddings\": false,\n"
+            "  \"torch_dtype\": \"float32\"\n}\n");
 
   // Explicit step and absolute output directory.
   grpc::ClientContext ctx2;

@@ -89,6 +89,11 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
     return absl::InvalidArgumentError(
         absl::StrCat(info.path, ": manifest model_config is not a JSON object"));
   }
+  // The dtype of the tensors written, under both names transformers reads (4.x: torch_dtype;
+  // 5.x: dtype): the manifest's config says what the job trained in, which a bf16 export of fp32
+  // master weights is not.
+  config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  if (config.contains("dtype")) config["dtype"] = config["torch_dtype"];
   auto tie_it = config.find("tie_word_embeddings");
   const bool tied = tie_it != config.end() && tie_it->is_boolean() && tie_it->get<bool>();
 
@@ -226,8 +231,9 @@ absl::StatusOr<ConsolidateResult> Consolidate(const std::string& checkpoint_dir,
     return pos;
   };
 
-  result.output_dir = output_dir.empty() ? DefaultConsolidationDir(checkpoint_dir, info.step)
-                                         : output_dir;
+  result.output_dir =
+      output_dir.empty() ? DefaultConsolidationDir(checkpoint_dir, info.step, result.dtype)
+                         : output_dir;
   RETURN_IF_ERROR(MakeDirs(result.output_dir));
   RemoveDeadTemporaries(result.output_dir);
   const std::string staging =

@@ -147,8 +147,11 @@ struct ConsolidateResult {
   double seconds = 0;
 };
 
-// <checkpoint_dir>/step_XXXXXXXX/hf: where Consolidate writes when `output_dir` is empty.
-std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t step);
+// Where Consolidate writes when `output_dir` is empty: <checkpoint_dir>/step_XXXXXXXX/hf for the
+// fp32 export ("F32", the master weights bit for bit) and .../hf-bf16 for "BF16", so that the
+// two exports of one step never overwrite each other. `dtype` as NormalizeOutputDtype returns it.
+std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t step,
+                                    const std::string& dtype = "F32");
 
 // Consolidates checkpoint `step` of `checkpoint_dir` (0 = the newest committed one) into
 // `output_dir` (created if needed; "" = DefaultConsolidationDir). Streams tensor by tensor: memory

@@ -22,7 +22,8 @@
 
 ABSL_FLAG(std::string, checkpoint_dir, "", "A job's checkpoint directory (holds step_* dirs).");
 ABSL_FLAG(int64_t, step, 0, "Step to consolidate (0 = newest committed).");
-ABSL_FLAG(std::string, output_dir, "", "Output directory (default <checkpoint_dir>/step_N/hf).");
+ABSL_FLAG(std::string, output_dir, "",
+          "Output directory (default <checkpoint_dir>/step_N/hf, or .../hf-bf16 for --dtype=bf16).");
 ABSL_FLAG(std::string, max_shard_size, "", "Split into shards of at most this size (\"5GB\").");
 ABSL_FLAG(std::string, dtype, "fp32", "Output dtype: fp32 or bf16.");
 ABSL_FLAG(int64_t, io_buffer_bytes, 4 << 20, "Bytes of a shard mapped at a time (checksums and copies).");

@@ -96,8 +96,9 @@ std::vector<ShardPlanFile> PlanShards(const std::vector<std::pair<std::string, i
   return shards;
 }
 
-std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t step) {
-  return absl::StrCat(checkpoint_dir, "/", StepDirName(step), "/hf");
+std::string DefaultConsolidationDir(const std::string& checkpoint_dir, int64_t step,
+                                    const std::string& dtype) {
+  return absl::StrCat(checkpoint_dir, "/", StepDirName(step), dtype == "BF16" ? "/hf-bf16" : "/hf");
 }
 
 }  // namespace loom::storage

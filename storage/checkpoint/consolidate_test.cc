@@ -86,7 +86,10 @@ TEST_P(ConsolidateWorldSizeTest, BitExactReconstruction) {
   EXPECT_GE(result->seconds, 0.0);
   auto config = ReadFile(result->config_path);
   ASSERT_TRUE(config.ok());
-  EXPECT_EQ(*config, nlohmann::json::parse(kConfig).dump(2) + "\n");
+  // The manifest's model config, with the dtype of the tensors written.
+  nlohmann::json expected = nlohmann::json::parse(kConfig);
+  expected["torch_dtype"] = "float32";
+  EXPECT_EQ(*config, expected.dump(2) + "\n");
   EXPECT_NE(config->find("\n  \"hidden_size\": 8,\n"), std::string::npos);
   EXPECT_FALSE(HasTmpFiles(out));
 }
@@ -351,7 +354,9 @@ TEST(ConsolidateTest, RerunAfterPartialOutputLeavesCorrectFile) {
   auto result = Consolidate(dir, 100, out);
   ASSERT_TRUE(result.ok()) << result.status();
   ExpectModelEquals(result->safetensors_path, model);
-  EXPECT_EQ(*ReadFile(result->config_path), nlohmann::json::parse(kConfig).dump(2) + "\n");
+  nlohmann::json expected = nlohmann::json::parse(kConfig);
+  expected["torch_dtype"] = "float32";
+  EXPECT_EQ(*ReadFile(result->config_path), expected.dump(2) + "\n");
   EXPECT_FALSE(HasTmpFiles(out));
 
   // A second run over a good output gives the same bytes.
@@ -667,6 +672,38 @@ TEST(ConsolidateTest, Bf16OutputIsRoundedMasterWeights) {
   ASSERT_TRUE(norm.ok());
   EXPECT_EQ(static_cast<unsigned char>((*norm)[0]), 0x80);
   EXPECT_EQ(static_cast<unsigned char>((*norm)[1]), 0x3f);
+}
+
+// Issue 49: a bf16 export of a step went to the fp32 export's folder (<step>/hf), replacing it,
+// and its config.json said "torch_dtype": "float32". Each dtype has its own default folder, and
+// config.json names the dtype written (under transformers 5's "dtype" too when the config has it).
+TEST(ConsolidateTest, Bf16AndFp32ExportsOfAStepLiveSideBySideWithTheirOwnDtype) {
+  std::string dir = TmpDir("bf16_beside_fp32");
+  std::vector<FullParam> model = TestModel();
+  nlohmann::json config = nlohmann::json::parse(kConfig);
+  config["dtype"] = "float32";  // transformers 5 writes this key
+  WriteCheckpoint(dir, 9, 2, model, AllRanks(2), config.dump());
+  auto fp32 = Consolidate(dir, 9, "");
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  ConsolidateOptions options;
+  options.dtype = "bf16";
+  auto bf16 = Consolidate(dir, 9, "", options);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(fp32->output_dir, dir + "/step_00000009/hf");
+  EXPECT_EQ(bf16->output_dir, dir + "/step_00000009/hf-bf16");
+  ExpectModelEquals(fp32->safetensors_path, model);  // the fp32 export is still whole
+  for (const auto& [result, want] : {std::pair{&*fp32, "float32"}, std::pair{&*bf16, "bfloat16"}}) {
+    auto text = ReadFile(result->config_path);
+    ASSERT_TRUE(text.ok()) << text.status();
+    nlohmann::json written = nlohmann::json::parse(*text);
+    EXPECT_EQ(written["torch_dtype"], want) << result->config_path;
+    EXPECT_EQ(written["dtype"], want) << result->config_path;
+  }
+}
+
+TEST(ConsolidateTest, UnknownOutputDtypeIsInvalidArgument) {
+  std::string dir = TmpDir("bad_dtype");
+  WriteCheckpoint(dir, 9, 1, TestModel(), AllRanks(1));
   ConsolidateOptions bad;
   bad.dtype = "int8";
   EXPECT_EQ(Consolidate(dir, 9, dir + "/out2", bad).status().code(),
