@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds Loom, starts a local cluster (scheduler, two
-# workers, checkpoint service) on loopback, trains the example Llama-style model on the fortunes
+# The main job: installs what is missing, builds Loom, starts a local cluster of its own
+# (scheduler, two workers, checkpoint service, gateway; state under .loom-main-job, or
+# $LOOM_MAIN_JOB_HOME) on loopback, trains the example Llama-style model on the fortunes
 # corpus with ZeRO-3 on 2 ranks, consolidates the last checkpoint into model.safetensors, checks
-# the export independently with PyTorch and loads it with transformers, prints the held-out loss before and after training and
-# the path of the safetensors file, and shuts everything down.
+# the export independently with PyTorch and loads it with transformers, prints the held-out loss
+# before and after training and the path of the safetensors file, and shuts its cluster down.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOB="${1:-examples/fortunes-llama/job.yaml}"
-export LOOM_HOME="${LOOM_HOME:-$ROOT/.loom}"
+# A cluster of its own: its own state directory (SQLite file, checkpoints, ready files) and
+# OS-chosen ports, so a local cluster you run under .loom (or $LOOM_HOME) is never stopped or
+# written to. Its settings are the defaults (the fortunes corpus as the data root, no
+# authentication), whatever your shell exports for your own cluster.
+export LOOM_HOME="${LOOM_MAIN_JOB_HOME:-$ROOT/.loom-main-job}"
+unset LOOM_GATEWAY_PORT LOOM_QUEUES_CONFIG LOOM_DATA_ROOTS LOOM_SCRATCH_ROOTS \
+  LOOM_AUTH_TOKENS_FILE LOOM_WORKER_TOKEN_FILE
 
 bash scripts/install_deps.sh
 echo "== building (first build takes a few minutes on 2 cores)"
@@ -21,8 +28,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-scripts/local_cluster.sh stop >/dev/null 2>&1 || true
-echo "== starting a local cluster under $LOOM_HOME"
+if compgen -G "$LOOM_HOME/cluster/*.pid" >/dev/null; then
+  echo "== stopping the main job's own cluster that an earlier, interrupted run left under $LOOM_HOME"
+  scripts/local_cluster.sh stop
+fi
+echo "== starting the main job's own local cluster under $LOOM_HOME (a cluster under .loom is left alone)"
 scripts/local_cluster.sh start --workers 2
 LOOMCTL="bazel-bin/services/cli/loomctl --cluster_dir=$LOOM_HOME/cluster"
 
