@@ -256,8 +256,13 @@ def main():
             else:
                 # The eps error moves these logits by ~1e-3 (F32 run above), far below the
                 # bf16 rounding of the weights, so a logits check cannot see it in a BF16
-                # export; its config.json must be the F32 export's, which was checked.
-                assert cfg == fp32_cfg, f"{case}: config.json differs from the F32 export's"
+                # export; its config.json must be the F32 export's, which was checked, but for
+                # the dtype it names: each export's config.json says the dtype it holds.
+                dtype_keys = ("torch_dtype", "dtype")
+                assert cfg.get("torch_dtype") == "bfloat16", f"{case}: {cfg.get('torch_dtype')!r}"
+                assert fp32_cfg.get("torch_dtype") == "float32", f"{fp32_cfg.get('torch_dtype')!r}"
+                same = lambda c: {k: v for k, v in c.items() if k not in dtype_keys}
+                assert same(cfg) == same(fp32_cfg), f"{case}: config.json differs from F32's"
 
             bad = dict(exported)
             bad["model.norm.weight"] = (exported["model.norm.weight"].float() * 1.05).to(
