@@ -138,8 +138,8 @@ def main():
         # update (docs/benchmarks.md), so the loss is compared over the pairs' seeds.
         seed = rep + 1 if a.vary_seed else 1
         # Odd pairs run ZenFlow first: whichever run of a pair goes second reads slower on this
-        # machine (offload against itself: 0.993 over 5 pairs, docs/benchmarks.md, "2026-12-04,
-        # 21:50-22:48 UTC"), so a fixed order would bias the ratio by about as much as it measures.
+        # machine (offload against itself: 0.993 over 5 pairs on 2026-12-04, docs/benchmarks.md,
+        # ZenFlow), so a fixed order would bias the ratio by about as much as it measures.
         if rep % 2 == 0:
             off.append(run(a, "offload_%d" % rep, False, seed))
             zf.append(run(a, "zenflow_%d" % rep, True, seed))

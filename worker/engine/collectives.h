@@ -168,7 +168,7 @@ struct GlooOptions {
 // reduce-scatter are point-to-point sends and receives between the caller's tensors; the
 // reduce-scatter sums in rank order after the receives. Gloo's native _reduce_scatter_base and
 // _allgather_base (LibTorch 2.x) copy through a full-size temporary and were 2-5x slower at the
-// engine's bucket sizes (collectives_bench, docs/engine.md).
+// engine's bucket sizes (collectives_bench, docs/benchmarks.md).
 // All-to-all is Gloo's alltoall_base with equal splits.
 // Returns only once every rank has connected (a barrier ends the rendezvous, so a rank that fails
 // and exits right after it cannot strand a slower peer inside Gloo's connect; same for subgroups).

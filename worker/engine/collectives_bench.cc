@@ -1,7 +1,7 @@
 // Loom's Gloo reduce-scatter and all-gather (point-to-point between the caller's tensors,
 // collectives.cc) against c10d's native ProcessGroupGloo::_reduce_scatter_base and
 // _allgather_base (which LibTorch 2.x has and 1.13 lacked), on two real processes over loopback.
-// It decides which one GlooCollectives uses: docs/engine.md has the figures.
+// It decides which one GlooCollectives uses: docs/benchmarks.md has the figures.
 //
 //   bazel run -c opt //worker/engine:collectives_bench -- --sizes=1048576,6553600 --iters=20
 //
