@@ -107,5 +107,58 @@ TEST(DeviceBindingTest, AcceleratorsPerNodeRefusedNamingTheField) {
   EXPECT_EQ(ValidateAcceleratorsPerNode(r, none).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Admission that tells at once (issue 49): 8 ranks on two 1-slot nodes used to be accepted and
+// wait forever.
+TEST(DeviceBindingTest, AGangMoreThanTheRegisteredNodesCouldHoldIsRefusedAtOnce) {
+  using K = loom::v1::AcceleratorKind;
+  loom::v1::ResourceSpec r;
+  r.set_num_ranks(8);  // accelerator unspecified: cpu
+  const NodesBySlots two_one_slot = {{{K::ACCELERATOR_KIND_CPU, 1}, 2}};
+  EXPECT_EQ(MaxGangRanks(r, two_one_slot), 2);
+  absl::Status s = CheckGangFitsRegisteredNodes(r, two_one_slot);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message().substr(0, 109),
+            "resources.num_ranks: 8 cpu ranks can never be placed: the registered cpu nodes have "
+            "2 slots (2 node(s)), so t");
+  EXPECT_NE(s.message().find("wait_for_capacity"), absl::string_view::npos) << s.message();
+  r.set_num_ranks(2);
+  EXPECT_TRUE(CheckGangFitsRegisteredNodes(r, two_one_slot).ok());
+  // No node registered at all (a cluster starting): the job waits, as before.
+  r.set_num_ranks(64);
+  EXPECT_TRUE(CheckGangFitsRegisteredNodes(r, {}).ok());
+  // Lost nodes are not in the map; a count of 0 is no node.
+  EXPECT_TRUE(CheckGangFitsRegisteredNodes(r, {{{K::ACCELERATOR_KIND_CPU, 4}, 0}}).ok());
+
+  // Other kinds' slots do not count.
+  r.set_accelerator(K::ACCELERATOR_KIND_H100);
+  r.set_num_ranks(8);
+  const NodesBySlots mixed = {{{K::ACCELERATOR_KIND_CPU, 16}, 3},
+                              {{K::ACCELERATOR_KIND_H100, 8}, 1},
+                              {{K::ACCELERATOR_KIND_H100, 2}, 1}};
+  EXPECT_EQ(MaxGangRanks(r, mixed), 10);
+  EXPECT_TRUE(CheckGangFitsRegisteredNodes(r, mixed).ok());
+  r.set_num_ranks(12);
+  EXPECT_EQ(CheckGangFitsRegisteredNodes(r, mixed).code(), absl::StatusCode::kFailedPrecondition);
+  r.set_accelerator(K::ACCELERATOR_KIND_GH200);
+  r.set_num_ranks(1);
+  s = CheckGangFitsRegisteredNodes(r, mixed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no registered node has gh200 slots (5 node(s) of other kinds)"),
+            absl::string_view::npos)
+      << s.message();
+
+  // accelerators_per_node k: k ranks on each node with at least k slots, once per gang.
+  r.set_accelerator(K::ACCELERATOR_KIND_H100);
+  r.set_accelerators_per_node(4);
+  EXPECT_EQ(MaxGangRanks(r, mixed), 4);  // the 8-slot node holds one group of 4; 2 slots: none
+  r.set_num_ranks(8);
+  s = CheckGangFitsRegisteredNodes(r, mixed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("can hold 4 (4 per node with accelerators_per_node 4, 2 node(s), "
+                             "10 slots)"),
+            absl::string_view::npos)
+      << s.message();
+}
+
 }  // namespace
 }  // namespace loom

@@ -12,6 +12,7 @@
 #define LOOM_SCHEDULER_JOB_SPEC_VALIDATION_ACCELERATORS_H_
 
 #include <map>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "proto/common.pb.h"
@@ -30,6 +31,25 @@ int MaxAcceleratorsPerNode(loom::v1::AcceleratorKind kind);
 absl::Status ValidateAcceleratorsPerNode(
     const loom::v1::ResourceSpec& resources,
     const std::map<loom::v1::AcceleratorKind, int>& largest_registered);
+
+// Registered nodes that are not lost (cordoned ones included: they may come back), counted per
+// (accelerator kind, slots) as RankReconciler's CapacityCounts::live_nodes_by_slots keeps them.
+using NodesBySlots = std::map<std::pair<loom::v1::AcceleratorKind, int>, int>;
+
+// The most ranks of one gang the registered nodes could ever hold at once: the slots of every
+// node of the job's kind, or with accelerators_per_node k, k on each node with >= k slots (a gang
+// puts k ranks on a node, at most once: placement.h PlaceGang). An upper bound: node selectors,
+// quotas and other jobs are not counted, so a job under it may still wait (ExplainPending says
+// why), but a job over it can never run.
+int MaxGangRanks(const loom::v1::ResourceSpec& resources, const NodesBySlots& nodes);
+
+// Admission that tells at once (issue 49): FAILED_PRECONDITION starting "resources.num_ranks: "
+// when num_ranks > MaxGangRanks, naming what the registered nodes have and the ways out (fewer
+// ranks, more nodes, or submitting with wait_for_capacity to queue for capacity that may come).
+// OK when no node at all is registered (a cluster starting, or a scheduler whose nodes are
+// registering again): that job waits, as before.
+absl::Status CheckGangFitsRegisteredNodes(const loom::v1::ResourceSpec& resources,
+                                          const NodesBySlots& nodes);
 
 }  // namespace loom
 

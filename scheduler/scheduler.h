@@ -114,6 +114,7 @@
 #include "scheduler/job_events.h"
 #include "scheduler/job_repository.h"
 #include "scheduler/job_spec_validation.h"
+#include "scheduler/job_spec_validation_accelerators.h"
 #include "scheduler/path_policy.h"
 #include "scheduler/queues.h"
 #include "scheduler/rank_progress.h"
@@ -161,14 +162,19 @@ class Scheduler {
   // job repository's commit thread once the job's batch is durable (job_repository.h); never
   // under the scheduler's lock. For callers that must not block (gRPC callback threads).
   using SubmitDone = std::function<void(absl::StatusOr<loom::v1::Job> job, bool deduplicated)>;
+  // With `wait_for_capacity` false (the gRPC API's default), a gang more than the registered
+  // nodes could ever hold is refused at once (CheckGangFitsRegisteredNodes,
+  // job_spec_validation_accelerators.h: FAILED_PRECONDITION) instead of queueing for nodes that
+  // may never come; true queues it for capacity to come (an autoscaler, nodes being added).
   void SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string& request_id,
-                      const std::string& tenant, SubmitDone done);
+                      const std::string& tenant, SubmitDone done, bool wait_for_capacity = true);
 
   // A dry run of SubmitJob for `tenant`: the same checks and errors (paths, validation, node
   // shapes, queue), no job created. The answer has validated_only, the notes (values filled in,
   // then the trainer's warnings) and the resolved deepspeed_config. Thread-safe.
   absl::StatusOr<loom::v1::SubmitJobResponse> DryRunSubmission(const loom::v1::JobSpec& spec,
-                                                               const std::string& tenant);
+                                                               const std::string& tenant,
+                                                               bool wait_for_capacity = true);
 
   // NOT_FOUND (JobNotFound) if no such job; INVALID_ARGUMENT for an id longer than kMaxIdBytes
   // (an error message echoing it would not fit in gRPC's metadata).
@@ -293,6 +299,8 @@ class Scheduler {
   // Per accelerator kind: the most slots of a registered, not lost node (submission check of
   // resources.accelerators_per_node). Takes mu_.
   std::map<loom::v1::AcceleratorKind, int> LargestRegisteredNodes() ABSL_LOCKS_EXCLUDED(mu_);
+  // The registered nodes (not lost) per (kind, slots): O(distinct shapes).
+  NodesBySlots RegisteredNodesBySlots() ABSL_LOCKS_EXCLUDED(mu_);
   // Per node: the device indices live ranks of jobs other than `job_id` hold (device_binding.h).
   // Only the nodes in `nodes` are visited.
   std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id,
@@ -325,7 +333,9 @@ class Scheduler {
   // SchedulerOptions::confine_paths: the spec's paths against the tenant's (PERMISSION_DENIED).
   // The admission checks of a submission, in order: paths (before validation reads any file),
   // the spec, the node shapes, the queue. Shared by SubmitJobAsync and DryRunSubmission.
-  absl::Status CheckAdmissible(const loom::v1::JobSpec& spec, const std::string& tenant);
+  // Then, unless `wait_for_capacity`, that the registered nodes could hold the gang.
+  absl::Status CheckAdmissible(const loom::v1::JobSpec& spec, const std::string& tenant,
+                               bool wait_for_capacity);
   // The tenancy path policy of --queues_config (data and scratch roots; the fortunes dir without
   // data_roots) and --checkpoint_root.
   PathPolicy SubmissionPathPolicy() const;

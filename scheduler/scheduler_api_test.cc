@@ -335,6 +335,12 @@ TEST_F(SchedulerApiTest, WatchJobSnapshotThenChangesUntilTheEnd) {
   while ((*sub)->Pop(&e)) {
     types.push_back(e.type());
     phases.push_back(e.job().phase());
+    // Only the Snapshot carries the spec (issue 49: each event repeated all of it); the others
+    // carry what changed, with the step count the spec asks for in progress.total_steps.
+    EXPECT_EQ(e.job().has_spec(), e.type() == "Snapshot") << e.type();
+    EXPECT_EQ(e.job().progress().total_steps(), TestJobSpecWithRanks(1).training().steps())
+        << e.type();
+    EXPECT_EQ(e.job().id(), job->id());
   }
   ASSERT_GE(types.size(), 4u);
   EXPECT_EQ(types.front(), "Snapshot");
@@ -350,10 +356,16 @@ TEST_F(SchedulerApiTest, WatchJobSnapshotThenChangesUntilTheEnd) {
   for (int i = 0; i < 200 && wakes.load() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_GE(wakes.load(), 1);
   scheduler_->Unwatch(*sub);
-  // Watching an ended job: the snapshot alone, already ended.
+  // Watching an ended job: its history, then the snapshot (the one with the spec), ended.
   absl::StatusOr<std::shared_ptr<JobSubscription>> late = scheduler_->WatchJob(job->id(), [] {});
   ASSERT_TRUE(late.ok());
   EXPECT_TRUE((*late)->ended());
+  int snapshots = 0;
+  while ((*late)->Pop(&e)) {
+    EXPECT_EQ(e.job().has_spec(), e.type() == "Snapshot") << e.type();
+    snapshots += e.type() == "Snapshot";
+  }
+  EXPECT_EQ(snapshots, 1);
   scheduler_->Unwatch(*late);
 }
 

@@ -5,6 +5,7 @@
 // registered node has is refused at submission naming the field.
 #include <set>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler_test_fixture.h"
 
@@ -173,6 +174,53 @@ TEST_F(SchedulerDevicesTest, MoreAcceleratorsPerNodeThanAnyNodeIsRefusedAtSubmis
   Cycle();
   Job job = Get(fits->id());
   ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_STARTING);
+}
+
+// Admission that tells at once (issue 49): through the gRPC API (wait_for_capacity false) a gang
+// more than the registered nodes could hold is refused; asked to wait for capacity, it queues.
+TEST_F(SchedulerDevicesTest, AGangLargerThanTheClusterIsRefusedUnlessItWaitsForCapacity) {
+  RegisterGpuNode("gpu-a", 4);
+  RegisterGpuNode("gpu-b", 4);
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(12);
+  spec.mutable_resources()->set_accelerator(loom::v1::ACCELERATOR_KIND_H100);
+  auto submit = [&](const loom::v1::JobSpec& s, bool wait_for_capacity) {
+    absl::Notification answered;
+    absl::StatusOr<Job> out;
+    scheduler_->SubmitJobAsync(
+        s, "", "default",
+        [&](absl::StatusOr<Job> job, bool) {
+          out = std::move(job);
+          answered.Notify();
+        },
+        wait_for_capacity);
+    answered.WaitForNotification();
+    return out;
+  };
+  absl::StatusOr<Job> refused = submit(spec, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(
+                "resources.num_ranks: 12 h100 ranks can never be placed: the registered h100 "
+                "nodes have 8 slots (2 node(s))"),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(scheduler_->DryRunSubmission(spec, "default", false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::vector<Job>> jobs = scheduler_->ListJobs(loom::v1::JOB_PHASE_UNSPECIFIED);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty());
+
+  absl::StatusOr<Job> queued = submit(spec, true);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  Cycle();
+  EXPECT_EQ(Get(queued->id()).phase(), loom::v1::JOB_PHASE_PENDING);
+  // A third node registers: the queued job's capacity came.
+  RegisterGpuNode("gpu-c", 4);
+  Cycle();
+  EXPECT_EQ(Get(queued->id()).phase(), loom::v1::JOB_PHASE_STARTING);
+
+  spec.mutable_resources()->set_num_ranks(4);  // fits the registered nodes: admitted
+  absl::StatusOr<Job> fits = submit(spec, false);
+  EXPECT_TRUE(fits.ok()) << fits.status();
 }
 
 }  // namespace

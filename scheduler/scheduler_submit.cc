@@ -62,7 +62,8 @@ absl::StatusOr<loom::v1::Job> Scheduler::SubmitJob(const loom::v1::JobSpec& spec
 }
 
 void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string& request_id,
-                               const std::string& tenant_in, SubmitDone done) {
+                               const std::string& tenant_in, SubmitDone done,
+                               bool wait_for_capacity) {
   // Announced before validation, so a batch being committed waits for this submission
   // (JobRepository "Joining a batch"); ended on return, after Submit() or a refusal.
   JobRepository::PreparingScope preparing(repository_.get());
@@ -97,7 +98,7 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
     }
   }
   if (answer.has_value()) return done(std::move(*answer), deduplicated);
-  if (absl::Status s = CheckAdmissible(spec, tenant); !s.ok()) return fail(s);
+  if (absl::Status s = CheckAdmissible(spec, tenant, wait_for_capacity); !s.ok()) return fail(s);
   if (absl::Status s = Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING); !s.ok()) {
     return fail(s);
   }
@@ -144,18 +145,20 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
 }
 
 absl::Status Scheduler::CheckAdmissible(const loom::v1::JobSpec& spec,
-                                        const std::string& tenant) {
+                                        const std::string& tenant, bool wait_for_capacity) {
   // Paths first: validation reads the files, and must not for a path the tenant may not name.
   if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
   RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
-  return ResolveQueue(options_.queues, spec.queue(), tenant).status();
+  RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
+  if (wait_for_capacity) return absl::OkStatus();
+  return CheckGangFitsRegisteredNodes(spec.resources(), RegisteredNodesBySlots());
 }
 
 absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
-    const loom::v1::JobSpec& spec, const std::string& tenant_in) {
+    const loom::v1::JobSpec& spec, const std::string& tenant_in, bool wait_for_capacity) {
   const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
-  RETURN_IF_ERROR(CheckAdmissible(spec, tenant));  // SubmitJobAsync's checks
+  RETURN_IF_ERROR(CheckAdmissible(spec, tenant, wait_for_capacity));  // SubmitJobAsync's checks
   // What the trainer will read (validation has accepted both configs).
   ASSIGN_OR_RETURN(nlohmann::json model_json,
                    spec::StructToJson(spec.model().config(), "model.config"));
@@ -247,6 +250,11 @@ std::map<loom::v1::AcceleratorKind, int> Scheduler::LargestRegisteredNodes() {
   // Kept where nodes change (RankReconciler's live_nodes_by_slots): no walk over every node
   // under the lock for each submission (issue 16; docs/benchmarks.md "Control plane").
   return reconciler_.capacity().LargestNodeSlots();
+}
+
+NodesBySlots Scheduler::RegisteredNodesBySlots() {
+  absl::MutexLock lock(&mu_);
+  return reconciler_.capacity().live_nodes_by_slots;
 }
 
 }  // namespace loom

@@ -23,6 +23,12 @@
 # both default to the fortunes corpus, /usr/share/games/fortunes. LOOM_SCRATCH_ROOTS: the
 # workers' --scratch_roots (where DeepSpeed's nvme_path may point; scratch_roots in the queues
 # config too), default none.
+# These three are the cluster's settings: start saves them in $LOOM_HOME/settings.env, and a later
+# start or add-worker in a shell without them uses the saved values (and says so), so a restart
+# keeps the data a running job reads; set one (even to "") to change it.
+# start records the cluster's directory in ${XDG_CONFIG_HOME:-~/.config}/loom/cluster (stop
+# removes it), where loomctl finds the cluster from any directory; LOOM_RECORD_CLUSTER=0 skips
+# that (scripts/run_main_job.sh: its own cluster must not replace the user's).
 #   scripts/local_cluster.sh stop                               SIGTERM all, SIGKILL stragglers
 set -euo pipefail
 
@@ -32,6 +38,43 @@ BIN="${LOOM_BIN:-$ROOT/bazel-bin}"
 . "$ROOT/scripts/binaries.sh"
 CLUSTER="$LOOM_HOME/cluster"
 LOGS="$LOOM_HOME/logs"
+SETTINGS="$LOOM_HOME/settings.env"
+POINTER="${XDG_CONFIG_HOME:-${HOME:-/nonexistent}/.config}/loom/cluster"
+SETTING_NAMES=(LOOM_QUEUES_CONFIG LOOM_DATA_ROOTS LOOM_SCRATCH_ROOTS)
+
+load_settings() {  # the saved value of each setting this shell does not set
+  [ -f "$SETTINGS" ] || return 0
+  local name line value
+  while IFS= read -r line; do
+    name=${line%%=*}
+    case " ${SETTING_NAMES[*]} " in *" $name "*) ;; *) continue ;; esac
+    [ -z "${!name+x}" ] || continue
+    eval "value=${line#*=}"  # written by save_settings with printf %q
+    export "$name=$value"
+    echo "local_cluster: $name=$value (saved in $SETTINGS; set it to change)" >&2
+  done < "$SETTINGS"
+}
+
+save_settings() {
+  local name tmp="$SETTINGS.tmp"
+  : > "$tmp"
+  for name in "${SETTING_NAMES[@]}"; do
+    [ -z "${!name+x}" ] || printf '%s=%q\n' "$name" "${!name}" >> "$tmp"
+  done
+  mv "$tmp" "$SETTINGS"
+}
+
+record_cluster() {  # where loomctl finds this cluster from any directory
+  [ "${LOOM_RECORD_CLUSTER:-1}" != 0 ] || return 0
+  mkdir -p "$(dirname "$POINTER")" 2>/dev/null || return 0
+  (cd "$CLUSTER" && pwd) > "$POINTER" 2>/dev/null || true
+}
+
+forget_cluster() {
+  [ -f "$POINTER" ] || return 0
+  [ "$(cat "$POINTER" 2>/dev/null)" = "$(cd "$CLUSTER" 2>/dev/null && pwd)" ] && rm -f "$POINTER"
+  return 0
+}
 
 ready_field() {  # ready_field FILE FIELD
   sed -n "s/.*\"$2\":\"\\([^\"]*\\)\".*/\\1/p" "$1"
@@ -98,6 +141,8 @@ cmd_start() {
     exit 1
   fi
   mkdir -p "$CLUSTER" "$LOGS" "$LOOM_HOME/checkpoints" "$LOOM_HOME/work"
+  load_settings
+  save_settings
   trap 'echo "local_cluster: startup failed, stopping what started" >&2; cmd_stop' ERR
   local ckpt_auth=() sched_ckpt_token=()
   if [ -n "${LOOM_AUTH_TOKENS_FILE:-}" ]; then
@@ -130,6 +175,7 @@ cmd_start() {
   for i in $(seq 0 $((workers - 1))); do
     start_worker "$i" "$slots"
   done
+  record_cluster
   trap - ERR
   cmd_status
 }
@@ -163,6 +209,7 @@ cmd_add_worker() {
   if [ -z "${LOOM_WORKER_TOKEN_FILE:-}" ] && [ -f "$CLUSTER/auth.env" ]; then
     . "$CLUSTER/auth.env"  # the cluster runs with authentication: the workers' token
   fi
+  load_settings  # the data and scratch roots the other workers have
   local i=0
   while [ -e "$CLUSTER/worker-$i.pid" ] || [ -e "$LOOM_HOME/work/worker-$i" ]; do i=$((i + 1)); done
   start_worker "$i" "$slots"
@@ -262,6 +309,7 @@ cmd_stop() {
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
     fi
   done
+  forget_cluster
   rm -f "$CLUSTER"/*.pid "$CLUSTER"/*.json "$CLUSTER"/*.cmd "$CLUSTER/auth.env"
   echo "local_cluster: stopped (${#pids[@]} daemons)"
 }

@@ -17,6 +17,8 @@ JOB="${1:-examples/fortunes-llama/job.yaml}"
 export LOOM_HOME="${LOOM_MAIN_JOB_HOME:-$ROOT/.loom-main-job}"
 unset LOOM_GATEWAY_PORT LOOM_QUEUES_CONFIG LOOM_DATA_ROOTS LOOM_SCRATCH_ROOTS \
   LOOM_AUTH_TOKENS_FILE LOOM_WORKER_TOKEN_FILE
+# Not recorded as the cluster loomctl finds from any directory: that stays yours.
+export LOOM_RECORD_CLUSTER=0
 
 bash scripts/install_deps.sh
 echo "== building (first build takes a few minutes on 2 cores)"

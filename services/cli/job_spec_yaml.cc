@@ -135,11 +135,24 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path,
 
 // Replaces a string value at obj[key] by the JSON object in that file.
 absl::Status InlineJsonFile(json& obj, const std::string& key, const std::string& field,
-                            const std::string& base_dir) {
+                            const SpecFiles& files) {
   if (!obj.contains(key) || !obj[key].is_string()) return absl::OkStatus();
   std::string file = obj[key].get<std::string>();
-  std::string path = (!file.empty() && file[0] == '/') ? file : absl::StrCat(base_dir, "/", file);
-  auto text = ReadRegularFile(path, kMaxSpecFileBytes);
+  std::string path = file;
+  absl::StatusOr<std::string> text;
+  if (files.uploaded != nullptr) {
+    auto it = files.uploaded->find(file);
+    if (it == files.uploaded->end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": '", file.substr(0, 256), "' names a file that was not sent with the request "
+          "(inline its JSON object, or send multipart/form-data with a part whose filename is '",
+          file.substr(0, 256), "')"));
+    }
+    text = it->second;
+  } else {
+    path = (!file.empty() && file[0] == '/') ? file : absl::StrCat(files.base_dir, "/", file);
+    text = ReadRegularFile(path, kMaxSpecFileBytes);
+  }
   if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": cannot read '", path, "': ", text.status().message()));
@@ -209,8 +222,40 @@ std::string FirstSchemaError(const json& obj, const google::protobuf::Descriptor
 
 }  // namespace
 
+absl::Status ApplyDocumentConveniences(json& j, const SpecFiles& files) {
+  if (!j.is_object()) return absl::OkStatus();  // the proto parser names the problem
+  RETURN_IF_ERROR(InlineJsonFile(j, "deepspeed_config", "deepspeed_config", files));
+  if (j.contains("model") && j["model"].is_object()) {
+    RETURN_IF_ERROR(InlineJsonFile(j["model"], "config", "model.config", files));
+  }
+  // Accelerator kinds may be written short ("cpu", "h200") as in the worker's --accelerator flag.
+  if (j.contains("resources") && j["resources"].is_object() &&
+      j["resources"].contains("accelerator") && j["resources"]["accelerator"].is_string()) {
+    const std::string written = j["resources"]["accelerator"].get<std::string>();
+    std::string kind = absl::AsciiStrToUpper(written);
+    if (kind.rfind("ACCELERATOR_KIND_", 0) != 0) kind = absl::StrCat("ACCELERATOR_KIND_", kind);
+    loom::v1::AcceleratorKind parsed;
+    if (!loom::v1::AcceleratorKind_Parse(kind, &parsed) ||
+        parsed == loom::v1::ACCELERATOR_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("resources.accelerator: unknown kind '",
+                                                     written.substr(0, 64),
+                                                     "' (want cpu, h100, h200 or gh200)"));
+    }
+    j["resources"]["accelerator"] = kind;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
                                                   const std::string& base_dir,
+                                                  const std::string& file_name) {
+  SpecFiles files;
+  files.base_dir = base_dir;
+  return JobSpecFromYaml(yaml_text, files, file_name);
+}
+
+absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
+                                                  const SpecFiles& files,
                                                   const std::string& file_name) {
   if (size_t bad = FirstInvalidUtf8(yaml_text); bad != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(file_name, ": not UTF-8 text (invalid byte at ",
@@ -259,29 +304,7 @@ absl::StatusOr<loom::v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text,
   auto with_file = [&](absl::Status s) {
     return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", s.message()));
   };
-  if (absl::Status s = InlineJsonFile(j, "deepspeed_config", "deepspeed_config", base_dir);
-      !s.ok()) {
-    return with_file(s);
-  }
-  if (j.contains("model") && j["model"].is_object()) {
-    if (absl::Status s = InlineJsonFile(j["model"], "config", "model.config", base_dir); !s.ok()) {
-      return with_file(s);
-    }
-  }
-  // Accelerator kinds may be written short ("cpu", "h200") as in the worker's --accelerator flag.
-  if (j.contains("resources") && j["resources"].is_object() &&
-      j["resources"].contains("accelerator") && j["resources"]["accelerator"].is_string()) {
-    const std::string written = j["resources"]["accelerator"].get<std::string>();
-    std::string kind = absl::AsciiStrToUpper(written);
-    if (kind.rfind("ACCELERATOR_KIND_", 0) != 0) kind = absl::StrCat("ACCELERATOR_KIND_", kind);
-    loom::v1::AcceleratorKind parsed;
-    if (!loom::v1::AcceleratorKind_Parse(kind, &parsed) ||
-        parsed == loom::v1::ACCELERATOR_KIND_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat(file_name, ": resources.accelerator: unknown kind '",
-                                                     written, "' (want cpu, h100, h200 or gh200)"));
-    }
-    j["resources"]["accelerator"] = kind;
-  }
+  if (absl::Status s = ApplyDocumentConveniences(j, files); !s.ok()) return with_file(s);
   std::string unknown = FirstSchemaError(j, loom::v1::JobSpec::descriptor(), "");
   if (!unknown.empty()) return absl::InvalidArgumentError(absl::StrCat(file_name, ": ", unknown));
 

@@ -1,6 +1,9 @@
 // loomctl: Loom's command-line client.
 //
-//   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id
+//   loomctl submit JOB.yaml [--wait]      submit a job spec (YAML); prints the job id. A job
+//                                         more than the registered nodes could ever hold is
+//                                         refused at once unless --wait_for_capacity. Ctrl-C
+//                                         under --wait: --on_interrupt (ask: cancel it, y/N)
 //   loomctl submit JOB.yaml --dry_run     the scheduler's admission checks only: prints the values
 //                                         Loom fills in, the warnings, the resolved DeepSpeed config
 //   loomctl resolve JOB.yaml [--json]     offline: the DeepSpeed config Loom will use ("auto"
@@ -42,8 +45,9 @@
 // Authentication: --token or $LOOM_TOKEN (a bearer token; docs/operations.md). TLS: --tls_ca or
 // $LOOM_TLS_CA (the CA that signed the servers' certificates).
 // Addresses come from --scheduler / --checkpoint, else $LOOM_SCHEDULER / $LOOM_CHECKPOINT, else
-// the ready files of a local cluster in --cluster_dir (default $LOOM_HOME/cluster, else
-// .loom/cluster).
+// the ready files of a local cluster: --cluster_dir, $LOOM_HOME/cluster, .loom/cluster here or in
+// the nearest parent, else the cluster scripts/local_cluster.sh started last (from any
+// directory; services/cli/cluster_address.h).
 // Every unary RPC carries a deadline of --timeout (default 30 s); streams (watch, logs) have none
 // unless --stream_timeout is set. Channels reconnect with a backoff of at most
 // --reconnect_backoff_max (1 s, as loom-worker and loom-gateway): gRPC's default grows to 120 s,
@@ -89,12 +93,15 @@
 #include "services/cli/job_printing.h"
 #include "services/cli/job_spec_yaml.h"
 #include "services/cli/resolve_command.h"
+#include "services/cli/cluster_address.h"
 #include "services/cli/terminal_text.h"
+#include "services/cli/wait_interrupt.h"
 
 ABSL_FLAG(std::string, scheduler, "", "loom-scheduler address (host:port)");
 ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
 ABSL_FLAG(std::string, cluster_dir, "",
-          "local cluster directory with ready files (default: $LOOM_HOME/cluster, else .loom/cluster)");
+          "local cluster directory with ready files (default: $LOOM_HOME/cluster, else "
+          ".loom/cluster here or in a parent, else the one local_cluster.sh started last)");
 ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
 ABSL_FLAG(bool, dry_run, false,
           "submit: run every admission check and print what Loom would use (values filled in, "
@@ -137,6 +144,12 @@ ABSL_FLAG(std::string, tls_ca, "",
           "(default: $LOOM_TLS_CA; empty = plaintext)");
 ABSL_FLAG(std::string, tenant, "", "list: only this tenant's jobs (admins; users see their own)");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
+ABSL_FLAG(std::string, on_interrupt, "ask",
+          "wait, submit --wait: what Ctrl-C does: ask (on a terminal: cancel the job? y/N), "
+          "detach (leave it running, say how to reattach), cancel (cancel the job)");
+ABSL_FLAG(bool, wait_for_capacity, false,
+          "submit: queue the job even when the registered nodes together could never hold its "
+          "ranks (capacity that is coming); without it such a job is refused at once");
 
 namespace {
 
@@ -175,21 +188,11 @@ int PrintDryRun(const loom::v1::SubmitJobResponse& resp) {
 
 absl::StatusOr<std::string> Address(const std::string& flag_value, const char* env,
                                      const std::string& ready_name) {
-  if (!flag_value.empty()) return flag_value;
-  if (const char* e = std::getenv(env); e != nullptr && *e != '\0') return std::string(e);
-  std::string cluster_dir = absl::GetFlag(FLAGS_cluster_dir);
-  if (cluster_dir.empty()) {
-    const char* home = std::getenv("LOOM_HOME");
-    cluster_dir = (home != nullptr && *home != '\0') ? absl::StrCat(home, "/cluster") : ".loom/cluster";
-  }
-  std::string path = absl::StrCat(cluster_dir, "/", ready_name);
-  auto info = loom::ReadReadyFile(path);
-  if (!info.ok()) {
-    return absl::UnavailableError(absl::StrCat("no address: pass --", ready_name.substr(0, ready_name.find('.')),
-                                               ", set ", env, ", or start a local cluster (",
-                                               path, ": ", info.status().message(), ")"));
-  }
-  return info->grpc_address;
+  // services/cli/cluster_address.h: flag, environment, then the local cluster's ready files
+  // (--cluster_dir, $LOOM_HOME, .loom/ here or above, the cluster local_cluster.sh started last).
+  const std::string name = ready_name.substr(0, ready_name.find('.'));
+  return loom::cli::ResolveDaemonAddress(flag_value, name, env, name,
+                                         absl::GetFlag(FLAGS_cluster_dir));
 }
 
 // --flag, else $env, else "".
@@ -253,13 +256,36 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
+// Ctrl-C under wait (services/cli/wait_interrupt.h): cancel the job or say how to come back.
+int Interrupted(loom::v1::JobService::Stub& stub, const std::string& id,
+                loom::cli::OnInterrupt mode, loom::v1::JobPhase phase) {
+  if (!loom::cli::ShouldCancelOnInterrupt(mode, id)) {
+    std::fprintf(stderr, "%s\n", loom::cli::DetachedMessage(id, PhaseName(phase)).c_str());
+    return loom::cli::kInterruptedExitCode;
+  }
+  loom::v1::CancelJobRequest req;
+  req.set_job_id(id);
+  Job job;
+  grpc::Status s = stub.CancelJob(Context().get(), req, &job);
+  if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
+  std::fprintf(stderr, "loomctl: cancelling %s (%s: %s); `loomctl wait %s` follows it to the end\n",
+               id.c_str(), PhaseName(job.phase()).c_str(), TerminalSafe(job.message()).c_str(),
+               id.c_str());
+  return loom::cli::kInterruptedExitCode;
+}
+
 int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
+  absl::StatusOr<loom::cli::OnInterrupt> on_interrupt =
+      loom::cli::ParseOnInterrupt(absl::GetFlag(FLAGS_on_interrupt));
+  if (!on_interrupt.ok()) return Fail(on_interrupt.status());
+  loom::cli::InstallInterruptFlag();
   absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_wait_timeout);
   int64_t last_step = -1;
   int64_t last_eval_step = -1;
   loom::v1::JobPhase last_phase = loom::v1::JOB_PHASE_UNSPECIFIED;
   absl::Time last_error = absl::InfinitePast();
   while (absl::Now() < deadline) {
+    if (loom::cli::Interrupted()) return Interrupted(stub, id, *on_interrupt, last_phase);
     loom::v1::GetJobRequest req;
     req.set_job_id(id);
     Job job;
@@ -328,7 +354,7 @@ int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
     std::string line = absl::StrFormat(
         "[%s] %-12s %-10s step %lld/%lld", absl::FormatTime("%H:%M:%S", when, absl::LocalTimeZone()),
         event.type(), PhaseName(job.phase()), static_cast<long long>(p.step()),
-        static_cast<long long>(job.spec().training().steps()));
+        static_cast<long long>(p.total_steps()));  // events other than the Snapshot: no spec
     if (p.step() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.4f", p.loss()));
     if (p.last_checkpoint_step() > 0) {
       absl::StrAppend(&line, " ckpt ", p.last_checkpoint_step());
@@ -505,6 +531,13 @@ int main(int argc, char** argv) {
                                    absl::Uniform<uint64_t>(gen));
     }
     req.set_request_id(request_id);
+    req.set_wait_for_capacity(absl::GetFlag(FLAGS_wait_for_capacity));
+    if (absl::GetFlag(FLAGS_wait)) {  // a bad --on_interrupt is said before anything is queued
+      if (auto mode = loom::cli::ParseOnInterrupt(absl::GetFlag(FLAGS_on_interrupt));
+          !mode.ok()) {
+        return Fail(mode.status());
+      }
+    }
     if (absl::GetFlag(FLAGS_dry_run)) {
       req.set_validate_only(true);
       loom::v1::SubmitJobResponse resp;

@@ -29,6 +29,7 @@
 #include "common/grpc_credentials.h"
 #include "common/utf8.h"
 #include "services/gateway/gateway_http.h"
+#include "services/gateway/gateway_submit.h"
 #include "services/gateway/gateway_server.h"
 
 namespace loom::gateway {
@@ -465,10 +466,9 @@ void JobGateway::Register(httplib::Server& server) {
   server.Post(internal::kJobsRoute, [this, context, reply, max_body](const httplib::Request& req,
                                                            httplib::Response& res,
                                                            const httplib::ContentReader& reader) {
-    std::string body;
-    if (!ReadBody(req, res, reader, max_body, /*required=*/true, &body)) return;
+    // JSON, or multipart/form-data with loomctl's files as they are (gateway_submit.h).
     loom::v1::SubmitJobRequest request;
-    if (!internal::ParseBody(body, &request, res)) return;
+    if (!internal::ReadSubmitJobRequest(req, res, reader, max_body, &request)) return;
     loom::v1::SubmitJobResponse response;
     reply(res, stub_->SubmitJob(context(req).get(), request, &response), response);
   });

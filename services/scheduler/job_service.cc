@@ -297,7 +297,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContex
   if (!parsed.ok()) return FinishUnary(context, parsed.status());
   if (parsed->validate_only()) {  // a dry run: nothing is stored, answered at once
     absl::StatusOr<loom::v1::SubmitJobResponse> answer =
-        scheduler_->DryRunSubmission(parsed->spec(), tenant);
+        scheduler_->DryRunSubmission(parsed->spec(), tenant, parsed->wait_for_capacity());
     if (answer.ok()) {
       *response = ToByteBuffer(*answer);
     }
@@ -319,7 +319,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJobAs(grpc::CallbackServerContex
           *response = ToByteBuffer(answer);
         }
         reactor->Finish(ToGrpcStatus(job.status()));
-      });
+      },
+      submit->wait_for_capacity());
   return reactor;
 }
 
