@@ -74,6 +74,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -592,7 +593,10 @@ int main(int argc, char** argv) {
     std::string phase = absl::GetFlag(FLAGS_phase);
     if (!phase.empty()) {
       loom::v1::JobPhase p;
-      if (!loom::v1::JobPhase_Parse(absl::StrCat("JOB_PHASE_", phase), &p)) {
+      // RUNNING, running or JOB_PHASE_RUNNING (the name REST and --json print).
+      std::string name = absl::AsciiStrToUpper(phase);
+      if (!absl::StartsWith(name, "JOB_PHASE_")) name = absl::StrCat("JOB_PHASE_", name);
+      if (!loom::v1::JobPhase_Parse(name, &p) || p == loom::v1::JOB_PHASE_UNSPECIFIED) {
         return Fail(absl::InvalidArgumentError(absl::StrCat("--phase: unknown phase '", phase, "'")));
       }
       req.set_phase(p);

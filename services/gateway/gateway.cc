@@ -20,6 +20,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -449,6 +450,17 @@ void JobGateway::Register(httplib::Server& server) {
           return;
         }
         fields[key] = size;
+        continue;
+      }
+      if (key == "phase") {
+        // One set of phase names (issue 49): loomctl's (RUNNING, running) as well as the enum's
+        // (JOB_PHASE_RUNNING) that the JSON answers carry.
+        const std::string upper = absl::AsciiStrToUpper(value);
+        loom::v1::JobPhase parsed;
+        fields[key] = !absl::StartsWith(upper, "JOB_PHASE_") &&
+                              loom::v1::JobPhase_Parse(absl::StrCat("JOB_PHASE_", upper), &parsed)
+                          ? absl::StrCat("JOB_PHASE_", upper)
+                          : value;
         continue;
       }
       fields[key] = value;  // UTF-8: the pre-routing handler refused other bytes

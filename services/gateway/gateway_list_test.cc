@@ -134,7 +134,7 @@ TEST_F(GatewayListTest, BadPageParametersAre400NamingTheParameter) {
   EXPECT_EQ(tok["message"].get<std::string>().rfind("page_token: ", 0), 0u) << tok;
   // Regression (break-it pass, 2026-12-05): errors about query parameters spoke of a "request
   // body" (a GET has none).
-  for (const char* query : {"phase=RUNNING", "bogus=1"}) {
+  for (const char* query : {"phase=SLEEPING", "bogus=1"}) {
     auto [code, err] = Get(absl::StrCat("/v1/jobs?", query));
     EXPECT_EQ(code, 400) << query;
     EXPECT_EQ(err["message"].get<std::string>().rfind(
@@ -142,6 +142,29 @@ TEST_F(GatewayListTest, BadPageParametersAre400NamingTheParameter) {
               0u)
         << err;
   }
+}
+
+// One set of phase names (issue 49): ?phase= takes loomctl's names (RUNNING, running) as well as
+// the enum's that the JSON answers carry (JOB_PHASE_RUNNING).
+TEST_F(GatewayListTest, PhaseFilterTakesTheNamesLoomctlPrints) {
+  loom::v1::SubmitJobRequest req;
+  *req.mutable_spec() = ValidTestJobSpec();
+  std::string body;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(req, &body).ok());
+  auto res = client_->Post("/v1/jobs", body, "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::string id = json::parse(res->body)["job"]["id"].get<std::string>();
+  for (const char* phase : {"JOB_PHASE_PENDING", "PENDING", "pending"}) {
+    auto [code, list] = Get(absl::StrCat("/v1/jobs?phase=", phase));
+    ASSERT_EQ(code, 200) << phase << ": " << list;
+    ASSERT_EQ(list["jobs"].size(), 1u) << phase << ": " << list;
+    EXPECT_EQ(list["jobs"][0]["id"], id);
+    EXPECT_EQ(list["jobs"][0]["phase"], "JOB_PHASE_PENDING");
+  }
+  auto [code, list] = Get("/v1/jobs?phase=RUNNING");
+  ASSERT_EQ(code, 200) << list;
+  EXPECT_FALSE(list.contains("jobs") && !list["jobs"].empty()) << list;
 }
 
 }  // namespace
