@@ -58,9 +58,11 @@ class JobStreamsTest : public ::testing::Test {
     ASSERT_TRUE(workers_->RegisterWorker(Ctx().get(), reg, &reg_resp).ok());
   }
 
-  Job Submit(int ranks) {
+  // `wait_for_capacity`: queue a gang larger than the registered nodes (refused at once without).
+  Job Submit(int ranks, bool wait_for_capacity = false) {
     loom::v1::SubmitJobRequest req;
     *req.mutable_spec() = TestJobSpecWithRanks(ranks);
+    req.set_wait_for_capacity(wait_for_capacity);
     loom::v1::SubmitJobResponse resp;
     grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
@@ -196,7 +198,8 @@ TEST_F(JobStreamsTest, WatchJobOfAnEndedJobSendsItsHistoryTheSnapshotAndEnds) {
   // 3 ranks on the fixture's one 2-slot node: the scheduling loop (running every 200 ms) can never
   // place it, so its history is PENDING -> CANCELLED whatever the timing. (With 1 rank the loop
   // sometimes placed it between the submission and the cancel, and the history had STARTING.)
-  Job job = Submit(3);
+  // Asked to wait for capacity: without it a gang larger than the nodes is refused at once.
+  Job job = Submit(3, /*wait_for_capacity=*/true);
   loom::v1::CancelJobRequest cancel;
   cancel.set_job_id(job.id());
   Job cancelled;
