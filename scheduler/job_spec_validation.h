@@ -29,7 +29,12 @@ struct JobSpecValidationOptions {
   DatasetFileCheckOptions dataset_files;
 };
 
-// Checks, in this order (the first failure is returned):
+// Checks the following and answers every problem found at once (common/problems.h: one
+// INVALID_ARGUMENT, "<n> problems:" and a line each in this order, and the same list as its
+// google.rpc.BadRequest payload; one problem reads "<path>: <what>" alone). A check that needs
+// what a failed one reads is skipped: a model.config that does not parse skips the checks
+// against its sizes, a bad num_ranks the DeepSpeed batch arithmetic, a spec too large all the
+// rest; each field is named once, with its first problem.
 //   * no unknown fields anywhere in the message ("<path>: unknown field number N");
 //   * ValidateJobSpecLimits (job_spec_validation_limits.h): the name rule, bounded free text
 //     without control characters, the whole spec's size, no quoted numbers in the configs;
@@ -50,8 +55,8 @@ struct JobSpecValidationOptions {
 //     training.activation_checkpoint_cpu_offload) by the trainer's parser, ValidateAlstKeys
 //     (spec/engine_options_tiled.h), after the sequence-parallel preconditions;
 //   * checkpoint.interval_steps >= 0; max_restarts >= 0.
-// Errors: INVALID_ARGUMENT whose message starts with the field path, except the missing default
-// corpus above. Reads the file system (dataset paths). Thread-safe.
+// Errors: INVALID_ARGUMENT as above; the missing default corpus (FAILED_PRECONDITION) only when
+// there is no INVALID_ARGUMENT problem. Reads the file system (dataset paths). Thread-safe.
 absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec,
                              const JobSpecValidationOptions& options);
 inline absl::Status ValidateJobSpec(const loom::v1::JobSpec& spec) {

@@ -6,8 +6,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/problems.h"
 #include "common/status_macros.h"
 #include "scheduler/field_path.h"
 #include "common/utf8.h"
@@ -213,23 +215,25 @@ constexpr const char* kModelNumberKeys[] = {
 constexpr const char* kModelBoolKeys[] = {"tie_word_embeddings", "attention_bias", "mlp_bias"};
 
 absl::Status CheckModelConfigTypes(const google::protobuf::Struct& config) {
+  Problems problems;  // each key given as a string
   for (const char* key : kModelNumberKeys) {
     auto it = config.fields().find(key);
     if (it != config.fields().end() &&
         it->second.kind_case() == google::protobuf::Value::kStringValue) {
-      return StringForNumber(absl::StrCat("model.config.", key), it->second.string_value());
+      problems.Merge(
+          StringForNumber(absl::StrCat("model.config.", key), it->second.string_value()));
     }
   }
   for (const char* key : kModelBoolKeys) {
     auto it = config.fields().find(key);
     if (it != config.fields().end() &&
         it->second.kind_case() == google::protobuf::Value::kStringValue) {
-      return InvalidField(absl::StrCat("model.config.", key),
-                     absl::StrCat("expected true or false, got the string \"",
-                                  Excerpt(it->second.string_value()), "\""));
+      problems.Add(absl::StrCat("model.config.", key),
+                   absl::StrCat("expected true or false, got the string \"",
+                                Excerpt(it->second.string_value()), "\""));
     }
   }
-  return absl::OkStatus();
+  return problems.ToStatus();
 }
 
 }  // namespace
@@ -269,23 +273,36 @@ absl::Status CheckKnownEnumValues(const Message& msg, const std::string& path) {
 }
 
 absl::Status ValidateJobSpecLimits(const loom::v1::JobSpec& spec) {
-  RETURN_IF_ERROR(CheckName(spec.name()));
-  RETURN_IF_ERROR(CheckStrings(spec, ""));
-  RETURN_IF_ERROR(CheckKnownEnumValues(spec, ""));
-  RETURN_IF_ERROR(CheckConfigDepth(spec.model().config(), "model.config"));
-  RETURN_IF_ERROR(CheckConfigDepth(spec.deepspeed_config(), "deepspeed_config"));
+  // Every problem in one answer (common/problems.h). Past a config nested too deeply or a spec
+  // too large nothing more is read: the type checks below walk the configs.
+  Problems problems;
+  problems.Merge(CheckName(spec.name()));
+  problems.Merge(CheckStrings(spec, ""));
+  problems.Merge(CheckKnownEnumValues(spec, ""));
+  bool readable = problems.Merge(CheckConfigDepth(spec.model().config(), "model.config"));
+  readable = problems.Merge(CheckConfigDepth(spec.deepspeed_config(), "deepspeed_config")) &&
+             readable;
   const size_t bytes = spec.ByteSizeLong();
   if (bytes > kMaxJobSpecBytes) {
     const auto [field, field_bytes] = LargestField(spec);
-    return InvalidField("spec", absl::StrCat(bytes, " bytes serialized, more than the ",
-                                        kMaxJobSpecBytes, " allowed (largest field: ", field, ", ",
-                                        field_bytes, " bytes)"));
+    // Named unless it follows from a problem already named in its largest field (a 3 MB name).
+    bool follows = false;
+    for (const Problem& p : problems.problems()) {
+      follows = follows || p.path == field || absl::StartsWith(p.path, absl::StrCat(field, "."));
+    }
+    if (!follows) {
+      problems.Add("spec", absl::StrCat(bytes, " bytes serialized, more than the ",
+                                        kMaxJobSpecBytes, " allowed (largest field: ", field,
+                                        ", ", field_bytes, " bytes)"));
+    }
+    readable = false;
   }
-  RETURN_IF_ERROR(CheckModelConfigTypes(spec.model().config()));
+  if (!readable) return problems.ToStatus();
+  problems.Merge(CheckModelConfigTypes(spec.model().config()));
   for (const auto& [key, value] : spec.deepspeed_config().fields()) {
-    RETURN_IF_ERROR(CheckNoQuotedNumbers(value, absl::StrCat("deepspeed_config.", key)));
+    problems.Merge(CheckNoQuotedNumbers(value, absl::StrCat("deepspeed_config.", key)));
   }
-  return absl::OkStatus();
+  return problems.ToStatus();
 }
 
 }  // namespace loom

@@ -43,7 +43,8 @@ inline constexpr int kMaxConfigDepth = 16;
 // FirstInvalidUtf8 (the UTF-8 check of every string here) is loom::FirstInvalidUtf8 in
 // common/utf8.h.
 
-// Checks, in this order (the first failure is returned):
+// Checks, in this order, every problem in one answer (common/problems.h) except that nothing
+// after the size and depth checks runs when one of those fails:
 //   * name: the RFC 1123 label rule above ("name: ...");
 //   * every string field of the spec outside model.config / deepspeed_config: at most
 //     kMaxSpecPathBytes (paths) or kMaxSpecTextBytes (others) bytes, and no control characters

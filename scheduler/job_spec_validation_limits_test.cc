@@ -187,14 +187,16 @@ void ExpectTooDeep(const JobSpec& spec, const std::string& path_prefix) {
 
 TEST(JobSpecLimitsTest, ConfigNestingIsBounded) {
   JobSpec spec = ValidTestJobSpec();
-  // model.config itself is level 1: "deep" holds kMaxConfigDepth - 1 more levels.
-  (*spec.mutable_model()->mutable_config()->mutable_fields())["deep"] =
-      Nested(kMaxConfigDepth - 1);
+  // model.config itself is level 1: the value holds kMaxConfigDepth - 1 more levels. Under a key
+  // transformers writes (a dict of generation settings) and Loom accepts unread: an unknown key
+  // would be refused for itself.
+  auto& config = *spec.mutable_model()->mutable_config()->mutable_fields();
+  config["task_specific_params"] = Nested(kMaxConfigDepth - 1);
   ExpectValid(spec);
-  (*spec.mutable_model()->mutable_config()->mutable_fields())["deep"] = Nested(kMaxConfigDepth);
-  ExpectTooDeep(spec, "model.config.deep[0].x[0].x");
-  (*spec.mutable_model()->mutable_config()->mutable_fields())["deep"] = Nested(30);
-  ExpectTooDeep(spec, "model.config.deep[0].x[0].x");
+  config["task_specific_params"] = Nested(kMaxConfigDepth);
+  ExpectTooDeep(spec, "model.config.task_specific_params[0].x[0].x");
+  config["task_specific_params"] = Nested(30);
+  ExpectTooDeep(spec, "model.config.task_specific_params[0].x[0].x");
   spec = ValidTestJobSpec();
   (*spec.mutable_deepspeed_config()->mutable_fields())["zero_optimization"] = Nested(40);
   ExpectTooDeep(spec, "deepspeed_config.zero_optimization[0].x[0].x");  // arrays by index

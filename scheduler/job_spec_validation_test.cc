@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/problems.h"
 #include "gtest/gtest.h"
 #include "scheduler/test_job_spec.h"
 #include "spec/engine_options_tiled.h"
@@ -50,7 +51,7 @@ TEST(JobSpecValidationTest, UnsupportedModelTypeIsRefusedNamingTheField) {
   type.set_string_value("qwen3_moe");
   (*spec.mutable_model()->mutable_config()->mutable_fields())["model_type"] = type;
   ExpectInvalid(spec, "model.config.model_type",
-                "\"qwen3_moe\" is not supported (supported: llama, qwen2)");
+                "\"qwen3_moe\" is not supported (supported: llama, qwen2, qwen3, mistral)");
   type.set_string_value("llama");
   (*spec.mutable_model()->mutable_config()->mutable_fields())["model_type"] = type;
   absl::Status s = ValidateJobSpec(spec, TestOptions());
@@ -68,6 +69,21 @@ TEST(JobSpecValidationTest, Qwen2IsAcceptedAndItsSlidingWindowRefused) {
   EXPECT_TRUE(s.ok()) << s;
   fields["use_sliding_window"].set_bool_value(true);
   ExpectInvalid(spec, "model.config.use_sliding_window", "true is not supported");
+}
+
+// Mistral's sliding window shorter than the sequence (windowed attention is not implemented) is
+// refused at submission; it used to pass and fail in the trainer once placed.
+TEST(JobSpecValidationTest, MistralSlidingWindowShorterThanTheSequenceIsRefusedAtSubmission) {
+  JobSpec spec = ValidTestJobSpec();
+  auto& fields = *spec.mutable_model()->mutable_config()->mutable_fields();
+  fields["model_type"].set_string_value("mistral");
+  fields["sliding_window"] = Num(spec.training().sequence_length());
+  absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_TRUE(s.ok()) << s;  // every key within the window: full causal attention
+  fields["sliding_window"] = Num(spec.training().sequence_length() - 1);
+  ExpectInvalid(spec, "model.config.sliding_window",
+                absl::StrCat("is shorter than training.sequence_length ",
+                             spec.training().sequence_length()));
 }
 
 TEST(JobSpecValidationTest, InitFromMustBeAnExportDirectory) {
@@ -488,6 +504,61 @@ TEST(JobSpecValidationTest, AlstKeysAreValidatedAtSubmission) {
   spec = ValidTestJobSpec();
   spec.mutable_training()->set_sequence_length(129);
   ExpectInvalid(spec, "training.sequence_length", "max_position_embeddings = 128], got 129");
+}
+
+// Issue 47, "One answer with every problem": independent mistakes in five sections come back in
+// one INVALID_ARGUMENT, each naming its field, in spec order.
+TEST(JobSpecValidationTest, EveryIndependentMistakeIsNamedInOneAnswer) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_num_ranks(0);
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["num_attention_heads"] = Num(0);
+  spec.mutable_training()->set_steps(0);
+  auto& ds = *spec.mutable_deepspeed_config()->mutable_fields();
+  ds["gradient_clippping"] = Num(1.0);  // a misspelling
+  google::protobuf::Value fp16;
+  (*fp16.mutable_struct_value()->mutable_fields())["enabled"].set_bool_value(false);
+  (*fp16.mutable_struct_value()->mutable_fields())["auto_cast"].set_bool_value(true);
+  ds["fp16"] = fp16;  // a DeepSpeed feature Loom does not implement
+
+  const absl::Status s = ValidateJobSpec(spec, TestOptions());
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  std::vector<std::string> paths;
+  for (const Problem& p : ProblemsOf(s)) paths.push_back(p.path);
+  EXPECT_EQ(paths, (std::vector<std::string>{
+                       "resources.num_ranks", "model.config.num_attention_heads",
+                       "training.steps", "deepspeed_config.gradient_clippping",
+                       "deepspeed_config.fp16.auto_cast"}));
+  EXPECT_EQ(s.message(),
+            "5 problems:\n"
+            "  resources.num_ranks: must be in [1, 65536], got 0\n"
+            "  model.config.num_attention_heads: 0 must be positive\n"
+            "  training.steps: must be >= 1, got 0\n"
+            "  deepspeed_config.gradient_clippping: unknown key (did you mean "
+            "gradient_clipping?)\n"
+            "  deepspeed_config.fp16.auto_cast: fp16 auto_cast is not supported yet");
+}
+
+// One mistake reads exactly as it did when validation stopped at the first.
+TEST(JobSpecValidationTest, OneMistakeReadsAsBefore) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_resources()->set_num_ranks(0);
+  const absl::Status s = ValidateJobSpec(spec, TestOptions());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "resources.num_ranks: must be in [1, 65536], got 0");
+}
+
+// A model.config that does not parse skips only what needs it: the sequence length bound from
+// max_position_embeddings and the byte tokenizer's vocabulary; the rest is still checked.
+TEST(JobSpecValidationTest, AnUnusableModelConfigSkipsOnlyItsDependentChecks) {
+  JobSpec spec = ValidTestJobSpec();
+  spec.mutable_model()->mutable_config()->mutable_fields()->erase("vocab_size");
+  spec.mutable_training()->set_sequence_length(1 << 20);  // past any max_position_embeddings
+  spec.mutable_checkpoint()->set_keep_last(-1);
+  const absl::Status s = ValidateJobSpec(spec, TestOptions());
+  std::vector<std::string> paths;
+  for (const Problem& p : ProblemsOf(s)) paths.push_back(p.path);
+  EXPECT_EQ(paths,
+            (std::vector<std::string>{"model.config.vocab_size", "checkpoint.keep_last"}));
 }
 
 }  // namespace

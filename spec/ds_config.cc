@@ -32,17 +32,12 @@ using ds_config_internal::ReadString;
 using ds_config_internal::ParseOffload;
 using ds_config_internal::ParseAio;
 
-absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
-  ASSIGN_OR_RETURN(const json* opt, OptObject(root, "optimizer", kRoot));
-  const std::string path = Join(kRoot, "optimizer");
-  OptimizerConfig& o = c->optimizer;
-  if (opt == nullptr) {
-    // DeepSpeed without an optimizer section expects a client optimizer; a job spec has none.
-    return Invalid(path, "required section is missing (type Adam or AdamW)");
-  }
-  RETURN_IF_ERROR(CheckKeys(*opt, path, {"type", "params"}));
+// The optimizer section's type and params (ParseOptimizer).
+absl::Status ParseOptimizerFields(const json& opt, const std::string& path,
+                                  OptimizerConfig* out) {
+  OptimizerConfig& o = *out;
   std::string type;
-  RETURN_IF_ERROR(ReadString(*opt, "type", path, &type));
+  RETURN_IF_ERROR(ReadString(opt, "type", path, &type));
   const std::string lower = absl::AsciiStrToLower(type);
   // DeepSpeed builds FusedAdam (or DeepSpeedCPUAdam) for both names, whose weight_decay defaults
   // to 0 (torch.optim.AdamW's 0.01 applies only with "torch_adam": true).
@@ -56,14 +51,23 @@ absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
   } else {
     return Unsupported(Join(path, "type"), absl::StrCat("optimizer \"", type, "\""));
   }
-  ASSIGN_OR_RETURN(const json* params, OptObject(*opt, "params", path));
+  ASSIGN_OR_RETURN(const json* params, OptObject(opt, "params", path));
   bool adam_w_mode = true;
   if (params != nullptr) {
     const std::string pp = Join(path, "params");
-    RETURN_IF_ERROR(CheckKeys(*params, pp,
-                              {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
-                               "bias_correction", "torch_adam", "amsgrad", "fused",
-                               "foreach", "capturable", "maximize", "set_grad_none"}));
+    Problems problems;  // every unknown key and unsupported flag, else the first bad value
+    problems.Merge(CheckKeys(*params, pp,
+                             {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
+                              "bias_correction", "torch_adam", "amsgrad", "fused",
+                              "foreach", "capturable", "maximize", "set_grad_none"}));
+    for (const auto& [key, what] : {std::pair<const char*, const char*>{"amsgrad", "AMSGrad"},
+                                    {"maximize", "maximize"}}) {
+      bool flag = false;
+      if (problems.Merge(ReadBool(*params, key, pp, &flag)) && flag) {
+        problems.Merge(Unsupported(Join(pp, key), what));
+      }
+    }
+    if (!problems.empty()) return problems.ToStatus();
     RETURN_IF_ERROR(ReadDouble(*params, "lr", pp, &o.lr));
     RETURN_IF_ERROR(ReadDouble(*params, "eps", pp, &o.eps));
     RETURN_IF_ERROR(ReadDouble(*params, "weight_decay", pp, &o.weight_decay));
@@ -77,12 +81,6 @@ absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
       o.beta1 = (*it)[0].get<double>();
       o.beta2 = (*it)[1].get<double>();
     }
-    bool flag = false;
-    RETURN_IF_ERROR(ReadBool(*params, "amsgrad", pp, &flag));
-    if (flag) return Unsupported(Join(pp, "amsgrad"), "AMSGrad");
-    flag = false;
-    RETURN_IF_ERROR(ReadBool(*params, "maximize", pp, &flag));
-    if (flag) return Unsupported(Join(pp, "maximize"), "maximize");
     if (!(o.lr >= 0)) return Invalid(Join(pp, "lr"), "must be >= 0");
     if (!(o.eps > 0)) return Invalid(Join(pp, "eps"), "must be positive");
     if (!(o.weight_decay >= 0)) return Invalid(Join(pp, "weight_decay"), "must be >= 0");
@@ -94,12 +92,23 @@ absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
   return absl::OkStatus();
 }
 
-absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
-  ASSIGN_OR_RETURN(const json* sch, OptObject(root, "scheduler", kRoot));
+absl::Status ParseOptimizer(const json& root, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* opt, OptObject(root, "optimizer", kRoot));
+  const std::string path = Join(kRoot, "optimizer");
+  OptimizerConfig& o = c->optimizer;
+  if (opt == nullptr) {
+    // DeepSpeed without an optimizer section expects a client optimizer; a job spec has none.
+    return Invalid(path, "required section is missing (type Adam or AdamW)");
+  }
+  Problems problems;
+  problems.Merge(CheckKeys(*opt, path, {"type", "params"}));
+  problems.Merge(ParseOptimizerFields(*opt, path, &o));
+  return problems.ToStatus();
+}
+
+// The scheduler section's type and params (ParseScheduler).
+absl::Status ParseSchedulerFields(const json* sch, const std::string& path, DeepSpeedConfig* c) {
   SchedulerConfig& s = c->scheduler;
-  if (sch == nullptr) return absl::OkStatus();
-  const std::string path = Join(kRoot, "scheduler");
-  RETURN_IF_ERROR(CheckKeys(*sch, path, {"type", "params"}));
   std::string type;
   RETURN_IF_ERROR(ReadString(*sch, "type", path, &type));
   // Each scheduler's params keys (DeepSpeed's lr_schedules.py).
@@ -171,12 +180,23 @@ absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
   return absl::OkStatus();
 }
 
+absl::Status ParseScheduler(const json& root, DeepSpeedConfig* c) {
+  ASSIGN_OR_RETURN(const json* sch, OptObject(root, "scheduler", kRoot));
+  if (sch == nullptr) return absl::OkStatus();
+  const std::string path = Join(kRoot, "scheduler");
+  Problems problems;
+  problems.Merge(CheckKeys(*sch, path, {"type", "params"}));
+  problems.Merge(ParseSchedulerFields(sch, path, c));
+  return problems.ToStatus();
+}
+
 absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(const json* z, OptObject(root, "zero_optimization", kRoot));
   ZeroConfig& zc = c->zero;
   const std::string path = Join(kRoot, "zero_optimization");
   if (z != nullptr) {
-    RETURN_IF_ERROR(CheckKeys(
+    Problems problems;  // every unknown key and unsupported feature of the section
+    problems.Merge(CheckKeys(
         *z, path,
         {"stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
          "use_multi_rank_bucket_allreduce", "allgather_partitions", "allgather_bucket_size",
@@ -193,6 +213,22 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
          "memory_efficient_linear", "mics_shard_size", "mics_hierarchical_params_gather",
          "log_trace_cache_warnings", "pipeline_loading_checkpoint", "override_module_apply",
          "legacy_stage1", "reduce_bucket_size_in_elements"}));
+    int64_t hpz = 1;
+    if (problems.Merge(ReadInt(*z, "zero_hpz_partition_size", path, &hpz)) && hpz != 1) {
+      problems.Merge(Unsupported(Join(path, "zero_hpz_partition_size"), "ZeRO++ hpZ"));
+    }
+    for (const char* key : {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
+                            "zero_quantized_gradients", "cpu_offload", "cpu_offload_param"}) {
+      bool on = false;
+      if (problems.Merge(ReadBool(*z, key, path, &on)) && on) {
+        problems.Merge(Unsupported(Join(path, key), key));
+      }
+    }
+    int64_t mics = -1;
+    if (problems.Merge(ReadInt(*z, "mics_shard_size", path, &mics)) && mics > 0) {
+      problems.Merge(Unsupported(Join(path, "mics_shard_size"), "MiCS sharding"));
+    }
+    if (!problems.empty()) return problems.ToStatus();
     int64_t stage = 0;
     RETURN_IF_ERROR(ReadInt(*z, "stage", path, &stage));
     zc.stage = static_cast<int>(stage);
@@ -240,18 +276,6 @@ absl::Status ParseZero(const json& root, int world_size, DeepSpeedConfig* c) {
       return Invalid(Join(path, "zenflow"),
                      "cannot be combined with offload_optimizer.super_offload: choose one");
     }
-    int64_t hpz = 1;
-    RETURN_IF_ERROR(ReadInt(*z, "zero_hpz_partition_size", path, &hpz));
-    if (hpz != 1) return Unsupported(Join(path, "zero_hpz_partition_size"), "ZeRO++ hpZ");
-    for (const char* key : {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
-                            "zero_quantized_gradients", "cpu_offload", "cpu_offload_param"}) {
-      bool on = false;
-      RETURN_IF_ERROR(ReadBool(*z, key, path, &on));
-      if (on) return Unsupported(Join(path, key), key);
-    }
-    int64_t mics = -1;
-    RETURN_IF_ERROR(ReadInt(*z, "mics_shard_size", path, &mics));
-    if (mics > 0) return Unsupported(Join(path, "mics_shard_size"), "MiCS sharding");
     WarnIgnored(*z, path,
                 {"reduce_scatter", "use_multi_rank_bucket_allreduce", "allgather_partitions",
                  "load_from_fp32_weights", "stage3_model_persistence_threshold",
@@ -324,10 +348,20 @@ absl::Status ParsePrecision(const json& root, DeepSpeedConfig* c) {
   ASSIGN_OR_RETURN(const json* fp16, OptObject(root, "fp16", kRoot));
   if (fp16 != nullptr) {
     const std::string path = Join(kRoot, "fp16");
-    RETURN_IF_ERROR(CheckKeys(*fp16, path,
-                              {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
-                               "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-                               "min_loss_scale", "fp16_master_weights_and_grads"}));
+    Problems problems;  // every unknown key and unsupported feature of the section
+    problems.Merge(CheckKeys(*fp16, path,
+                             {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
+                              "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                              "min_loss_scale", "fp16_master_weights_and_grads"}));
+    for (const auto& [key, what] :
+         {std::pair<const char*, const char*>{"auto_cast", "fp16 auto_cast"},
+          {"fp16_master_weights_and_grads", "fp16 master weights"}}) {
+      bool flag = false;
+      if (problems.Merge(ReadBool(*fp16, key, path, &flag)) && flag) {
+        problems.Merge(Unsupported(Join(path, key), what));
+      }
+    }
+    if (!problems.empty()) return problems.ToStatus();
     Fp16Config& f = c->fp16;
     RETURN_IF_ERROR(ReadBool(*fp16, "enabled", path, &f.enabled));
     RETURN_IF_ERROR(ReadDouble(*fp16, "loss_scale", path, &f.loss_scale));
@@ -336,14 +370,6 @@ absl::Status ParsePrecision(const json& root, DeepSpeedConfig* c) {
     RETURN_IF_ERROR(ReadInt(*fp16, "hysteresis", path, &f.hysteresis));
     RETURN_IF_ERROR(ReadBool(*fp16, "consecutive_hysteresis", path, &f.consecutive_hysteresis));
     RETURN_IF_ERROR(ReadDouble(*fp16, "min_loss_scale", path, &f.min_loss_scale));
-    bool flag = false;
-    RETURN_IF_ERROR(ReadBool(*fp16, "auto_cast", path, &flag));
-    if (flag) return Unsupported(Join(path, "auto_cast"), "fp16 auto_cast");
-    flag = false;
-    RETURN_IF_ERROR(ReadBool(*fp16, "fp16_master_weights_and_grads", path, &flag));
-    if (flag) {
-      return Unsupported(Join(path, "fp16_master_weights_and_grads"), "fp16 master weights");
-    }
     if (!(f.loss_scale >= 0)) return Invalid(Join(path, "loss_scale"), "must be >= 0");
     if (f.initial_scale_power < 0 || f.initial_scale_power > 62) {
       return Invalid(Join(path, "initial_scale_power"), "must be in [0, 62]");
@@ -356,17 +382,20 @@ absl::Status ParsePrecision(const json& root, DeepSpeedConfig* c) {
     ASSIGN_OR_RETURN(const json* sec, OptObject(root, key, kRoot));
     if (sec == nullptr) continue;
     const std::string path = Join(kRoot, key);
-    RETURN_IF_ERROR(CheckKeys(*sec, path,
-                              {"enabled", "immediate_grad_update", "check_grad_overflow",
-                               "bf16_master_weights_and_grads", "bf16_optimizer_states"}));
+    Problems problems;  // every unknown key and unsupported feature of the section
+    problems.Merge(CheckKeys(*sec, path,
+                             {"enabled", "immediate_grad_update", "check_grad_overflow",
+                              "bf16_master_weights_and_grads", "bf16_optimizer_states"}));
     bool enabled = false;
-    RETURN_IF_ERROR(ReadBool(*sec, "enabled", path, &enabled));
+    problems.Merge(ReadBool(*sec, "enabled", path, &enabled));
     c->bf16_enabled = c->bf16_enabled || enabled;
     for (const char* k : {"bf16_master_weights_and_grads", "bf16_optimizer_states"}) {
       bool on = false;
-      RETURN_IF_ERROR(ReadBool(*sec, k, path, &on));
-      if (on) return Unsupported(Join(path, k), "bf16 master weights / optimizer states");
+      if (problems.Merge(ReadBool(*sec, k, path, &on)) && on) {
+        problems.Merge(Unsupported(Join(path, k), "bf16 master weights / optimizer states"));
+      }
     }
+    if (!problems.empty()) return problems.ToStatus();
     WarnIgnored(*sec, path, {"immediate_grad_update", "check_grad_overflow"},
                 "Loom accumulates fp32 gradient partitions and does not skip bf16 steps",
                 &c->warnings);
@@ -470,26 +499,30 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
   json root = written;
   RETURN_IF_ERROR(ds_config_internal::NormalizeZeroAliases(&root));
   DeepSpeedConfig c;
-  RETURN_IF_ERROR(ds_config_internal::CheckRootKeys(root, &c.warnings));
+  // Every problem of the config in one answer (common/problems.h): the sections are checked
+  // independently; a check that needs what a failed one reads is skipped.
+  Problems problems;
+  problems.Merge(ds_config_internal::CheckRootKeys(root, &c.warnings));
   // Ulysses (ds_config_sequence_parallel.cc): the batch counts data-parallel ranks, world / P.
-  RETURN_IF_ERROR(ds_config_internal::ParseSequenceParallel(root, world_size, &c));
-  const int dp = world_size / static_cast<int>(c.sequence_parallel_size);
-  RETURN_IF_ERROR(ParseBatch(
-      root, dp,
-      c.sequence_parallel_size > 1
-          ? absl::StrCat("data-parallel size ", dp, " (world size ", world_size,
-                         " / sequence_parallel_size ", c.sequence_parallel_size, ")")
-          : absl::StrCat("world size ", world_size),
-      &c));
-  RETURN_IF_ERROR(ReadDouble(root, "gradient_clipping", kRoot, &c.gradient_clipping));
-  if (!(c.gradient_clipping >= 0)) {
-    return Invalid(Join(kRoot, "gradient_clipping"), "must be >= 0");
+  if (problems.Merge(ds_config_internal::ParseSequenceParallel(root, world_size, &c))) {
+    const int dp = world_size / static_cast<int>(c.sequence_parallel_size);
+    problems.Merge(ParseBatch(
+        root, dp,
+        c.sequence_parallel_size > 1
+            ? absl::StrCat("data-parallel size ", dp, " (world size ", world_size,
+                           " / sequence_parallel_size ", c.sequence_parallel_size, ")")
+            : absl::StrCat("world size ", world_size),
+        &c));
   }
-  RETURN_IF_ERROR(ReadInt(root, "steps_per_print", kRoot, &c.steps_per_print));
-  RETURN_IF_ERROR(ReadBool(root, "wall_clock_breakdown", kRoot, &c.wall_clock_breakdown));
-  RETURN_IF_ERROR(ParseOptimizer(root, &c));
-  RETURN_IF_ERROR(ParseScheduler(root, &c));
-  RETURN_IF_ERROR(ParseZero(root, world_size, &c));
+  if (problems.Merge(ReadDouble(root, "gradient_clipping", kRoot, &c.gradient_clipping)) &&
+      !(c.gradient_clipping >= 0)) {
+    problems.Add(Join(kRoot, "gradient_clipping"), "must be >= 0");
+  }
+  problems.Merge(ReadInt(root, "steps_per_print", kRoot, &c.steps_per_print));
+  problems.Merge(ReadBool(root, "wall_clock_breakdown", kRoot, &c.wall_clock_breakdown));
+  problems.Merge(ParseOptimizer(root, &c));
+  problems.Merge(ParseScheduler(root, &c));
+  const bool zero_ok = problems.Merge(ParseZero(root, world_size, &c));
   WarnIgnored(root, kRoot,
               {"wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
                "csv_monitor", "comms_logger", "memory_breakdown", "timers", "checkpoint",
@@ -500,50 +533,51 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
               &c.warnings);
   {
     double predivide = 1.0;
-    RETURN_IF_ERROR(ReadDouble(root, "gradient_predivide_factor", kRoot, &predivide));
-    if (predivide != 1.0) {
-      return Unsupported(Join(kRoot, "gradient_predivide_factor"), "a predivide factor != 1");
+    if (problems.Merge(ReadDouble(root, "gradient_predivide_factor", kRoot, &predivide)) &&
+        predivide != 1.0) {
+      problems.Merge(
+          Unsupported(Join(kRoot, "gradient_predivide_factor"), "a predivide factor != 1"));
     }
   }
 
-  RETURN_IF_ERROR(ParsePrecision(root, &c));
-  RETURN_IF_ERROR(ParseAio(root, &c));
-  RETURN_IF_ERROR(ds_config_internal::ParseActivationCheckpointing(root, &c));
-  {
-    ASSIGN_OR_RETURN(const json* amp, OptObject(root, "amp", kRoot));
-    if (amp != nullptr) {
-      auto it = amp->find("enabled");
-      if (it != amp->end() && it->is_boolean() && it->get<bool>()) {
-        return Unsupported(Join(kRoot, "amp.enabled"), "Apex AMP");
-      }
+  const bool precision_ok = problems.Merge(ParsePrecision(root, &c));
+  problems.Merge(ParseAio(root, &c));
+  problems.Merge(ds_config_internal::ParseActivationCheckpointing(root, &c));
+  if (absl::StatusOr<const json*> amp = OptObject(root, "amp", kRoot);
+      problems.Merge(amp.status()) && *amp != nullptr) {
+    auto it = (*amp)->find("enabled");
+    if (it != (*amp)->end() && it->is_boolean() && it->get<bool>()) {
+      problems.Merge(Unsupported(Join(kRoot, "amp.enabled"), "Apex AMP"));
     }
   }
   for (const char* key : {"compile", "elasticity", "curriculum_learning"}) {
-    ASSIGN_OR_RETURN(const json* sec, OptObject(root, key, kRoot));
-    if (sec == nullptr) continue;
-    auto it = sec->find("enabled");
-    if (it != sec->end() && it->is_boolean() && it->get<bool>()) {
-      return Unsupported(Join(Join(kRoot, key), "enabled"), key);
+    absl::StatusOr<const json*> sec = OptObject(root, key, kRoot);
+    if (!problems.Merge(sec.status()) || *sec == nullptr) continue;
+    auto it = (*sec)->find("enabled");
+    if (it != (*sec)->end() && it->is_boolean() && it->get<bool>()) {
+      problems.Merge(Unsupported(Join(Join(kRoot, key), "enabled"), key));
     }
   }
-  RETURN_IF_ERROR(ds_config_internal::ParseCommunicationDataType(root, &c));  // after precision
-  {
-    ASSIGN_OR_RETURN(const json* dt, OptObject(root, "data_types", kRoot));
-    if (dt != nullptr) {
-      const std::string path = Join(kRoot, "data_types");
-      RETURN_IF_ERROR(CheckKeys(*dt, path, {"grad_accum_dtype"}));
-      std::string g;
-      RETURN_IF_ERROR(ReadString(*dt, "grad_accum_dtype", path, &g));
-      if (!g.empty() && g != "fp32") {
-        return Unsupported(Join(path, "grad_accum_dtype"), absl::StrCat("\"", g, "\""));
-      }
+  if (zero_ok && precision_ok) {  // checked against the stage and the precision
+    problems.Merge(ds_config_internal::ParseCommunicationDataType(root, &c));
+  }
+  if (absl::StatusOr<const json*> dt = OptObject(root, "data_types", kRoot);
+      problems.Merge(dt.status()) && *dt != nullptr) {
+    const std::string path = Join(kRoot, "data_types");
+    std::string g;
+    if (problems.Merge(CheckKeys(**dt, path, {"grad_accum_dtype"})) &&
+        problems.Merge(ReadString(**dt, "grad_accum_dtype", path, &g)) && !g.empty() &&
+        g != "fp32") {
+      problems.Merge(Unsupported(Join(path, "grad_accum_dtype"), absl::StrCat("\"", g, "\"")));
     }
   }
   {
     bool sparse = false;
-    RETURN_IF_ERROR(ReadBool(root, "sparse_gradients", kRoot, &sparse));
-    if (sparse) return Unsupported(Join(kRoot, "sparse_gradients"), "sparse gradients");
+    if (problems.Merge(ReadBool(root, "sparse_gradients", kRoot, &sparse)) && sparse) {
+      problems.Merge(Unsupported(Join(kRoot, "sparse_gradients"), "sparse gradients"));
+    }
   }
+  if (!problems.empty()) return problems.ToStatus();
   return c;
 }
 

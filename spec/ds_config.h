@@ -210,7 +210,10 @@ struct DeepSpeedConfig {
 // group train on the same samples).
 // Errors: INVALID_ARGUMENT naming the key path, e.g.
 // "deepspeed_config.zero_optimization.foo: unknown key" or
-// "deepspeed_config.zero_optimization.zenflow.topk_ratio: 1.5 is not in [0, 1]".
+// "deepspeed_config.zero_optimization.zenflow.topk_ratio: 1.5 is not in [0, 1]"; with several
+// problems, all of them in one status (common/problems.h: "3 problems:" and one line each, and
+// as its payload): every unknown key and unsupported feature, and the first bad value of each
+// section (a section's later checks may depend on its earlier values).
 absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfig(const std::string& json_text,
                                                      int world_size);
 // The same on a parsed value (e.g. spec::StructToJson of a job spec's deepspeed_config).

@@ -1,6 +1,7 @@
 // Internal to ds_config.cc and ds_config_offload.cc: the key-policy helpers of the DeepSpeed
 // config parser (ds_config.h has the policy) and the offload / aio section parsers. Not a public
-// API. Errors are INVALID_ARGUMENT "<key path>: <what>"; all functions are pure and thread-safe.
+// API. Errors are INVALID_ARGUMENT "<key path>: <what>", or several such problems in one status
+// (common/problems.h); all functions are pure and thread-safe.
 #ifndef LOOM_SPEC_DS_CONFIG_INTERNAL_H_
 #define LOOM_SPEC_DS_CONFIG_INTERNAL_H_
 
@@ -15,11 +16,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/problems.h"
 #include "spec/ds_config.h"
 #include "spec/json_fields.h"
 
 namespace loom::spec::ds_config_internal {
 
+using loom::Problems;
 using nlohmann::json;
 using json_fields::Join;
 
@@ -37,18 +40,20 @@ inline absl::Status Unsupported(const std::string& path, const std::string& what
 // is near: json_fields::NearestKey), a literal list {"a", "b", ...} scanned in place (a set
 // of strings built per call was most of a DeepSpeed config's parse, which runs for every
 // submission: docs/benchmarks.md "Control plane at cluster scale").
+// Every unknown key is named (common/problems.h: one problem each).
 inline absl::Status CheckKeys(const json& obj, const std::string& path,
                               std::initializer_list<absl::string_view> known) {
+  Problems problems;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     if (std::find(known.begin(), known.end(), absl::string_view(it.key())) == known.end()) {
       // DeepSpeed's own sections refuse unknown keys too (pydantic, extra="forbid").
       const std::string nearest = json_fields::NearestKey(it.key(), known);
-      return Invalid(Join(path, it.key()),
-                     nearest.empty() ? "unknown key"
-                                     : absl::StrCat("unknown key (did you mean ", nearest, "?)"));
+      problems.Add(Join(path, it.key()),
+                   nearest.empty() ? "unknown key"
+                                   : absl::StrCat("unknown key (did you mean ", nearest, "?)"));
     }
   }
-  return absl::OkStatus();
+  return problems.ToStatus();
 }
 
 // Keys present in `obj` that the engine accepts without implementing them: a warning each, in

@@ -11,7 +11,7 @@
 //     (DeepSpeed would ignore `gradient_clippping` and train without clipping);
 //   * anything else (`_comment`, `comms_config`, `monitor_config`): a warning saying DeepSpeed
 //     does not read it either.
-// Every refusal of the top level is returned in one error, "; "-separated.
+// Every refusal of the top level is returned in one error (common/problems.h), one problem each.
 // ZeRO's key aliases (DeepSpeed's pydantic aliases: prefetch_bucket_size for
 // stage3_prefetch_bucket_size, ...; the deprecated stage3_gather_fp16_weights_on_model_save) are
 // rewritten to the stage3_ names first, so "auto" and the parser see one spelling.
@@ -107,7 +107,7 @@ bool Contains(const Range& r, absl::string_view k) {
 }  // namespace
 
 absl::Status CheckRootKeys(const json& root, std::vector<std::string>* warnings) {
-  std::vector<std::string> refusals;
+  Problems refusals;
   for (const auto& [key, value] : root.items()) {
     if (Contains(kParsedKeys, key)) continue;
     const std::string path = Join(kRoot, key);
@@ -117,7 +117,7 @@ absl::Status CheckRootKeys(const json& root, std::vector<std::string>* warnings)
     }
     if (feature != nullptr) {
       if (feature->active(value)) {
-        refusals.push_back(absl::StrCat(path, ": ", feature->what, " is not implemented in Loom"));
+        refusals.Add(path, absl::StrCat(feature->what, " is not implemented in Loom"));
       } else {
         warnings->push_back(absl::StrCat(path, ": ignored (", feature->what,
                                          " is switched off here, and not implemented in Loom)"));
@@ -131,14 +131,13 @@ absl::Status CheckRootKeys(const json& root, std::vector<std::string>* warnings)
     }
     const std::string nearest = json_fields::NearestKey(key, kParsedKeys);
     if (!nearest.empty()) {
-      refusals.push_back(absl::StrCat(path, ": unknown key (did you mean ", nearest, "?)"));
+      refusals.Add(path, absl::StrCat("unknown key (did you mean ", nearest, "?)"));
       continue;
     }
     warnings->push_back(absl::StrCat(path, ": ignored (not a DeepSpeed key: DeepSpeed's config "
                                            "reader does not read it either)"));
   }
-  if (refusals.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(refusals, "; "));
+  return refusals.ToStatus();
 }
 
 absl::Status NormalizeZeroAliases(json* root) {

@@ -135,8 +135,9 @@ TEST(ParseDeepSpeedConfigTest, ErrorsNameTheKey) {
   // A top-level key near one Loom reads is a misspelling (DeepSpeed would ignore it and train
   // without clipping); every such problem of the top level comes in one answer.
   ExpectError("{" + ok + R"(, "gradient_clippping": 1, "zero_optimizaton": {"stage": 3}})", 2,
-              "deepspeed_config.gradient_clippping: unknown key (did you mean gradient_clipping?); "
-              "deepspeed_config.zero_optimizaton: unknown key (did you mean zero_optimization?)");
+              "2 problems:\n"
+              "  deepspeed_config.gradient_clippping: unknown key (did you mean gradient_clipping?)\n"
+              "  deepspeed_config.zero_optimizaton: unknown key (did you mean zero_optimization?)");
   ExpectError("{" + ok + R"(, "zero_optimization": {"stage": 3, "reduce_bucket_sise": 1}})", 2,
               "deepspeed_config.zero_optimization.reduce_bucket_sise: unknown key (did you mean "
               "reduce_bucket_size?)");
@@ -610,8 +611,9 @@ TEST(ParseDeepSpeedConfigTest, KeysAreJudgedAsDeepSpeedJudgesThem) {
                 "switched off here, and not implemented in Loom)"}));
   ExpectError("{" + ok + R"(, "tensor_parallel": {"autotp_size": 2},
       "hybrid_engine": {"enabled": true}})", 2,
-              "deepspeed_config.hybrid_engine: the RLHF hybrid engine is not implemented in Loom; "
-              "deepspeed_config.tensor_parallel: tensor parallelism (AutoTP) is not implemented "
+              "2 problems:\n"
+              "  deepspeed_config.hybrid_engine: the RLHF hybrid engine is not implemented in Loom\n"
+              "  deepspeed_config.tensor_parallel: tensor parallelism (AutoTP) is not implemented "
               "in Loom");
   // axolotl's spellings: DeepSpeed's pydantic aliases.
   c = ParseDeepSpeedConfig("{" + ok + R"(, "zero_optimization": {"stage": 3,

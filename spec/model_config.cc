@@ -1,9 +1,12 @@
 #include "spec/model_config.h"
 
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/problems.h"
 #include "common/status_macros.h"
 #include "spec/json_fields.h"
 #include "spec/model_config_keys.h"
@@ -18,7 +21,7 @@ constexpr char kPath[] = "model.config";
 
 // Hugging Face model_type values this engine trains (config.json "model_type"; absent = llama),
 // in ModelType order.
-constexpr const char* kSupportedModelTypes[] = {"llama", "qwen2"};
+constexpr const char* kSupportedModelTypes[] = {"llama", "qwen2", "qwen3", "mistral"};
 
 absl::Status Field(const std::string& key, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(kPath, ".", key, ": ", msg));
@@ -51,6 +54,13 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
 absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(kPath, ": not a JSON object"));
+  }
+  // Every key is read below, known not to change the decoder, or refused (issue 47): all unknown
+  // keys in one answer, before anything else (a misspelt required key is named as such).
+  if (std::vector<Problem> unknown = UnknownModelConfigKeys(j); !unknown.empty()) {
+    Problems problems;
+    for (const Problem& p : unknown) problems.Add(p.path, p.what);
+    return problems.ToStatus();
   }
   LlamaConfig c;
   if (auto it = j.find("model_type"); it != j.end()) {
@@ -88,44 +98,6 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   ASSIGN_OR_RETURN(std::optional<double> eps, json_fields::OptDouble(j, "rms_norm_eps", kPath));
   if (eps.has_value()) c.rms_norm_eps = *eps;
   if (!(c.rms_norm_eps > 0)) return Field("rms_norm_eps", "must be positive");
-  ASSIGN_OR_RETURN(std::optional<double> theta, json_fields::OptDouble(j, "rope_theta", kPath));
-  if (theta.has_value()) c.rope_theta = *theta;
-  if (!(c.rope_theta > 0)) return Field("rope_theta", "must be positive");
-  // transformers 5 writes the RoPE base and type in rope_parameters (and may drop the top-level
-  // rope_theta): {"rope_theta": 100000.0, "rope_type": "default"}. Read it, or a model whose base
-  // is not 10000 would train and export with the wrong one.
-  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
-    if (!it->is_object()) return Field("rope_parameters", "must be an object");
-    static constexpr char kRopePath[] = "model.config.rope_parameters";
-    for (const auto& [key, value] : it->items()) {
-      if (key == "rope_type" || key == "rope_theta") continue;
-      if (value.is_object()) {  // per layer type (Gemma 3): {"full_attention": {...}, ...}
-        return Field("rope_parameters", absl::StrCat("per-layer-type RoPE (\"", key,
-                                                     "\") is not supported yet"));
-      }
-      return Field(absl::StrCat("rope_parameters.", key),
-                   "RoPE scaling parameters are not supported yet (only rope_type \"default\")");
-    }
-    if (auto type = it->find("rope_type"); type != it->end() && !type->is_null()) {
-      if (!type->is_string() || type->get<std::string>() != "default") {
-        return Field("rope_parameters.rope_type",
-                     absl::StrCat(type->dump(-1, ' ', false, json::error_handler_t::replace),
-                                  " is not supported yet (only \"default\": RoPE scaling is not "
-                                  "implemented)"));
-      }
-    }
-    ASSIGN_OR_RETURN(std::optional<double> base, json_fields::OptDouble(*it, "rope_theta",
-                                                                        kRopePath));
-    if (base.has_value()) {
-      if (!(*base > 0)) return Field("rope_parameters.rope_theta", "must be positive");
-      if (theta.has_value() && *theta != *base) {
-        return Field("rope_parameters.rope_theta",
-                     absl::StrCat(*base, " differs from rope_theta ", *theta,
-                                  ": give the RoPE base once"));
-      }
-      c.rope_theta = *base;
-    }
-  }
   ASSIGN_OR_RETURN(std::optional<bool> tie,
                    json_fields::OptBool(j, "tie_word_embeddings", kPath));
   c.tie_word_embeddings = tie.value_or(false);
@@ -133,6 +105,12 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
                    json_fields::OptDouble(j, "initializer_range", kPath));
   if (init.has_value()) c.initializer_range = *init;
   if (!(c.initializer_range >= 0)) return Field("initializer_range", "must be >= 0");
+  ASSIGN_OR_RETURN(std::optional<int64_t> pad, json_fields::OptInt(j, "pad_token_id", kPath));
+  if (pad.has_value() && (*pad < 0 || *pad >= c.vocab_size)) {
+    return Field("pad_token_id", absl::StrCat(*pad, " is not in [0, vocab_size ", c.vocab_size,
+                                              ") (transformers' embedding padding_idx)"));
+  }
+  c.pad_token_id = pad.value_or(-1);
   ASSIGN_OR_RETURN(std::optional<int64_t> bos, json_fields::OptInt(j, "bos_token_id", kPath));
   if (bos.has_value()) c.bos_token_id = *bos;
   c.bos_token_id_set = bos.has_value();
@@ -157,19 +135,60 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   }
 
   // Features this engine does not implement change the model's function: refuse them.
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    return Field("rope_scaling", "RoPE scaling is not supported yet");
-  }
-  if (c.model_type == ModelType::kQwen2) {
-    // Qwen2's sliding-window attention (use_sliding_window, sliding_window, max_window_layers)
-    // changes the mask; the engine implements full causal attention only.
+  if (c.model_type == ModelType::kQwen2 || c.model_type == ModelType::kQwen3) {
+    // Qwen2/3's sliding-window attention (use_sliding_window, sliding_window, max_window_layers)
+    // changes the mask; the engine implements full causal attention only. Without
+    // use_sliding_window transformers ignores sliding_window and max_window_layers.
     ASSIGN_OR_RETURN(std::optional<bool> sliding,
                      json_fields::OptBool(j, "use_sliding_window", kPath));
     if (sliding.value_or(false)) {
       return Field("use_sliding_window",
-                   "true is not supported (Qwen2 sliding-window attention is not implemented; "
-                   "set it to false)");
+                   "true is not supported (Qwen2/Qwen3 sliding-window attention is not "
+                   "implemented; set it to false)");
     }
+  }
+  if (c.model_type == ModelType::kMistral) {
+    ASSIGN_OR_RETURN(c.sliding_window, json_fields::OptInt(j, "sliding_window", kPath));
+    if (c.sliding_window.has_value() && *c.sliding_window <= 0) {
+      return Field("sliding_window", absl::StrCat(*c.sliding_window, " must be positive or null"));
+    }
+  }
+  // transformers 5 lists each layer's attention kind (Qwen2/3: all "full_attention" unless
+  // use_sliding_window). Loom implements full attention only.
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return Field("layer_types", absl::StrCat("expected a list, got ",
+                                               it->dump(-1, ' ', false,
+                                                        json::error_handler_t::replace)));
+    }
+    if (static_cast<int64_t>(it->size()) != c.num_hidden_layers) {
+      return Field("layer_types", absl::StrCat("has ", it->size(), " entries, num_hidden_layers ",
+                                               c.num_hidden_layers));
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& v = (*it)[i];
+      if (!v.is_string() || v.get<std::string>() != "full_attention") {
+        return Field(absl::StrCat("layer_types[", i, "]"),
+                     absl::StrCat(v.dump(-1, ' ', false, json::error_handler_t::replace),
+                                  " is not supported (only \"full_attention\": sliding-window "
+                                  "attention is not implemented)"));
+      }
+    }
+  }
+  // SmolLM2's nanotron-converted config says rope_interleaved false; transformers does not read
+  // the key (it always rotates halves, as Loom does), so true would silently train another model.
+  ASSIGN_OR_RETURN(std::optional<bool> interleaved,
+                   json_fields::OptBool(j, "rope_interleaved", kPath));
+  if (interleaved.value_or(false)) {
+    return Field("rope_interleaved", "true is not supported (interleaved RoPE is not implemented; "
+                                     "transformers' Llama rotates halves and ignores this key)");
+  }
+  // transformers applies attention dropout in training mode; every shipped config says 0.0.
+  ASSIGN_OR_RETURN(std::optional<double> dropout,
+                   json_fields::OptDouble(j, "attention_dropout", kPath));
+  if (dropout.value_or(0.0) != 0.0) {
+    return Field("attention_dropout",
+                 absl::StrCat(*dropout, " is not supported (dropout is not implemented; only 0)"));
   }
   if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
     return Field("attention_bias", "attention biases are not supported yet");
@@ -182,14 +201,15 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
       return Field("hidden_act", absl::StrCat(it->dump(), " is not supported (only \"silu\")"));
     }
   }
-  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null()) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> hd, json_fields::OptInt(j, "head_dim", kPath));
-    if (hd.has_value() && *hd != c.hidden_size / c.num_attention_heads) {
-      return Field("head_dim", absl::StrCat(*hd, " must equal hidden_size / num_attention_heads"));
-    }
+  // transformers: head_dim = config.head_dim or hidden_size // num_attention_heads.
+  ASSIGN_OR_RETURN(std::optional<int64_t> hd, json_fields::OptInt(j, "head_dim", kPath));
+  if (hd.has_value() && *hd <= 0) return Field("head_dim", absl::StrCat(*hd, " must be positive"));
+  if (hd.has_value() && *hd > kMaxLlamaParams) {
+    return Field("head_dim", absl::StrCat(*hd, " is larger than ", kMaxLlamaParams));
   }
+  c.explicit_head_dim = hd.value_or(0);
 
-  if (c.hidden_size % c.num_attention_heads != 0) {
+  if (!hd.has_value() && c.hidden_size % c.num_attention_heads != 0) {
     return Field("hidden_size", absl::StrCat(c.hidden_size, " is not divisible by "
                                              "num_attention_heads ", c.num_attention_heads));
   }
@@ -199,19 +219,24 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
                               c.num_key_value_heads));
   }
   if (c.head_dim() % 2 != 0) {
-    return Field("hidden_size",
-                 absl::StrCat("head_dim = hidden_size / num_attention_heads = ", c.head_dim(),
-                              " must be even for rotary embeddings"));
+    return Field(hd.has_value() ? "head_dim" : "hidden_size",
+                 absl::StrCat("head_dim = ",
+                              hd.has_value() ? "" : "hidden_size / num_attention_heads = ",
+                              c.head_dim(), " must be even for rotary embeddings"));
   }
+  std::vector<std::string> rope_warnings;
+  RETURN_IF_ERROR(ParseRopeConfig(j, c.head_dim(), c.max_position_embeddings, &c.rope_theta,
+                                  &c.rope_scaling, &rope_warnings));
   // Parameter count, overflow-checked: absurd dimensions (vocab 1e15, 1e9 layers) are refused
   // here, not discovered by the trainer failing to allocate (or enumerating 9e9 tensors). Every
-  // dimension is at most the count itself, and heads <= hidden_size (checked above), so with
+  // dimension (heads and head_dim included) is at most kMaxLlamaParams, so with
   // each factor <= kMaxLlamaParams < 2^41 the 128-bit products below cannot overflow.
   for (const auto& [key, value] :
        {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
         {"hidden_size", c.hidden_size},
         {"intermediate_size", c.intermediate_size},
         {"num_hidden_layers", c.num_hidden_layers},
+        {"num_attention_heads", c.num_attention_heads},
         {"max_position_embeddings", c.max_position_embeddings}}) {
     if (value > kMaxLlamaParams) {
       return Field(key, absl::StrCat(value, " is larger than ", kMaxLlamaParams));
@@ -221,7 +246,8 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
   const __int128 d = c.head_dim();
   const __int128 q = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
   const __int128 biases = c.qkv_bias() ? q + 2 * kv_dim : 0;
-  const __int128 per_layer = 2 * H + 2 * q * H + 2 * kv_dim * H + 3 * I * H + biases;
+  const __int128 qk_norms = c.qk_norm() ? 2 * d : 0;
+  const __int128 per_layer = 2 * H + 2 * q * H + 2 * kv_dim * H + 3 * I * H + biases + qk_norms;
   const __int128 total =
       V * H * (c.tie_word_embeddings ? 1 : 2) + H + per_layer * c.num_hidden_layers;
   if (total > kMaxLlamaParams) {
@@ -231,18 +257,47 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigValue(const json& j) {
         ", intermediate_size ", c.intermediate_size, ", num_hidden_layers ",
         c.num_hidden_layers, ")"));
   }
-  c.warnings = UnknownModelConfigKeyWarnings(j);
+  c.warnings = std::move(rope_warnings);
   return c;
+}
+
+absl::Status CheckModelConfigForSequenceLength(const LlamaConfig& c, int64_t sequence_length,
+                                               int64_t sequence_parallel_size) {
+  if (c.sliding_window.has_value() && *c.sliding_window < sequence_length) {
+    return Field("sliding_window",
+                 absl::StrCat(*c.sliding_window, " is shorter than training.sequence_length ",
+                              sequence_length, " (windowed attention is not implemented; a "
+                              "window >= the sequence length, or null, is full causal attention)"));
+  }
+  const int64_t orig =
+      c.rope_scaling.original_max_position_embeddings.value_or(c.max_position_embeddings);
+  if (c.rope_scaling.rope_type == RopeType::kLongrope && sequence_parallel_size > 1 &&
+      sequence_length > orig) {
+    return Field("rope_scaling.rope_type",
+                 absl::StrCat("\"longrope\" with sequence parallelism (sequence_parallel_size ",
+                              sequence_parallel_size, ") and training.sequence_length ",
+                              sequence_length, " > original_max_position_embeddings ", orig,
+                              " is not supported: LongRoPE picks its factors from the largest "
+                              "position, which differs between sequence shards"));
+  }
+  return absl::OkStatus();
 }
 
 std::string LlamaConfigToHfJson(const LlamaConfig& c) {
   json j;
-  if (c.model_type == ModelType::kQwen2) {  // transformers' Qwen2Config keys
-    j["architectures"] = json::array({"Qwen2ForCausalLM"});
-    j["model_type"] = "qwen2";
+  if (c.model_type == ModelType::kQwen2 || c.model_type == ModelType::kQwen3) {
+    // transformers' Qwen2Config / Qwen3Config keys
+    const bool qwen3 = c.model_type == ModelType::kQwen3;
+    j["architectures"] = json::array({qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"});
+    j["model_type"] = qwen3 ? "qwen3" : "qwen2";
+    if (qwen3) j["attention_bias"] = false;
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_hidden_layers;
+  } else if (c.model_type == ModelType::kMistral) {
+    j["architectures"] = json::array({"MistralForCausalLM"});
+    j["model_type"] = "mistral";
+    j["sliding_window"] = c.sliding_window.has_value() ? json(*c.sliding_window) : json(nullptr);
   } else {
     j["architectures"] = json::array({"LlamaForCausalLM"});
     j["model_type"] = "llama";
@@ -253,9 +308,10 @@ std::string LlamaConfigToHfJson(const LlamaConfig& c) {
   j["hidden_act"] = "silu";
   j["torch_dtype"] = "float32";
   j["attention_dropout"] = 0.0;
-  j["rope_scaling"] = nullptr;
+  j["rope_scaling"] = RopeScalingToJson(c.rope_scaling);
   j["use_cache"] = true;
   if (c.bos_token_id_set) j["bos_token_id"] = c.bos_token_id;
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() > 1) {
     j["eos_token_id"] = c.eos_token_ids;
   } else if (c.eos_token_id_set) {
@@ -293,6 +349,10 @@ std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
     out.push_back({p + "self_attn.v_proj.weight", {kv, H}, K::kLinear});
     if (c.qkv_bias()) out.push_back({p + "self_attn.v_proj.bias", {kv}, K::kBias});
     out.push_back({p + "self_attn.o_proj.weight", {H, q}, K::kLinear});
+    if (c.qk_norm()) {
+      out.push_back({p + "self_attn.q_norm.weight", {d}, K::kNorm});
+      out.push_back({p + "self_attn.k_norm.weight", {d}, K::kNorm});
+    }
     out.push_back({p + "post_attention_layernorm.weight", {H}, K::kNorm});
     out.push_back({p + "mlp.gate_proj.weight", {I, H}, K::kLinear});
     out.push_back({p + "mlp.up_proj.weight", {I, H}, K::kLinear});

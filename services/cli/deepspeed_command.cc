@@ -20,14 +20,23 @@ int Fail(const absl::Status& s) {
 
 }  // namespace
 
-void NormalizeDeepSpeedFlag(int argc, char** argv, std::vector<std::string>* storage) {
+void NormalizeDashedFlags(int argc, char** argv, std::vector<std::string>* storage) {
+  struct Spelling {
+    const char* dashed;
+    const char* flag;
+  };
+  static constexpr Spelling kSpellings[] = {{"--from-deepspeed", "--from_deepspeed"},
+                                            {"-from-deepspeed", "--from_deepspeed"},
+                                            {"--dry-run", "--dry_run"},
+                                            {"-dry-run", "--dry_run"}};
+  // At most one entry per argument: no reallocation moves the strings argv points into.
   storage->reserve(argc);
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
-    for (const char* spelling : {"--from-deepspeed", "-from-deepspeed"}) {
-      const size_t n = std::strlen(spelling);
-      if (std::strncmp(a, spelling, n) == 0 && (a[n] == '\0' || a[n] == '=')) {
-        storage->push_back(absl::StrCat("--from_deepspeed", a + n));
+    for (const Spelling& s : kSpellings) {
+      const size_t n = std::strlen(s.dashed);
+      if (std::strncmp(a, s.dashed, n) == 0 && (a[n] == '\0' || a[n] == '=')) {
+        storage->push_back(absl::StrCat(s.flag, a + n));
         argv[i] = storage->back().data();
         break;
       }

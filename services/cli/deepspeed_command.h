@@ -9,9 +9,10 @@
 
 namespace loom::cli {
 
-// Rewrites "--from-deepspeed[=V]" (DeepSpeed-style spelling) to "--from_deepspeed[=V]" in place
-// so absl's flag parser accepts both spellings.
-void NormalizeDeepSpeedFlag(int argc, char** argv, std::vector<std::string>* storage);
+// Rewrites the dashed spellings "--from-deepspeed[=V]" (DeepSpeed's) and "--dry-run[=V]" to
+// "--from_deepspeed[=V]" / "--dry_run[=V]" in place (argv[i] then points into `storage`, which
+// must outlive argv's use), so absl's flag parser accepts both spellings.
+void NormalizeDashedFlags(int argc, char** argv, std::vector<std::string>* storage);
 
 // Runs the consolidation and prints what was written. Returns the exit status: 0, 2 for a usage
 // error (no --output_dir, bad --max_shard_size), else the absl status code (3 INVALID_ARGUMENT,

@@ -68,6 +68,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include <vector>
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/random/random.h"
@@ -86,6 +87,7 @@
 #include "common/grpc_status.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
+#include "common/problems.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/admin_commands.h"
@@ -106,7 +108,8 @@ ABSL_FLAG(std::string, cluster_dir, "",
 ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
 ABSL_FLAG(bool, dry_run, false,
           "submit: run every admission check and print what Loom would use (values filled in, "
-          "warnings, the resolved DeepSpeed config) without creating the job");
+          "warnings, the resolved DeepSpeed config) without creating the job (also spelled "
+          "--dry-run)");
 ABSL_FLAG(std::string, request_id, "",
           "submit: idempotency key (default: a random one per invocation, reused by its retries)");
 ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
@@ -162,6 +165,21 @@ int Fail(const absl::Status& s) {
   // Servers' messages quote what users sent (names, paths): escaped like everything printed.
   std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
                TerminalSafe(s.message()).c_str());
+  // A refused submission's problems (common/problems.h, from the gRPC status details: all of
+  // them, even where the message was cut to fit gRPC's trailer): one line each.
+  if (s.GetPayload(loom::kBadRequestTypeUrl).has_value()) {
+    const std::vector<loom::Problem> problems = loom::ProblemsOf(s);
+    if (problems.size() > 1) {
+      std::fprintf(stderr, "loomctl: %s: %zu problems:\n",
+                   absl::StatusCodeToString(s.code()).c_str(), problems.size());
+      for (const loom::Problem& p : problems) {
+        std::fprintf(stderr, "  %s\n",
+                     TerminalSafe(p.path.empty() ? p.what : absl::StrCat(p.path, ": ", p.what))
+                         .c_str());
+      }
+      return static_cast<int>(s.code());
+    }
+  }
   return static_cast<int>(s.code());
 }
 
@@ -428,7 +446,7 @@ int main(int argc, char** argv) {
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
   std::vector<std::string> renamed_flags;
-  loom::cli::NormalizeDeepSpeedFlag(argc, argv, &renamed_flags);
+  loom::cli::NormalizeDashedFlags(argc, argv, &renamed_flags);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());

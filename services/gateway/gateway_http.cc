@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_credentials.h"
+#include "common/problems.h"
 #include "common/utf8.h"
 #include "services/gateway/gateway.h"
 
@@ -142,9 +144,22 @@ void WriteMessage(httplib::Response& res, const google::protobuf::Message& m) {
 void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf::Message& resp) {
   if (s.ok()) {
     WriteMessage(res, resp);
-  } else {
-    WriteError(res, s.error_code(), s.error_message());
+    return;
   }
+  nlohmann::json body = ErrorJson(s.error_code(), s.error_message());
+  // A refusal with problems (a submission's, common/problems.h) lists each, as google.rpc's
+  // BadRequest FieldViolation in its JSON form: {"field": ..., "description": ...}.
+  if (std::optional<std::string> bad_request = BadRequestOfRpcStatus(s.error_details())) {
+    if (std::optional<std::vector<Problem>> problems = DecodeBadRequest(*bad_request)) {
+      nlohmann::json details = nlohmann::json::array();
+      for (const Problem& p : *problems) {
+        details.push_back({{"field", p.path}, {"description", p.what}});
+      }
+      body["details"] = std::move(details);
+    }
+  }
+  res.status = HttpStatusFromGrpc(s.error_code());
+  res.set_content(SafeDump(body), kJson);
 }
 
 bool ParseBody(const std::string& json, google::protobuf::Message* m, httplib::Response& res,

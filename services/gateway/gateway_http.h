@@ -71,7 +71,9 @@ void WriteError(httplib::Response& res, grpc::StatusCode code, const std::string
 std::string MessageJson(const google::protobuf::Message& m);
 // 200 with MessageJson(m) (500 INTERNAL if it cannot be encoded).
 void WriteMessage(httplib::Response& res, const google::protobuf::Message& m);
-// `resp` if `s` is OK, else the error of `s`.
+// `resp` if `s` is OK, else the error of `s`; when its status details hold a google.rpc.BadRequest
+// (a refused submission's problems, common/problems.h), the body also has "details": [{"field":
+// <path>, "description": <what>}, ...], one per problem.
 void Reply(httplib::Response& res, const grpc::Status& s, const google::protobuf::Message& resp);
 
 // Parses `json` ("" = {}) into `m`; unknown fields are an error. On failure answers 400

@@ -75,6 +75,44 @@ TEST_F(GatewayClusterTest, SubmitGetListAndCancelOverJson) {
   EXPECT_EQ(running["jobs"], json::array()) << running;
 }
 
+// Issue 47: a spec with five independent mistakes is refused once, through the real scheduler's
+// gRPC server, with every problem in the message and in "details" (google.rpc.BadRequest's field
+// violations, carried in the gRPC status details). A dry run (validate_only) answers the same.
+TEST_F(GatewayClusterTest, ARefusedSubmissionListsEveryProblem) {
+  loom::v1::SubmitJobRequest bad;
+  *bad.mutable_spec() = TestJobSpecWithRanks(1);
+  loom::v1::JobSpec& spec = *bad.mutable_spec();
+  spec.mutable_resources()->set_num_ranks(0);
+  (*spec.mutable_model()->mutable_config()->mutable_fields())["num_attention_heads"]
+      .set_number_value(0);
+  spec.mutable_training()->set_steps(0);
+  auto& ds = *spec.mutable_deepspeed_config()->mutable_fields();
+  ds["gradient_clippping"].set_number_value(1.0);
+  (*ds["fp16"].mutable_struct_value()->mutable_fields())["auto_cast"].set_bool_value(true);
+  for (bool dry_run : {false, true}) {
+    bad.set_validate_only(dry_run);
+    std::string body;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(bad, &body).ok());
+    auto [code, err] = Call("POST", "/v1/jobs", kTeamA, body);
+    EXPECT_EQ(code, 400) << err;
+    EXPECT_EQ(err["status"], "INVALID_ARGUMENT");
+    EXPECT_EQ(err["message"].get<std::string>().rfind("5 problems:\n", 0), 0u) << err;
+    ASSERT_TRUE(err.contains("details")) << err;
+    std::vector<std::string> fields;
+    for (const json& d : err["details"]) fields.push_back(d["field"]);
+    EXPECT_EQ(fields, (std::vector<std::string>{
+                          "resources.num_ranks", "model.config.num_attention_heads",
+                          "training.steps", "deepspeed_config.gradient_clippping",
+                          "deepspeed_config.fp16.auto_cast"}))
+        << err;
+    EXPECT_EQ(err["details"][3]["description"], "unknown key (did you mean gradient_clipping?)");
+  }
+  // Other errors have no details.
+  auto [nf_code, nf] = Call("GET", "/v1/jobs/job-nope", kTeamA);
+  EXPECT_EQ(nf_code, 404);
+  EXPECT_FALSE(nf.contains("details")) << nf;
+}
+
 TEST_F(GatewayClusterTest, ErrorsCarryTheGrpcCodeAndMatchingHttpStatus) {
   auto [nf_code, nf] = Call("GET", "/v1/jobs/job-nope", kTeamA);
   EXPECT_EQ(nf_code, 404);

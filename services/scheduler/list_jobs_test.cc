@@ -73,7 +73,8 @@ class ListJobsTest : public ::testing::Test {
     spec.set_name(name);
     spec.mutable_dataset()->set_name("");
     spec.mutable_dataset()->set_path(path);
-    auto& notes = (*spec.mutable_model()->mutable_config()->mutable_fields())["notes"];
+    // The filler: a key transformers writes and Loom accepts unread (an unknown one is refused).
+    auto& notes = (*spec.mutable_model()->mutable_config()->mutable_fields())["_name_or_path"];
     notes.set_string_value(std::string(kMaxJobSpecBytes - spec.ByteSizeLong() - 16, 'n'));
     while (spec.ByteSizeLong() < kMaxJobSpecBytes) notes.mutable_string_value()->push_back('n');
     while (spec.ByteSizeLong() > kMaxJobSpecBytes) notes.mutable_string_value()->pop_back();
@@ -157,16 +158,19 @@ TEST_F(ListJobsTest, DeepConfigsAreRefusedAndListingStaysEncodable) {
   };
   loom::v1::SubmitJobRequest req;
   *req.mutable_spec() = ValidTestJobSpec();
-  (*req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields())["deep"] = nested(30);
+  // Under a key transformers writes (a dict) and Loom accepts unread: an unknown key would be
+  // refused for itself.
+  auto& config = *req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields();
+  config["task_specific_params"] = nested(30);
   loom::v1::SubmitJobResponse resp;
   grpc::Status s = jobs_->SubmitJob(Ctx().get(), req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_EQ(s.error_message().rfind("model.config.deep.k.k", 0), 0u) << s.error_message();
+  EXPECT_EQ(s.error_message().rfind("model.config.task_specific_params.k.k", 0), 0u)
+      << s.error_message();
   EXPECT_NE(s.error_message().find("16 levels"), std::string::npos) << s.error_message();
 
   // The deepest config admitted still lists, and encodes as JSON as the gateway does.
-  (*req.mutable_spec()->mutable_model()->mutable_config()->mutable_fields())["deep"] =
-      nested(kMaxConfigDepth - 1);
+  config["task_specific_params"] = nested(kMaxConfigDepth - 1);
   s = jobs_->SubmitJob(Ctx().get(), req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   loom::v1::ListJobsResponse list;

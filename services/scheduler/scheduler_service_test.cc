@@ -162,7 +162,8 @@ TEST_F(SchedulerServiceTest, InvalidSpecsAreRejectedNamingTheField) {
   google::protobuf::Value gpt2_type;
   gpt2_type.set_string_value("gpt2");
   (*gpt2.mutable_model()->mutable_config()->mutable_fields())["model_type"] = gpt2_type;
-  ExpectInvalid(gpt2, "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)");
+  ExpectInvalid(gpt2, "model.config.model_type: \"gpt2\" is not supported (supported: llama, "
+                      "qwen2, qwen3, mistral)");
 
   JobSpec unknown_ds_key = ValidTestJobSpec();
   // A top-level key DeepSpeed does not read is a warning (as in DeepSpeed); one that looks like a

@@ -120,6 +120,8 @@ absl::StatusOr<EngineOptions> EngineOptionsFromJobSpec(const loom::v1::JobSpec& 
                    absl::StrCat(o.sequence_length, " is not in [2, max_position_embeddings ",
                                 o.model.max_position_embeddings, "]"));
   }
+  RETURN_IF_ERROR(spec::CheckModelConfigForSequenceLength(o.model, o.sequence_length,
+                                                          o.ds.sequence_parallel_size));
   RETURN_IF_ERROR(spec::ValidateSequenceParallel(o.model.num_attention_heads,  // Ulysses (issue 13)
                                            o.model.num_key_value_heads, o.sequence_length,
                                            o.ds.sequence_parallel_size));

@@ -70,7 +70,8 @@ TEST(TrainerErrorsTest, SpecFieldsOutsideTheSchemaAndUnsupportedModelTypesAreCon
        {std::tuple<const char*, const char*, const char*, const char*>{
             "misspelt", "training", R"({"stpes": "3"})", "stpes"},
         {"gpt2", "model", R"({"model_type": "gpt2"})",
-         "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2)"}}) {
+         "model.config.model_type: \"gpt2\" is not supported (supported: llama, qwen2, qwen3, "
+         "mistral)"}}) {
     json spec = json::parse(*ReadText(WriteSpec(name, 2, 3)));
     if (std::string(key) == "model") {
       spec["model"]["config"].update(json::parse(value));

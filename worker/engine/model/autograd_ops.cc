@@ -53,8 +53,10 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
 
 struct EmbeddingFn : public torch::autograd::Function<EmbeddingFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& ids,
-                            const at::Tensor& anchor, ParamAccess* m, int64_t i) {
+                            const at::Tensor& anchor, ParamAccess* m, int64_t i,
+                            int64_t padding_idx) {
     SaveHandles(ctx, m, i);
+    ctx->saved_data["padding_idx"] = padding_idx;
     ctx->save_for_backward({ids});
     std::vector<int64_t> shape = ids.sizes().vec();
     shape.push_back(m->spec(i).shape[1]);
@@ -74,12 +76,14 @@ struct EmbeddingFn : public torch::autograd::Function<EmbeddingFn> {
     at::Tensor dst = m->GradDestination(i, at::kFloat);
     at::Tensor dw = dst.defined() ? dst.zero_() : at::zeros(spec.shape, at::kFloat);
     dw.index_add_(0, ids.reshape({-1}), grads[0].reshape({-1, hidden}).to(at::kFloat));
+    const int64_t padding_idx = ctx->saved_data["padding_idx"].toInt();
+    if (padding_idx >= 0) dw[padding_idx].zero_();
     if (dst.defined()) {
       m->CommitGrad(i);
     } else {
       m->AddGrad(i, dw);
     }
-    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -120,8 +124,9 @@ at::Tensor LinearOp(ParamAccess* access, ParamId i, const at::Tensor& x) {
   return LinearFn::apply(x, access->anchor(), access, static_cast<int64_t>(i));
 }
 
-at::Tensor EmbeddingOp(ParamAccess* access, ParamId i, const at::Tensor& ids) {
-  return EmbeddingFn::apply(ids, access->anchor(), access, static_cast<int64_t>(i));
+at::Tensor EmbeddingOp(ParamAccess* access, ParamId i, const at::Tensor& ids,
+                       int64_t padding_idx) {
+  return EmbeddingFn::apply(ids, access->anchor(), access, static_cast<int64_t>(i), padding_idx);
 }
 
 at::Tensor RmsNormOp(ParamAccess* access, ParamId i, const at::Tensor& x, double eps) {

@@ -19,8 +19,10 @@ namespace loom::engine {
 at::Tensor LinearOp(ParamAccess* access, ParamId i, const at::Tensor& x);
 
 // Token embedding: ids [...] int64 -> rows of W = param i [V, H] -> [..., H] in the activation
-// dtype. Backward: dW = index_add of the fp32 dy rows at the ids.
-at::Tensor EmbeddingOp(ParamAccess* access, ParamId i, const at::Tensor& ids);
+// dtype. Backward: dW = index_add of the fp32 dy rows at the ids, with row padding_idx (when
+// >= 0) left zero, as torch.nn.Embedding(padding_idx) does (transformers passes pad_token_id).
+at::Tensor EmbeddingOp(ParamAccess* access, ParamId i, const at::Tensor& ids,
+                       int64_t padding_idx = -1);
 
 // RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm), statistics in fp32, weight = param i [H]:
 //   y = w * (x * rsqrt(mean(x^2, -1) + eps)).  x [..., H] -> y [..., H], x's dtype.

@@ -51,16 +51,41 @@ class FullLogitsLoss : public LossHead {
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double theta,
+std::pair<at::Tensor, at::Tensor> RopeTables(const spec::LlamaConfig& config, int64_t seq,
                                              const at::Tensor& positions) {
-  at::Tensor exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) /
-                         static_cast<double>(head_dim);
-  at::Tensor inv_freq = 1.0 / at::pow(theta, exponents);  // fp32, as HF computes it
+  const spec::RopeType type = config.rope_scaling.rope_type;
+  int64_t rope_len = seq;  // transformers' seq_len = max(position_ids) + 1
+  if (positions.defined() && positions.numel() > 0 &&
+      (type == spec::RopeType::kDynamic || type == spec::RopeType::kLongrope)) {
+    rope_len = positions.max().item<int64_t>() + 1;
+  }
+  const spec::RopeFrequencies f =
+      spec::ComputeRopeFrequencies(config.rope_theta, config.rope_scaling, config.head_dim(),
+                                   config.max_position_embeddings, rope_len);
+  at::Tensor inv_freq;  // [d/2] fp32
+  if (type == spec::RopeType::kDefault) {
+    // Bit for bit what transformers' compute_default_rope_parameters computes (fp32 pow).
+    const int64_t d = config.head_dim();
+    inv_freq = 1.0 / at::pow(config.rope_theta,
+                             at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d));
+  } else {
+    inv_freq = at::tensor(at::ArrayRef<double>(f.inv_freq), at::kDouble).to(at::kFloat);
+  }
   at::Tensor t = positions.defined() ? positions.reshape({-1}).to(at::kFloat)
                                      : at::arange(seq, at::kLong).to(at::kFloat);
-  at::Tensor freqs = at::outer(t, inv_freq);  // [seq, d/2]
+  at::Tensor freqs = at::outer(t, inv_freq.to(t.device()));  // [seq, d/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos(), emb.sin()};
+  if (f.attention_scaling == 1.0) return {emb.cos(), emb.sin()};
+  return {emb.cos() * f.attention_scaling, emb.sin() * f.attention_scaling};
+}
+
+std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double theta,
+                                             const at::Tensor& positions) {
+  spec::LlamaConfig config;
+  config.explicit_head_dim = head_dim;
+  config.rope_theta = theta;
+  config.max_position_embeddings = seq;
+  return RopeTables(config, seq, positions);
 }
 
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -127,6 +152,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const spec::Llama
                           bound.at(p + "post_attention_layernorm.weight"),
                           bound.at(p + "mlp.gate_proj.weight"), bound.at(p + "mlp.up_proj.weight"),
                           bound.at(p + "mlp.down_proj.weight")});
+    if (config.qk_norm()) {
+      DecoderLayer& layer = m->layers_.back();
+      layer.q_norm = bound.at(p + "self_attn.q_norm.weight");
+      layer.k_norm = bound.at(p + "self_attn.k_norm.weight");
+    }
     if (config.qkv_bias()) {
       DecoderLayer& layer = m->layers_.back();
       layer.q_bias = bound.at(p + "self_attn.q_proj.bias");
@@ -203,8 +233,14 @@ at::Tensor LlamaModel::Layer(const DecoderLayer& l, const at::Tensor& h_in, cons
   const int64_t hkv = config_.num_key_value_heads;
   at::Tensor h = h_in;
   at::Tensor x = Norm(h, l.input_norm);
-  at::Tensor q = Linear(x, l.q, l.q_bias).view({b, s, hq, d}).transpose(1, 2);   // [B,Hq,S,d]
-  at::Tensor k = Linear(x, l.k, l.k_bias).view({b, s, hkv, d}).transpose(1, 2);  // [B,Hkv,S,d]
+  at::Tensor q = Linear(x, l.q, l.q_bias).view({b, s, hq, d});  // [B,S,Hq,d]
+  at::Tensor k = Linear(x, l.k, l.k_bias).view({b, s, hkv, d});
+  if (l.q_norm != kNoParam) {  // Qwen3: RMSNorm over each head's d features
+    q = Norm(q, l.q_norm);
+    k = Norm(k, l.k_norm);
+  }
+  q = q.transpose(1, 2);  // [B,Hq,S,d]
+  k = k.transpose(1, 2);  // [B,Hkv,S,d]
   at::Tensor v = Linear(x, l.v, l.v_bias).view({b, s, hkv, d}).transpose(1, 2);
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
@@ -226,14 +262,14 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& ids, const std::vector<int64_t>*
   AttentionMask mask;
   mask.document_ids = document_ids;
   if (positions.defined()) {
-    auto tables = RopeTables(s, config_.head_dim(), config_.rope_theta, positions);
+    auto tables = RopeTables(config_, s, positions);
     cos = tables.first.to(act);
     sin = tables.second.to(act);
     mask.positions = positions.reshape({-1});
   } else {
     auto it = rope_cache_.find(s);
     if (it == rope_cache_.end()) {
-      auto tables = RopeTables(s, config_.head_dim(), config_.rope_theta);
+      auto tables = RopeTables(config_, s);
       it = rope_cache_.emplace(s, std::make_pair(tables.first.to(act), tables.second.to(act)))
                .first;
     }
@@ -242,7 +278,7 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& ids, const std::vector<int64_t>*
     mask.positions = at::arange(s, at::kLong);
   }
   access_->NoteUse(embed_);
-  at::Tensor h = EmbeddingOp(access_, embed_, ids);  // [B,S,H]
+  at::Tensor h = EmbeddingOp(access_, embed_, ids, config_.pad_token_id);  // [B,S,H]
   if (layer_order != nullptr) {
     for (int64_t l : *layer_order) h = Layer(layers_.at(static_cast<size_t>(l)), h, cos, sin, mask);
   } else {

@@ -1,12 +1,15 @@
 // A Llama decoder (Hugging Face LlamaForCausalLM semantics; with config.model_type qwen2,
-// Qwen2ForCausalLM: the same decoder plus q/k/v projection biases) written against ParamAccess: it
+// Qwen2ForCausalLM: the same decoder plus q/k/v projection biases; qwen3, Qwen3ForCausalLM: plus
+// an RMSNorm over each head of q and k before RoPE; mistral, MistralForCausalLM whose window does
+// not bind: the Llama decoder) written against ParamAccess: it
 // holds no parameters and no ZeRO code; parameters are bound BY NAME from the provider's
 // parameter table (LlamaParamSpecs names, e.g. "model.layers.3.self_attn.q_proj.weight").
 // Parallelism (ZeRO stages 0-3: worker/engine/zero) is the provider's business.
 //
 // Modules: embedding -> DecoderLayer x L (RMSNorm, attention with a pluggable AttentionCore,
 // RMSNorm, SwiGLU MLP; residuals) -> final RMSNorm -> head. Qwen2 adds q/k/v = x W^T + b
-// (model/bias_op.h) before RoPE; nothing else differs. The head is either the logits head
+// (model/bias_op.h) before RoPE; Qwen3 q = q_norm(q), k = k_norm(k) on [B,S,heads,d] before
+// RoPE (transformers' Qwen3Attention); nothing else differs. The head is either the logits head
 // (Forward: [B,S,V]) or a LossHead (Loss: cross-entropy from hidden states and labels), so a
 // tiled logits+loss (ALST, issue 13) can replace the loss without materialising [B,S,V].
 //
@@ -36,8 +39,16 @@
 
 namespace loom::engine {
 
-// RoPE tables (HF LlamaRotaryEmbedding): cos, sin [S, d] fp32 for the positions
-// (default 0..S-1) with inv_freq = 1 / theta^(arange(0, d, 2) / d), emb = cat(freqs, freqs).
+// RoPE tables (HF LlamaRotaryEmbedding.forward): cos, sin [S, d] fp32 for the positions
+// (default 0..S-1): freqs = positions x inv_freq, emb = cat(freqs, freqs), cos = cos(emb) *
+// attention_scaling, sin likewise. inv_freq and attention_scaling: spec::ComputeRopeFrequencies
+// (every rope_scaling type; float64, rounded to fp32; "default" in fp32 exactly as transformers'
+// compute_default_rope_parameters) for a sequence of max(positions) + 1
+// positions (S by default), as transformers' dynamic_rope_update takes max(position_ids) + 1
+// (under sequence parallelism, each shard's own positions, as in transformers).
+std::pair<at::Tensor, at::Tensor> RopeTables(const spec::LlamaConfig& config, int64_t seq,
+                                             const at::Tensor& positions = at::Tensor());
+// The same without scaling (rope_type "default") for head_dim and theta.
 std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double theta,
                                              const at::Tensor& positions = at::Tensor());
 // x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) on the last dim.
@@ -146,6 +157,7 @@ class LlamaModel {
   struct DecoderLayer {
     ParamId input_norm, q, k, v, o, post_norm, gate, up, down;
     ParamId q_bias = kNoParam, k_bias = kNoParam, v_bias = kNoParam;  // Qwen2 only
+    ParamId q_norm = kNoParam, k_norm = kNoParam;                     // Qwen3 only
   };
   LlamaModel(const spec::LlamaConfig& config, ParamAccess* access);
   // NoteUse(i) as the current phase wants it: as is; forced on (the no-grad forward of a

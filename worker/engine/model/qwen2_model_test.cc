@@ -1,7 +1,8 @@
 // Qwen2 (Llama + q/k/v projection biases, model_type "qwen2") through LlamaModel on ZeRO
 // stages 0-3 on a 2-rank Gloo thread gang: the loss and every gradient (biases included) equal a
 // plain LibTorch autograd Qwen2ForCausalLM forward written here, over the same initial weights,
-// looked up by Hugging Face name. Also: a Qwen2 model over a Llama parameter table is refused.
+// looked up by Hugging Face name (tied: with a pad_token_id, torch's embedding padding_idx as the
+// reference). Also: a Qwen2 model over a Llama parameter table is refused.
 #include <ATen/ATen.h>
 #include <torch/nn/functional/embedding.h>
 #include <torch/nn/functional/loss.h>
@@ -50,7 +51,10 @@ at::Tensor ReferenceLoss(const spec::LlamaConfig& c, std::map<std::string, at::T
     at::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);
     return x * emb.cos() + at::cat({-x2, x1}, -1) * emb.sin();
   };
-  at::Tensor h = torch::nn::functional::embedding(ids, w.at("model.embed_tokens.weight"));
+  torch::nn::functional::EmbeddingFuncOptions embedding_options;
+  if (c.pad_token_id >= 0) embedding_options.padding_idx(c.pad_token_id);
+  at::Tensor h = torch::nn::functional::embedding(ids, w.at("model.embed_tokens.weight"),
+                                                  embedding_options);
   at::Tensor mask = at::ones({s, s}, at::kBool).tril().logical_not();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -130,10 +134,16 @@ class Qwen2ZeroTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(Qwen2ZeroTest, TwoRankLossAndGradientsMatchPlainAutograd) {
   const auto [tied, stage] = GetParam();
-  const spec::LlamaConfig c = TinyQwen2(tied);
+  spec::LlamaConfig c = TinyQwen2(tied);
   at::manual_seed(5);
   at::Tensor ids = at::randint(0, c.vocab_size, {4, 10}, at::kLong);
   at::Tensor labels = at::randint(0, c.vocab_size, {4, 10}, at::kLong);
+  if (tied) {
+    // pad_token_id, on both ranks' halves: as nn.Embedding(padding_idx), its row gets no gradient
+    // from the embedding path, only from the tied head (so an unmasked row would differ).
+    c.pad_token_id = ids[0][0].item<int64_t>();
+    ids[3][0] = c.pad_token_id;
+  }
 
   // Reference weights: the same ParamInit through the replicated provider, then plain autograd.
   const std::vector<spec::ParamSpec> specs = spec::LlamaParamSpecs(c);
