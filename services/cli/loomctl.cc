@@ -8,6 +8,8 @@
 //                                         Loom fills in, the warnings, the resolved DeepSpeed config
 //   loomctl resolve JOB.yaml [--json]     offline: the DeepSpeed config Loom will use ("auto"
 //                                         and Hugging Face Trainer defaults filled in, each said)
+//   loomctl plan JOB.yaml [--json]        offline: predicted per-rank host/device/NVMe memory,
+//                                         term by term with formulas (spec/memory_plan.h)
 //   loomctl get JOB_ID [--json]           show one job
 //   loomctl list [--phase=RUNNING] [--limit=N]
 //                                         list jobs (every page of ListJobs, or the first N)
@@ -66,9 +68,9 @@
 #include <cstdlib>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
-#include <vector>
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/random/random.h"
@@ -85,9 +87,9 @@
 #include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
 #include "common/grpc_status.h"
+#include "common/problems.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
-#include "common/problems.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/admin_commands.h"
@@ -95,6 +97,7 @@
 #include "services/cli/deepspeed_command.h"
 #include "services/cli/job_printing.h"
 #include "services/cli/job_spec_yaml.h"
+#include "services/cli/plan_command.h"
 #include "services/cli/resolve_command.h"
 #include "services/cli/cluster_address.h"
 #include "services/cli/terminal_text.h"
@@ -162,9 +165,6 @@ using loom::cli::TerminalSafe;
 using loom::v1::Job;
 
 int Fail(const absl::Status& s) {
-  // Servers' messages quote what users sent (names, paths): escaped like everything printed.
-  std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
-               TerminalSafe(s.message()).c_str());
   // A refused submission's problems (common/problems.h, from the gRPC status details: all of
   // them, even where the message was cut to fit gRPC's trailer): one line each.
   if (s.GetPayload(loom::kBadRequestTypeUrl).has_value()) {
@@ -180,6 +180,9 @@ int Fail(const absl::Status& s) {
       return static_cast<int>(s.code());
     }
   }
+  // Servers' messages quote what users sent (names, paths): escaped like everything printed.
+  std::fprintf(stderr, "loomctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+               TerminalSafe(s.message()).c_str());
   return static_cast<int>(s.code());
 }
 
@@ -441,7 +444,7 @@ loom::cli::CheckpointCommandContext CheckpointContext() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loomctl <submit FILE.yaml|resolve FILE.yaml|get ID|list|cancel ID|kill ID|wait ID|watch ID|logs ID|"
+      "loomctl <submit FILE.yaml|resolve FILE.yaml|plan FILE.yaml|get ID|list|cancel ID|kill ID|wait ID|watch ID|logs ID|"
       "explain ID|checkpoints ID|"
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
@@ -477,6 +480,10 @@ int main(int argc, char** argv) {
   if (cmd == "resolve") {  // offline
     if (!need_arg("JOB.yaml")) return 2;
     return loom::cli::RunResolve(arg, absl::GetFlag(FLAGS_json));
+  }
+  if (cmd == "plan") {  // offline
+    if (!need_arg("JOB.yaml")) return 2;
+    return loom::cli::RunPlan(arg, absl::GetFlag(FLAGS_json));
   }
   if (loom::IsAdminCommand(cmd)) {
     auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");

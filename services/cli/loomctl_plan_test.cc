@@ -1,0 +1,159 @@
+// `loomctl plan JOB.yaml [--json]` runs offline and prints, per place, every term of
+// spec/memory_plan.h's plan for the spec (bytes as PlanRankMemory computes them) and their total;
+// a refused spec exits 3 naming the field. The real loomctl binary on the README's example job
+// (CPU ranks) and on an accelerator job with offload to NVMe (host, device and NVMe tables).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_util.h"
+#include "services/cli/job_spec_yaml.h"
+#include "spec/memory_plan.h"
+#include "tests/testing/subprocess.h"
+
+namespace loom {
+namespace {
+
+struct CliRun {
+  int code;
+  std::string output;  // stdout and stderr
+};
+
+CliRun Loomctl(const std::vector<std::string>& args) {
+  static int n = 0;
+  const std::string log = absl::StrCat(std::getenv("TEST_TMPDIR"), "/loomctl_plan_", n++, ".log");
+  std::vector<std::string> argv = {testing::RunfilePath("services/cli/loomctl")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--cluster_dir=/nonexistent");  // plan must not need the service
+  auto p = testing::Subprocess::Start(argv, log);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return {-1, ""};
+  const int status = p->Wait(absl::Seconds(30));
+  return {testing::ExitCode(status), *ReadFile(log)};
+}
+
+spec::RankMemoryPlan PlanOf(const std::string& path) {
+  absl::StatusOr<v1::JobSpec> job = cli::ReadJobSpecFile(path);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return {};
+  absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(*job);
+  EXPECT_TRUE(in.ok()) << in.status();
+  if (!in.ok()) return {};
+  absl::StatusOr<spec::RankMemoryPlan> plan = spec::PlanRankMemory(*in);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *plan : spec::RankMemoryPlan{};
+}
+
+// Every term of `terms` is a line "  <name> <bytes> <size> <formula>" of the text output, and the
+// place's "total" line carries their sum (added here, not read from the plan).
+void ExpectPlaceInText(const std::string& text, const std::string& title,
+                       const std::vector<spec::MemoryTerm>& terms) {
+  const size_t start = text.find(title + "\n");
+  ASSERT_NE(start, std::string::npos) << title << " missing:\n" << text;
+  int64_t sum = 0;
+  for (const spec::MemoryTerm& t : terms) {
+    const std::string line = absl::StrFormat("  %-36s %16d  %10s  ", t.name, t.bytes,
+                                             spec::FormatBytes(t.bytes));
+    EXPECT_NE(text.find(line, start), std::string::npos) << "no line '" << line << "':\n" << text;
+    sum += t.bytes;
+  }
+  ASSERT_FALSE(terms.empty()) << title;
+  EXPECT_NE(text.find(absl::StrFormat("  %-36s %16d", "total", sum), start), std::string::npos)
+      << title << " total " << sum << ":\n"
+      << text;
+}
+
+void ExpectPlaceInJson(const nlohmann::json& place, const std::vector<spec::MemoryTerm>& terms) {
+  ASSERT_EQ(place["terms"].size(), terms.size()) << place.dump(1);
+  int64_t sum = 0;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    EXPECT_EQ(place["terms"][i]["name"], terms[i].name);
+    EXPECT_EQ(place["terms"][i]["bytes"].get<int64_t>(), terms[i].bytes) << terms[i].name;
+    EXPECT_EQ(place["terms"][i]["formula"], terms[i].formula);
+    sum += terms[i].bytes;
+  }
+  EXPECT_EQ(place["total_bytes"].get<int64_t>(), sum);
+}
+
+nlohmann::json JsonOf(const std::string& output) {
+  const size_t a = output.find('{'), b = output.rfind('}');
+  if (a == std::string::npos || b == std::string::npos) return nlohmann::json();
+  return nlohmann::json::parse(output.substr(a, b - a + 1), nullptr, false);
+}
+
+TEST(LoomctlPlanTest, ExampleJobOnCpuRanks) {
+  const std::string path = testing::RunfilePath("examples/fortunes-llama/job.yaml");
+  const spec::RankMemoryPlan plan = PlanOf(path);
+  ASSERT_TRUE(plan.cpu_rank);
+  ASSERT_FALSE(plan.host.empty());
+  ASSERT_NE(plan.Find("parameters"), nullptr);
+
+  CliRun text = Loomctl({"plan", path});
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("per-rank memory plan: 2 ranks, ZeRO stage 3, CPU ranks"),
+            std::string::npos)
+      << text.output;
+  ExpectPlaceInText(text.output, "host memory per rank", plan.host);
+  EXPECT_EQ(text.output.find("device memory per rank"), std::string::npos) << text.output;
+
+  CliRun js = Loomctl({"plan", path, "--json"});
+  ASSERT_EQ(js.code, 0) << js.output;
+  const nlohmann::json j = JsonOf(js.output);
+  ASSERT_TRUE(j.is_object()) << js.output;
+  EXPECT_EQ(j["num_ranks"], 2);
+  EXPECT_EQ(j["cpu_rank"], true);
+  ExpectPlaceInJson(j["host"], plan.host);
+  EXPECT_TRUE(j["device"]["terms"].empty());
+}
+
+TEST(LoomctlPlanTest, AcceleratorJobWithNvmeOffloadHasThreeTables) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/gpu_job.yaml");
+  std::ofstream(path) << R"(name: nvme
+model:
+  config: {vocab_size: 32000, hidden_size: 1024, intermediate_size: 2816, num_hidden_layers: 8,
+           num_attention_heads: 16, num_key_value_heads: 4, max_position_embeddings: 2048}
+dataset: {name: fortunes, tokenizer: byte}
+deepspeed_config:
+  train_micro_batch_size_per_gpu: 1
+  bf16: {enabled: true}
+  zero_optimization:
+    stage: 3
+    offload_optimizer: {device: nvme, nvme_path: /local_nvme}
+resources: {num_ranks: 4, accelerator: h100}
+training: {steps: 10, sequence_length: 1024}
+)";
+  const spec::RankMemoryPlan plan = PlanOf(path);
+  ASSERT_FALSE(plan.cpu_rank);
+  CliRun text = Loomctl({"plan", path});
+  ASSERT_EQ(text.code, 0) << text.output;
+  ExpectPlaceInText(text.output, "host memory per rank", plan.host);
+  ExpectPlaceInText(text.output, "device memory per rank", plan.device);
+  ExpectPlaceInText(text.output, "NVMe per rank", plan.nvme);
+}
+
+TEST(LoomctlPlanTest, RefusedSpecNamesTheField) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/bad.yaml");
+  std::ofstream(path) << R"(name: bad
+model:
+  config: {vocab_size: 256, hidden_size: 64, intermediate_size: 160, num_hidden_layers: 2,
+           num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64}
+dataset: {name: fortunes, tokenizer: byte}
+deepspeed_config: {train_micro_batch_size_per_gpu: 2, sequence_parallel_size: 3}
+resources: {num_ranks: 2}
+training: {steps: 10, sequence_length: 32}
+)";
+  CliRun bad = Loomctl({"plan", path});
+  EXPECT_EQ(bad.code, 3) << bad.output;
+  EXPECT_NE(bad.output.find("sequence_parallel_size"), std::string::npos) << bad.output;
+  CliRun missing = Loomctl({"plan"});
+  EXPECT_EQ(missing.code, 2) << missing.output;
+}
+
+}  // namespace
+}  // namespace loom
