@@ -100,6 +100,7 @@
 #include "services/cli/plan_command.h"
 #include "services/cli/resolve_command.h"
 #include "services/cli/cluster_address.h"
+#include "services/cli/follow_commands.h"
 #include "services/cli/terminal_text.h"
 #include "services/cli/wait_interrupt.h"
 
@@ -264,11 +265,6 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   return loom::CreateReconnectingChannel(address, Credentials(), max_backoff);
 }
 
-bool Terminal(loom::v1::JobPhase p) {
-  return p == loom::v1::JOB_PHASE_SUCCEEDED || p == loom::v1::JOB_PHASE_FAILED ||
-         p == loom::v1::JOB_PHASE_CANCELLED;
-}
-
 std::string ToJson(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions o;
@@ -278,151 +274,26 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-// Ctrl-C under wait (services/cli/wait_interrupt.h): cancel the job or say how to come back.
-int Interrupted(loom::v1::JobService::Stub& stub, const std::string& id,
-                loom::cli::OnInterrupt mode, loom::v1::JobPhase phase) {
-  if (!loom::cli::ShouldCancelOnInterrupt(mode, id)) {
-    std::fprintf(stderr, "%s\n", loom::cli::DetachedMessage(id, PhaseName(phase)).c_str());
-    return loom::cli::kInterruptedExitCode;
-  }
-  loom::v1::CancelJobRequest req;
-  req.set_job_id(id);
-  Job job;
-  grpc::Status s = stub.CancelJob(Context().get(), req, &job);
-  if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-  std::fprintf(stderr, "loomctl: cancelling %s (%s: %s); `loomctl wait %s` follows it to the end\n",
-               id.c_str(), PhaseName(job.phase()).c_str(), TerminalSafe(job.message()).c_str(),
-               id.c_str());
-  return loom::cli::kInterruptedExitCode;
+
+// The follow commands' context (services/cli/follow_commands.h): --timeout / --stream_timeout
+// and the bearer token.
+loom::cli::FollowContext Follow() {
+  loom::cli::FollowContext f;
+  f.unary = [] { return Context(); };
+  f.stream = [] { return StreamContext(); };
+  f.fail = Fail;
+  return f;
 }
 
-int Wait(loom::v1::JobService::Stub& stub, const std::string& id) {
+// `loomctl wait ID` and `submit --wait`.
+int WaitFor(loom::v1::JobService::Stub& stub, const std::string& id) {
   absl::StatusOr<loom::cli::OnInterrupt> on_interrupt =
       loom::cli::ParseOnInterrupt(absl::GetFlag(FLAGS_on_interrupt));
   if (!on_interrupt.ok()) return Fail(on_interrupt.status());
-  loom::cli::InstallInterruptFlag();
-  absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_wait_timeout);
-  int64_t last_step = -1;
-  int64_t last_eval_step = -1;
-  loom::v1::JobPhase last_phase = loom::v1::JOB_PHASE_UNSPECIFIED;
-  absl::Time last_error = absl::InfinitePast();
-  while (absl::Now() < deadline) {
-    if (loom::cli::Interrupted()) return Interrupted(stub, id, *on_interrupt, last_phase);
-    loom::v1::GetJobRequest req;
-    req.set_job_id(id);
-    Job job;
-    grpc::Status s = stub.GetJob(Context().get(), req, &job);
-    if (!s.ok()) {
-      absl::Status st = loom::FromGrpcStatus(s);
-      // A restarting scheduler cancels the calls in flight (CANCELLED; this client never
-      // cancels its own): retried like UNAVAILABLE. Returned, CANCELLED is gRPC code 1, which is
-      // also this command's "the job ended unsuccessfully" exit status.
-      if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st) && !absl::IsCancelled(st)) {
-        return Fail(st);
-      }
-      if (absl::Now() - last_error > absl::Seconds(10)) {
-        std::fprintf(stderr, "loomctl: scheduler unavailable, retrying: %s\n",
-                     s.error_message().c_str());
-        last_error = absl::Now();
-      }
-      absl::SleepFor(absl::Milliseconds(500));
-      continue;
-    }
-    if (job.phase() != last_phase) {
-      std::printf("[%s] %s %s%s%s\n", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
-                  id.c_str(), PhaseName(job.phase()).c_str(),
-                  job.message().empty() ? "" : ": ", TerminalSafe(job.message()).c_str());
-      last_phase = job.phase();
-    }
-    const auto& p = job.progress();
-    if (p.step() != last_step && p.step() > 0) {
-      std::printf("  step %5lld/%lld  loss %.4f  tokens/s %8.0f\n", static_cast<long long>(p.step()),
-                  static_cast<long long>(job.spec().training().steps()), p.loss(),
-                  p.tokens_per_second());
-      last_step = p.step();
-    }
-    if (p.has_eval_loss() && p.eval_step() != last_eval_step) {
-      std::printf("  held-out loss after step %lld: %.4f\n", static_cast<long long>(p.eval_step()),
-                  p.eval_loss());
-      last_eval_step = p.eval_step();
-    }
-    std::fflush(stdout);
-    if (Terminal(job.phase())) {
-      if (p.has_eval_loss()) {
-        std::printf("held-out loss: before %.4f  after %.4f\n", p.initial_eval_loss(), p.eval_loss());
-      }
-      return job.phase() == loom::v1::JOB_PHASE_SUCCEEDED ? 0 : 1;
-    }
-    absl::SleepFor(absl::Milliseconds(500));
-  }
-  return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " did not end in time")));
-}
-
-// `loomctl watch ID`: one line per WatchJob event.
-int Watch(loom::v1::JobService::Stub& stub, const std::string& id) {
-  loom::v1::WatchJobRequest req;
-  req.set_job_id(id);
-  auto ctx = StreamContext();
-  auto reader = stub.WatchJob(ctx.get(), req);
-  loom::v1::JobEvent event;
-  loom::v1::JobPhase last = loom::v1::JOB_PHASE_UNSPECIFIED;
-  std::string retention_error;  // the last one printed
-  while (reader->Read(&event)) {
-    const Job& job = event.job();
-    const auto& p = job.progress();
-    // History events (an ended job's past phase changes) carry their own time.
-    const absl::Time when =
-        event.has_time() ? absl::FromUnixSeconds(event.time().seconds()) : absl::Now();
-    std::string line = absl::StrFormat(
-        "[%s] %-12s %-10s step %lld/%lld", absl::FormatTime("%H:%M:%S", when, absl::LocalTimeZone()),
-        event.type(), PhaseName(job.phase()), static_cast<long long>(p.step()),
-        static_cast<long long>(p.total_steps()));  // events other than the Snapshot: no spec
-    if (p.step() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.4f", p.loss()));
-    if (p.last_checkpoint_step() > 0) {
-      absl::StrAppend(&line, " ckpt ", p.last_checkpoint_step());
-    }
-    if (!job.message().empty()) {
-      absl::StrAppend(&line, "  ", TerminalSafe(job.reason()), ": ", TerminalSafe(job.message()));
-    }
-    if (job.checkpoint_retention_error() != retention_error) {
-      retention_error = job.checkpoint_retention_error();
-      absl::StrAppend(&line, retention_error.empty()
-                                 ? "  checkpoint retention recovered"
-                                 : absl::StrCat("  checkpoint retention failed (retried): ",
-                                                TerminalSafe(retention_error)));
-    }
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    last = job.phase();
-  }
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-  return last == loom::v1::JOB_PHASE_SUCCEEDED ? 0 : 1;
-}
-
-// `loomctl logs ID`: the ranks' lines, prefixed with the rank.
-int Logs(loom::v1::JobService::Stub& stub, const std::string& id) {
-  loom::v1::StreamLogsRequest req;
-  req.set_job_id(id);
-  req.set_follow(absl::GetFlag(FLAGS_follow));
-  req.set_tail_lines(absl::GetFlag(FLAGS_tail));
-  for (const std::string& r : absl::GetFlag(FLAGS_rank)) {
-    int32_t rank = 0;
-    if (!absl::SimpleAtoi(r, &rank) || rank < 0) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--rank: '", r, "' is not a rank")));
-    }
-    req.add_ranks(rank);
-  }
-  auto ctx = StreamContext();
-  auto reader = stub.StreamLogs(ctx.get(), req);
-  loom::v1::LogLine line;
-  while (reader->Read(&line)) {
-    std::printf("[rank %d] %s\n", line.rank(), TerminalSafe(line.text()).c_str());
-    if (req.follow()) std::fflush(stdout);
-  }
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) return Fail(loom::FromGrpcStatus(s));
-  return 0;
+  loom::cli::WaitOptions options;
+  options.timeout = absl::GetFlag(FLAGS_wait_timeout);
+  options.on_interrupt = *on_interrupt;
+  return loom::cli::WaitForJob(stub, id, Follow(), options);
 }
 
 // `loomctl checkpoint verify PATH`: offline, through the library.
@@ -596,7 +467,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%s\n", resp.job().id().c_str());
     std::fflush(stdout);
-    if (absl::GetFlag(FLAGS_wait)) return Wait(*stub, resp.job().id());
+    if (absl::GetFlag(FLAGS_wait)) return WaitFor(*stub, resp.job().id());
     return 0;
   }
   if (cmd == "get") {
@@ -672,11 +543,15 @@ int main(int argc, char** argv) {
   }
   if (cmd == "watch") {
     if (!need_arg("JOB_ID")) return 2;
-    return Watch(*stub, arg);
+    return loom::cli::WatchJob(*stub, arg, Follow());
   }
   if (cmd == "logs") {
     if (!need_arg("JOB_ID")) return 2;
-    return Logs(*stub, arg);
+    loom::cli::LogsOptions logs;
+    logs.follow = absl::GetFlag(FLAGS_follow);
+    logs.tail = absl::GetFlag(FLAGS_tail);
+    logs.ranks = absl::GetFlag(FLAGS_rank);
+    return loom::cli::StreamLogs(*stub, arg, Follow(), logs);
   }
   if (cmd == "explain") {
     if (!need_arg("JOB_ID")) return 2;
@@ -698,7 +573,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "wait") {
     if (!need_arg("JOB_ID")) return 2;
-    return Wait(*stub, arg);
+    return WaitFor(*stub, arg);
   }
   std::fprintf(stderr, "loomctl: unknown command '%s'\n%s\n", cmd.c_str(),
                absl::ProgramUsageMessage().data());
