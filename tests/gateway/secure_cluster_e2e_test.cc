@@ -27,7 +27,11 @@ namespace {
 using ::loom::testing::Subprocess;
 using json = nlohmann::json;
 
-const std::string kSubmit = testing::TinySubmitJobJson("secure-tiny", 4);
+// 4 ranks on the cluster's one 1-slot worker: it stays queued (asked to wait for capacity, as a
+// gang larger than the nodes is otherwise refused at submission).
+const std::string kSubmit = absl::StrCat(
+    R"json({"waitForCapacity": true, "spec": )json",
+    testing::TinyJobSpecJson("secure-tiny", 4), "}");
 
 // "http://127.0.0.1:PORT/metrics" -> PORT
 int PortOf(const std::string& url) {
