@@ -317,15 +317,14 @@ void RankProcess::HandleEvent(const std::string& line) {
         stats_.superoffload_overlap_fraction = st.optimizer_overlap_fraction();
         stats_.superoffload_optimizer_work_seconds = st.optimizer_work_s();
       }
-      for (const auto& [kind, bytes] :
-           {std::pair<const char*, int64_t>{"param", st.param_bytes()},
-            {"grad", st.grad_bytes()},
-            {"optimizer_state", st.optimizer_state_bytes()},
-            {"buffer", st.buffer_bytes()},
-            {"cached", st.cached_bytes()},
-            {"peak", st.peak_bytes()}}) {
-        stats_.memory_bytes_by_kind[kind] = static_cast<double>(bytes);
-      }
+      stats_.memory_reported = true;
+      stats_.param_bytes = static_cast<double>(st.param_bytes());
+      stats_.grad_bytes = static_cast<double>(st.grad_bytes());
+      stats_.optimizer_state_bytes = static_cast<double>(st.optimizer_state_bytes());
+      stats_.buffer_peak_bytes = static_cast<double>(st.buffer_bytes());
+      stats_.cached_peak_bytes = static_cast<double>(st.cached_bytes());
+      stats_.activation_offload_peak_bytes = static_cast<double>(st.activation_offload_bytes());
+      stats_.memory_peak_bytes = static_cast<double>(st.peak_bytes());
       stats_.last_step_unix_seconds = now_unix_s;
       break;
     }

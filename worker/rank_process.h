@@ -20,7 +20,6 @@
 
 #include <sys/types.h>
 
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -93,9 +92,19 @@ struct RankStats {
   double superoffload_speculation_no_buffer = 0;  // not speculated: no NVMe swap buffers free
   double superoffload_overlap_fraction = 0;
   double superoffload_optimizer_work_seconds = 0;
-  // Per-kind peak memory of the last step (TrainerEvent.Step param_bytes, grad_bytes,
-  // optimizer_state_bytes, buffer_bytes, cached_bytes, peak_bytes -> "param", ...).
-  std::map<std::string, double> memory_bytes_by_kind;
+  // Memory of the last step, bytes (TrainerEvent.Step's memory fields: per-kind peaks, whose
+  // kinds are disjoint, and the peak of their sum). Parameters, gradients and optimizer state
+  // live through the step, so their peaks are their sizes and add up to the model-state
+  // footprint; buffers, cached buffers and offloaded activations come and go within it.
+  // memory_reported: a step event carried them (false before the first step).
+  bool memory_reported = false;
+  double param_bytes = 0;
+  double grad_bytes = 0;
+  double optimizer_state_bytes = 0;
+  double buffer_peak_bytes = 0;
+  double cached_peak_bytes = 0;
+  double activation_offload_peak_bytes = 0;
+  double memory_peak_bytes = 0;  // peak of the sum over kinds (what must fit)
 };
 
 // One running (or finished) trainer process. Thread-safe.

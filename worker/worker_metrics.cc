@@ -50,9 +50,41 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                  .Name("loom_trainer_step_seconds")
                  .Help("Wall time of the last optimizer step of the rank.")
                  .Register(registry)),
-      memory_bytes_(prometheus::BuildGauge()
-                 .Name("loom_trainer_memory_bytes")
-                 .Help("Trainer memory by kind: partition = this rank's ZeRO-3 parameter shard, peak_gathered = peak all-gathered parameters in the last step.")
+      param_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_param_bytes")
+                 .Help("Bytes of the rank's parameters in their training dtype (its ZeRO partition, replicas, persistent gathered parameters). Model-state gauges (param, grad, optimizer_state) add up.")
+                 .Register(registry)),
+      grad_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_grad_bytes")
+                 .Help("Bytes of the rank's gradient accumulators and partitions.")
+                 .Register(registry)),
+      optimizer_state_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_optimizer_state_bytes")
+                 .Help("Bytes of the rank's optimizer state (Adam moments, fp32 master weights when separate, SuperOffload rollback copies).")
+                 .Register(registry)),
+      buffer_peak_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_buffer_peak_bytes")
+                 .Help("Peak bytes of temporary buffers in the rank's last step: gathered parameters, reduction buckets, all-gather buffers.")
+                 .Register(registry)),
+      cached_peak_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_cached_peak_bytes")
+                 .Help("Peak bytes of idle buffers kept for reuse (pooled) in the rank's last step.")
+                 .Register(registry)),
+      activation_offload_peak_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_activation_offload_peak_bytes")
+                 .Help("Peak bytes of checkpointed layer inputs held in host memory in the rank's last step (activation_checkpointing.cpu_checkpointing).")
+                 .Register(registry)),
+      memory_peak_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_memory_peak_bytes")
+                 .Help("Peak of the rank's total tracked memory (all kinds together) in its last step: what must fit.")
+                 .Register(registry)),
+      zero_partition_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_zero_partition_bytes")
+                 .Help("Bytes of this rank's ZeRO-3 parameter partition (part of loom_trainer_param_bytes).")
+                 .Register(registry)),
+      zero_gathered_peak_bytes_(prometheus::BuildGauge()
+                 .Name("loom_trainer_zero_gathered_peak_bytes")
+                 .Help("Peak all-gathered parameter bytes in the rank's last step (part of loom_trainer_buffer_peak_bytes).")
                  .Register(registry)),
       last_step_time_(prometheus::BuildGauge()
                  .Name("loom_trainer_last_step_timestamp_seconds")
@@ -308,10 +340,16 @@ void WorkerMetrics::RecordRankStats(const loom::v1::RankStatus& rank, const Rank
   }
   AddCumulative(s, RankCounter(s, tokens_, labels), "tokens", stats.tokens);
   RankGauge(s, step_seconds_, labels).Set(stats.step_seconds);
-  RankGauge(s, memory_bytes_, with("kind", "partition")).Set(stats.partition_bytes);
-  RankGauge(s, memory_bytes_, with("kind", "peak_gathered")).Set(stats.peak_gathered_bytes);
-  for (const auto& [kind, bytes] : stats.memory_bytes_by_kind) {
-    RankGauge(s, memory_bytes_, with("kind", kind)).Set(bytes);
+  RankGauge(s, zero_partition_bytes_, labels).Set(stats.partition_bytes);
+  RankGauge(s, zero_gathered_peak_bytes_, labels).Set(stats.peak_gathered_bytes);
+  if (stats.memory_reported) {
+    RankGauge(s, param_bytes_, labels).Set(stats.param_bytes);
+    RankGauge(s, grad_bytes_, labels).Set(stats.grad_bytes);
+    RankGauge(s, optimizer_state_bytes_, labels).Set(stats.optimizer_state_bytes);
+    RankGauge(s, buffer_peak_bytes_, labels).Set(stats.buffer_peak_bytes);
+    RankGauge(s, cached_peak_bytes_, labels).Set(stats.cached_peak_bytes);
+    RankGauge(s, activation_offload_peak_bytes_, labels).Set(stats.activation_offload_peak_bytes);
+    RankGauge(s, memory_peak_bytes_, labels).Set(stats.memory_peak_bytes);
   }
   RankGauge(s, communication_seconds_, labels).Set(stats.communication_seconds);
   RankGauge(s, stall_seconds_, labels).Set(stats.stall_seconds);

@@ -26,12 +26,22 @@
 //   loom_trainer_tokens_per_second                       gauge: the last step's global throughput
 //   loom_trainer_eval_loss                               gauge: last held-out loss
 //   loom_trainer_step_seconds                            gauge: wall time of the last step
-//   loom_trainer_memory_bytes{kind}                      gauge: kind = "partition" (this rank's
-//                                                        ZeRO-3 parameter shard), "peak_gathered"
-//                                                        (peak all-gathered parameters during the
-//                                                        last step), and when the trainer reports
-//                                                        them param, grad, optimizer_state,
-//                                                        buffer, cached, peak (last step's peaks)
+//   Memory, bytes, one gauge per quantity (kinds are disjoint: MemoryKind in
+//   worker/engine/zero/memory_tracker.h). param + grad + optimizer_state add up to the rank's
+//   model-state footprint; the *_peak_bytes are peaks within the last step:
+//   loom_trainer_param_bytes                             gauge: parameters in their training dtype
+//   loom_trainer_grad_bytes                              gauge: gradient accumulators/partitions
+//   loom_trainer_optimizer_state_bytes                   gauge: Adam moments, fp32 master weights
+//   loom_trainer_buffer_peak_bytes                       gauge: temporary buffers (gathered
+//                                                        params, buckets)
+//   loom_trainer_cached_peak_bytes                       gauge: idle pooled buffers
+//   loom_trainer_activation_offload_peak_bytes           gauge: checkpointed layer inputs in host
+//                                                        memory (ALST's activation offload)
+//   loom_trainer_memory_peak_bytes                       gauge: peak of the total (all kinds)
+//   loom_trainer_zero_partition_bytes                    gauge: this rank's ZeRO-3 parameter shard
+//                                                        (part of param_bytes)
+//   loom_trainer_zero_gathered_peak_bytes                gauge: peak all-gathered parameters (part
+//                                                        of buffer_peak_bytes)
 //   loom_trainer_last_step_timestamp_seconds             gauge: Unix time of the last step (or of
 //                                                        the rank's start before its first step)
 //   loom_trainer_last_checkpoint_step                    gauge: step of the newest checkpoint this
@@ -177,7 +187,15 @@ class WorkerMetrics {
   GaugeFamily& tokens_per_second_;
   GaugeFamily& eval_loss_;
   GaugeFamily& step_seconds_;
-  GaugeFamily& memory_bytes_;
+  GaugeFamily& param_bytes_;
+  GaugeFamily& grad_bytes_;
+  GaugeFamily& optimizer_state_bytes_;
+  GaugeFamily& buffer_peak_bytes_;
+  GaugeFamily& cached_peak_bytes_;
+  GaugeFamily& activation_offload_peak_bytes_;
+  GaugeFamily& memory_peak_bytes_;
+  GaugeFamily& zero_partition_bytes_;
+  GaugeFamily& zero_gathered_peak_bytes_;
   GaugeFamily& last_step_time_;
   GaugeFamily& last_checkpoint_step_;
   GaugeFamily& last_checkpoint_time_;

@@ -88,6 +88,17 @@ d.panel("Heartbeat age", [("time() - loom_worker_last_heartbeat_timestamp_second
 d.panel("Daemons up", [('up{job=~"loom-.*"}', "{{job}} {{instance}}")])
 d.panel("Accelerators by kind and state", [("sum by (kind, state) (loom_accelerators)", "{{kind}} {{state}}")],
         desc="Rank slots (one accelerator each) of registered nodes: free, allocated to a rank, cordoned, or on a lost node.")
+d.row("REST gateway (loom-gateway)")
+GW_NOSTREAM = 'route!~".*:watch|.*/logs"'
+d.panel("Gateway requests per second by route and status", [(f"sum by (route, code) (rate(loom_gateway_requests_total[{RI}]))", "{{route}} {{code}}")], unit="reqps")
+d.panel("Gateway error ratio (5xx)", [(f'(sum(rate(loom_gateway_requests_total{{code=~"5.."}}[{RI}])) or vector(0)) / clamp_min(sum(rate(loom_gateway_requests_total[{RI}])), 1e-9)', "5xx")],
+        unit="percentunit", desc="Share of requests answered with a server error. 4xx (the client's mistakes) are not errors of the gateway.")
+d.panel("Gateway latency (excluding streams)", [
+    (f"histogram_quantile(0.5, sum by (le) (rate(loom_gateway_request_duration_seconds_bucket{{{GW_NOSTREAM}}}[{RI}])))", "p50"),
+    (f"histogram_quantile(0.99, sum by (le) (rate(loom_gateway_request_duration_seconds_bucket{{{GW_NOSTREAM}}}[{RI}])))", "p99")], unit="s",
+        desc=":watch and followed logs are streams whose duration is their length, not latency; they are left out.")
+d.panel("Gateway requests by status class (last hour)", [(f'sum by (code) (increase(loom_gateway_requests_total[1h]))', "{{code}}")],
+        desc="Requests answered in the last hour by HTTP status: 4xx are refusals (bad input, limits: 400, 404, 408, 413, 429, 431), 5xx failures.")
 d.write("cluster-overview.json", "loom-cluster-overview", "Loom / Cluster overview",
         "Jobs by phase, nodes, slots, scheduler and worker health.")
 
@@ -108,10 +119,21 @@ d.panel("Throughput", [(f"max by (job_id, attempt) (rate(loom_trainer_tokens_tot
         desc="Global training tokens per second of each job attempt (every rank counts the job's tokens; the fastest-reporting rank is shown).")
 d.panel("Step time", [(f"loom_trainer_step_seconds{sel}", LR)], unit="s")
 d.row("Memory")
-d.panel("Trainer memory by kind", [(f"loom_trainer_memory_bytes{sel}", "{{kind}} " + LR)],
-        unit="bytes", desc="partition: this rank's ZeRO-3 parameter shard; peak_gathered: peak all-gathered parameters during the last step.")
-d.panel("Gathered / partition ratio", [('loom_trainer_memory_bytes{kind="peak_gathered", job_id=~"$job", instance=~"$instance", rank=~"$rank"} / ignoring(kind) loom_trainer_memory_bytes{kind="partition", job_id=~"$job", instance=~"$instance", rank=~"$rank"}', LR)],
-        desc="How much of the full model a rank gathers at its peak relative to its shard.")
+d.panel("Model states per rank", [
+    (f"loom_trainer_param_bytes{sel}", "parameters " + LR),
+    (f"loom_trainer_grad_bytes{sel}", "gradients " + LR),
+    (f"loom_trainer_optimizer_state_bytes{sel}", "optimizer state " + LR)], unit="bytes",
+        desc="Bytes each rank holds for the whole step. The three add up to the rank's model-state footprint (ZeRO-3 divides all three by the data-parallel size).")
+d.panel("Peak memory per step", [
+    (f"loom_trainer_memory_peak_bytes{sel}", "total peak " + LR),
+    (f"loom_trainer_buffer_peak_bytes{sel}", "buffers " + LR),
+    (f"loom_trainer_cached_peak_bytes{sel}", "cached " + LR)], unit="bytes",
+        desc="Peak of the rank's total tracked memory in the last step (what must fit), and the peaks of its temporary buffers (gathered parameters, buckets) and pooled idle buffers.")
+d.panel("Job model-state memory (all ranks)", [
+    (f"sum by (job_id, attempt) (loom_trainer_param_bytes{sel} + loom_trainer_grad_bytes{sel} + loom_trainer_optimizer_state_bytes{sel})", "{{job_id}}/{{attempt}}")],
+        unit="bytes", desc="Parameters, gradients and optimizer state summed over the job's ranks: about the unsharded model states (16 bytes per parameter for fp32 Adam), however they are sharded.")
+d.panel("ZeRO-3: gathered peak / partition", [(f"loom_trainer_zero_gathered_peak_bytes{sel} / loom_trainer_zero_partition_bytes{sel}", LR)],
+        desc="How much of the full model a rank gathers at its peak relative to its own shard (stage3_max_live_parameters and prefetch bound it).")
 d.row("Stalls and communication")
 d.panel("Stall: time since last step", [(f"time() - loom_trainer_last_step_timestamp_seconds{sel}", LR)],
         unit="s", desc="Running ranks only. Grows while a rank waits (collectives, data, a stuck peer); the LoomNoStepProgress alert fires above 10 minutes.")
@@ -124,6 +146,37 @@ d.panel("Communication and stall time per step", [
         desc="Of the last step: seconds blocked in collectives (communication), and that plus seconds building input batches (stall). Step minus stall is compute.")
 d.panel("Stall share of step time", [(f"loom_trainer_stall_seconds{sel} / clamp_min(loom_trainer_step_seconds{sel}, 1e-9)", LR)],
         unit="percentunit", desc="Fraction of the last step the rank waited instead of computing. A rank with a much lower share than its peers is the straggler the others wait for.")
+d.row("ZenFlow (zero_optimization.zenflow)")
+d.panel("ZenFlow: wait on the CPU optimizer", [
+    (f"loom_trainer_zenflow_stall_seconds{sel}", "stall " + LR),
+    (f"loom_trainer_step_seconds{sel} and on (job_id, attempt, rank) loom_trainer_zenflow_stall_seconds{sel}", "step " + LR)], unit="s",
+        desc="Seconds of the last step the training thread waited for the CPU optimizer; stall-free offload keeps it near 0.")
+d.panel("ZenFlow: selection and update interval", [
+    (f"loom_trainer_zenflow_selected_mass_ratio{sel}", "selected gradient mass " + LR),
+    (f"loom_trainer_zenflow_update_interval_steps{sel}", "CPU update interval (steps) " + LR)],
+        desc="Share of the 2-D gradients' L1 mass in the columns updated on the device each step, and the steps in the last CPU update interval.")
+d.panel("ZenFlow: bytes moved per second", [(f"rate(loom_trainer_zenflow_moved_bytes_total{sel}[{RI}])", LR)], unit="Bps",
+        desc="Between the device-side partitions and the host buffers.")
+d.row("SuperOffload (offload_optimizer.super_offload)")
+d.panel("SuperOffload: speculation", [
+    (f"rate(loom_trainer_superoffload_speculated_sub_groups_total{sel}[{RI}])", "speculated " + LR),
+    (f"rate(loom_trainer_superoffload_speculation_hits_total{sel}[{RI}])", "hits " + LR),
+    (f"rate(loom_trainer_superoffload_speculation_paused_sub_groups_total{sel}[{RI}]) + rate(loom_trainer_superoffload_speculation_no_buffer_sub_groups_total{sel}[{RI}])", "not speculated " + LR)],
+        unit="ops", desc="Sub-group CPU optimizer steps per second: started speculatively during backward, committed unchanged (hits), and not speculated (the step before clipped, or no NVMe swap buffer free).")
+d.panel("SuperOffload: hit ratio and overlap", [
+    (f"loom_trainer_superoffload_speculation_hit_ratio{sel}", "hit ratio " + LR),
+    (f"loom_trainer_superoffload_optimizer_overlap_ratio{sel}", "optimizer work hidden under backward " + LR)],
+        unit="percentunit", desc="Hits / speculated since the rank started; share of the last step's optimizer work done before the end of backward.")
+d.panel("SuperOffload: rollbacks and replays per minute", [
+    (f"sum by (job_id, attempt, rank, reason) (rate(loom_trainer_superoffload_rollbacks_total{sel}[{RI}])) * 60", "rollback {{reason}} {{job_id}}/{{attempt}} rank {{rank}}"),
+    (f"sum by (job_id, attempt, rank, reason) (rate(loom_trainer_superoffload_replays_total{sel}[{RI}])) * 60", "replay {{reason}} {{job_id}}/{{attempt}} rank {{rank}}")],
+        desc="Speculative sub-group steps undone (overflow: fp16 non-finite gradients, the step skipped; clip: clipping was active) and replayed with the clip coefficient.")
+d.panel("SuperOffload: optimizer work per step", [(f"loom_trainer_superoffload_optimizer_work_seconds{sel}", LR)], unit="s")
+d.row("ALST (sequence parallelism, activation offload)")
+d.panel("Activation checkpoints offloaded to host", [(f"loom_trainer_activation_offload_peak_bytes{sel}", LR)], unit="bytes",
+        desc="Peak bytes of checkpointed layer inputs held in host memory in the last step (activation_checkpointing.cpu_checkpointing); 0 without offload.")
+d.panel("Tokens per second per rank", [(f"rate(loom_trainer_tokens_total{sel}[{RI}]) / on (job_id, attempt) group_left count by (job_id, attempt) (loom_trainer_tokens_total{sel})", LR)],
+        desc="The job's throughput divided by its ranks: with Ulysses sequence parallelism each rank holds sequence_length / sequence_parallel_size tokens of every sample.")
 d.row("Accelerators")
 d.panel("Accelerators of the job", [('loom_rank_accelerator_info{job_id=~"$job"}', "{{node}} accelerator {{accelerator_index}} rank {{rank}}")],
         "table", w=24, h=5, desc="Node and accelerator index of each running rank: join with DCGM_FI_* series on gpu (docs/metrics.md).")

@@ -89,8 +89,9 @@
 // checkpoints).
 //
 // Metrics (with `registry`): loom_gateway_requests_total{route,method,code} and the histogram
-// loom_gateway_request_duration_seconds{route,method,code}, where route is the template above
-// ("/v1/jobs/{id}:watch"), or "unmatched" for a path no route serves.
+// loom_gateway_request_duration_seconds{route,method}, where route is the template above
+// ("/v1/jobs/{id}:watch"), or "unmatched" for a path no route serves; every route and method
+// starts at 0 with the common codes (gateway.cc), so that increase() counts first requests.
 #ifndef LOOM_SERVICES_GATEWAY_GATEWAY_H_
 #define LOOM_SERVICES_GATEWAY_GATEWAY_H_
 

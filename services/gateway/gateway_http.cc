@@ -240,12 +240,15 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const httplib::Request& req,
   return ctx;
 }
 
-const RouteInfo* FindRoute(const std::string& path) {
-  struct Entry {
-    std::regex pattern;
-    RouteInfo info;
-  };
-  static const auto* const kRoutes = new std::vector<Entry>{
+namespace {
+
+struct RouteEntry {
+  std::regex pattern;
+  RouteInfo info;
+};
+
+const std::vector<RouteEntry>& Routes() {
+  static const auto* const kRoutes = new std::vector<RouteEntry>{
       {std::regex("/healthz"), {"/healthz", "GET", Access::kOpen}},
       {std::regex("/v1/openapi.json"), {"/v1/openapi.json", "GET", Access::kOpen}},
       {std::regex(kJobsRoute), {"/v1/jobs", "GET, POST", Access::kUser}},
@@ -270,10 +273,22 @@ const RouteInfo* FindRoute(const std::string& path) {
       {std::regex(kUncordonRoute), {"/v1/nodes/{id}:uncordon", "POST", Access::kAdmin}},
       {std::regex(kDrainRoute), {"/v1/nodes/{id}:drain", "POST", Access::kAdmin}},
   };
-  for (const Entry& e : *kRoutes) {
+  return *kRoutes;
+}
+
+}  // namespace
+
+const RouteInfo* FindRoute(const std::string& path) {
+  for (const RouteEntry& e : Routes()) {
     if (std::regex_match(path, e.pattern)) return &e.info;
   }
   return nullptr;
+}
+
+std::vector<RouteInfo> AllRoutes() {
+  std::vector<RouteInfo> out;
+  for (const RouteEntry& e : Routes()) out.push_back(e.info);
+  return out;
 }
 
 }  // namespace loom::gateway::internal

@@ -14,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -137,6 +138,8 @@ struct RouteInfo {
 
 // The route serving `path`, or null for a path no route serves.
 const RouteInfo* FindRoute(const std::string& path);
+// Every route, in matching order (`methods` as "GET, POST").
+std::vector<RouteInfo> AllRoutes();
 
 }  // namespace loom::gateway::internal
 

@@ -137,7 +137,8 @@ void GatewayClusterTest::RegisterNode(const std::string& node_id, int slots) {
 
 namespace {
 
-// The series of `family` with exactly these route/method/code labels, or null.
+// The series of `family` with these route/method/code labels ("" code: a family without one),
+// or null.
 const prometheus::ClientMetric* Find(const std::vector<prometheus::MetricFamily>& families,
                                      const std::string& family, const std::string& route,
                                      const std::string& method, const std::string& code) {
@@ -146,7 +147,8 @@ const prometheus::ClientMetric* Find(const std::vector<prometheus::MetricFamily>
     for (const prometheus::ClientMetric& m : f.metric) {
       std::map<std::string, std::string> labels;
       for (const auto& l : m.label) labels[l.name] = l.value;
-      if (labels["route"] == route && labels["method"] == method && labels["code"] == code) {
+      if (labels["route"] == route && labels["method"] == method &&
+          (code.empty() || labels["code"] == code)) {
         return &m;
       }
     }
@@ -163,10 +165,15 @@ double GatewayClusterTest::Requests(const std::string& route, const std::string&
   return m == nullptr ? 0 : m->counter.value;
 }
 
-double GatewayClusterTest::DurationCount(const std::string& route, const std::string& method,
-                                         const std::string& code) {
+bool GatewayClusterTest::HasRequestsSeries(const std::string& route, const std::string& method,
+                                           const std::string& code) {
   const auto families = registry_.Collect();
-  const auto* m = Find(families, "loom_gateway_request_duration_seconds", route, method, code);
+  return Find(families, "loom_gateway_requests_total", route, method, code) != nullptr;
+}
+
+double GatewayClusterTest::DurationCount(const std::string& route, const std::string& method) {
+  const auto families = registry_.Collect();
+  const auto* m = Find(families, "loom_gateway_request_duration_seconds", route, method, "");
   return m == nullptr ? 0 : static_cast<double>(m->histogram.sample_count);
 }
 

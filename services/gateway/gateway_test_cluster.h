@@ -61,8 +61,10 @@ class GatewayClusterTest : public ::testing::Test {
   // The value of a loom_gateway_requests_total series (counter) or of the sample count of a
   // loom_gateway_request_duration_seconds series, 0 if absent.
   double Requests(const std::string& route, const std::string& method, const std::string& code);
-  double DurationCount(const std::string& route, const std::string& method,
-                       const std::string& code);
+  double DurationCount(const std::string& route, const std::string& method);
+  // Whether the loom_gateway_requests_total series exists (at any value, 0 included).
+  bool HasRequestsSeries(const std::string& route, const std::string& method,
+                         const std::string& code);
   // Waits (deadline 20 s) until Requests(route, method, code) >= want: httplib counts a request
   // just after sending its response.
   bool AwaitRequests(const std::string& route, const std::string& method, const std::string& code,

@@ -1,16 +1,11 @@
 // A real Prometheus (Debian's /usr/bin/prometheus) scrapes a local Loom cluster — the real
-// loom-scheduler, loom-checkpoint and one single-slot loom-worker on loopback, OS-chosen ports —
-// while it trains a one-rank job; the test then asks Prometheus' HTTP API (/api/v1/query) for the
-// key series and checks their values. It also checks that `promtool check metrics` accepts every
+// loom-scheduler, loom-checkpoint, loom-gateway and one 3-slot loom-worker on loopback,
+// OS-chosen ports — while it trains a one-rank job (then a ZenFlow and a SuperOffload job); the
+// test then asks Prometheus' HTTP API (/api/v1/query) for the key series and checks their values. It also checks that `promtool check metrics` accepts every
 // daemon's /metrics text, that Prometheus loads deploy/prometheus/alerts.yml and evaluates every
 // rule without error, and that every metric name the Grafana dashboards and the alert rules use
 // is one this cluster exports (names taken live from Prometheus' __name__ values).
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,11 +25,13 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/job_spec_yaml.h"
+#include "tests/testing/prometheus.h"
 #include "tests/testing/subprocess.h"
 
 namespace loom {
 namespace {
 
+using ::loom::testing::HostPort;
 using ::loom::testing::RunfilePath;
 using ::loom::testing::Subprocess;
 using json = nlohmann::json;
@@ -65,25 +63,30 @@ training: {steps: 3000, sequence_length: 16, seed: 3, eval_batches: 1}
 checkpoint: {interval_steps: 1500}
 )";
 
-// A TCP port that was free a moment ago (bind port 0 on loopback, read it back, close).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+// Two short jobs beside kJob on the same worker, so that the series only ZenFlow and
+// SuperOffload ranks export exist too (every name the dashboards use must be exported: checked
+// below). kJob's model, one rank each; YAML with the zero_optimization block indented 4.
+std::string TechniqueJob(const std::string& name, const std::string& zero) {
+  std::string job = kJob;
+  job.replace(job.find("name: prometheus-scrape"), std::string("name: prometheus-scrape").size(),
+              "name: " + name);
+  job.replace(job.find("  zero_optimization: {stage: 3}\n"),
+              std::string("  zero_optimization: {stage: 3}\n").size(),
+              "  gradient_clipping: 1.0\n  zero_optimization:\n" + zero);
+  job.replace(job.find("steps: 3000"), std::string("steps: 3000").size(), "steps: 200");
+  job.replace(job.find("interval_steps: 1500"), std::string("interval_steps: 1500").size(),
+              "interval_steps: 100");
+  return job;
 }
-
-// "http://127.0.0.1:1234/metrics" -> "127.0.0.1:1234".
-std::string HostPort(const std::string& url) {
-  std::string rest = url.substr(std::string("http://").size());
-  return rest.substr(0, rest.find('/'));
-}
+constexpr char kZenFlowZero[] = R"(    stage: 2
+    offload_optimizer: {device: cpu}
+    zenflow: {topk_ratio: 0.25, select_strategy: step, select_interval: 4, update_interval: 2,
+              overlap_step: true, full_warm_up_rounds: 1}
+)";
+constexpr char kSuperOffloadZero[] = R"(    stage: 3
+    sub_group_size: 2000
+    offload_optimizer: {device: cpu, super_offload: true, ratio: 0.5, cpuadam_cores_perc: 1.0}
+)";
 
 class PrometheusScrapeTest : public ::testing::Test {
  protected:
@@ -102,11 +105,16 @@ class PrometheusScrapeTest : public ::testing::Test {
                               {absl::StrCat("--checkpoint_root=", ckpt_root_)}, &checkpoint_info_);
     worker_ = StartDaemon("worker-0", "services/worker/loom-worker",
                           {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
-                           "--node_id=worker-0", "--slots=1",
+                           "--node_id=worker-0", "--slots=3",
                            absl::StrCat("--trainer=", RunfilePath("worker/trainer/loom-trainer")),
                            absl::StrCat("--work_dir=", tmp_, "/work-0"),
                            "--heartbeat_interval=200ms"},
                           &worker_info_);
+    gateway_ = StartDaemon("gateway", "services/gateway/loom-gateway",
+                           {absl::StrCat("--scheduler=", scheduler_info_.grpc_address),
+                            absl::StrCat("--checkpoint=", checkpoint_info_.grpc_address),
+                            "--port=0"},
+                           &gateway_info_);
   }
 
   std::unique_ptr<Subprocess> StartDaemon(const std::string& name, const std::string& binary,
@@ -116,49 +124,26 @@ class PrometheusScrapeTest : public ::testing::Test {
     return daemon.ok() ? std::move(*daemon) : nullptr;
   }
 
-  // Writes prometheus.yml (1 s scrapes of the three daemons, the checked-in alert rules) and
-  // starts Prometheus on a free loopback port with its TSDB under TEST_TMPDIR.
+  // Starts Prometheus (tests/testing/prometheus.h) on a free loopback port with its TSDB under
+  // TEST_TMPDIR: 1 s scrapes of the four daemons, the checked-in alert rules.
   void StartPrometheus() {
-    prom_port_ = FreePort();
-    ASSERT_GT(prom_port_, 0);
-    std::string config = absl::StrCat(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "rule_files:\n  - ", RunfilePath("deploy/prometheus/alerts.yml"), "\n"
-        "scrape_configs:\n"
-        "  - job_name: loom-scheduler\n    static_configs:\n      - targets: ['",
-        HostPort(scheduler_info_.metrics_url), "']\n"
-        "  - job_name: loom-checkpoint\n    static_configs:\n      - targets: ['",
-        HostPort(checkpoint_info_.metrics_url), "']\n"
-        "  - job_name: loom-worker\n    static_configs:\n      - targets: ['",
-        HostPort(worker_info_.metrics_url), "']\n");
-    std::string config_path = absl::StrCat(tmp_, "/prometheus.yml");
-    ASSERT_TRUE(WriteFileAtomically(config_path, config).ok());
-    auto p = Subprocess::Start(
-        {"/usr/bin/prometheus", absl::StrCat("--config.file=", config_path),
-         absl::StrCat("--storage.tsdb.path=", tmp_, "/prometheus-data"),
-         absl::StrCat("--web.listen-address=127.0.0.1:", prom_port_)},
-        absl::StrCat(tmp_, "/prometheus.log"));
-    ASSERT_TRUE(p.ok()) << p.status();
-    prometheus_ = std::make_unique<Subprocess>(std::move(*p));
-    absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      if (testing::HttpGet(absl::StrCat("http://127.0.0.1:", prom_port_, "/-/ready")).ok()) return;
-      ASSERT_TRUE(prometheus_->Running()) << testing::Tail(prometheus_->log_path());
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    FAIL() << "prometheus not ready after 30 s:\n" << testing::Tail(prometheus_->log_path());
+    auto prom = testing::PrometheusServer::Start(
+        tmp_,
+        {{"loom-scheduler", {HostPort(scheduler_info_.metrics_url)}},
+         {"loom-checkpoint", {HostPort(checkpoint_info_.metrics_url)}},
+         {"loom-worker", {HostPort(worker_info_.metrics_url)}},
+         {"loom-gateway", {HostPort(gateway_info_.metrics_url)}}},
+        {RunfilePath("deploy/prometheus/alerts.yml")});
+    ASSERT_TRUE(prom.ok()) << prom.status();
+    prometheus_ = std::move(*prom);
   }
 
   // GET /api/v1/<endpoint> with `params`; returns the "data" member of a "success" answer.
-  json PromApi(const std::string& endpoint, const httplib::Params& params = {}) {
-    httplib::Client client("127.0.0.1", prom_port_);
-    client.set_read_timeout(10);
-    auto res = client.Get(absl::StrCat("/api/v1/", endpoint).c_str(), params, httplib::Headers());
-    EXPECT_TRUE(res) << "GET /api/v1/" << endpoint << " failed";
-    if (!res) return json();
-    json body = json::parse(res->body, nullptr, false);
-    EXPECT_EQ(body.value("status", ""), "success") << res->body;
-    return body.is_object() ? body["data"] : json();
+  json PromApi(const std::string& endpoint,
+               const std::vector<std::pair<std::string, std::string>>& params = {}) {
+    absl::StatusOr<json> data = prometheus_->Api(endpoint, params);
+    EXPECT_TRUE(data.ok()) << data.status();
+    return data.ok() ? *data : json();
   }
 
   // The instant-query result vector of `promql`.
@@ -224,10 +209,44 @@ class PrometheusScrapeTest : public ::testing::Test {
     EXPECT_EQ(cons.step(), 3000);
   }
 
+  // Submits TechniqueJob(kZenFlowZero) and TechniqueJob(kSuperOffloadZero) together, waits for
+  // both to succeed, and sends one request through the gateway (its series appear at the first).
+  void RunTechniqueJobsAndAGatewayRequest() {
+    auto jobs = loom::v1::JobService::NewStub(
+        grpc::CreateChannel(scheduler_info_.grpc_address, grpc::InsecureChannelCredentials()));
+    std::vector<std::string> ids;
+    for (const auto& [name, zero] : {std::pair<const char*, const char*>{"zenflow", kZenFlowZero},
+                                     {"superoffload", kSuperOffloadZero}}) {
+      auto spec = cli::JobSpecFromYaml(TechniqueJob(name, zero), tmp_);
+      ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+      loom::v1::SubmitJobRequest req;
+      *req.mutable_spec() = *spec;
+      loom::v1::SubmitJobResponse resp;
+      grpc::Status s = jobs->SubmitJob(Ctx().get(), req, &resp);
+      ASSERT_TRUE(s.ok()) << name << ": " << s.error_message();
+      ids.push_back(resp.job().id());
+    }
+    for (const std::string& id : ids) {
+      loom::v1::Job job;
+      absl::Time deadline = absl::Now() + absl::Minutes(3);
+      while (absl::Now() < deadline) {
+        loom::v1::GetJobRequest get;
+        get.set_job_id(id);
+        ASSERT_TRUE(jobs->GetJob(Ctx().get(), get, &job).ok());
+        if (job.phase() >= loom::v1::JOB_PHASE_SUCCEEDED) break;
+        absl::SleepFor(absl::Milliseconds(200));
+      }
+      ASSERT_EQ(job.phase(), loom::v1::JOB_PHASE_SUCCEEDED)
+          << job.spec().name() << ": " << job.message() << "\n" << testing::Tail(worker_->log_path());
+    }
+    auto listed = testing::HttpGet(absl::StrCat(gateway_info_.http_url, "/v1/jobs"));
+    ASSERT_TRUE(listed.ok()) << listed.status();
+  }
+
   std::string tmp_, ckpt_root_;
-  ReadyInfo scheduler_info_, checkpoint_info_, worker_info_;
-  std::unique_ptr<Subprocess> scheduler_, checkpoint_, worker_, prometheus_;
-  int prom_port_ = 0;
+  ReadyInfo scheduler_info_, checkpoint_info_, worker_info_, gateway_info_;
+  std::unique_ptr<Subprocess> scheduler_, checkpoint_, worker_, gateway_;
+  std::unique_ptr<testing::PrometheusServer> prometheus_;
   int64_t run_start_ = 0;  // Unix seconds when RunJob submitted
   loom::v1::Job job_;      // as RunJob left it (SUCCEEDED)
 };
@@ -235,8 +254,8 @@ class PrometheusScrapeTest : public ::testing::Test {
 TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   ASSERT_NO_FATAL_FAILURE(StartPrometheus());
   // All three targets are scraped and up before the job starts, so that its run is recorded.
-  EXPECT_EQ(WaitForValue("count(up == 1) == 3"), 3) << Query("up").dump();
-  for (const char* job : {"loom-scheduler", "loom-checkpoint", "loom-worker"}) {
+  EXPECT_EQ(WaitForValue("count(up == 1) == 4"), 4) << Query("up").dump();
+  for (const char* job : {"loom-scheduler", "loom-checkpoint", "loom-worker", "loom-gateway"}) {
     EXPECT_EQ(WaitForValue(absl::StrCat("up{job=\"", job, "\"}")), 1) << job;
   }
   ASSERT_NO_FATAL_FAILURE(RunJob());
@@ -252,19 +271,19 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   WaitForValue("loom_scheduler_start_time_seconds > 0");
   WaitForValue("loom_nodes{state=\"live\"} == 1");
   WaitForValue("loom_nodes{state=\"lost\"} == 0");
-  WaitForValue("loom_rank_slots{state=\"free\"} == 1");
+  WaitForValue("loom_rank_slots{state=\"free\"} == 3");
   WaitForValue("loom_scheduling_cycle_seconds_count > 0");
   WaitForValue("loom_job_queue_wait_seconds_count == 1");
   WaitForValue("loom_tenant_jobs{tenant=\"default\",queue=\"default\",phase=\"SUCCEEDED\"} == 1");
   WaitForValue("loom_admission_attempts_total{result=\"admitted\"} == 1");
   WaitForValue("loom_admission_attempts_total{result=\"infeasible\"} == 0");
-  WaitForValue("loom_accelerators{kind=\"cpu\",state=\"free\"} == 1");
+  WaitForValue("loom_accelerators{kind=\"cpu\",state=\"free\"} == 3");
   WaitForValue("loom_accelerators{kind=\"cpu\",state=\"allocated\"} == 0");
   WaitForValue("max_over_time(loom_accelerators{kind=\"cpu\",state=\"allocated\"}[5m]) == 1");
   WaitForValue("loom_job_restarts_total{cause=\"user\"} == 0");
   // Worker and its trainer rank. The rank ran (the worker forgets ended ranks after a few
   // heartbeats and their series go with them, so look back).
-  WaitForValue("loom_worker_slots == 1");
+  WaitForValue("loom_worker_slots == 3");
   WaitForValue("max_over_time(loom_worker_ranks{state=\"RANK_STATE_RUNNING\"}[5m]) == 1");
   WaitForValue("max_over_time(loom_worker_rank_info{rank=\"0\",attempt=\"1\"}[5m]) == 1");
   WaitForValue("last_over_time(loom_trainer_step{rank=\"0\"}[5m]) == 3000");
@@ -307,10 +326,18 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
       "last_over_time(loom_trainer_step_seconds{rank=\"0\"}[5m])");
   WaitForValue("last_over_time(loom_trainer_optimizer_rollbacks_total{rank=\"0\"}[5m]) == 0");
   WaitForValue("max_over_time(loom_rank_accelerator_info{rank=\"0\",accelerator_index=\"0\",node=\"worker-0\"}[5m]) == 1");
+  WaitForValue("last_over_time(loom_trainer_zero_partition_bytes{rank=\"0\"}[5m]) > 1000");
+  WaitForValue("last_over_time(loom_trainer_zero_gathered_peak_bytes{rank=\"0\"}[5m]) > 1000");
+  // Adam keeps two fp32 moments per fp32 parameter; the step's peak holds at least the model
+  // states that live through it.
   WaitForValue(
-      "last_over_time(loom_trainer_memory_bytes{rank=\"0\",kind=\"partition\"}[5m]) > 1000");
+      "last_over_time(loom_trainer_optimizer_state_bytes{rank=\"0\"}[5m]) >= "
+      "2 * last_over_time(loom_trainer_param_bytes{rank=\"0\"}[5m])");
   WaitForValue(
-      "last_over_time(loom_trainer_memory_bytes{rank=\"0\",kind=\"peak_gathered\"}[5m]) > 1000");
+      "last_over_time(loom_trainer_memory_peak_bytes{rank=\"0\"}[5m]) >= "
+      "last_over_time(loom_trainer_param_bytes{rank=\"0\"}[5m]) + "
+      "last_over_time(loom_trainer_grad_bytes{rank=\"0\"}[5m]) + "
+      "last_over_time(loom_trainer_optimizer_state_bytes{rank=\"0\"}[5m])");
   WaitForValue("last_over_time(loom_trainer_last_checkpoint_step{rank=\"0\"}[5m]) == 3000");
   // The timestamps exist only while the rank runs (an ended rank does not age).
   WaitForValue("time() - max_over_time(loom_trainer_last_checkpoint_timestamp_seconds[5m]) < 300");
@@ -338,7 +365,12 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   EXPECT_GE(rules, 5);
 
   // Every metric name the dashboards and alerts use is exported by this cluster, and every
-  // expression evaluates in this Prometheus.
+  // expression evaluates in this Prometheus: after a ZenFlow and a SuperOffload job, whose ranks
+  // export their technique's series, and a gateway request.
+  ASSERT_NO_FATAL_FAILURE(RunTechniqueJobsAndAGatewayRequest());
+  WaitForValue("count(max_over_time(loom_trainer_zenflow_stall_seconds[5m])) == 1");
+  WaitForValue("count(max_over_time(loom_trainer_superoffload_speculated_sub_groups_total[5m])) == 1");
+  WaitForValue("sum(loom_gateway_requests_total{route=\"/v1/jobs\",method=\"GET\",code=\"200\"}) == 1");
   json names = PromApi("label/__name__/values");
   ASSERT_TRUE(names.is_array());
   std::vector<std::string> name_list;
@@ -348,7 +380,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
   std::string dashboards = RunfilePath("deploy/grafana");
   std::string cmd = absl::StrCat(
       "/opt/loom/venv/bin/python3 ", RunfilePath("tests/observability/check_promql_names.py"),
-      " --metrics ", names_path, " --prometheus http://127.0.0.1:", prom_port_, " ", dashboards, "/cluster-overview.json ", dashboards,
+      " --metrics ", names_path, " --prometheus http://127.0.0.1:", prometheus_->port(), " ", dashboards, "/cluster-overview.json ", dashboards,
       "/job-detail.json ", dashboards, "/queues-fairness.json ", dashboards, "/checkpoints.json ",
       RunfilePath("deploy/prometheus/alerts.yml"), " > ", tmp_, "/check_names.log 2>&1");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << testing::Tail(absl::StrCat(tmp_, "/check_names.log"));
@@ -358,7 +390,8 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesEveryDaemonDuringAJob) {
 // worker's per-rank trainer series are in it.
 TEST_F(PrometheusScrapeTest, PromtoolAcceptsEveryDaemonsMetrics) {
   ASSERT_NO_FATAL_FAILURE(RunJob());
-  for (const ReadyInfo* info : {&scheduler_info_, &checkpoint_info_, &worker_info_}) {
+  for (const ReadyInfo* info :
+       {&scheduler_info_, &checkpoint_info_, &worker_info_, &gateway_info_}) {
     auto text = testing::HttpGet(info->metrics_url);
     ASSERT_TRUE(text.ok()) << text.status();
     std::string path = absl::StrCat(tmp_, "/", info->name, ".metrics.txt");

@@ -18,6 +18,7 @@ void Trainer::SetMemoryFields(Message* m) {
   m->set_optimizer_state_bytes(mem.peak(MemoryKind::kOptimizerStates));
   m->set_buffer_bytes(mem.peak(MemoryKind::kBuffers));
   m->set_cached_bytes(mem.peak(MemoryKind::kCached));
+  m->set_activation_offload_bytes(mem.peak(MemoryKind::kActivationOffload));
   m->set_peak_bytes(mem.peak_total());
 }
 

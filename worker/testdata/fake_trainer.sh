@@ -58,7 +58,7 @@ case "$name" in
     trap 'exit 143' TERM
     while true; do sleep 0.05; done ;;
   hang)
-    echo '{"step":{"step":"1","loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":"4096","peak_gathered_bytes":"16384","comm_s":0.125,"data_s":0.0625,"optimizer_rollbacks":"2","param_bytes":"1024","optimizer_state_bytes":"8192","zenflow_stall_s":0.03125,"zenflow_selected_mass_fraction":0.5,"zenflow_update_interval":"4","zenflow_bytes_moved":"65536"}}'
+    echo '{"step":{"step":"1","loss":5.0,"tokens_per_s":100,"step_time_s":0.25,"partition_bytes":"4096","peak_gathered_bytes":"16384","comm_s":0.125,"data_s":0.0625,"optimizer_rollbacks":"2","param_bytes":"1024","optimizer_state_bytes":"8192","activation_offload_bytes":"512","peak_bytes":"9728","zenflow_stall_s":0.03125,"zenflow_selected_mass_fraction":0.5,"zenflow_update_interval":"4","zenflow_bytes_moved":"65536"}}'
     echo '{"checkpoint":{"step":"1","dir":"/tmp/x"}}'
     trap 'exit 143' TERM
     while true; do sleep 0.05; done ;;
