@@ -18,11 +18,13 @@
 #                                                               what it got (docs/operations.md)
 # Authentication (optional): LOOM_AUTH_TOKENS_FILE (tokens file, docs/operations.md) and
 # LOOM_WORKER_TOKEN_FILE (the workers' token) turn it on for the scheduler, gateway and workers.
-# Data a job may name (docs/operations.md "Paths a job may name"): LOOM_QUEUES_CONFIG (the
-# scheduler's --queues_config, with data_roots) and LOOM_DATA_ROOTS (the workers' --data_roots);
-# both default to the fortunes corpus, /usr/share/games/fortunes. LOOM_SCRATCH_ROOTS: the
-# workers' --scratch_roots (where DeepSpeed's nvme_path may point; scratch_roots in the queues
-# config too), default none.
+# Data a job may name (docs/operations.md "Paths a job may name"): LOOM_DATA_ROOTS, comma-
+# separated directories (default: the fortunes corpus, /usr/share/games/fortunes; list it too to
+# keep the examples), is what the workers allow (--data_roots) and, unless LOOM_QUEUES_CONFIG
+# names the scheduler's own --queues_config, what the scheduler allows (start writes
+# $LOOM_HOME/queues.yaml with these data_roots): one setting for your own data.
+# LOOM_SCRATCH_ROOTS: the workers' --scratch_roots (where DeepSpeed's nvme_path may point; in the
+# written queues config too), default none.
 # These three are the cluster's settings: start saves them in $LOOM_HOME/settings.env, and a later
 # start or add-worker in a shell without them uses the saved values (and says so), so a restart
 # keeps the data a running job reads; set one (even to "") to change it.
@@ -62,6 +64,27 @@ save_settings() {
     [ -z "${!name+x}" ] || printf '%s=%q\n' "$name" "${!name}" >> "$tmp"
   done
   mv "$tmp" "$SETTINGS"
+}
+
+write_queues_config() {  # write_queues_config FILE: data_roots (and scratch_roots) for everyone
+  local roots=() scratch=() r
+  IFS=, read -r -a roots <<< "${LOOM_DATA_ROOTS:-}"
+  IFS=, read -r -a scratch <<< "${LOOM_SCRATCH_ROOTS:-}"
+  yaml_list() {  # the /path entries of "$@" (tenant=/path ones are per-tenant: not here)
+    local out="" x
+    for x in "$@"; do
+      case "$x" in /*) out="${out:+$out, }\"$x\"" ;; esac
+    done
+    echo "[$out]"
+  }
+  {
+    echo "# Written by scripts/local_cluster.sh from LOOM_DATA_ROOTS / LOOM_SCRATCH_ROOTS;"
+    echo "# set LOOM_QUEUES_CONFIG to use a queues config of your own."
+    echo "data_roots: $(yaml_list "${roots[@]+"${roots[@]}"}")"
+    [ ${#scratch[@]} -eq 0 ] || echo "scratch_roots: $(yaml_list "${scratch[@]}")"
+    echo "queues:"
+    echo "  - name: default"
+  } > "$1"
 }
 
 record_cluster() {  # where loomctl finds this cluster from any directory
@@ -143,6 +166,11 @@ cmd_start() {
   mkdir -p "$CLUSTER" "$LOGS" "$LOOM_HOME/checkpoints" "$LOOM_HOME/work"
   load_settings
   save_settings
+  local queues_config="${LOOM_QUEUES_CONFIG:-}"
+  if [ -z "$queues_config" ] && [ -n "${LOOM_DATA_ROOTS:-}" ]; then
+    queues_config="$LOOM_HOME/queues.yaml"
+    write_queues_config "$queues_config"
+  fi
   trap 'echo "local_cluster: startup failed, stopping what started" >&2; cmd_stop' ERR
   local ckpt_auth=() sched_ckpt_token=()
   if [ -n "${LOOM_AUTH_TOKENS_FILE:-}" ]; then
@@ -163,7 +191,7 @@ cmd_start() {
   start_daemon scheduler "$BIN/services/scheduler/loom-scheduler" \
     --db="$LOOM_HOME/loom.db" --checkpoint_root="$LOOM_HOME/checkpoints" \
     --checkpoint_service="$(ready_field "$CLUSTER/checkpoint.json" grpc_address)" \
-    ${LOOM_QUEUES_CONFIG:+--queues_config="$LOOM_QUEUES_CONFIG"} \
+    ${queues_config:+--queues_config="$queues_config"} \
     "${auth[@]+"${auth[@]}"}" "${sched_ckpt_token[@]+"${sched_ckpt_token[@]}"}"
   local gw_auth=()
   [ -z "${LOOM_AUTH_TOKENS_FILE:-}" ] || gw_auth=(--auth_tokens_file="$LOOM_AUTH_TOKENS_FILE")

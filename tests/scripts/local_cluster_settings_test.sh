@@ -1,7 +1,9 @@
 #!/bin/bash
-# A newcomer's local cluster (issue 49): the data roots given at its first start are its saved
-# settings, so a stop and a start (or an add-worker) in a shell without LOOM_DATA_ROOTS keep them
-# (they used to fall back to the fortunes corpus, failing a running job's attempts); and loomctl
+# A newcomer's local cluster (issue 49): LOOM_DATA_ROOTS alone lets jobs read the operator's own
+# data (the scheduler's queues config is written from it; both had to be set); the data roots
+# given at its first start are its saved settings, so a stop and a start (or an add-worker) in a
+# shell without LOOM_DATA_ROOTS keep them (they used to fall back to the fortunes corpus,
+# failing a running job's attempts); and loomctl
 # finds the cluster from a subdirectory (the nearest .loom/cluster) and from any directory (the
 # cluster recorded in ~/.config/loom/cluster by start, forgotten by stop). Real daemons, one
 # worker, nothing trains.
@@ -25,6 +27,38 @@ data_roots_of() {  # data_roots_of WORKER: its --data_roots value, from the save
 
 LOOM_DATA_ROOTS="$data" bash scripts/local_cluster.sh start --workers 1 > /dev/null
 [ "$(data_roots_of worker-0)" = "$data" ] || fail "first start: worker-0 data roots '$(data_roots_of worker-0)'"
+# One setting for own data: the scheduler allows what the workers do (a queues config written
+# from LOOM_DATA_ROOTS), so a job reading a file there passes admission, one outside does not.
+for i in $(seq 400); do printf 'document %d of the operator'"'"'s own corpus, plain text\n\n' "$i"; done \
+  > "$data/corpus.txt"
+spec() {  # spec DATASET_PATH: a tiny job reading it
+  cat <<YAML
+name: own-data
+model:
+  config: {vocab_size: 256, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+           num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 32,
+           rms_norm_eps: 1.0e-5, rope_theta: 10000, tie_word_embeddings: true}
+dataset: {path: "$1", format: text, tokenizer: byte}
+deepspeed_config:
+  train_micro_batch_size_per_gpu: 2
+  optimizer: {type: AdamW, params: {lr: 0.001}}
+  zero_optimization: {stage: 2}
+resources: {num_ranks: 1}
+training: {steps: 3, sequence_length: 16}
+YAML
+}
+spec "$data/corpus.txt" > "$TEST_TMPDIR/own.yaml"
+"$LOOMCTL" submit "$TEST_TMPDIR/own.yaml" --dry_run > "$TEST_TMPDIR/own.out" 2>&1 \
+  || { cat "$TEST_TMPDIR/own.out"; fail "a job reading $data/corpus.txt is refused"; }
+mkdir -p "$TEST_TMPDIR/elsewhere-data" && cp "$data/corpus.txt" "$TEST_TMPDIR/elsewhere-data/"
+spec "$TEST_TMPDIR/elsewhere-data/corpus.txt" > "$TEST_TMPDIR/outside.yaml"
+set +e
+out=$("$LOOMCTL" submit "$TEST_TMPDIR/outside.yaml" --dry_run 2>&1)
+code=$?
+set -e
+[ "$code" = 7 ] || fail "a job reading outside the data roots: exit $code, want 7: $out"
+echo "$out" | grep -q "dataset.path: .* is outside the data roots" || fail "outside: $out"
+echo "own data: admitted inside LOOM_DATA_ROOTS, PERMISSION_DENIED outside"
 bash scripts/local_cluster.sh stop > /dev/null
 
 bash scripts/local_cluster.sh start --workers 1 > /dev/null 2> "$TEST_TMPDIR/start2.err"
