@@ -30,24 +30,16 @@ bool ParseJsonRequest(const std::string& body, loom::v1::SubmitJobRequest* reque
   if (FirstInvalidUtf8(body) == std::string::npos) {
     j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   }
-  const char* key = nullptr;
-  if (j.is_object()) {
-    if (j.contains("spec")) key = "spec";
+  if (!j.is_object() || !j.contains("spec") || !j["spec"].is_object()) {
+    return ParseBody(body, request, res);  // its errors
   }
-  if (key == nullptr || !j[key].is_object()) return ParseBody(body, request, res);  // its errors
-  json spec = std::move(j[key]);
-  j.erase(key);
-  if (!ParseBody(j.dump(), request, res)) return false;
   const std::map<std::string, std::string> none;  // a JSON body sends no files
   loom::cli::SpecFiles files;
   files.uploaded = &none;
-  if (absl::Status s = loom::cli::ApplyDocumentConveniences(spec, files); !s.ok()) {
+  if (absl::Status s = loom::cli::ApplyDocumentConveniences(j["spec"], files); !s.ok()) {
     return Invalid(res, absl::StrCat("spec.", s.message()));
   }
-  loom::v1::SubmitJobRequest with_spec;
-  if (!ParseBody(SafeDump(json{{"spec", std::move(spec)}}), &with_spec, res)) return false;
-  *request->mutable_spec() = std::move(*with_spec.mutable_spec());
-  return true;
+  return ParseBody(SafeDump(j), request, res);
 }
 
 bool ParseBool(const std::string& part, const std::string& value, bool* out,
