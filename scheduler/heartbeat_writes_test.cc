@@ -173,5 +173,39 @@ TEST_F(HeartbeatWritesTest, SilentNodeIsStillLostAfterTheTimeout) {
   EXPECT_EQ(lost, 1);
 }
 
+// Issue 53: a killed job keeps the steps rank 0 made between its last heartbeat and its stop
+// (the record read step 8119 while the rank's final step, which the dashboards showed, was
+// 8199); a later, lower or other-attempt report changes nothing, and the change is stored.
+TEST_F(HeartbeatWritesTest, KilledJobKeepsRankZerosFinalStep) {
+  const Job job = RunTwoRankJob();
+  clock_.Advance(absl::Seconds(1));
+  Beat("node-a", {Stepping(job, 0, 10)});
+  Beat("node-b", {Stepping(job, 1, 10)});
+  ASSERT_TRUE(scheduler_->KillJob(job.id()).ok());
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(Get(job.id()).progress().step(), 10);
+
+  RankStatus stopped = Stepping(job, 0, 14, /*checkpoint_step=*/0);
+  stopped.set_state(loom::v1::RANK_STATE_STOPPED);
+  Beat("node-a", {stopped});
+  EXPECT_EQ(Get(job.id()).progress().step(), 14);
+  EXPECT_DOUBLE_EQ(Get(job.id()).progress().loss(), 3.6);
+  absl::StatusOr<JobRecord> stored = store_->GetJob(job.id());
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->progress.step(), 14) << "the final step is stored, not only held";
+
+  // Rank 1's report does not move the job's progress (rank 0 speaks for the job), nor does a
+  // report of another attempt.
+  RankStatus other = Stepping(job, 1, 20);
+  other.set_state(loom::v1::RANK_STATE_STOPPED);
+  Beat("node-b", {other});
+  RankStatus old_attempt = Stepping(job, 0, 30);
+  old_attempt.set_attempt(job.attempt() + 1);
+  old_attempt.set_state(loom::v1::RANK_STATE_STOPPED);
+  Beat("node-a", {old_attempt});
+  EXPECT_EQ(Get(job.id()).progress().step(), 14);
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_CANCELLED);
+}
+
 }  // namespace
 }  // namespace loom

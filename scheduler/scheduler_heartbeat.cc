@@ -128,6 +128,19 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::HeartbeatLocked(
       continue;
     }
     if (rt.stop_requested || job_it == jobs_.end() || IsTerminal(job_it->second.phase)) {
+      // Rank 0 of a cancelled (or otherwise ended) job's last attempt reports the steps it made
+      // between the last heartbeat and its stop: the record keeps them (issue 53: a killed job
+      // read step 8119 while its rank's final step, which the dashboards showed, was 8199).
+      if (job_it != jobs_.end() && IsTerminal(job_it->second.phase) && st.rank() == 0 &&
+          st.has_progress() && job_it->second.attempt == st.attempt() &&
+          st.progress().step() > job_it->second.progress.step()) {
+        JobRecord updated = job_it->second;
+        updated.progress = MergeProgress(job_it->second.progress, st.progress());
+        if (updated.progress.total_steps() == 0) {
+          updated.progress.set_total_steps(updated.spec.training().steps());
+        }
+        RETURN_IF_ERROR(CommitJob(std::move(updated)));
+      }
       // A rank of an attempt that already failed: perhaps the real cause, reporting late.
       if (st.state() == v1::RANK_STATE_FAILED) {
         RETURN_IF_ERROR(ReconsiderBlame(st, node_id));
