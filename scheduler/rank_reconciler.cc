@@ -20,7 +20,7 @@ void AddNode(const NodeCapacity& node, int used, int sign, CapacityCounts* c) {
   c->live_nodes += sign;
   c->live_nodes_by_slots[{node.kind, node.slots}] += sign;
   c->used_slots += sign * used;
-  c->free_slots += sign * std::max(0, node.slots - used);
+  (node.cordoned ? c->cordoned_slots : c->free_slots) += sign * std::max(0, node.slots - used);
   const int allocated = std::min(node.slots, used);
   c->accelerators[{node.kind, "allocated"}] += sign * allocated;
   c->accelerators[{node.kind, node.cordoned ? "cordoned" : "free"}] +=
@@ -31,7 +31,8 @@ void AddNode(const NodeCapacity& node, int used, int sign, CapacityCounts* c) {
 
 bool CapacityCounts::operator==(const CapacityCounts& other) const {
   if (live_nodes != other.live_nodes || lost_nodes != other.lost_nodes ||
-      free_slots != other.free_slots || used_slots != other.used_slots) {
+      free_slots != other.free_slots || used_slots != other.used_slots ||
+      cordoned_slots != other.cordoned_slots) {
     return false;
   }
   auto nonzero = [](const CapacityCounts& c) {
@@ -62,7 +63,8 @@ std::map<loom::v1::AcceleratorKind, int> CapacityCounts::LargestNodeSlots() cons
 
 std::string CapacityCounts::DebugString() const {
   std::string s = absl::StrCat("nodes live=", live_nodes, " lost=", lost_nodes,
-                               " slots free=", free_slots, " used=", used_slots, " accelerators");
+                               " slots free=", free_slots, " used=", used_slots,
+                               " cordoned=", cordoned_slots, " accelerators");
   for (const auto& [k, v] : accelerators) {
     if (v != 0) absl::StrAppend(&s, " ", static_cast<int>(k.first), "/", k.second, "=", v);
   }

@@ -72,7 +72,10 @@ struct NodeCapacity {
 struct CapacityCounts {
   int live_nodes = 0;
   int lost_nodes = 0;
-  int free_slots = 0;  // on live nodes: max(0, slots - used) each
+  // On live nodes, max(0, slots - used) each: of schedulable nodes (free_slots) and of cordoned
+  // or draining ones (cordoned_slots, which take no new rank).
+  int free_slots = 0;
+  int cordoned_slots = 0;
   int used_slots = 0;  // on live nodes
   std::map<std::pair<loom::v1::AcceleratorKind, std::string>, int> accelerators;
   // Nodes not lost (cordoned ones included) per (kind, slots): the submission check of

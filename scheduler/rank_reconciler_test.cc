@@ -27,7 +27,7 @@ struct Model {
            s != v1::RANK_STATE_STOPPED;
   }
   void Check(const CapacityCounts& got, const std::string& where) const {
-    int live = 0, lost = 0, free = 0, used = 0;
+    int live = 0, lost = 0, free = 0, cordoned = 0, used = 0;
     std::map<std::pair<AcceleratorKind, std::string>, int> acc;
     for (const auto& [id, n] : nodes) {
       int u = 0;
@@ -41,7 +41,7 @@ struct Model {
       }
       ++live;
       used += u;
-      free += n.slots > u ? n.slots - u : 0;
+      (n.cordoned ? cordoned : free) += n.slots > u ? n.slots - u : 0;
       const int alloc = u < n.slots ? u : n.slots;
       acc[{n.kind, "allocated"}] += alloc;
       acc[{n.kind, n.cordoned ? "cordoned" : "free"}] += n.slots - alloc;
@@ -49,6 +49,7 @@ struct Model {
     EXPECT_EQ(got.live_nodes, live) << where;
     EXPECT_EQ(got.lost_nodes, lost) << where;
     EXPECT_EQ(got.free_slots, free) << where;
+    EXPECT_EQ(got.cordoned_slots, cordoned) << where;
     EXPECT_EQ(got.used_slots, used) << where;
     for (const auto& [key, n] : acc) {
       auto it = got.accelerators.find(key);

@@ -612,7 +612,7 @@ void Scheduler::UpdateGauges(bool with_tenant_counts) {
   // Kept incrementally where ranks and nodes change (rank_reconciler.h): no walk over them.
   const CapacityCounts& capacity = reconciler_.capacity();
   metrics_->SetNodes(capacity.live_nodes, capacity.lost_nodes);
-  metrics_->SetRankSlots(capacity.free_slots, capacity.used_slots);
+  metrics_->SetRankSlots(capacity.free_slots, capacity.used_slots, capacity.cordoned_slots);
   if (with_tenant_counts) {
     metrics_->SetTenantJobCounts(tenant_counts_);  // kept by CountPhase: no walk over the jobs
     tenant_counts_at_ = phase_changes_;

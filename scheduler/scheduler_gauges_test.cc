@@ -60,7 +60,7 @@ class SchedulerGaugesTest : public SchedulerTest {
   void ExpectGaugesMatchListNodes(const std::string& where) {
     absl::StatusOr<std::vector<v1::NodeInfo>> nodes = scheduler_->ListNodes();
     ASSERT_TRUE(nodes.ok());
-    int live = 0, lost = 0, free = 0, used = 0;
+    int live = 0, lost = 0, free = 0, cordoned = 0, used = 0;
     for (const v1::NodeInfo& n : *nodes) {
       if (!n.live()) {
         ++lost;
@@ -68,12 +68,13 @@ class SchedulerGaugesTest : public SchedulerTest {
       }
       ++live;
       used += n.used_slots();
-      free += n.free_slots();
+      (n.cordoned() || n.draining() ? cordoned : free) += n.free_slots();
     }
     EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "live"), live) << where;
     EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "lost"), lost) << where;
     EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "used"), used) << where;
     EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "free"), free) << where;
+    EXPECT_EQ(MetricValue(*registry_, "loom_rank_slots", "state", "cordoned"), cordoned) << where;
   }
 };
 

@@ -89,6 +89,7 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                     .Register(registry);
   slots_free_ = &slots.Add({{"state", "free"}});
   slots_used_ = &slots.Add({{"state", "used"}});
+  slots_cordoned_ = &slots.Add({{"state", "cordoned"}});
   tenant_jobs_family_ = &prometheus::BuildGauge()
                              .Name("loom_tenant_jobs")
                              .Help("Jobs by tenant, queue and phase.")
@@ -208,9 +209,10 @@ void SchedulerMetrics::ObserveSchedulingCycle(absl::Duration duration) {
   cycle_seconds_->Observe(absl::ToDoubleSeconds(duration));
 }
 
-void SchedulerMetrics::SetRankSlots(int free, int used) {
+void SchedulerMetrics::SetRankSlots(int free, int used, int cordoned) {
   slots_free_->Set(free);
   slots_used_->Set(used);
+  slots_cordoned_->Set(cordoned);
 }
 
 void SchedulerMetrics::SubmissionsCommitted(int64_t jobs) {

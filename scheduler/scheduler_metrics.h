@@ -10,7 +10,8 @@
 //                                             the start, so increase() counts the first event
 //   loom_nodes{state="live|lost"}             gauge: registered worker nodes
 //   loom_scheduling_cycle_seconds             histogram: duration of one scheduling cycle
-//   loom_rank_slots{state="free|used"}        gauge: rank slots on live nodes
+//   loom_rank_slots{state="free|used|cordoned"} gauge: rank slots on live nodes (cordoned: free
+//                                             slots of cordoned or draining nodes, not free)
 //   loom_job_queue_wait_seconds               histogram: submission to placement (a job leaving
 //                                             PENDING for anything but CANCELLED); buckets from
 //                                             10 ms to 1 day
@@ -74,7 +75,7 @@ class SchedulerMetrics {
   void ObserveQueueWait(absl::Duration wait);
   void SetNodes(int live, int lost);
   void ObserveSchedulingCycle(absl::Duration duration);
-  void SetRankSlots(int free, int used);
+  void SetRankSlots(int free, int used, int cordoned);
 
   // Sets loom_tenant_jobs from (tenant, queue, phase) -> count; earlier combinations missing
   // from `counts` are set to 0.
@@ -102,6 +103,7 @@ class SchedulerMetrics {
   prometheus::Histogram* queue_wait_seconds_;
   prometheus::Gauge* slots_free_;
   prometheus::Gauge* slots_used_;
+  prometheus::Gauge* slots_cordoned_;
   std::map<loom::v1::JobPhase, prometheus::Gauge*> jobs_by_phase_;
   prometheus::Family<prometheus::Gauge>* tenant_jobs_family_;
   prometheus::Family<prometheus::Counter>* admission_family_;

@@ -77,7 +77,9 @@ void DashboardsTruth::AddClusterCheckers(CheckerTable& c) {
       for (const auto& n : s.nodes) {
         if (!n.live()) continue;
         out["{state=used}"] += n.used_slots();
-        out["{state=free}"] += n.free_slots();
+        // A cordoned or draining node takes no new rank: its free slots are not free (an
+        // operator pass read free=2 while a job waited on a full worker and a cordoned one).
+        out[n.cordoned() || n.draining() ? "{state=cordoned}" : "{state=free}"] += n.free_slots();
       }
       return out;
     });
