@@ -32,7 +32,12 @@ RankExitClass ClassifyRankExit(const loom::v1::RankStatus& st, bool had_run) {
     return out;
   }
   const std::string error = absl::AsciiStrToLower(st.error());
-  if (absl::StrContains(error, "out of memory") || st.exit_code() == 137) {
+  // Exit status 137 (SIGKILL) is the OOM killer's only where the worker could not tell
+  // (worker/oom_kill.h): an operator's `kill -9` was counted as "oom" (issue 53).
+  const bool oom_killed =
+      st.oom_kill() == v1::OOM_KILL_YES ||
+      (st.oom_kill() == v1::OOM_KILL_UNKNOWN && st.exit_code() == 137);
+  if (absl::StrContains(error, "out of memory") || oom_killed) {
     out.failure_class = v1::FAILURE_CLASS_OOM;
   } else if (!had_run && (st.exit_code() == 126 || st.exit_code() == 127 ||
                           absl::StrContains(error, "rendezvous"))) {
@@ -48,7 +53,11 @@ std::string RankExitMessage(int32_t rank, const std::string& node_id,
   if (st.term_signal() > 0) {
     const char* name = sigabbrev_np(st.term_signal());
     absl::StrAppend(&msg, " (killed by signal ", st.term_signal(),
-                    name != nullptr ? absl::StrCat(", SIG", name) : "", ")");
+                    name != nullptr ? absl::StrCat(", SIG", name) : "",
+                    st.oom_kill() == v1::OOM_KILL_YES  ? ", by the kernel's OOM killer"
+                    : st.oom_kill() == v1::OOM_KILL_NO ? ", not by the OOM killer"
+                                                       : "",
+                    ")");
   }
   if (st.state() == v1::RANK_STATE_STOPPED) absl::StrAppend(&msg, " (stopped unrequested)");
   if (st.exit_code() == kTrainerExitConfigError && st.term_signal() == 0) {

@@ -10,8 +10,10 @@
 //     data set changed since its first start, or is too small for it; data/dataset_error.h) is
 //     final like 78, reason "DatasetError", class USER: restarting would fail the same way, or
 //     resume the job's trajectory on other data. Otherwise as before: OOM for an
-//     out-of-memory error or exit 137, SETUP for a rank that never ran and could not start
-//     (126/127) or rendezvous, USER otherwise.
+//     out-of-memory error, or a SIGKILL (exit 137) that the worker saw the kernel's OOM killer
+//     make (RankStatus.oom_kill, worker/oom_kill.h) or could not tell apart (no cgroup memory
+//     accounting); a `kill -9` the worker could tell apart is not OOM. SETUP for a rank that
+//     never ran and could not start (126/127) or rendezvous, USER otherwise.
 //   * Failure attribution (CauseScore, IsLikelierCause). When one rank dies, its peers fail too
 //     ("Connection closed by peer"), and their reports may reach the scheduler first. A rank
 //     killed by a signal is the likeliest cause, then a rank failing with its own error, then one

@@ -45,6 +45,27 @@ TEST(RestartPolicyTest, ClassifiesTrainerExitCodes) {
   EXPECT_FALSE(ClassifyRankExit(Exit(kTrainerExitConfigError, "", 1), true).final);
 }
 
+// Issue 53: SIGKILL is the OOM killer's only when the worker saw its cgroup's OOM kill count
+// rise, or could not tell (then as before); an operator's `kill -9` was counted as "oom".
+TEST(RestartPolicyTest, SigkillIsOomOnlyWhenTheWorkerSawTheOomKiller) {
+  loom::v1::RankStatus oom = Exit(137, "", 9), other = Exit(137, "", 9);
+  oom.set_oom_kill(loom::v1::OOM_KILL_YES);
+  other.set_oom_kill(loom::v1::OOM_KILL_NO);
+  EXPECT_EQ(ClassifyRankExit(oom, true).failure_class, loom::v1::FAILURE_CLASS_OOM);
+  EXPECT_EQ(ClassifyRankExit(other, true).failure_class, loom::v1::FAILURE_CLASS_USER);
+  EXPECT_EQ(ClassifyRankExit(Exit(137, "", 9), true).failure_class, loom::v1::FAILURE_CLASS_OOM);
+  // The trainer's own out-of-memory error stays OOM whatever the cgroup says.
+  loom::v1::RankStatus said = Exit(1, "CUDA out of memory. Tried to allocate 2.00 GiB");
+  said.set_oom_kill(loom::v1::OOM_KILL_NO);
+  EXPECT_EQ(ClassifyRankExit(said, true).failure_class, loom::v1::FAILURE_CLASS_OOM);
+  EXPECT_EQ(RankExitMessage(0, "a", oom),
+            "rank 0 on node a exited with code 137 (killed by signal 9, SIGKILL, by the kernel's "
+            "OOM killer)");
+  EXPECT_EQ(RankExitMessage(0, "a", other),
+            "rank 0 on node a exited with code 137 (killed by signal 9, SIGKILL, not by the OOM "
+            "killer)");
+}
+
 TEST(RestartPolicyTest, ExitMessagesNameTheSignalAndTheMeaning) {
   EXPECT_EQ(RankExitMessage(0, "a", Exit(137, "", 9)),
             "rank 0 on node a exited with code 137 (killed by signal 9, SIGKILL)");

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -19,6 +21,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/oom_kill.h"
 #include "worker/trainer/trainer_events.h"
 
 extern char** environ;
@@ -37,6 +40,22 @@ std::string LastLine(const std::string& path) {
   std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::string> lines = absl::StrSplit(tail, '\n', absl::SkipWhitespace());
   return lines.empty() ? "" : lines.back();
+}
+
+// When the checkpoint in step directory `step_dir` was committed: the newest modification time
+// of the files directly in it (its manifests are written after its shards, and the last one
+// commits it; storage/checkpoint/consolidate.h). 0 if the directory cannot be read.
+double CommitTimeUnixSeconds(const std::string& step_dir) {
+  std::error_code ec;
+  double newest = 0;
+  for (std::filesystem::directory_iterator it(step_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    struct stat st;
+    // stat(2) rather than last_write_time: C++17's file clock has no conversion to Unix time.
+    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    newest = std::max(newest, st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
+  }
+  return newest;
 }
 
 }  // namespace
@@ -77,7 +96,10 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
       absl::StrCat("--checkpoint_dir=", a.checkpoint_dir()),
       absl::StrCat("--job_id=", a.job_id()),
   };
-  if (!a.resume_from().empty()) args.push_back(absl::StrCat("--resume_from=", a.resume_from()));
+  if (!a.resume_from().empty()) {
+    args.push_back(absl::StrCat("--resume_from=", a.resume_from()));
+    p->resumed_checkpoint_unix_seconds_ = CommitTimeUnixSeconds(a.resume_from());
+  }
   if (!options.bind_address.empty()) {
     args.push_back(absl::StrCat("--bind_address=", options.bind_address));
   }
@@ -144,6 +166,8 @@ absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(
   sigaddset(&default_signals, SIGPIPE);
   posix_spawnattr_setsigdefault(&attr, &default_signals);
   pid_t pid = -1;
+  // Before the spawn: a kill of this rank must count after this reading.
+  p->oom_kills_at_start_ = ReadOomKillCount();
   int rc = ::posix_spawn(&pid, options.trainer_path.c_str(), &actions, &attr, argv.data(),
                          envp.data());
   posix_spawn_file_actions_destroy(&actions);
@@ -277,7 +301,13 @@ void RankProcess::HandleEvent(const std::string& line) {
       // Step and checkpoint ages count from the rank's start until the first of each arrives.
       stats_.partition_bytes = static_cast<double>(ev.started().partition_bytes());
       stats_.last_step_unix_seconds = now_unix_s;
-      stats_.last_checkpoint_unix_seconds = now_unix_s;
+      // A resumed attempt's newest checkpoint is the one it resumed from, as old as its commit
+      // (issue 53: the age restarted at each attempt, so LoomCheckpointTooOld never fired for a
+      // job that crashes and resumes in a loop).
+      stats_.last_checkpoint_unix_seconds =
+          ev.started().start_step() > 0 && resumed_checkpoint_unix_seconds_ > 0
+              ? resumed_checkpoint_unix_seconds_
+              : now_unix_s;
       stats_.superoffload = !ev.started().superoffload_casting().empty();
       // A resumed attempt starts with the checkpoint it resumed from as its newest one (issue
       // 53: it read 0 until the attempt wrote its own, overstating the steps at risk).
@@ -392,6 +422,14 @@ void RankProcess::ReadEvents(int fd) {
   // For failure attribution (scheduler/restart_policy.h): which rank died first, and how.
   status_.set_exit_time_us(exit_time_us);
   if (WIFSIGNALED(wstatus)) status_.set_term_signal(WTERMSIG(wstatus));
+  if (WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL && oom_kills_at_start_.has_value()) {
+    // The OOM killer and `kill -9` look alike in the exit status; the cgroup's count does not.
+    const std::optional<int64_t> now = ReadOomKillCount();
+    if (now.has_value()) {
+      status_.set_oom_kill(*now > *oom_kills_at_start_ ? loom::v1::OOM_KILL_YES
+                                                       : loom::v1::OOM_KILL_NO);
+    }
+  }
   if (exit_code == 0 && saw_done_) {
     status_.set_state(loom::v1::RANK_STATE_SUCCEEDED);
   } else if (exit_code == 0 && saw_graceful_stop_) {

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,8 +61,10 @@ struct RankStats {
   double tokens = 0;
   double partition_bytes = 0;      // this rank's ZeRO-3 parameter partition ("partition_bytes")
   double peak_gathered_bytes = 0;  // peak all-gathered parameter bytes in the last step
-  // Unix time of the last "step" / "checkpoint" event, or of the "started" event before the
-  // first one, so that their age measures lack of progress of this attempt.
+  // Unix time of the last "step" / "checkpoint" event. Before the first one: of the "started"
+  // event for steps, and for checkpoints the commit time of the checkpoint the attempt resumed
+  // from (the started event's time for a fresh attempt), so that a job that crashes and resumes
+  // in a loop shows its checkpoint ageing.
   double last_step_unix_seconds = 0;
   double last_checkpoint_unix_seconds = 0;
   // Of the last step: seconds blocked in collectives ("comm_s") and that plus seconds spent
@@ -144,6 +147,10 @@ class RankProcess {
 
   pid_t pid_ = -1;
   std::string log_path_;
+  // Commit time (Unix seconds) of the checkpoint this attempt resumes from; 0 without one.
+  double resumed_checkpoint_unix_seconds_ = 0;
+  // The memory cgroup's OOM kill count before the spawn (worker/oom_kill.h); nullopt: unknown.
+  std::optional<int64_t> oom_kills_at_start_;
   absl::Duration stop_grace_;
   std::thread reader_;
   std::thread stderr_reader_;  // joined by reader_ before the exit status is read

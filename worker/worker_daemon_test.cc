@@ -2,9 +2,12 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/time.h>
 
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -353,11 +356,24 @@ TEST_F(WorkerDaemonTest, RunningRankExportsStepTimeMemoryAndCheckpointGauges) {
 }
 
 // Issue 53: an attempt resumed from step 40 has checkpoint step 40 (it read 0 until the attempt
-// wrote its own, 72 steps "at risk" where the truth was 32), and its tokens are a counter.
+// wrote its own, 72 steps "at risk" where the truth was 32) and that checkpoint's commit time
+// (it read the attempt's start, so a crash-looping job's checkpoint never aged), and its tokens
+// are a counter.
 TEST_F(WorkerDaemonTest, ResumedRankReportsTheCheckpointItResumedFrom) {
   WorkerDaemon d(Options(FakeTrainer()), &client_, &metrics_);
+  // The step directory resumed from, committed at Unix time 1,700,000,000.5 (its newest file).
+  const std::string step_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt/step_40");
+  std::filesystem::create_directories(step_dir);
+  for (const char* name : {"rank_0.shard", "manifest_0.json"}) {
+    const std::string path = absl::StrCat(step_dir, "/", name);
+    std::ofstream(path) << "x";
+    const long sec = std::string(name) == "manifest_0.json" ? 1700000000 : 1699999000;
+    const struct timeval times[2] = {{sec, 500000}, {sec, 500000}};
+    ASSERT_EQ(::utimes(path.c_str(), times), 0) << path;
+  }
   loom::v1::HeartbeatResponse start;
   *start.add_start() = Assignment("job-resumed", "resumed");
+  start.mutable_start(0)->set_resume_from(step_dir);
   client_.replies.push_back(start);
   TickUntil(d, "job-resumed", loom::v1::RANK_STATE_RUNNING);
   const std::string key = "{attempt=\"1\",job_id=\"job-resumed\",rank=\"0\"}";
@@ -374,6 +390,10 @@ TEST_F(WorkerDaemonTest, ResumedRankReportsTheCheckpointItResumedFrom) {
   }
   EXPECT_NE(text.find("loom_trainer_last_checkpoint_step" + key + " 40\n"), std::string::npos)
       << text;
+  const std::string stamp = "loom_trainer_last_checkpoint_timestamp_seconds" + key + " ";
+  const size_t at = text.find(stamp);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_DOUBLE_EQ(std::stod(text.substr(at + stamp.size())), 1700000000.5) << text;
   EXPECT_NE(text.find("loom_trainer_tokens_total" + key + " 100\n"), std::string::npos) << text;
   {
     absl::MutexLock l(&client_.mu_);

@@ -267,6 +267,9 @@ struct JobRun {
   int64_t start_step = 0;  // the final attempt's "started" event: 0 or the step resumed from
   std::map<int, v1::FailureClass> restart_class;  // failed attempt -> class of its restart
   std::vector<std::pair<double, double>> first_after_resume;  // (time, last_checkpoint_step)
+  // For a job killed after a checkpoint: when the test killed it, so after that checkpoint's
+  // commit (the resumed attempt's checkpoint age is at least the time since); 0 otherwise.
+  double killed_after_checkpoint_at = 0;
 };
 
 // A numeric field of a trainer event (int64 fields come as strings; zero values are omitted).

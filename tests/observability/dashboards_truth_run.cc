@@ -144,6 +144,7 @@ void DashboardsTruth::RunScenario() {
   std::map<int, pid_t> pids = TrainerPids(r.id());
   ASSERT_EQ(pids.count(0), 1u);
   ASSERT_EQ(::kill(pids[0], SIGKILL), 0);
+  runs_[r.id()].killed_after_checkpoint_at = NowSeconds();
   ASSERT_NO_FATAL_FAILURE(CaptureRestart(r.id(), 1));
 
   // 4. The 2-rank job runs once slots free up; cancelled through the gateway once it steps.
