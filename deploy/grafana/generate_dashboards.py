@@ -90,14 +90,17 @@ d.panel("Accelerators by kind and state", [("sum by (kind, state) (loom_accelera
         desc="Rank slots (one accelerator each) of registered nodes: free, allocated to a rank, cordoned, or on a lost node.")
 d.row("REST gateway (loom-gateway)")
 GW_NOSTREAM = 'route!~".*:watch|.*/logs"'
-d.panel("Gateway requests per second by route and status", [(f"sum by (route, code) (rate(loom_gateway_requests_total[{RI}]))", "{{route}} {{code}}")], unit="reqps")
+# "> 0": every route and code starts at 0 (so a first request counts), and ~200 zero series
+# would fill the legend; only those with traffic in the window are drawn.
+d.panel("Gateway requests per second by route and status", [(f"sum by (route, code) (rate(loom_gateway_requests_total[{RI}])) > 0", "{{route}} {{code}}")], unit="reqps",
+        desc="Routes and statuses with requests in the window (the others are 0 and not drawn).")
 d.panel("Gateway error ratio (5xx)", [(f'(sum(rate(loom_gateway_requests_total{{code=~"5.."}}[{RI}])) or vector(0)) / clamp_min(sum(rate(loom_gateway_requests_total[{RI}])), 1e-9)', "5xx")],
         unit="percentunit", desc="Share of requests answered with a server error. 4xx (the client's mistakes) are not errors of the gateway.")
 d.panel("Gateway latency (excluding streams)", [
     (f"histogram_quantile(0.5, sum by (le) (rate(loom_gateway_request_duration_seconds_bucket{{{GW_NOSTREAM}}}[{RI}])))", "p50"),
     (f"histogram_quantile(0.99, sum by (le) (rate(loom_gateway_request_duration_seconds_bucket{{{GW_NOSTREAM}}}[{RI}])))", "p99")], unit="s",
         desc=":watch and followed logs are streams whose duration is their length, not latency; they are left out.")
-d.panel("Gateway requests by status class (last hour)", [(f'sum by (code) (increase(loom_gateway_requests_total[1h]))', "{{code}}")],
+d.panel("Gateway requests by status class (last hour)", [(f'sum by (code) (increase(loom_gateway_requests_total[1h])) > 0', "{{code}}")],
         desc="Requests answered in the last hour by HTTP status: 4xx are refusals (bad input, limits: 400, 404, 408, 413, 429, 431), 5xx failures.")
 d.write("cluster-overview.json", "loom-cluster-overview", "Loom / Cluster overview",
         "Jobs by phase, nodes, slots, scheduler and worker health.")

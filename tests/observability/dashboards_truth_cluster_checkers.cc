@@ -354,8 +354,9 @@ void DashboardsTruth::AddClusterCheckers(CheckerTable& c) {
                  "\n  (truth: the ConsolidateCheckpoint calls the test made)");
   };
   c[{cp, "Consolidation duration"}] = [this, t_ckpt](const Panel& p) {
-    const std::vector<double> bounds = {0.01, 0.05, 0.1, 0.5, 1,   5,   10,
-                                        30,   60,   120, 300, 600, 1800};
+    const std::vector<double> bounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                        0.25,  0.5,    1,     2.5,  5,     10,   30,
+                                        60,    120,    300,   600,  1800,  3600, 7200};
     ExpectQuantileInBucket(p, 0, 0.5, consolidation_seconds_, bounds, t_ckpt, WholeRun(t_ckpt),
                            true);
     ExpectQuantileInBucket(p, 1, 0.99, consolidation_seconds_, bounds, t_ckpt, WholeRun(t_ckpt),
