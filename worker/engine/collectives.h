@@ -1,6 +1,7 @@
 // Collective communication for the engine's process groups, behind one interface so the CPU
-// path (c10d::ProcessGroupGloo) and a GPU path (NCCL's native reduce_scatter/allgather) share
-// the ZeRO code.
+// path (c10d::ProcessGroupGloo, gloo_collectives.h) and a GPU path (NCCL's native
+// reduce_scatter/allgather) share the ZeRO code. This header holds the interface and the
+// one-rank implementation (CreateLocalCollectives).
 //
 // Every rank of a group must issue the same sequence of calls on it (docs/design/TECHNIQUES.md §0).
 // The Start* calls return a handle at once (the collective runs on the backend's thread, so it
@@ -30,14 +31,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/time.h"
 
 namespace loom::engine {
 
@@ -128,6 +126,8 @@ class Collectives {
   double blocked_seconds() const { return blocked_seconds_; }
 
  protected:
+  // Implementations call this once per collective they start. op: the operation's code
+  // (collectives_internal.h Op: the same code on every implementation, so hashes agree).
   void Record(int op, int64_t numel, int64_t moved) {
     ++collective_count_;
     elements_moved_ += moved;
@@ -145,36 +145,6 @@ class Collectives {
 // World size 1: every collective is a local copy; no process group. NewSubgroup({0}) returns
 // another local group.
 std::unique_ptr<Collectives> CreateLocalCollectives();
-
-struct GlooOptions {
-  int rank = 0;
-  int world_size = 1;
-  std::string master_addr = "127.0.0.1";
-  // Rank 0 listens here (0: the OS chooses); other ranks connect to master_addr:master_port.
-  int master_port = 0;
-  // Address this rank's Gloo transport binds to and its peers dial (loom-trainer passes its
-  // node's advertised address, common/net_address.h GlooBindAddress); "" : the machine's
-  // hostname (Gloo's default device). No address is inferred from master_addr.
-  std::string bind_address;
-  absl::Duration timeout = absl::Seconds(300);
-  // Rank 0 only: called with the bound TCPStore port once it listens, before waiting for peers.
-  std::function<void(int port)> on_listening;
-  // Test only: every get of this rank's rendezvous store waits this long first (a slow rank).
-  absl::Duration test_store_get_delay = absl::ZeroDuration();
-};
-
-// Rendezvous through a c10d::TCPStore and build a c10d::ProcessGroupGloo (subgroups: a
-// c10d::PrefixStore over that store and a new ProcessGroupGloo of the members). All-gather and
-// reduce-scatter are point-to-point sends and receives between the caller's tensors; the
-// reduce-scatter sums in rank order after the receives. Gloo's native _reduce_scatter_base and
-// _allgather_base (LibTorch 2.x) copy through a full-size temporary and were 2-5x slower at the
-// engine's bucket sizes (collectives_bench, docs/benchmarks.md).
-// All-to-all is Gloo's alltoall_base with equal splits.
-// Returns only once every rank has connected (a barrier ends the rendezvous, so a rank that fails
-// and exits right after it cannot strand a slower peer inside Gloo's connect; same for subgroups).
-// Errors: INVALID_ARGUMENT for bad ranks/ports, UNAVAILABLE / DEADLINE_EXCEEDED when peers do
-// not arrive within the timeout.
-absl::StatusOr<std::unique_ptr<Collectives>> CreateGlooCollectives(const GlooOptions& options);
 
 }  // namespace loom::engine
 

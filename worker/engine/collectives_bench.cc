@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/gloo_collectives.h"
 
 ABSL_FLAG(std::string, sizes, "1048576,6553600,16777216",
           "Elements of the full (world x shard) fp32 tensor, comma-separated.");

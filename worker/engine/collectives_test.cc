@@ -3,6 +3,7 @@
 // all-to-all, subgroups (c10d new_group semantics) and bf16 on the wire, each against values
 // computed by hand from rank-tagged inputs.
 #include "worker/engine/collectives.h"
+#include "worker/engine/gloo_collectives.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -56,6 +56,7 @@
 #include "worker/engine/device.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_options.h"
+#include "worker/engine/gloo_collectives.h"
 #include "worker/trainer/exit_codes.h"
 #include "worker/trainer/trainer_events.h"
 

@@ -1,3 +1,8 @@
+// SuperOffloadPipeline: construction, the protocol's steps (BeginStep, a sub-group ready:
+// queued for speculation, FinishStep's commit or rollback), the device sub-groups' step, the
+// restores from the snapshots and the statistics. The speculation thread and its queue are in
+// super_offload_pipeline_speculation.cc, the optimizer state on NVMe in
+// super_offload_pipeline_nvme.cc.
 #include "worker/engine/optim/super_offload_pipeline.h"
 
 #include <ATen/ATen.h>
@@ -159,105 +164,6 @@ absl::Status SuperOffloadPipeline::OnReady(int64_t k) {
   return absl::OkStatus();
 }
 
-void SuperOffloadPipeline::WorkerLoop() {
-  std::unique_lock<std::mutex> l(q_mu_);
-  while (true) {
-    q_cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_
-    Task t = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    l.unlock();
-    RunTask(t, adam_);
-    l.lock();
-    busy_ = false;
-    if (queue_.empty()) idle_cv_.notify_all();
-  }
-}
-
-void SuperOffloadPipeline::RunTask(const Task& t, offload::CpuAdam& adam) {
-  if (options_.test_on_task) options_.test_on_task(t.k, &adam == &helper_adam_);
-  if (t.in_commit) {
-    StepCpuGroup(t.k, t.multiplier, adam);
-    return;
-  }
-  CpuGroup& g = cpu_[t.k - first_cpu_];
-  g.start = Clock::now();
-  // The finiteness check is the squared norm (finite iff every element is: a float's square and
-  // any sum of them fit a double), published for step validation (ComputedSquaredNorm).
-  bool finite = true;
-  for (const Slice& s : t.slices) {
-    const double sq = s.grad != nullptr ? SumOfSquares(s.grad, s.numel) : 0.0;
-    norms_.Publish(s.index, t.epoch, sq);
-    finite = finite && std::isfinite(sq);
-  }
-  if (!finite) {
-    g.nonfinite = true;  // the step overflows: nothing to speculate
-  } else if (options_.nvme != nullptr) {
-    RunNvmeTask(t, g, adam);
-  } else {
-    for (const Slice& s : t.slices) {
-      if (!options_.exact_rollback) break;  // no rollback can happen: no snapshot
-      std::memcpy(g.param.data() + s.offset, s.param, s.numel * sizeof(float));
-      std::memcpy(g.exp_avg.data() + s.offset, s.exp_avg, s.numel * sizeof(float));
-      std::memcpy(g.exp_avg_sq.data() + s.offset, s.exp_avg_sq, s.numel * sizeof(float));
-    }
-    const float mul = static_cast<float>(t.unscale);  // at::mul_'s fp32 scalar
-    for (const Slice& s : t.slices) {
-      const float* grad = s.grad;
-      if (grad != nullptr && t.unscale != 1.0) {
-        float* slot = g.grad.data() + s.offset;
-        for (int64_t j = 0; j < s.numel; ++j) slot[j] = s.grad[j] * mul;
-        grad = slot;
-      }
-      adam.Step(t.step, t.lr, s.param, grad, s.exp_avg, s.exp_avg_sq, s.numel);
-    }
-    g.stepped = true;
-  }
-  g.end = Clock::now();
-}
-
-void SuperOffloadPipeline::RunNvmeTask(const Task& t, CpuGroup& g, offload::CpuAdam& adam) {
-  if (options_.nvme->holdable_groups() < 1) {
-    g.no_buffer = true;  // stepped after validation, from the files
-    return;
-  }
-  std::vector<const float*> grads(plan().num_params(), nullptr);
-  const float mul = static_cast<float>(t.unscale);  // at::mul_'s fp32 scalar
-  for (const Slice& s : t.slices) {
-    grads[s.index] = s.grad;
-    if (s.grad != nullptr && t.unscale != 1.0) {
-      float* slot = g.grad.data() + s.offset;
-      for (int64_t j = 0; j < s.numel; ++j) slot[j] = s.grad[j] * mul;
-      grads[s.index] = slot;
-    }
-  }
-  absl::StatusOr<offload::OffloadOptimizer::HeldGroup> h =
-      options_.nvme->StepGroupHeld(t.k, t.step, t.lr, grads, adam);
-  if (!h.ok()) {
-    g.error = h.status();
-    return;
-  }
-  g.held = *h;
-  g.stepped = true;
-}
-
-bool SuperOffloadPipeline::Drain() {
-  std::unique_lock<std::mutex> l(q_mu_);
-  // Help with what is still queued (backward's last sub-groups), newest first: the speculation
-  // thread takes the oldest, so the two threads meet in the middle of the queue.
-  // Not with the state on NVMe: the swapper takes one thread at a time.
-  while (options_.nvme == nullptr && !queue_.empty()) {
-    Task t = std::move(queue_.back());
-    queue_.pop_back();
-    l.unlock();
-    RunTask(t, helper_adam_);
-    l.lock();
-  }
-  return idle_cv_.wait_for(l, options_.wait_deadline,
-                           [this] { return queue_.empty() && !busy_; });
-}
-
 void SuperOffloadPipeline::AccountTasks(Clock::time_point finish_entered) {
   std::lock_guard<std::mutex> l(stats_mu_);
   ++stats_.steps;
@@ -314,22 +220,6 @@ void SuperOffloadPipeline::StepCpuGroup(int64_t k, double multiplier, offload::C
   }
 }
 
-bool SuperOffloadPipeline::StepCpuGroupsInCommit(const std::vector<int64_t>& ks,
-                                                 double multiplier) {
-  if (ks.empty()) return true;
-  {
-    std::lock_guard<std::mutex> l(q_mu_);
-    for (int64_t k : ks) {
-      Task t{k, step_, lr_, 1.0, {}};
-      t.in_commit = true;
-      t.multiplier = multiplier;
-      queue_.push_back(std::move(t));
-    }
-  }
-  q_cv_.notify_one();
-  return Drain();
-}
-
 void SuperOffloadPipeline::StepDeviceGroups(double multiplier) {
   OptimizerStepArgs args;
   args.step = step_;
@@ -342,12 +232,6 @@ void SuperOffloadPipeline::StepDeviceGroups(double multiplier) {
     for (size_t i = sg.first; i < sg.last; ++i) group.push_back(source_(i));
     ApplyOptimizerStep(options_.optimizer, args, group);
   }
-}
-
-absl::Status SuperOffloadPipeline::DeadlineInCommit() const {
-  return absl::DeadlineExceededError(absl::StrCat(
-      name(), ": step ", step_, ": CPU sub-group steps in FinishStep did not finish within ",
-      options_.wait_deadline.count(), " ms"));
 }
 
 absl::Status SuperOffloadPipeline::Commit(const StepValidation& v) {
@@ -431,74 +315,6 @@ absl::Status SuperOffloadPipeline::Rollback() {
   }
   const Clock::time_point work0 = Clock::now();
   const int64_t restored = RestoreAll();
-  RecordRollback(restored, work0);
-  return absl::OkStatus();
-}
-
-// --- Optimizer state on NVMe (options_.nvme): held swap buffers instead of snapshots.
-
-absl::Status SuperOffloadPipeline::TaskError() const {
-  for (const CpuGroup& g : cpu_) {
-    if (!g.error.ok()) return g.error;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SuperOffloadPipeline::CommitNvme(const StepValidation& v) {
-  const Clock::time_point work0 = Clock::now();
-  absl::Status error = TaskError();
-  if (!error.ok()) {
-    RestoreAll();  // drop whatever is held; the files keep the pre-step state
-    return error;
-  }
-  const int64_t n = plan().num_sub_groups();
-  const size_t num_params = plan().num_params();
-  std::vector<float*> masters(num_params, nullptr);
-  for (size_t i = 0; i < num_params; ++i) masters[i] = source_(i).param.data_ptr<float>();
-  int64_t rolled_back = 0, hits = 0;
-  std::vector<bool> committed(n, false);
-  if (v.clip_coef > 1.0) {
-    rolled_back = RestoreAll();  // the speculative steps used the unclipped gradient
-  } else {
-    for (int64_t k = first_cpu_; k < n; ++k) {
-      CpuGroup& g = cpu_[k - first_cpu_];
-      if (!g.stepped) continue;
-      g.stepped = false;
-      committed[k] = true;
-      ++hits;
-      absl::Status st = options_.nvme->CommitHeldGroup(&g.held, masters);
-      if (!st.ok()) {
-        RestoreAll();
-        return st;
-      }
-    }
-  }
-  // Everything not committed above steps now from the files, as synchronous ZeRO-Infinity does
-  // (offload_pipeline.cc): the gradient multiplied in place, then OffloadOptimizer's step.
-  std::vector<int64_t> rest;
-  std::vector<const float*> grads(num_params, nullptr);
-  for (int64_t k = 0; k < n; ++k) {
-    if (committed[k]) continue;
-    rest.push_back(k);
-    const SubGroup& sg = plan().sub_group(k);
-    for (size_t i = sg.first; i < sg.last; ++i) {
-      OptimizerPartition p = source_(i);
-      if (!p.grad.defined()) continue;
-      if (v.grad_multiplier != 1.0) p.grad.mul_(v.grad_multiplier);
-      grads[i] = p.grad.data_ptr<float>();
-    }
-  }
-  RETURN_IF_ERROR(options_.nvme->StepGroups(rest, step_, lr_, masters, grads));
-  RETURN_IF_ERROR(options_.nvme->Flush());
-  RecordCommit(v, hits, rolled_back, work0);
-  return absl::OkStatus();
-}
-
-absl::Status SuperOffloadPipeline::RollbackNvme() {
-  const Clock::time_point work0 = Clock::now();
-  const absl::Status error = TaskError();
-  const int64_t restored = RestoreAll();  // drops the buffers; the files are untouched
-  RETURN_IF_ERROR(error);
   RecordRollback(restored, work0);
   return absl::OkStatus();
 }

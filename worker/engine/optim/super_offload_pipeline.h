@@ -207,6 +207,8 @@ class SuperOffloadPipeline : public OptimizerPipeline {
 
   SuperOffloadPipeline(const SuperOffloadOptions& options, SubGroupPlan plan,
                        PartitionSource source);
+  // super_offload_pipeline_speculation.cc: WorkerLoop, RunTask, Drain, StepCpuGroupsInCommit,
+  // DeadlineInCommit.
   void WorkerLoop();
   // Runs one queued step with `adam` (the speculation thread's adam_, or helper_adam_ on the
   // thread in FinishStep).
@@ -224,6 +226,7 @@ class SuperOffloadPipeline : public OptimizerPipeline {
   bool StepCpuGroupsInCommit(const std::vector<int64_t>& ks, double multiplier);
   absl::Status DeadlineInCommit() const;  // StepCpuGroupsInCommit's deadline, as a status
   void StepDeviceGroups(double multiplier);
+  // super_offload_pipeline_nvme.cc: RunNvmeTask, CommitNvme, RollbackNvme, TaskError.
   // Commit and Rollback with the state on NVMe (options_.nvme; see above).
   absl::Status CommitNvme(const StepValidation& v);
   absl::Status RollbackNvme();

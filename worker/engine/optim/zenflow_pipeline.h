@@ -215,6 +215,7 @@ class ZenFlowPipeline : public OptimizerPipeline {
                   Collectives* collectives);
   bool is2d(size_t i) const { return params_[i].cols > 0; }
   void InitCpuCopies();
+  // zenflow_pipeline_selection.cc: Reselect, BuildCohorts, AutoBoundary.
   absl::Status Reselect();
   // Rebuilds parameter i's cohorts for the selection col_cohort ([cols]: the cohort of each
   // selected column, -1 elsewhere) with update counts t (per cohort: m's, v's), and
@@ -222,14 +223,15 @@ class ZenFlowPipeline : public OptimizerPipeline {
   // starts with m = 0 and v = init_v ([n] local elements; nullptr: zero).
   void BuildCohorts(size_t i, std::vector<int> col_cohort,
                     std::vector<std::pair<int64_t, int64_t>> t, const float* init_v);
+  absl::StatusOr<bool> AutoBoundary();
   // cpu_param -> master for the unselected columns of every 2-D parameter.
   void Publish();
-  // Blocks on the CPU step in flight, counting the wait as stall.
-  void WaitCpu();
   void RunCpuStep(int64_t t, double lr, int buffer);
+  // zenflow_pipeline_host.cc (with Quiesce, AwaitMaster, Flush, OnReleaseGradients and
+  // ClaimSelective). Blocks on the CPU step in flight, counting the wait as stall.
+  void WaitCpu();
   // Posts RunCpuStep's work to the host thread in chunks (overlap_step).
   void PostCpuStep(int64_t t, double lr, int buffer);
-  absl::StatusOr<bool> AutoBoundary();
 
   const ZenFlowOptions opt_;
   const std::vector<ZenFlowParam> params_;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/gloo_collectives.h"
 
 namespace loom::engine::testing {
 

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "worker/engine/collectives.h"
+#include "worker/engine/gloo_collectives.h"
 #include "worker/engine/model/autograd_ops.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/testing/tiny_llama.h"
