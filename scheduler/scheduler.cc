@@ -211,7 +211,8 @@ void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
 
 absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
     const std::string& job_id, std::function<void()> on_event) {
-  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
+  SetTimestamp(clock_->Now(), event.mutable_time());  // issue 52: events carried no time
   auto waker = std::make_shared<Waker>(std::move(on_event));
   auto sub = std::make_shared<JobSubscription>(job_id, waker, dispatcher_.get());
   absl::MutexLock lock(&mu_);
@@ -227,6 +228,7 @@ absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
       *past.mutable_job() = snapshot.job();
       past.mutable_job()->clear_spec();  // in the Snapshot that follows
       past.mutable_job()->set_phase(static_cast<JobPhase>(h.phase()));
+  SetTimestamp(clock_->Now(), snapshot.mutable_time());
       past.mutable_job()->set_reason(h.reason());
       past.mutable_job()->set_message(h.message());
       past.mutable_job()->set_attempt(h.attempt());

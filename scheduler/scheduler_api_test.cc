@@ -324,17 +324,24 @@ TEST_F(SchedulerApiTest, WatchJobSnapshotThenChangesUntilTheEnd) {
   Job placed = Get(job->id());
   Beat("node-a", {Rank(placed, 0, loom::v1::RANK_STATE_RUNNING, 29500)});  // -> RUNNING
   for (int step = 1; step <= 3; ++step) {
+    clock_.Advance(absl::Seconds(1));
     RankStatus st = Rank(placed, 0, loom::v1::RANK_STATE_RUNNING);
     st.mutable_progress()->set_step(step);
     Beat("node-a", {st});
   }
+  clock_.Advance(absl::Seconds(1));
+  const absl::Time killed_at = clock_.Now();
   ASSERT_TRUE(scheduler_->KillJob(job->id()).ok());
   std::vector<std::string> types;
   std::vector<loom::v1::JobPhase> phases;
   loom::v1::JobEvent e;
+  absl::Time last_time = absl::InfinitePast();
   while ((*sub)->Pop(&e)) {
     types.push_back(e.type());
     phases.push_back(e.job().phase());
+    // Every event says when (issue 52: PhaseChanged and Progress carried no time).
+    ASSERT_TRUE(e.has_time()) << e.type();
+    last_time = absl::FromUnixSeconds(e.time().seconds()) + absl::Nanoseconds(e.time().nanos());
     // Only the Snapshot carries the spec (issue 49: each event repeated all of it); the others
     // carry what changed, with the step count the spec asks for in progress.total_steps.
     EXPECT_EQ(e.job().has_spec(), e.type() == "Snapshot") << e.type();
@@ -347,6 +354,7 @@ TEST_F(SchedulerApiTest, WatchJobSnapshotThenChangesUntilTheEnd) {
   EXPECT_EQ(phases.front(), loom::v1::JOB_PHASE_PENDING);
   EXPECT_EQ(types.back(), "PhaseChanged");
   EXPECT_EQ(phases.back(), loom::v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(last_time, killed_at);
   EXPECT_TRUE((*sub)->ended());
   // The RUNNING phase change is there; progress events coalesced into at most one in a row.
   EXPECT_NE(std::find(phases.begin(), phases.end(), loom::v1::JOB_PHASE_RUNNING), phases.end());

@@ -32,7 +32,7 @@ namespace loom {
 
 absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
     const loom::v1::HeartbeatRequest& request) {
-  RETURN_IF_ERROR(CheckIdLength("node_id", request.node_id()));
+  RETURN_IF_ERROR(CheckRequiredId("node_id", request.node_id()));
   // Output lines first, without the scheduler's lock (the buffer has its own, and deduplicates
   // lines of a retried heartbeat by sequence).
   for (const loom::v1::RankStatus& st : request.ranks()) {

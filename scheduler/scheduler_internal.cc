@@ -79,4 +79,9 @@ std::string NodeAddress(const NodeRecord& node) {
   return node.id;
 }
 
+absl::Status CheckRequiredId(absl::string_view field, const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
+  return CheckIdLength(field, id);
+}
+
 }  // namespace loom

@@ -43,6 +43,9 @@ absl::Status CheckIdLength(absl::string_view field, const std::string& id);
 std::string NodeAddress(const NodeRecord& node);
 
 // Wall time in consecutive phases (Scheduler::CyclePhases): Lap() is the time since the last
+// As CheckIdLength, and INVALID_ARGUMENT "<field>: required" for an empty id (issue 52: GetJob("")
+// answered NOT_FOUND, as if a job of that id could exist).
+absl::Status CheckRequiredId(absl::string_view field, const std::string& id);
 // Lap() (or construction, or Restart()). Not thread-safe (one cycle's own).
 class PhaseClock {
  public:

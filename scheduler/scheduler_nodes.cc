@@ -40,7 +40,7 @@ absl::StatusOr<absl::Duration> Scheduler::RegisterWorker(const std::string& node
                                                          const loom::v1::NodeInventory& inventory,
                                                          const std::string& instance_id) {
   if (node_id.empty()) return absl::InvalidArgumentError("node_id: required");
-  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckRequiredId("node_id", node_id));
   RETURN_IF_ERROR(CheckIdLength("instance_id", instance_id));
   if (inventory.slots() < 1 || inventory.slots() > kMaxSlotsPerNode) {
     return absl::InvalidArgumentError(absl::StrCat("inventory.slots: must be in [1, ",
@@ -151,7 +151,7 @@ absl::StatusOr<std::vector<loom::v1::NodeInfo>> Scheduler::ListNodes() {
 
 absl::StatusOr<loom::v1::NodeInfo> Scheduler::CordonNode(const std::string& node_id,
                                                          const std::string& reason) {
-  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckRequiredId("node_id", node_id));
   RETURN_IF_ERROR(CheckAdminReason(reason));
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
@@ -167,7 +167,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::CordonNode(const std::string& node
 }
 
 absl::StatusOr<loom::v1::NodeInfo> Scheduler::UncordonNode(const std::string& node_id) {
-  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckRequiredId("node_id", node_id));
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node ", node_id, " not found"));
@@ -182,7 +182,7 @@ absl::StatusOr<loom::v1::NodeInfo> Scheduler::UncordonNode(const std::string& no
 
 absl::StatusOr<loom::v1::DrainNodeResponse> Scheduler::DrainNode(const std::string& node_id,
                                                                  const std::string& reason) {
-  RETURN_IF_ERROR(CheckIdLength("node_id", node_id));
+  RETURN_IF_ERROR(CheckRequiredId("node_id", node_id));
   RETURN_IF_ERROR(CheckAdminReason(reason));
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);

@@ -15,7 +15,10 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "proto/scheduler_state.pb.h"
 #include "scheduler/job_spec_validation_limits.h"
 #include "scheduler/job_state.h"
 #include "scheduler/path_policy.h"
@@ -32,7 +35,7 @@ absl::Status Scheduler::JobNotFound(const std::string& job_id) {
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
-  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return JobNotFound(job_id);
@@ -40,7 +43,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::GetJob(const std::string& job_id) {
 }
 
 absl::StatusOr<std::string> Scheduler::JobTenant(const std::string& job_id) {
-  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return JobNotFound(job_id);
@@ -59,28 +62,72 @@ absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
   return out;
 }
 
+namespace {
+
+// The page token that continues after job sequence `after` with the filters of `request`.
+std::string ListJobsPageTokenAfter(const loom::v1::ListJobsRequest& request, int64_t after) {
+  loom::internal::ListJobsPageToken token;
+  token.set_after_sequence(after);
+  token.set_phase(request.phase());
+  token.set_name_prefix(request.name_prefix());
+  token.set_tenant(request.tenant());
+  token.set_queue(request.queue());
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    token.SerializeToCodedStream(&coded);
+  }
+  return absl::WebSafeBase64Escape(bytes);
+}
+
+// The sequence `request`'s page token continues after (0 without one). INVALID_ARGUMENT if it
+// is not a token ListJobs issued (garbage, bytes added) or was issued for other filters.
+absl::StatusOr<int64_t> ListJobsPageTokenStart(const loom::v1::ListJobsRequest& request) {
+  if (request.page_token().empty()) return 0;
+  std::string decoded;
+  loom::internal::ListJobsPageToken token;
+  loom::v1::ListJobsRequest issued;  // the filters the token was issued for
+  if (!absl::WebSafeBase64Unescape(request.page_token(), &decoded) ||
+      !token.ParseFromString(decoded) || token.after_sequence() < 0) {
+    return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs");
+  }
+  issued.set_phase(static_cast<loom::v1::JobPhase>(token.phase()));
+  issued.set_name_prefix(token.name_prefix());
+  issued.set_tenant(token.tenant());
+  issued.set_queue(token.queue());
+  // Parsing skips unknown and repeated fields: only the exact bytes ListJobs wrote are a token.
+  if (ListJobsPageTokenAfter(issued, token.after_sequence()) != request.page_token()) {
+    return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs");
+  }
+  if (issued.phase() != request.phase() || issued.name_prefix() != request.name_prefix() ||
+      issued.tenant() != request.tenant() || issued.queue() != request.queue()) {
+    return absl::InvalidArgumentError(
+        "page_token: issued for other filters (phase, name_prefix, tenant and queue must stay "
+        "the same from page to page; leave page_token out to list with new filters)");
+  }
+  return token.after_sequence();
+}
+
+}  // namespace
+
 absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
     const loom::v1::ListJobsRequest& request) {
   constexpr int kDefaultPageSize = 100, kMaxPageSize = 1000;
   // Well under gRPC's default 4 MB receive limit (a job's spec is at most kMaxJobSpecBytes).
   constexpr size_t kMaxPageBytes = 2 << 20;
-  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat("page_size: must be in [0, ", kMaxPageSize,
-                                                   "], got ", request.page_size()));
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must not be negative, got ", request.page_size()));
   }
-  // phase: 77 would filter on a phase no job can have (an empty page, OK).
+  // An unknown phase number is refused naming the field (it would list nothing).
   RETURN_IF_ERROR(CheckKnownEnumValues(request, ""));
-  const int page_size = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
-  // Token: web-safe base64 of "after:<sequence>".
-  int64_t after = 0;
-  if (!request.page_token().empty()) {
-    std::string decoded;
-    if (!absl::WebSafeBase64Unescape(request.page_token(), &decoded) ||
-        !absl::StartsWith(decoded, "after:") ||
-        !absl::SimpleAtoi(decoded.substr(6), &after) || after < 0) {
-      return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs");
-    }
-  }
+  // Larger sizes are capped, not refused (Google AIP-158): a client asking for "everything"
+  // gets full pages.
+  const int page_size = request.page_size() == 0 ? kDefaultPageSize
+                                                 : std::min(request.page_size(), kMaxPageSize);
+  ASSIGN_OR_RETURN(const int64_t after, ListJobsPageTokenStart(request));
   absl::MutexLock lock(&mu_);
   loom::v1::ListJobsResponse page;
   size_t page_bytes = 0;
@@ -95,14 +142,14 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
       continue;
     }
     if (page.jobs_size() == page_size) {
-      page.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat("after:", last_sequence)));
+      page.set_next_page_token(ListJobsPageTokenAfter(request, last_sequence));
       break;
     }
     loom::v1::Job proto = JobRecordToProto(job);
     // Each repeated element costs its size plus a tag and a length prefix (at most 6 bytes).
     const size_t bytes = proto.ByteSizeLong() + 6;
     if (page.jobs_size() > 0 && page_bytes + bytes > kMaxPageBytes) {
-      page.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat("after:", last_sequence)));
+      page.set_next_page_token(ListJobsPageTokenAfter(request, last_sequence));
       break;
     }
     page_bytes += bytes;
@@ -114,7 +161,7 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
 
 absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
     const std::string& job_id) {
-  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return JobNotFound(job_id);

@@ -28,7 +28,7 @@
 namespace loom {
 
 absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
-  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const JobRecord* found, FindUnendedJob(job_id));
   const JobRecord& job = *found;
@@ -65,7 +65,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::CancelJob(const std::string& job_id) {
 }
 
 absl::StatusOr<loom::v1::Job> Scheduler::KillJob(const std::string& job_id) {
-  RETURN_IF_ERROR(CheckIdLength("job_id", job_id));
+  RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const JobRecord* found, FindUnendedJob(job_id));
   const JobRecord& job = *found;

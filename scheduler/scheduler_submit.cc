@@ -70,6 +70,15 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   bool deduplicated = false;
   auto fail = [&](const absl::Status& status) { done(status, false); };
   if (absl::Status s = CheckIdLength("request_id", request_id); !s.ok()) return fail(s);
+  // Printable ASCII without spaces (a UUID, Google AIP-155): a newline or control character
+  // would be echoed into messages and logs (issue 52 finding 6).
+  for (char c : request_id) {
+    if (c <= ' ' || c > '~') {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "request_id: only printable ASCII without spaces (e.g. a UUID); found '",
+          absl::CEscape(std::string(1, c)), "' in '", absl::CEscape(request_id), "'")));
+    }
+  }
   const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
   // A retry of an earlier submission (same request id): the earlier job, if it is the same
   // tenant's and the same spec. Request ids are unique across tenants; another tenant's job is

@@ -1,5 +1,6 @@
 // The scheduler core through its API: submission, listing, explain, gang placement, worker
 // registration, id limits, metrics and options (scheduler_test_fixture.h).
+#include "absl/strings/escaping.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "scheduler/scheduler_test_fixture.h"
 
@@ -86,6 +87,26 @@ TEST_F(SchedulerTest, SubmissionWithARequestIdIsIdempotent) {
   EXPECT_EQ(after->id(), first->id());
   EXPECT_EQ(scheduler_->SubmitJob(spec, std::string(300, 'x')).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Issue 52 finding 6: a request id with a newline (or a space, a control or non-ASCII byte)
+  // is refused naming the field; it was accepted and echoed into messages and logs.
+  for (const std::string id : std::vector<std::string>{"a\nb", "with space", "\x01x", "caf\xc3\xa9"}) {
+    absl::Status s = scheduler_->SubmitJob(spec, id).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << absl::CEscape(id);
+    EXPECT_EQ(s.message().rfind("request_id: ", 0), 0u) << s;
+  }
+  EXPECT_TRUE(scheduler_->SubmitJob(spec, "3f2b9a4e-0c1d-4e5f-8a7b-1c2d3e4f5a6b").ok());
+}
+
+// Issue 52 finding 6: an empty id is a bad request naming the field, not an unknown job.
+TEST_F(SchedulerTest, EmptyIdsAreInvalidArgumentNotNotFound) {
+  for (absl::Status s : {scheduler_->GetJob("").status(), scheduler_->CancelJob("").status(),
+                         scheduler_->KillJob("").status(),
+                         scheduler_->ExplainPending("").status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message(), "job_id: required");
+  }
+  EXPECT_EQ(scheduler_->CordonNode("", "reason").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SchedulerTest, ListJobsPagesWithTokensAndFilters) {
@@ -120,8 +141,62 @@ TEST_F(SchedulerTest, ListJobsPagesWithTokensAndFilters) {
   bad.set_page_token("not-a-token");
   EXPECT_EQ(scheduler_->ListJobsPage(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad.set_page_token("");
-  bad.set_page_size(5000);
+  bad.set_page_size(-1);
   EXPECT_EQ(scheduler_->ListJobsPage(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 52 finding 6: page sizes over the maximum are capped, not refused; page tokens are
+// opaque (not "after:N"), refused with other filters or with bytes added, and "after:N" tokens
+// a client forged are refused.
+TEST_F(SchedulerTest, PageTokensAreOpaqueAndBoundToTheirFilters) {
+  Register("node-a", 1);
+  for (int i = 0; i < 4; ++i) {
+    loom::v1::JobSpec spec = TestJobSpecWithRanks(1);
+    spec.set_name(absl::StrCat("sweep-", i));
+    ASSERT_TRUE(scheduler_->SubmitJob(spec).ok());
+  }
+  loom::v1::ListJobsRequest all;
+  all.set_page_size(5000);
+  absl::StatusOr<loom::v1::ListJobsResponse> capped = scheduler_->ListJobsPage(all);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->jobs_size(), 4);
+
+  loom::v1::ListJobsRequest sweeps;
+  sweeps.set_name_prefix("sweep-");
+  sweeps.set_page_size(2);
+  absl::StatusOr<loom::v1::ListJobsResponse> first = scheduler_->ListJobsPage(sweeps);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string token = first->next_page_token();
+  ASSERT_FALSE(token.empty());
+  std::string decoded;
+  ASSERT_TRUE(absl::WebSafeBase64Unescape(token, &decoded));
+  EXPECT_EQ(decoded.find("after:"), std::string::npos) << "a readable token: " << decoded;
+
+  sweeps.set_page_token(token);
+  absl::StatusOr<loom::v1::ListJobsResponse> second = scheduler_->ListJobsPage(sweeps);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->jobs_size(), 2);
+  EXPECT_EQ(second->jobs(0).spec().name(), "sweep-2");
+
+  loom::v1::ListJobsRequest other = sweeps;
+  other.set_name_prefix("sweep-3");
+  absl::Status s = scheduler_->ListJobsPage(other).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("page_token: issued for other filters"), std::string::npos) << s;
+  other = sweeps;
+  other.set_phase(loom::v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(scheduler_->ListJobsPage(other).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Bytes added to a real token (a field appended, then base64 again) and forged old-style ones.
+  other = sweeps;
+  other.set_page_token(absl::WebSafeBase64Escape(decoded + std::string("\x08\x01", 2)));
+  s = scheduler_->ListJobsPage(other).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("page_token: not a token"), std::string::npos) << s;
+  other.set_page_token(absl::WebSafeBase64Escape("after:1"));
+  EXPECT_EQ(scheduler_->ListJobsPage(other).status().code(), absl::StatusCode::kInvalidArgument);
+  other.set_page_token(token + "AAAA");
+  EXPECT_EQ(scheduler_->ListJobsPage(other).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SchedulerTest, ExplainPendingGivesReasonPositionAndBlockers) {
