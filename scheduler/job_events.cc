@@ -221,6 +221,12 @@ void JobLogBuffer::MarkEnded(const std::string& job_id) {
   WakeFollowers(job_id);
 }
 
+void JobLogBuffer::MarkResumed(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end()) it->second.ended = false;
+}
+
 bool JobLogBuffer::Ended(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

@@ -146,6 +146,9 @@ class JobLogBuffer {
   // Marks the job ended: followers are woken and see ended() true. Lines may still arrive (a
   // rank's last lines), and are kept.
   void MarkEnded(const std::string& job_id);
+  // Undoes MarkEnded for a job that ResumeJob moved back to PENDING: a later follower waits for
+  // the new attempt's lines instead of stopping at once. The retained lines are kept.
+  void MarkResumed(const std::string& job_id);
   bool Ended(const std::string& job_id) const;
   // Registers `waker` for appends to (and the end of) `job_id`; Unfollow removes it.
   void Follow(const std::string& job_id, const std::shared_ptr<Waker>& waker);

@@ -50,6 +50,11 @@ const std::set<std::pair<JobPhase, JobPhase>>& AllowedEdges() {
 
       {v1::JOB_PHASE_STOPPING, v1::JOB_PHASE_FAILED},
       {v1::JOB_PHASE_STOPPING, v1::JOB_PHASE_CANCELLED},
+
+      // The only edges out of a terminal phase: an explicit ResumeJob (issue 49) continues a
+      // FAILED or CANCELLED job from its newest committed checkpoint. SUCCEEDED stays final.
+      {v1::JOB_PHASE_FAILED, v1::JOB_PHASE_PENDING},
+      {v1::JOB_PHASE_CANCELLED, v1::JOB_PHASE_PENDING},
   };
   return *kEdges;
 }
@@ -57,10 +62,12 @@ const std::set<std::pair<JobPhase, JobPhase>>& AllowedEdges() {
 }  // namespace
 
 absl::Status Transition(JobPhase from, JobPhase to) {
-  if (IsTerminal(from)) {
+  if (IsTerminal(from) && AllowedEdges().count({from, to}) == 0) {
     return absl::FailedPreconditionError(absl::StrCat("job phase ", JobPhaseName(from),
                                                       " is terminal; cannot move to ",
-                                                      JobPhaseName(to)));
+                                                      JobPhaseName(to),
+                                                      " (only ResumeJob moves a FAILED or "
+                                                      "CANCELLED job back to PENDING)"));
   }
   if (AllowedEdges().count({from, to}) == 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -3,7 +3,9 @@
 // The job lifecycle state machine (docs/design/DESIGN.md "Job model"). A job's user-facing phase is
 // the proto enum loom::v1::JobPhase; every phase change in the scheduler goes through Transition(),
 // whose allowed edges live in one table (job_state.cc). Terminal phases (SUCCEEDED, FAILED,
-// CANCELLED) are final: no edge leaves them.
+// CANCELLED) are final except for an explicit ResumeJob (issue 49): FAILED and CANCELLED may go
+// back to PENDING (Scheduler::ResumeJob, the only caller that makes that change); SUCCEEDED is
+// final.
 //
 //   UNSPECIFIED --submit--> PENDING
 //   PENDING    -> ADMITTED | STARTING | FAILED | CANCELLED
@@ -12,6 +14,8 @@
 //   RUNNING    -> PENDING | SUCCEEDED | RECOVERING | STOPPING | FAILED | CANCELLED
 //   RECOVERING -> PENDING | STARTING | STOPPING | FAILED | CANCELLED
 //   STOPPING   -> FAILED | CANCELLED
+//   FAILED     -> PENDING   (ResumeJob only)
+//   CANCELLED  -> PENDING   (ResumeJob only)
 //
 // STARTING/RUNNING -> PENDING requeue a job that did not fail (preemption, node drain).
 // STARTING -> SUCCEEDED exists because a short job's ranks may finish before the scheduler has
@@ -29,10 +33,12 @@
 namespace loom {
 
 // OK if `from` -> `to` is an allowed edge; FAILED_PRECONDITION naming both phases otherwise
-// (including every edge out of a terminal phase and every self-edge). Thread-safe (pure).
+// (including every self-edge and every edge out of a terminal phase but FAILED/CANCELLED ->
+// PENDING). Thread-safe (pure).
 absl::Status Transition(loom::v1::JobPhase from, loom::v1::JobPhase to);
 
-// True for SUCCEEDED, FAILED and CANCELLED.
+// True for SUCCEEDED, FAILED and CANCELLED (a FAILED or CANCELLED job stays terminal until a
+// ResumeJob moves it back to PENDING).
 bool IsTerminal(loom::v1::JobPhase phase);
 
 // Short upper-case name without the prefix: "PENDING", "RUNNING", ... ("UNKNOWN" for values

@@ -41,6 +41,9 @@ const std::set<std::pair<JobPhase, JobPhase>> kExpectedAllowed = {
     {v1::JOB_PHASE_RECOVERING, v1::JOB_PHASE_CANCELLED},
     {v1::JOB_PHASE_STOPPING, v1::JOB_PHASE_FAILED},
     {v1::JOB_PHASE_STOPPING, v1::JOB_PHASE_CANCELLED},
+    // ResumeJob (issue 49).
+    {v1::JOB_PHASE_FAILED, v1::JOB_PHASE_PENDING},
+    {v1::JOB_PHASE_CANCELLED, v1::JOB_PHASE_PENDING},
 };
 
 std::vector<JobPhase> PhasesWithUnspecified() {
@@ -67,19 +70,26 @@ TEST(JobStateTest, EveryEdgeIsAllowedExactlyWhenListed) {
       }
     }
   }
-  EXPECT_EQ(allowed, 29);
-  EXPECT_EQ(forbidden, 10 * 10 - 29);
+  EXPECT_EQ(allowed, 31);
+  EXPECT_EQ(forbidden, 10 * 10 - 31);
 }
 
-TEST(JobStateTest, TerminalPhasesAreFinal) {
+// Terminal phases are final except for ResumeJob's FAILED/CANCELLED -> PENDING.
+TEST(JobStateTest, TerminalPhasesAreFinalExceptForResume) {
   for (JobPhase from : {v1::JOB_PHASE_SUCCEEDED, v1::JOB_PHASE_FAILED, v1::JOB_PHASE_CANCELLED}) {
     EXPECT_TRUE(IsTerminal(from));
     for (JobPhase to : PhasesWithUnspecified()) {
       absl::Status s = Transition(from, to);
+      if (from != v1::JOB_PHASE_SUCCEEDED && to == v1::JOB_PHASE_PENDING) {
+        EXPECT_TRUE(s.ok()) << JobPhaseName(from) << " -> PENDING: " << s;
+        continue;
+      }
       EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
       EXPECT_NE(s.message().find("terminal"), std::string::npos) << s;
     }
   }
+  EXPECT_EQ(Transition(v1::JOB_PHASE_SUCCEEDED, v1::JOB_PHASE_PENDING).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(JobStateTest, NonTerminalPhases) {

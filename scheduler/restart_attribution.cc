@@ -121,7 +121,8 @@ absl::Status Scheduler::ReconsiderBlame(const loom::v1::RankStatus& st,
     RETURN_IF_ERROR(CommitJob(std::move(updated)));
     return EndJob(st.job_id(), v1::JOB_PHASE_FAILED, cls, "RankFailed",
                   absl::StrCat(combined, " (attempt ", st.attempt(), "; all ", max_restarts, " ",
-                               infra ? "infra" : "user", " restarts used)"));
+                               infra ? "infra" : "user", " restarts used)",
+                               ResumeHint(jobs_.at(st.job_id()))));
   }
   return CommitJob(std::move(updated));
 }

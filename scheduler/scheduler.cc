@@ -325,6 +325,7 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   updated.failure_class = failure_class;
   updated.reason = reason;
   if (infra) {
+    absl::StrAppend(&final_message, ResumeHint(job));  // issue 49
     updated.state.set_infra_restarts(restarts_used + 1);
   } else {
     updated.state.set_user_restarts(restarts_used + 1);

@@ -211,6 +211,20 @@ class Scheduler {
   // checkpoint in their nodes' next heartbeat replies. Errors as CancelJob.
   absl::StatusOr<loom::v1::Job> KillJob(const std::string& job_id);
 
+  // Continues a FAILED or CANCELLED job in place (issue 49; scheduler_resume.cc): same id, logs
+  // and history. The job goes back to PENDING (reason "Resumed") with failure_class and end_time
+  // cleared, both restart budgets' counters reset and progress.step / last_checkpoint_step set to
+  // that checkpoint's step, durably; its next placement is attempt + 1 and resumes from the
+  // newest committed checkpoint (RankAssignment.resume_from). Errors:
+  // NOT_FOUND if unknown; INVALID_ARGUMENT for an empty or overlong id; FAILED_PRECONDITION if the job is
+  // not FAILED or CANCELLED (naming its phase), if its checkpoint_dir holds no committed
+  // checkpoint (naming the directory: resubmit instead), or, unless `wait_for_capacity`, if no
+  // set of registered nodes could hold its gang (CheckGangFitsRegisteredNodes);
+  // RESOURCE_EXHAUSTED at the tenant's unfinished-job limit; the catalog's error (e.g.
+  // UNAVAILABLE) if it cannot tell; store errors as returned. The catalog is asked off the lock;
+  // ABORTED if the job changed meanwhile (a concurrent ResumeJob): retry.
+  absl::StatusOr<loom::v1::Job> ResumeJob(const std::string& job_id, bool wait_for_capacity = false);
+
   // Subscribes to `job_id`'s changes. The returned subscription already holds a "Snapshot"
   // event; `on_event` runs on the event dispatcher thread (never under the scheduler's lock)
   // whenever events were queued; the subscriber then drains it with Pop(). The subscription

@@ -45,6 +45,12 @@ std::string RestartNote(bool infra, int32_t restart, int32_t max_restarts) {
   return absl::StrCat(infra ? "infra" : "user", " restart ", restart, " of ", max_restarts);
 }
 
+std::string ResumeHint(const JobRecord& job) {
+  const int64_t step = job.progress.last_checkpoint_step();
+  if (step <= 0) return "";
+  return absl::StrCat("; `loomctl resume ", job.id, "` continues it from step ", step);
+}
+
 void AddSuspect(JobRecord* job, const std::string& node_id) {
   if (node_id.empty()) return;
   for (const std::string& n : job->state.suspect_nodes()) {
@@ -73,15 +79,15 @@ absl::Status CheckIdLength(absl::string_view field, const std::string& id) {
                                                  absl::CEscape(id.substr(0, 32)), "')"));
 }
 
+absl::Status CheckRequiredId(absl::string_view field, const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
+  return CheckIdLength(field, id);
+}
+
 std::string NodeAddress(const NodeRecord& node) {
   if (!node.inventory.address().empty()) return node.inventory.address();
   if (!node.inventory.hostname().empty()) return node.inventory.hostname();
   return node.id;
-}
-
-absl::Status CheckRequiredId(absl::string_view field, const std::string& id) {
-  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
-  return CheckIdLength(field, id);
 }
 
 }  // namespace loom

@@ -34,18 +34,22 @@ bool IsInfraClass(loom::v1::FailureClass c);
 // and ReconsiderBlame, which moves it to the other budget and must rewrite the note (issue 42
 // defect 7: the message said "infra restart 1 of 3" after the record moved it to user_restarts).
 std::string RestartNote(bool infra, int32_t restart, int32_t max_restarts);
+// "; `loomctl resume <id>` continues it from step N", appended to the message of a job that
+// ends FAILED with its restart budget spent, when rank 0 reported a checkpoint (N = its
+// progress.last_checkpoint_step; already in memory, no catalog call). "" when none was reported.
+std::string ResumeHint(const JobRecord& job);
 // Adds `node_id` (if non-empty and new) to the job's suspect nodes.
 void AddSuspect(JobRecord* job, const std::string& node_id);
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* ts);
 // INVALID_ARGUMENT for an id too long to be real (and to be echoed back in an error).
 absl::Status CheckIdLength(absl::string_view field, const std::string& id);
+// As CheckIdLength, and INVALID_ARGUMENT "<field>: required" for an empty id (issue 52: GetJob("")
+// answered NOT_FOUND, as if a job of that id could exist).
+absl::Status CheckRequiredId(absl::string_view field, const std::string& id);
 // The address ranks use to reach the node: inventory address, else hostname, else its id.
 std::string NodeAddress(const NodeRecord& node);
 
 // Wall time in consecutive phases (Scheduler::CyclePhases): Lap() is the time since the last
-// As CheckIdLength, and INVALID_ARGUMENT "<field>: required" for an empty id (issue 52: GetJob("")
-// answered NOT_FOUND, as if a job of that id could exist).
-absl::Status CheckRequiredId(absl::string_view field, const std::string& id);
 // Lap() (or construction, or Restart()). Not thread-safe (one cycle's own).
 class PhaseClock {
  public:

@@ -40,6 +40,24 @@ int OnInterrupted(loom::v1::JobService::Stub& stub, const std::string& id,
 
 }  // namespace
 
+int ResumeJob(loom::v1::JobService::Stub& stub, const std::string& id, bool wait_for_capacity,
+              const FollowContext& ctx, const WaitOptions* wait) {
+  loom::v1::ResumeJobRequest req;
+  req.set_job_id(id);
+  req.set_wait_for_capacity(wait_for_capacity);
+  loom::v1::Job job;
+  grpc::Status s = stub.ResumeJob(ctx.unary().get(), req, &job);
+  if (!s.ok()) return ctx.fail(loom::FromGrpcStatus(s));
+  // The scheduler set the job's step to the checkpoint it resumes from; its next placement is
+  // attempt + 1.
+  std::printf("%s: %s, resumes from step %lld (attempt %d)\n", TerminalSafe(job.id()).c_str(),
+              PhaseName(job.phase()).c_str(),
+              static_cast<long long>(job.progress().last_checkpoint_step()), job.attempt() + 1);
+  std::fflush(stdout);
+  if (wait == nullptr) return 0;
+  return WaitForJob(stub, id, ctx, *wait);
+}
+
 int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx,
                const WaitOptions& options) {
   InstallInterruptFlag();

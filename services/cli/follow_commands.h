@@ -41,6 +41,13 @@ struct WaitOptions {
 int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx,
                const WaitOptions& options);
 
+// `loomctl resume ID [--wait]` (issue 49): ResumeJob, then one line
+// "job-x: PENDING, resumes from step 1200 (attempt 4)"; with `wait` (non-null) the job is then
+// followed as WaitForJob does. A refusal (FAILED_PRECONDITION: not FAILED/CANCELLED, no committed
+// checkpoint, a gang too big without wait_for_capacity; NOT_FOUND) goes through ctx.fail.
+int ResumeJob(loom::v1::JobService::Stub& stub, const std::string& id, bool wait_for_capacity,
+              const FollowContext& ctx, const WaitOptions* wait);
+
 // One line per WatchJob event until the stream ends.
 int WatchJob(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx);
 

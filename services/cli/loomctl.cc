@@ -16,6 +16,9 @@
 //   loomctl cancel JOB_ID                 graceful stop: the ranks write a final checkpoint, then
 //                                         stop (a job not running yet is cancelled at once)
 //   loomctl kill JOB_ID                   stop the ranks now, without a final checkpoint
+//   loomctl resume JOB_ID [--wait]        continue a FAILED or CANCELLED job (same id) from its
+//                                         newest committed checkpoint with fresh restart budgets
+//                                         (--wait_for_capacity, --on_interrupt as for submit)
 //   loomctl wait JOB_ID                   follow a job's step, loss and tokens/s until it ends
 //   loomctl watch JOB_ID                  stream the job's events (WatchJob), one line each,
 //                                         until it ends; for an ended job its retained history
@@ -109,7 +112,7 @@ ABSL_FLAG(std::string, checkpoint, "", "loom-checkpoint address (host:port)");
 ABSL_FLAG(std::string, cluster_dir, "",
           "local cluster directory with ready files (default: $LOOM_HOME/cluster, else "
           ".loom/cluster here or in a parent, else the one local_cluster.sh started last)");
-ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, printing progress");
+ABSL_FLAG(bool, wait, false, "submit, resume: wait for the job to end, printing progress");
 ABSL_FLAG(bool, dry_run, false,
           "submit: run every admission check and print what Loom would use (values filled in, "
           "warnings, the resolved DeepSpeed config) without creating the job (also spelled "
@@ -153,11 +156,11 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, tenant, "", "list: only this tenant's jobs (admins; users see their own)");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
 ABSL_FLAG(std::string, on_interrupt, "ask",
-          "wait, submit --wait: what Ctrl-C does: ask (on a terminal: cancel the job? y/N), "
+          "wait, submit --wait, resume --wait: what Ctrl-C does: ask (on a terminal: cancel the job? y/N), "
           "detach (leave it running, say how to reattach), cancel (cancel the job)");
 ABSL_FLAG(bool, wait_for_capacity, false,
-          "submit: queue the job even when the registered nodes together could never hold its "
-          "ranks (capacity that is coming); without it such a job is refused at once");
+          "submit, resume: queue the job even when the registered nodes together could never hold "
+          "its ranks (capacity that is coming); without it such a job is refused at once");
 
 namespace {
 
@@ -315,7 +318,7 @@ loom::cli::CheckpointCommandContext CheckpointContext() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loomctl <submit FILE.yaml|resolve FILE.yaml|plan FILE.yaml|get ID|list|cancel ID|kill ID|wait ID|watch ID|logs ID|"
+      "loomctl <submit FILE.yaml|resolve FILE.yaml|plan FILE.yaml|get ID|list|cancel ID|kill ID|resume ID|wait ID|watch ID|logs ID|"
       "explain ID|checkpoints ID|"
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
@@ -540,6 +543,22 @@ int main(int argc, char** argv) {
     std::printf("%s %s: %s\n", job.id().c_str(), PhaseName(job.phase()).c_str(),
                 TerminalSafe(job.message()).c_str());
     return 0;
+  }
+  if (cmd == "resume") {
+    if (!need_arg("JOB_ID")) return 2;
+    if (!absl::GetFlag(FLAGS_wait)) {
+      return loom::cli::ResumeJob(*stub, arg, absl::GetFlag(FLAGS_wait_for_capacity), Follow(),
+                                  nullptr);
+    }
+    // A bad --on_interrupt is said before the job is resumed.
+    absl::StatusOr<loom::cli::OnInterrupt> on_interrupt =
+        loom::cli::ParseOnInterrupt(absl::GetFlag(FLAGS_on_interrupt));
+    if (!on_interrupt.ok()) return Fail(on_interrupt.status());
+    loom::cli::WaitOptions wait;
+    wait.timeout = absl::GetFlag(FLAGS_wait_timeout);
+    wait.on_interrupt = *on_interrupt;
+    return loom::cli::ResumeJob(*stub, arg, absl::GetFlag(FLAGS_wait_for_capacity), Follow(),
+                                &wait);
   }
   if (cmd == "watch") {
     if (!need_arg("JOB_ID")) return 2;

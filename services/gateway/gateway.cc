@@ -505,6 +505,7 @@ void JobGateway::Register(httplib::Server& server) {
     loom::v1::Job response;
     reply(res, stub_->KillJob(context(req).get(), request, &response), response);
   });
+  RegisterResume(server);  // gateway_resume.cc
   RegisterLogs(server);
   server.Get(internal::kJobRoute,
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {

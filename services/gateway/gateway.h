@@ -10,6 +10,10 @@
 //   POST /v1/jobs/{id}:cancel                  -> CancelJob       200 Job (graceful: STOPPING
 //                                                 while the ranks write a final checkpoint)
 //   POST /v1/jobs/{id}:kill                    -> KillJob         200 Job (CANCELLED at once)
+//   POST /v1/jobs/{id}:resume  body {"waitForCapacity": true} optional
+//                                              -> ResumeJob       200 Job (a FAILED or CANCELLED
+//                                                 job PENDING again; 400 FAILED_PRECONDITION if
+//                                                 it is not, or has no committed checkpoint)
 //   GET  /v1/jobs/{id}:explain                 -> ExplainPending  200 ExplainPendingResponse
 //   GET  /v1/jobs/{id}:watch                   -> WatchJob        200 text/event-stream: one
 //        server-sent event per JobEvent ("event: <type>", "id: <n>" from 1, "data: <JobEvent
@@ -168,6 +172,8 @@ class JobGateway {
   // gateway_watch.cc, gateway_logs.cc, gateway_checkpoint_routes.cc, gateway_admin_routes.cc.
   void RegisterExplainAndWatch(httplib::Server& server);
   void RegisterLogs(httplib::Server& server);
+  // POST /v1/jobs/{id}:resume (gateway_resume.cc).
+  void RegisterResume(httplib::Server& server);
   void RegisterCheckpointRoutes(httplib::Server& server);
   void RegisterAdminRoutes(httplib::Server& server);
 

@@ -254,6 +254,7 @@ const std::vector<RouteEntry>& Routes() {
       {std::regex(kJobsRoute), {"/v1/jobs", "GET, POST", Access::kUser}},
       {std::regex(kCancelRoute), {"/v1/jobs/{id}:cancel", "POST", Access::kUser}},
       {std::regex(kKillRoute), {"/v1/jobs/{id}:kill", "POST", Access::kUser}},
+      {std::regex(kResumeRoute), {"/v1/jobs/{id}:resume", "POST", Access::kUser}},
       {std::regex(kExplainRoute), {"/v1/jobs/{id}:explain", "GET", Access::kUser}},
       {std::regex(kWatchRoute), {"/v1/jobs/{id}:watch", "GET", Access::kUser}},
       {std::regex(kLogsRoute), {"/v1/jobs/{id}/logs", "GET", Access::kUser}},

@@ -65,6 +65,14 @@ grpc::ServerUnaryReactor* AuthJobService::KillJob(grpc::CallbackServerContext* c
   return inner_->KillJob(context, request, response);
 }
 
+grpc::ServerUnaryReactor* AuthJobService::ResumeJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::ResumeJobRequest* request,
+                                                    loom::v1::Job* response) {
+  absl::Status s = Authorize(*context, request->job_id());  // as CancelJob
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->ResumeJob(context, request, response);
+}
+
 grpc::ServerUnaryReactor* AuthJobService::ExplainPending(
     grpc::CallbackServerContext* context, const loom::v1::ExplainPendingRequest* request,
     loom::v1::ExplainPendingResponse* response) {

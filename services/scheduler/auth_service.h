@@ -61,6 +61,10 @@ class AuthJobService final : public JobServiceBase {
   grpc::ServerUnaryReactor* KillJob(grpc::CallbackServerContext* context,
                                     const loom::v1::KillJobRequest* request,
                                     loom::v1::Job* response) override;
+  // ResumeJob (issue 49): authorized as CancelJob (another tenant's job is NOT_FOUND).
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::ResumeJobRequest* request,
+                                      loom::v1::Job* response) override;
   grpc::ServerUnaryReactor* ExplainPending(grpc::CallbackServerContext* context,
                                            const loom::v1::ExplainPendingRequest* request,
                                            loom::v1::ExplainPendingResponse* response) override;

@@ -171,6 +171,14 @@ TEST_F(AuthServiceTest, TenantsSeeOnlyTheirOwnJobs) {
   cancel.set_job_id(a.id());
   EXPECT_EQ(jobs_->CancelJob(Ctx(kTokenB).get(), cancel, &out).error_code(),
             grpc::StatusCode::NOT_FOUND);
+  // ResumeJob is authorized as CancelJob: another tenant's job does not exist for the caller
+  // (its own job answers the scheduler's FAILED_PRECONDITION: it has not ended).
+  loom::v1::ResumeJobRequest resume;
+  resume.set_job_id(a.id());
+  EXPECT_EQ(jobs_->ResumeJob(Ctx(kTokenB).get(), resume, &out).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(jobs_->ResumeJob(Ctx(kTokenA).get(), resume, &out).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   get.set_job_id(a.id());
   ASSERT_TRUE(jobs_->GetJob(Ctx(kTokenA).get(), get, &out).ok());
   EXPECT_EQ(out.phase(), loom::v1::JOB_PHASE_PENDING);  // the cross-tenant cancel did nothing

@@ -358,6 +358,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::KillJob(grpc::CallbackServerContext* c
   return Answer(context, scheduler_->KillJob(request->job_id()), response);
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::ResumeJobRequest* request,
+                                                    loom::v1::Job* response) {
+  return Answer(context,
+                scheduler_->ResumeJob(request->job_id(), request->wait_for_capacity()), response);
+}
+
 absl::StatusOr<StreamSlot> JobServiceImpl::AcquireStream(const std::string& tenant) {
   if (streams_ == nullptr) return StreamSlot();
   return streams_->Acquire(tenant);

@@ -77,6 +77,10 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::ServerUnaryReactor* KillJob(grpc::CallbackServerContext* context,
                                     const loom::v1::KillJobRequest* request,
                                     loom::v1::Job* response) override;
+  // ResumeJob (issue 49): Scheduler::ResumeJob's answer, errors as it documents them.
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::ResumeJobRequest* request,
+                                      loom::v1::Job* response) override;
   // As tenant "default"; see WatchJobAs / StreamLogsAs.
   grpc::ServerWriteReactor<loom::v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
