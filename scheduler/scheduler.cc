@@ -142,6 +142,9 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   if (from != job.phase) {
     RETURN_IF_ERROR(Transition(from, job.phase));
     AppendHistory(&job.state, clock_->Now(), job.phase, job.reason, job.message, job.attempt);
+    if (job.phase == v1::JOB_PHASE_PENDING) {
+      job.state.set_pending_since_us(absl::ToUnixMicros(clock_->Now()));
+    }
   }
   if (deferred_writes_ != nullptr) {
     (*deferred_writes_)[job.id] = job;  // written in one transaction at the end of the cycle
@@ -156,7 +159,11 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
     if (metrics_ != nullptr) {
       metrics_->PhaseTransition(from, job.phase);
       if (from == v1::JOB_PHASE_PENDING && job.phase != v1::JOB_PHASE_CANCELLED) {
-        metrics_->ObserveQueueWait(clock_->Now() - job.create_time);
+        // Since it entered PENDING: a requeued or resumed job's wait is not its age.
+        metrics_->ObserveQueueWait(clock_->Now() - (job.state.pending_since_us() > 0
+                                                        ? absl::FromUnixMicros(
+                                                              job.state.pending_since_us())
+                                                        : job.create_time));
       }
     }
   }
@@ -205,6 +212,7 @@ void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
   // every event's bytes (2.3 KB of a REST :watch event, issue 49).
   event.mutable_job()->clear_spec();
   event.set_type(phase_changed ? "PhaseChanged" : "Progress");
+  SetTimestamp(clock_->Now(), event.mutable_time());  // issue 52: events carried no time
   for (auto it = begin; it != end; ++it) it->second->Push(event);
   if (terminal) watchers_.erase(begin, end);  // their streams end with this event
 }
@@ -212,7 +220,6 @@ void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
 absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
     const std::string& job_id, std::function<void()> on_event) {
   RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
-  SetTimestamp(clock_->Now(), event.mutable_time());  // issue 52: events carried no time
   auto waker = std::make_shared<Waker>(std::move(on_event));
   auto sub = std::make_shared<JobSubscription>(job_id, waker, dispatcher_.get());
   absl::MutexLock lock(&mu_);
@@ -221,6 +228,7 @@ absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
   loom::v1::JobEvent snapshot;
   *snapshot.mutable_job() = JobRecordToProto(it->second);
   snapshot.set_type("Snapshot");
+  SetTimestamp(clock_->Now(), snapshot.mutable_time());
   if (IsTerminal(it->second.phase)) {
     // An ended job: replay its retained phase changes (its restarts and why) first.
     for (const loom::internal::JobHistoryEntry& h : it->second.state.history()) {
@@ -228,7 +236,6 @@ absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
       *past.mutable_job() = snapshot.job();
       past.mutable_job()->clear_spec();  // in the Snapshot that follows
       past.mutable_job()->set_phase(static_cast<JobPhase>(h.phase()));
-  SetTimestamp(clock_->Now(), snapshot.mutable_time());
       past.mutable_job()->set_reason(h.reason());
       past.mutable_job()->set_message(h.message());
       past.mutable_job()->set_attempt(h.attempt());
@@ -318,6 +325,7 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
       final_message = absl::StrCat(message, " (attempt ", job.attempt, "; all ", max_restarts,
                                    " ", budget, " restarts used)");
     }
+    absl::StrAppend(&final_message, ResumeHint(job));  // issue 49
     return EndJob(job_id, v1::JOB_PHASE_FAILED, failure_class, reason, final_message);
   }
   JobRecord updated = job;
@@ -325,7 +333,6 @@ absl::Status Scheduler::FailAttempt(const std::string& job_id,
   updated.failure_class = failure_class;
   updated.reason = reason;
   if (infra) {
-    absl::StrAppend(&final_message, ResumeHint(job));  // issue 49
     updated.state.set_infra_restarts(restarts_used + 1);
   } else {
     updated.state.set_user_restarts(restarts_used + 1);

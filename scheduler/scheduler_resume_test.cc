@@ -92,6 +92,10 @@ TEST_F(SchedulerResumeTest, FailedJobResumesFromNewestCommittedCheckpointWithFre
   EXPECT_TRUE(failed.has_end_time());
   Beat("node-a", {Rank(second, 0, loom::v1::RANK_STATE_STOPPED)});
 
+  for (int i = 0; i < 20; ++i) {  // the job is 100 s older when it is resumed; nodes stay live
+    clock_.Advance(absl::Seconds(5));
+    for (const char* node : {"node-a", "node-b", "node-c"}) Beat(node);
+  }
   absl::StatusOr<Job> resumed = scheduler_->ResumeJob(job.id());
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   const std::string step30 = job.checkpoint_dir() + "/step_00000030";
@@ -114,8 +118,18 @@ TEST_F(SchedulerResumeTest, FailedJobResumesFromNewestCommittedCheckpointWithFre
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "PENDING"), 1);
   EXPECT_EQ(MetricValue(*registry_, "loom_jobs", "phase", "FAILED"), 0);
 
-  // The next cycle places attempt 3; every rank resumes from step 30.
+  // The next cycle places attempt 3; every rank resumes from step 30. Its queue wait counts
+  // from the resume (7 s), not from its submission (107 s).
+  auto queue_wait_sum = [this] {
+    for (const prometheus::MetricFamily& f : registry_->Collect()) {
+      if (f.name == "loom_job_queue_wait_seconds") return f.metric[0].histogram.sample_sum;
+    }
+    return -1.0;
+  };
+  const double waited_before = queue_wait_sum();
+  clock_.Advance(absl::Seconds(7));
   Cycle();
+  EXPECT_DOUBLE_EQ(queue_wait_sum() - waited_before, 7);
   Job third = Get(job.id());
   ASSERT_EQ(third.phase(), loom::v1::JOB_PHASE_STARTING);
   EXPECT_EQ(third.attempt(), 3);

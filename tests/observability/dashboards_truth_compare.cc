@@ -156,10 +156,12 @@ std::vector<double> DashboardsTruth::QueueWaits() {
   std::vector<double> out;
   for (const auto& [id, run] : runs_) {
     JobPhase from = v1::JOB_PHASE_UNSPECIFIED;
+    double entered = Seconds(run.final.create_time());  // a requeued job waits from its requeue
     for (const HistoryEntry& h : run.history) {
       if (from == v1::JOB_PHASE_PENDING && h.phase != v1::JOB_PHASE_CANCELLED) {
-        out.push_back(h.time - Seconds(run.final.create_time()));
+        out.push_back(h.time - entered);
       }
+      if (h.phase == v1::JOB_PHASE_PENDING && from != v1::JOB_PHASE_UNSPECIFIED) entered = h.time;
       from = h.phase;
     }
   }
