@@ -351,6 +351,15 @@ absl::StatusOr<DeepSpeedConfig> ParseJobDeepSpeedConfig(const loom::v1::JobSpec&
         t.steps(), " steps with ", a.warmup_steps, " warm-up steps (training.lr_scheduler_type",
         t.lr_scheduler_type().empty() ? " unset: the Trainer's default" : "", ")"));
   }
+  // A decay horizon other than the job's step count is allowed (DeepSpeed takes it as written)
+  // but is usually a copied config whose steps were changed in one place only: the schedule
+  // would stop decaying early, or never reach its floor (a newcomer's pass, issue 49).
+  if (c.scheduler.total_num_steps > 0 && c.scheduler.total_num_steps != t.steps()) {
+    c.warnings.push_back(absl::StrCat(
+        kRoot, ".scheduler.params.total_num_steps: ", c.scheduler.total_num_steps,
+        ", but training.steps is ", t.steps(), ": the learning rate schedule runs over ",
+        c.scheduler.total_num_steps, " steps (\"auto\" follows training.steps)"));
+  }
   c.resolved = std::move(notes);
   if (resolved_json != nullptr) *resolved_json = std::move(ds);
   return c;

@@ -130,6 +130,31 @@ TEST(HfTrainerConfigTest, PlainDeepSpeedConfigsKeepDeepSpeedsBehaviour) {
   EXPECT_DOUBLE_EQ(LearningRateAtStep(*c, 7), 1e-3);
 }
 
+// A newcomer's pass (issue 49): a copied config decaying over 300 steps in a job of 20 trained
+// with no word; now a warning names both (allowed: DeepSpeed takes the horizon as written).
+TEST(HfTrainerConfigTest, DecayHorizonOtherThanTheStepCountIsWarnedAbout) {
+  json ds = {{"train_micro_batch_size_per_gpu", 4},
+             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+             {"scheduler",
+              {{"type", "WarmupDecayLR"},
+               {"params", {{"warmup_num_steps", 2}, {"total_num_steps", 300}}}}}};
+  absl::StatusOr<DeepSpeedConfig> c = ParseJobDeepSpeedConfig(Job(ds), 64, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->warnings.size(), 2u);  // and gradient_clipping's
+  EXPECT_EQ(c->warnings[1],
+            "deepspeed_config.scheduler.params.total_num_steps: 300, but training.steps is 20: "
+            "the learning rate schedule runs over 300 steps (\"auto\" follows training.steps)");
+  ds["scheduler"]["params"]["total_num_steps"] = 20;
+  c = ParseJobDeepSpeedConfig(Job(ds), 64, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->warnings.size(), 1u);
+  ds["scheduler"]["params"]["total_num_steps"] = "auto";  // a Trainer config: clipping filled
+  c = ParseJobDeepSpeedConfig(Job(ds), 64, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warnings.empty()) << c->warnings[0];
+  EXPECT_EQ(c->scheduler.total_num_steps, 20);
+}
+
 TEST(HfTrainerConfigTest, ContradictionsAndUnresolvableAutosAreRefusedNamingBoth) {
   json ds = {{"train_micro_batch_size_per_gpu", 4},
              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
