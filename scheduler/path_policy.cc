@@ -110,7 +110,10 @@ absl::StatusOr<std::string> ConfinePath(const std::string& field, const std::str
       ") and outside its jobs' checkpoint directories",
       scratch ? " (the operator lists node-local scratch directories as scratch_roots in the "
                 "scheduler's queues config and the workers' --scratch_roots)"
-              : ""));
+              // A newcomer's pass (issue 49): the message named the roots but not how to add one.
+              : " (the operator adds directories as data_roots in the scheduler's queues config "
+                "and the workers' --data_roots; on a local cluster: scripts/local_cluster.sh "
+                "stop, then LOOM_DATA_ROOTS=DIR,... scripts/local_cluster.sh start)"));
 }
 
 absl::Status ConfineJobSpecPaths(const loom::v1::JobSpec& spec, const std::string& tenant,

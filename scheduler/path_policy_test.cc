@@ -89,6 +89,8 @@ TEST_F(PathPolicyTest, OwnJobsAndOwnDataRootsOnly) {
   ExpectDenied("model.init_from", ckpt_, "team-a", why);
   // Files anywhere else, and another tenant's data root.
   ExpectDenied("dataset.path", "/etc/shadow", "team-a", "is outside the data roots of tenant team-a");
+  // ... and says how a root is added (a newcomer's pass, issue 49).
+  ExpectDenied("dataset.path", "/etc/shadow", "team-a", "LOOM_DATA_ROOTS=DIR,...");
   ExpectDenied("dataset.path", data_b_ + "/secret.txt", "team-a", "is outside the data roots");
   ExpectDenied("dataset.path", "/usr/share/games/fortunes", "team-a", "is outside the data roots");
   // A data root that contains the checkpoint root does not open other tenants' jobs.
