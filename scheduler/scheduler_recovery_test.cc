@@ -89,24 +89,6 @@ TEST_F(SchedulerTest, RestartDoesNotRestartRunningRanksThatTheirWorkersLost) {
   EXPECT_EQ(b.stop(0).job_id(), running.id());
 }
 
-// Writes a committed checkpoint of `step` (every rank's shard + manifest) for `job`.
-void WriteCommittedCheckpoint(const Job& job, int64_t step, int world_size) {
-  for (int r = 0; r < world_size; ++r) {
-    storage::ShardManifest m;
-    m.step = step;
-    m.rank = r;
-    m.world_size = world_size;
-    m.params.push_back({"w", {4}, 4, 0, 0});
-    storage::AssignPartitionLayout(m);
-    std::vector<float> data(m.section_numel, 1.0f);
-    const float* sections[] = {data.data()};
-    ASSERT_TRUE(storage::WriteShard(absl::StrCat(job.checkpoint_dir(), "/",
-                                                 storage::StepDirName(step)),
-                                    m, sections)
-                    .ok());
-  }
-}
-
 TEST_F(SchedulerTest, FailedAttemptWithRestartsLeftResumesFromNewestCommittedCheckpoint) {
   Register("node-a", 1);
   Register("node-b", 1);

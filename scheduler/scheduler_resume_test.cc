@@ -7,25 +7,6 @@
 namespace loom {
 namespace {
 
-// Writes a committed checkpoint of `step` (every rank's shard + manifest) for `job`, through the
-// storage library as a trainer would.
-void WriteCommittedCheckpoint(const Job& job, int64_t step, int world_size) {
-  for (int r = 0; r < world_size; ++r) {
-    storage::ShardManifest m;
-    m.step = step;
-    m.rank = r;
-    m.world_size = world_size;
-    m.params.push_back({"w", {4}, 4, 0, 0});
-    storage::AssignPartitionLayout(m);
-    std::vector<float> data(m.section_numel, 1.0f);
-    const float* sections[] = {data.data()};
-    ASSERT_TRUE(storage::WriteShard(absl::StrCat(job.checkpoint_dir(), "/",
-                                                 storage::StepDirName(step)),
-                                    m, sections)
-                    .ok());
-  }
-}
-
 // Rank 0 reports step `step` with its newest checkpoint at `checkpoint_step`.
 RankStatus Progressing(const Job& job, int64_t step, int64_t checkpoint_step, int port) {
   RankStatus st = Rank(job, 0, loom::v1::RANK_STATE_RUNNING, port);

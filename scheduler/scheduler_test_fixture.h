@@ -17,6 +17,7 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -74,6 +75,25 @@ inline double MetricSum(prometheus::Registry& registry, const std::string& name,
     }
   }
   return sum;
+}
+
+// Writes a committed checkpoint of `step` (every rank's shard + manifest) for `job`, through the
+// storage library as a trainer would.
+inline void WriteCommittedCheckpoint(const Job& job, int64_t step, int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    storage::ShardManifest m;
+    m.step = step;
+    m.rank = r;
+    m.world_size = world_size;
+    m.params.push_back({"w", {4}, 4, 0, 0});
+    storage::AssignPartitionLayout(m);
+    std::vector<float> data(m.section_numel, 1.0f);
+    const float* sections[] = {data.data()};
+    ASSERT_TRUE(storage::WriteShard(absl::StrCat(job.checkpoint_dir(), "/",
+                                                 storage::StepDirName(step)),
+                                    m, sections)
+                    .ok());
+  }
 }
 
 inline RankStatus Rank(const Job& job, int rank, RankState state, int port = 0) {
