@@ -202,6 +202,10 @@ void Scheduler::NoteProgress(const std::string& job_id, loom::v1::Progress progr
 }
 
 void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
+  PublishJobEvent(job, phase_changed ? "PhaseChanged" : "Progress");
+}
+
+void Scheduler::PublishJobEvent(const JobRecord& job, const char* type) {
   const bool terminal = IsTerminal(job.phase);
   if (terminal) logs_->MarkEnded(job.id);
   auto [begin, end] = watchers_.equal_range(job.id);
@@ -211,7 +215,7 @@ void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
   // Only the Snapshot carries the spec: it never changes after submission, and it was most of
   // every event's bytes (2.3 KB of a REST :watch event, issue 49).
   event.mutable_job()->clear_spec();
-  event.set_type(phase_changed ? "PhaseChanged" : "Progress");
+  event.set_type(type);
   SetTimestamp(clock_->Now(), event.mutable_time());  // issue 52: events carried no time
   for (auto it = begin; it != end; ++it) it->second->Push(event);
   if (terminal) watchers_.erase(begin, end);  // their streams end with this event
@@ -601,8 +605,11 @@ void Scheduler::SetPendingReason(JobRecord& job, std::string reason, std::string
   // In memory only: a waiting job's reason and message are recomputed by every cycle (also the
   // first one after a restart), so storing each change would only cost a write per job and
   // cycle. The record is stored with its latest reason at its next phase change.
+  if (job.reason == reason && job.message == message) return;
   job.reason = std::move(reason);
   job.message = std::move(message);
+  // Watchers see it (issue 52: Queued -> Unschedulable inside PENDING never reached them).
+  PublishJobEvent(job, "ReasonChanged");
 }
 
 double Scheduler::MedianStepSeconds(const std::string& job_id) const {

@@ -482,6 +482,8 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a WatchJob event for the job's subscribers after CommitJob changed it.
   void PublishJobChange(const JobRecord& job, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same with the event's type ("PhaseChanged", "Progress", "ReasonChanged").
+  void PublishJobEvent(const JobRecord& job, const char* type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Graceful stops: a stopping rank's final report, escalation to kill, and the end of the stop
   // once no rank of the job is left.
   void RecordStoppingRank(const loom::v1::RankStatus& st, const std::string& node_id)

@@ -377,6 +377,40 @@ TEST_F(SchedulerApiTest, WatchJobSnapshotThenChangesUntilTheEnd) {
   scheduler_->Unwatch(*late);
 }
 
+// Issue 52 finding 3: a waiting job's reason changes inside PENDING reach its watchers (they
+// never did: a client saw "Queued" until the job started), once per change.
+TEST_F(SchedulerApiTest, WatchersSeeAWaitingJobsReasonChange) {
+  Start();
+  Register("node-a");  // one slot
+  absl::StatusOr<Job> first = scheduler_->SubmitJob(TestJobSpecWithRanks(1));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());  // first takes the slot
+  absl::StatusOr<Job> second = scheduler_->SubmitJob(TestJobSpecWithRanks(1));
+  ASSERT_TRUE(second.ok());
+  absl::StatusOr<std::shared_ptr<JobSubscription>> sub =
+      scheduler_->WatchJob(second->id(), [] {});
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  loom::v1::JobEvent e;
+  ASSERT_TRUE((*sub)->Pop(&e));
+  ASSERT_EQ(e.type(), "Snapshot");
+  const std::string submitted_reason = e.job().reason();
+
+  ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());  // second waits for the slot
+  Job waiting = Get(second->id());
+  ASSERT_EQ(waiting.phase(), loom::v1::JOB_PHASE_PENDING);
+  ASSERT_NE(waiting.reason(), submitted_reason);
+  ASSERT_TRUE((*sub)->Pop(&e));
+  EXPECT_EQ(e.type(), "ReasonChanged");
+  EXPECT_EQ(e.job().phase(), loom::v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(e.job().reason(), waiting.reason());
+  EXPECT_EQ(e.job().message(), waiting.message());
+  EXPECT_TRUE(e.has_time());
+  // A cycle that changes nothing sends nothing.
+  ASSERT_TRUE(scheduler_->RunSchedulingCycle().ok());
+  EXPECT_FALSE((*sub)->Pop(&e)) << e.type() << " " << e.job().reason();
+  scheduler_->Unwatch(*sub);
+}
+
 TEST_F(SchedulerApiTest, HeartbeatLogLinesAreBufferedOnceEach) {
   Start();
   Job job = RunTwoRankJob();
