@@ -1,6 +1,7 @@
 #include "services/checkpoint/checkpoint_service.h"
 
 #include "common/grpc_credentials.h"
+#include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "storage/checkpoint/corrupt_mark.h"
 #include "storage/checkpoint/shard_format.h"
@@ -459,6 +460,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(
     std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  ApplyKeepalivePolicy(builder);
   *bound_port = 0;
   const std::string address = absl::StrCat(host, ":", port);
   builder.AddListeningPort(

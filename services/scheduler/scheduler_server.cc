@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_channel.h"
 #include "common/grpc_credentials.h"
+#include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -92,6 +93,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  ApplyKeepalivePolicy(builder);
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, server_creds, &s->port_);
   builder.RegisterService(s->auth_job_service_.get());
