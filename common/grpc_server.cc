@@ -1,6 +1,7 @@
 #include "common/grpc_server.h"
 
 #include <grpc/grpc.h>
+#include <grpcpp/health_check_service_interface.h>
 
 namespace loom {
 
@@ -12,6 +13,19 @@ void ApplyKeepalivePolicy(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kServerPingTimeoutMs);
   // The server's own pings go out however long a stream is quiet (default: 2 without data).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
+void MarkServing(grpc::Server& server, std::initializer_list<const char*> services) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health == nullptr) return;
+  for (const char* service : services) health->SetServingStatus(service, true);
+}
+
+void ShutdownGracefully(grpc::Server& server, std::chrono::system_clock::time_point deadline) {
+  if (grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService()) {
+    health->Shutdown();
+  }
+  server.Shutdown(deadline);
 }
 
 }  // namespace loom

@@ -12,7 +12,11 @@
 #ifndef LOOM_COMMON_GRPC_SERVER_H_
 #define LOOM_COMMON_GRPC_SERVER_H_
 
+#include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
+
+#include <chrono>
+#include <initializer_list>
 
 namespace loom {
 
@@ -22,6 +26,16 @@ inline constexpr int kServerPingTimeoutMs = 10'000;
 
 // Sets the policy above on `builder`.
 void ApplyKeepalivePolicy(grpc::ServerBuilder& builder);
+
+// Health (grpc.health.v1, grpc::EnableDefaultHealthCheckService before the build): marks each
+// of `services` (full names, e.g. "loom.v1.JobService") SERVING beside the server-wide "", so a
+// client can ask about the service it uses (issue 52: they answered NOT_FOUND).
+void MarkServing(grpc::Server& server, std::initializer_list<const char*> services);
+
+// Graceful stop: every health status NOT_SERVING first (health watchers, load balancers and
+// clients hear it before the server goes away), then Server::Shutdown, letting calls in flight
+// finish until `deadline`. Does not Wait().
+void ShutdownGracefully(grpc::Server& server, std::chrono::system_clock::time_point deadline);
 
 }  // namespace loom
 

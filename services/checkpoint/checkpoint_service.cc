@@ -471,6 +471,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartCheckpointServer(
   if (server == nullptr || *bound_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", address));
   }
+  MarkServing(*server, {"loom.v1.CheckpointService"});
   return server;
 }
 

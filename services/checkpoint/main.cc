@@ -24,6 +24,7 @@
 #include "common/auth.h"
 #include "common/daemon.h"
 #include "common/grpc_credentials.h"
+#include "common/grpc_server.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/net_address.h"
@@ -154,7 +155,7 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     LOG(INFO) << "signal " << sig << ": shutting down";
-    srv->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(grace));
+    loom::ShutdownGracefully(*srv, std::chrono::system_clock::now() + std::chrono::seconds(grace));
     LOG(INFO) << "gRPC server shut down";
   });
   srv->Wait();

@@ -103,14 +103,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", address));
   }
-  // Health per service name too (issue 52: "loom.v1.JobService" answered NOT_FOUND), so that a
-  // client or a load balancer can ask about the service it uses.
-  if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
-    for (const char* service : {"loom.v1.JobService", "loom.v1.AdminService",
-                                "loom.v1.WorkerService"}) {
-      health->SetServingStatus(service, true);
-    }
-  }
+  MarkServing(*s->server_, {"loom.v1.JobService", "loom.v1.AdminService", "loom.v1.WorkerService"});
   ASSIGN_OR_RETURN(s->metrics_,
                    MetricsEndpoint::Start(options.host, options.metrics_port, s->registry_,
                                           [server = s.get()] { return server->Ready(); }));
@@ -178,11 +171,8 @@ void SchedulerServer::Shutdown(absl::Duration deadline) {
   if (server_ != nullptr) {
     // NOT_SERVING first, to every health watcher (issue 52: the health Watch never said so
     // before the server went away), then the in-flight calls get `deadline` to finish.
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-      health->Shutdown();
-    }
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+    ShutdownGracefully(*server_, std::chrono::system_clock::now() +
+                                     std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
     server_->Wait();
   }
   if (!stop_loop_.HasBeenNotified()) stop_loop_.Notify();
