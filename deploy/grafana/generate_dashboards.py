@@ -197,10 +197,11 @@ d.panel("Submissions and admissions per minute", [
     (f"sum(rate(loom_jobs_submitted_total[{RI}])) * 60", "submitted"),
     (f'sum(rate(loom_job_phase_transitions_total{{from="PENDING"}}[{RI}])) * 60', "left PENDING"),
     (f'sum(rate(loom_job_phase_transitions_total{{to=~"SUCCEEDED|FAILED|CANCELLED"}}[{RI}])) * 60', "finished")])
-d.panel("Queue wait (submission to placement)", [
+d.panel("Queue wait (entering PENDING to placement)", [
     (f"histogram_quantile(0.5, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p50"),
     (f"histogram_quantile(0.9, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p90"),
-    (f"histogram_quantile(0.99, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p99")], unit="s")
+    (f"histogram_quantile(0.99, sum by (le) (rate(loom_job_queue_wait_seconds_bucket[{RI}])))", "p99")], unit="s",
+        desc="From a job's submission, requeue (preemption, drain) or resume to its placement.")
 d.panel("Outcomes", [(f'sum by (to) (increase(loom_job_phase_transitions_total{{to=~"SUCCEEDED|FAILED|CANCELLED"}}[1h]))', "{{to}}")],
         desc="Jobs that ended in the last hour, by final phase.")
 d.panel("Restarts per hour by cause", [(f"sum by (cause) (increase(loom_job_restarts_total[1h]))", "{{cause}}")],

@@ -530,28 +530,30 @@ void JobGateway::Register(httplib::Server& server) {
                                "whole stream for :watch and followed logs), by route and "
                                "method.")
                          .Register(*options_.registry);
+    // 32 s just above the gateway's 30 s call deadline: a timed-out call (30.01 s, 504) lands in
+    // (30, 32], where a (30, 60] bucket put p99 at 59.7 s (an operator pass, issue 53).
     static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
-        300};
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 32,
+        60, 300};
     // Every series a request can land in exists from the start, at 0: rate() and increase() see
     // a series' first sample as its start, so a series born at its first request never counted
     // that request (the dashboards' truth test found /v1/jobs 200 reading 1 after 2 requests).
-    // Each route and method it serves, with the codes a routed request gets (the gRPC mapping's
-    // and the token check's); rarer ones (405, 408, 411, 413, 414, 431, 501, 504) are born at
-    // their first request. The histogram has no code label: the latency panels sum over codes,
-    // and 20 buckets per code would multiply its series.
-    std::vector<std::pair<std::string, std::string>> served = {{"unmatched", "GET"},
-                                                                {"unmatched", "POST"}};
+    // Each route with each method it serves and every code the gateway answers (the gRPC
+    // mapping's, the token check's and the request limits'), the methods it does not serve with
+    // 405, and unmatched paths with their codes: ~600 series. (An operator pass found 405 and 504
+    // born at their first request, uncounted: issue 53.) Only a method outside HTTP's common set
+    // is born at its first request. The histogram has no code label: the latency panels sum over
+    // codes, and 20 buckets per code would multiply its series.
+    for (const auto& [route, method, code] : internal::PrecreatedRequestSeries()) {
+      requests->Add({{"route", route}, {"method", method}, {"code", code}});
+    }
     for (const internal::RouteInfo& r : internal::AllRoutes()) {
       for (absl::string_view m : absl::StrSplit(r.methods, ", ")) {
-        served.emplace_back(r.route, std::string(m));
+        seconds->Add({{"route", r.route}, {"method", std::string(m)}}, *kBuckets);
       }
     }
-    for (const auto& [route, method] : served) {
-      seconds->Add({{"route", route}, {"method", method}}, *kBuckets);
-      for (const char* code : {"200", "400", "401", "403", "404", "409", "429", "500", "503"}) {
-        requests->Add({{"route", route}, {"method", method}, {"code", code}});
-      }
+    for (const char* m : {"GET", "POST"}) {
+      seconds->Add({{"route", "unmatched"}, {"method", m}}, *kBuckets);
     }
     server.set_logger([requests, seconds](const httplib::Request& req,
                                           const httplib::Response& res) {

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_credentials.h"
 #include "common/problems.h"
 #include "common/utf8.h"
@@ -289,6 +290,32 @@ const RouteInfo* FindRoute(const std::string& path) {
 std::vector<RouteInfo> AllRoutes() {
   std::vector<RouteInfo> out;
   for (const RouteEntry& e : Routes()) out.push_back(e.info);
+  return out;
+}
+
+std::vector<std::array<std::string, 3>> PrecreatedRequestSeries() {
+  static constexpr const char* kMethods[] = {"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD",
+                                             "OPTIONS"};
+  // Answers to a request whose head or body breaks a limit, on any path.
+  static constexpr const char* kLimitCodes[] = {"400", "408", "411", "413", "414", "431"};
+  static constexpr const char* kServedCodes[] = {"200", "400", "401", "403", "404", "405",
+                                                 "408", "409", "411", "413", "414", "416",
+                                                 "429", "431", "500", "501", "503", "504"};
+  std::vector<std::array<std::string, 3>> out;
+  for (const RouteEntry& e : Routes()) {
+    const std::vector<std::string> served = absl::StrSplit(e.info.methods, ", ");
+    for (const char* method : kMethods) {
+      if (std::find(served.begin(), served.end(), method) != served.end()) {
+        for (const char* code : kServedCodes) out.push_back({e.info.route, method, code});
+      } else {
+        out.push_back({e.info.route, method, "405"});
+      }
+    }
+  }
+  for (const char* method : kMethods) out.push_back({"unmatched", method, "404"});
+  for (const char* method : {"GET", "POST"}) {
+    for (const char* code : kLimitCodes) out.push_back({"unmatched", method, code});
+  }
   return out;
 }
 

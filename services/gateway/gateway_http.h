@@ -10,6 +10,7 @@
 #include <grpcpp/support/status.h>
 #include <httplib.h>
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -141,6 +142,16 @@ struct RouteInfo {
 const RouteInfo* FindRoute(const std::string& path);
 // Every route, in matching order (`methods` as "GET, POST").
 std::vector<RouteInfo> AllRoutes();
+
+// The (route, method, code) series of loom_gateway_requests_total created at 0 when the gateway
+// starts, so that increase() counts a series' first request (issue 53): each route with each
+// method it serves and every status the gateway answers (200 and the gRPC mapping's, the token
+// check's and the request limits': 400 401 403 404 405 408 409 411 413 414 416 429 431 500 501
+// 503 504); each route with the other common HTTP methods (GET, POST, PUT, DELETE, PATCH, HEAD,
+// OPTIONS) and 405; "unmatched" with every common method and 404, and with GET and POST and the
+// request-limit codes. ~700 series; what is left to be born at its first request: a method
+// outside the common set, or a request-limit answer to an unserved method.
+std::vector<std::array<std::string, 3>> PrecreatedRequestSeries();
 
 }  // namespace loom::gateway::internal
 

@@ -297,6 +297,16 @@ TEST_F(GatewayClusterTest, MetricsCountRequestsByRouteTemplateMethodAndCode) {
   EXPECT_TRUE(HasRequestsSeries("unmatched", "POST", "404"));
   EXPECT_EQ(Requests("/v1/jobs/{id}/logs", "GET", "200"), 0);
   EXPECT_EQ(DurationCount("/v1/nodes/{id}:drain", "POST"), 0);
+  // ... also the codes an operator pass found born at their first request (issue 53): a PUT or
+  // DELETE on a route that takes GET and POST (405), a scheduler past the gateway's deadline
+  // (504), a DELETE of an unknown path (404).
+  EXPECT_TRUE(HasRequestsSeries("/v1/jobs", "PUT", "405"));
+  EXPECT_TRUE(HasRequestsSeries("/v1/jobs", "GET", "504"));
+  EXPECT_TRUE(HasRequestsSeries("unmatched", "DELETE", "404"));
+  EXPECT_EQ(Requests("/v1/jobs", "DELETE", "405"), 0);
+  auto [code, err] = Call("DELETE", "/v1/jobs", kTeamA);
+  EXPECT_EQ(code, 405) << err;
+  EXPECT_TRUE(AwaitRequests("/v1/jobs", "DELETE", "405", 1));
   // Counters rise by one per request.
   Call("GET", "/v1/jobs/" + id, kTeamA);
   EXPECT_TRUE(AwaitRequests("/v1/jobs/{id}", "GET", "200", 3));

@@ -314,7 +314,7 @@ void DashboardsTruth::AddClusterCheckers(CheckerTable& c) {
     ExpectQuantileInBucket(p, 1, 0.99, durations, bounds, t_sched, WholeRun(t_sched),
                            /*or_below=*/true);
   };
-  c[{qf, "Queue wait (submission to placement)"}] = [this, t_sched](const Panel& p) {
+  c[{qf, "Queue wait (entering PENDING to placement)"}] = [this, t_sched](const Panel& p) {
     const std::vector<double> waits = QueueWaits();
     const std::vector<double> bounds = {0.01, 0.025, 0.05, 0.1,  0.25,  0.5,  1,
                                         2.5,  5,     15,   30,   60,    120,  300,
@@ -456,7 +456,7 @@ void DashboardsTruth::AddClusterCheckers(CheckerTable& c) {
   };
   c[{co, "Gateway latency (excluding streams)"}] = [this, t_gw](const Panel& p) {
     const std::vector<double> bounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                        0.5,    1,     2.5,    5,     10,   30,    60,   300};
+                                        0.5,    1,     2.5,    5,     10,   30,    32,   60,  300};
     ExpectQuantileInBucket(p, 0, 0.5, gateway_latencies_, bounds, t_gw, WholeRun(t_gw), true);
     ExpectQuantileInBucket(p, 1, 0.99, gateway_latencies_, bounds, t_gw, WholeRun(t_gw), true);
   };
