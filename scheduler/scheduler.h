@@ -290,6 +290,14 @@ class Scheduler {
   // quota admission, gang placement, backfill and preemption (docs/scheduling.md).
   absl::Status RunSchedulingCycle();
 
+  // The scheduler itself did not run for `pause` (its process stopped, a VM paused, a cycle
+  // that held the lock): every node's silence is shortened by `pause` (its last heartbeat time
+  // moves forward, never past now), so that the next liveness check does not declare lost the
+  // workers whose heartbeats could not be served (issue 53's operator pass: after a 3 min stop
+  // of the scheduler, every live worker was declared lost and a finished job restarted).
+  // The daemon's loop calls it when an iteration starts late. Thread-safe.
+  void ExcusePause(absl::Duration pause);
+
   // Writes every progress change not stored yet (progress_dirty_, whatever its age) in one
   // transaction; the daemon calls it after its last cycle at shutdown. The store's error if the
   // write fails (memory keeps the progress).

@@ -159,6 +159,11 @@ absl::StatusOr<bool> Scheduler::StartAttempt(const std::string& job_id,
     }
     if (newest.ok()) resume_from_[job_id] = *newest;
     if (newest.ok()) {
+      // The job is back at the checkpoint until the attempt reports: the steps after it are
+      // lost (issue 53's operator pass: an attempt resumed from its final step had nothing to
+      // report, and the job ended SUCCEEDED showing the step before the restart, 491 of 2000).
+      updated.progress.set_step(newest->step);
+      updated.progress.set_last_checkpoint_step(newest->step);
       absl::StrAppend(&updated.message, " (resuming from ", newest->path,
                       newest->skipped.empty() ? "" : absl::StrCat("; ", newest->skipped,
                                                                   ": marked corrupt"),

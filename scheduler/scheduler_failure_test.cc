@@ -462,5 +462,39 @@ TEST_F(SchedulerTest, JobWhoseStepsStopIsHungAndItsAttemptEnds) {
   EXPECT_EQ(Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)}).stop_size(), 1);
 }
 
+// Issue 53's operator pass: after the scheduler itself was stopped for 3 min, it declared every
+// live worker lost (their heartbeats could not be served) and restarted a job. A pause the
+// daemon excuses does not count against the workers; silence after it still does.
+TEST_F(SchedulerTest, AnExcusedPauseOfTheSchedulerLosesNoNode) {
+  Job job = RunTwoRankJob();
+  clock_.Advance(absl::Minutes(3));  // the scheduler did not run: no heartbeat was served
+  scheduler_->ExcusePause(absl::Minutes(3));
+  Cycle();
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "lost"), 0);
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RUNNING);
+  // The workers answer again: nothing happened.
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+  Cycle();
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_RUNNING);
+  // Real silence after the pause is still silence: node-b is lost after the timeout (10 s).
+  clock_.Advance(absl::Seconds(6));
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  clock_.Advance(absl::Seconds(5));
+  Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
+  Cycle();
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "lost"), 1);
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_FAILED);
+}
+
+// Without the excuse the same 3 minutes lose both nodes (what the test above guards against).
+TEST_F(SchedulerTest, AnUnexcusedSilenceLosesTheNodes) {
+  Job job = RunTwoRankJob();
+  clock_.Advance(absl::Minutes(3));
+  Cycle();
+  EXPECT_EQ(MetricValue(*registry_, "loom_nodes", "state", "lost"), 2);
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_FAILED);
+}
+
 }  // namespace
 }  // namespace loom

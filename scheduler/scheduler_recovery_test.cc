@@ -101,6 +101,12 @@ TEST_F(SchedulerTest, FailedAttemptWithRestartsLeftResumesFromNewestCommittedChe
   Beat("node-a", {Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500)});
   Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
   WriteCommittedCheckpoint(job, 10, 2);
+  {
+    RankStatus stepping = Rank(job, 0, loom::v1::RANK_STATE_RUNNING, 29500);
+    stepping.mutable_progress()->set_step(14);
+    stepping.mutable_progress()->set_last_checkpoint_step(10);
+    Beat("node-a", {stepping});
+  }
   // A partial newer checkpoint (rank 1 never reported) must not be used.
   {
     storage::ShardManifest m;
@@ -134,6 +140,11 @@ TEST_F(SchedulerTest, FailedAttemptWithRestartsLeftResumesFromNewestCommittedChe
   Job second = Get(job.id());
   EXPECT_EQ(second.phase(), loom::v1::JOB_PHASE_STARTING);
   EXPECT_EQ(second.attempt(), 2);
+  // Back at step 10 until attempt 2 reports: steps 11-14 are lost (issue 53: it kept showing the
+  // failed attempt's last step, and a job whose resumed attempt had nothing left to do ended
+  // SUCCEEDED at that stale step).
+  EXPECT_EQ(second.progress().step(), 10);
+  EXPECT_EQ(second.progress().last_checkpoint_step(), 10);
   // node-b (the suspect) is avoided: node-a and node-c take the gang.
   EXPECT_EQ(second.rank_nodes(0), "node-a");
   EXPECT_EQ(second.rank_nodes(1), "node-c");

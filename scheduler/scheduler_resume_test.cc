@@ -115,6 +115,7 @@ TEST_F(SchedulerResumeTest, FailedJobResumesFromNewestCommittedCheckpointWithFre
   ASSERT_EQ(third.phase(), loom::v1::JOB_PHASE_STARTING);
   EXPECT_EQ(third.attempt(), 3);
   EXPECT_TRUE(absl::StrContains(third.message(), "resuming from " + step30)) << third.message();
+  EXPECT_EQ(third.progress().step(), 30);  // back at the checkpoint until attempt 3 reports
   ASSERT_EQ(third.rank_nodes_size(), 2);
   HeartbeatResponse start0 = Beat(third.rank_nodes(0));
   ASSERT_EQ(start0.start_size(), 1);

@@ -132,8 +132,17 @@ std::string SchedulerServer::grpc_address() const {
 
 void SchedulerServer::LoopMain() {
   int consecutive_errors = 0;
+  // An iteration that starts this much later than the schedule says means the scheduler itself
+  // did not run (or held its lock in a long cycle): the workers could not be heard meanwhile.
+  constexpr absl::Duration kLateness = absl::Seconds(2);
+  absl::Time previous_start = absl::InfinitePast();
   do {
     const absl::Time start = absl::Now();
+    if (previous_start != absl::InfinitePast()) {
+      const absl::Duration late = start - previous_start - options_.schedule_interval;
+      if (late > kLateness) scheduler_->ExcusePause(late);
+    }
+    previous_start = start;
     absl::Status s = scheduler_->RunSchedulingCycle();
     cycle_ok_ = s.ok();
     if (cycle_trace_ != nullptr) {
