@@ -89,7 +89,8 @@ TEST_F(SchedulerTest, SubmissionWithARequestIdIsIdempotent) {
             absl::StatusCode::kInvalidArgument);
   // Issue 52 finding 6: a request id with a newline (or a space, a control or non-ASCII byte)
   // is refused naming the field; it was accepted and echoed into messages and logs.
-  for (const std::string id : std::vector<std::string>{"a\nb", "with space", "\x01x", "caf\xc3\xa9"}) {
+  const std::vector<std::string> bad_ids = {"a\nb", "with space", "\x01x", "caf\xc3\xa9"};
+  for (const std::string& id : bad_ids) {
     absl::Status s = scheduler_->SubmitJob(spec, id).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << absl::CEscape(id);
     EXPECT_EQ(s.message().rfind("request_id: ", 0), 0u) << s;

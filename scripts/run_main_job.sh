@@ -21,7 +21,7 @@ unset LOOM_GATEWAY_PORT LOOM_QUEUES_CONFIG LOOM_DATA_ROOTS LOOM_SCRATCH_ROOTS \
 export LOOM_RECORD_CLUSTER=0
 
 bash scripts/install_deps.sh
-echo "== building (first build takes a few minutes on 2 cores)"
+echo "== building (the first build takes ~20 min on 2 cores; later ones seconds)"
 bash scripts/build.sh
 
 cleanup() {
