@@ -9,26 +9,15 @@ namespace {
 // the ranks the workers still run.
 TEST_F(SchedulerTest, RestartRecoversJobsFromSqlite) {
   const std::string db = TmpDir() + "/restart.db";
-  {
-    absl::StatusOr<std::unique_ptr<SqliteJobStore>> sqlite = SqliteJobStore::Open(db);
-    ASSERT_TRUE(sqlite.ok()) << sqlite.status();
-    scheduler_.reset();
-    store_ = std::move(*sqlite);
-    Start();
-  }
+  RestartOnSqlite(db);
   Job running = RunTwoRankJob();
   Job pending = Submit(2);
   Cycle();
   ASSERT_EQ(Get(pending.id()).reason(), "WaitingForSlots");
 
   // "Crash": drop the scheduler and the store, reopen the file.
-  scheduler_.reset();
-  store_.reset();
   clock_.Advance(absl::Minutes(5));  // longer than the heartbeat timeout
-  absl::StatusOr<std::unique_ptr<SqliteJobStore>> reopened = SqliteJobStore::Open(db);
-  ASSERT_TRUE(reopened.ok()) << reopened.status();
-  store_ = std::move(*reopened);
-  Start();
+  RestartOnSqlite(db);
 
   Job r = Get(running.id());
   EXPECT_EQ(r.phase(), loom::v1::JOB_PHASE_RUNNING);

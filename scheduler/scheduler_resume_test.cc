@@ -135,13 +135,7 @@ TEST_F(SchedulerResumeTest, FailedJobResumesFromNewestCommittedCheckpointWithFre
 
 TEST_F(SchedulerResumeTest, CancelledJobResumesAndARestartedSchedulerReadsItBackPending) {
   const std::string db = TmpDir() + "/resume.db";
-  {
-    absl::StatusOr<std::unique_ptr<SqliteJobStore>> sqlite = SqliteJobStore::Open(db);
-    ASSERT_TRUE(sqlite.ok()) << sqlite.status();
-    scheduler_.reset();
-    store_ = std::move(*sqlite);
-    Start();
-  }
+  RestartOnSqlite(db);
   Job job = RunTwoRankJob();
   WriteCommittedCheckpoint(job, 40, 2);
   ASSERT_TRUE(scheduler_->KillJob(job.id()).ok());
@@ -156,12 +150,7 @@ TEST_F(SchedulerResumeTest, CancelledJobResumesAndARestartedSchedulerReadsItBack
   EXPECT_EQ(MetricSum(*registry_, "loom_job_phase_transitions_total", "from", "CANCELLED"), 1);
 
   // "Crash" and reopen the file: the resumed job is read back PENDING with its fresh budget.
-  scheduler_.reset();
-  store_.reset();
-  absl::StatusOr<std::unique_ptr<SqliteJobStore>> reopened = SqliteJobStore::Open(db);
-  ASSERT_TRUE(reopened.ok()) << reopened.status();
-  store_ = std::move(*reopened);
-  Start();
+  RestartOnSqlite(db);
   Job back = Get(job.id());
   EXPECT_EQ(back.phase(), loom::v1::JOB_PHASE_PENDING);
   EXPECT_EQ(back.reason(), "Resumed");

@@ -121,6 +121,17 @@ class SchedulerTest : public ::testing::Test {
     Start();
   }
 
+  // A new Scheduler over the SQLite file `db` (created if missing), as a restarted daemon: the
+  // current scheduler and store are dropped first.
+  void RestartOnSqlite(const std::string& db) {
+    scheduler_.reset();
+    store_.reset();
+    absl::StatusOr<std::unique_ptr<SqliteJobStore>> sqlite = SqliteJobStore::Open(db);
+    ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+    store_ = std::move(*sqlite);
+    Start();
+  }
+
   void Start() {
     registry_ = std::make_shared<prometheus::Registry>();
     metrics_ = std::make_unique<SchedulerMetrics>(*registry_);
