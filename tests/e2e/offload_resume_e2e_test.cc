@@ -78,11 +78,7 @@ class OffloadResumeE2ETest : public e2e::E2EClusterTest {
  protected:
   void SetUp() override {
     E2EClusterTest::SetUp();
-    e2e::ClusterOptions options;
-    options.num_workers = 2;
-    options.queues_yaml = "data_roots: [/usr/share/games/fortunes]\nqueues: [{name: default}]\n";
-    options.worker_data_roots = "/usr/share/games/fortunes";
-    const absl::Status started = StartCluster(options);
+    const absl::Status started = StartCluster(e2e::FortunesCluster());
     ASSERT_TRUE(started.ok()) << started;
   }
 

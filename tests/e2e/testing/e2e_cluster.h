@@ -58,6 +58,16 @@ struct ClusterOptions {
   std::string worker_data_roots;  // --data_roots of the workers ("" = flag not passed)
 };
 
+// `num_workers` workers whose jobs may read Debian's fortunes corpus: the scheduler's data roots
+// (queues.yaml) and the workers' --data_roots both name /usr/share/games/fortunes.
+inline ClusterOptions FortunesCluster(int num_workers = 2) {
+  ClusterOptions options;
+  options.num_workers = num_workers;
+  options.queues_yaml = "data_roots: [/usr/share/games/fortunes]\nqueues: [{name: default}]\n";
+  options.worker_data_roots = "/usr/share/games/fortunes";
+  return options;
+}
+
 // A gtest fixture base: a per-test directory, the daemons, stubs and polls.
 class E2EClusterTest : public ::testing::Test {
  protected:
