@@ -120,6 +120,18 @@ absl::Status E2EClusterTest::StartCluster(const ClusterOptions& options) {
     }
     worker_infos_.push_back(info);
   }
+  // A worker announces itself ready before it has registered with the scheduler, and a job
+  // submitted before its nodes registered is refused as unplaceable (regression: a loaded CI
+  // machine submitted offload_resume_e2e_test's job while only worker-0 had registered). Its
+  // /readyz answers 200 once registered.
+  for (size_t i = 0; i < worker_infos_.size(); ++i) {
+    const std::string& url = worker_infos_[i].metrics_url;
+    const std::string readyz = url.substr(0, url.rfind("/metrics")) + "/readyz";
+    if (!Eventually([&] { return testing::HttpGet(readyz).ok(); }, absl::Seconds(60))) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("worker-", i, " did not register with the scheduler within 60 s"));
+    }
+  }
   auto channel =
       grpc::CreateChannel(scheduler_info_.grpc_address, grpc::InsecureChannelCredentials());
   jobs_ = loom::v1::JobService::NewStub(channel);

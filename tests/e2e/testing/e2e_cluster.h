@@ -74,8 +74,9 @@ class E2EClusterTest : public ::testing::Test {
   // Creates tmp_ = <TEST_TMPDIR>/<test name>.
   void SetUp() override;
 
-  // Starts loom-checkpoint (root <tmp>/checkpoints), loom-scheduler and the workers, and
-  // connects jobs_, checkpoints_ and worker_api_. Errors name the daemon that did not start.
+  // Starts loom-checkpoint (root <tmp>/checkpoints), loom-scheduler and the workers, waits
+  // (up to 60 s) until every worker has registered with the scheduler, and connects jobs_,
+  // checkpoints_ and worker_api_. Errors name the daemon that did not start or register.
   absl::Status StartCluster(const ClusterOptions& options);
   // (Re)starts loom-scheduler as `name` on `port` ("0": any) with the cluster's arguments.
   absl::Status StartScheduler(const std::string& name, const std::string& port);
