@@ -212,7 +212,8 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
 
     // 2. The previous attempt's ranks must all have ended (or their node been declared lost)
     // before the next attempt starts: two incarnations of one rank never run at once.
-    // The attempt and the backoff expiry from the keys (IndexJob refreshes them at every commit).
+    // The attempt and the backoff expiry from the keys (job_table.h refreshes them at every
+    // Add and Replace).
     if (waiting.attempt > 0 && slots.has_ranks.count(job_id)) continue;
     if (waiting.not_before_us > 0 && now < absl::FromUnixMicros(waiting.not_before_us)) {
       out.push_back(Wait(

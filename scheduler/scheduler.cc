@@ -48,8 +48,7 @@ Scheduler::~Scheduler() {
   std::vector<std::shared_ptr<JobSubscription>> subs;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, sub] : watchers_) subs.push_back(sub);
-    watchers_.clear();
+    subs = watchers_.TakeAll();
   }
   for (auto& sub : subs) sub->Cancel();
 }
@@ -71,9 +70,6 @@ absl::Status Scheduler::Load() {
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, repository_->ListJobs(v1::JOB_PHASE_UNSPECIFIED));
   std::vector<std::pair<std::string, std::string>> orphaned;  // (job id, node id)
   for (JobRecord& job : jobs) {
-    next_sequence_ = std::max(next_sequence_, job.sequence + 1);
-    job_order_[job.sequence] = job.id;
-    if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;
     const bool placed = job.phase == v1::JOB_PHASE_STARTING || job.phase == v1::JOB_PHASE_RUNNING ||
                         job.phase == v1::JOB_PHASE_STOPPING;
     if (placed && job.attempt > 0) {
@@ -116,18 +112,13 @@ absl::Status Scheduler::Load() {
                      << newest.status();
       }
     }
-    CountPhase(job, job.phase, +1);
-    const std::string job_id = job.id;
-    JobRecord& stored = jobs_[job_id];
-    stored = std::move(job);
-    IndexJob(&stored);
+    jobs_.Add(std::move(job));
   }
   admission_gate_.NoteJobChanged();
-  ++phase_changes_;
   LOG(INFO) << "scheduler state loaded: " << jobs_.size() << " jobs, " << nodes_.size()
             << " nodes, " << reconciler_.ranks().size() << " ranks to re-adopt";
   for (const auto& [job_id, node_id] : orphaned) {
-    if (IsTerminal(jobs_[job_id].phase)) continue;
+    if (IsTerminal(jobs_.at(job_id).phase)) continue;
     RETURN_IF_ERROR(FailAttempt(job_id, v1::FAILURE_CLASS_INFRA, "NodeLost",
                                 absl::StrCat("node ", node_id, " was lost while the scheduler was down"),
                                 node_id));
@@ -152,8 +143,6 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
     RETURN_IF_ERROR(repository_->UpdateJobsVersioned({job}, {++write_version_}));
   }
   if (from != job.phase) {
-    CountPhase(job, from, -1);
-    CountPhase(job, job.phase, +1);
     VLOG(1) << "job " << job.id << ": " << JobPhaseName(from) << " -> " << JobPhaseName(job.phase)
             << (job.message.empty() ? "" : ": ") << job.message;
     if (metrics_ != nullptr) {
@@ -169,11 +158,9 @@ absl::Status Scheduler::CommitJob(JobRecord job) {
   }
   const bool phase_changed = from != job.phase;
   progress_dirty_.erase(job.id);  // this write (or the cycle's) carries the progress too
-  it->second = std::move(job);
-  IndexJob(&it->second);
+  const JobRecord& stored = jobs_.Replace(std::move(job));  // indexes and counts follow
   admission_gate_.NoteJobChanged();  // the next admission pass must look again
-  if (phase_changed) ++phase_changes_;
-  PublishJobChange(it->second, phase_changed);
+  PublishJobChange(stored, phase_changed);
   return absl::OkStatus();
 }
 
@@ -206,63 +193,23 @@ void Scheduler::PublishJobChange(const JobRecord& job, bool phase_changed) {
 }
 
 void Scheduler::PublishJobEvent(const JobRecord& job, const char* type) {
-  const bool terminal = IsTerminal(job.phase);
-  if (terminal) logs_->MarkEnded(job.id);
-  auto [begin, end] = watchers_.equal_range(job.id);
-  if (begin == end) return;
-  loom::v1::JobEvent event;
-  *event.mutable_job() = JobRecordToProto(job);
-  // Only the Snapshot carries the spec: it never changes after submission, and it was most of
-  // every event's bytes (2.3 KB of a REST :watch event, issue 49).
-  event.mutable_job()->clear_spec();
-  event.set_type(type);
-  SetTimestamp(clock_->Now(), event.mutable_time());  // issue 52: events carried no time
-  for (auto it = begin; it != end; ++it) it->second->Push(event);
-  if (terminal) watchers_.erase(begin, end);  // their streams end with this event
+  if (IsTerminal(job.phase)) logs_->MarkEnded(job.id);
+  watchers_.Publish(job, type, clock_->Now());
 }
 
 absl::StatusOr<std::shared_ptr<JobSubscription>> Scheduler::WatchJob(
     const std::string& job_id, std::function<void()> on_event) {
   RETURN_IF_ERROR(CheckRequiredId("job_id", job_id));
-  auto waker = std::make_shared<Waker>(std::move(on_event));
-  auto sub = std::make_shared<JobSubscription>(job_id, waker, dispatcher_.get());
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // no change of the job between its snapshot and the subscription
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return JobNotFound(job_id);
-  loom::v1::JobEvent snapshot;
-  *snapshot.mutable_job() = JobRecordToProto(it->second);
-  snapshot.set_type("Snapshot");
-  SetTimestamp(clock_->Now(), snapshot.mutable_time());
-  if (IsTerminal(it->second.phase)) {
-    // An ended job: replay its retained phase changes (its restarts and why) first.
-    for (const loom::internal::JobHistoryEntry& h : it->second.state.history()) {
-      loom::v1::JobEvent past;
-      *past.mutable_job() = snapshot.job();
-      past.mutable_job()->clear_spec();  // in the Snapshot that follows
-      past.mutable_job()->set_phase(static_cast<JobPhase>(h.phase()));
-      past.mutable_job()->set_reason(h.reason());
-      past.mutable_job()->set_message(h.message());
-      past.mutable_job()->set_attempt(h.attempt());
-      past.set_type("History");
-      SetTimestamp(absl::FromUnixMicros(h.time_us()), past.mutable_time());
-      sub->Push(std::move(past));
-    }
-  }
-  sub->Push(std::move(snapshot));
-  if (!sub->ended()) watchers_.emplace(job_id, sub);
-  return sub;
+  return watchers_.Subscribe(it->second, clock_->Now(), std::move(on_event));
 }
 
 void Scheduler::Unwatch(const std::shared_ptr<JobSubscription>& subscription) {
   subscription->Cancel();  // outside mu_: waits for a running callback
   absl::MutexLock lock(&mu_);
-  auto [begin, end] = watchers_.equal_range(subscription->job_id());
-  for (auto it = begin; it != end; ++it) {
-    if (it->second == subscription) {
-      watchers_.erase(it);
-      break;
-    }
-  }
+  watchers_.Remove(subscription);
 }
 
 absl::Status Scheduler::MarkSucceeded(const std::string& job_id, const std::string& message) {
@@ -439,9 +386,9 @@ absl::Status Scheduler::RunSchedulingCycle() {
     // Jobs that may be placed again this cycle need their resume checkpoint: waiting for a new
     // attempt, and every rank of the previous one ended. The lookups run on the checkpoint
     // worker's thread (checkpoint_worker.h), never under this lock nor in this loop.
-    // Only jobs placed before (active_jobs_), not every job ever submitted.
+    // Only jobs placed before (jobs_.active()), not every job ever submitted.
     std::vector<std::string> wanted;
-    for (const auto& [job_id, job] : active_jobs_) {
+    for (const auto& [job_id, job] : jobs_.active()) {
       if (job->attempt == 0 ||
           (job->phase != v1::JOB_PHASE_PENDING && job->phase != v1::JOB_PHASE_RECOVERING)) {
         continue;
@@ -465,7 +412,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
   absl::ReleasableMutexLock lock(&mu_);
   timer.Restart();  // waiting for the lock is no phase's own time
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> results;
-  for (const auto& [job_id, job] : active_jobs_) {
+  for (const auto& [job_id, job] : jobs_.active()) {
     if (job->attempt == 0 ||
         (job->phase != v1::JOB_PHASE_PENDING && job->phase != v1::JOB_PHASE_RECOVERING)) {
       continue;
@@ -486,7 +433,7 @@ absl::Status Scheduler::RunSchedulingCycle() {
   absl::Status placed = absl::OkStatus();
   phases.checks += timer.Lap();  // the resume answers and the gate's choice, under the lock
   if (pass == AdmissionPassStats::Kind::kSkipped) {
-    admission_gate_.NoteSkipped(static_cast<int>(waiting_jobs_.size()));
+    admission_gate_.NoteSkipped(static_cast<int>(jobs_.waiting().size()));
   } else {
     placed = PlacePendingJobs(
         pass == AdmissionPassStats::Kind::kFull ? 0 : options_.admission_queue_depth, &phases);
@@ -616,46 +563,32 @@ double Scheduler::MedianStepSeconds(const std::string& job_id) const {
   return reconciler_.MedianStepSeconds(job_id);
 }
 
-void Scheduler::CountPhase(const JobRecord& job, JobPhase phase, int delta) {
-  phase_counts_[phase] += delta;
-  tenant_counts_[{job.tenant, QueueOf(job.spec), phase}] += delta;
-}
-
 void Scheduler::UpdateGauges(bool with_tenant_counts) {
   if (metrics_ == nullptr) return;
   // Tenant counts change only with a phase (tenant and queue are fixed at submission).
-  if (tenant_counts_at_ == phase_changes_) with_tenant_counts = false;
-  metrics_->SetJobCounts(phase_counts_);
+  if (tenant_counts_at_ == jobs_.phase_changes()) with_tenant_counts = false;
+  metrics_->SetJobCounts(jobs_.phase_counts());
   // Kept incrementally where ranks and nodes change (rank_reconciler.h): no walk over them.
   const CapacityCounts& capacity = reconciler_.capacity();
   metrics_->SetNodes(capacity.live_nodes, capacity.lost_nodes);
   metrics_->SetRankSlots(capacity.free_slots, capacity.used_slots, capacity.cordoned_slots);
   if (with_tenant_counts) {
-    metrics_->SetTenantJobCounts(tenant_counts_);  // kept by CountPhase: no walk over the jobs
-    tenant_counts_at_ = phase_changes_;
+    metrics_->SetTenantJobCounts(jobs_.tenant_counts());  // kept by jobs_: no walk over them
+    tenant_counts_at_ = jobs_.phase_changes();
   }
   // A cordoned (or draining) node's slots count as "cordoned", except those ranks still hold.
   metrics_->SetAccelerators(capacity.accelerators);
 }
 
 void Scheduler::Resync() {
-  const int64_t next_sequence = next_sequence_;
-  jobs_.clear();
-  job_order_.clear();
-  job_by_request_.clear();
+  jobs_.Clear();  // keeps the sequences and ids handed to submissions still being committed
   nodes_.clear();
   ClearRanks();  // and the step timing and capacity counts (reconciler_.Clear)
   resume_from_.clear();
   queue_order_.clear();
-  phase_counts_.clear();
-  tenant_counts_.clear();
-  active_jobs_.clear();
-  waiting_jobs_.clear();
   admission_gate_.ResetNodes();  // no node unreachable, and a node change
   absl::Status s = Load();
   if (!s.ok()) LOG(ERROR) << "reloading the scheduler state failed: " << s;
-  // Sequences handed to submissions still being committed must not be reused.
-  next_sequence_ = std::max(next_sequence_, next_sequence);
 }
 
 }  // namespace loom

@@ -64,8 +64,8 @@
 //     "Killed") and its ranks are stopped without a checkpoint (SIGTERM, SIGKILL after the
 //     worker's stop grace); it also overrides a graceful stop in progress. A scheduler restart
 //     during STOPPING re-sends the graceful stop with a fresh grace period.
-//   * Streaming (job_events.h): every change of a job record is published to its WatchJob
-//     subscribers ("PhaseChanged" when the phase changed, else "Progress") into bounded
+//   * Streaming (job_watchers.h, job_events.h): every change of a job record is published to its
+//     WatchJob subscribers ("PhaseChanged" when the phase changed, else "Progress") into bounded
 //     per-subscriber queues; the ranks' output lines, which workers send in heartbeats, go to an
 //     in-memory JobLogBuffer (bounded, not persisted: a restart of the scheduler loses them).
 //   * The checkpoint catalog (possibly a remote service) is never called under the scheduler's
@@ -115,6 +115,8 @@
 #include "scheduler/job_repository.h"
 #include "scheduler/job_spec_validation.h"
 #include "scheduler/job_spec_validation_accelerators.h"
+#include "scheduler/job_table.h"
+#include "scheduler/job_watchers.h"
 #include "scheduler/path_policy.h"
 #include "scheduler/queues.h"
 #include "scheduler/rank_progress.h"
@@ -343,7 +345,8 @@ class Scheduler {
             })),
         dispatcher_(std::make_unique<WakeDispatcher>()),
         logs_(std::make_unique<JobLogBuffer>(dispatcher_.get())),
-        admission_gate_(options_.admission_queue_depth, options_.admission_full_interval) {}
+        admission_gate_(options_.admission_queue_depth, options_.admission_full_interval),
+        watchers_(dispatcher_.get()) {}
 
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the in-memory state and loads it again from the store (after a failed write).
@@ -416,9 +419,6 @@ class Scheduler {
   // Tells the reconciler's capacity counts (and the admission pass) that nodes_[node_id] was
   // added or changed.
   void NoteNodeChanged(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps active_jobs_ / waiting_jobs_ in step with jobs_[id] (after every change of its phase or
-  // attempt; `job` points into jobs_).
-  void IndexJob(JobRecord* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether this cycle runs an admission pass, and how deep (scheduler_admission_pass.cc).
   // `resume` is what the cycle's waiting jobs know of their resume checkpoints.
   AdmissionPassStats::Kind ChooseAdmissionPass(
@@ -483,11 +483,8 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refreshes the gauges from the state: nodes, rank slots and accelerators (kept incrementally
   // by reconciler_: O(accelerator kinds)), job phase counts, and with `with_tenant_counts` the
-  // per-tenant job counts (both incremental, CountPhase; tenants only after a phase change).
+  // per-tenant job counts (both kept by jobs_; tenants only after a phase change).
   void UpdateGauges(bool with_tenant_counts = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `delta` to the counts of `phase` for `job` (phase_counts_, tenant_counts_).
-  void CountPhase(const JobRecord& job, loom::v1::JobPhase phase, int delta)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a WatchJob event for the job's subscribers after CommitJob changed it.
   void PublishJobChange(const JobRecord& job, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same with the event's type ("PhaseChanged", "Progress", "ReasonChanged").
@@ -505,8 +502,9 @@ class Scheduler {
   absl::StatusOr<CommittedCheckpoint> PrefetchedResume(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewJobId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED if `tenant` already has its limit of unfinished jobs (jobs_ plus
-  // submissions in flight; SchedulerOptions::max_unfinished_jobs_per_tenant).
+  // RESOURCE_EXHAUSTED if `tenant` already has its limit of unfinished jobs (JobTable's
+  // UnfinishedJobs: its jobs not ended plus its submissions in flight;
+  // SchedulerOptions::max_unfinished_jobs_per_tenant).
   absl::Status CheckUnfinishedJobLimit(const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Immutable after construction.
@@ -526,9 +524,8 @@ class Scheduler {
 
   // Guarded by mu_. jobs_ and nodes_ mirror the store (written through on every change).
   absl::Mutex mu_;
-  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);         // by id
-  std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);      // sequence -> id
-  std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);  // request id -> id
+  // The job records with their indexes and counts (job_table.h).
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);       // by id (placement order)
   // Rank reconciler and stop coordinator (issue 16): their own state, no lock of their own;
   // only touched under mu_. Every read and change of the rank table and the step timing goes
@@ -536,24 +533,12 @@ class Scheduler {
   // in step, so a heartbeat does O(its own ranks) work.
   RankReconciler reconciler_ ABSL_GUARDED_BY(mu_);
   StopCoordinator stop_coordinator_ ABSL_GUARDED_BY(mu_);
-  // Indexes into jobs_ (IndexJob; pointers stay valid: jobs_ never erases but in Resync, which
-  // rebuilds them): jobs not ended and not waiting for a first placement (the cycle's hang,
-  // ready-timeout and resume checks visit only these), and jobs waiting (PENDING, RECOVERING).
-  std::map<std::string, JobRecord*> active_jobs_ ABSL_GUARDED_BY(mu_);
-  // A waiting job's record and the keys the admission cycle orders it by (refreshed by IndexJob
-  // at every change of the record). `record` is `keys.job` with write access: the snapshot
-  // hands the cycle the const keys, the facade applies the decisions through `record`.
-  struct WaitingIndexEntry {
-    JobRecord* record;
-    ClusterSnapshot::WaitingJob keys;
-  };
-  std::map<std::string, WaitingIndexEntry> waiting_jobs_ ABSL_GUARDED_BY(mu_);
   CyclePhases last_cycle_phases_ ABSL_GUARDED_BY(mu_);
   // Admission passes (SchedulerOptions::admission_*; scheduler_admission_pass.cc): the change
   // counts of jobs and nodes, the unreachable nodes (missed heartbeats but kept: they take no
   // new ranks, so a change of the set is a change the pass must see) and what the last pass saw.
   AdmissionPassGate admission_gate_ ABSL_GUARDED_BY(mu_);
-  uint64_t phase_changes_ ABSL_GUARDED_BY(mu_) = 0;  // tenant counts are refreshed on change
+  // jobs_.phase_changes() when the tenant job gauges were last set.
   uint64_t tenant_counts_at_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
   // Nodes loaded by Create() not heard from since (SchedulerOptions::reregistration_grace).
   std::set<std::string> awaiting_reregistration_ ABSL_GUARDED_BY(mu_);
@@ -568,17 +553,6 @@ class Scheduler {
   // The checkpoint each job's current attempt resumes from (protected from retention); absent
   // when it starts over. Rebuilt lazily after a restart.
   std::map<std::string, CommittedCheckpoint> resume_from_ ABSL_GUARDED_BY(mu_);
-  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
-  // Jobs per phase (kept with every phase change, so gauges need no walk over all jobs).
-  std::map<loom::v1::JobPhase, int> phase_counts_ ABSL_GUARDED_BY(mu_);
-  // Jobs per (tenant, queue, phase), kept the same way (the tenant job gauges; a walk over every
-  // job ever submitted per cycle was a cost that grew with the history).
-  std::map<std::tuple<std::string, std::string, loom::v1::JobPhase>, int> tenant_counts_
-      ABSL_GUARDED_BY(mu_);
-  // Ids and request ids of submissions being committed (not yet in jobs_).
-  std::set<std::string> inflight_ids_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> inflight_requests_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int> inflight_by_tenant_ ABSL_GUARDED_BY(mu_);  // their tenants' counts
   // During RunSchedulingCycle and Heartbeat: job writes collected for one transaction, stored by
   // StoreOffLock after mu_ is released (null otherwise: CommitJob writes at once).
   std::map<std::string, JobRecord>* deferred_writes_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -595,7 +569,8 @@ class Scheduler {
   // report again). Everything else a heartbeat changes -- phases, the rendezvous port, a new
   // checkpoint step -- is written at once.
   std::map<std::string, absl::Time> progress_dirty_ ABSL_GUARDED_BY(mu_);
-  std::multimap<std::string, std::shared_ptr<JobSubscription>> watchers_ ABSL_GUARDED_BY(mu_);
+  // WatchJob's subscriptions and their events (job_watchers.h).
+  JobWatchers watchers_ ABSL_GUARDED_BY(mu_);
   // Resume lookups answered by the checkpoint worker, for the current scheduling cycle.
   std::map<std::string, absl::StatusOr<CommittedCheckpoint>> prefetched_resume_ ABSL_GUARDED_BY(mu_);
   // The rank blamed for each job's last failed attempt. In memory only.

@@ -56,10 +56,10 @@ ClusterSnapshot Scheduler::BuildSnapshot(std::vector<JobRecord*>* waiting_record
     s.placed.emplace_hint(s.placed.end(), key.first,
                           ClusterSnapshot::PlacedJob{&j->second, MedianStepSeconds(key.first)});
   }
-  s.waiting.reserve(waiting_jobs_.size());
+  s.waiting.reserve(jobs_.waiting().size());
   waiting_records->clear();
-  waiting_records->reserve(waiting_jobs_.size());
-  for (const auto& [job_id, entry] : waiting_jobs_) {  // id order, as jobs_
+  waiting_records->reserve(jobs_.waiting().size());
+  for (const auto& [job_id, entry] : jobs_.waiting()) {  // id order, as jobs_
     waiting_records->push_back(entry.record);
     ClusterSnapshot::WaitingJob w = entry.keys;  // the keys only: no read of the record
     if (w.attempt >= 1) {
@@ -234,7 +234,7 @@ absl::Status Scheduler::RequeueJob(const std::string& job_id, const std::string&
 absl::Status Scheduler::CheckReadyTimeouts() {
   const absl::Time now = clock_->Now();
   std::vector<std::string> expired;
-  for (const auto& [job_id, job] : active_jobs_) {  // STARTING jobs are among them
+  for (const auto& [job_id, job] : jobs_.active()) {  // STARTING jobs are among them
     if (job->phase != v1::JOB_PHASE_STARTING || job->state.attempt_start_us() <= 0) continue;
     if (now - absl::FromUnixMicros(job->state.attempt_start_us()) > options_.ready_timeout) {
       expired.push_back(job_id);

@@ -1,8 +1,7 @@
 // The Scheduler facade's admission-pass rules (docs/scheduling.md "Admission passes"): whether a
 // scheduling cycle runs a placement pass at all, and over how many waiting jobs, is decided by
 // admission_pass_gate.h from what the Scheduler tells it (job and node changes, reachability,
-// the rank table's generation, the resume answers, the backoff expiries); and the job indexes
-// the cycle walks instead of every job ever submitted.
+// the rank table's generation, the resume answers, the backoff expiries).
 #include <cstdint>
 #include <map>
 #include <string>
@@ -15,21 +14,6 @@
 #include "scheduler/scheduler.h"
 
 namespace loom {
-
-void Scheduler::IndexJob(JobRecord* job) {
-  const bool terminal = IsTerminal(job->phase);
-  const bool fresh = job->phase == v1::JOB_PHASE_PENDING && job->attempt == 0;
-  if (!terminal && !fresh) {
-    active_jobs_[job->id] = job;
-  } else {
-    active_jobs_.erase(job->id);
-  }
-  if (Waiting(*job)) {
-    waiting_jobs_[job->id] = WaitingIndexEntry{job, ClusterSnapshot::WaitingJob::Of(*job)};
-  } else {
-    waiting_jobs_.erase(job->id);
-  }
-}
 
 Scheduler::AdmissionPassStats::Kind Scheduler::ChooseAdmissionPass(
     const std::map<std::string, absl::StatusOr<CommittedCheckpoint>>& resume, absl::Time now) {

@@ -366,7 +366,7 @@ void Scheduler::RecordStepAdvance(const std::string& job_id, int64_t from_step,
 absl::Status Scheduler::CheckHangs() {
   const absl::Time now = clock_->Now();
   std::vector<std::pair<std::string, std::string>> hung;  // (job id, message)
-  for (const auto& [job_id, job_ptr] : active_jobs_) {  // RUNNING jobs are among them
+  for (const auto& [job_id, job_ptr] : jobs_.active()) {  // RUNNING jobs are among them
     const JobRecord& job = *job_ptr;
     if (job.phase != v1::JOB_PHASE_RUNNING) continue;
     const std::optional<absl::Time> last = reconciler_.LastStepAdvance(job_id);

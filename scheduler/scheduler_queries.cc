@@ -53,7 +53,7 @@ absl::StatusOr<std::string> Scheduler::JobTenant(const std::string& job_id) {
 absl::StatusOr<std::vector<loom::v1::Job>> Scheduler::ListJobs(JobPhase phase) {
   absl::MutexLock lock(&mu_);
   std::vector<loom::v1::Job> out;
-  for (const auto& [seq, id] : job_order_) {
+  for (const auto& [seq, id] : jobs_.order()) {
     const JobRecord& job = jobs_.at(id);
     if (phase == v1::JOB_PHASE_UNSPECIFIED || job.phase == phase) {
       out.push_back(JobRecordToProto(job));
@@ -132,7 +132,7 @@ absl::StatusOr<loom::v1::ListJobsResponse> Scheduler::ListJobsPage(
   loom::v1::ListJobsResponse page;
   size_t page_bytes = 0;
   int64_t last_sequence = after;
-  for (auto it = job_order_.upper_bound(after); it != job_order_.end(); ++it) {
+  for (auto it = jobs_.order().upper_bound(after); it != jobs_.order().end(); ++it) {
     const JobRecord& job = jobs_.at(it->second);
     if (request.phase() != v1::JOB_PHASE_UNSPECIFIED && job.phase != request.phase()) continue;
     if (!absl::StartsWith(job.spec.name(), request.name_prefix())) continue;
@@ -185,7 +185,7 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
   }
   // Not yet seen by a cycle: submission order among waiting jobs of its kind.
   int position = 0;
-  for (const auto& [seq, id] : job_order_) {
+  for (const auto& [seq, id] : jobs_.order()) {
     const JobRecord& other = jobs_.at(id);
     const bool other_waiting =
         other.phase == v1::JOB_PHASE_PENDING || other.phase == v1::JOB_PHASE_RECOVERING;

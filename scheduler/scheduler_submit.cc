@@ -39,7 +39,7 @@ namespace loom {
 std::string Scheduler::NewJobId() {
   while (true) {
     std::string id = absl::StrFormat("job-%08x", absl::Uniform<uint32_t>(bitgen_));
-    if (jobs_.count(id) == 0 && inflight_ids_.count(id) == 0) return id;
+    if (!jobs_.IdTaken(id)) return id;
   }
 }
 
@@ -99,9 +99,8 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   std::optional<absl::StatusOr<loom::v1::Job>> answer;  // known without a commit
   {
     absl::MutexLock lock(&mu_);
-    auto known = job_by_request_.find(request_id);
-    if (!request_id.empty() && known != job_by_request_.end()) {
-      answer = earlier_submission(jobs_.at(known->second));
+    if (const JobRecord* known = jobs_.FindByRequest(request_id); known != nullptr) {
+      answer = earlier_submission(*known);
     } else if (absl::Status s = CheckUnfinishedJobLimit(tenant); !s.ok()) {
       answer = s;  // refused before validation reads the spec (checked again below)
     }
@@ -123,23 +122,20 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   job.progress.set_total_steps(spec.training().steps());
   {
     absl::MutexLock lock(&mu_);
-    if (!request_id.empty() && job_by_request_.count(request_id)) {
+    if (const JobRecord* known = jobs_.FindByRequest(request_id); known != nullptr) {
       // A concurrent retry created it between the check above and validation.
-      answer = earlier_submission(jobs_.at(job_by_request_.at(request_id)));
-    } else if (!request_id.empty() && inflight_requests_.count(request_id)) {
+      answer = earlier_submission(*known);
+    } else if (!request_id.empty() && jobs_.RequestInFlight(request_id)) {
       answer = absl::UnavailableError(absl::StrCat(
           "request_id ", request_id, ": a submission with this id is being committed; retry"));
     } else if (absl::Status s = CheckUnfinishedJobLimit(tenant); !s.ok()) {
       answer = s;
     } else {
       job.id = NewJobId();
-      job.sequence = next_sequence_++;
+      job.sequence = jobs_.BeginSubmission(job.id, request_id, tenant);
       job.create_time = clock_->Now();
       job.checkpoint_dir = absl::StrCat(options_.checkpoint_root, "/", job.id);
       AppendHistory(&job.state, job.create_time, job.phase, job.reason, job.message, 0);
-      inflight_ids_.insert(job.id);
-      if (!request_id.empty()) inflight_requests_.insert(request_id);
-      ++inflight_by_tenant_[tenant];
       // Queued under mu_, so batches keep submission (sequence) order. The job is acknowledged
       // only once its batch's transaction committed and AdoptSubmissions took it into jobs_.
       repository_->Submit(std::move(job),
@@ -217,21 +213,10 @@ absl::Status Scheduler::ConfineSubmittedPaths(const loom::v1::JobSpec& spec,
 void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl::Status& stored) {
   absl::MutexLock lock(&mu_);
   for (const JobRecord& job : batch) {
-    inflight_ids_.erase(job.id);
-    if (!job.request_id.empty()) inflight_requests_.erase(job.request_id);
-    if (auto t = inflight_by_tenant_.find(job.tenant);
-        t != inflight_by_tenant_.end() && --t->second <= 0) {
-      inflight_by_tenant_.erase(t);
-    }
+    if (stored.ok()) jobs_.Add(job);  // before EndSubmission: the id stays taken throughout
+    jobs_.EndSubmission(job);
     if (!stored.ok()) continue;
-    job_order_[job.sequence] = job.id;
-    if (!job.request_id.empty()) job_by_request_[job.request_id] = job.id;
-    JobRecord& adopted = jobs_[job.id];
-    adopted = job;
-    IndexJob(&adopted);
     admission_gate_.NoteJobChanged();
-    ++phase_changes_;
-    CountPhase(job, job.phase, +1);
     if (metrics_ != nullptr) {
       metrics_->JobSubmitted();
       metrics_->PhaseTransition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING);
@@ -245,7 +230,7 @@ void Scheduler::AdoptSubmissions(const std::vector<JobRecord>& batch, const absl
   }
   // Only the job counts changed (UpdateGauges would also walk every rank and node).
   if (metrics_ != nullptr) {
-    metrics_->SetJobCounts(phase_counts_);
+    metrics_->SetJobCounts(jobs_.phase_counts());
     metrics_->SubmissionsCommitted(static_cast<int64_t>(batch.size()));
   }
 }
