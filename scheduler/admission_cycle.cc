@@ -234,8 +234,11 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
           absl::StrCat("queue ", QueueOf(spec), " is not configured (--queues_config)")));
       continue;
     }
-    auto [e_it, inserted] = eligibility_cache.try_emplace(EligibilityKey(spec.resources()));
-    if (inserted) e_it->second = ComputeEligibility(pool, spec.resources());
+    const RankMemoryNeed memory{record.state.planned_rank_host_bytes(),
+                                record.state.planned_rank_device_bytes()};
+    auto [e_it, inserted] =
+        eligibility_cache.try_emplace(EligibilityKey(spec.resources(), memory));
+    if (inserted) e_it->second = ComputeEligibility(pool, spec.resources(), memory);
     const Eligibility& e = e_it->second;
     if (need > e.capacity || (e.require_single_domain && need > e.max_domain_capacity)) {
       out.push_back(Wait(record, index, "Unschedulable", UnschedulableMessage(e, need, kind_name),

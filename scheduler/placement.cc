@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "scheduler/queues.h"
 
@@ -61,12 +62,15 @@ bool NodeMatches(const PoolNode& n, const loom::v1::ResourceSpec& r) {
          (r.cpu_arch().empty() || inv.cpu_arch() == r.cpu_arch()) && SelectorMatches(inv, r);
 }
 
-std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
+std::string EligibilityKey(const loom::v1::ResourceSpec& resources, RankMemoryNeed memory) {
+  const std::string need =
+      memory.host > 0 || memory.device > 0 ? absl::StrCat("|m", memory.host, "|", memory.device)
+                                           : "";
   if (resources.node_selector().empty()) {  // the common case, without serializing
     return absl::StrCat(static_cast<int>(KindOf(resources)), "|",
                         resources.require_single_domain() ? 1 : 0, "|",
                         resources.accelerator_memory_bytes(), "|", resources.host_memory_bytes(),
-                        "|", resources.cpu_arch(), "|", resources.accelerators_per_node());
+                        "|", resources.cpu_arch(), "|", resources.accelerators_per_node(), need);
   }
   loom::v1::ResourceSpec key = resources;
   key.set_num_ranks(0);
@@ -80,11 +84,14 @@ std::string EligibilityKey(const loom::v1::ResourceSpec& resources) {
     coded.SetSerializationDeterministic(true);
     key.SerializeToCodedStream(&coded);
   }
-  return absl::StrCat("s|", out);
+  return absl::StrCat("s|", out, need);
 }
 
-Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& r) {
+Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& r,
+                               RankMemoryNeed memory) {
   Eligibility e;
+  const bool planned = memory.host > 0 || memory.device > 0;
+  if (planned) e.memory_ranks.assign(pool.size(), 0);
   e.kind = KindOf(r);
   e.require_single_domain = r.require_single_domain();
   e.per_node = std::max(0, r.accelerators_per_node());
@@ -93,6 +100,7 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
   std::map<int, int64_t> domain_capacity;
   // Funnel counts for the explanation.
   int live = 0, uncordoned = 0, accel_mem = 0, host_mem = 0, arch = 0, selector = 0, per_node = 0;
+  int fits_memory = 0;
   for (int i = 0; i < pool.size(); ++i) {
     const PoolNode& n = pool.node(i);
     const loom::v1::NodeInventory& inv = n.inventory;
@@ -112,8 +120,21 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
     if (!NodeMatches(n, r)) continue;
     if (inv.slots() < e.per_node) continue;  // cannot hold accelerators_per_node ranks
     ++per_node;
+    int64_t held = inv.slots();
+    if (planned) {
+      if (memory.device > 0 && inv.accelerator_memory_bytes() > 0 &&
+          inv.accelerator_memory_bytes() < memory.device) {
+        held = 0;
+      }
+      if (memory.host > 0 && inv.host_memory_bytes() > 0) {
+        held = std::min(held, inv.host_memory_bytes() / memory.host);
+      }
+      if (held < std::max(1, e.per_node)) continue;  // its memory holds no rank (or no k)
+      e.memory_ranks[i] = static_cast<int>(held);
+    }
+    ++fits_memory;
     // With accelerators_per_node k a node holds exactly k of the gang's ranks.
-    const int64_t slots = e.per_node > 0 ? e.per_node : inv.slots();
+    const int64_t slots = e.per_node > 0 ? e.per_node : held;
     e.member[i] = 1;
     by_domain[pool.domain(i)].push_back(i);
     domain_capacity[pool.domain(i)] += slots;
@@ -146,6 +167,15 @@ Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpe
   }
   // Counted after NodeMatches (schedulable), so only when the key is set.
   if (e.per_node > 0) note(selector, per_node, absl::StrCat("accelerators_per_node ", e.per_node));
+  if (planned) {
+    note(per_node, fits_memory,
+         absl::StrFormat("the predicted memory of a rank (host %.2f GiB%s)",
+                         static_cast<double>(memory.host) / (1 << 30),
+                         memory.device > 0
+                             ? absl::StrFormat(", device %.2f GiB",
+                                               static_cast<double>(memory.device) / (1 << 30))
+                             : std::string()));
+  }
   return e;
 }
 
@@ -153,7 +183,9 @@ int64_t EligibleFree(const Eligibility& e, const std::vector<int>& free, int64_t
   int64_t total = 0, best = 0;
   for (const auto& [d, nodes] : e.groups) {
     int64_t sum = 0;
-    for (int i : nodes) sum += std::max(0, free[i]);
+    for (int i : nodes) {
+      sum += std::max(0, e.memory_ranks.empty() ? free[i] : std::min(free[i], e.memory_ranks[i]));
+    }
     total += sum;
     best = std::max(best, sum);
   }
@@ -231,6 +263,14 @@ std::vector<int> PlaceOnce(const NodePool& pool, const Eligibility& e, const std
 std::vector<int> PlaceGang(const NodePool& pool, const Eligibility& e, const std::vector<int>& free,
                            int need, const std::vector<char>& avoid) {
   if (need <= 0) return {};
+  if (!e.memory_ranks.empty()) {
+    // No more of the job's ranks on a node than its memory holds (issue 48).
+    std::vector<int> held(free.size());
+    for (size_t i = 0; i < free.size(); ++i) held[i] = std::min(free[i], e.memory_ranks[i]);
+    Eligibility unlimited = e;
+    unlimited.memory_ranks.clear();
+    return PlaceGang(pool, unlimited, held, need, avoid);
+  }
   if (e.per_node > 0) {
     // accelerators_per_node k: place need / k units of k ranks, at most one per node, then
     // give each chosen node k consecutive ranks (torchrun's node_rank * k + local_rank).

@@ -78,6 +78,17 @@ struct Eligibility {
   std::string narrowed_by;
   int live_nodes_of_kind = 0;
   int64_t live_slots_of_kind = 0;
+  // Per pool node: the most of the job's ranks its memory holds (RankMemoryNeed; empty when the
+  // job has no predicted need). PlaceGang puts no more there; `capacity` counts no more.
+  std::vector<int> memory_ranks;
+};
+
+// One rank's predicted memory (JobSchedulingState.planned_rank_*_bytes, issue 48; bytes, 0 =
+// none). A node that reports its memory holds floor(host_memory_bytes / host) of the job's ranks
+// and none if an accelerator has less than `device`; one that reports 0 is not limited.
+struct RankMemoryNeed {
+  int64_t host = 0;
+  int64_t device = 0;
 };
 
 // Accelerator kind of a spec (UNSPECIFIED means CPU).
@@ -86,10 +97,11 @@ loom::v1::AcceleratorKind KindOf(const loom::v1::ResourceSpec& resources);
 // Whether node `n` satisfies `resources` (see the file comment); ignores free slots.
 bool NodeMatches(const PoolNode& n, const loom::v1::ResourceSpec& resources);
 
-Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& resources);
+Eligibility ComputeEligibility(const NodePool& pool, const loom::v1::ResourceSpec& resources,
+                               RankMemoryNeed memory = {});
 
 // A key equal for specs with the same eligibility (everything but num_ranks).
-std::string EligibilityKey(const loom::v1::ResourceSpec& resources);
+std::string EligibilityKey(const loom::v1::ResourceSpec& resources, RankMemoryNeed memory = {});
 
 // Places `need` ranks on eligible nodes with free[i] free slots each. Returns the node index
 // of each rank, or an empty vector when the gang does not fit. `avoid` (per node, may be empty)

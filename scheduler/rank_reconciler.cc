@@ -19,6 +19,8 @@ void AddNode(const NodeCapacity& node, int used, int sign, CapacityCounts* c) {
   }
   c->live_nodes += sign;
   c->live_nodes_by_slots[{node.kind, node.slots}] += sign;
+  c->live_node_shapes[{node.kind, node.slots, node.host_memory_bytes,
+                       node.accelerator_memory_bytes}] += sign;
   c->used_slots += sign * used;
   (node.cordoned ? c->cordoned_slots : c->free_slots) += sign * std::max(0, node.slots - used);
   const int allocated = std::min(node.slots, used);
@@ -49,7 +51,15 @@ bool CapacityCounts::operator==(const CapacityCounts& other) const {
     }
     return m;
   };
-  return nonzero(*this) == nonzero(other) && nonzero_slots(*this) == nonzero_slots(other);
+  auto nonzero_shapes = [](const CapacityCounts& c) {
+    std::map<NodeShapeKey, int> m;
+    for (const auto& [k, v] : c.live_node_shapes) {
+      if (v != 0) m[k] = v;
+    }
+    return m;
+  };
+  return nonzero(*this) == nonzero(other) && nonzero_slots(*this) == nonzero_slots(other) &&
+         nonzero_shapes(*this) == nonzero_shapes(other);
 }
 
 std::map<loom::v1::AcceleratorKind, int> CapacityCounts::LargestNodeSlots() const {
@@ -71,6 +81,13 @@ std::string CapacityCounts::DebugString() const {
   absl::StrAppend(&s, " live nodes by slots");
   for (const auto& [k, v] : live_nodes_by_slots) {
     if (v != 0) absl::StrAppend(&s, " ", static_cast<int>(k.first), "/", k.second, "=", v);
+  }
+  absl::StrAppend(&s, " live node shapes");
+  for (const auto& [k, v] : live_node_shapes) {
+    if (v != 0) {
+      absl::StrAppend(&s, " ", static_cast<int>(std::get<0>(k)), "/", std::get<1>(k), "/",
+                      std::get<2>(k), "/", std::get<3>(k), "=", v);
+    }
   }
   return s;
 }

@@ -32,6 +32,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,7 +65,13 @@ struct NodeCapacity {
   int slots = 0;
   bool lost = false;
   bool cordoned = false;  // cordoned or draining
+  int64_t host_memory_bytes = 0;         // NodeInventory's (0: not reported)
+  int64_t accelerator_memory_bytes = 0;  // per accelerator (0: CPU node or not reported)
 };
+
+// A node's shape for the submission's memory check: (kind, slots, host memory, accelerator
+// memory), bytes as NodeCapacity's.
+using NodeShapeKey = std::tuple<loom::v1::AcceleratorKind, int, int64_t, int64_t>;
 
 // The cluster's capacity as the gauges show it. A rank holds a slot until it ended; ranks on a
 // lost or unknown node count for no node. Accelerator states: "free", "allocated", "cordoned"
@@ -82,12 +89,16 @@ struct CapacityCounts {
   // resources.accelerators_per_node asks for the largest (LargestNodeSlots) without walking
   // every node (issue 16: it was O(nodes) per submission under the scheduler's lock).
   std::map<std::pair<loom::v1::AcceleratorKind, int>, int> live_nodes_by_slots;
+  // The same nodes per shape: the submission's memory check (spec/memory_fit.h, issue 48) reads
+  // O(distinct shapes), not every node.
+  std::map<NodeShapeKey, int> live_node_shapes;
 
   // Per accelerator kind, the most slots of a node that is not lost (kinds without one absent).
   // O(distinct (kind, slots) pairs).
   std::map<loom::v1::AcceleratorKind, int> LargestNodeSlots() const;
 
-  // Equal counts; accelerator and live_nodes_by_slots entries that are 0 count as absent.
+  // Equal counts; accelerator, live_nodes_by_slots and live_node_shapes entries that are 0 count
+  // as absent.
   bool operator==(const CapacityCounts& other) const;
   bool operator!=(const CapacityCounts& other) const { return !(*this == other); }
   std::string DebugString() const;

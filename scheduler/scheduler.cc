@@ -333,6 +333,8 @@ NodeCapacity CapacityOf(const NodeRecord& node) {
   capacity.slots = node.inventory.slots();
   capacity.lost = node.lost;
   capacity.cordoned = node.admin.cordoned() || node.admin.draining();
+  capacity.host_memory_bytes = node.inventory.host_memory_bytes();
+  capacity.accelerator_memory_bytes = node.inventory.accelerator_memory_bytes();
   return capacity;
 }
 }  // namespace

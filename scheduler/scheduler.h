@@ -325,6 +325,9 @@ class Scheduler {
   std::map<loom::v1::AcceleratorKind, int> LargestRegisteredNodes() ABSL_LOCKS_EXCLUDED(mu_);
   // The registered nodes (not lost) per (kind, slots): O(distinct shapes).
   NodesBySlots RegisteredNodesBySlots() ABSL_LOCKS_EXCLUDED(mu_);
+  // The same per (kind, slots, host memory, accelerator memory): the memory check of a
+  // submission (CheckJobFitsNodeMemory, issue 48).
+  std::map<NodeShapeKey, int> RegisteredNodeShapes() ABSL_LOCKS_EXCLUDED(mu_);
   // Per node: the device indices live ranks of jobs other than `job_id` hold (device_binding.h).
   // Only the nodes in `nodes` are visited.
   std::map<std::string, std::set<int32_t>> HeldDevices(const std::string& job_id,

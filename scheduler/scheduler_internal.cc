@@ -4,8 +4,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "scheduler/placement.h"
 #include "scheduler/scheduler.h"
+#include "spec/memory_fit.h"
+#include "spec/memory_plan.h"
 
 namespace loom {
 
@@ -36,6 +39,42 @@ loom::v1::Progress MergeProgress(const loom::v1::Progress& job,
 AcceleratorKind KindOf(const loom::v1::JobSpec& spec) { return loom::KindOf(spec.resources()); }
 
 std::string KindName(AcceleratorKind kind) { return AcceleratorKindName(kind); }
+
+absl::Status CheckJobFitsNodeMemory(const loom::v1::JobSpec& spec,
+                                    const std::map<NodeShapeKey, int>& shapes) {
+  const AcceleratorKind kind = KindOf(spec);
+  std::vector<spec::NodeShape> nodes;
+  bool memory_known = false;
+  for (const auto& [key, count] : shapes) {
+    const auto& [node_kind, slots, host, accelerator] = key;
+    if (count <= 0 || node_kind != kind) continue;
+    memory_known |= host > 0 || accelerator > 0;
+    nodes.push_back({node_kind, slots, host, accelerator, count});
+  }
+  if (!memory_known) return absl::OkStatus();
+  absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(spec);
+  if (!in.ok()) {
+    VLOG(1) << "memory check skipped: " << in.status();
+    return absl::OkStatus();
+  }
+  absl::Status fits =
+      spec::CheckJobFitsMemory(*in, kind, spec.resources().accelerators_per_node(), nodes);
+  if (fits.ok() || absl::IsFailedPrecondition(fits)) return fits;
+  VLOG(1) << "memory check skipped: " << fits;  // the plan refused its input: nothing to tell
+  return absl::OkStatus();
+}
+
+void RecordPlannedRankMemory(const loom::v1::JobSpec& spec,
+                             loom::internal::JobSchedulingState* state) {
+  absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(spec);
+  if (!in.ok()) return;
+  absl::StatusOr<spec::RankMemoryPlan> plan = spec::PlanRankMemory(*in);
+  if (!plan.ok()) return;
+  state->set_planned_rank_host_bytes(spec::WithAdmissionMargin(plan->host_bytes()));
+  if (!plan->cpu_rank) {
+    state->set_planned_rank_device_bytes(spec::WithAdmissionMargin(plan->device_bytes()));
+  }
+}
 
 bool IsInfraClass(loom::v1::FailureClass c) {
   return c == v1::FAILURE_CLASS_INFRA || c == v1::FAILURE_CLASS_SETUP;

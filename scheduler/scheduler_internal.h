@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "proto/common.pb.h"
+#include "scheduler/rank_reconciler.h"
 #include "storage/job_store.h"
 
 namespace loom {
@@ -46,6 +47,18 @@ absl::Status CheckIdLength(absl::string_view field, const std::string& id);
 // As CheckIdLength, and INVALID_ARGUMENT "<field>: required" for an empty id (issue 52: GetJob("")
 // answered NOT_FOUND, as if a job of that id could exist).
 absl::Status CheckRequiredId(absl::string_view field, const std::string& id);
+// Issue 48: `spec`'s ranks as spec/memory_plan.h predicts them against the memory of the
+// registered nodes `shapes` (spec/memory_fit.h CheckJobFitsMemory): FAILED_PRECONDITION
+// "memory: ..." naming the need, the room and the cheapest change that fits. OK when they fit,
+// when no node of the job's kind reports its memory, or when the spec gives the planner nothing
+// to go on (a model config it cannot read: validation has spoken for the spec).
+absl::Status CheckJobFitsNodeMemory(const loom::v1::JobSpec& spec,
+                                    const std::map<NodeShapeKey, int>& shapes);
+// Records one rank's predicted host and device bytes, with the admission margin, in `state`
+// (planned_rank_*_bytes: placement's memory limits); leaves them 0 when the planner cannot
+// read the spec.
+void RecordPlannedRankMemory(const loom::v1::JobSpec& spec,
+                             loom::internal::JobSchedulingState* state);
 // The address ranks use to reach the node: inventory address, else hostname, else its id.
 std::string NodeAddress(const NodeRecord& node);
 

@@ -172,6 +172,14 @@ absl::StatusOr<loom::v1::ExplainPendingResponse> Scheduler::ExplainPending(
   out.set_message(job.message);
   const bool waiting = job.phase == v1::JOB_PHASE_PENDING || job.phase == v1::JOB_PHASE_RECOVERING;
   if (!waiting) return out;
+  // Issue 48: a job queued for capacity (wait_for_capacity) that the registered nodes could not
+  // hold for memory says so, as its submission would have been told.
+  if (absl::Status memory =
+          CheckJobFitsNodeMemory(job.spec, reconciler_.capacity().live_node_shapes);
+      !memory.ok()) {
+    out.set_message(
+        absl::StrCat(out.message(), out.message().empty() ? "" : "; ", memory.message()));
+  }
   const AcceleratorKind kind = KindOf(job.spec);
   const std::vector<std::string>& order = queue_order_[kind];
   if (auto pos = std::find(order.begin(), order.end(), job_id); pos != order.end()) {

@@ -23,7 +23,7 @@ absl::StatusOr<loom::v1::Job> Scheduler::ResumeJob(const std::string& job_id,
   JobPhase phase;
   int32_t attempt;
   std::string checkpoint_dir;
-  loom::v1::ResourceSpec resources;
+  loom::v1::JobSpec spec;  // a copy: the memory check reads the model and DeepSpeed configs
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
@@ -42,12 +42,13 @@ absl::StatusOr<loom::v1::Job> Scheduler::ResumeJob(const std::string& job_id,
     phase = job.phase;
     attempt = job.attempt;
     checkpoint_dir = job.checkpoint_dir;
-    resources = job.spec.resources();
+    spec = job.spec;
   }
   // Off the lock: the registered nodes (takes mu_ itself) and the checkpoint catalog (possibly a
   // remote service, never called under mu_).
   if (!wait_for_capacity) {
-    RETURN_IF_ERROR(CheckGangFitsRegisteredNodes(resources, RegisteredNodesBySlots()));
+    RETURN_IF_ERROR(CheckGangFitsRegisteredNodes(spec.resources(), RegisteredNodesBySlots()));
+    RETURN_IF_ERROR(CheckJobFitsNodeMemory(spec, RegisteredNodeShapes()));
   }
   absl::StatusOr<CommittedCheckpoint> newest = checkpoints_->NewestCommitted(job_id, checkpoint_dir);
   if (absl::IsNotFound(newest.status())) {

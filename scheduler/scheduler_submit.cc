@@ -120,6 +120,7 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   job.reason = "Queued";
   job.message = "waiting for the next scheduling cycle";
   job.progress.set_total_steps(spec.training().steps());
+  RecordPlannedRankMemory(spec, &job.state);  // placement's memory limits (issue 48)
   {
     absl::MutexLock lock(&mu_);
     if (const JobRecord* known = jobs_.FindByRequest(request_id); known != nullptr) {
@@ -157,7 +158,8 @@ absl::Status Scheduler::CheckAdmissible(const loom::v1::JobSpec& spec,
   RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
   RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
   if (wait_for_capacity) return absl::OkStatus();
-  return CheckGangFitsRegisteredNodes(spec.resources(), RegisteredNodesBySlots());
+  RETURN_IF_ERROR(CheckGangFitsRegisteredNodes(spec.resources(), RegisteredNodesBySlots()));
+  return CheckJobFitsNodeMemory(spec, RegisteredNodeShapes());
 }
 
 absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
@@ -249,6 +251,11 @@ std::map<loom::v1::AcceleratorKind, int> Scheduler::LargestRegisteredNodes() {
 NodesBySlots Scheduler::RegisteredNodesBySlots() {
   absl::MutexLock lock(&mu_);
   return reconciler_.capacity().live_nodes_by_slots;
+}
+
+std::map<NodeShapeKey, int> Scheduler::RegisteredNodeShapes() {
+  absl::MutexLock lock(&mu_);
+  return reconciler_.capacity().live_node_shapes;
 }
 
 }  // namespace loom

@@ -1,8 +1,9 @@
 // Per-rank memory of a training job predicted from its spec alone (issue 48): every byte the
 // engine allocates for a rank, as named terms, each with its formula and where the formula comes
 // from (the engine file that allocates it, or a measurement). Torch-free: `loomctl plan`
-// (services/cli/plan_command.h) prints it; admission and the technique decision function of
-// issue 48 are not built yet.
+// (services/cli/plan_command.h) prints it, and admission and placement use it (spec/memory_fit.h,
+// docs/scheduling.md "Capacity at submission"); the technique decision function of issue 48 is
+// not built yet.
 //
 // Notation (all per rank; elements unless a term says bytes):
 //   Ψ      trainable parameters (LlamaParamSpecs), n_i one tensor's elements, n_max the largest

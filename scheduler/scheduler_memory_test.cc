@@ -1,0 +1,157 @@
+// Admission by memory through the Scheduler facade (issue 48; spec/memory_fit.h): a job whose
+// ranks would run out of memory on every registered node is refused at submission with the
+// cheapest change that fits, the change applied is admitted, a job queued for capacity says why
+// in ExplainPending, and nodes that report no memory refuse nothing.
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler_test_fixture.h"
+#include "spec/memory_fit.h"
+#include "spec/memory_plan.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+class SchedulerMemoryTest : public SchedulerTest {
+ protected:
+  void RegisterCpuNode(const std::string& node, int slots, int64_t host_memory_bytes) {
+    loom::v1::NodeInventory inv;
+    inv.set_accelerator(loom::v1::ACCELERATOR_KIND_CPU);
+    inv.set_slots(slots);
+    inv.set_hostname(node);
+    inv.set_address(absl::StrCat("addr-", node));
+    inv.set_host_memory_bytes(host_memory_bytes);
+    ASSERT_TRUE(scheduler_->RegisterWorker(node, inv).ok());
+  }
+
+  absl::StatusOr<Job> SubmitWith(const loom::v1::JobSpec& spec, bool wait_for_capacity) {
+    absl::Notification answered;
+    absl::StatusOr<Job> out;
+    scheduler_->SubmitJobAsync(
+        spec, "", "default",
+        [&](absl::StatusOr<Job> job, bool) {
+          out = std::move(job);
+          answered.Notify();
+        },
+        wait_for_capacity);
+    answered.WaitForNotification();
+    return out;
+  }
+};
+
+void SetModel(loom::v1::JobSpec* spec, int hidden, int intermediate, int layers, int heads,
+              int kv_heads, int vocab) {
+  auto& f = *spec->mutable_model()->mutable_config()->mutable_fields();
+  f["hidden_size"].set_number_value(hidden);
+  f["intermediate_size"].set_number_value(intermediate);
+  f["num_hidden_layers"].set_number_value(layers);
+  f["num_attention_heads"].set_number_value(heads);
+  f["num_key_value_heads"].set_number_value(kv_heads);
+  f["vocab_size"].set_number_value(vocab);
+}
+
+void SetZeroStage(loom::v1::JobSpec* spec, int stage) {
+  (*(*spec->mutable_deepspeed_config()->mutable_fields())["zero_optimization"]
+        .mutable_struct_value()
+        ->mutable_fields())["stage"]
+      .set_number_value(stage);
+}
+
+// One rank's host bytes as the planner predicts them, with the admission margin.
+int64_t HostNeed(const loom::v1::JobSpec& spec) {
+  absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(spec);
+  EXPECT_TRUE(in.ok()) << in.status();
+  if (!in.ok()) return 0;
+  absl::StatusOr<spec::RankMemoryPlan> plan = spec::PlanRankMemory(*in);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? static_cast<int64_t>(plan->host_bytes() * (1 + spec::kAdmissionMargin)) + 1
+                   : 0;
+}
+
+// Issue 48's example: a full-size Qwen2.5-7B job on two 24 GiB CPU workers.
+TEST_F(SchedulerMemoryTest, A7BModelOnTwo24GiBWorkersIsRefusedAndExplainedWhenQueued) {
+  RegisterCpuNode("node-a", 1, 24 * kGiB);
+  RegisterCpuNode("node-b", 1, 24 * kGiB);
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  SetModel(&spec, 3584, 18944, 28, 28, 4, 152064);
+  absl::StatusOr<Job> refused = SubmitWith(spec, false);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  const std::string message(refused.status().message());
+  EXPECT_EQ(message.rfind("memory: 2 cpu ranks would run out of memory: one rank needs ", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("No change found fits these nodes"), std::string::npos) << message;
+  EXPECT_NE(message.find("the roomiest has 24.00 GiB"), std::string::npos) << message;
+  EXPECT_EQ(scheduler_->DryRunSubmission(spec, "default", false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Queued for capacity that may come: admitted, and ExplainPending says what blocks it.
+  // It is not placed on nodes it would run out of memory on.
+  absl::StatusOr<Job> queued = SubmitWith(spec, true);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  Cycle();
+  EXPECT_EQ(Get(queued->id()).phase(), loom::v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(Get(queued->id()).reason(), "Unschedulable");
+  absl::StatusOr<loom::v1::ExplainPendingResponse> why = scheduler_->ExplainPending(queued->id());
+  ASSERT_TRUE(why.ok()) << why.status();
+  EXPECT_NE(why->message().find("the predicted memory of a rank (host "), std::string::npos)
+      << why->message();
+  EXPECT_NE(why->message().find("memory: 2 cpu ranks would run out of memory"), std::string::npos)
+      << why->message();
+}
+
+// Placement puts no more of a job's ranks on a node than its memory holds.
+TEST_F(SchedulerMemoryTest, RanksThatFitANodeOnlyOneAtATimeAreSpreadOverNodes) {
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  SetModel(&spec, 768, 2048, 12, 12, 4, 32000);
+  const int64_t need = HostNeed(spec);
+  ASSERT_GT(need, 0);
+  RegisterCpuNode("node-a", 2, need + need / 2);  // two slots, memory for one rank
+  absl::StatusOr<Job> job = SubmitWith(spec, true);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Cycle();
+  EXPECT_EQ(Get(job->id()).phase(), loom::v1::JOB_PHASE_PENDING);
+  RegisterCpuNode("node-b", 2, need + need / 2);
+  Cycle();
+  const Job placed = Get(job->id());
+  ASSERT_EQ(placed.phase(), loom::v1::JOB_PHASE_STARTING);
+  ASSERT_EQ(placed.rank_nodes_size(), 2);
+  EXPECT_NE(placed.rank_nodes(0), placed.rank_nodes(1));
+}
+
+TEST_F(SchedulerMemoryTest, TheSuggestedChangeAppliedIsAdmitted) {
+  // ~110M parameters at ZeRO stage 0: every rank holds all 16 bytes of each.
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  SetModel(&spec, 768, 2048, 12, 12, 4, 32000);
+  SetZeroStage(&spec, 0);
+  loom::v1::JobSpec stage3 = spec;
+  SetZeroStage(&stage3, 3);
+  ASSERT_LT(HostNeed(stage3), HostNeed(spec));
+  const int64_t room = (HostNeed(stage3) + HostNeed(spec)) / 2;
+  RegisterCpuNode("node-a", 1, room);
+  RegisterCpuNode("node-b", 1, room);
+
+  absl::StatusOr<Job> refused = SubmitWith(spec, false);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "Would fit: deepspeed_config.zero_optimization.stage: 3 (then "),
+            absl::string_view::npos)
+      << refused.status();
+  absl::StatusOr<Job> admitted = SubmitWith(stage3, false);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  Cycle();
+  EXPECT_EQ(Get(admitted->id()).phase(), loom::v1::JOB_PHASE_STARTING);
+}
+
+TEST_F(SchedulerMemoryTest, NodesThatReportNoMemoryRefuseNothing) {
+  RegisterCpuNode("node-a", 1, 0);
+  RegisterCpuNode("node-b", 1, 0);
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
+  SetModel(&spec, 3584, 18944, 28, 28, 4, 152064);
+  EXPECT_TRUE(SubmitWith(spec, false).ok());
+}
+
+}  // namespace
+}  // namespace loom
