@@ -122,10 +122,10 @@ TEST_F(SchedulerMemoryTest, RanksThatFitANodeOnlyOneAtATimeAreSpreadOverNodes) {
 }
 
 TEST_F(SchedulerMemoryTest, TheSuggestedChangeAppliedIsAdmitted) {
-  // ~110M parameters at ZeRO stage 0: every rank holds all 16 bytes of each.
+  // ~110M parameters at ZeRO stage 2: every rank holds all the fp32 weights.
   loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
   SetModel(&spec, 768, 2048, 12, 12, 4, 32000);
-  SetZeroStage(&spec, 0);
+  SetZeroStage(&spec, 2);
   loom::v1::JobSpec stage3 = spec;
   SetZeroStage(&stage3, 3);
   ASSERT_LT(HostNeed(stage3), HostNeed(spec));

@@ -36,6 +36,11 @@ struct Candidate {
 // The candidate changes of `in`, cheapest first (see memory_fit.h).
 std::vector<Candidate> Candidates(const MemoryPlanInput& in, int max_ranks) {
   std::vector<Candidate> out;
+  if (in.ds.zero.stage < 2 && in.world_size > 1) {
+    Candidate c{"deepspeed_config.zero_optimization.stage: 2", in};
+    c.in.ds.zero.stage = 2;
+    out.push_back(std::move(c));
+  }
   const bool can_stage3 = in.ds.zero.stage < 3 && in.world_size > 1;
   const bool can_checkpoint = !in.exec.activation_checkpointing;
   if (can_stage3) {
@@ -197,7 +202,7 @@ absl::Status CheckJobFitsMemory(const MemoryPlanInput& in, loom::v1::Accelerator
       " memory (the plan's ",
       FormatBytes(fit.place == "device" ? plan->device_bytes() : plan->host_bytes()), " with ",
       static_cast<int>(kAdmissionMargin * 100), "% margin; largest term: ", fit.largest.name, " ",
-      FormatBytes(fit.largest.bytes), "), and the registered ", name, " nodes hold ",
+      FormatBytes(fit.largest.bytes), "), and the ", name, " nodes hold ",
       fit.ranks_held, " such rank", fit.ranks_held == 1 ? "" : "s", " (the roomiest has ",
       FormatBytes(fit.room_bytes), fit.place == "device" ? " per accelerator)" : ")", ". ");
   if (std::optional<MemorySuggestion> s = SuggestMemoryFit(in, kind, accelerators_per_node, nodes)) {

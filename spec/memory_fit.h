@@ -25,8 +25,9 @@
 // its node's memory.
 //
 // Suggestions, cheapest first (each re-planned; the first whose plan fits is returned, so
-// applying it as written gets the job admitted): ZeRO stage 3 (when N > 1: shards parameters,
-// gradients and optimizer states; DeepSpeed's first answer), activation checkpointing (recompute
+// applying it as written gets the job admitted): ZeRO stage 2, then 3 (when N > 1: shards
+// gradients and optimizer states, then parameters too; DeepSpeed's first answer), activation
+// checkpointing (recompute
 // ~1/3 more forward work), half the micro-batch with twice the gradient accumulation steps (same
 // global batch, more steps' overhead), both of the first two, then more ranks (with stage 3) up to
 // what the nodes hold, then on accelerator ranks optimizer and then parameter offload to the host.

@@ -112,18 +112,27 @@ int64_t HostNeed(const MemoryPlanInput& in) {
   return p.ok() ? static_cast<int64_t>(p->host_bytes() * (1 + kAdmissionMargin)) + 1 : 0;
 }
 
-TEST(MemoryFitTest, ARefusalSuggestsZeroStage3AndTheSuggestionFits) {
+TEST(MemoryFitTest, ARefusalSuggestsTheNextZeroStageAndTheSuggestionFits) {
   // ~110M parameters: 16 bytes each unsharded (fp32 weights, gradients, Adam's two moments).
-  const MemoryPlanInput in = Job(Model(768, 2048, 12, 12, 4, 32000), 0, 2, 2, 256);
+  const MemoryPlanInput stage0 = Job(Model(768, 2048, 12, 12, 4, 32000), 0, 2, 2, 256);
+  MemoryPlanInput in = stage0;
+  in.ds.zero.stage = 2;
   MemoryPlanInput stage3 = in;
   stage3.ds.zero.stage = 3;
   ASSERT_LT(HostNeed(stage3), HostNeed(in));
+  ASSERT_LT(HostNeed(in), HostNeed(stage0));
+  // Stage 0 on room for stage 2: stage 2 is offered first.
+  const std::vector<NodeShape> for_stage2 = {
+      Node(kCpu, 1, (HostNeed(in) + HostNeed(stage0)) / 2, 0, 2)};
+  EXPECT_THAT(std::string(CheckJobFitsMemory(stage0, kCpu, 0, for_stage2).message()),
+              HasSubstr("Would fit: deepspeed_config.zero_optimization.stage: 2 (then"));
   // Room for stage 3's rank and not stage 0's, on two one-slot nodes.
   const int64_t room = (HostNeed(stage3) + HostNeed(in)) / 2;
   const std::vector<NodeShape> nodes = {Node(kCpu, 1, room, 0, 2)};
   const absl::Status refused = CheckJobFitsMemory(in, kCpu, 0, nodes);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(refused.message()), StartsWith("memory: 2 cpu ranks would run out of memory"));
+  EXPECT_THAT(std::string(refused.message()),
+              StartsWith("memory: 2 cpu ranks would run out of memory"));
   EXPECT_THAT(std::string(refused.message()),
               HasSubstr("Would fit: deepspeed_config.zero_optimization.stage: 3 (then"));
   EXPECT_TRUE(CheckJobFitsMemory(stage3, kCpu, 0, nodes).ok());

@@ -129,6 +129,14 @@ void ModelStates(const MemoryPlanInput& in, const Shapes& s, int64_t d, Builder*
               absl::StrCat("4NP + 4P = 4 x ", s.padded, " + 4 x ", s.part,
                            " (fp32 [N·p] local accumulators and the partition, zero_grads.cc)"),
               true);
+  } else if (!in.cpu_rank && (off_opt == "cpu" || off_opt == "nvme")) {
+    // An accelerator rank with the optimizer offloaded keeps its fp32 gradient partition in
+    // pinned host memory, where the CPU optimizer reads it (DeepSpeed's ZeRO-Offload layout,
+    // stage_1_and_2.py / stage3.py; Loom's GPU engine is not built yet, issue 43).
+    b->Host("gradients", 4 * s.part,
+            absl::StrCat("4P = 4 x ", s.part,
+                         " (fp32 partition in pinned host memory, ZeRO-Offload's layout)"),
+            true);
   } else {
     b->Device("gradients", 4 * s.part,
               absl::StrCat("4P = 4 x ", s.part, " (fp32 partition, zero_grads.cc EnsureGrad)"),

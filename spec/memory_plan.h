@@ -26,7 +26,9 @@
 // Places: on a CPU rank (the only kind the engine runs today) device memory IS host memory: every
 // term is listed under `host` and `device` is empty (cpu_rank true). On an accelerator rank,
 // offload targets decide the place: offload_optimizer/offload_param "cpu" -> host, "nvme" -> the
-// NVMe term list (with host swap buffers), activation_checkpointing.cpu_checkpointing -> host.
+// NVMe term list (with host swap buffers), activation_checkpointing.cpu_checkpointing -> host;
+// with the optimizer offloaded, the fp32 gradient partition is in host memory too (ZeRO-Offload's
+// layout, stages 2 and 3).
 // The accelerator terms are the same formulas (the engine's GPU path is not built yet, issue 48
 // "the GPU memory terms join when GPU ranks land"), plus a CUDA context estimate.
 //

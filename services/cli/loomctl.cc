@@ -8,8 +8,10 @@
 //                                         Loom fills in, the warnings, the resolved DeepSpeed config
 //   loomctl resolve JOB.yaml [--json]     offline: the DeepSpeed config Loom will use ("auto"
 //                                         and Hugging Face Trainer defaults filled in, each said)
-//   loomctl plan JOB.yaml [--json]        offline: predicted per-rank host/device/NVMe memory,
-//                                         term by term with formulas (spec/memory_plan.h)
+//   loomctl plan JOB.yaml [--json] [--nodes=COUNT:SLOTS:HOST_GIB[:ACCEL_GIB]]
+//                                         offline: predicted per-rank host/device/NVMe memory,
+//                                         term by term (spec/memory_plan.h); with --nodes, the
+//                                         fit and the technique to use (spec/technique_choice.h)
 //   loomctl get JOB_ID [--json]           show one job
 //   loomctl list [--phase=RUNNING] [--limit=N]
 //                                         list jobs (every page of ListJobs, or the first N)
@@ -136,6 +138,7 @@ ABSL_FLAG(int32_t, keep_last, 0, "checkpoint retain: committed checkpoints to ke
 ABSL_FLAG(std::vector<std::string>, protect, {},
           "checkpoint delete/retain: steps that must not be deleted");
 ABSL_FLAG(std::string, reason, "", "cordon/drain: why (shown by `loomctl nodes`)");
+ABSL_FLAG(std::string, nodes, "", "plan: COUNT:SLOTS:HOST_GIB[:ACCELERATOR_GIB] to fit and choose for");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each unary RPC");
 ABSL_FLAG(absl::Duration, retry_deadline, absl::Seconds(60),
           "submit: keep retrying while the scheduler is unreachable (UNAVAILABLE: restarting) "
@@ -357,7 +360,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "plan") {  // offline
     if (!need_arg("JOB.yaml")) return 2;
-    return loom::cli::RunPlan(arg, absl::GetFlag(FLAGS_json));
+    return loom::cli::RunPlan(arg, absl::GetFlag(FLAGS_json), absl::GetFlag(FLAGS_nodes));
   }
   if (loom::IsAdminCommand(cmd)) {
     auto addr = Address(absl::GetFlag(FLAGS_scheduler), "LOOM_SCHEDULER", "scheduler.json");

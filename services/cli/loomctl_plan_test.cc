@@ -1,4 +1,4 @@
-// `loomctl plan JOB.yaml [--json]` runs offline and prints, per place, every term of
+// `loomctl plan JOB.yaml [--json] [--nodes=...]` runs offline and prints, per place, every term of
 // spec/memory_plan.h's plan for the spec (bytes as PlanRankMemory computes them) and their total;
 // a refused spec exits 3 naming the field. The real loomctl binary on the README's example job
 // (CPU ranks) and on an accelerator job with offload to NVMe (host, device and NVMe tables).
@@ -135,6 +135,37 @@ training: {steps: 10, sequence_length: 1024}
   ExpectPlaceInText(text.output, "host memory per rank", plan.host);
   ExpectPlaceInText(text.output, "device memory per rank", plan.device);
   ExpectPlaceInText(text.output, "NVMe per rank", plan.nvme);
+}
+
+// --nodes: the README's job fits two 1-slot 24 GiB workers and gets ZeRO-2 (it fits without
+// parameter gathers); nodes that report no memory never refuse (as admission); a malformed value
+// is refused naming the flag. (Refusals and every row of the table: spec:memory_fit_test,
+// spec:technique_choice_test.)
+TEST(LoomctlPlanTest, NodesGiveTheFitAndTheTechnique) {
+  const std::string path = testing::RunfilePath("examples/fortunes-llama/job.yaml");
+  CliRun fits = Loomctl({"plan", path, "--nodes=2:1:24"});
+  ASSERT_EQ(fits.code, 0) << fits.output;
+  EXPECT_NE(fits.output.find("on 2 node(s) of 1 slot(s), 24.00 GiB host: fits"),
+            std::string::npos)
+      << fits.output;
+  EXPECT_NE(fits.output.find("technique: zero-2 (fits at ZeRO-2"), std::string::npos)
+      << fits.output;
+  EXPECT_NE(fits.output.find("  set deepspeed_config.zero_optimization.stage: 2"),
+            std::string::npos)
+      << fits.output;
+
+  const spec::RankMemoryPlan plan = PlanOf(path);
+  ASSERT_GT(plan.host_bytes(), 0);
+  CliRun json = Loomctl({"plan", path, "--nodes=2:1:0", "--json"});
+  ASSERT_EQ(json.code, 0) << json.output;
+  const nlohmann::json j = JsonOf(json.output);
+  ASSERT_TRUE(j.is_object()) << json.output;
+  EXPECT_EQ(j["fits"], true);  // 0: memory not reported, never refuses
+
+  CliRun bad = Loomctl({"plan", path, "--nodes=2:1"});
+  EXPECT_EQ(bad.code, 3) << bad.output;
+  EXPECT_NE(bad.output.find("--nodes: '2:1' is not COUNT:SLOTS:HOST_GIB"), std::string::npos)
+      << bad.output;
 }
 
 TEST(LoomctlPlanTest, RefusedSpecNamesTheField) {

@@ -2,13 +2,17 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/cli/job_spec_yaml.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "services/cli/terminal_text.h"
+#include "spec/technique_choice.h"
 
 namespace loom::cli {
 namespace {
@@ -51,23 +55,80 @@ std::string FormatMemoryPlan(const spec::RankMemoryPlan& plan, int num_ranks, in
   return out;
 }
 
-int RunPlan(const std::string& path, bool json) {
+absl::StatusOr<spec::NodeShape> ParseNodesFlag(const std::string& value,
+                                               loom::v1::AcceleratorKind kind) {
+  const std::vector<std::string> parts = absl::StrSplit(value, ':');
+  spec::NodeShape node;
+  node.kind = kind;
+  int64_t host_gib = 0, accelerator_gib = 0;
+  if ((parts.size() != 3 && parts.size() != 4) || !absl::SimpleAtoi(parts[0], &node.count) ||
+      !absl::SimpleAtoi(parts[1], &node.slots) || !absl::SimpleAtoi(parts[2], &host_gib) ||
+      (parts.size() == 4 && !absl::SimpleAtoi(parts[3], &accelerator_gib)) || node.count < 1 ||
+      node.slots < 1 || host_gib < 0 || accelerator_gib < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nodes: '", value,
+        "' is not COUNT:SLOTS:HOST_GIB[:ACCELERATOR_GIB] with COUNT, SLOTS >= 1 (e.g. 2:1:24 "
+        "for two 1-slot 24 GiB workers, 1:8:2048:80 for an HGX H100)"));
+  }
+  node.host_memory_bytes = host_gib << 30;
+  node.accelerator_memory_bytes = accelerator_gib << 30;
+  return node;
+}
+
+int RunPlan(const std::string& path, bool json, const std::string& nodes) {
   absl::StatusOr<loom::v1::JobSpec> spec = ReadJobSpecFile(path);
   if (!spec.ok()) return Refuse(spec.status());
   absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(*spec);
   if (!in.ok()) return Refuse(in.status());
   absl::StatusOr<spec::RankMemoryPlan> plan = spec::PlanRankMemory(*in);
   if (!plan.ok()) return Refuse(plan.status());
+  const loom::v1::AcceleratorKind kind =
+      spec->resources().accelerator() == loom::v1::ACCELERATOR_KIND_UNSPECIFIED
+          ? loom::v1::ACCELERATOR_KIND_CPU
+          : spec->resources().accelerator();
+  const int per_node = spec->resources().accelerators_per_node();
+  std::optional<spec::NodeShape> node;
+  absl::Status fit;
+  std::optional<spec::TechniqueChoice> choice;
+  if (!nodes.empty()) {
+    absl::StatusOr<spec::NodeShape> parsed = ParseNodesFlag(nodes, kind);
+    if (!parsed.ok()) return Refuse(parsed.status());
+    node = *parsed;
+    fit = spec::CheckJobFitsMemory(*in, kind, per_node, {*node});
+    absl::StatusOr<spec::TechniqueChoice> c = spec::ChooseTechnique(*in, kind, per_node, {*node});
+    if (!c.ok()) return Refuse(c.status());
+    choice = *std::move(c);
+  }
   if (json) {
-    const nlohmann::json out = {{"num_ranks", in->world_size},
-                                {"cpu_rank", plan->cpu_rank},
-                                {"host", PlaceJson(plan->host)},
-                                {"device", PlaceJson(plan->device)},
-                                {"nvme", PlaceJson(plan->nvme)}};
+    nlohmann::json out = {{"num_ranks", in->world_size},
+                          {"cpu_rank", plan->cpu_rank},
+                          {"host", PlaceJson(plan->host)},
+                          {"device", PlaceJson(plan->device)},
+                          {"nvme", PlaceJson(plan->nvme)}};
+    if (choice.has_value()) {
+      out["fits"] = fit.ok();
+      if (!fit.ok()) out["refusal"] = std::string(fit.message());
+      out["technique"] = {{"name", spec::TechniqueName(choice->technique)},
+                          {"why", choice->why},
+                          {"settings", choice->settings}};
+    }
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf("%s", FormatMemoryPlan(*plan, in->world_size, in->ds.zero.stage).c_str());
+  if (choice.has_value()) {
+    std::printf("\non %d node(s) of %d slot(s), %s host%s: %s\n", node->count, node->slots,
+                spec::FormatBytes(node->host_memory_bytes).c_str(),
+                node->accelerator_memory_bytes > 0
+                    ? absl::StrCat(", ", spec::FormatBytes(node->accelerator_memory_bytes),
+                                   " per accelerator")
+                          .c_str()
+                    : "",
+                fit.ok() ? "fits" : TerminalSafe(std::string(fit.message())).c_str());
+    std::printf("technique: %s (%s)\n", spec::TechniqueName(choice->technique),
+                TerminalSafe(choice->why).c_str());
+    for (const std::string& s : choice->settings) std::printf("  set %s\n", s.c_str());
+  }
   return 0;
 }
 

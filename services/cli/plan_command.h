@@ -1,12 +1,17 @@
-// `loomctl plan JOB.yaml [--json]`: offline (no service), the per-rank memory spec/memory_plan.h
-// predicts for a job spec: one table per place (host, device, NVMe) with every term's bytes, its
-// size in binary units and its formula, and the place's total (issue 48, first slice: no decision
-// function or alternatives yet).
+// `loomctl plan JOB.yaml [--nodes=COUNT:SLOTS:HOST_GIB[:ACCELERATOR_GIB]] [--json]`: offline (no
+// service), the per-rank memory spec/memory_plan.h predicts for a job spec: one table per place
+// (host, device, NVMe) with every term's bytes, its size in binary units and its formula, and the
+// place's total. With --nodes (nodes of the job's accelerator kind, e.g. 2:1:24 for two 1-slot
+// 24 GiB workers, 1:8:2048:80 for an HGX H100), also whether the job fits them as admission
+// would judge it (spec/memory_fit.h) and the technique the decision table picks
+// (spec/technique_choice.h) with the keys to set (issue 48).
 #ifndef LOOM_SERVICES_CLI_PLAN_COMMAND_H_
 #define LOOM_SERVICES_CLI_PLAN_COMMAND_H_
 
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "spec/memory_fit.h"
 #include "spec/memory_plan.h"
 
 namespace loom::cli {
@@ -25,7 +30,12 @@ std::string FormatMemoryPlan(const spec::RankMemoryPlan& plan, int num_ranks, in
 // `json` {"num_ranks": N, "cpu_rank": b, "host": {"terms": [{"name", "bytes", "formula"}],
 // "total_bytes": n}, "device": {...}, "nvme": {...}}. Returns 0, 3 (INVALID_ARGUMENT: the spec
 // is refused, the message on stderr names the field) or the status code of reading the file.
-int RunPlan(const std::string& path, bool json);
+// `nodes`: the --nodes value ("" = none); INVALID_ARGUMENT (exit 3) "--nodes: ..." when malformed.
+int RunPlan(const std::string& path, bool json, const std::string& nodes = "");
+
+// Parses --nodes for nodes of `kind`. INVALID_ARGUMENT naming the flag.
+absl::StatusOr<spec::NodeShape> ParseNodesFlag(const std::string& value,
+                                               loom::v1::AcceleratorKind kind);
 
 }  // namespace loom::cli
 
