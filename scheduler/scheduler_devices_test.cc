@@ -5,7 +5,6 @@
 // registered node has is refused at submission naming the field.
 #include <set>
 
-#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler_test_fixture.h"
 
@@ -183,20 +182,7 @@ TEST_F(SchedulerDevicesTest, AGangLargerThanTheClusterIsRefusedUnlessItWaitsForC
   RegisterGpuNode("gpu-b", 4);
   loom::v1::JobSpec spec = TestJobSpecWithRanks(12);
   spec.mutable_resources()->set_accelerator(loom::v1::ACCELERATOR_KIND_H100);
-  auto submit = [&](const loom::v1::JobSpec& s, bool wait_for_capacity) {
-    absl::Notification answered;
-    absl::StatusOr<Job> out;
-    scheduler_->SubmitJobAsync(
-        s, "", "default",
-        [&](absl::StatusOr<Job> job, bool) {
-          out = std::move(job);
-          answered.Notify();
-        },
-        wait_for_capacity);
-    answered.WaitForNotification();
-    return out;
-  };
-  absl::StatusOr<Job> refused = submit(spec, false);
+  absl::StatusOr<Job> refused = SubmitWaitingForAnswer(spec, false);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find(
                 "resources.num_ranks: 12 h100 ranks can never be placed: the registered h100 "
@@ -209,7 +195,7 @@ TEST_F(SchedulerDevicesTest, AGangLargerThanTheClusterIsRefusedUnlessItWaitsForC
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   EXPECT_TRUE(jobs->empty());
 
-  absl::StatusOr<Job> queued = submit(spec, true);
+  absl::StatusOr<Job> queued = SubmitWaitingForAnswer(spec, true);
   ASSERT_TRUE(queued.ok()) << queued.status();
   Cycle();
   EXPECT_EQ(Get(queued->id()).phase(), loom::v1::JOB_PHASE_PENDING);
@@ -219,7 +205,7 @@ TEST_F(SchedulerDevicesTest, AGangLargerThanTheClusterIsRefusedUnlessItWaitsForC
   EXPECT_EQ(Get(queued->id()).phase(), loom::v1::JOB_PHASE_STARTING);
 
   spec.mutable_resources()->set_num_ranks(4);  // fits the registered nodes: admitted
-  absl::StatusOr<Job> fits = submit(spec, false);
+  absl::StatusOr<Job> fits = SubmitWaitingForAnswer(spec, false);
   EXPECT_TRUE(fits.ok()) << fits.status();
 }
 

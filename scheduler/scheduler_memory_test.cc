@@ -4,7 +4,6 @@
 // in ExplainPending, and nodes that report no memory refuse nothing.
 #include <string>
 
-#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler_test_fixture.h"
 #include "spec/memory_fit.h"
@@ -25,20 +24,6 @@ class SchedulerMemoryTest : public SchedulerTest {
     inv.set_address(absl::StrCat("addr-", node));
     inv.set_host_memory_bytes(host_memory_bytes);
     ASSERT_TRUE(scheduler_->RegisterWorker(node, inv).ok());
-  }
-
-  absl::StatusOr<Job> SubmitWith(const loom::v1::JobSpec& spec, bool wait_for_capacity) {
-    absl::Notification answered;
-    absl::StatusOr<Job> out;
-    scheduler_->SubmitJobAsync(
-        spec, "", "default",
-        [&](absl::StatusOr<Job> job, bool) {
-          out = std::move(job);
-          answered.Notify();
-        },
-        wait_for_capacity);
-    answered.WaitForNotification();
-    return out;
   }
 };
 
@@ -77,7 +62,7 @@ TEST_F(SchedulerMemoryTest, A7BModelOnTwo24GiBWorkersIsRefusedAndExplainedWhenQu
   RegisterCpuNode("node-b", 1, 24 * kGiB);
   loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
   SetModel(&spec, 3584, 18944, 28, 28, 4, 152064);
-  absl::StatusOr<Job> refused = SubmitWith(spec, false);
+  absl::StatusOr<Job> refused = SubmitWaitingForAnswer(spec, false);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   const std::string message(refused.status().message());
   EXPECT_EQ(message.rfind("memory: 2 cpu ranks would run out of memory: one rank needs ", 0), 0u)
@@ -89,7 +74,7 @@ TEST_F(SchedulerMemoryTest, A7BModelOnTwo24GiBWorkersIsRefusedAndExplainedWhenQu
 
   // Queued for capacity that may come: admitted, and ExplainPending says what blocks it.
   // It is not placed on nodes it would run out of memory on.
-  absl::StatusOr<Job> queued = SubmitWith(spec, true);
+  absl::StatusOr<Job> queued = SubmitWaitingForAnswer(spec, true);
   ASSERT_TRUE(queued.ok()) << queued.status();
   Cycle();
   EXPECT_EQ(Get(queued->id()).phase(), loom::v1::JOB_PHASE_PENDING);
@@ -109,7 +94,7 @@ TEST_F(SchedulerMemoryTest, RanksThatFitANodeOnlyOneAtATimeAreSpreadOverNodes) {
   const int64_t need = HostNeed(spec);
   ASSERT_GT(need, 0);
   RegisterCpuNode("node-a", 2, need + need / 2);  // two slots, memory for one rank
-  absl::StatusOr<Job> job = SubmitWith(spec, true);
+  absl::StatusOr<Job> job = SubmitWaitingForAnswer(spec, true);
   ASSERT_TRUE(job.ok()) << job.status();
   Cycle();
   EXPECT_EQ(Get(job->id()).phase(), loom::v1::JOB_PHASE_PENDING);
@@ -133,13 +118,13 @@ TEST_F(SchedulerMemoryTest, TheSuggestedChangeAppliedIsAdmitted) {
   RegisterCpuNode("node-a", 1, room);
   RegisterCpuNode("node-b", 1, room);
 
-  absl::StatusOr<Job> refused = SubmitWith(spec, false);
+  absl::StatusOr<Job> refused = SubmitWaitingForAnswer(spec, false);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_NE(refused.status().message().find(
                 "Would fit: deepspeed_config.zero_optimization.stage: 3 (then "),
             absl::string_view::npos)
       << refused.status();
-  absl::StatusOr<Job> admitted = SubmitWith(stage3, false);
+  absl::StatusOr<Job> admitted = SubmitWaitingForAnswer(stage3, false);
   ASSERT_TRUE(admitted.ok()) << admitted.status();
   Cycle();
   EXPECT_EQ(Get(admitted->id()).phase(), loom::v1::JOB_PHASE_STARTING);
@@ -150,7 +135,7 @@ TEST_F(SchedulerMemoryTest, NodesThatReportNoMemoryRefuseNothing) {
   RegisterCpuNode("node-b", 1, 0);
   loom::v1::JobSpec spec = TestJobSpecWithRanks(2);
   SetModel(&spec, 3584, 18944, 28, 28, 4, 152064);
-  EXPECT_TRUE(SubmitWith(spec, false).ok());
+  EXPECT_TRUE(SubmitWaitingForAnswer(spec, false).ok());
 }
 
 }  // namespace

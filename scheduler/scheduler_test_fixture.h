@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "scheduler/fake_clock.h"
@@ -160,6 +161,23 @@ class SchedulerTest : public ::testing::Test {
     absl::StatusOr<Job> job = scheduler_->SubmitJob(spec);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : Job();
+  }
+
+  // SubmitJobAsync as the gRPC API calls it (tenant "default", no request id), waited for:
+  // `wait_for_capacity` false refuses a job the registered nodes could never hold.
+  absl::StatusOr<Job> SubmitWaitingForAnswer(const loom::v1::JobSpec& spec,
+                                             bool wait_for_capacity) {
+    absl::Notification answered;
+    absl::StatusOr<Job> out;
+    scheduler_->SubmitJobAsync(
+        spec, "", "default",
+        [&](absl::StatusOr<Job> job, bool) {
+          out = std::move(job);
+          answered.Notify();
+        },
+        wait_for_capacity);
+    answered.WaitForNotification();
+    return out;
   }
 
   Job Get(const std::string& id) {

@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/llama_shape_for_tests.h"
 
 namespace loom::spec {
 namespace {
@@ -82,19 +83,6 @@ TEST(MemoryFitTest, AnAcceleratorRankMustFitItsDeviceAndItsShareOfTheHost) {
   EXPECT_EQ(host_bound.place, "host");
 }
 
-LlamaConfig Model(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
-                  int64_t kv_heads, int64_t vocab) {
-  LlamaConfig m;
-  m.hidden_size = hidden;
-  m.intermediate_size = intermediate;
-  m.num_hidden_layers = layers;
-  m.num_attention_heads = heads;
-  m.num_key_value_heads = kv_heads;
-  m.vocab_size = vocab;
-  m.max_position_embeddings = 32768;
-  return m;
-}
-
 MemoryPlanInput Job(const LlamaConfig& model, int stage, int ranks, int64_t micro,
                     int64_t sequence) {
   MemoryPlanInput in;
@@ -114,7 +102,7 @@ int64_t HostNeed(const MemoryPlanInput& in) {
 
 TEST(MemoryFitTest, ARefusalSuggestsTheNextZeroStageAndTheSuggestionFits) {
   // ~110M parameters: 16 bytes each unsharded (fp32 weights, gradients, Adam's two moments).
-  const MemoryPlanInput stage0 = Job(Model(768, 2048, 12, 12, 4, 32000), 0, 2, 2, 256);
+  const MemoryPlanInput stage0 = Job(LlamaShape(768, 2048, 12, 12, 4, 32000), 0, 2, 2, 256);
   MemoryPlanInput in = stage0;
   in.ds.zero.stage = 2;
   MemoryPlanInput stage3 = in;
@@ -141,7 +129,7 @@ TEST(MemoryFitTest, ARefusalSuggestsTheNextZeroStageAndTheSuggestionFits) {
 }
 
 TEST(MemoryFitTest, OneRankWithLongSequencesIsToldToCheckpointActivationsFirst) {
-  const MemoryPlanInput in = Job(Model(512, 1408, 8, 8, 8, 32000), 0, 1, 4, 4096);
+  const MemoryPlanInput in = Job(LlamaShape(512, 1408, 8, 8, 8, 32000), 0, 1, 4, 4096);
   MemoryPlanInput checkpointed = in;
   checkpointed.exec.activation_checkpointing = true;
   ASSERT_LT(HostNeed(checkpointed), HostNeed(in));
@@ -155,7 +143,7 @@ TEST(MemoryFitTest, OneRankWithLongSequencesIsToldToCheckpointActivationsFirst) 
 }
 
 TEST(MemoryFitTest, MoreRanksWhenTheNodesHaveSlotsForThem) {
-  const MemoryPlanInput in = Job(Model(768, 2048, 12, 12, 4, 32000), 3, 2, 1, 128);
+  const MemoryPlanInput in = Job(LlamaShape(768, 2048, 12, 12, 4, 32000), 3, 2, 1, 128);
   MemoryPlanInput eight = in;
   eight.world_size = 8;
   MemoryPlanInput four = in;
@@ -178,7 +166,7 @@ TEST(MemoryFitTest, MoreRanksWhenTheNodesHaveSlotsForThem) {
 TEST(MemoryFitTest, AFullSize7BModelOnTwo24GiBWorkersIsRefusedWithNoWayOut) {
   // Qwen2.5-7B's shape (7.6B parameters): 16 bytes a parameter is 122 GB, 61 GB a rank at ZeRO-3
   // on 2 ranks, against 24 GiB nodes.
-  const MemoryPlanInput in = Job(Model(3584, 18944, 28, 28, 4, 152064), 3, 2, 1, 1024);
+  const MemoryPlanInput in = Job(LlamaShape(3584, 18944, 28, 28, 4, 152064), 3, 2, 1, 1024);
   const absl::Status refused = CheckJobFitsMemory(in, kCpu, 0, {Node(kCpu, 1, 24 * kGiB, 0, 2)});
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.message()), StartsWith("memory: 2 cpu ranks would run out of memory: one "

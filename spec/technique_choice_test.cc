@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/llama_shape_for_tests.h"
 
 namespace loom::spec {
 namespace {
@@ -20,25 +21,12 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-LlamaConfig Model(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
-                  int64_t kv_heads, int64_t vocab) {
-  LlamaConfig m;
-  m.hidden_size = hidden;
-  m.intermediate_size = intermediate;
-  m.num_hidden_layers = layers;
-  m.num_attention_heads = heads;
-  m.num_key_value_heads = kv_heads;
-  m.vocab_size = vocab;
-  m.max_position_embeddings = 1 << 20;
-  return m;
-}
-
-const LlamaConfig kLlama2_7B = Model(4096, 11008, 32, 32, 32, 32000);
-const LlamaConfig kLlama2_13B = Model(5120, 13824, 40, 40, 40, 32000);
-const LlamaConfig kLlama3_8B = Model(4096, 14336, 32, 32, 8, 128256);
-const LlamaConfig kLlama3_70B = Model(8192, 28672, 80, 64, 8, 128256);
-const LlamaConfig kQwen3_14B = Model(5120, 17408, 40, 40, 8, 151936);
-const LlamaConfig kTiny = Model(64, 176, 2, 4, 2, 256);
+const LlamaConfig kLlama2_7B = LlamaShape(4096, 11008, 32, 32, 32, 32000);
+const LlamaConfig kLlama2_13B = LlamaShape(5120, 13824, 40, 40, 40, 32000);
+const LlamaConfig kLlama3_8B = LlamaShape(4096, 14336, 32, 32, 8, 128256);
+const LlamaConfig kLlama3_70B = LlamaShape(8192, 28672, 80, 64, 8, 128256);
+const LlamaConfig kQwen3_14B = LlamaShape(5120, 17408, 40, 40, 8, 151936);
+const LlamaConfig kTiny = LlamaShape(64, 176, 2, 4, 2, 256);
 
 MemoryPlanInput Job(const LlamaConfig& model, int ranks, int64_t sequence, bool cpu) {
   MemoryPlanInput in;
