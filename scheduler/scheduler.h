@@ -296,8 +296,9 @@ class Scheduler {
   // that held the lock): every node's silence is shortened by `pause` (its last heartbeat time
   // moves forward, never past now), so that the next liveness check does not declare lost the
   // workers whose heartbeats could not be served (issue 53's operator pass: after a 3 min stop
-  // of the scheduler, every live worker was declared lost and a finished job restarted).
-  // The daemon's loop calls it when an iteration starts late. Thread-safe.
+  // of the scheduler, every live worker was declared lost and a finished job restarted). Hang
+  // detection and gang-ready timeouts do not count the pause either (AwakeTime). The daemon's
+  // loop calls it when an iteration starts late. Thread-safe.
   void ExcusePause(absl::Duration pause);
 
   // Writes every progress change not stored yet (progress_dirty_, whatever its age) in one
@@ -585,6 +586,10 @@ class Scheduler {
     loom::v1::FailureClass failure_class = loom::v1::FAILURE_CLASS_UNSPECIFIED;
   };
   std::map<std::string, Blame> blame_ ABSL_GUARDED_BY(mu_);
+  // The scheduler's own excused pauses (ExcusePause): (end, length), the last 16. AwakeTime is
+  // now - since less the parts of them inside [since, now].
+  std::deque<std::pair<absl::Time, absl::Duration>> pauses_ ABSL_GUARDED_BY(mu_);
+  absl::Duration AwakeTime(absl::Time since, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

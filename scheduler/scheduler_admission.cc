@@ -236,7 +236,9 @@ absl::Status Scheduler::CheckReadyTimeouts() {
   std::vector<std::string> expired;
   for (const auto& [job_id, job] : jobs_.active()) {  // STARTING jobs are among them
     if (job->phase != v1::JOB_PHASE_STARTING || job->state.attempt_start_us() <= 0) continue;
-    if (now - absl::FromUnixMicros(job->state.attempt_start_us()) > options_.ready_timeout) {
+    // An excused pause of the scheduler itself does not count (ExcusePause).
+    if (AwakeTime(absl::FromUnixMicros(job->state.attempt_start_us()), now) >
+        options_.ready_timeout) {
       expired.push_back(job_id);
     }
   }

@@ -487,6 +487,60 @@ TEST_F(SchedulerTest, AnExcusedPauseOfTheSchedulerLosesNoNode) {
   EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_FAILED);
 }
 
+// The same pause is no hang: a RUNNING job whose steps stopped only while the scheduler was
+// stopped is not ended as hung (the limit is 50 s; the pause 3 min). Without the excuse it is.
+TEST_F(SchedulerTest, AnExcusedPauseIsNoHang) {
+  options_.hang_step_time_factor = 10;
+  options_.hang_min_timeout = absl::Seconds(30);
+  for (const bool excused : {true, false}) {
+    SCOPED_TRACE(excused ? "excused" : "not excused");
+    scheduler_.reset();
+    store_ = std::make_unique<InMemoryJobStore>();
+    Start();
+    Job job = RunTwoRankJob();
+    for (int step = 1; step <= 6; ++step) {  // a step every 5 s
+      clock_.Advance(absl::Seconds(5));
+      RankStatus st = Rank(job, 0, loom::v1::RANK_STATE_RUNNING);
+      st.mutable_progress()->set_step(step);
+      Beat("node-a", {st});
+      Beat("node-b", {Rank(job, 1, loom::v1::RANK_STATE_RUNNING)});
+      Cycle();
+    }
+    clock_.Advance(absl::Minutes(3));
+    if (excused) scheduler_->ExcusePause(absl::Minutes(3));
+    Cycle();
+    const Job after = Get(job.id());
+    EXPECT_EQ(after.phase(), excused ? loom::v1::JOB_PHASE_RUNNING : loom::v1::JOB_PHASE_FAILED);
+    if (!excused) EXPECT_EQ(after.reason(), "NodeLost") << after.message();
+  }
+}
+
+// Nor does it count against a gang's ready timeout (1 min here): a job placed just before the
+// scheduler stopped for 3 min is still STARTING, waiting for its ranks, when it wakes.
+TEST_F(SchedulerTest, AnExcusedPauseDoesNotCountAgainstTheReadyTimeout) {
+  options_.ready_timeout = absl::Minutes(1);
+  scheduler_.reset();
+  Start();
+  Register("node-a", 1);
+  Register("node-b", 1);
+  Job job = Submit(2);
+  Cycle();
+  ASSERT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_STARTING);
+  clock_.Advance(absl::Minutes(3));
+  scheduler_->ExcusePause(absl::Minutes(3));
+  Cycle();
+  EXPECT_EQ(Get(job.id()).phase(), loom::v1::JOB_PHASE_STARTING);
+  // Awake time after the pause counts: 61 s more and the gang is late.
+  clock_.Advance(absl::Seconds(30));
+  Beat("node-a");
+  Beat("node-b");
+  clock_.Advance(absl::Seconds(31));
+  Beat("node-a");
+  Beat("node-b");
+  Cycle();
+  EXPECT_NE(Get(job.id()).phase(), loom::v1::JOB_PHASE_STARTING);
+}
+
 // Without the excuse the same 3 minutes lose both nodes (what the test above guards against).
 TEST_F(SchedulerTest, AnUnexcusedSilenceLosesTheNodes) {
   Job job = RunTwoRankJob();

@@ -374,7 +374,7 @@ absl::Status Scheduler::CheckHangs() {
     if (!last.has_value() || median_s <= 0) continue;
     const absl::Duration threshold =
         std::max(options_.hang_min_timeout, absl::Seconds(options_.hang_step_time_factor * median_s));
-    const absl::Duration idle = now - *last;
+    const absl::Duration idle = AwakeTime(*last, now);  // an excused pause is no hang
     if (idle > threshold) {
       hung.emplace_back(job_id, absl::StrCat("no step progress for ",
                                              absl::FormatDuration(absl::Trunc(idle, absl::Seconds(1))),
@@ -400,8 +400,21 @@ void Scheduler::ExcusePause(absl::Duration pause) {
     if (node.lost) continue;
     node.last_heartbeat_time = std::min(now, node.last_heartbeat_time + pause);
   }
+  pauses_.emplace_back(now, pause);
+  if (pauses_.size() > 16) pauses_.pop_front();
   LOG(WARNING) << "the scheduler did not run for " << absl::FormatDuration(pause)
-               << ": that time does not count against the workers' heartbeats";
+               << ": that time does not count against the workers' heartbeats, hang detection "
+                  "or gang-ready timeouts";
+}
+
+absl::Duration Scheduler::AwakeTime(absl::Time since, absl::Time now) const {
+  absl::Duration awake = now - since;
+  for (const auto& [end, length] : pauses_) {
+    const absl::Time from = std::max(since, end - length);
+    const absl::Time to = std::min(now, end);
+    if (to > from) awake -= to - from;
+  }
+  return std::max(awake, absl::ZeroDuration());
 }
 
 absl::Status Scheduler::CheckNodeLiveness() {
