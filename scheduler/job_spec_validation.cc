@@ -300,6 +300,11 @@ void ValidateCheckpointAndRestarts(const loom::v1::JobSpec& spec, Problems* prob
   if (spec.max_restarts() < 0) {
     problems->Add("max_restarts", absl::StrCat("must be >= 0, got ", spec.max_restarts()));
   }
+  if (!spec.technique().empty() && spec.technique() != "auto") {
+    problems->Add("technique", absl::StrCat("'", spec.technique(),
+                                            "': \"auto\" lets the scheduler choose; leave it out "
+                                            "to use the deepspeed_config as written"));
+  }
   if (spec.max_infra_restarts() < -1) {
     problems->Add("max_infra_restarts",
                   absl::StrCat("must be >= 0, or -1 for the scheduler's default; got ",

@@ -128,6 +128,8 @@
 
 namespace loom {
 
+struct AutoTechnique;  // scheduler_internal.h
+
 // Thread-safe: every public method takes one internal mutex. Store writes of Heartbeat and
 // RunSchedulingCycle are made after releasing it (StoreOffLock; versioned, so the store never
 // goes back), and the call returns once they are durable; the other methods write under it.
@@ -363,8 +365,9 @@ class Scheduler {
   // The admission checks of a submission, in order: paths (before validation reads any file),
   // the spec, the node shapes, the queue. Shared by SubmitJobAsync and DryRunSubmission.
   // Then, unless `wait_for_capacity`, that the registered nodes could hold the gang.
+  // With spec.technique "auto", `*chosen` gets the choice and the spec it wrote (checked after).
   absl::Status CheckAdmissible(const loom::v1::JobSpec& spec, const std::string& tenant,
-                               bool wait_for_capacity);
+                               bool wait_for_capacity, std::optional<AutoTechnique>* chosen);
   // The tenancy path policy of --queues_config (data and scratch roots; the fortunes dir without
   // data_roots) and --checkpoint_root.
   PathPolicy SubmissionPathPolicy() const;

@@ -1,14 +1,19 @@
 #include "scheduler/scheduler_internal.h"
 
 #include <algorithm>
+#include <map>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "scheduler/placement.h"
 #include "scheduler/scheduler.h"
+#include "spec/job_spec_settings.h"
 #include "spec/memory_fit.h"
 #include "spec/memory_plan.h"
+#include "spec/technique_choice.h"
 
 namespace loom {
 
@@ -40,17 +45,31 @@ AcceleratorKind KindOf(const loom::v1::JobSpec& spec) { return loom::KindOf(spec
 
 std::string KindName(AcceleratorKind kind) { return AcceleratorKindName(kind); }
 
-absl::Status CheckJobFitsNodeMemory(const loom::v1::JobSpec& spec,
-                                    const std::map<NodeShapeKey, int>& shapes) {
-  const AcceleratorKind kind = KindOf(spec);
+namespace {
+
+// The registered node shapes of `kind` as spec/memory_fit.h takes them; `*memory_known` says
+// whether any of them reports its memory.
+std::vector<spec::NodeShape> NodesOfKind(AcceleratorKind kind,
+                                         const std::map<NodeShapeKey, int>& shapes,
+                                         bool* memory_known) {
   std::vector<spec::NodeShape> nodes;
-  bool memory_known = false;
+  *memory_known = false;
   for (const auto& [key, count] : shapes) {
     const auto& [node_kind, slots, host, accelerator] = key;
     if (count <= 0 || node_kind != kind) continue;
-    memory_known |= host > 0 || accelerator > 0;
+    *memory_known |= host > 0 || accelerator > 0;
     nodes.push_back({node_kind, slots, host, accelerator, count});
   }
+  return nodes;
+}
+
+}  // namespace
+
+absl::Status CheckJobFitsNodeMemory(const loom::v1::JobSpec& spec,
+                                    const std::map<NodeShapeKey, int>& shapes) {
+  const AcceleratorKind kind = KindOf(spec);
+  bool memory_known = false;
+  const std::vector<spec::NodeShape> nodes = NodesOfKind(kind, shapes, &memory_known);
   if (!memory_known) return absl::OkStatus();
   absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(spec);
   if (!in.ok()) {
@@ -62,6 +81,62 @@ absl::Status CheckJobFitsNodeMemory(const loom::v1::JobSpec& spec,
   if (fits.ok() || absl::IsFailedPrecondition(fits)) return fits;
   VLOG(1) << "memory check skipped: " << fits;  // the plan refused its input: nothing to tell
   return absl::OkStatus();
+}
+
+absl::StatusOr<AutoTechnique> ChooseTechniqueOnNodes(const loom::v1::JobSpec& spec,
+                                                     const std::map<NodeShapeKey, int>& shapes) {
+  const AcceleratorKind kind = KindOf(spec);
+  bool memory_known = false;
+  const std::vector<spec::NodeShape> nodes = NodesOfKind(kind, shapes, &memory_known);
+  if (!memory_known) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "technique: auto chooses against the memory of the registered nodes, and no registered ",
+        KindName(kind), " node reports its memory; submit it once a worker of that kind has "
+        "registered, or write the technique's keys yourself (`loomctl plan JOB.yaml "
+        "--nodes=COUNT:SLOTS:HOST_GIB[:ACCEL_GIB]` shows what it would choose)"));
+  }
+  absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(spec);
+  if (!in.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("technique: auto: ", in.status().message()));
+  }
+  absl::StatusOr<spec::TechniqueChoice> choice =
+      spec::ChooseTechnique(*in, kind, spec.resources().accelerators_per_node(), nodes);
+  if (!choice.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("technique: auto: ", choice.status().message()));
+  }
+  if (choice->technique == spec::Technique::kNoneFits) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "technique: auto: no technique fits the registered ", KindName(kind), " nodes: ",
+        choice->why));
+  }
+  AutoTechnique out;
+  out.spec = spec;
+  if (absl::Status s = spec::ApplyJobSpecSettings(choice->settings, &out.spec); !s.ok()) {
+    return absl::InternalError(absl::StrCat("technique: auto chose ",
+                                            spec::TechniqueName(choice->technique),
+                                            " but could not write it into the spec: ",
+                                            s.message()));
+  }
+  out.choice.set_name(spec::TechniqueName(choice->technique));
+  out.choice.set_why(choice->why);
+  for (const std::string& setting : choice->settings) out.choice.add_settings(setting);
+  out.choice.set_planned_rank_host_bytes(choice->plan.host_bytes());
+  if (!choice->plan.cpu_rank) {
+    out.choice.set_planned_rank_device_bytes(choice->plan.device_bytes());
+  }
+  return out;
+}
+
+bool SameSubmittedSpec(const JobRecord& earlier, const loom::v1::JobSpec& spec) {
+  if (!earlier.state.has_chosen_technique()) {
+    return google::protobuf::util::MessageDifferencer::Equals(earlier.spec, spec);
+  }
+  // technique: auto stored the spec with its choice written in: write the same into this one.
+  loom::v1::JobSpec applied = spec;
+  const auto& settings = earlier.state.chosen_technique().settings();
+  return spec::ApplyJobSpecSettings({settings.begin(), settings.end()}, &applied).ok() &&
+         google::protobuf::util::MessageDifferencer::Equals(earlier.spec, applied);
 }
 
 void RecordPlannedRankMemory(const loom::v1::JobSpec& spec,

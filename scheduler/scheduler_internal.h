@@ -6,9 +6,11 @@
 #define LOOM_SCHEDULER_SCHEDULER_INTERNAL_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
@@ -54,6 +56,20 @@ absl::Status CheckRequiredId(absl::string_view field, const std::string& id);
 // to go on (a model config it cannot read: validation has spoken for the spec).
 absl::Status CheckJobFitsNodeMemory(const loom::v1::JobSpec& spec,
                                     const std::map<NodeShapeKey, int>& shapes);
+// JobSpec.technique "auto" (issue 48): spec/technique_choice.h's choice for `spec` on the
+// registered nodes `shapes` of its kind, written into a copy of the spec
+// (spec/job_spec_settings.h) and recorded as Job.technique. FAILED_PRECONDITION when no node of
+// the kind reports its memory (nothing to choose against) or nothing fits them (naming the
+// smallest need found); INVALID_ARGUMENT when the planner cannot read the spec.
+struct AutoTechnique {
+  loom::v1::JobSpec spec;
+  loom::v1::ChosenTechnique choice;
+};
+absl::StatusOr<AutoTechnique> ChooseTechniqueOnNodes(const loom::v1::JobSpec& spec,
+                                                     const std::map<NodeShapeKey, int>& shapes);
+// Whether `spec` is what was submitted for `earlier` (a retry with its request id): equal, or,
+// when `earlier` chose its technique, equal once that choice's settings are written into it.
+bool SameSubmittedSpec(const JobRecord& earlier, const loom::v1::JobSpec& spec);
 // Records one rank's predicted host and device bytes, with the admission margin, in `state`
 // (planned_rank_*_bytes: placement's memory limits); leaves them 0 when the planner cannot
 // read the spec.

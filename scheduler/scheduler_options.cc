@@ -107,6 +107,7 @@ loom::v1::Job JobRecordToProto(const JobRecord& r) {
   job.set_infra_restarts(r.state.infra_restarts());
   job.set_preemptions(r.state.preemptions());
   job.set_checkpoint_retention_error(r.state.checkpoint_retention_error());
+  if (r.state.has_chosen_technique()) *job.mutable_technique() = r.state.chosen_technique();
   *job.mutable_spec() = r.spec;
   job.set_phase(r.phase);
   job.set_failure_class(r.failure_class);

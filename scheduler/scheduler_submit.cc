@@ -88,7 +88,7 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
       return absl::AlreadyExistsError(
           absl::StrCat("request_id ", request_id, " was already used by another tenant"));
     }
-    if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec, spec)) {
+    if (!SameSubmittedSpec(earlier, spec)) {
       return absl::AlreadyExistsError(absl::StrCat("request_id ", request_id,
                                                    " was already used for job ", earlier.id,
                                                    " with a different spec"));
@@ -106,7 +106,10 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
     }
   }
   if (answer.has_value()) return done(std::move(*answer), deduplicated);
-  if (absl::Status s = CheckAdmissible(spec, tenant, wait_for_capacity); !s.ok()) return fail(s);
+  std::optional<AutoTechnique> chosen;  // technique: auto
+  if (absl::Status s = CheckAdmissible(spec, tenant, wait_for_capacity, &chosen); !s.ok()) {
+    return fail(s);
+  }
   if (absl::Status s = Transition(v1::JOB_PHASE_UNSPECIFIED, v1::JOB_PHASE_PENDING); !s.ok()) {
     return fail(s);
   }
@@ -115,12 +118,17 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
   JobRecord job;
   job.request_id = request_id;
   job.tenant = tenant;
-  job.spec = spec;
+  if (chosen.has_value()) {
+    job.spec = std::move(chosen->spec);
+    *job.state.mutable_chosen_technique() = std::move(chosen->choice);
+  } else {
+    job.spec = spec;
+  }
   job.phase = v1::JOB_PHASE_PENDING;
   job.reason = "Queued";
   job.message = "waiting for the next scheduling cycle";
   job.progress.set_total_steps(spec.training().steps());
-  RecordPlannedRankMemory(spec, &job.state);  // placement's memory limits (issue 48)
+  RecordPlannedRankMemory(job.spec, &job.state);  // placement's memory limits (issue 48)
   {
     absl::MutexLock lock(&mu_);
     if (const JobRecord* known = jobs_.FindByRequest(request_id); known != nullptr) {
@@ -151,30 +159,51 @@ void Scheduler::SubmitJobAsync(const loom::v1::JobSpec& spec, const std::string&
 }
 
 absl::Status Scheduler::CheckAdmissible(const loom::v1::JobSpec& spec,
-                                        const std::string& tenant, bool wait_for_capacity) {
+                                        const std::string& tenant, bool wait_for_capacity,
+                                        std::optional<AutoTechnique>* chosen) {
   // Paths first: validation reads the files, and must not for a path the tenant may not name.
   if (options_.confine_paths) RETURN_IF_ERROR(ConfineSubmittedPaths(spec, tenant));
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.validation));
   RETURN_IF_ERROR(ValidateAcceleratorsPerNode(spec.resources(), LargestRegisteredNodes()));
   RETURN_IF_ERROR(ResolveQueue(options_.queues, spec.queue(), tenant).status());
+  const loom::v1::JobSpec* admitted = &spec;
+  if (spec.technique() == "auto") {
+    // Chosen against the nodes registered now, even when waiting for capacity: the choice is
+    // written into the spec and fixes the checkpoint's layout (the ZeRO stage) for good.
+    ASSIGN_OR_RETURN(AutoTechnique choice, ChooseTechniqueOnNodes(spec, RegisteredNodeShapes()));
+    if (absl::Status s = ValidateJobSpec(choice.spec, options_.validation); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("technique: auto chose ", choice.choice.name(),
+                                                  ", and the spec with its keys is refused: ",
+                                                  s.message()));
+    }
+    *chosen = std::move(choice);
+    admitted = &(*chosen)->spec;
+  }
   if (wait_for_capacity) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckGangFitsRegisteredNodes(spec.resources(), RegisteredNodesBySlots()));
-  return CheckJobFitsNodeMemory(spec, RegisteredNodeShapes());
+  RETURN_IF_ERROR(CheckGangFitsRegisteredNodes(admitted->resources(), RegisteredNodesBySlots()));
+  return CheckJobFitsNodeMemory(*admitted, RegisteredNodeShapes());
 }
 
 absl::StatusOr<loom::v1::SubmitJobResponse> Scheduler::DryRunSubmission(
     const loom::v1::JobSpec& spec, const std::string& tenant_in, bool wait_for_capacity) {
   const std::string tenant = tenant_in.empty() ? std::string("default") : tenant_in;
-  RETURN_IF_ERROR(CheckAdmissible(spec, tenant, wait_for_capacity));  // SubmitJobAsync's checks
+  std::optional<AutoTechnique> chosen;  // technique: auto
+  RETURN_IF_ERROR(CheckAdmissible(spec, tenant, wait_for_capacity, &chosen));  // Submit's checks
+  loom::v1::SubmitJobResponse answer;
+  if (chosen.has_value()) {
+    answer.add_notes(absl::StrCat("technique: auto chose ", chosen->choice.name(), ": ",
+                                  chosen->choice.why(), " (",
+                                  absl::StrJoin(chosen->choice.settings(), "; "), ")"));
+  }
+  const loom::v1::JobSpec& admitted = chosen.has_value() ? chosen->spec : spec;
   // What the trainer will read (validation has accepted both configs).
   ASSIGN_OR_RETURN(nlohmann::json model_json,
-                   spec::StructToJson(spec.model().config(), "model.config"));
+                   spec::StructToJson(admitted.model().config(), "model.config"));
   ASSIGN_OR_RETURN(spec::LlamaConfig model, spec::ParseLlamaConfigValue(model_json));
   nlohmann::json resolved;
   ASSIGN_OR_RETURN(spec::DeepSpeedConfig ds,
-                   spec::ParseJobDeepSpeedConfig(spec, model.hidden_size,
-                                                 spec.resources().num_ranks(), &resolved));
-  loom::v1::SubmitJobResponse answer;
+                   spec::ParseJobDeepSpeedConfig(admitted, model.hidden_size,
+                                                 admitted.resources().num_ranks(), &resolved));
   answer.set_validated_only(true);
   for (const auto* list : {&ds.resolved, &ds.warnings, &model.warnings}) {
     for (const std::string& note : *list) answer.add_notes(note);

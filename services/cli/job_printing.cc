@@ -27,6 +27,14 @@ std::string FormatJob(const Job& job) {
     absl::StrAppend(&out, i == 0 ? " (" : ", ", i, "@", TerminalSafe(job.rank_nodes(i)));
   }
   absl::StrAppend(&out, job.rank_nodes_size() > 0 ? ")" : "", "\nattempt:  ", job.attempt(), "\n");
+  if (job.has_technique()) {  // technique: auto
+    const loom::v1::ChosenTechnique& t = job.technique();
+    absl::StrAppend(&out, "technique: ", TerminalSafe(t.name()), " (auto: ", TerminalSafe(t.why()),
+                    ")\n");
+    for (const std::string& setting : t.settings()) {
+      absl::StrAppend(&out, "           ", TerminalSafe(setting), "\n");
+    }
+  }
   absl::StrAppendFormat(&out, "step:     %lld/%lld  loss %.4f  tokens/s %.0f\n",
                         static_cast<long long>(p.step()),
                         static_cast<long long>(job.spec().training().steps()), p.loss(),

@@ -16,6 +16,7 @@
 #include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "spec/yaml_scalar.h"
 
 namespace loom::cli {
 namespace {
@@ -37,21 +38,6 @@ std::string LineAndColumn(const std::string& s, size_t offset) {
     }
   }
   return absl::StrCat("line ", line, ", column ", col);
-}
-
-// YAML scalars are untyped text; plain (unquoted) scalars that read as numbers, booleans or null
-// become those JSON types, quoted ones stay strings (YAML 1.2 core schema).
-json ScalarToJson(const YAML::Node& node) {
-  const std::string& s = node.Scalar();
-  if (node.Tag() == "!") return s;  // quoted
-  if (s == "null" || s == "~" || s.empty()) return nullptr;
-  if (s == "true" || s == "True") return true;
-  if (s == "false" || s == "False") return false;
-  int64_t i;
-  if (absl::SimpleAtoi(s, &i)) return i;
-  double d;
-  if (absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos) return d;
-  return s;
 }
 
 // What a document may expand to. yaml-cpp keeps an alias as a second reference to its anchor's
@@ -105,7 +91,7 @@ absl::StatusOr<json> YamlToJson(const YAML::Node& node, const std::string& path,
     case YAML::NodeType::Undefined:
       return json(nullptr);
     case YAML::NodeType::Scalar:
-      return ScalarToJson(node);
+      return spec::YamlScalarToJson(node);
     case YAML::NodeType::Sequence: {
       json arr = json::array();
       for (size_t i = 0; i < node.size(); ++i) {
