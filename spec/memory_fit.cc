@@ -31,26 +31,31 @@ int SlotsOfKind(loom::v1::AcceleratorKind kind, const std::vector<NodeShape>& no
 struct Candidate {
   std::string change;
   MemoryPlanInput in;
+  std::vector<std::string> settings;  // "PATH: VALUE" (spec/job_spec_settings.h)
 };
+
+constexpr char kStage2[] = "deepspeed_config.zero_optimization.stage: 2";
+constexpr char kStage3[] = "deepspeed_config.zero_optimization.stage: 3";
+constexpr char kCheckpointing[] = "deepspeed_config.activation_checkpointing: {}";
 
 // The candidate changes of `in`, cheapest first (see memory_fit.h).
 std::vector<Candidate> Candidates(const MemoryPlanInput& in, int max_ranks) {
   std::vector<Candidate> out;
   if (in.ds.zero.stage < 2 && in.world_size > 1) {
-    Candidate c{"deepspeed_config.zero_optimization.stage: 2", in};
+    Candidate c{kStage2, in, {kStage2}};
     c.in.ds.zero.stage = 2;
     out.push_back(std::move(c));
   }
   const bool can_stage3 = in.ds.zero.stage < 3 && in.world_size > 1;
   const bool can_checkpoint = !in.exec.activation_checkpointing;
   if (can_stage3) {
-    Candidate c{"deepspeed_config.zero_optimization.stage: 3", in};
+    Candidate c{kStage3, in, {kStage3}};
     c.in.ds.zero.stage = 3;
     out.push_back(std::move(c));
   }
   if (can_checkpoint) {
-    Candidate c{"deepspeed_config.activation_checkpointing: {} (checkpoint every decoder layer)",
-                in};
+    Candidate c{absl::StrCat(kCheckpointing, " (checkpoint every decoder layer)"), in,
+                {kCheckpointing}};
     c.in.exec.activation_checkpointing = true;
     out.push_back(std::move(c));
   }
@@ -60,16 +65,17 @@ std::vector<Candidate> Candidates(const MemoryPlanInput& in, int max_ranks) {
     Candidate c{absl::StrCat("deepspeed_config.train_micro_batch_size_per_gpu: ", b,
                              " with gradient_accumulation_steps: ", gas * (micro / b),
                              " (the same global batch)"),
-                in};
+                in,
+                {absl::StrCat("deepspeed_config.train_micro_batch_size_per_gpu: ", b),
+                 absl::StrCat("deepspeed_config.gradient_accumulation_steps: ",
+                              gas * (micro / b))}};
     c.in.ds.train_micro_batch_size_per_gpu = b;
     c.in.ds.gradient_accumulation_steps = gas * (micro / b);
     out.push_back(std::move(c));
     if (b == 1) break;
   }
   if (can_stage3 && can_checkpoint) {
-    Candidate c{"deepspeed_config.zero_optimization.stage: 3 and "
-                "deepspeed_config.activation_checkpointing: {}",
-                in};
+    Candidate c{absl::StrCat(kStage3, " and ", kCheckpointing), in, {kStage3, kCheckpointing}};
     c.in.ds.zero.stage = 3;
     c.in.exec.activation_checkpointing = true;
     out.push_back(std::move(c));
@@ -82,21 +88,26 @@ std::vector<Candidate> Candidates(const MemoryPlanInput& in, int max_ranks) {
                              " (train_batch_size, if set, becomes micro-batch x "
                              "gradient_accumulation_steps x ",
                              n, ")"),
-                in};
+                in,
+                {absl::StrCat("resources.num_ranks: ", n), kStage3}};
     c.in.world_size = n;
     c.in.ds.zero.stage = 3;
     out.push_back(std::move(c));
   }
   if (!in.cpu_rank) {
     if (in.ds.zero.offload_optimizer.device == "none" && in.ds.zero.stage >= 1) {
-      Candidate c{"deepspeed_config.zero_optimization.offload_optimizer: {device: cpu}", in};
+      constexpr char kOffload[] =
+          "deepspeed_config.zero_optimization.offload_optimizer: {device: cpu}";
+      Candidate c{kOffload, in, {kOffload}};
       c.in.ds.zero.offload_optimizer.device = "cpu";
       out.push_back(std::move(c));
     }
     if (in.ds.zero.offload_param.device == "none") {
       Candidate c{"deepspeed_config.zero_optimization: {stage: 3, offload_optimizer: {device: "
                   "cpu}, offload_param: {device: cpu}}",
-                  in};
+                  in,
+                  {kStage3, "deepspeed_config.zero_optimization.offload_optimizer: {device: cpu}",
+                   "deepspeed_config.zero_optimization.offload_param: {device: cpu}"}};
       c.in.ds.zero.stage = 3;
       c.in.ds.zero.offload_optimizer.device = "cpu";
       c.in.ds.zero.offload_param.device = "cpu";
@@ -183,7 +194,8 @@ std::optional<MemorySuggestion> SuggestMemoryFit(const MemoryPlanInput& in,
     absl::StatusOr<RankMemoryPlan> plan = PlanRankMemory(c.in);
     if (!plan.ok()) continue;  // e.g. a rank count the sequence-parallel degree does not divide
     if (FitOnNodes(*plan, c.in.world_size, kind, accelerators_per_node, nodes).fits) {
-      return MemorySuggestion{std::move(c.change), *std::move(plan), c.in.world_size};
+      return MemorySuggestion{std::move(c.change), *std::move(plan), c.in.world_size,
+                              std::move(c.settings)};
     }
   }
   return std::nullopt;

@@ -86,6 +86,10 @@ struct MemorySuggestion {
   std::string change;  // e.g. "deepspeed_config.zero_optimization.stage: 3"
   RankMemoryPlan plan;
   int num_ranks = 0;
+  // The same change as settings that spec/job_spec_settings.h writes into a spec ("PATH: VALUE";
+  // `change` says it for people, these apply it: the deepspeed_config keys replace the user's at
+  // those paths, the rest of the config kept).
+  std::vector<std::string> settings;
 };
 
 // The cheapest change (see the file comment) whose plan fits `nodes`; nullopt when none does.

@@ -55,6 +55,16 @@ enum class Technique {
 // "zero-2", "zero-3", "zero-3+zenflow", "zero-3+offload", "alst", "superoffload", "none".
 const char* TechniqueName(Technique t);
 
+// One row of the table on these nodes, as `loomctl plan` lists the alternatives.
+struct TechniqueOption {
+  Technique technique = Technique::kNoneFits;
+  bool fits = false;
+  std::vector<std::string> settings;
+  RankMemoryPlan plan;
+  // The expected cost against DDP, e.g. "about 1.5x DDP's communication (...)".
+  std::string cost;
+};
+
 struct TechniqueChoice {
   Technique technique = Technique::kNoneFits;
   // The deepspeed_config / training keys that select it, e.g.
@@ -63,6 +73,10 @@ struct TechniqueChoice {
   std::string why;
   MemoryPlanInput input;  // the job with `settings` applied
   RankMemoryPlan plan;    // its plan (the smallest one tried when nothing fits)
+  // Every row that applies to the job and the nodes (the chosen one included), in the table's
+  // order of evaluation: ZeRO-2, ZeRO-3 (more than one rank), SuperOffload (GH200), ALST (long
+  // sequences), ZeRO-3 + ZenFlow and + offload (accelerators).
+  std::vector<TechniqueOption> options;
 };
 
 // The choice for `in` on `nodes` of `kind` (accelerators_per_node as the job's). Errors: those

@@ -4,6 +4,7 @@
 // (CPU ranks) and on an accelerator job with offload to NVMe (host, device and NVMe tables).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
 #include "services/cli/job_spec_yaml.h"
+#include "spec/job_spec_settings.h"
 #include "spec/memory_plan.h"
 #include "tests/testing/subprocess.h"
 
@@ -166,6 +168,71 @@ TEST(LoomctlPlanTest, NodesGiveTheFitAndTheTechnique) {
   EXPECT_EQ(bad.code, 3) << bad.output;
   EXPECT_NE(bad.output.find("--nodes: '2:1' is not COUNT:SLOTS:HOST_GIB"), std::string::npos)
       << bad.output;
+}
+
+// The plan of `spec` with `settings` written in (one rank's host bytes), or -1.
+int64_t HostBytesWith(const std::string& path, const std::vector<std::string>& settings) {
+  absl::StatusOr<v1::JobSpec> job = cli::ReadJobSpecFile(path);
+  if (!job.ok() || !spec::ApplyJobSpecSettings(settings, &*job).ok()) return -1;
+  absl::StatusOr<spec::MemoryPlanInput> in = spec::MemoryPlanInputFromJobSpec(*job);
+  if (!in.ok()) return -1;
+  absl::StatusOr<spec::RankMemoryPlan> plan = spec::PlanRankMemory(*in);
+  return plan.ok() ? plan->host_bytes() : -1;
+}
+
+// Nodes between a ZeRO-2 job's ZeRO-3 and ZeRO-2 needs (a decimal GiB): refused at its own
+// stage 2, the suggestion's settings written into the spec fit, and the alternatives list says
+// which techniques fit with what they cost. A rank fits a 1-slot node when its plan times 1.15
+// (docs/scheduling.md, "Capacity at submission") is at most the node's memory.
+TEST(LoomctlPlanTest, RefusalGivesTheSuggestionAsSettingsAndTheAlternatives) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/stage2.yaml");
+  std::ofstream(path) << R"(name: stage2
+model:
+  config: {vocab_size: 256, hidden_size: 384, intermediate_size: 1024, num_hidden_layers: 4,
+           num_attention_heads: 6, num_key_value_heads: 2, max_position_embeddings: 1024}
+dataset: {name: fortunes, tokenizer: byte}
+deepspeed_config: {train_micro_batch_size_per_gpu: 2, zero_optimization: {stage: 2}}
+resources: {num_ranks: 2}
+training: {steps: 10, sequence_length: 256}
+)";
+  const int64_t stage2 = HostBytesWith(path, {"deepspeed_config.zero_optimization.stage: 2"});
+  const int64_t stage3 = HostBytesWith(path, {"deepspeed_config.zero_optimization.stage: 3"});
+  ASSERT_GT(stage3, 0);
+  ASSERT_LT(stage3, stage2);
+  const double node_gib = (1.15 * stage3 + 1.15 * stage2) / 2 / double(int64_t{1} << 30);
+  const int64_t node_bytes = std::llround(node_gib * double(int64_t{1} << 30));
+  const std::string nodes = absl::StrFormat("--nodes=2:1:%.9f", node_gib);
+  CliRun run = Loomctl({"plan", path, nodes, "--json"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const nlohmann::json j = JsonOf(run.output);
+  ASSERT_TRUE(j.is_object()) << run.output;
+  EXPECT_EQ(j["admission_margin"], 0.15);
+  ASSERT_EQ(j["fits"], false) << run.output;
+  ASSERT_TRUE(j.contains("suggestion")) << run.output;
+  const std::vector<std::string> settings = j["suggestion"]["settings"];
+  ASSERT_FALSE(settings.empty());
+  const int64_t suggested = HostBytesWith(path, settings);
+  EXPECT_EQ(suggested, j["suggestion"]["host_bytes"].get<int64_t>());
+  EXPECT_LE(1.15 * suggested, node_bytes) << run.output;
+
+  EXPECT_EQ(j["technique"]["name"], "zero-3") << run.output;
+  bool saw_zero2 = false, saw_zero3 = false;
+  for (const nlohmann::json& o : j["technique"]["options"]) {
+    const std::vector<std::string> s = o["settings"];
+    EXPECT_EQ(o["host_bytes"].get<int64_t>(), HostBytesWith(path, s)) << o.dump();
+    EXPECT_EQ(o["fits"].get<bool>(), 1.15 * o["host_bytes"].get<int64_t>() <= node_bytes)
+        << o.dump();
+    EXPECT_FALSE(o["cost"].get<std::string>().empty()) << o.dump();
+    saw_zero2 |= o["name"] == "zero-2";
+    saw_zero3 |= o["name"] == "zero-3";
+  }
+  EXPECT_TRUE(saw_zero2 && saw_zero3) << run.output;
+
+  CliRun text = Loomctl({"plan", path, nodes});
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("the techniques on these nodes"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("about 1.5x DDP's communication"), std::string::npos)
+      << text.output;
 }
 
 TEST(LoomctlPlanTest, RefusedSpecNamesTheField) {

@@ -1,5 +1,6 @@
 #include "services/cli/plan_command.h"
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "services/cli/terminal_text.h"
+#include "spec/memory_fit.h"
 #include "spec/technique_choice.h"
 
 namespace loom::cli {
@@ -60,18 +62,19 @@ absl::StatusOr<spec::NodeShape> ParseNodesFlag(const std::string& value,
   const std::vector<std::string> parts = absl::StrSplit(value, ':');
   spec::NodeShape node;
   node.kind = kind;
-  int64_t host_gib = 0, accelerator_gib = 0;
+  double host_gib = 0, accelerator_gib = 0;  // decimals allowed: 0.75 for a 768 MiB cap
   if ((parts.size() != 3 && parts.size() != 4) || !absl::SimpleAtoi(parts[0], &node.count) ||
-      !absl::SimpleAtoi(parts[1], &node.slots) || !absl::SimpleAtoi(parts[2], &host_gib) ||
-      (parts.size() == 4 && !absl::SimpleAtoi(parts[3], &accelerator_gib)) || node.count < 1 ||
-      node.slots < 1 || host_gib < 0 || accelerator_gib < 0) {
+      !absl::SimpleAtoi(parts[1], &node.slots) || !absl::SimpleAtod(parts[2], &host_gib) ||
+      (parts.size() == 4 && !absl::SimpleAtod(parts[3], &accelerator_gib)) || node.count < 1 ||
+      node.slots < 1 || !(host_gib >= 0 && host_gib < 1e9) ||
+      !(accelerator_gib >= 0 && accelerator_gib < 1e9)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--nodes: '", value,
         "' is not COUNT:SLOTS:HOST_GIB[:ACCELERATOR_GIB] with COUNT, SLOTS >= 1 (e.g. 2:1:24 "
         "for two 1-slot 24 GiB workers, 1:8:2048:80 for an HGX H100)"));
   }
-  node.host_memory_bytes = host_gib << 30;
-  node.accelerator_memory_bytes = accelerator_gib << 30;
+  node.host_memory_bytes = std::llround(host_gib * (int64_t{1} << 30));
+  node.accelerator_memory_bytes = std::llround(accelerator_gib * (int64_t{1} << 30));
   return node;
 }
 
@@ -104,13 +107,35 @@ int RunPlan(const std::string& path, bool json, const std::string& nodes) {
                           {"cpu_rank", plan->cpu_rank},
                           {"host", PlaceJson(plan->host)},
                           {"device", PlaceJson(plan->device)},
-                          {"nvme", PlaceJson(plan->nvme)}};
+                          {"nvme", PlaceJson(plan->nvme)},
+                          // A node must hold a rank's total times (1 + this) to admit it.
+                          {"admission_margin", spec::kAdmissionMargin}};
     if (choice.has_value()) {
       out["fits"] = fit.ok();
-      if (!fit.ok()) out["refusal"] = std::string(fit.message());
+      if (!fit.ok()) {
+        out["refusal"] = std::string(fit.message());
+        // The refusal's suggestion as settings a script can write into the spec.
+        if (std::optional<spec::MemorySuggestion> suggestion =
+                spec::SuggestMemoryFit(*in, kind, per_node, {*node})) {
+          out["suggestion"] = {{"change", suggestion->change},
+                               {"settings", suggestion->settings},
+                               {"host_bytes", suggestion->plan.host_bytes()},
+                               {"device_bytes", suggestion->plan.device_bytes()}};
+        }
+      }
       out["technique"] = {{"name", spec::TechniqueName(choice->technique)},
                           {"why", choice->why},
                           {"settings", choice->settings}};
+      nlohmann::json options = nlohmann::json::array();
+      for (const spec::TechniqueOption& o : choice->options) {
+        options.push_back({{"name", spec::TechniqueName(o.technique)},
+                           {"fits", o.fits},
+                           {"settings", o.settings},
+                           {"host_bytes", o.plan.host_bytes()},
+                           {"device_bytes", o.plan.device_bytes()},
+                           {"cost", o.cost}});
+      }
+      out["technique"]["options"] = std::move(options);
     }
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
@@ -128,6 +153,15 @@ int RunPlan(const std::string& path, bool json, const std::string& nodes) {
     std::printf("technique: %s (%s)\n", spec::TechniqueName(choice->technique),
                 TerminalSafe(choice->why).c_str());
     for (const std::string& s : choice->settings) std::printf("  set %s\n", s.c_str());
+    std::printf("\nthe techniques on these nodes (per rank with the settings each needs):\n");
+    for (const spec::TechniqueOption& o : choice->options) {
+      std::printf("  %-15s %-8s host %10s%s  %s\n", spec::TechniqueName(o.technique),
+                  o.fits ? "fits" : "no room", spec::FormatBytes(o.plan.host_bytes()).c_str(),
+                  o.plan.cpu_rank
+                      ? ""
+                      : absl::StrCat(", device ", spec::FormatBytes(o.plan.device_bytes())).c_str(),
+                  o.cost.c_str());
+    }
   }
   return 0;
 }
