@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "scheduler/placement.h"
 #include "scheduler/preemption.h"
@@ -69,12 +70,17 @@ struct SlotUse {
   std::map<std::string, std::map<int, int>> held;  // job -> node -> slots (not asked to stop)
   std::map<std::string, int> live_ranks;           // job -> ranks not ended
   std::set<std::string> has_ranks;                 // jobs with any rank, ended or not
+  // Per node: the planned host bytes (JobSchedulingState.planned_rank_host_bytes, with the
+  // admission margin) of the live ranks on it, stopping ones included.
+  std::vector<int64_t> host_planned;
 };
 
 SlotUse CountSlots(const ClusterSnapshot& snapshot, const NodePool& pool) {
   SlotUse s;
   s.used.assign(pool.size(), 0);
   s.releasing.assign(pool.size(), 0);
+  s.host_planned.assign(pool.size(), 0);
+  int64_t rank_host_bytes = 0;  // of `job`'s ranks
   // Ranks are ordered by job: one lookup per job, not per rank.
   const std::string* job = nullptr;
   int* live = nullptr;
@@ -85,6 +91,10 @@ SlotUse CountSlots(const ClusterSnapshot& snapshot, const NodePool& pool) {
       s.has_ranks.insert(s.has_ranks.end(), rank.job_id);
       live = nullptr;
       job_held = nullptr;
+      auto placed = snapshot.placed.find(rank.job_id);
+      rank_host_bytes = placed == snapshot.placed.end()
+                            ? 0
+                            : placed->second.job->state.planned_rank_host_bytes();
     }
     if (rank.ended) continue;
     if (live == nullptr) live = &s.live_ranks[rank.job_id];
@@ -92,6 +102,7 @@ SlotUse CountSlots(const ClusterSnapshot& snapshot, const NodePool& pool) {
     const int i = pool.Find(rank.node_id);
     if (i < 0) continue;
     ++s.used[i];
+    s.host_planned[i] += rank_host_bytes;
     if (rank.stop_requested) {
       ++s.releasing[i];
     } else {
@@ -127,6 +138,15 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     }
     avail[i] = std::max(0, p.inventory.slots() - slots.used[i]);
     kind_avail[p.inventory.accelerator()] += avail[i];
+  }
+  // Host memory free per node for more ranks (-1: the node reports none; never limits).
+  std::vector<int64_t> host_free(n, -1);
+  bool memory_reported = false;
+  for (int i = 0; i < n; ++i) {
+    const int64_t host = pool.node(i).inventory.host_memory_bytes();
+    if (host <= 0) continue;
+    host_free[i] = std::max<int64_t>(0, host - slots.host_planned[i]);
+    memory_reported = true;
   }
   QuotaLedger ledger(&queues);
   std::map<std::string, std::map<AcceleratorKind, int64_t>> tenant_used;
@@ -267,7 +287,25 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
       }
     }
     std::vector<int> placement;
-    if (need <= kind_avail[kind]) placement = PlaceGang(pool, e, avail, need, avoid);
+    bool memory_blocked = false;  // the free slots hold the gang, their free memory does not
+    int64_t memory_held = 0;      // ranks of it the free slots' memory holds
+    if (need <= kind_avail[kind]) {
+      if (memory.host > 0 && memory_reported) {
+        std::vector<int> by_memory = avail;
+        for (int i = 0; i < n; ++i) {
+          if (host_free[i] >= 0) {
+            by_memory[i] = static_cast<int>(std::min<int64_t>(avail[i], host_free[i] / memory.host));
+          }
+        }
+        placement = PlaceGang(pool, e, by_memory, need, avoid);
+        if (placement.empty() && !PlaceGang(pool, e, avail, need, avoid).empty()) {
+          memory_blocked = true;
+          memory_held = EligibleFree(e, by_memory);
+        }
+      } else {
+        placement = PlaceGang(pool, e, avail, need, avoid);
+      }
+    }
     if (!placement.empty()) {
       if (waiting.resume_unavailable.has_value()) {
         // Never restart from scratch because the catalog could not answer: try next cycle.
@@ -285,7 +323,10 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
       d.nodes.reserve(placement.size());
       for (int i : placement) d.nodes.push_back(pool.node(i).id);
       out.push_back(std::move(d));
-      for (int i : placement) --avail[i];
+      for (int i : placement) {
+        --avail[i];
+        if (host_free[i] >= 0) host_free[i] = std::max<int64_t>(0, host_free[i] - memory.host);
+      }
       kind_avail[kind] -= need;
       // Placed: no longer waiting, so it takes no queue position.
       result.queue_order[kind].pop_back();
@@ -297,6 +338,18 @@ AdmissionResult RunAdmissionCycle(const ClusterSnapshot& snapshot,
     }
     if (h != head.end()) {
       out.push_back(WaitUnlessUnchanged(record, index, "Queued", behind[kind], "blocked"));
+      continue;
+    }
+    if (memory_blocked) {
+      // Not the head: its slots are free, and memory frees only as other jobs' ranks end.
+      out.push_back(Wait(
+          record, index, "WaitingForMemory",
+          absl::StrFormat("needs %d %s ranks of %.2f GiB host memory each (planned, with the "
+                          "admission margin); the nodes with free slots have room for %d of "
+                          "them beside the ranks running there",
+                          need, kind_name, static_cast<double>(memory.host) / (1 << 30),
+                          memory_held),
+          "no_capacity"));
       continue;
     }
 

@@ -18,7 +18,11 @@
 //      queue's quota ("WaitingForQuota", QuotaLedger: nominal quota and borrowing).
 //   3. Place. A gang that fits the free slots is placed (placement.h, PlaceGang, avoiding the
 //      job's suspect nodes when possible), unless its resume checkpoint is not known yet
-//      ("CheckpointsUnavailable").
+//      ("CheckpointsUnavailable"). Host memory is packed across jobs (issue 48): on a node that
+//      reports its memory, the ranks placed there by this and every other job (live ranks,
+//      stopping ones included, each counted at its job's planned_rank_host_bytes, which carry
+//      the admission margin) must fit that memory; a gang that the free slots hold but their
+//      nodes' free memory does not waits ("WaitingForMemory", without a reservation).
 //   4. Head reservation and backfill. The first job of an accelerator kind that does not fit is
 //      the kind's head: it reserves the slots it will start on (those being released by
 //      stopping ranks; else, with preemption enabled, those of lower-priority victims chosen by

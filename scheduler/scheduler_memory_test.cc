@@ -135,6 +135,34 @@ TEST_F(SchedulerMemoryTest, TheSuggestedChangeAppliedIsAdmitted) {
   EXPECT_EQ(Get(admitted->id()).phase(), loom::v1::JOB_PHASE_STARTING);
 }
 
+// Host memory is packed across jobs: a 2-slot node with memory for one rank of this job runs
+// one such job at a time, and the second says why it waits; a node with room takes it.
+TEST_F(SchedulerMemoryTest, RanksOfDifferentJobsShareANodesMemory) {
+  loom::v1::JobSpec spec = TestJobSpecWithRanks(1);
+  SetModel(&spec, 768, 2048, 12, 12, 4, 32000);
+  SetZeroStage(&spec, 2);
+  const int64_t need = HostNeed(spec);
+  RegisterCpuNode("node-a", 2, need + need / 2);
+  absl::StatusOr<Job> first = SubmitWaitingForAnswer(spec, false);
+  absl::StatusOr<Job> second = SubmitWaitingForAnswer(spec, false);
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
+  Cycle();
+  EXPECT_EQ(Get(first->id()).phase(), loom::v1::JOB_PHASE_STARTING);
+  const Job waiting = Get(second->id());
+  EXPECT_EQ(waiting.phase(), loom::v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(waiting.reason(), "WaitingForMemory") << waiting.message();
+  EXPECT_NE(waiting.message().find("the nodes with free slots have room for 0 of them"),
+            std::string::npos)
+      << waiting.message();
+
+  RegisterCpuNode("node-b", 2, need + need / 2);
+  Cycle();
+  const Job placed = Get(second->id());
+  EXPECT_EQ(placed.phase(), loom::v1::JOB_PHASE_STARTING) << placed.message();
+  ASSERT_EQ(placed.rank_nodes_size(), 1);
+  EXPECT_EQ(placed.rank_nodes(0), "node-b");
+}
+
 TEST_F(SchedulerMemoryTest, NodesThatReportNoMemoryRefuseNothing) {
   RegisterCpuNode("node-a", 1, 0);
   RegisterCpuNode("node-b", 1, 0);
