@@ -1,13 +1,17 @@
 #include "services/cli/follow_commands.h"
 
 #include <cstdio>
+#include <optional>
+#include <regex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "google/protobuf/util/json_util.h"
 #include "services/cli/job_printing.h"
+#include "services/cli/log_lines.h"
 #include "services/cli/terminal_text.h"
 
 namespace loom::cli {
@@ -160,7 +164,8 @@ int WatchJob(loom::v1::JobService::Stub& stub, const std::string& id, const Foll
   return last == loom::v1::JOB_PHASE_SUCCEEDED ? 0 : 1;
 }
 
-// `loomctl logs ID`: the ranks' lines, prefixed with the rank.
+// `loomctl logs ID`: the ranks' lines, prefixed with the rank, as people read them
+// (log_lines.h) or raw (--json).
 int StreamLogs(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx,
                const LogsOptions& options) {
   loom::v1::StreamLogsRequest req;
@@ -174,11 +179,41 @@ int StreamLogs(loom::v1::JobService::Stub& stub, const std::string& id, const Fo
     }
     req.add_ranks(rank);
   }
+  std::optional<std::regex> grep;
+  if (!options.grep.empty()) {
+    try {
+      grep.emplace(options.grep, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return ctx.fail(absl::InvalidArgumentError(
+          absl::StrCat("--grep: '", options.grep, "' is not a regular expression: ", e.what())));
+    }
+  }
+  LogRendering how;
+  how.ranks_named = !options.ranks.empty();
+  if (!options.json) {  // "step 12/300": the job's length, when the scheduler answers
+    loom::v1::GetJobRequest get;
+    get.set_job_id(id);
+    loom::v1::Job job;
+    if (stub.GetJob(ctx.unary().get(), get, &job).ok()) {
+      how.total_steps = job.spec().training().steps();
+    }
+  }
   auto stream = ctx.stream();
   auto reader = stub.StreamLogs(stream.get(), req);
   loom::v1::LogLine line;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
   while (reader->Read(&line)) {
-    std::printf("[rank %d] %s\n", line.rank(), TerminalSafe(line.text()).c_str());
+    std::string text;
+    if (options.json) {
+      if (!google::protobuf::util::MessageToJsonString(line, &text, print).ok()) continue;
+    } else {
+      std::optional<std::string> readable = ReadableLogLine(line, how);
+      if (!readable.has_value()) continue;
+      text = TerminalSafe(*readable);
+    }
+    if (grep.has_value() && !std::regex_search(text, *grep)) continue;
+    std::printf("%s\n", text.c_str());
     if (req.follow()) std::fflush(stdout);
   }
   grpc::Status s = reader->Finish();

@@ -55,9 +55,11 @@ struct LogsOptions {
   bool follow = false;              // keep streaming until the job ends
   int32_t tail = 0;                 // the last N retained lines first (0 = all)
   std::vector<std::string> ranks;   // only these (as typed: INVALID_ARGUMENT for a non-rank)
+  bool json = false;                // the raw lines, one LogLine in protobuf JSON each
+  std::string grep;                 // only lines this ECMAScript regex finds (in what is printed)
 };
 
-// The ranks' lines, "[rank N] text".
+// The ranks' lines, "[rank N] text", as people read them (services/cli/log_lines.h), or raw.
 int StreamLogs(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx,
                const LogsOptions& options);
 

@@ -25,7 +25,7 @@
 //   loomctl watch JOB_ID                  stream the job's events (WatchJob), one line each,
 //                                         until it ends; for an ended job its retained history
 //                                         (phase changes, restarts and why) first
-//   loomctl logs JOB_ID [--follow] [--rank=N] [--tail=N]
+//   loomctl logs JOB_ID [--follow] [--rank=N] [--tail=N] [--grep=RE] [--json]
 //                                         the ranks' stdout/stderr lines (StreamLogs); logs live
 //                                         in the scheduler's memory only (bounded, not persisted)
 //   loomctl explain JOB_ID                why a job is not running: reason, queue position
@@ -121,7 +121,9 @@ ABSL_FLAG(bool, dry_run, false,
           "--dry-run)");
 ABSL_FLAG(std::string, request_id, "",
           "submit: idempotency key (default: a random one per invocation, reused by its retries)");
-ABSL_FLAG(bool, json, false, "get/list: print JSON (protobuf JSON mapping)");
+ABSL_FLAG(bool, json, false,
+          "get/list/plan/resolve: print JSON (protobuf JSON mapping); logs: the raw lines, one "
+          "LogLine each");
 ABSL_FLAG(std::string, phase, "", "list: only jobs in this phase (e.g. RUNNING)");
 ABSL_FLAG(std::string, name_prefix, "", "list: only jobs whose name starts with this");
 ABSL_FLAG(int64_t, limit, 0, "list: at most this many jobs (0 = all; every page is fetched)");
@@ -150,6 +152,8 @@ ABSL_FLAG(absl::Duration, stream_timeout, absl::ZeroDuration(),
 ABSL_FLAG(bool, follow, false, "logs: keep streaming new lines until the job ends");
 ABSL_FLAG(std::vector<std::string>, rank, {}, "logs: only these ranks (e.g. --rank=0,1)");
 ABSL_FLAG(int32_t, tail, 0, "logs: start with the last N retained lines (0 = all)");
+ABSL_FLAG(std::string, grep, "",
+          "logs: only the lines this regular expression (ECMAScript) finds, in what is printed");
 ABSL_FLAG(std::string, token, "",
           "bearer token for a scheduler with authentication (default: $LOOM_TOKEN); prefer the "
           "environment variable, command lines are visible to other users");
@@ -573,6 +577,8 @@ int main(int argc, char** argv) {
     logs.follow = absl::GetFlag(FLAGS_follow);
     logs.tail = absl::GetFlag(FLAGS_tail);
     logs.ranks = absl::GetFlag(FLAGS_rank);
+    logs.json = absl::GetFlag(FLAGS_json);
+    logs.grep = absl::GetFlag(FLAGS_grep);
     return loom::cli::StreamLogs(*stub, arg, Follow(), logs);
   }
   if (cmd == "explain") {

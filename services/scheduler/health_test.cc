@@ -68,7 +68,9 @@ TEST(SchedulerHealthTest, EveryServiceNameAnswersAndWatchersHearNotServingBefore
   HealthCheckResponse next;
   const bool got = watch->Read(&next);
   EXPECT_TRUE(got) << "the watch ended without a word: " << watch->Finish().error_message();
-  if (got) EXPECT_EQ(next.status(), HealthCheckResponse::NOT_SERVING);
+  if (got) {
+    EXPECT_EQ(next.status(), HealthCheckResponse::NOT_SERVING);
+  }
   stopper.join();
 }
 
