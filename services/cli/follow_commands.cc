@@ -1,6 +1,9 @@
 #include "services/cli/follow_commands.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <regex>
 
@@ -12,6 +15,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "services/cli/job_printing.h"
 #include "services/cli/log_lines.h"
+#include "services/cli/progress_line.h"
 #include "services/cli/terminal_text.h"
 
 namespace loom::cli {
@@ -62,16 +66,39 @@ int ResumeJob(loom::v1::JobService::Stub& stub, const std::string& id, bool wait
   return WaitForJob(stub, id, ctx, *wait);
 }
 
+absl::StatusOr<ProgressMode> ParseProgressMode(const std::string& text) {
+  if (text == "auto") return ProgressMode::kAuto;
+  if (text == "line") return ProgressMode::kLine;
+  if (text == "plain") return ProgressMode::kPlain;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--progress: '", text, "' is not auto, line or plain"));
+}
+
 int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx,
                const WaitOptions& options) {
   InstallInterruptFlag();
+  const char* term = std::getenv("TERM");
+  const bool live =
+      options.progress == ProgressMode::kLine ||
+      (options.progress == ProgressMode::kAuto && isatty(STDOUT_FILENO) &&
+       !(term != nullptr && std::string(term) == "dumb"));
+  bool line_open = false;  // live: the progress line is on screen, not ended by a newline
+  auto end_line = [&](bool keep) {
+    if (!line_open) return;
+    std::printf(keep ? "\n" : "\r\x1b[2K");  // keep it, or erase it for the next line
+    line_open = false;
+  };
   absl::Time deadline = absl::Now() + options.timeout;
   int64_t last_step = -1;
   int64_t last_eval_step = -1;
   loom::v1::JobPhase last_phase = loom::v1::JOB_PHASE_UNSPECIFIED;
   absl::Time last_error = absl::InfinitePast();
+  ProgressRate rate;
   while (absl::Now() < deadline) {
-    if (Interrupted()) return OnInterrupted(stub, id, ctx, options.on_interrupt, last_phase);
+    if (Interrupted()) {
+      end_line(true);
+      return OnInterrupted(stub, id, ctx, options.on_interrupt, last_phase);
+    }
     loom::v1::GetJobRequest req;
     req.set_job_id(id);
     Job job;
@@ -82,9 +109,11 @@ int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const Fo
       // cancels its own): retried like UNAVAILABLE. Returned, CANCELLED is gRPC code 1, which is
       // also this command's "the job ended unsuccessfully" exit status.
       if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st) && !absl::IsCancelled(st)) {
+        end_line(true);
         return ctx.fail(st);
       }
       if (absl::Now() - last_error > absl::Seconds(10)) {
+        end_line(true);
         std::fprintf(stderr, "loomctl: scheduler unavailable, retrying: %s\n",
                      s.error_message().c_str());
         last_error = absl::Now();
@@ -92,26 +121,40 @@ int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const Fo
       absl::SleepFor(absl::Milliseconds(500));
       continue;
     }
-    if (job.phase() != last_phase) {
-      std::printf("[%s] %s %s%s%s\n", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
-                  id.c_str(), PhaseName(job.phase()).c_str(),
-                  job.message().empty() ? "" : ": ", TerminalSafe(job.message()).c_str());
-      last_phase = job.phase();
-    }
+    const absl::Time now = absl::Now();
     const auto& p = job.progress();
-    if (p.step() != last_step && p.step() > 0) {
-      std::printf("  step %5lld/%lld  loss %.4f  tokens/s %8.0f\n", static_cast<long long>(p.step()),
-                  static_cast<long long>(job.spec().training().steps()), p.loss(),
-                  p.tokens_per_second());
-      last_step = p.step();
+    const bool ended = Ended(job.phase());
+    rate.Observe(p.step(), now);
+    auto phase_line = [&] {
+      if (job.phase() == last_phase) return;
+      end_line(/*keep=*/ended);
+      std::printf("[%s] %s %s%s%s\n",
+                  absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone()).c_str(), id.c_str(),
+                  PhaseName(job.phase()).c_str(), job.message().empty() ? "" : ": ",
+                  TerminalSafe(job.message()).c_str());
+      last_phase = job.phase();
+    };
+    // A job that ended reports its last step and evaluation first, then how it ended.
+    if (!ended) phase_line();
+    const std::string progress =
+        ProgressText(job, now, rate.Remaining(job.spec().training().steps()));
+    if (live) {
+      if (p.step() > 0 || p.has_eval_loss()) {
+        std::printf("\r\x1b[2K%s", progress.c_str());
+        line_open = true;
+      }
+    } else {
+      if (p.step() != last_step && p.step() > 0) std::printf("  %s\n", progress.c_str());
+      if (p.has_eval_loss() && p.eval_step() != last_eval_step) {
+        std::printf("  held-out loss after step %lld: %.4f\n",
+                    static_cast<long long>(p.eval_step()), p.eval_loss());
+      }
     }
-    if (p.has_eval_loss() && p.eval_step() != last_eval_step) {
-      std::printf("  held-out loss after step %lld: %.4f\n", static_cast<long long>(p.eval_step()),
-                  p.eval_loss());
-      last_eval_step = p.eval_step();
-    }
+    last_step = p.step();
+    if (p.has_eval_loss()) last_eval_step = p.eval_step();
+    if (ended) phase_line();
     std::fflush(stdout);
-    if (Ended(job.phase())) {
+    if (ended) {
       if (p.has_eval_loss()) {
         std::printf("held-out loss: before %.4f  after %.4f\n", p.initial_eval_loss(), p.eval_loss());
       }
@@ -119,6 +162,7 @@ int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const Fo
     }
     absl::SleepFor(absl::Milliseconds(500));
   }
+  end_line(true);
   return ctx.fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " did not end in time")));
 }
 

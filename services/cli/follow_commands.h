@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/job_service.grpc.pb.h"
 #include "services/cli/wait_interrupt.h"
@@ -31,12 +32,21 @@ struct FollowContext {
   std::function<int(const absl::Status&)> fail;
 };
 
+// How `wait` shows progress: one line redrawn in place (a terminal), or a line per change.
+enum class ProgressMode { kAuto, kLine, kPlain };
+// "auto" (a line on a terminal whose TERM is not "dumb", plain otherwise), "line", "plain";
+// INVALID_ARGUMENT naming --progress otherwise.
+absl::StatusOr<ProgressMode> ParseProgressMode(const std::string& text);
+
 struct WaitOptions {
   absl::Duration timeout = absl::Hours(24);  // DEADLINE_EXCEEDED after this long
   OnInterrupt on_interrupt = OnInterrupt::kAsk;
+  ProgressMode progress = ProgressMode::kAuto;
 };
 
-// Polls GetJob every 0.5 s: a line per phase change, step and held-out loss. UNAVAILABLE,
+// Polls GetJob every 0.5 s: a line per phase change; the progress (services/cli/progress_line.h:
+// step, loss, held-out loss, tokens/s, elapsed, ETA) as one live line, or a line per step and
+// held-out loss when plain; the last step and evaluation before the phase a job ended in. UNAVAILABLE,
 // DEADLINE_EXCEEDED and CANCELLED (a restarting scheduler) are retried.
 int WaitForJob(loom::v1::JobService::Stub& stub, const std::string& id, const FollowContext& ctx,
                const WaitOptions& options);

@@ -35,10 +35,15 @@ std::string FormatJob(const Job& job) {
       absl::StrAppend(&out, "           ", TerminalSafe(setting), "\n");
     }
   }
-  absl::StrAppendFormat(&out, "step:     %lld/%lld  loss %.4f  tokens/s %.0f\n",
-                        static_cast<long long>(p.step()),
-                        static_cast<long long>(job.spec().training().steps()), p.loss(),
-                        p.tokens_per_second());
+  if (p.step() > 0) {
+    absl::StrAppendFormat(&out, "step:     %lld/%lld  loss %.4f  tokens/s %.0f\n",
+                          static_cast<long long>(p.step()),
+                          static_cast<long long>(job.spec().training().steps()), p.loss(),
+                          p.tokens_per_second());
+  } else {  // no training loss yet: "loss 0.0000" read as a result
+    absl::StrAppendFormat(&out, "step:     0/%lld  (no step finished yet)\n",
+                          static_cast<long long>(job.spec().training().steps()));
+  }
   if (p.has_eval_loss()) {
     absl::StrAppendFormat(&out, "held-out: %.4f after step %lld (before training: %.4f)\n",
                           p.eval_loss(), static_cast<long long>(p.eval_step()),
@@ -60,15 +65,18 @@ std::string FormatJob(const Job& job) {
 }
 
 std::string FormatJobTable(const google::protobuf::RepeatedPtrField<Job>& jobs) {
-  std::string out = absl::StrFormat("%-16s %-20s %-10s %-6s %-12s %s\n", "ID", "NAME", "PHASE",
-                                    "RANKS", "STEP", "LOSS");
+  // LOSS is the last step's training loss; HELD-OUT the last evaluation's (a user read a small
+  // training loss as the result while the held-out loss was far higher).
+  std::string out = absl::StrFormat("%-16s %-20s %-10s %-6s %-12s %-8s %s\n", "ID", "NAME",
+                                    "PHASE", "RANKS", "STEP", "LOSS", "HELD-OUT");
   for (const Job& j : jobs) {
     absl::StrAppendFormat(
-        &out, "%-16s %-20s %-10s %-6d %-12s %s\n", TerminalSafeCut(j.id(), 40),
+        &out, "%-16s %-20s %-10s %-6d %-12s %-8s %s\n", TerminalSafeCut(j.id(), 40),
         TerminalSafeCut(j.spec().name(), 40), PhaseName(j.phase()),
         j.spec().resources().num_ranks(),
         absl::StrCat(j.progress().step(), "/", j.spec().training().steps()),
-        j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()) : "-");
+        j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()) : "-",
+        j.progress().has_eval_loss() ? absl::StrFormat("%.4f", j.progress().eval_loss()) : "-");
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/trainer_events.pb.h"
+#include "services/cli/progress_line.h"
 
 namespace loom::cli {
 namespace {
@@ -14,22 +15,10 @@ std::string MiB(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
 }
 
-// 12345 -> "12,345".
-std::string Grouped(double value) {
-  std::string digits = absl::StrFormat("%.0f", value);
-  std::string out;
-  const size_t start = digits[0] == '-' ? 1 : 0;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > start && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
-}
-
 std::string Params(int64_t n) {
   if (n >= 1'000'000'000) return absl::StrFormat("%.2fB", n / 1e9);
   if (n >= 1'000'000) return absl::StrFormat("%.1fM", n / 1e6);
-  return Grouped(static_cast<double>(n));
+  return WithThousands(static_cast<double>(n));
 }
 
 std::string StepText(const loom::TrainerEvent::Step& s, int64_t total_steps) {
@@ -37,7 +26,7 @@ std::string StepText(const loom::TrainerEvent::Step& s, int64_t total_steps) {
   if (total_steps > 0) absl::StrAppend(&out, "/", total_steps);
   absl::StrAppendFormat(&out, "  loss %.4f  lr %.2e", s.loss(), s.lr());
   if (s.grad_norm() > 0) absl::StrAppendFormat(&out, "  grad norm %.3f", s.grad_norm());
-  absl::StrAppend(&out, "  ", Grouped(s.tokens_per_s()), " tokens/s");
+  absl::StrAppend(&out, "  ", WithThousands(s.tokens_per_s()), " tokens/s");
   absl::StrAppendFormat(&out, "  %.2f s", s.step_time_s());
   if (s.peak_bytes() > 0) absl::StrAppend(&out, "  peak ", MiB(s.peak_bytes()));
   if (s.skipped()) absl::StrAppend(&out, "  (skipped: fp16 overflow)");

@@ -162,6 +162,9 @@ ABSL_FLAG(std::string, tls_ca, "",
           "(default: $LOOM_TLS_CA; empty = plaintext)");
 ABSL_FLAG(std::string, tenant, "", "list: only this tenant's jobs (admins; users see their own)");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Hours(24), "wait: give up after this long");
+ABSL_FLAG(std::string, progress, "auto",
+          "wait: 'line' redraws one progress line (step, loss, held-out, tokens/s, elapsed, ETA), "
+          "'plain' prints a line per change, 'auto' a line on a terminal, plain otherwise");
 ABSL_FLAG(std::string, on_interrupt, "ask",
           "wait, submit --wait, resume --wait: what Ctrl-C does: ask (on a terminal: cancel the job? y/N), "
           "detach (leave it running, say how to reattach), cancel (cancel the job)");
@@ -303,6 +306,10 @@ int WaitFor(loom::v1::JobService::Stub& stub, const std::string& id) {
   loom::cli::WaitOptions options;
   options.timeout = absl::GetFlag(FLAGS_wait_timeout);
   options.on_interrupt = *on_interrupt;
+  absl::StatusOr<loom::cli::ProgressMode> progress =
+      loom::cli::ParseProgressMode(absl::GetFlag(FLAGS_progress));
+  if (!progress.ok()) return Fail(progress.status());
+  options.progress = *progress;
   return loom::cli::WaitForJob(stub, id, Follow(), options);
 }
 
