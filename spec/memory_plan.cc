@@ -142,6 +142,19 @@ void ModelStates(const MemoryPlanInput& in, const Shapes& s, int64_t d, Builder*
               absl::StrCat("4P = 4 x ", s.part, " (fp32 partition, zero_grads.cc EnsureGrad)"),
               true);
   }
+  // ZenFlow's overlap_step on one rank with an fp32 reduction: a second gradient buffer, so the
+  // host thread reads step s's gradients through step s + 1's backward (ZeroOptions::
+  // double_buffer_grads, trainer_setup.cc; gradient_buffers() says when it takes effect).
+  const bool fp32_wire = in.ds.communication_data_type.empty()
+                             ? !(in.ds.bf16_enabled || in.ds.fp16.enabled)
+                             : in.ds.communication_data_type == "fp32";
+  if (z.zenflow.enabled && z.zenflow.overlap_step && n == 1 && stage >= 1 &&
+      z.contiguous_gradients && fp32_wire) {
+    b->Device("second gradient buffer", 4 * s.part,
+              absl::StrCat("4P = 4 x ", s.part,
+                           " (ZenFlow overlap_step, one rank: zero_options.h double_buffer_grads)"),
+              true);
+  }
   // Optimizer states: Adam m and v in fp32, and the fp32 master when it is a separate tensor.
   const int64_t elems = stage == 0 ? s.psi : s.part;
   const char* e = stage == 0 ? "Ψ" : "P";

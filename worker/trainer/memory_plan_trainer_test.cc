@@ -1,6 +1,6 @@
 // spec/memory_plan.h against real loom-trainer processes (issue 48, "accuracy measured, not
 // assumed"). Each configuration (ZeRO stage 0-3, offload_optimizer cpu, 1-2 ranks, activation
-// checkpointing on/off, S 256 and 1024) trains a 7.3M-parameter Llama (H 384, I 1024, 4 layers,
+// checkpointing on/off, S 256 and 1024; bf16, ZenFlow, SuperOffload) trains a 7.3M-parameter Llama (H 384, I 1024, 4 layers,
 // B 2) for 3 steps on CPU ranks over Gloo, and per rank two measurements are compared with the
 // plan:
 //   * model states: the peaks of param_bytes + grad_bytes + optimizer_state_bytes over the step
@@ -48,6 +48,10 @@ struct Config {
   bool checkpointing = false;
   bool offload_cpu = false;
   int sequence_length = 256;
+  // bench/memory_plan_grid.py's further rows: bf16, ZenFlow, SuperOffload.
+  bool bf16 = false;
+  bool zenflow = false;
+  bool superoffload = false;
 };
 
 // The spec of `c` as protobuf's JSON mapping of loom.v1.JobSpec.
@@ -70,6 +74,14 @@ std::string SpecJson(const Config& c) {
     spec["deepspeed_config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   }
   if (c.checkpointing) spec["deepspeed_config"]["activation_checkpointing"] = json::object();
+  json& zero = spec["deepspeed_config"]["zero_optimization"];
+  if (c.zenflow || c.superoffload) zero["offload_optimizer"] = {{"device", "cpu"}};
+  if (c.zenflow) {
+    zero["zenflow"] = {{"topk_ratio", 0.1}, {"update_interval", 4}, {"overlap_step", true}};
+  }
+  if (c.superoffload) zero["offload_optimizer"]["super_offload"] = true;
+  if (c.bf16) spec["deepspeed_config"]["bf16"] = {{"enabled", true}};
+
   spec["resources"]["num_ranks"] = c.world;
   spec["training"]["sequence_length"] = c.sequence_length;
   spec["training"]["steps"] = std::to_string(kSteps);
@@ -160,6 +172,12 @@ TEST(MemoryPlanTrainerTest, PlanMatchesMeasuredModelStatesAndPeakRss) {
       {"z3_n2", 3, 2, false, false},        {"z3_n2_ckpt", 3, 2, true, false},
       // Activations larger than the teardown's rise (kCpuTeardownBytes).
       {"z2_n1_s1024", 2, 1, false, false, 1024}, {"z2_n1_s1024_ckpt", 2, 1, true, false, 1024},
+      {"z2_n1_bf16", 2, 1, false, false, 256, /*bf16=*/true},
+      {"z2_n1_zenflow", 2, 1, false, false, 256, false, /*zenflow=*/true},
+      {"z3_n1_superoffload", 3, 1, false, false, 256, false, false, /*superoffload=*/true},
+      // Not asserted here: Ulysses (SP 2) and ALST tiling at S 1024, whose peak RSS the plan
+      // under-predicts by 6-16% (bench/memory_plan_grid.py, docs/benchmarks.md "Memory planner
+      // accuracy"): within the admission margin's 15% in the grid, not reliably within it here.
   };
   std::string table =
       "| config | rank | model states plan MiB | measured MiB | err | tracked peak plan MiB | "
@@ -177,7 +195,8 @@ TEST(MemoryPlanTrainerTest, PlanMatchesMeasuredModelStatesAndPeakRss) {
     ASSERT_TRUE(plan.ok()) << c.name << ": " << plan.status();
     const double states_plan =
         Term(*plan, "parameters") + Term(*plan, "persistent parameters") +
-        Term(*plan, "gradients") + Term(*plan, "optimizer states (Adam m, v)") +
+        Term(*plan, "gradients") + Term(*plan, "second gradient buffer") +
+        Term(*plan, "optimizer states (Adam m, v)") +
         Term(*plan, "fp32 master weights");
     const double host_plan = plan->host_bytes();
 
