@@ -524,8 +524,8 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
   problems.Merge(ParseScheduler(root, &c));
   const bool zero_ok = problems.Merge(ParseZero(root, world_size, &c));
   WarnIgnored(root, kRoot,
-              {"wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
-               "csv_monitor", "comms_logger", "memory_breakdown", "timers", "checkpoint",
+              {"wall_clock_breakdown", "dump_state", "flops_profiler", "comms_logger",
+               "memory_breakdown", "timers", "checkpoint",
                "prescale_gradients", "zero_allow_untested_optimizer",
                "zero_force_ds_cpu_optimizer", "disable_allgather"},
               "logging, checkpoint-engine or recomputation knob Loom does not implement; results "
@@ -542,6 +542,7 @@ absl::StatusOr<DeepSpeedConfig> ParseDeepSpeedConfigValue(const nlohmann::json& 
 
   const bool precision_ok = problems.Merge(ParsePrecision(root, &c));
   problems.Merge(ParseAio(root, &c));
+  problems.Merge(ds_config_internal::ParseMonitors(root, &c));
   problems.Merge(ds_config_internal::ParseActivationCheckpointing(root, &c));
   if (absl::StatusOr<const json*> amp = OptObject(root, "amp", kRoot);
       problems.Merge(amp.status()) && *amp != nullptr) {

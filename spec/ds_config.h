@@ -157,6 +157,22 @@ struct AioConfig {
   int64_t queue_depth = 8;
 };
 
+// The monitor blocks that act (DeepSpeed deepspeed/monitor/config.py): `tensorboard` and
+// `csv_monitor`, each {enabled, output_path, job_name}. Rank 0 writes what DeepSpeed's monitors
+// write (worker/trainer/monitor_writers.h) into <checkpoint dir>/<output_path>/<job_name>/: the
+// job's durable directory stands where DeepSpeed uses the launch directory, so output_path must
+// be relative and stay inside it (INVALID_ARGUMENT otherwise). `wandb` and `comet` need their
+// hosted services: accepted with a warning.
+struct MonitorBlock {
+  bool enabled = false;
+  std::string output_path;                  // relative to the job's checkpoint directory
+  std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
+};
+struct MonitorConfig {
+  MonitorBlock tensorboard;
+  MonitorBlock csv_monitor;
+};
+
 // activation_checkpointing (DeepSpeed runtime/activation_checkpointing/config.py;
 // docs/design/TECHNIQUES.md §3.4). The section being present turns on per-decoder-layer
 // checkpointing (Loom's model checkpoints every layer: there is no model code that would call
@@ -184,6 +200,7 @@ struct DeepSpeedConfig {
   Fp16Config fp16;
   bool bf16_enabled = false;
   AioConfig aio;
+  MonitorConfig monitor;
   // Ulysses sequence parallelism (issue 13): sequence_parallel_size P (divides the world size;
   // batch sizes count world / P data-parallel ranks) and seq_parallel_communication_data_type
   // (fp32 default, or bf16 on the all-to-all wire).

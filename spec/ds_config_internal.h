@@ -115,6 +115,8 @@ absl::Status ParseZenFlow(const json& zero, const std::string& zpath, ZeroConfig
 absl::Status ParseSuperOffload(const json& off, const std::string& path, bool is_param,
                                OffloadConfig* o);
 absl::Status ParseAio(const json& root, DeepSpeedConfig* c);
+// tensorboard and csv_monitor (MonitorConfig); wandb and comet warned as ignored.
+absl::Status ParseMonitors(const json& root, DeepSpeedConfig* c);
 
 // sequence_parallel_size (1 <= P, P divides world_size) and seq_parallel_communication_data_type
 // (fp32 default, bf16) into `c` (ds_config_sequence_parallel.cc).

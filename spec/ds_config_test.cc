@@ -266,13 +266,13 @@ TEST(ParseDeepSpeedConfigTest, StagesPrecisionOffloadAndWarnings) {
   EXPECT_FALSE(c->bf16_enabled);
   EXPECT_EQ(c->zero.offload_optimizer.device, "cpu");
   EXPECT_FALSE(c->zero.offload_optimizer.pin_memory);
-  ASSERT_EQ(c->warnings.size(), 4u);
+  ASSERT_EQ(c->warnings.size(), 3u);
   std::string all;
   for (const std::string& w : c->warnings) all += w + "\n";
   EXPECT_NE(all.find("deepspeed_config.zero_optimization.round_robin_gradients: ignored"),
             std::string::npos) << all;
   EXPECT_NE(all.find("deepspeed_config.wall_clock_breakdown: ignored"), std::string::npos);
-  EXPECT_NE(all.find("deepspeed_config.tensorboard: ignored"), std::string::npos);
+  EXPECT_EQ(all.find("deepspeed_config.tensorboard"), std::string::npos) << "it acts now";
   EXPECT_NE(all.find("deepspeed_config.zero_optimization.offload_optimizer.pin_memory: ignored"),
             std::string::npos);
   c = ParseDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 2,
@@ -631,4 +631,35 @@ TEST(ParseDeepSpeedConfigTest, KeysAreJudgedAsDeepSpeedJudgesThem) {
 }
 
 }  // namespace
+// The monitor blocks DeepSpeed's own configs carry (its monitor tutorial's example): tensorboard
+// and csv_monitor act, wandb is a warning; an output_path outside the job's directory is refused.
+TEST(DsConfigTest, MonitorBlocks) {
+  const std::string head = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 2}, )";
+  absl::StatusOr<DeepSpeedConfig> c = ParseDeepSpeedConfig(
+      head + R"("tensorboard": {"enabled": true, "output_path": "output/ds_logs/",
+        "job_name": "train_bert"},
+      "csv_monitor": {"enabled": true},
+      "wandb": {"enabled": true, "team": "my_team", "group": "my_group", "project": "p"}})",
+      2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->monitor.tensorboard.enabled);
+  EXPECT_EQ(c->monitor.tensorboard.output_path, "output/ds_logs/");
+  EXPECT_EQ(c->monitor.tensorboard.job_name, "train_bert");
+  EXPECT_TRUE(c->monitor.csv_monitor.enabled);
+  EXPECT_EQ(c->monitor.csv_monitor.output_path, "");
+  EXPECT_EQ(c->monitor.csv_monitor.job_name, "DeepSpeedJobName");
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_EQ(c->warnings[0].rfind("deepspeed_config.wandb: ignored", 0), 0u) << c->warnings[0];
+
+  ExpectError(head + R"("tensorboard": {"enabled": true, "output_path": "/var/log"}})", 2,
+              "deepspeed_config.tensorboard.output_path: '/var/log' leaves the job's directory");
+  ExpectError(head + R"("csv_monitor": {"enabled": true, "output_path": "a/../../b"}})", 2,
+              "deepspeed_config.csv_monitor.output_path: 'a/../../b' leaves");
+  ExpectError(head + R"("csv_monitor": {"enabled": true, "job_name": ".."}})", 2,
+              "deepspeed_config.csv_monitor.job_name: '..' is not a directory name");
+  ExpectError(head + R"("csv_monitor": {"enabled": true, "jobname": "x"}})", 2,
+              "deepspeed_config.csv_monitor.jobname");
+}
+
 }  // namespace loom::spec

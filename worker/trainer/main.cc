@@ -58,6 +58,7 @@
 #include "worker/engine/engine_options.h"
 #include "worker/engine/gloo_collectives.h"
 #include "worker/trainer/exit_codes.h"
+#include "worker/trainer/monitor_writers.h"
 #include "worker/trainer/trainer_events.h"
 
 ABSL_FLAG(std::string, spec, "", "Path to the loom.v1.JobSpec in protobuf's JSON mapping.");
@@ -266,7 +267,35 @@ int Main() {
     coll = std::move(*c);
   }
   LOG(INFO) << "job " << options->job_id << " rank " << rank << "/" << world << " joined";
-  absl::Status s = loom::engine::RunTraining(*options, *coll, Emit, &g_stop,
+  // DeepSpeed's tensorboard / csv_monitor blocks: rank 0 writes them beside its events. A monitor
+  // that cannot write is a warning, not a failed job.
+  std::unique_ptr<loom::trainer::MonitorWriters> monitors;
+  auto warn = [](const std::string& message) {
+    LOG(WARNING) << message;
+    loom::TrainerEvent w;
+    w.mutable_warning()->set_message(message);
+    Emit(w);
+  };
+  if (rank == 0) {
+    absl::StatusOr<std::unique_ptr<loom::trainer::MonitorWriters>> m =
+        loom::trainer::MonitorWriters::Open(options->ds.monitor, options->checkpoint_dir,
+                                            options->ds.train_batch_size,
+                                            options->ds.fp16.enabled);
+    if (m.ok()) {
+      monitors = *std::move(m);
+    } else {
+      warn(absl::StrCat("monitors not written: ", m.status().message()));
+    }
+  }
+  auto emit = [&](const loom::TrainerEvent& event) {
+    Emit(event);
+    if (monitors == nullptr) return;
+    if (absl::Status w = monitors->Write(event); !w.ok()) {
+      warn(absl::StrCat("monitors stopped: ", w.message()));
+      monitors.reset();
+    }
+  };
+  absl::Status s = loom::engine::RunTraining(*options, *coll, emit, &g_stop,
                                                &g_checkpoint_stop);
   if (s.ok()) return 0;
   if (s.code() == absl::StatusCode::kCancelled) {
