@@ -35,6 +35,13 @@ class CountingStore final : public JobStore {
   }
   absl::StatusOr<NodeRecord> GetNode(const std::string& id) override { return inner_.GetNode(id); }
   absl::StatusOr<std::vector<NodeRecord>> ListNodes() override { return inner_.ListNodes(); }
+  absl::Status WriteMetrics(const std::vector<MetricRow>& rows) override {
+    return inner_.WriteMetrics(rows);
+  }
+  absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after,
+                                                     int limit) override {
+    return inner_.ListMetrics(job_id, after, limit);
+  }
 
   int writes = 0;
   int node_writes = 0;

@@ -111,6 +111,13 @@ absl::StatusOr<std::vector<JobRecord>> JobRepository::ListJobs(loom::v1::JobPhas
   return store_->ListJobs(phase);
 }
 absl::StatusOr<std::vector<NodeRecord>> JobRepository::ListNodes() { return store_->ListNodes(); }
+absl::Status JobRepository::WriteMetrics(const std::vector<MetricRow>& rows) {
+  return store_->WriteMetrics(rows);
+}
+absl::StatusOr<std::vector<MetricRow>> JobRepository::ListMetrics(const std::string& job_id,
+                                                                  int64_t after_key, int limit) {
+  return store_->ListMetrics(job_id, after_key, limit);
+}
 absl::Status JobRepository::UpdateJob(const JobRecord& job) { return store_->UpdateJob(job); }
 absl::Status JobRepository::UpdateJobs(const std::vector<JobRecord>& jobs) {
   return store_->UpdateJobs(jobs);

@@ -118,6 +118,9 @@ class JobRepository {
   absl::Status UpdateJob(const JobRecord& job);
   absl::Status UpdateJobs(const std::vector<JobRecord>& jobs);
   absl::Status UpsertNode(const NodeRecord& node);
+  absl::Status WriteMetrics(const std::vector<MetricRow>& rows);
+  absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_key,
+                                                     int limit);
 
   // Versioned job updates, for callers that write without holding the lock their records were
   // copied under (the Scheduler stores a cycle's or a heartbeat's changes after releasing its

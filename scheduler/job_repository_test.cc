@@ -79,6 +79,13 @@ class GatedStore : public JobStore {
   absl::Status UpsertNode(const NodeRecord& node) override { return real_->UpsertNode(node); }
   absl::StatusOr<NodeRecord> GetNode(const std::string& id) override { return real_->GetNode(id); }
   absl::StatusOr<std::vector<NodeRecord>> ListNodes() override { return real_->ListNodes(); }
+  absl::Status WriteMetrics(const std::vector<MetricRow>& rows) override {
+    return real_->WriteMetrics(rows);
+  }
+  absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after,
+                                                     int limit) override {
+    return real_->ListMetrics(job_id, after, limit);
+  }
 
  private:
   JobStore* const real_;

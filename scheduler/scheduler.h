@@ -204,6 +204,11 @@ class Scheduler {
   // Why `job_id` is not running (see ExplainPendingResponse). NOT_FOUND if unknown.
   absl::StatusOr<loom::v1::ExplainPendingResponse> ExplainPending(const std::string& job_id);
 
+  // The job's metric history (JobService.GetJobMetrics; scheduler_metric_history.cc). NOT_FOUND if
+  // unknown; INVALID_ARGUMENT for a bad page_size or page_token.
+  absl::StatusOr<loom::v1::GetJobMetricsResponse> GetJobMetrics(
+      const loom::v1::GetJobMetricsRequest& request);
+
   // Graceful stop (see the file comment): a RUNNING job becomes STOPPING (returned as such) and
   // ends CANCELLED once its ranks wrote their final checkpoint and exited; a job not running yet
   // is CANCELLED at once; a STOPPING job is returned unchanged. NOT_FOUND if unknown;
@@ -354,6 +359,8 @@ class Scheduler {
         admission_gate_(options_.admission_queue_depth, options_.admission_full_interval),
         watchers_(dispatcher_.get()) {}
 
+  // Rank 0's step and eval events among a heartbeat's log lines, into the metric history.
+  void RecordMetrics(const loom::v1::HeartbeatRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the in-memory state and loads it again from the store (after a failed write).
   void Resync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

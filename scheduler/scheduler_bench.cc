@@ -128,6 +128,13 @@ class CountingStore final : public JobStore {
   absl::Status UpsertNode(const NodeRecord& node) override { return inner_->UpsertNode(node); }
   absl::StatusOr<NodeRecord> GetNode(const std::string& id) override { return inner_->GetNode(id); }
   absl::StatusOr<std::vector<NodeRecord>> ListNodes() override { return inner_->ListNodes(); }
+  absl::Status WriteMetrics(const std::vector<MetricRow>& rows) override {
+    return inner_->WriteMetrics(rows);
+  }
+  absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after,
+                                                     int limit) override {
+    return inner_->ListMetrics(job_id, after, limit);
+  }
 
   void Reset() {
     records_ = 0;

@@ -38,6 +38,7 @@ absl::StatusOr<loom::v1::HeartbeatResponse> Scheduler::Heartbeat(
   for (const loom::v1::RankStatus& st : request.ranks()) {
     logs_->Append(st.job_id(), st.attempt(), st.rank(), st.log_lines());
   }
+  RecordMetrics(request);  // rank 0's steps and evaluations into the job's metric history
   absl::ReleasableMutexLock lock(&mu_);
   // The job changes this heartbeat makes (phases, the rendezvous port, a checkpoint step) are
   // stored in one transaction after mu_ is released, before the reply is sent: no fsync under

@@ -124,4 +124,24 @@ absl::StatusOr<std::vector<NodeRecord>> InMemoryJobStore::ListNodes() {
   return out;
 }
 
+absl::Status InMemoryJobStore::WriteMetrics(const std::vector<MetricRow>& rows) {
+  absl::MutexLock lock(&mu_);
+  for (const MetricRow& row : rows) metrics_[{row.job_id, row.key}] = row.data;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<MetricRow>> InMemoryJobStore::ListMetrics(const std::string& job_id,
+                                                                     int64_t after_key,
+                                                                     int limit) {
+  if (limit < 1) return absl::InvalidArgumentError(absl::StrCat("limit: ", limit, " < 1"));
+  absl::MutexLock lock(&mu_);
+  std::vector<MetricRow> rows;
+  for (auto it = metrics_.upper_bound({job_id, after_key});
+       it != metrics_.end() && it->first.first == job_id && static_cast<int>(rows.size()) < limit;
+       ++it) {
+    rows.push_back(MetricRow{job_id, it->first.second, it->second});
+  }
+  return rows;
+}
+
 }  // namespace loom

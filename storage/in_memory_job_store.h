@@ -29,6 +29,9 @@ class InMemoryJobStore final : public JobStore {
   absl::Status UpsertNode(const NodeRecord& node) override;
   absl::StatusOr<NodeRecord> GetNode(const std::string& id) override;
   absl::StatusOr<std::vector<NodeRecord>> ListNodes() override;
+  absl::Status WriteMetrics(const std::vector<MetricRow>& rows) override;
+  absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_key,
+                                                     int limit) override;
 
  private:
   absl::Status CheckRankNodes(const JobRecord& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -38,6 +41,7 @@ class InMemoryJobStore final : public JobStore {
   absl::Mutex mu_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);    // by id
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);  // by id
+  std::map<std::pair<std::string, int64_t>, std::string> metrics_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

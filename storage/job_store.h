@@ -68,6 +68,15 @@ struct NodeRecord {
   std::string instance_id;
 };
 
+// One record of a job's training metric history (issue 45): the scheduler's serialized
+// loom.v1.MetricPoint (opaque here) under an ordering key it chooses (step x 2, + 1 for a
+// held-out evaluation), so a store needs no schema change when a metric is added.
+struct MetricRow {
+  std::string job_id;
+  int64_t key = 0;
+  std::string data;
+};
+
 // Persistent store of jobs and nodes. Implementations are thread-safe.
 class JobStore {
  public:
@@ -101,6 +110,13 @@ class JobStore {
 
   // All nodes, ordered by id.
   virtual absl::StatusOr<std::vector<NodeRecord>> ListNodes() = 0;
+
+  // Metric history (MetricRow). Writes every row in one transaction; a row whose (job_id, key)
+  // exists replaces it (a resumed attempt runs a step again). The job need not exist.
+  virtual absl::Status WriteMetrics(const std::vector<MetricRow>& rows) = 0;
+  // Rows of `job_id` with key > after_key, by key, at most `limit` (INVALID_ARGUMENT if < 1).
+  virtual absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id,
+                                                             int64_t after_key, int limit) = 0;
 };
 
 }  // namespace loom

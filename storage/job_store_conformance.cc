@@ -349,5 +349,33 @@ TEST_P(JobStoreConformanceTest, BatchesAreAllOrNothing) {
   EXPECT_TRUE(store_->UpdateJobs({}).ok());
 }
 
+// The metric history: keyed rows, replaced on rewrite, listed per job in key order after a key,
+// at most a limit; rows of other jobs never mix in.
+TEST_P(JobStoreConformanceTest, MetricsAreKeyedReplacedAndPagedPerJob) {
+  ASSERT_TRUE(store_->WriteMetrics({{"job-a", 4, "a4"}, {"job-a", 2, "a2"}, {"job-b", 3, "b3"},
+                                    {"job-a", 3, "a3"}})
+                  .ok());
+  ASSERT_TRUE(store_->WriteMetrics({{"job-a", 3, "a3 again"}}).ok());
+  ASSERT_TRUE(store_->WriteMetrics({}).ok());
+  auto rows = [&](const std::string& job, int64_t after, int limit) {
+    std::vector<std::string> out;
+    absl::StatusOr<std::vector<MetricRow>> r = store_->ListMetrics(job, after, limit);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) {
+      for (const MetricRow& m : *r) {
+        EXPECT_EQ(m.job_id, job);
+        out.push_back(absl::StrCat(m.key, ":", m.data));
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(rows("job-a", -1, 10), (std::vector<std::string>{"2:a2", "3:a3 again", "4:a4"}));
+  EXPECT_EQ(rows("job-a", 2, 1), (std::vector<std::string>{"3:a3 again"}));
+  EXPECT_EQ(rows("job-a", 4, 10), (std::vector<std::string>{}));
+  EXPECT_EQ(rows("job-b", -1, 10), (std::vector<std::string>{"3:b3"}));
+  EXPECT_EQ(rows("job-c", -1, 10), (std::vector<std::string>{}));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->ListMetrics("job-a", -1, 0).status()));
+}
+
 }  // namespace
 }  // namespace loom

@@ -66,6 +66,15 @@ CREATE INDEX jobs_by_tenant ON jobs(tenant, sequence);
 DROP INDEX IF EXISTS jobs_by_phase;
 DROP INDEX IF EXISTS jobs_by_tenant;
 )sql",
+    // 4 -> 5: the training metric history (issue 45), one row per job and key (MetricRow).
+    R"sql(
+CREATE TABLE job_metrics (
+  job_id TEXT NOT NULL,
+  key INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY (job_id, key)
+) WITHOUT ROWID;
+)sql",
 };
 constexpr int64_t kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteJobStore::kSchemaVersion,
@@ -360,6 +369,44 @@ absl::StatusOr<std::vector<NodeRecord>> SqliteJobStore::ListNodes() {
                    db_->Prepare("SELECT id, inventory, last_heartbeat_us, lost, admin FROM nodes "
                                 "ORDER BY id"));
   return ReadNodes(*db_, stmt);
+}
+
+absl::Status SqliteJobStore::WriteMetrics(const std::vector<MetricRow>& rows) {
+  if (rows.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  SqliteDb& db = *db_;  // the lambda runs under mu_, which the analysis cannot see
+  return db.InTransaction([&]() -> absl::Status {
+    for (const MetricRow& row : rows) {
+      ASSIGN_OR_RETURN(
+          SqliteStatement * stmt,
+          db.PrepareCached("INSERT INTO job_metrics (job_id, key, data) VALUES (?1, ?2, ?3) "
+                           "ON CONFLICT(job_id, key) DO UPDATE SET data=excluded.data"));
+      RETURN_IF_ERROR(stmt->BindText(1, row.job_id));
+      RETURN_IF_ERROR(stmt->BindInt64(2, row.key));
+      RETURN_IF_ERROR(stmt->BindBlob(3, row.data));
+      RETURN_IF_ERROR(stmt->Run());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<MetricRow>> SqliteJobStore::ListMetrics(const std::string& job_id,
+                                                                   int64_t after_key, int limit) {
+  if (limit < 1) return absl::InvalidArgumentError(absl::StrCat("limit: ", limit, " < 1"));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(SqliteStatement stmt,
+                   db_->Prepare("SELECT key, data FROM job_metrics WHERE job_id=?1 AND key>?2 "
+                                "ORDER BY key LIMIT ?3"));
+  RETURN_IF_ERROR(stmt.BindText(1, job_id));
+  RETURN_IF_ERROR(stmt.BindInt64(2, after_key));
+  RETURN_IF_ERROR(stmt.BindInt64(3, limit));
+  std::vector<MetricRow> rows;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    rows.push_back(MetricRow{job_id, stmt.ColumnInt64(0), stmt.ColumnBlob(1)});
+  }
+  return rows;
 }
 
 }  // namespace loom

@@ -22,7 +22,7 @@ namespace loom {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema version this binary writes.
-  static constexpr int64_t kSchemaVersion = 4;
+  static constexpr int64_t kSchemaVersion = 5;
 
   // Opens or creates the database at `path` and migrates it to kSchemaVersion.
   // FAILED_PRECONDITION if the file's schema is newer than kSchemaVersion; UNAVAILABLE if the
@@ -38,6 +38,9 @@ class SqliteJobStore final : public JobStore {
   absl::Status UpsertNode(const NodeRecord& node) override;
   absl::StatusOr<NodeRecord> GetNode(const std::string& id) override;
   absl::StatusOr<std::vector<NodeRecord>> ListNodes() override;
+  absl::Status WriteMetrics(const std::vector<MetricRow>& rows) override;
+  absl::StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_key,
+                                                     int limit) override;
 
  private:
   explicit SqliteJobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}

@@ -28,6 +28,8 @@
 //   loomctl logs JOB_ID [--follow] [--rank=N] [--tail=N] [--grep=RE] [--json]
 //                                         the ranks' stdout/stderr lines (StreamLogs); logs live
 //                                         in the scheduler's memory only (bounded, not persisted)
+//   loomctl metrics JOB_ID [--csv|--json] the job's metric history: a row per step (loss,
+//                                         held-out loss, lr, grad norm, tokens/s, memory)
 //   loomctl explain JOB_ID                why a job is not running: reason, queue position
 //   loomctl checkpoints JOB_ID            list a job's checkpoints (COMMITTED "CORRUPT" for a
 //                                         step that failed verification, with the reason;
@@ -106,6 +108,7 @@
 #include "services/cli/resolve_command.h"
 #include "services/cli/cluster_address.h"
 #include "services/cli/follow_commands.h"
+#include "services/cli/metrics_command.h"
 #include "services/cli/terminal_text.h"
 #include "services/cli/wait_interrupt.h"
 
@@ -149,6 +152,7 @@ ABSL_FLAG(absl::Duration, reconnect_backoff_max, loom::kDefaultReconnectBackoffM
           "upper bound of the channels' reconnect backoff (as loom-worker and loom-gateway)");
 ABSL_FLAG(absl::Duration, stream_timeout, absl::ZeroDuration(),
           "watch/logs: deadline of the stream (0 = none)");
+ABSL_FLAG(bool, csv, false, "metrics: print CSV (one row per step) instead of a table");
 ABSL_FLAG(bool, follow, false, "logs: keep streaming new lines until the job ends");
 ABSL_FLAG(std::vector<std::string>, rank, {}, "logs: only these ranks (e.g. --rank=0,1)");
 ABSL_FLAG(int32_t, tail, 0, "logs: start with the last N retained lines (0 = all)");
@@ -332,7 +336,7 @@ loom::cli::CheckpointCommandContext CheckpointContext() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loomctl <submit FILE.yaml|resolve FILE.yaml|plan FILE.yaml|get ID|list|cancel ID|kill ID|resume ID|wait ID|watch ID|logs ID|"
+      "loomctl <submit FILE.yaml|resolve FILE.yaml|plan FILE.yaml|get ID|list|cancel ID|kill ID|resume ID|wait ID|watch ID|logs ID|metrics ID|"
       "explain ID|checkpoints ID|"
       "consolidate ID|checkpoint verify PATH|checkpoint delete ID|checkpoint retain ID|"
       "nodes|cordon NODE|uncordon NODE|drain NODE|queues> [flags]");
@@ -587,6 +591,14 @@ int main(int argc, char** argv) {
     logs.json = absl::GetFlag(FLAGS_json);
     logs.grep = absl::GetFlag(FLAGS_grep);
     return loom::cli::StreamLogs(*stub, arg, Follow(), logs);
+  }
+  if (cmd == "metrics") {
+    if (!need_arg("JOB_ID")) return 2;
+    const loom::cli::MetricsFormat format =
+        absl::GetFlag(FLAGS_json)  ? loom::cli::MetricsFormat::kJson
+        : absl::GetFlag(FLAGS_csv) ? loom::cli::MetricsFormat::kCsv
+                                   : loom::cli::MetricsFormat::kTable;
+    return loom::cli::ShowMetrics(*stub, arg, Follow(), format);
   }
   if (cmd == "explain") {
     if (!need_arg("JOB_ID")) return 2;

@@ -507,6 +507,7 @@ void JobGateway::Register(httplib::Server& server) {
   });
   RegisterResume(server);  // gateway_resume.cc
   RegisterLogs(server);
+  RegisterMetrics(server);
   server.Get(internal::kJobRoute,
              [this, context, reply](const httplib::Request& req, httplib::Response& res) {
                loom::v1::GetJobRequest request;

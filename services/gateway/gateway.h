@@ -172,6 +172,7 @@ class JobGateway {
   // gateway_watch.cc, gateway_logs.cc, gateway_checkpoint_routes.cc, gateway_admin_routes.cc.
   void RegisterExplainAndWatch(httplib::Server& server);
   void RegisterLogs(httplib::Server& server);
+  void RegisterMetrics(httplib::Server& server);
   // POST /v1/jobs/{id}:resume (gateway_resume.cc).
   void RegisterResume(httplib::Server& server);
   void RegisterCheckpointRoutes(httplib::Server& server);

@@ -259,6 +259,7 @@ const std::vector<RouteEntry>& Routes() {
       {std::regex(kExplainRoute), {"/v1/jobs/{id}:explain", "GET", Access::kUser}},
       {std::regex(kWatchRoute), {"/v1/jobs/{id}:watch", "GET", Access::kUser}},
       {std::regex(kLogsRoute), {"/v1/jobs/{id}/logs", "GET", Access::kUser}},
+      {std::regex(kMetricsRoute), {"/v1/jobs/{id}/metrics", "GET", Access::kUser}},
       {std::regex(kCheckpointsRoute), {"/v1/jobs/{id}/checkpoints", "GET", Access::kAdmin}},
       {std::regex(kRetentionRoute),
        {"/v1/jobs/{id}/checkpoints:applyRetention", "POST", Access::kAdmin}},

@@ -109,6 +109,7 @@ inline constexpr char kCancelRoute[] = "/v1/jobs/" LOOM_GW_ID ":cancel";
 inline constexpr char kKillRoute[] = "/v1/jobs/" LOOM_GW_ID ":kill";
 inline constexpr char kResumeRoute[] = "/v1/jobs/" LOOM_GW_ID ":resume";
 inline constexpr char kLogsRoute[] = "/v1/jobs/" LOOM_GW_ID "/logs";
+inline constexpr char kMetricsRoute[] = "/v1/jobs/" LOOM_GW_ID "/metrics";
 inline constexpr char kExplainRoute[] = "/v1/jobs/" LOOM_GW_ID ":explain";
 inline constexpr char kWatchRoute[] = "/v1/jobs/" LOOM_GW_ID ":watch";
 inline constexpr char kCheckpointsRoute[] = "/v1/jobs/" LOOM_GW_ID "/checkpoints";

@@ -6,7 +6,7 @@ tenants team-a and team-b with the user role, ops with the admin role), waits fo
 /readyz, and then:
 
   1. Cross-tenant isolation, explicitly: team-a's job is not visible to team-b and cannot be
-     cancelled, killed, explained, watched or read (logs) with team-b's token: 404 with exactly
+     cancelled, killed, explained, watched or read (logs, metrics) with team-b's token: 404 with exactly
      the message of a job that does not exist (docs/operations.md section 9); ListJobs as team-b
      leaves it out, even with ?tenant=team-a; the checkpoint routes refuse a user token with 403;
      the job is unchanged afterwards. The same with the roles swapped; then both jobs are
@@ -217,7 +217,7 @@ def cross_tenant(url):
         expect(status == 200 and before["id"] == job, "%s reads its job %s" % (owner, job))
         reads = [("GET", "/v1/jobs/%s"), ("GET", "/v1/jobs/%s:explain"),
                  ("GET", "/v1/jobs/%s:watch"), ("GET", "/v1/jobs/%s/logs"),
-                 ("GET", "/v1/jobs/%s/logs?follow=true"),
+                 ("GET", "/v1/jobs/%s/logs?follow=true"), ("GET", "/v1/jobs/%s/metrics"),
                  ("POST", "/v1/jobs/%s:cancel"), ("POST", "/v1/jobs/%s:kill")]
         for method, template in reads:
             status, body = call(url, method, template % job, other)

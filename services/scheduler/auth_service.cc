@@ -81,6 +81,14 @@ grpc::ServerUnaryReactor* AuthJobService::ExplainPending(
   return inner_->ExplainPending(context, request, response);
 }
 
+grpc::ServerUnaryReactor* AuthJobService::GetJobMetrics(
+    grpc::CallbackServerContext* context, const loom::v1::GetJobMetricsRequest* request,
+    loom::v1::GetJobMetricsResponse* response) {
+  absl::Status s = Authorize(*context, request->job_id());  // as GetJob
+  if (!s.ok()) return FinishUnary(context, s);
+  return inner_->GetJobMetrics(context, request, response);
+}
+
 grpc::ServerWriteReactor<loom::v1::JobEvent>* AuthJobService::WatchJob(
     grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) {
   Caller caller;

@@ -68,6 +68,9 @@ class AuthJobService final : public JobServiceBase {
   grpc::ServerUnaryReactor* ExplainPending(grpc::CallbackServerContext* context,
                                            const loom::v1::ExplainPendingRequest* request,
                                            loom::v1::ExplainPendingResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobMetrics(grpc::CallbackServerContext* context,
+                                          const loom::v1::GetJobMetricsRequest* request,
+                                          loom::v1::GetJobMetricsResponse* response) override;
   grpc::ServerWriteReactor<loom::v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
   grpc::ServerWriteReactor<loom::v1::LogLine>* StreamLogs(

@@ -342,6 +342,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::ExplainPending(
   return Answer(context, scheduler_->ExplainPending(request->job_id()), response);
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::GetJobMetrics(
+    grpc::CallbackServerContext* context, const loom::v1::GetJobMetricsRequest* request,
+    loom::v1::GetJobMetricsResponse* response) {
+  return Answer(context, scheduler_->GetJobMetrics(*request), response);
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::CancelJobRequest* request,
                                                     loom::v1::Job* response) {

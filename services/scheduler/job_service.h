@@ -71,6 +71,9 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::ServerUnaryReactor* ExplainPending(grpc::CallbackServerContext* context,
                                            const loom::v1::ExplainPendingRequest* request,
                                            loom::v1::ExplainPendingResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobMetrics(grpc::CallbackServerContext* context,
+                                          const loom::v1::GetJobMetricsRequest* request,
+                                          loom::v1::GetJobMetricsResponse* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const loom::v1::CancelJobRequest* request,
                                       loom::v1::Job* response) override;

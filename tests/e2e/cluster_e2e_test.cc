@@ -83,6 +83,27 @@ TEST_F(ClusterE2ETest, TrainsConsolidatesAndExportsAJob) {
   // Byte-level model at initialisation: held-out loss near ln(256) = 5.545.
   EXPECT_NEAR(job.progress().initial_eval_loss(), 5.545, 0.3);
   EXPECT_LT(job.progress().eval_loss(), job.progress().initial_eval_loss());
+  // The metric history (issue 45): every step of rank 0, and the evaluations before and after
+  // training, as the job's progress (reported through another path, the heartbeat's) says.
+  loom::v1::GetJobMetricsRequest metrics_req;
+  metrics_req.set_job_id(job.id());
+  loom::v1::GetJobMetricsResponse metrics;
+  ASSERT_TRUE(jobs_->GetJobMetrics(Ctx().get(), metrics_req, &metrics).ok());
+  std::vector<int64_t> train_steps;
+  std::map<int64_t, double> eval_at;
+  for (const loom::v1::MetricPoint& p : metrics.points()) {
+    if (p.kind() == loom::v1::MetricPoint::KIND_TRAIN) {
+      train_steps.push_back(p.step());
+      EXPECT_GT(p.loss(), 0);
+      EXPECT_GT(p.tokens_per_second(), 0);
+      if (p.step() == 8) EXPECT_EQ(p.loss(), job.progress().loss());
+    } else {
+      eval_at[p.step()] = p.loss();
+    }
+  }
+  EXPECT_EQ(train_steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(eval_at[0], job.progress().initial_eval_loss());
+  EXPECT_EQ(eval_at[8], job.progress().eval_loss());
   // The gang spans both single-slot workers.
   ASSERT_EQ(job.rank_nodes_size(), 2);
   EXPECT_EQ(std::set<std::string>(job.rank_nodes().begin(), job.rank_nodes().end()).size(), 2u);
