@@ -511,7 +511,9 @@ TEST_F(SchedulerTest, AnExcusedPauseIsNoHang) {
     Cycle();
     const Job after = Get(job.id());
     EXPECT_EQ(after.phase(), excused ? loom::v1::JOB_PHASE_RUNNING : loom::v1::JOB_PHASE_FAILED);
-    if (!excused) EXPECT_EQ(after.reason(), "NodeLost") << after.message();
+    if (!excused) {
+      EXPECT_EQ(after.reason(), "NodeLost") << after.message();
+    }
   }
 }
 
