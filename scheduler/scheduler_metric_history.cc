@@ -15,9 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 #include "proto/trainer_events.pb.h"
 #include "scheduler/scheduler_internal.h"
+#include "worker/trainer/trainer_events.h"
 
 namespace loom {
 namespace {
@@ -56,8 +56,6 @@ absl::StatusOr<int64_t> TokenStart(const loom::v1::GetJobMetricsRequest& request
 void Scheduler::RecordMetrics(const loom::v1::HeartbeatRequest& request) {
   std::vector<MetricRow> rows;
   const absl::Time now = clock_->Now();
-  google::protobuf::util::JsonParseOptions lenient;
-  lenient.ignore_unknown_fields = true;  // a newer trainer's fields
   for (const loom::v1::RankStatus& st : request.ranks()) {
     if (st.rank() != 0) continue;
     for (const loom::v1::RankLogLine& line : st.log_lines()) {
@@ -66,10 +64,11 @@ void Scheduler::RecordMetrics(const loom::v1::HeartbeatRequest& request) {
                                          absl::StartsWith(line.text(), "{\"eval\":"))) {
         continue;
       }
-      loom::TrainerEvent event;
-      if (!google::protobuf::util::JsonStringToMessage(line.text(), &event, lenient).ok()) {
-        continue;
-      }
+      // The trainer's own reader of its event lines (a newer trainer's fields ignored).
+      absl::StatusOr<loom::TrainerEvent> parsed =
+          loom::trainer::ParseTrainerEventLine(line.text(), /*ignore_unknown_fields=*/true);
+      if (!parsed.ok()) continue;
+      const loom::TrainerEvent& event = *parsed;
       loom::v1::MetricPoint p;
       p.set_attempt(st.attempt());
       SetTimestamp(now, p.mutable_time());

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "google/protobuf/util/json_util.h"
 #include "proto/trainer_events.pb.h"
 #include "services/cli/progress_line.h"
+#include "worker/trainer/trainer_events.h"
 
 namespace loom::cli {
 namespace {
@@ -52,12 +52,13 @@ std::optional<std::string> ReadableLogLine(const loom::v1::LogLine& line,
     if (!how.ranks_named && GlogSeverity(line.text()) == 'I') return std::nullopt;
     return prefix + line.text();
   }
-  loom::TrainerEvent event;
-  if (line.text().empty() || line.text()[0] != '{' ||
-      !google::protobuf::util::JsonStringToMessage(line.text(), &event).ok() ||
-      event.kind_case() == loom::TrainerEvent::KIND_NOT_SET) {
-    return prefix + line.text();
-  }
+  // The trainer's own reader of its event lines (a newer trainer's fields ignored).
+  absl::StatusOr<loom::TrainerEvent> parsed =
+      line.text().empty() || line.text()[0] != '{'
+          ? absl::InvalidArgumentError("not an event")
+          : loom::trainer::ParseTrainerEventLine(line.text(), /*ignore_unknown_fields=*/true);
+  if (!parsed.ok()) return prefix + line.text();
+  const loom::TrainerEvent& event = *parsed;
   // Rank 0 speaks for the gang, unless the ranks were named.
   const bool shown = how.ranks_named || line.rank() == 0;
   switch (event.kind_case()) {
